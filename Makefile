@@ -1,0 +1,23 @@
+# Quick start targets: each creates its own virtualenv in .venv on first use.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install clean
+
+$(BIN)/accel: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(BIN)/accel
+
+install: $(BIN)/accel
+
+demo: install
+	$(BIN)/accel run tiny-flux --compare --cache 0.2
+
+test: install
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info

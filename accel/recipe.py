@@ -1,0 +1,408 @@
+"""The recipe: every knob of a run, read from TOML, validated up front.
+
+A recipe is a set of frozen dataclasses, one per TOML section. Validation is generic: each field's
+type annotation (plus an optional `min` in its metadata) says what it accepts, so adding a key is
+one line and its error message comes for free. Errors are one line naming the source, section and
+key, because the user's only recourse is to edit that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import tomllib
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from accel.errors import RecipeError
+
+__all__ = [
+    "SECTIONS",
+    "BenchSection",
+    "CacheSection",
+    "CompileSection",
+    "GenerateSection",
+    "ModelSection",
+    "ParallelSection",
+    "QuantSection",
+    "Recipe",
+    "VaeSection",
+    "Variant",
+    "load_recipe",
+]
+
+
+def _key(default: Any, help: str, min: int | None = None) -> Any:
+    """A recipe key: its default, the help line the README reference is built from, a lower bound."""
+    meta: dict[str, Any] = {"help": help}
+    if min is not None:
+        meta["min"] = min
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which pipeline to load and where."""
+
+    name: str = _key("", "Model family alias or Hugging Face repo id; empty means given on the command line.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = _key(
+        "auto", "Weight dtype; auto uses the family's default."
+    )
+    device: Literal["auto", "cpu", "cuda"] = _key("auto", "Where to run; auto picks cuda when available.")
+
+
+@dataclass(frozen=True)
+class GenerateSection:
+    """What to generate; an unset key takes the model family's default."""
+
+    prompt: str | None = _key(None, "Text prompt.")
+    negative_prompt: str | None = _key(None, "Negative prompt, for pipelines that take one.")
+    steps: int | None = _key(None, "Number of denoising steps.", min=1)
+    height: int | None = _key(None, "Output height in pixels.", min=16)
+    width: int | None = _key(None, "Output width in pixels.", min=16)
+    frames: int | None = _key(None, "Number of frames (video families).", min=1)
+    guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
+    true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
+    seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    """First Block Cache: skip the remaining blocks when the first block's output barely changed."""
+
+    threshold: float = _key(
+        0.0, "Relative change of the first block's output below which a step is served from cache; 0 is off.", min=0
+    )
+    warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
+    max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """Context parallelism across GPUs: one process per GPU, world size = ulysses * ring * cfg."""
+
+    ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree.", min=1)
+    ring: int = _key(1, "Ring attention parallel degree.", min=1)
+    cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes (GPUs) the parallel layout needs."""
+        return self.ulysses * self.ring * self.cfg
+
+
+@dataclass(frozen=True)
+class VaeSection:
+    """VAE decode options, which dominate memory at high resolutions."""
+
+    parallel: bool = _key(False, "Split the VAE decode across the parallel group's GPUs.")
+    tiling: bool = _key(False, "Decode in tiles to bound memory.")
+
+
+@dataclass(frozen=True)
+class QuantSection:
+    """Weight (and optionally activation) quantization of the transformer via torchao."""
+
+    type: Literal["none", "int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"] = _key(
+        "none", "Quantization scheme; none keeps the model dtype."
+    )
+    exclude: tuple[str, ...] = _key((), "Glob patterns of module names left unquantized.")
+
+
+@dataclass(frozen=True)
+class CompileSection:
+    """torch.compile options."""
+
+    enabled: bool = _key(False, "Compile with torch.compile.")
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _key(
+        "default", "torch.compile mode."
+    )
+    scope: Literal["blocks", "transformer"] = _key(
+        "blocks", "Compile each repeated block (fast to compile) or the whole transformer."
+    )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One benchmark variant: a name plus a validated partial override of the other sections."""
+
+    name: str
+    # Read-only so a frozen recipe stays immutable; excluded from hashing since mappings cannot hash.
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: types.MappingProxyType({}), hash=False)
+
+
+@dataclass(frozen=True)
+class BenchSection:
+    """Benchmark: the recipe itself plus each variant, timed the same way."""
+
+    variants: tuple[Variant, ...] = _key((), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}.')
+    repeats: int = _key(3, "Timed runs per variant.", min=1)
+    warmup: int = _key(1, "Untimed runs per variant before timing (compilation, caches).", min=0)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "generate": GenerateSection,
+    "cache": CacheSection,
+    "parallel": ParallelSection,
+    "vae": VaeSection,
+    "quant": QuantSection,
+    "compile": CompileSection,
+    "bench": BenchSection,
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole, validated run configuration. Build it with `from_dict` or `load_recipe`, which validate."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    generate: GenerateSection = field(default_factory=GenerateSection)
+    cache: CacheSection = field(default_factory=CacheSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    vae: VaeSection = field(default_factory=VaeSection)
+    quant: QuantSection = field(default_factory=QuantSection)
+    compile: CompileSection = field(default_factory=CompileSection)
+    bench: BenchSection = field(default_factory=BenchSection)
+    # Where the recipe came from, for later messages; not part of its identity.
+    source: str = field(default="<dict>", compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> Recipe:
+        """Validate a parsed recipe; missing sections and keys take their defaults."""
+        values = _check_sections(source, data, SECTIONS)
+        bench = values.pop("bench", {})
+        raw_variants = bench.pop("variants", ())
+        sections = {name: SECTIONS[name](**values.get(name, {})) for name in SECTIONS if name != "bench"}
+        variants = _check_variants(source, raw_variants)
+        return cls(**sections, bench=BenchSection(variants=variants, **bench), source=source)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain, TOML-friendly dict (lists, no None) that `from_dict` turns back into this recipe."""
+        return {name: _plain(getattr(self, name)) for name in SECTIONS}
+
+    def with_overrides(self, overrides: Mapping[str, Any], source: str = "command line") -> Recipe:
+        """Deep-merge a partial recipe over this one and re-validate; errors name `source`."""
+        if not isinstance(overrides, Mapping):
+            raise RecipeError(f"{source}: overrides must be a table of sections, got {_show(overrides)}")
+        merged = Recipe.from_dict(_merge(self.to_dict(), overrides), source)
+        return dataclasses.replace(merged, source=self.source)
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        """The validated bench variants, in recipe order."""
+        return self.bench.variants
+
+    def variant(self, name: str) -> Recipe:
+        """The concrete recipe one bench variant runs: this one with its overrides, without variants."""
+        for v in self.variants:
+            if v.name == name:
+                base = dataclasses.replace(self, bench=dataclasses.replace(self.bench, variants=()))
+                return base.with_overrides(v.overrides, f"{self.source}: [bench] variant {name!r}")
+        names = [v.name for v in self.variants]
+        hint = _suggest(name, names, repr, "variants") if names else " (the recipe defines none)"
+        raise RecipeError(f"{self.source}: [bench] has no variant {name!r}{hint}")
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes (GPUs) the recipe's parallel layout needs."""
+        return self.parallel.world_size
+
+
+def load_recipe(path: str | PathLike[str]) -> Recipe:
+    """Read and validate a TOML recipe; every failure is a one-line RecipeError naming the file."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise RecipeError(f"{source}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RecipeError(f"{source}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{source}: not valid TOML: not UTF-8 text") from None
+    except OSError as e:
+        raise RecipeError(f"{source}: cannot read: {e.strerror}") from None
+    return Recipe.from_dict(data, source)
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def _check_sections(
+    source: str, data: Any, allowed: Mapping[str, type], nullable: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Validate every section present in `data`; returns the normalized values given, per section.
+
+    `nullable` lets optional keys be None ("the family's default"); variants forbid it, being TOML data.
+    """
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"{source}: a recipe must be a table of sections, got {_show(data)}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in data.items():
+        if name not in allowed:
+            raise RecipeError(f"{source}: {_unknown_section(name, raw, allowed)}")
+        out[name] = _check_section(source, name, SECTIONS[name], raw, nullable)
+    return out
+
+
+def _unknown_section(name: Any, raw: Any, allowed: Mapping[str, type]) -> str:
+    """Explain an unknown top-level name; a stray key (`steps = 4` above any header) gets its section."""
+    if not isinstance(raw, Mapping):
+        homes = [s for s, cls in allowed.items() if name in _hints(cls)]
+        if homes:
+            where = " or ".join(f"[{s}] {name}" for s in homes)
+            return f"key {name!r} is not in a section (did you mean {where}?)"
+    return f"unknown section [{_name(name)}]{_suggest(name, allowed, lambda s: f'[{s}]', 'sections')}"
+
+
+def _check_section(source: str, name: str, cls: type, raw: Any, nullable: bool) -> dict[str, Any]:
+    """Validate one section's keys against the dataclass' annotations; returns normalized values."""
+    if not isinstance(raw, Mapping):
+        raise RecipeError(f"{source}: [{name}] must be a table, got {_show(raw)}")
+    hints = _hints(cls)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise RecipeError(f"{source}: unknown key [{name}] {_name(key)}{_suggest(key, hints, repr, 'keys')}")
+        hint, meta = hints[key]
+        if hint == tuple[Variant, ...]:  # needs the whole recipe's section list: Recipe.from_dict does it
+            out[key] = value
+            continue
+        ok, out[key] = _coerce(hint, meta, value)
+        if not ok or (value is None and not nullable):
+            raise RecipeError(f"{source}: [{name}] {key} must be {_requirement(hint, meta)}, got {_show(value)}")
+    return out
+
+
+def _check_variants(source: str, raw: Any) -> tuple[Variant, ...]:
+    """Validate [bench] variants: uniquely named tables overriding any section but [bench]."""
+    if not isinstance(raw, list | tuple):
+        raise RecipeError(f"{source}: [bench] variants must be a list of tables, got {_show(raw)}")
+    others = {name: cls for name, cls in SECTIONS.items() if name != "bench"}
+    variants: list[Variant] = []
+    for i, item in enumerate(raw, 1):
+        if not isinstance(item, Mapping):
+            raise RecipeError(f"{source}: [bench] variant #{i} must be a table, got {_show(item)}")
+        if "name" not in item:
+            raise RecipeError(f'{source}: [bench] variant #{i} has no name (add name = "...")')
+        name = item["name"]
+        if not isinstance(name, str) or not name:
+            raise RecipeError(f"{source}: [bench] variant #{i} name must be a non-empty string, got {_show(name)}")
+        if any(v.name == name for v in variants):
+            raise RecipeError(f"{source}: [bench] variant name {name!r} is used twice (names must be unique)")
+        where = f"{source}: [bench] variant {name!r}"
+        body = {k: v for k, v in item.items() if k != "name"}
+        if "bench" in body:
+            raise RecipeError(f"{where}: cannot contain [bench] (variants share the recipe's repeats and warmup)")
+        values = _check_sections(where, body, others, nullable=False)
+        frozen = types.MappingProxyType({s: types.MappingProxyType(v) for s, v in values.items()})
+        variants.append(Variant(name, frozen))
+    return tuple(variants)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
+    """Field name -> (resolved annotation, metadata), in declaration order."""
+    types_ = get_type_hints(cls)
+    return {f.name: (types_[f.name], f.metadata) for f in dataclasses.fields(cls)}
+
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    """`X | None` -> (X, True); anything else -> (hint, False)."""
+    if get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in get_args(hint) if a is not type(None)]
+        return args[0], len(args) < len(get_args(hint))
+    return hint, False
+
+
+def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
+    """Whether `value` fits the annotation, and its normalized form (int -> float, list -> tuple).
+
+    Strict on purpose: TOML `true` is not 1, and 1 is not `true`, so a typo cannot flip a switch.
+    """
+    hint, optional = _unwrap_optional(hint)
+    low = meta.get("min")
+    if value is None:
+        return optional, None
+    if hint is bool:
+        return type(value) is bool, value
+    if hint is int:
+        return type(value) is int and (low is None or value >= low), value
+    if hint is float:
+        number = type(value) in (int, float) and math.isfinite(value) and (low is None or value >= low)
+        return number, float(value) if number else value
+    if hint is str:
+        return isinstance(value, str), value
+    if get_origin(hint) is Literal:
+        return any(type(value) is type(c) and value == c for c in get_args(hint)), value
+    if hint == tuple[str, ...]:
+        ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+        return ok, tuple(value) if ok else value
+    raise TypeError(f"no validator for annotation {hint!r}")  # a programming error, not a user one
+
+
+def _requirement(hint: Any, meta: Mapping[str, Any]) -> str:
+    """What a key accepts, in words, for 'must be ...' messages."""
+    hint, _ = _unwrap_optional(hint)
+    bound = f" >= {meta['min']}" if "min" in meta else ""
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return f"an integer{bound}"
+    if hint is float:
+        return f"a number{bound}"
+    if hint is str:
+        return "a string"
+    if get_origin(hint) is Literal:
+        choices = [str(c) for c in get_args(hint)]
+        return " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
+    return "a list of strings"
+
+
+# --- formatting helpers -----------------------------------------------------------------------
+
+
+def _suggest(word: Any, choices: Iterable[str], fmt: Callable[[str], str], kind: str) -> str:
+    """' (did you mean X?)' for a near miss, else the valid names, so the user never has to guess."""
+    choices = list(choices)
+    close = difflib.get_close_matches(str(word), choices, n=1)
+    return f" (did you mean {fmt(close[0])}?)" if close else f" (valid {kind}: {', '.join(choices)})"
+
+
+def _name(key: Any) -> str:
+    """A user-written name, quoted only when printing it raw could break the one-line message."""
+    return key if isinstance(key, str) and key.isprintable() and key else repr(key)
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in TOML terms (true, not True), on one short line."""
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """Sections, variants, tuples and read-only mappings back to the dicts and lists TOML writes (no None)."""
+    if isinstance(value, Variant):
+        return {"name": value.name, **_plain(value.overrides)}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(v) for f in dataclasses.fields(value) if (v := getattr(value, f.name)) is not None}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: tables merge key by key, anything else (lists included) replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        old = out.get(key)
+        out[key] = _merge(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return out
