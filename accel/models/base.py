@@ -1,0 +1,73 @@
+"""What a model family contributes: data about its pipeline, never engine code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+OutputKind = Literal["image", "video"]
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """One list of repeated transformer blocks, in the order the transformer runs them.
+
+    `returns` names what a block's forward returns, in order (one name: a bare tensor). Every
+    name is also one of the block's forward arguments, which lets the cache pass a skipped
+    block's inputs straight through.
+    """
+
+    attr: str
+    returns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """Settings a user should start from; `None` leaves the pipeline's own default."""
+
+    prompt: str = "a red fox in the snow, photograph"
+    negative_prompt: str | None = None
+    steps: int = 28
+    height: int = 1024
+    width: int = 1024
+    frames: int | None = None
+    guidance_scale: float | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: how to recognise, load, drive and accelerate its pipeline."""
+
+    name: str
+    title: str
+    pipeline_class: str
+    transformer_class: str
+    repo: str
+    output: OutputKind
+    dtype: str
+    defaults: GenerationDefaults
+    blocks: tuple[BlockList, ...]
+    # Pipeline attributes that hold a transformer (Wan 2.2 adds a low-noise `transformer_2`).
+    transformer_attrs: tuple[str, ...] = ("transformer",)
+    # Which block stream the cache compares between steps.
+    primary_stream: str = "hidden_states"
+    # Keyword the pipeline takes for the frame count (video families).
+    frames_arg: str | None = None
+    # Whether the pipeline takes `negative_prompt` (FLUX does true CFG only with true_cfg_scale > 1).
+    takes_negative_prompt: bool = True
+    # Whether the pipeline takes `true_cfg_scale` (real CFG on a guidance-distilled model).
+    true_cfg: bool = False
+    # Frame rate the family's videos are meant to play at.
+    fps: int = 24
+    tiny: Callable[[], DiffusionPipeline] | None = None
+    tiny_defaults: GenerationDefaults | None = None
+    notes: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def tiny_alias(self) -> str | None:
+        return f"tiny-{self.name}" if self.tiny is not None else None

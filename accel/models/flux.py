@@ -1,0 +1,111 @@
+"""FLUX.1 family: an MMDiT with double-stream (joint text/image) and single-stream blocks.
+
+`build_tiny` makes a seeded, random-weight FLUX.1-dev-shaped pipeline offline for tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accel.models.base import BlockList, Family, GenerationDefaults
+
+if TYPE_CHECKING:
+    from diffusers import FluxPipeline
+
+
+def build_tiny(seed: int = 0) -> "FluxPipeline":
+    """A tiny FLUX.1-dev look-alike: real classes, FLUX configs scaled down, random seeded weights.
+
+    Two double and two single blocks with four heads keep the structure the cache and
+    context-parallel code see on the real model; 64x64 images give 16 image tokens next to the
+    text tokens (512 by default, as the pipeline pads T5 to `max_sequence_length`).
+    """
+    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+
+    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    base = seed * 8
+    tokenizer = parts.clip_tokenizer()
+    tokenizer_2 = parts.t5_tokenizer()
+    text_encoder = parts.clip_text_model(tokenizer, seed=base + 1)
+    text_encoder_2 = parts.t5_encoder(tokenizer_2, seed=base + 2)
+
+    latent_channels = 16
+    with parts.seeded(base + 3):
+        transformer = parts.finish(
+            FluxTransformer2DModel(
+                patch_size=1,
+                in_channels=latent_channels * 4,  # latents are packed in 2x2 patches
+                num_layers=2,
+                num_single_layers=2,
+                attention_head_dim=16,
+                num_attention_heads=4,
+                joint_attention_dim=text_encoder_2.config.d_model,
+                pooled_projection_dim=text_encoder.config.hidden_size,
+                guidance_embeds=True,  # FLUX.1-dev is guidance-distilled
+                axes_dims_rope=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
+            )
+        )
+    with parts.seeded(base + 4):
+        # FLUX's VAE shape: four levels (8x downsampling), 16 latent channels, no quant convs.
+        vae = parts.finish(
+            AutoencoderKL(
+                in_channels=3,
+                out_channels=3,
+                down_block_types=("DownEncoderBlock2D",) * 4,
+                up_block_types=("UpDecoderBlock2D",) * 4,
+                block_out_channels=(8, 16, 16, 16),
+                layers_per_block=1,
+                latent_channels=latent_channels,
+                norm_num_groups=4,
+                sample_size=64,
+                scaling_factor=0.3611,
+                shift_factor=0.1159,
+                use_quant_conv=False,
+                use_post_quant_conv=False,
+                mid_block_add_attention=True,
+            )
+        )
+    # FLUX.1-dev's scheduler config: the shift grows with the image token count.
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
+    )
+
+
+FAMILY = Family(
+    name="flux",
+    title="FLUX.1",
+    pipeline_class="FluxPipeline",
+    transformer_class="FluxTransformer2DModel",
+    repo="black-forest-labs/FLUX.1-dev",
+    output="image",
+    dtype="bfloat16",
+    defaults=GenerationDefaults(steps=28, height=1024, width=1024, guidance_scale=3.5),
+    blocks=(
+        BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+        BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+    ),
+    true_cfg=True,
+    tiny=build_tiny,
+    tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
+)

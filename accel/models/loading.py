@@ -1,0 +1,125 @@
+"""`load_pipeline`: registry alias, tiny alias, hub repo id or local folder → a ready pipeline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.errors import ModelError, UserError
+from accel.models.base import Family
+from accel.models.registry import FAMILIES, family_of, lookup, unknown_model_message
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where a model name points: a registry family (maybe its tiny variant) or a path / repo id."""
+
+    name: str
+    family: Family | None
+    tiny: bool
+    source: str  # hub repo id or folder; "" for tiny variants
+
+
+def resolve_model(name: str) -> ModelRef:
+    if not name:
+        raise UserError("no model given: pass MODEL (e.g. tiny-flux) or set [model] name in the recipe")
+    found = lookup(name)
+    if found is not None:
+        family, tiny = found
+        return ModelRef(name, family, tiny, "" if tiny else family.repo)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return ModelRef(name, _family_of_folder(folder), False, str(folder))
+    if _looks_like_repo_id(name):
+        return ModelRef(name, None, False, name)
+    raise ModelError(unknown_model_message(name))
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, ref: ModelRef) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if ref.tiny:
+            return torch.float32  # tiny variants exist for CPU tests, where float32 is exact and fast
+        return DTYPES[ref.family.dtype] if ref.family else torch.bfloat16
+    if dtype not in DTYPES:
+        raise UserError(f"dtype must be one of auto, {', '.join(DTYPES)}, got '{dtype}'")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or auto")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device must be one of auto, cpu, cuda, got '{device}'")
+    return torch.device(device)
+
+
+def load_pipeline(
+    name_or_path: str, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+) -> Any:
+    """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands."""
+    ref = resolve_model(name_or_path)
+    torch_dtype = resolve_dtype(dtype, ref)
+    target = resolve_device(device)
+    if ref.tiny:
+        assert ref.family is not None and ref.family.tiny is not None
+        pipe = ref.family.tiny()  # built in float32
+        if torch_dtype != torch.float32:
+            pipe.to(torch_dtype)
+    else:
+        pipe = _from_pretrained(ref, torch_dtype)
+        family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
+    pipe.to(target)
+    return pipe
+
+
+def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
+    from diffusers import DiffusionPipeline
+
+    try:
+        return DiffusionPipeline.from_pretrained(ref.source, torch_dtype=torch_dtype)
+    except (OSError, ValueError) as error:
+        if Path(ref.source).is_dir():
+            raise ModelError(
+                f"{ref.source} is not a diffusers pipeline folder ({_first_line(error)}); "
+                "it needs a model_index.json as written by save_pretrained"
+            ) from None
+        raise ModelError(
+            f"model '{ref.source}' is not available locally and could not be downloaded "
+            f"({_first_line(error)}); fetch it with `hf download {ref.source}` (log in with "
+            "`hf auth login` and accept the licence on its model page if it is gated) or pass a local folder"
+        ) from None
+
+
+def _family_of_folder(folder: Path) -> Family | None:
+    """The family a saved pipeline belongs to, from its model_index.json (None if unreadable)."""
+    try:
+        index = json.loads((folder / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for family in FAMILIES.values():
+        entry = index.get("transformer")
+        if isinstance(entry, list) and entry[-1:] == [family.transformer_class]:
+            return family
+    return None
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(part and not part.startswith(".") for part in parts)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:200]

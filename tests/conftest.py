@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny pipelines built once per session, and a standard small generation."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
+
+FLUX_CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=3.5)
+WAN_CALL = dict(
+    prompt="a red fox", negative_prompt="blurry", height=64, width=64, num_frames=5,
+    num_inference_steps=4, guidance_scale=5.0,
+)
+
+
+def generate(pipe: Any, call: dict[str, Any], seed: int = 0) -> np.ndarray:
+    result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
+    frames = getattr(result, "frames", None)
+    return np.asarray(frames if frames is not None else result.images)
+
+
+@pytest.fixture(scope="session")
+def tiny_flux() -> Any:
+    import accel
+
+    pipe = accel.load_pipeline("tiny-flux")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="session")
+def tiny_wan() -> Any:
+    import accel
+
+    pipe = accel.load_pipeline("tiny-wan")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="session")
+def flux_reference(tiny_flux: Any) -> np.ndarray:
+    return generate(tiny_flux, FLUX_CALL)
+
+
+@pytest.fixture(scope="session")
+def wan_reference(tiny_wan: Any) -> np.ndarray:
+    return generate(tiny_wan, WAN_CALL)
