@@ -1,0 +1,238 @@
+"""First Block Cache: skip every block after the first while block 0's residual barely changes.
+
+Each block's `forward` is replaced on the block *instance* (state_dict keys and classes stay as
+they are). Block 0 always runs; its residual (output − input of the primary stream) is compared
+with the one saved at the last fully computed call. When the relative change is below the
+threshold the remaining blocks pass their inputs through untouched and the last one adds the
+residual those blocks produced at the last computed call, stream by stream (image and text).
+
+A pipeline that calls the transformer twice per step (cond, uncond) gets one state per call
+index within the step, so the two never compare against each other; batched CFG is one call and
+so one decision. The decision is reduced over the process group first: every rank must take
+the same branch or the next collective deadlocks.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accel.models.base import BlockList
+from accel.steps import StepEvents
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One transformer call: where it was, how much block 0 moved, and whether it was cached."""
+
+    step: int
+    branch: int
+    change: float | None
+    cached: bool
+
+
+@dataclass
+class CacheStats:
+    """Statistics of the last pipeline call (state and statistics reset at each call)."""
+
+    records: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        return len(self.records)
+
+    @property
+    def cached(self) -> int:
+        return sum(record.cached for record in self.records)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached / self.calls if self.calls else 0.0
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(self.records + other.records)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transformer_calls": self.calls,
+            "cached_calls": self.cached,
+            "hit_rate": self.hit_rate,
+            "calls": [record.__dict__ for record in self.records],
+        }
+
+
+@dataclass
+class _BranchState:
+    first_residual: torch.Tensor | None = None
+    rest_residuals: dict[str, torch.Tensor] | None = None
+    consecutive_cached: int = 0
+    calls: int = 0
+
+
+@dataclass(frozen=True)
+class _Slot:
+    spec: BlockList
+    signature: inspect.Signature
+
+
+class FirstBlockCache:
+    """Installs itself on one transformer's blocks; `remove()` puts the original forwards back."""
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        block_lists: Sequence[BlockList],
+        *,
+        threshold: float,
+        warmup_steps: int = 0,
+        max_consecutive_cached: int = 0,
+        primary_stream: str = "hidden_states",
+        events: StepEvents | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.threshold = threshold
+        self.warmup_steps = warmup_steps
+        self.max_consecutive_cached = max_consecutive_cached
+        self.primary_stream = primary_stream
+        self.events = events
+        self.group = group
+        self.stats = CacheStats()
+        self._states: dict[int, _BranchState] = {}
+        self._calls_in_step = 0
+        self._skipping = False
+        self._start: dict[str, Any] = {}
+        self._state = _BranchState()
+        self._installed: list[tuple[nn.Module, object]] = []
+
+        blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
+        if len(blocks) < 2:
+            raise ValueError("First Block Cache needs a transformer with at least two blocks")
+        first, last = block_lists[0], block_lists[-1]
+        if primary_stream not in first.returns or not set(last.returns) <= set(first.returns):
+            raise ValueError(
+                f"block lists {[s.attr for s in block_lists]}: the first must return "
+                f"'{primary_stream}' and every stream the last one returns"
+            )
+        for index, (spec, block) in enumerate(blocks):
+            self._wrap(block, spec, first=index == 0, last=index == len(blocks) - 1)
+        if events is not None:
+            events.add(self)
+
+    # -- step events -------------------------------------------------------------------------
+    def on_generation_start(self, num_steps: int) -> None:
+        self._states.clear()
+        self.stats = CacheStats()
+        self._calls_in_step = 0
+
+    def on_step_end(self, step_index: int) -> None:
+        self._calls_in_step = 0
+
+    # -- install / remove --------------------------------------------------------------------
+    def _wrap(self, block: nn.Module, spec: BlockList, *, first: bool, last: bool) -> None:
+        original: Callable[..., Any] = block.forward
+        slot = _Slot(spec, inspect.signature(original))
+        self._installed.append((block, block.__dict__.get("forward", _MISSING)))
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if first:
+                return self._first_block(original, slot, args, kwargs, last)
+            return self._later_block(original, slot, args, kwargs, last)
+
+        block.forward = forward  # instance attribute: shadows the class's forward for this block only
+
+    def remove(self) -> None:
+        for block, saved in self._installed:
+            if saved is _MISSING:
+                block.__dict__.pop("forward", None)
+            else:
+                block.forward = saved
+        self._installed.clear()
+        if self.events is not None:
+            self.events.remove(self)
+            self.events = None
+
+    # -- the two kinds of block --------------------------------------------------------------
+    def _first_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any, last: bool) -> Any:
+        branch = self._calls_in_step if self.events is not None else 0
+        self._calls_in_step += 1
+        state = self._states.setdefault(branch, _BranchState())
+        step = self.events.step_index if self.events is not None else state.calls
+        state.calls += 1
+
+        before = slot.signature.bind(*args, **kwargs).arguments[self.primary_stream]
+        output = original(*args, **kwargs)
+        after = _streams(slot.spec, output)
+        residual = after[self.primary_stream] - before
+
+        change = None
+        if state.first_residual is not None and state.first_residual.shape == residual.shape:
+            change = self._relative_change(residual, state.first_residual)
+        self._skipping = (
+            change is not None
+            and change < self.threshold
+            and state.rest_residuals is not None
+            and step >= self.warmup_steps
+            and (self.max_consecutive_cached == 0 or state.consecutive_cached < self.max_consecutive_cached)
+        )
+        self.stats.records.append(CallRecord(step, branch, change, self._skipping))
+        if self._skipping:
+            state.consecutive_cached += 1
+        else:
+            state.consecutive_cached = 0
+            state.first_residual = residual
+        self._state = state
+        self._start = after
+        if last:  # a one-block transformer cannot skip anything; nothing else to do
+            self._skipping = False
+        return output
+
+    def _later_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any, last: bool) -> Any:
+        if not self._skipping:
+            output = original(*args, **kwargs)
+            if last:
+                final = _streams(slot.spec, output)
+                self._state.rest_residuals = {
+                    name: final[name] - self._start[name]
+                    for name in slot.spec.returns
+                    if isinstance(final[name], torch.Tensor) and isinstance(self._start.get(name), torch.Tensor)
+                }
+            return output
+        inputs = slot.signature.bind(*args, **kwargs).arguments
+        values = [inputs[name] for name in slot.spec.returns]
+        if last:
+            cached = self._state.rest_residuals or {}
+            values = [
+                value + cached[name] if name in cached else value
+                for name, value in zip(slot.spec.returns, values)
+            ]
+        return values[0] if len(values) == 1 else tuple(values)
+
+    @torch.compiler.disable
+    def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
+        """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact)."""
+        sums = torch.stack(
+            [
+                torch.sum(torch.abs(residual - previous), dtype=torch.float32),
+                torch.sum(torch.abs(previous), dtype=torch.float32),
+            ]
+        )
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(sums, group=self.group)
+        numerator, denominator = sums.tolist()
+        return numerator / denominator if denominator > 0 else float("inf")
+
+
+def _streams(spec: BlockList, output: Any) -> dict[str, Any]:
+    values = output if isinstance(output, tuple) else (output,)
+    return dict(zip(spec.returns, values))
+
+
+_MISSING = object()

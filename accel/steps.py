@@ -1,0 +1,87 @@
+"""Denoising-step events for one pipeline instance, read off its scheduler.
+
+Every diffusers pipeline calls `scheduler.set_timesteps` once at the start of a generation and
+`scheduler.step` once per denoising step. Wrapping those two methods on the scheduler *instance*
+tells the cache where a call and a step begin (to tell cond from uncond calls, and to reset) and
+drives the progress bar, without touching any class or the pipeline's `__call__`.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class StepListener(Protocol):
+    def on_generation_start(self, num_steps: int) -> None: ...
+
+    def on_step_end(self, step_index: int) -> None: ...
+
+
+class StepEvents:
+    """Shared by every listener of one scheduler; unwraps it when the last listener leaves."""
+
+    _by_scheduler: weakref.WeakKeyDictionary[Any, StepEvents] = weakref.WeakKeyDictionary()
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.step_index = 0
+        self.num_steps = 0
+        self._listeners: list[StepListener] = []
+        self._saved: dict[str, Any] = {}
+        for name, wrapper in (("set_timesteps", self._set_timesteps), ("step", self._step)):
+            self._saved[name] = scheduler.__dict__.get(name, _MISSING)
+            setattr(scheduler, name, wrapper(getattr(scheduler, name)))
+
+    @classmethod
+    def of(cls, pipe: Any) -> StepEvents:
+        scheduler = pipe.scheduler
+        events = cls._by_scheduler.get(scheduler)
+        if events is None:
+            events = cls(scheduler)
+            cls._by_scheduler[scheduler] = events
+        return events
+
+    def add(self, listener: StepListener) -> None:
+        self._listeners.append(listener)
+
+    def remove(self, listener: StepListener) -> None:
+        self._listeners.remove(listener)
+        if not self._listeners:
+            for name, saved in self._saved.items():
+                if saved is _MISSING:
+                    self.scheduler.__dict__.pop(name, None)
+                else:
+                    setattr(self.scheduler, name, saved)
+            self._by_scheduler.pop(self.scheduler, None)
+
+    def _set_timesteps(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        # wraps() keeps the signature visible: pipelines inspect it (e.g. "does it take sigmas?").
+        @functools.wraps(original)
+        def set_timesteps(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.step_index = 0
+            timesteps = getattr(self.scheduler, "timesteps", None)
+            self.num_steps = len(timesteps) if timesteps is not None else 0
+            for listener in list(self._listeners):
+                listener.on_generation_start(self.num_steps)
+            return result
+
+        return set_timesteps
+
+    def _step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            finished = self.step_index
+            self.step_index += 1
+            for listener in list(self._listeners):
+                listener.on_step_end(finished)
+            return result
+
+        return step
+
+
+_MISSING = object()

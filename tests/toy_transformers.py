@@ -1,0 +1,131 @@
+"""Small transformers shaped like the families' (block lists, return conventions), for cache tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from accel.models.base import BlockList
+
+
+class _Counted(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+
+class DoubleStreamBlock(_Counted):
+    """FLUX double block: separate image and text streams, returns (text, image)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.image = nn.Linear(dim, dim)
+        self.text = nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        mixed = hidden_states.mean(1, keepdim=True) + encoder_hidden_states.mean(1, keepdim=True)
+        hidden = hidden_states + torch.tanh(self.image(hidden_states + mixed) + temb)
+        text = encoder_hidden_states + torch.tanh(self.text(encoder_hidden_states + mixed) + temb)
+        return text, hidden
+
+
+class SingleStreamBlock(_Counted):
+    """FLUX single block: text concatenated before the image tokens inside, returns (text, image)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        text_len = encoder_hidden_states.shape[1]
+        joint = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        joint = joint + torch.tanh(self.proj(joint) + temb)
+        return joint[:, :text_len], joint[:, text_len:]
+
+
+class TwoListTransformer(nn.Module):
+    """Double blocks called by keyword, single blocks positionally (both happen in diffusers)."""
+
+    block_lists = (
+        BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+        BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+    )
+
+    def __init__(self, dim: int = 8, double: int = 3, single: int = 3) -> None:
+        super().__init__()
+        self.transformer_blocks = nn.ModuleList(DoubleStreamBlock(dim) for _ in range(double))
+        self.single_transformer_blocks = nn.ModuleList(SingleStreamBlock(dim) for _ in range(single))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):  # type: ignore[no-untyped-def]
+        for block in self.transformer_blocks:
+            encoder_hidden_states, hidden_states = block(
+                hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, temb=temb
+            )
+        for block in self.single_transformer_blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, temb)
+        return self.out(hidden_states)
+
+
+class CrossAttentionBlock(_Counted):
+    """Wan / LTX block: text is read-only context, returns the video stream alone."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        context = encoder_hidden_states.mean(1, keepdim=True)
+        return hidden_states + torch.tanh(self.proj(hidden_states + context) + temb)
+
+
+class SingleTensorTransformer(nn.Module):
+    block_lists = (BlockList("blocks", returns=("hidden_states",)),)
+
+    def __init__(self, dim: int = 8, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CrossAttentionBlock(dim) for _ in range(depth))
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):  # type: ignore[no-untyped-def]
+        for block in self.blocks:
+            hidden_states = block(hidden_states, encoder_hidden_states, temb)
+        return hidden_states
+
+
+class JointBlock(DoubleStreamBlock):
+    """CogVideoX / Mochi block: returns (image, text), the other order from FLUX."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None):  # type: ignore[no-untyped-def]
+        text, hidden = super().forward(hidden_states, encoder_hidden_states, temb)
+        return hidden, text
+
+
+class JointTransformer(nn.Module):
+    block_lists = (BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),)
+
+    def __init__(self, dim: int = 8, depth: int = 4) -> None:
+        super().__init__()
+        self.transformer_blocks = nn.ModuleList(JointBlock(dim) for _ in range(depth))
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):  # type: ignore[no-untyped-def]
+        for block in self.transformer_blocks:
+            hidden_states, encoder_hidden_states = block(
+                hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, temb=temb
+            )
+        return torch.cat([encoder_hidden_states, hidden_states], dim=1)
+
+
+def all_blocks(model: nn.Module) -> list[nn.Module]:
+    return [block for spec in model.block_lists for block in getattr(model, spec.attr)]
+
+
+def inputs(seed: int, batch: int = 2, image: int = 6, text: int = 3, dim: int = 8) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(batch, image, dim, generator=generator),
+        torch.randn(batch, text, dim, generator=generator),
+        torch.randn(batch, 1, dim, generator=generator),
+    )
