@@ -1,0 +1,162 @@
+"""`apply(pipe, recipe)`: the one place that composes the accelerators on a pipeline instance.
+
+Order (fixed; each step assumes the ones before it):
+
+1. quant     — torchao on the transformer's Linear layers (weights change first, so every later
+               step sees the final modules)
+2. parallel  — context-parallel attention and the split / gather plan
+3. cache     — First Block Cache on the transformer blocks (outside any compiled region)
+4. compile   — regional torch.compile of the repeated blocks
+5. vae       — VAE tiling / parallel decode
+
+Only the pipeline instance given is changed; the returned handle undoes every step in reverse.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accel.cache import CacheStats, FirstBlockCache
+from accel.errors import NotAvailableError, UserError
+from accel.models.base import Family
+from accel.models.registry import family_of
+from accel.recipe import Recipe, load_recipe
+from accel.steps import StepEvents
+
+APPLY_ORDER = ("quant", "parallel", "cache", "compile", "vae")
+
+_applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
+
+
+def as_recipe(recipe: Recipe | Mapping[str, Any] | str | Path | None) -> Recipe:
+    if recipe is None:
+        return Recipe.from_dict({})
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, Mapping):
+        return Recipe.from_dict(recipe)
+    if isinstance(recipe, (str, Path)):
+        return load_recipe(recipe)
+    raise UserError(f"accel.apply: recipe must be a Recipe, a dict or a path, got {type(recipe).__name__}")
+
+
+def unavailable_features(recipe: Recipe) -> list[str]:
+    """What the recipe asks for that has not landed yet, one phrase each (empty when all is well)."""
+    missing = []
+    parallel = recipe.parallel
+    for key in ("ulysses", "ring", "cfg"):
+        if getattr(parallel, key) > 1:
+            missing.append(f"[parallel] {key} = {getattr(parallel, key)}: context parallelism")
+    if recipe.vae.parallel:
+        missing.append("[vae] parallel = true: parallel VAE decode")
+    if recipe.quant.type != "none":
+        missing.append(f"[quant] type = '{recipe.quant.type}': quantization")
+    if recipe.compile.enabled:
+        missing.append("[compile] enabled = true: torch.compile")
+    return missing
+
+
+def ensure_available(recipe: Recipe) -> None:
+    """Refuse, before anything loads or starts, a recipe that asks for a feature not built yet."""
+    missing = unavailable_features(recipe)
+    if missing:
+        raise NotAvailableError(
+            f"{missing[0]} is not available yet in accel {_version()}; remove it from the recipe or flags"
+        )
+
+
+@dataclass
+class AccelHandle:
+    """What `apply` did to one pipeline: statistics while it runs, `remove()` to undo it."""
+
+    pipe: Any
+    recipe: Recipe
+    family: Family
+    caches: list[FirstBlockCache] = field(default_factory=list)
+    _undo: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def cache_stats(self) -> CacheStats | None:
+        """Cache statistics of the last pipeline call (None when the cache is off)."""
+        if not self.caches:
+            return None
+        total = CacheStats()
+        for cache in self.caches:
+            total = total + cache.stats
+        return total
+
+    @property
+    def active(self) -> bool:
+        return _applied.get(self.pipe) is self
+
+    def remove(self) -> None:
+        """Undo every step in reverse order; the pipeline then produces bit-identical output to before."""
+        while self._undo:
+            self._undo.pop()()
+        if _applied.get(self.pipe) is self:
+            del _applied[self.pipe]
+
+
+def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = None) -> AccelHandle:
+    """Accelerate `pipe` in place as the recipe asks; see the module docstring for the order."""
+    recipe = as_recipe(recipe)
+    ensure_available(recipe)
+    if pipe in _applied:
+        raise UserError(
+            "accel.apply: this pipeline is already accelerated; call remove() on the handle "
+            "apply() returned before applying again"
+        )
+    family = family_of(pipe)
+    handle = AccelHandle(pipe, recipe, family)
+    try:
+        _apply_cache(handle)
+        _apply_vae(handle)
+    except BaseException:
+        handle.remove()
+        raise
+    _applied[pipe] = handle
+    return handle
+
+
+def _apply_cache(handle: AccelHandle) -> None:
+    settings = handle.recipe.cache
+    if settings.threshold <= 0:
+        return
+    events = StepEvents.of(handle.pipe)
+    for attr in handle.family.transformer_attrs:
+        transformer = getattr(handle.pipe, attr, None)
+        if transformer is None:
+            continue
+        cache = FirstBlockCache(
+            transformer,
+            handle.family.blocks,
+            threshold=settings.threshold,
+            warmup_steps=settings.warmup_steps,
+            max_consecutive_cached=settings.max_consecutive_cached,
+            primary_stream=handle.family.primary_stream,
+            events=events,
+        )
+        handle.caches.append(cache)
+        handle._undo.append(cache.remove)
+
+
+def _apply_vae(handle: AccelHandle) -> None:
+    vae = getattr(handle.pipe, "vae", None)
+    if not handle.recipe.vae.tiling or vae is None:
+        return
+    if not hasattr(vae, "enable_tiling"):
+        raise UserError(f"[vae] tiling: {type(vae).__name__} does not support tiled decoding; set tiling = false")
+    was_tiling = bool(getattr(vae, "use_tiling", False))
+    vae.enable_tiling()
+    if not was_tiling:
+        handle._undo.append(vae.disable_tiling)
+
+
+def _version() -> str:
+    from accel import __version__
+
+    return __version__

@@ -1,0 +1,162 @@
+"""What accel shows people: rich tables for a run, the registry and the environment; JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from accel.models.base import Family
+from accel.runner import Metrics
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def run_table(metrics: Metrics) -> Table:
+    table = Table(title=f"accel run {metrics.model}", show_header=True, header_style="bold")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    settings = metrics.settings
+    size = f"{settings['width']}×{settings['height']}"
+    if metrics.output_kind == "video":
+        frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
+        size += f", {frames} frames"
+    rows: list[tuple[str, str]] = [
+        ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
+        ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
+        ("load", _seconds(metrics.load_s)),
+        ("warm-up", _seconds(metrics.warmup_s)),
+        ("generation", _seconds(metrics.generate_s)),
+        ("per step", _seconds(metrics.per_step_s)),
+        ("steps/s", f"{metrics.steps_per_s:.2f}"),
+    ]
+    if metrics.cache is not None:
+        cache = metrics.cache
+        rows.append(
+            ("cache hit rate", f"{cache['hit_rate']:.0%} ({cache['cached_calls']}/{cache['transformer_calls']} calls)")
+        )
+    else:
+        rows.append(("cache hit rate", "off"))
+    rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
+    if metrics.baseline_s is not None:
+        rows.append(("baseline generation", _seconds(metrics.baseline_s)))
+        rows.append(("speedup", f"{metrics.speedup:.2f}×" if metrics.speedup else "—"))
+        psnr = metrics.psnr_db
+        rows.append(("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def cache_calls_table(metrics: Metrics) -> Table:
+    """Per-call decisions of the cache, for --verbose."""
+    table = Table(title="First Block Cache calls", header_style="bold")
+    for column in ("step", "branch", "relative change", "cached"):
+        table.add_column(column, justify="right")
+    for call in (metrics.cache or {}).get("calls", []):
+        change = "—" if call["change"] is None else f"{call['change']:.4f}"
+        table.add_row(str(call["step"]), str(call["branch"]), change, "yes" if call["cached"] else "")
+    return table
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    """JSON with inf/nan written as strings so every reader can parse it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_finite(document), indent=2) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def family_features(family: Family) -> list[str]:
+    """What accel can do for a family today, derived from its data."""
+    features = ["fbcache"] if family.blocks else []
+    features.append("vae-tiling")
+    return features
+
+
+def models_table(families: list[Family]) -> Table:
+    table = Table(title="accel models", header_style="bold")
+    for column in ("alias", "tiny", "pipeline", "default repo", "kind", "accelerators"):
+        table.add_column(column)
+    for family in families:
+        table.add_row(
+            family.name,
+            family.tiny_alias or "—",
+            family.pipeline_class,
+            family.repo,
+            family.output,
+            ", ".join(family_features(family)),
+        )
+    return table
+
+
+def environment() -> dict[str, Any]:
+    """Versions, devices and attention kernels, as `accel env` prints them."""
+    import importlib.metadata as metadata
+
+    import torch
+
+    versions = {"python": platform.python_version()}
+    for package in ("accel", "torch", "diffusers", "transformers", "torchao"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    devices = [f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"]
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            devices.append(f"cuda:{index} {props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor})")
+    return {"versions": versions, "devices": devices, "attention_kernels": attention_kernels()}
+
+
+def attention_kernels() -> dict[str, bool]:
+    """The (out, lse) attention kernels this torch build offers; context parallelism picks from these."""
+    import torch
+
+    aten = torch.ops.aten
+    kernels = {"cpu flash (out + lse)": hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu")}
+    cuda = torch.cuda.is_available()
+    backends = torch.backends.cuda
+    kernels["cuda flash"] = cuda and bool(getattr(backends, "is_flash_attention_available", lambda: False)())
+    kernels["cuda memory-efficient"] = cuda and bool(backends.mem_efficient_sdp_enabled())
+    kernels["cuda cuDNN"] = cuda and bool(getattr(backends, "cudnn_sdp_enabled", lambda: False)())
+    return kernels
+
+
+def environment_table(env: dict[str, Any]) -> Table:
+    table = Table(title="accel env", header_style="bold", show_header=False)
+    table.add_column("what")
+    table.add_column("value")
+    for name, version in env["versions"].items():
+        table.add_row(name, version)
+    for index, device in enumerate(env["devices"]):
+        table.add_row("devices" if index == 0 else "", device)
+    for index, (kernel, present) in enumerate(env["attention_kernels"].items()):
+        table.add_row("attention kernels" if index == 0 else "", f"{kernel}: {'yes' if present else 'no'}")
+    return table

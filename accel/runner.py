@@ -1,0 +1,273 @@
+"""load → warm up → timed generation → save; what `accel run` does, returning Metrics."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accel.compose import apply, ensure_available
+from accel.errors import UserError
+from accel.media import save_image, save_video
+from accel.models.base import Family, GenerationDefaults
+from accel.models.loading import load_pipeline, resolve_model
+from accel.models.registry import family_of
+from accel.quality import psnr
+from accel.recipe import Recipe
+from accel.steps import StepEvents
+
+
+@dataclass
+class Measurement:
+    """One timed generation after its warm-up runs."""
+
+    output: np.ndarray
+    seconds: float
+    warmup_seconds: float
+    steps: int
+    peak_memory_bytes: int
+
+
+@dataclass
+class Metrics:
+    """Everything `accel run` reports; `as_dict()` is the --json document."""
+
+    model: str
+    family: str
+    output_kind: str
+    device: str
+    dtype: str
+    settings: dict[str, Any]
+    load_s: float
+    warmup_s: float
+    generate_s: float
+    steps: int
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    output_path: str | None = None
+    cache: dict[str, Any] | None = None
+    baseline_s: float | None = None
+    psnr_db: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_step_s(self) -> float:
+        return self.generate_s / self.steps if self.steps else float("nan")
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.generate_s if self.generate_s > 0 else float("nan")
+
+    @property
+    def speedup(self) -> float | None:
+        return self.baseline_s / self.generate_s if self.baseline_s and self.generate_s > 0 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(per_step_s=self.per_step_s, steps_per_s=self.steps_per_s, speedup=self.speedup)
+        return data
+
+
+def generation_kwargs(family: Family, tiny: bool, recipe: Recipe) -> dict[str, Any]:
+    """The pipeline call's keyword arguments: recipe values over the family's (or tiny) defaults."""
+    defaults: GenerationDefaults = (family.tiny_defaults if tiny else None) or family.defaults
+    settings = recipe.generate
+
+    def pick(name: str, default: Any) -> Any:
+        value = getattr(settings, name)
+        return default if value is None else value
+
+    kwargs: dict[str, Any] = {
+        "prompt": pick("prompt", defaults.prompt),
+        "num_inference_steps": pick("steps", defaults.steps),
+        "height": pick("height", defaults.height),
+        "width": pick("width", defaults.width),
+    }
+    guidance = pick("guidance_scale", defaults.guidance_scale)
+    if guidance is not None:
+        kwargs["guidance_scale"] = guidance
+    negative = pick("negative_prompt", defaults.negative_prompt)
+    if negative is not None:
+        if not family.takes_negative_prompt:
+            raise UserError(f"[generate] negative_prompt: {family.title} pipelines take no negative prompt")
+        kwargs["negative_prompt"] = negative
+    if settings.true_cfg_scale is not None:
+        if not family.true_cfg:
+            raise UserError(f"[generate] true_cfg_scale: {family.title} pipelines have no true CFG scale")
+        kwargs["true_cfg_scale"] = settings.true_cfg_scale
+    if family.frames_arg is not None:
+        kwargs[family.frames_arg] = pick("frames", defaults.frames)
+    elif settings.frames is not None:
+        raise UserError(f"[generate] frames: {family.title} makes images; remove frames")
+    return kwargs
+
+
+def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
+    """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
+    generator = torch.Generator("cpu").manual_seed(seed)
+    result = pipe(**kwargs, generator=generator, output_type="np")
+    frames = getattr(result, "frames", None)
+    output = frames if frames is not None else result.images
+    return np.asarray(output)[0]
+
+
+def measure(
+    pipe: Any,
+    kwargs: dict[str, Any],
+    seed: int,
+    warmup: int,
+    progress: Callable[[str], AbstractContextManager[Any]] | None = None,
+    label: str = "generating",
+) -> Measurement:
+    """Warm-up runs, then one timed run; bench and `run --compare` share this.
+
+    `progress(label)` gives a context in which step events drive a bar (None: no bar)."""
+    show = progress or (lambda _label: nullcontext())
+    start = time.perf_counter()
+    for index in range(warmup):
+        with show(f"{label}: warm-up {index + 1}/{warmup}"):
+            generate(pipe, kwargs, seed)
+    warmup_seconds = time.perf_counter() - start
+    device = _device_of(pipe)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with show(label):
+        start = time.perf_counter()
+        output = generate(pipe, kwargs, seed)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+    return Measurement(output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device))
+
+
+def run(
+    recipe: Recipe,
+    *,
+    out: Path | None = None,
+    overwrite: bool = False,
+    compare: bool = False,
+    warmup: int = 1,
+    progress: Callable[[str], Any] | None = None,
+) -> Metrics:
+    """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
+    that shows denoising progress (the CLI passes a rich bar; the API passes nothing)."""
+    ensure_available(recipe)
+    if warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {warmup}")
+    ref = resolve_model(recipe.model.name)
+    _check_out(out, overwrite, ref.family)
+
+    start = time.perf_counter()
+    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, recipe.model.device)
+    load_s = time.perf_counter() - start
+    family = family_of(pipe)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = generation_kwargs(family, ref.tiny, recipe)
+    seed = recipe.generate.seed
+
+    bar = (lambda label: _progress_over_steps(pipe, progress, label)) if progress else None
+
+    baseline = measure(pipe, kwargs, seed, warmup, bar, "baseline") if compare else None
+    handle = apply(pipe, recipe)
+    try:
+        result = measure(pipe, kwargs, seed, warmup, bar, "accelerated" if compare else "generating")
+        stats = handle.cache_stats
+    finally:
+        handle.remove()
+
+    _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
+    out_path = _output_path(ref.name, family, out)
+    if family.output == "video":
+        save_video(result.output, out_path, family.fps)
+    else:
+        save_image(result.output, out_path)
+    device = _device_of(pipe)
+    return Metrics(
+        model=recipe.model.name,
+        family=family.name,
+        output_kind=family.output,
+        device=str(device),
+        dtype=str(pipe.transformer.dtype).removeprefix("torch."),
+        settings={k: v for k, v in kwargs.items()} | {"seed": seed},
+        load_s=load_s,
+        warmup_s=result.warmup_seconds,
+        generate_s=result.seconds,
+        steps=result.steps,
+        peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_kind="CUDA allocated" if device.type == "cuda" else "process RSS",
+        output_path=str(out_path),
+        cache=stats.as_dict() if stats is not None else None,
+        baseline_s=baseline.seconds if baseline else None,
+        psnr_db=psnr(result.output, baseline.output) if baseline else None,
+    )
+
+
+@contextmanager
+def _progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) -> Iterator[None]:
+    """Feeds the caller's progress bar from the scheduler's step events."""
+    with progress(label) as bar:
+        listener = _BarListener(bar)
+        events = StepEvents.of(pipe)
+        events.add(listener)
+        try:
+            yield
+        finally:
+            events.remove(listener)
+
+
+class _BarListener:
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def on_generation_start(self, num_steps: int) -> None:
+        self.bar.start(num_steps)
+
+    def on_step_end(self, step_index: int) -> None:
+        self.bar.advance()
+
+
+def _suffix(family: Family) -> str:
+    return ".mp4" if family.output == "video" else ".png"
+
+
+def _check_out(out: Path | None, overwrite: bool, family: Family | None) -> None:
+    """Refuse a bad --out before the (possibly long) load, not after the generation."""
+    if out is None:
+        return
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    if family is not None and out.suffix.lower() != _suffix(family):
+        raise UserError(f"--out {out}: {family.title} makes {family.output}s, so the name must end in {_suffix(family)}")
+
+
+def _output_path(name: str, family: Family, out: Path | None) -> Path:
+    """The file to write: `out` as given (already checked), else a fresh name under outputs/."""
+    suffix = _suffix(family)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+    folder = Path("outputs")
+    folder.mkdir(exist_ok=True)
+    stem = Path(name).name or "output"
+    candidate, index = folder / f"{stem}{suffix}", 1
+    while candidate.exists():
+        candidate, index = folder / f"{stem}-{index}{suffix}", index + 1
+    return candidate
+
+
+def _device_of(pipe: Any) -> torch.device:
+    return next(pipe.transformer.parameters()).device
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

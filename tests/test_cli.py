@@ -1,0 +1,167 @@
+"""`accel run / models / env` in-process (Typer's runner) and as the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from accel.cli import app
+from accel.media import read_video
+
+ACCEL = str(Path(sys.executable).parent / "accel")
+runner = CliRunner()
+
+
+def invoke(*args: str) -> object:
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_run_tiny_flux_writes_a_png_and_json(tmp_path: Path) -> None:
+    out, report = tmp_path / "fox.png", tmp_path / "m.json"
+    result = invoke("run", "tiny-flux", "--steps", "3", "--out", str(out), "--json", str(report), "--cache", "0.3")
+    assert result.exit_code == 0, result.output
+    image = Image.open(out)
+    assert image.size == (64, 64) and image.mode == "RGB"
+    metrics = json.loads(report.read_text())
+    assert metrics["model"] == "tiny-flux" and metrics["family"] == "flux" and metrics["steps"] == 3
+    assert metrics["cache"]["transformer_calls"] == 3
+    assert metrics["generate_s"] > 0 and metrics["per_step_s"] == pytest.approx(metrics["generate_s"] / 3)
+    for label in ("load", "warm-up", "generation", "per step", "steps/s", "cache hit rate", "peak memory"):
+        assert label in result.stdout
+
+
+def test_run_tiny_wan_writes_a_readable_mp4(tmp_path: Path) -> None:
+    out = tmp_path / "fox.mp4"
+    result = invoke("run", "tiny-wan", "--steps", "2", "--frames", "5", "--out", str(out), "--warmup", "0")
+    assert result.exit_code == 0, result.output
+    frames = read_video(out)
+    assert frames.shape == (5, 64, 64, 3)
+
+
+def test_compare_reports_speedup_and_psnr(tmp_path: Path) -> None:
+    report = tmp_path / "m.json"
+    result = invoke(
+        "run", "tiny-flux", "--cache", "1e9", "--compare", "--steps", "4", "-o", str(tmp_path / "a.png"),
+        "--json", str(report), "--warmup", "0",
+    )
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(report.read_text())
+    assert metrics["cache"]["cached_calls"] == 3
+    assert metrics["baseline_s"] > 0 and metrics["speedup"] == pytest.approx(metrics["baseline_s"] / metrics["generate_s"])
+    assert 0 < metrics["psnr_db"] < 100
+    assert "speedup" in result.stdout and "PSNR vs baseline" in result.stdout
+
+
+def test_threshold_zero_compare_is_identical(tmp_path: Path) -> None:
+    report = tmp_path / "m.json"
+    result = invoke("run", "tiny-flux", "--compare", "--steps", "2", "-o", str(tmp_path / "a.png"), "--json", str(report), "--warmup", "0")
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["psnr_db"] == "inf"
+    assert "identical" in result.stdout
+
+
+def test_recipe_file_and_flags_combine(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n[generate]\nsteps = 3\nheight = 48\nwidth = 80\n[cache]\nthreshold = 0.2\n')
+    report = tmp_path / "m.json"
+    result = invoke("run", "-r", str(recipe), "--height", "32", "-o", str(tmp_path / "a.png"), "--json", str(report))
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(report.read_text())
+    assert metrics["settings"]["height"] == 32 and metrics["settings"]["width"] == 80 and metrics["steps"] == 3
+    assert Image.open(tmp_path / "a.png").size == (80, 32)
+
+
+def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert invoke("run", "tiny-flux", "--steps", "1", "--warmup", "0").exit_code == 0
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["tiny-flux-1.png", "tiny-flux.png"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "tiny-flx"], "unknown model 'tiny-flx' (did you mean 'tiny-flux'?)"),
+        (["run"], "no model given: pass MODEL (e.g. tiny-flux) or set [model] name in the recipe"),
+        (["run", "tiny-flux", "--cache", "-1"], "command line: [cache] threshold must be a number >= 0, got -1.0"),
+        (["run", "tiny-flux", "--steps", "0"], "command line: [generate] steps must be an integer >= 1, got 0"),
+        (["run", "tiny-flux", "--dtype", "float64"], "command line: [model] dtype must be one of auto, float32, float16, bfloat16, got 'float64'"),
+        (["run", "tiny-flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
+        (["run", "tiny-flux", "--gpus", "2"], "--gpus 2: multi-process runs (context parallelism) are not available yet"),
+        (["run", "tiny-flux", "--ulysses", "2"], "[parallel] ulysses = 2: context parallelism is not available yet"),
+        (["run", "tiny-flux", "--ring", "2"], "[parallel] ring = 2: context parallelism is not available yet"),
+        (["run", "tiny-flux", "--cfg-parallel"], "[parallel] cfg = 2: context parallelism is not available yet"),
+        (["run", "tiny-flux", "--parallel-vae"], "[vae] parallel = true: parallel VAE decode is not available yet"),
+        (["run", "tiny-flux", "--quant", "int8wo"], "[quant] type = 'int8wo': quantization is not available yet"),
+        (["run", "tiny-flux", "--compile"], "[compile] enabled = true: torch.compile is not available yet"),
+        (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
+        (["run", "tiny-flux", "-o", "x.mp4"], "--out x.mp4: FLUX.1 makes images, so the name must end in .png"),
+        (["run", "tiny-flux", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {message}" or result.stderr.strip().startswith(f"error: {message}")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+def test_bad_recipe_file_names_the_file(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text("[cache]\ntreshold = 0.1\n")
+    result = invoke("run", "tiny-flux", "-r", str(recipe))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {recipe}: unknown key [cache] treshold (did you mean 'threshold'?)"
+    recipe.write_text("[cache\n")
+    result = invoke("run", "tiny-flux", "-r", str(recipe))
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: {recipe}: not valid TOML: ")
+
+
+def test_existing_output_is_refused_without_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "a.png"
+    out.write_bytes(b"keep me")
+    result = invoke("run", "tiny-flux", "-o", str(out))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {out} already exists; pass --overwrite to replace it or choose another --out"
+    assert out.read_bytes() == b"keep me"
+    result = invoke("run", "tiny-flux", "-o", str(out), "--overwrite", "--steps", "1", "--warmup", "0")
+    assert result.exit_code == 0 and Image.open(out).size == (64, 64)
+
+
+def test_models_lists_the_registry() -> None:
+    result = invoke("models")
+    assert result.exit_code == 0
+    for name in ("flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "tiny-flux", "tiny-wan", "FluxPipeline", "fbcache"):
+        assert name in result.stdout
+
+
+def test_env_reports_versions_and_kernels() -> None:
+    import torch
+
+    result = invoke("env", "--json")
+    assert result.exit_code == 0
+    info = json.loads(result.stdout)
+    assert info["versions"]["torch"] == torch.__version__.split("+")[0] or info["versions"]["torch"].startswith(torch.__version__.split("+")[0])
+    assert info["attention_kernels"]["cpu flash (out + lse)"] is True
+    assert info["devices"][0].startswith("cpu")
+
+
+def test_console_script_runs_and_exits_2_on_bad_input(tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [ACCEL, "run", "tiny-flux", "--steps", "2", "-o", str(tmp_path / "x.png"), "--warmup", "0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert np.asarray(Image.open(tmp_path / "x.png")).shape == (64, 64, 3)
+    assert "generation" in ok.stdout
+    bad = subprocess.run([ACCEL, "run", "tiny-flux", "--cache", "-2"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr == "error: command line: [cache] threshold must be a number >= 0, got -2.0\n"
+    assert "Traceback" not in bad.stdout + bad.stderr
