@@ -76,7 +76,7 @@ class CacheSection:
     """First Block Cache: skip the remaining blocks when the first block's output barely changed."""
 
     threshold: float = _key(
-        0.0, "Relative change of the first block's output below which a step is served from cache; 0 is off.", min=0
+        0.0, "Skip the later blocks while block 0's residual changes less than this (relative mean absolute difference); 0 is off.", min=0
     )
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)

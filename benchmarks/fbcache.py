@@ -65,7 +65,7 @@ def deep_transformer(tokens: int, repeats: int) -> None:
         pooled_projections=torch.randn(1, 32),
         timestep=torch.tensor([0.5]),
         guidance=torch.tensor([3.5]),
-        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side), torch.arange(tokens // side), indexing="ij"), -1).reshape(-1, 3).float(),
+        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(tokens // side).float(), indexing="ij"), -1).reshape(-1, 3).float(),
         txt_ids=torch.zeros(text, 3),
         return_dict=False,
     )

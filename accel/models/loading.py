@@ -86,9 +86,12 @@ def load_pipeline(
 
 def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
+    from diffusers.utils import deprecation_utils
 
+    # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
+    dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
-        return DiffusionPipeline.from_pretrained(ref.source, torch_dtype=torch_dtype)
+        return DiffusionPipeline.from_pretrained(ref.source, **{dtype_arg: torch_dtype})
     except (OSError, ValueError) as error:
         if Path(ref.source).is_dir():
             raise ModelError(
