@@ -99,12 +99,15 @@ def run(
 
 
 def _run(recipe_path: Path | None, overrides: dict[str, dict[str, Any]], **options: Any) -> Any:
+    from accel.features import ensure_available
     from accel.recipe import Recipe, load_recipe
-    from accel.runner import run as run_recipe
 
     base = load_recipe(recipe_path) if recipe_path is not None else Recipe.from_dict({})
     given = {section: {k: v for k, v in keys.items() if v is not None} for section, keys in overrides.items()}
     merged = base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
+    ensure_available(merged)
+    from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
+
     # A bar only where someone watches: piped output would collect its redraws as blank lines.
     return run_recipe(merged, progress=_step_bar if console.is_terminal else None, **options)
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
-from accel.errors import NotAvailableError, UserError
+from accel.errors import UserError
+from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
 from accel.recipe import Recipe, load_recipe
@@ -42,31 +43,6 @@ def as_recipe(recipe: Recipe | Mapping[str, Any] | str | Path | None) -> Recipe:
     if isinstance(recipe, (str, Path)):
         return load_recipe(recipe)
     raise UserError(f"accel.apply: recipe must be a Recipe, a dict or a path, got {type(recipe).__name__}")
-
-
-def unavailable_features(recipe: Recipe) -> list[str]:
-    """What the recipe asks for that has not landed yet, one phrase each (empty when all is well)."""
-    missing = []
-    parallel = recipe.parallel
-    for key in ("ulysses", "ring", "cfg"):
-        if getattr(parallel, key) > 1:
-            missing.append(f"[parallel] {key} = {getattr(parallel, key)}: context parallelism")
-    if recipe.vae.parallel:
-        missing.append("[vae] parallel = true: parallel VAE decode")
-    if recipe.quant.type != "none":
-        missing.append(f"[quant] type = '{recipe.quant.type}': quantization")
-    if recipe.compile.enabled:
-        missing.append("[compile] enabled = true: torch.compile")
-    return missing
-
-
-def ensure_available(recipe: Recipe) -> None:
-    """Refuse, before anything loads or starts, a recipe that asks for a feature not built yet."""
-    missing = unavailable_features(recipe)
-    if missing:
-        raise NotAvailableError(
-            f"{missing[0]} is not available yet in accel {_version()}; remove it from the recipe or flags"
-        )
 
 
 @dataclass
@@ -154,9 +130,3 @@ def _apply_vae(handle: AccelHandle) -> None:
     vae.enable_tiling()
     if not was_tiling:
         handle._undo.append(vae.disable_tiling)
-
-
-def _version() -> str:
-    from accel import __version__
-
-    return __version__

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel.compose import apply, ensure_available
+from accel.compose import apply
 from accel.errors import UserError
+from accel.features import ensure_available
 from accel.media import save_image, save_video
 from accel.models.base import Family, GenerationDefaults
 from accel.models.loading import load_pipeline, resolve_model
@@ -164,6 +165,8 @@ def run(
         raise UserError(f"--warmup must be >= 0, got {warmup}")
     ref = resolve_model(recipe.model.name)
     _check_out(out, overwrite, ref.family)
+    if ref.family is not None:
+        generation_kwargs(ref.family, ref.tiny, recipe)  # refuse bad settings before a long load
 
     start = time.perf_counter()
     pipe = load_pipeline(recipe.model.name, recipe.model.dtype, recipe.model.device)
@@ -196,7 +199,7 @@ def run(
         output_kind=family.output,
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        settings={k: v for k, v in kwargs.items()} | {"seed": seed},
+        settings=dict(kwargs, seed=seed),
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,

@@ -160,7 +160,14 @@ def test_console_script_runs_and_exits_2_on_bad_input(tmp_path: Path) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     assert np.asarray(Image.open(tmp_path / "x.png")).shape == (64, 64, 3)
-    assert "generation" in ok.stdout
+    assert "generation" in ok.stdout and ok.stderr == ""
+    video = subprocess.run(
+        [ACCEL, "run", "tiny-wan", "--steps", "2", "--cache", "0.5", "-o", str(tmp_path / "x.mp4"), "--warmup", "0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert video.returncode == 0, video.stderr
+    assert read_video(tmp_path / "x.mp4").shape == (5, 64, 64, 3)
+    assert "cache hit rate" in video.stdout
     bad = subprocess.run([ACCEL, "run", "tiny-flux", "--cache", "-2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert bad.stderr == "error: command line: [cache] threshold must be a number >= 0, got -2.0\n"
