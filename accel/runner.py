@@ -6,7 +6,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,6 @@ class Metrics:
     cache: dict[str, Any] | None = None
     baseline_s: float | None = None
     psnr_db: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def per_step_s(self) -> float:

@@ -37,6 +37,18 @@ def test_run_tiny_flux_writes_a_png_and_json(tmp_path: Path) -> None:
         assert label in result.stdout
 
 
+def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
+    report = tmp_path / "m.json"
+    assert invoke("run", "tiny-flux", "--steps", "1", "-o", str(tmp_path / "a.png"), "--json", str(report), "--warmup", "0").exit_code == 0
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    documented = readme.split("`--json PATH` writes one object:", 1)[1].split("\n\n", 1)[0]
+    fields = set(json.loads(report.read_text()))
+    assert fields == {"model", "family", "output_kind", "device", "dtype", "settings", "load_s", "warmup_s", "generate_s",
+                      "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind", "output_path",
+                      "cache", "baseline_s", "speedup", "psnr_db"}
+    assert all(f"`{name}`" in documented for name in fields)
+
+
 def test_run_tiny_wan_writes_a_readable_mp4(tmp_path: Path) -> None:
     out = tmp_path / "fox.mp4"
     result = invoke("run", "tiny-wan", "--steps", "2", "--frames", "5", "--out", str(out), "--warmup", "0")

@@ -1,0 +1,83 @@
+"""The runner as a library: progress driven by scheduler events, metrics, settings resolution."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from accel.errors import UserError
+from accel.models.registry import FAMILIES
+from accel.recipe import Recipe
+from accel.runner import generation_kwargs, run
+
+
+class RecordingBar:
+    def __init__(self, label: str, log: list[tuple[str, str, int]]) -> None:
+        self.label, self.log = label, log
+
+    def start(self, total: int) -> None:
+        self.log.append((self.label, "start", total))
+
+    def advance(self) -> None:
+        self.log.append((self.label, "advance", 1))
+
+
+def test_progress_follows_every_denoising_step(tmp_path: Path) -> None:
+    log: list[tuple[str, str, int]] = []
+
+    @contextmanager
+    def progress(label: str) -> Iterator[RecordingBar]:
+        yield RecordingBar(label, log)
+
+    recipe = Recipe.from_dict({"model": {"name": "tiny-wan"}, "generate": {"steps": 3}, "cache": {"threshold": 0.5}})
+    metrics = run(recipe, out=tmp_path / "v.mp4", warmup=1, progress=progress)
+    expected = []
+    for label in ("generating: warm-up 1/1", "generating"):
+        expected += [(label, "start", 3)] + [(label, "advance", 1)] * 3
+    assert log == expected
+    assert metrics.cache is not None and metrics.cache["transformer_calls"] == 6  # cond + uncond per step
+    assert metrics.output_kind == "video" and (tmp_path / "v.mp4").stat().st_size > 0
+
+
+def test_run_restores_the_pipeline_and_reports_settings(tmp_path: Path) -> None:
+    recipe = Recipe.from_dict({"model": {"name": "tiny-flux"}, "generate": {"steps": 2, "seed": 7, "prompt": "owl"}})
+    metrics = run(recipe, out=tmp_path / "a.png", warmup=0)
+    assert metrics.settings == {
+        "prompt": "owl", "num_inference_steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7,
+    }
+    assert metrics.cache is None and metrics.baseline_s is None and metrics.psnr_db is None
+    assert np.asarray(Image.open(tmp_path / "a.png")).shape == (64, 64, 3)
+
+
+def test_generation_kwargs_take_recipe_values_over_family_defaults() -> None:
+    wan = FAMILIES["wan"]
+    recipe = Recipe.from_dict({"generate": {"frames": 9, "negative_prompt": "dark"}})
+    assert generation_kwargs(wan, True, recipe) == {
+        "prompt": "a red fox in the snow, photograph", "num_inference_steps": 4, "height": 64, "width": 64,
+        "guidance_scale": 5.0, "negative_prompt": "dark", "num_frames": 9,
+    }
+    full = generation_kwargs(wan, False, Recipe.from_dict({}))
+    assert (full["height"], full["width"], full["num_frames"], full["num_inference_steps"]) == (480, 832, 81, 50)
+
+
+@pytest.mark.parametrize(
+    "family, generate, message",
+    [
+        ("flux", {"frames": 5}, "[generate] frames: FLUX.1 makes images; remove frames"),
+        ("wan", {"true_cfg_scale": 2.0}, "[generate] true_cfg_scale: Wan 2.1 / 2.2 pipelines have no true CFG scale"),
+    ],
+)
+def test_settings_a_family_cannot_take_are_refused(family: str, generate: dict, message: str) -> None:
+    with pytest.raises(UserError, match=re.escape(message)):
+        generation_kwargs(FAMILIES[family], True, Recipe.from_dict({"generate": generate}))
+
+
+def test_flux_true_cfg_is_passed_through() -> None:
+    kwargs = generation_kwargs(FAMILIES["flux"], True, Recipe.from_dict({"generate": {"true_cfg_scale": 4.0, "negative_prompt": "x"}}))
+    assert kwargs["true_cfg_scale"] == 4.0 and kwargs["negative_prompt"] == "x"
