@@ -1,0 +1,430 @@
+"""First Block Cache on tiny instances of every registered family's real diffusers transformer.
+
+`tests/test_fbcache.py` checks the engine on toy transformers; this checks the data each family
+gives it. A family's `blocks=` plan names the block lists and what each block returns, in order:
+if a name or the order were wrong, a cached call would hand the transformer its streams swapped
+or mis-shaped. Each transformer here is the real class from a small config (seeded, float32,
+two or more blocks in every list, two heads), called directly with random inputs of the shapes
+its pipeline passes.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
+
+from collections.abc import Callable  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from accel.cache import FirstBlockCache  # noqa: E402
+from accel.models.base import BlockList  # noqa: E402
+from accel.models.registry import FAMILIES  # noqa: E402
+
+HEADS = 2
+HEAD_DIM = 16
+TEXT_TOKENS = 8  # differs from every family's video/image token count, so swapped streams mis-shape
+TEXT_DIM = 32
+
+Inputs = dict[str, Any]
+
+# MochiRoPE enters a float32 CPU autocast region, which torch warns about and skips; harmless here.
+pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning")
+
+
+def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    """Build a module with seeded float32 weights, leaving the caller's RNG state alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build().float().eval()
+
+
+def _noise(generator: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator)
+
+
+def _latents(shape: tuple[int, ...], drift: float) -> torch.Tensor:
+    """Fixed latents plus `drift` times a fixed direction, as latents move between denoising steps."""
+    generator = torch.Generator().manual_seed(0)
+    base = _noise(generator, *shape)
+    direction = _noise(generator, *shape)
+    return base + drift * direction
+
+
+def _text(seed: int = 1) -> torch.Tensor:
+    return _noise(torch.Generator().manual_seed(seed), 1, TEXT_TOKENS, TEXT_DIM)
+
+
+def _text_mask() -> torch.Tensor:
+    mask = torch.ones(1, TEXT_TOKENS, dtype=torch.long)
+    mask[:, -2:] = 0  # padded prompt tokens, as the pipelines pass them
+    return mask
+
+
+# -- flux: 2 double-stream + 2 single-stream blocks, 4x4 packed latents (16 tokens) ---------------
+def build_flux() -> nn.Module:
+    from diffusers import FluxTransformer2DModel
+
+    return _seeded(
+        10,
+        lambda: FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=TEXT_DIM,
+            pooled_projection_dim=TEXT_DIM,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+
+
+def flux_inputs(drift: float) -> Inputs:
+    side = 4
+    rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(-1, 3).float()
+    return dict(
+        hidden_states=_latents((1, side * side, 16), drift),
+        encoder_hidden_states=_text(),
+        pooled_projections=_noise(torch.Generator().manual_seed(2), 1, TEXT_DIM),
+        timestep=torch.tensor([0.7 - drift]),  # the pipeline passes sigmas (t / 1000)
+        img_ids=img_ids,
+        txt_ids=torch.zeros(TEXT_TOKENS, 3),
+        guidance=torch.tensor([3.5]),
+        return_dict=False,
+    )
+
+
+# -- wan: 2 blocks, 2 latent frames of 8x8, (1, 2, 2) patches (32 tokens) -------------------------
+def build_wan() -> nn.Module:
+    from diffusers import WanTransformer3DModel
+
+    return _seeded(
+        11,
+        lambda: WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=64,
+        ),
+    )
+
+
+def wan_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        return_dict=False,
+    )
+
+
+# -- hunyuan: 2 double-stream + 2 single-stream blocks, 2 latent frames of 8x8 (32 tokens) --------
+def build_hunyuan() -> nn.Module:
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    return _seeded(
+        12,
+        lambda: HunyuanVideoTransformer3DModel(
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            num_layers=2,
+            num_single_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            patch_size=2,
+            patch_size_t=1,
+            guidance_embeds=True,
+            text_embed_dim=TEXT_DIM,
+            pooled_projection_dim=16,
+            rope_axes_dim=(4, 6, 6),
+        ),
+    )
+
+
+def hunyuan_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        encoder_attention_mask=_text_mask(),
+        pooled_projections=_noise(torch.Generator().manual_seed(2), 1, 16),
+        guidance=torch.tensor([6000.0]),  # the pipeline passes guidance_scale * 1000
+        return_dict=False,
+    )
+
+
+# -- cogvideox: 2 blocks, 2 latent frames of 8x8, 2x2 patches (32 tokens), sin-cos positions ------
+def build_cogvideox() -> nn.Module:
+    from diffusers import CogVideoXTransformer3DModel
+
+    return _seeded(
+        13,
+        lambda: CogVideoXTransformer3DModel(
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            time_embed_dim=16,
+            text_embed_dim=TEXT_DIM,
+            num_layers=2,
+            sample_width=8,
+            sample_height=8,
+            sample_frames=5,  # 2 latent frames after 4x temporal compression
+            patch_size=2,
+            temporal_compression_ratio=4,
+            max_text_seq_length=TEXT_TOKENS,
+        ),
+    )
+
+
+def cogvideox_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 2, 4, 8, 8), drift),  # (batch, frames, channels, height, width)
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([700 - int(1000 * drift)]),
+        return_dict=False,
+    )
+
+
+# -- mochi: 2 blocks (the last is context_pre_only), 2 latent frames of 8x8, 2x2 patches ----------
+def build_mochi() -> nn.Module:
+    from diffusers import MochiTransformer3DModel
+
+    return _seeded(
+        14,
+        lambda: MochiTransformer3DModel(
+            patch_size=2,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            num_layers=2,
+            pooled_projection_dim=16,
+            in_channels=4,
+            text_embed_dim=TEXT_DIM,
+            time_embed_dim=32,
+            max_sequence_length=TEXT_TOKENS,
+        ),
+    )
+
+
+def mochi_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=_text_mask(),
+        return_dict=False,
+    )
+
+
+# -- ltx: 2 blocks, 2 latent frames of 4x4 patchified by the pipeline (32 tokens) ----------------
+def build_ltx() -> nn.Module:
+    from diffusers import LTXVideoTransformer3DModel
+
+    return _seeded(
+        15,
+        lambda: LTXVideoTransformer3DModel(
+            in_channels=8,
+            out_channels=8,
+            patch_size=1,
+            patch_size_t=1,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            cross_attention_dim=HEADS * HEAD_DIM,
+            num_layers=2,
+            caption_channels=TEXT_DIM,
+        ),
+    )
+
+
+def ltx_inputs(drift: float) -> Inputs:
+    frames, height, width = 2, 4, 4
+    return dict(
+        hidden_states=_latents((1, frames * height * width, 8), drift),
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=_text_mask(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        rope_interpolation_scale=(20 / 25, 32, 32),
+        return_dict=False,
+    )
+
+
+CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
+    "flux": (build_flux, flux_inputs),
+    "wan": (build_wan, wan_inputs),
+    "hunyuan": (build_hunyuan, hunyuan_inputs),
+    "cogvideox": (build_cogvideox, cogvideox_inputs),
+    "mochi": (build_mochi, mochi_inputs),
+    "ltx": (build_ltx, ltx_inputs),
+}
+DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
+
+# Families whose plan is known to be wrong, with why (xfail(strict=True) keeps them honest).
+KNOWN_WRONG: dict[str, str] = {}
+
+
+def _families() -> list[Any]:
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[name]))
+        if name in KNOWN_WRONG
+        else name
+        for name in CASES
+    ]
+
+
+def _run(model: nn.Module, inputs: Inputs) -> torch.Tensor:
+    (output,) = model(**inputs)
+    return output
+
+
+def _blocks(model: nn.Module, plan: tuple[BlockList, ...]) -> list[nn.Module]:
+    return [block for spec in plan for block in getattr(model, spec.attr)]
+
+
+def _count_calls(blocks: list[nn.Module]) -> tuple[list[int], list[int]]:
+    """Per block: how often it was called, and how many of its submodule calls ran inside it.
+
+    Forward pre-hooks on a block fire on every call, skipped or not: `nn.Module.__call__` runs
+    them and then `self.forward`, which is the cache's instance attribute. So they count calls.
+    Hooks on a block's submodules fire only when the block's original forward actually runs,
+    so they count real work.
+    """
+    calls = [0] * len(blocks)
+    work = [0] * len(blocks)
+    for index, block in enumerate(blocks):
+
+        def on_call(module: nn.Module, args: Any, index: int = index) -> None:
+            calls[index] += 1
+
+        def on_work(module: nn.Module, args: Any, index: int = index) -> None:
+            work[index] += 1
+
+        block.register_forward_pre_hook(on_call)
+        for submodule in block.modules():
+            if submodule is not block:
+                submodule.register_forward_pre_hook(on_work)
+    return calls, work
+
+
+def test_every_registered_family_is_covered() -> None:
+    assert set(CASES) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tiny_transformer_has_the_planned_structure(name: str) -> None:
+    build, _ = CASES[name]
+    model = build()
+    family = FAMILIES[name]
+    assert type(model).__name__ == family.transformer_class
+    for spec in family.blocks:
+        assert len(getattr(model, spec.attr)) >= 2, f"{spec.attr} needs two blocks to test skipping"
+
+
+@pytest.mark.parametrize("name", _families())
+@torch.no_grad()
+def test_threshold_zero_is_bit_identical(name: str) -> None:
+    build, make_inputs = CASES[name]
+    model = build()
+    reference = [_run(model, make_inputs(drift)) for drift in DRIFTS]
+    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=0.0)
+    outputs = [_run(model, make_inputs(drift)) for drift in DRIFTS]
+    assert all(torch.equal(out, ref) for out, ref in zip(outputs, reference))
+    assert cache.stats.calls == len(DRIFTS) and cache.stats.cached == 0
+
+
+@pytest.mark.parametrize("name", _families())
+@torch.no_grad()
+def test_cached_call_on_same_inputs_reproduces_the_full_output(name: str) -> None:
+    """Same inputs: block 0 moves by zero, so the cached output is block 0's + the skipped residual."""
+    build, make_inputs = CASES[name]
+    model = build()
+    plan = FAMILIES[name].blocks
+    blocks = _blocks(model, plan)
+    calls, work = _count_calls(blocks)
+    cache = FirstBlockCache(model, plan, threshold=1e9)
+
+    full = _run(model, make_inputs(0.0))
+    work_once = list(work)
+    cached = _run(model, make_inputs(0.0))
+
+    assert [record.cached for record in cache.stats.records] == [False, True]
+    assert cache.stats.records[1].change == 0.0
+    # The hooks fire around the cache's instance forward: every block is *called* on both calls...
+    assert calls == [2] * len(blocks)
+    # ...but only block 0 does its work again; later blocks pass their inputs through.
+    assert all(count > 0 for count in work_once)
+    assert work[0] == 2 * work_once[0], "block 0 runs on every call"
+    assert work[1:] == work_once[1:], "later blocks run only on the computed call"
+    assert cached.shape == full.shape
+    torch.testing.assert_close(cached, full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", _families())
+@torch.no_grad()
+def test_cached_calls_on_drifting_inputs_are_finite(name: str) -> None:
+    build, make_inputs = CASES[name]
+    model = build()
+    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=1e9)
+    outputs = [_run(model, make_inputs(drift)) for drift in DRIFTS]
+    assert [record.cached for record in cache.stats.records] == [False, True, True]
+    for output in outputs[1:]:
+        assert output.shape == outputs[0].shape
+        assert torch.isfinite(output).all()
+
+
+@pytest.mark.parametrize("name", _families())
+@torch.no_grad()
+def test_remove_restores_the_uncached_transformer(name: str) -> None:
+    build, make_inputs = CASES[name]
+    model = build()
+    reference = [_run(model, make_inputs(drift)) for drift in DRIFTS]
+    plan = FAMILIES[name].blocks
+    cache = FirstBlockCache(model, plan, threshold=1e9)
+    for drift in DRIFTS:
+        _run(model, make_inputs(drift))
+    assert cache.stats.cached == len(DRIFTS) - 1
+    cache.remove()
+    assert all("forward" not in block.__dict__ for block in _blocks(model, plan))
+    outputs = [_run(model, make_inputs(drift)) for drift in DRIFTS]
+    assert all(torch.equal(out, ref) for out, ref in zip(outputs, reference))
+
+
+TWO_STREAM = [name for name in CASES if any(len(spec.returns) > 1 for spec in FAMILIES[name].blocks)]
+
+
+@pytest.mark.parametrize("name", TWO_STREAM)
+@torch.no_grad()
+def test_a_plan_with_the_returns_reversed_is_caught(name: str) -> None:
+    """The same-input check has teeth: reversing each list's `returns` makes it fail or raise."""
+    build, make_inputs = CASES[name]
+    model = build()
+    wrong = tuple(replace(spec, returns=spec.returns[::-1]) for spec in FAMILIES[name].blocks)
+    try:
+        FirstBlockCache(model, wrong, threshold=1e9)
+        full = _run(model, make_inputs(0.0))
+        cached = _run(model, make_inputs(0.0))
+    except (RuntimeError, ValueError):
+        return  # streams of different lengths cannot be mixed up silently
+    assert cached.shape != full.shape or not torch.allclose(cached, full, rtol=0, atol=1e-5)
