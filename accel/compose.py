@@ -28,8 +28,6 @@ from accel.models.registry import family_of
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
 
-APPLY_ORDER = ("quant", "parallel", "cache", "compile", "vae")
-
 _applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
 
 

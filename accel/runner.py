@@ -95,8 +95,6 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe) -> dict[str, A
         kwargs["guidance_scale"] = guidance
     negative = pick("negative_prompt", defaults.negative_prompt)
     if negative is not None:
-        if not family.takes_negative_prompt:
-            raise UserError(f"[generate] negative_prompt: {family.title} pipelines take no negative prompt")
         kwargs["negative_prompt"] = negative
     if settings.true_cfg_scale is not None:
         if not family.true_cfg:

@@ -57,9 +57,7 @@ class Family:
     primary_stream: str = "hidden_states"
     # Keyword the pipeline takes for the frame count (video families).
     frames_arg: str | None = None
-    # Whether the pipeline takes `negative_prompt` (FLUX does true CFG only with true_cfg_scale > 1).
-    takes_negative_prompt: bool = True
-    # Whether the pipeline takes `true_cfg_scale` (real CFG on a guidance-distilled model).
+    # Whether the pipeline takes `true_cfg_scale` (FLUX runs its negative prompt only when it is > 1).
     true_cfg: bool = False
     # Frame rate the family's videos are meant to play at.
     fps: int = 24
