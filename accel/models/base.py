@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -63,8 +63,6 @@ class Family:
     fps: int = 24
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
-    notes: str = ""
-    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def tiny_alias(self) -> str | None:
