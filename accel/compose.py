@@ -58,10 +58,7 @@ class AccelHandle:
         """Cache statistics of the last pipeline call (None when the cache is off)."""
         if not self.caches:
             return None
-        total = CacheStats()
-        for cache in self.caches:
-            total = total + cache.stats
-        return total
+        return sum((cache.stats for cache in self.caches), CacheStats())
 
     @property
     def active(self) -> bool:

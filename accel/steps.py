@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from accel.instance import override
+
 
 class StepListener(Protocol):
     def on_generation_start(self, num_steps: int) -> None: ...
@@ -28,12 +30,11 @@ class StepEvents:
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.step_index = 0
-        self.num_steps = 0
         self._listeners: list[StepListener] = []
-        self._saved: dict[str, Any] = {}
-        for name, wrapper in (("set_timesteps", self._set_timesteps), ("step", self._step)):
-            self._saved[name] = scheduler.__dict__.get(name, _MISSING)
-            setattr(scheduler, name, wrapper(getattr(scheduler, name)))
+        self._undo = [
+            override(scheduler, name, wrapper(getattr(scheduler, name)))
+            for name, wrapper in (("set_timesteps", self._set_timesteps), ("step", self._step))
+        ]
 
     @classmethod
     def of(cls, pipe: Any) -> StepEvents:
@@ -50,11 +51,8 @@ class StepEvents:
     def remove(self, listener: StepListener) -> None:
         self._listeners.remove(listener)
         if not self._listeners:
-            for name, saved in self._saved.items():
-                if saved is _MISSING:
-                    self.scheduler.__dict__.pop(name, None)
-                else:
-                    setattr(self.scheduler, name, saved)
+            for undo in self._undo:
+                undo()
             self._by_scheduler.pop(self.scheduler, None)
 
     def _set_timesteps(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,9 +62,9 @@ class StepEvents:
             result = original(*args, **kwargs)
             self.step_index = 0
             timesteps = getattr(self.scheduler, "timesteps", None)
-            self.num_steps = len(timesteps) if timesteps is not None else 0
+            num_steps = len(timesteps) if timesteps is not None else 0
             for listener in list(self._listeners):
-                listener.on_generation_start(self.num_steps)
+                listener.on_generation_start(num_steps)
             return result
 
         return set_timesteps
@@ -83,5 +81,3 @@ class StepEvents:
 
         return step
 
-
-_MISSING = object()

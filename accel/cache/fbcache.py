@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from accel.instance import override
 from accel.models.base import BlockList
 from accel.steps import StepEvents
 
@@ -109,7 +110,7 @@ class FirstBlockCache:
         self._skipping = False
         self._start: dict[str, Any] = {}
         self._state = _BranchState()
-        self._installed: list[tuple[nn.Module, object]] = []
+        self._undo: list[Callable[[], None]] = []
 
         blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
         if len(blocks) < 2:
@@ -138,29 +139,24 @@ class FirstBlockCache:
     def _wrap(self, block: nn.Module, spec: BlockList, *, first: bool, last: bool) -> None:
         original: Callable[..., Any] = block.forward
         slot = _Slot(spec, inspect.signature(original))
-        self._installed.append((block, block.__dict__.get("forward", _MISSING)))
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
             if first:
-                return self._first_block(original, slot, args, kwargs, last)
+                return self._first_block(original, slot, args, kwargs)
             return self._later_block(original, slot, args, kwargs, last)
 
-        block.forward = forward  # instance attribute: shadows the class's forward for this block only
+        self._undo.append(override(block, "forward", forward))  # this block only, not its class
 
     def remove(self) -> None:
-        for block, saved in self._installed:
-            if saved is _MISSING:
-                block.__dict__.pop("forward", None)
-            else:
-                block.forward = saved
-        self._installed.clear()
+        while self._undo:
+            self._undo.pop()()
         if self.events is not None:
             self.events.remove(self)
             self.events = None
 
     # -- the two kinds of block --------------------------------------------------------------
-    def _first_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any, last: bool) -> Any:
+    def _first_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any) -> Any:
         branch = self._calls_in_step if self.events is not None else 0
         self._calls_in_step += 1
         state = self._states.setdefault(branch, _BranchState())
@@ -190,8 +186,6 @@ class FirstBlockCache:
             state.first_residual = residual
         self._state = state
         self._start = after
-        if last:  # a one-block transformer cannot skip anything; nothing else to do
-            self._skipping = False
         return output
 
     def _later_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any, last: bool) -> Any:
@@ -234,5 +228,3 @@ def _streams(spec: BlockList, output: Any) -> dict[str, Any]:
     values = output if isinstance(output, tuple) else (output,)
     return dict(zip(spec.returns, values))
 
-
-_MISSING = object()
