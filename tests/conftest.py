@@ -50,3 +50,20 @@ def flux_reference(tiny_flux: Any) -> np.ndarray:
 @pytest.fixture(scope="session")
 def wan_reference(tiny_wan: Any) -> np.ndarray:
     return generate(tiny_wan, WAN_CALL)
+
+
+@pytest.fixture(scope="session")
+def rank_pools() -> Any:
+    """Persistent gloo rank pools by world size, started on first use: `rank_pools(2).run(fn, ...)`."""
+    from rankpool import RankPool
+
+    pools: dict[int, RankPool] = {}
+
+    def get(world: int) -> RankPool:
+        if world not in pools:
+            pools[world] = RankPool(world)
+        return pools[world]
+
+    yield get
+    for pool in pools.values():
+        pool.close()

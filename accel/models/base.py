@@ -26,6 +26,32 @@ class BlockList:
 
 
 @dataclass(frozen=True)
+class SequenceSplit:
+    """One transformer-forward argument cut along its token dim over the sequence-parallel ranks.
+
+    Arguments of one `stream` (e.g. image latents and their rotary ids) share one layout.
+    """
+
+    arg: str
+    stream: str
+    dim: int = -2
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """What context parallelism does to a family's transformer, as data for the generic engine.
+
+    `attention_keys` lists the streams, in order, that make up the keys of the transformer's
+    attention calls (FLUX attends over text then image tokens); the engine masks their padding.
+    """
+
+    splits: tuple[SequenceSplit, ...]
+    attention_keys: tuple[str, ...]
+    output_stream: str
+    output_dim: int = -2
+
+
+@dataclass(frozen=True)
 class GenerationDefaults:
     """Settings a user should start from; `None` leaves the pipeline's own default."""
 
@@ -61,6 +87,12 @@ class Family:
     true_cfg: bool = False
     # Frame rate the family's videos are meant to play at.
     fps: int = 24
+    # Attention heads of the default repo's transformer and of the tiny variant: Ulysses degrees
+    # are checked against them before any rank starts.
+    heads: int | None = None
+    tiny_heads: int | None = None
+    # Context parallelism; None: the family runs on one process only.
+    parallel: ParallelPlan | None = None
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -106,6 +106,20 @@ FAMILY = Family(
         BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
     ),
     true_cfg=True,
+    heads=24,
+    tiny_heads=4,
+    # Text and image tokens are both cut: every attention is joint over (text, image), and the
+    # transformer builds its rotary embedding from the (cut) ids, so it matches the local tokens.
+    parallel=ParallelPlan(
+        splits=(
+            SequenceSplit("hidden_states", "image"),
+            SequenceSplit("img_ids", "image"),
+            SequenceSplit("encoder_hidden_states", "text"),
+            SequenceSplit("txt_ids", "text"),
+        ),
+        attention_keys=("text", "image"),
+        output_stream="image",
+    ),
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
 )

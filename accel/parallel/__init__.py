@@ -1,0 +1,1 @@
+"""Context parallelism: mesh, attention functions, SDPA routing and the plan engine."""

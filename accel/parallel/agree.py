@@ -1,0 +1,53 @@
+"""Every rank starts from the same noise: rank 0's generator state and initial latents win.
+
+Parallel output can only equal single-process output if all ranks denoise the same latents;
+a user's script may seed ranks differently, or not at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accel.instance import override
+
+
+def agree_on_noise(pipe: Any) -> Callable[[], None]:
+    """Wrap this pipeline's `prepare_latents` so all ranks share rank 0's randomness; returns the undo."""
+    original = pipe.prepare_latents
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def prepare_latents(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind_partial(*args, **kwargs)
+        for generator in _generators(bound.arguments.get("generator")):
+            state = [generator.get_state()]
+            dist.broadcast_object_list(state, src=0)
+            generator.set_state(state[0])
+        result = original(*args, **kwargs)
+        for tensor in _tensors(result):
+            dist.broadcast(tensor, src=0)
+        return result
+
+    return override(pipe, "prepare_latents", prepare_latents)
+
+
+def _generators(value: Any) -> Iterable[torch.Generator]:
+    if isinstance(value, torch.Generator):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [g for g in value if isinstance(g, torch.Generator)]
+    return []
+
+
+def _tensors(value: Any) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []

@@ -1,0 +1,131 @@
+"""Context-parallel attention as pure functions of sequence shards and process groups.
+
+Inputs are this rank's shards in SDPA layout (batch, heads, tokens, head_dim), every rank's
+shard the same length (see `layout.SequenceLayout`). `key_valid`, when given, is a bool tensor
+(P, batch or 1, shard_k): for each of the P shards of the sequence-parallel group, which keys are
+real. Every rank passes the same tensor; it is position knowledge, so no collective is spent on it.
+For `usp_attention` shard p belongs to ring rank p // U, Ulysses rank p % U.
+
+The result equals plain softmax attention over the gathered sequence, for this rank's queries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from accel.parallel.comm import Group, RingShift, all_to_all, group_rank, group_size
+from accel.parallel.kernels import attention_with_lse
+
+
+def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """All-to-all from sequence shards to head shards, local attention, all-to-all back."""
+    return usp_attention(q, k, v, group, None, key_valid, scale)
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """K/V travel round the ring (next block in flight while this one computes); outputs merge by LSE."""
+    return usp_attention(q, k, v, None, group, key_valid, scale)
+
+
+def usp_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ulysses_group: Group | None,
+    ring_group: Group | None,
+    key_valid: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1)."""
+    ulysses = group_size(ulysses_group) if ulysses_group is not None else 1
+    ring = group_size(ring_group) if ring_group is not None else 1
+    _check(q, k, v, ulysses, ring, key_valid)
+    if ulysses > 1:
+        q, k, v = _sequence_to_heads(q, k, v, ulysses_group, ulysses)
+    if key_valid is not None:
+        # Shard p = (ring rank p // U, Ulysses rank p % U): after the all-to-all a ring rank holds
+        # its U shards back to back, so its key validity is theirs concatenated.
+        batch, shard = key_valid.shape[1], key_valid.shape[2]
+        key_valid = key_valid.view(ring, ulysses, batch, shard).permute(0, 2, 1, 3).reshape(ring, batch, ulysses * shard)
+    if ring > 1:
+        out = _ring(q, k, v, ring_group, ring, key_valid, scale)
+    else:
+        out, _ = _block(q, k, v, key_valid[0] if key_valid is not None else None, scale)
+    if ulysses > 1:
+        out = _heads_to_sequence(out, ulysses_group, ulysses)
+    return out
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: Tensor | None) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("context-parallel attention takes (batch, heads, tokens, head_dim) tensors")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
+        raise ValueError(f"query {tuple(q.shape)}, key {tuple(k.shape)} and value {tuple(v.shape)} do not match in batch / heads")
+    if q.shape[1] % ulysses:
+        raise ValueError(f"{q.shape[1]} attention heads do not split over a Ulysses degree of {ulysses}")
+    if key_valid is not None and (key_valid.dim() != 3 or key_valid.shape[0] != ulysses * ring or key_valid.shape[2] != k.shape[2]):
+        raise ValueError(
+            f"key_valid must be ({ulysses * ring}, batch or 1, {k.shape[2]}) for this group, got {tuple(key_valid.shape)}"
+        )
+
+
+def _sequence_to_heads(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, H, s, D) sequence shards -> (B, H/P, P*s, D) head shards; one all-to-all when q and k align."""
+    if q.shape == k.shape:
+        stacked = _to_heads(torch.stack([q, k, v]).flatten(0, 1), group, world)
+        q, k, v = stacked.unflatten(0, (3, q.shape[0])).unbind(0)
+        return q, k, v
+    kv = _to_heads(torch.stack([k, v]).flatten(0, 1), group, world).unflatten(0, (2, k.shape[0]))
+    return _to_heads(q, group, world), kv[0], kv[1]
+
+
+def _to_heads(x: Tensor, group: Group, world: int) -> Tensor:
+    batch, heads, tokens, dim = x.shape
+    chunks = x.view(batch, world, heads // world, tokens, dim).transpose(0, 1)
+    received = all_to_all(chunks, group)  # received[p]: head chunk of mine, tokens of rank p
+    return received.permute(1, 2, 0, 3, 4).reshape(batch, heads // world, world * tokens, dim)
+
+
+def _heads_to_sequence(x: Tensor, group: Group, world: int) -> Tensor:
+    batch, heads, tokens, dim = x.shape
+    chunks = x.view(batch, heads, world, tokens // world, dim).permute(2, 0, 1, 3, 4)
+    received = all_to_all(chunks, group)  # received[p]: my tokens, head chunk p
+    return received.transpose(0, 1).reshape(batch, world * heads, tokens // world, dim)
+
+
+def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, key_valid: Tensor | None, scale: float | None) -> Tensor:
+    rank = group_rank(group)
+    kv = torch.stack([k, v])
+    out = lse = None
+    for step in range(world):
+        shift = RingShift(kv, group) if step < world - 1 else None  # in flight during this block
+        source = (rank - step) % world
+        block_out, block_lse = _block(q, kv[0], kv[1], key_valid[source] if key_valid is not None else None, scale)
+        out, lse = merge_partial(out, lse, block_out, block_lse)
+        if shift is not None:
+            kv = shift.wait()
+    assert out is not None
+    return out.to(q.dtype)
+
+
+def _block(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
+    """Local attention over one key block; a batch row with no real key gets lse -inf and out 0."""
+    if valid is None or bool(valid.all()):
+        return attention_with_lse(q, k, v, None, scale)
+    bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
+    out, lse = attention_with_lse(q, k, v, bias[:, None, None, :], scale)
+    has_key = valid.any(-1).view(-1, 1, 1)
+    lse = torch.where(has_key, lse, float("-inf"))
+    out = torch.where(has_key.unsqueeze(-1), out, 0.0)
+    return out, lse
+
+
+def merge_partial(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
+    """Combine two softmax-normalised partial results by their log-sum-exp, in float32."""
+    if out is None or lse is None:
+        return block_out.float(), block_lse
+    merged = torch.logaddexp(lse, block_lse)
+    finite = torch.where(torch.isinf(merged), 0.0, merged)  # both blocks empty: keep zeros, no NaN
+    out = out * torch.exp(lse - finite).unsqueeze(-1) + block_out.float() * torch.exp(block_lse - finite).unsqueeze(-1)
+    return out, merged

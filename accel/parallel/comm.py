@@ -1,0 +1,91 @@
+"""The collectives context parallelism uses, each counting the bytes this rank sends.
+
+Counting lives here so the benchmark and `--verbose` see exactly what the attention
+functions move, with no second bookkeeping to drift out of date.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+Group = dist.ProcessGroup
+
+
+@dataclass
+class Traffic:
+    """Bytes this process sent to other ranks, by collective kind."""
+
+    bytes_sent: Counter[str] = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_sent.values())
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.bytes_sent[kind] += nbytes
+        self.calls[kind] += 1
+
+    def reset(self) -> None:
+        self.bytes_sent.clear()
+        self.calls.clear()
+
+
+TRAFFIC = Traffic()
+
+
+def group_size(group: Group | None) -> int:
+    return dist.get_world_size(group)
+
+
+def group_rank(group: Group | None) -> int:
+    return dist.get_rank(group)
+
+
+def _nbytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def all_to_all(chunks: Tensor, group: Group) -> Tensor:
+    """Exchange dim 0: chunk i goes to group rank i; returns chunk i from group rank i."""
+    world = group_size(group)
+    chunks = chunks.contiguous()
+    received = torch.empty_like(chunks)
+    dist.all_to_all_single(received, chunks, group=group)
+    TRAFFIC.add("all_to_all", _nbytes(chunks) * (world - 1) // world)
+    return received
+
+
+def all_gather(tensor: Tensor, group: Group) -> list[Tensor]:
+    """Every group rank's tensor (equal shapes), in group-rank order."""
+    world = group_size(group)
+    tensor = tensor.contiguous()
+    gathered = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(gathered, tensor, group=group)
+    TRAFFIC.add("all_gather", _nbytes(tensor) * (world - 1))
+    return gathered
+
+
+class RingShift:
+    """Send a tensor to the next group rank and receive the previous one's, in the background."""
+
+    def __init__(self, tensor: Tensor, group: Group) -> None:
+        world, rank = group_size(group), group_rank(group)
+        tensor = tensor.contiguous()
+        self.received = torch.empty_like(tensor)
+        ops = [
+            dist.P2POp(dist.isend, tensor, dist.get_global_rank(group, (rank + 1) % world), group),
+            dist.P2POp(dist.irecv, self.received, dist.get_global_rank(group, (rank - 1) % world), group),
+        ]
+        self._works = dist.batch_isend_irecv(ops)
+        TRAFFIC.add("ring_p2p", _nbytes(tensor))
+
+    def wait(self) -> Tensor:
+        for work in self._works:
+            work.wait()
+        return self.received

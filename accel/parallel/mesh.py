@@ -1,0 +1,161 @@
+"""Parallel degrees (cfg × ring × ulysses), their checks, and the device mesh that carries them.
+
+Degree problems are user errors: they are found here from numbers alone, so the CLI can refuse
+them before any rank starts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from accel.errors import UserError
+
+MESH_DIMS = ("cfg", "ring", "ulysses")
+
+
+@dataclass(frozen=True)
+class Degrees:
+    ulysses: int = 1
+    ring: int = 1
+    cfg: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.ulysses * self.ring * self.cfg
+
+    @property
+    def sequence(self) -> int:
+        """Ranks that share one sequence (Ulysses × Ring)."""
+        return self.ulysses * self.ring
+
+    def describe(self) -> str:
+        parts = [f"{name} {getattr(self, name)}" for name in ("ulysses", "ring", "cfg") if getattr(self, name) > 1]
+        return " × ".join(parts) or "single process"
+
+
+def largest_ulysses(sequence_ranks: int, heads: int | None) -> int:
+    """The largest Ulysses degree that divides both the sequence ranks and the head count."""
+    if heads is None:
+        return sequence_ranks
+    return max(d for d in range(1, sequence_ranks + 1) if sequence_ranks % d == 0 and heads % d == 0)
+
+
+def resolve_degrees(ulysses: int, ring: int, cfg: int, gpus: int, heads: int | None, model: str = "the model") -> Degrees:
+    """Degrees from a recipe's [parallel]: given ones are checked, and with only `gpus` they are chosen
+    (Ulysses as large as the heads allow, the rest Ring). `heads=None` skips the head check."""
+    if gpus and ulysses == 1 and ring == 1:
+        if gpus % cfg:
+            raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
+        sequence = gpus // cfg
+        best = largest_ulysses(sequence, heads)
+        return Degrees(ulysses=best, ring=sequence // best, cfg=cfg)
+    degrees = Degrees(ulysses=ulysses, ring=ring, cfg=cfg)
+    if gpus and degrees.world_size != gpus:
+        raise UserError(
+            f"[parallel] ulysses {ulysses} × ring {ring} × cfg {cfg} = {degrees.world_size} processes, but gpus = {gpus}; "
+            f"make the product {gpus} or leave the degrees out to have them chosen"
+        )
+    check_heads(degrees, heads, model)
+    return degrees
+
+
+def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -> None:
+    if heads is None or heads % degrees.ulysses == 0:
+        return
+    best = largest_ulysses(degrees.sequence, heads)
+    raise UserError(
+        f"[parallel] ulysses = {degrees.ulysses} does not divide the {heads} attention heads of {model}; "
+        f"use ulysses = {best}, ring = {degrees.sequence // best} for {degrees.sequence} sequence-parallel ranks"
+    )
+
+
+def under_distributed_launcher() -> bool:
+    """True inside torchrun / torch.distributed.run (or any launcher that sets the env:// variables)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int]:
+    """Join the job's process group (NCCL, one GPU per rank, on CUDA; gloo on CPU); (rank, world)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if not under_distributed_launcher():
+            raise UserError(
+                "[parallel] asks for several processes, but this is a single process: use "
+                "`accel run … --gpus N`, or start your script with `accel launch --gpus N` or torchrun"
+            )
+        if device_type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+@dataclass
+class ParallelMesh:
+    """The process groups one parallel layout needs; all of them exist on every rank."""
+
+    degrees: Degrees
+    device_mesh: Any
+    ulysses_group: Any
+    ring_group: Any
+    sequence_group: Any
+    cfg_group: Any
+
+    @property
+    def sequence_rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank(self.sequence_group)
+
+
+_meshes: dict[tuple[str, Degrees], ParallelMesh] = {}
+
+
+def build_mesh(degrees: Degrees, device_type: str) -> ParallelMesh:
+    """The named (cfg, ring, ulysses) mesh over the current world; built once per layout and reused."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.get_world_size() != degrees.world_size:
+        raise UserError(
+            f"[parallel] {degrees.describe()} needs {degrees.world_size} processes, but this job has "
+            f"{dist.get_world_size()}; change the degrees or the number of processes"
+        )
+    key = (device_type, degrees)
+    if key not in _meshes:
+        mesh = init_device_mesh(device_type, (degrees.cfg, degrees.ring, degrees.ulysses), mesh_dim_names=MESH_DIMS)
+        _meshes[key] = ParallelMesh(
+            degrees=degrees,
+            device_mesh=mesh,
+            ulysses_group=mesh.get_group("ulysses"),
+            ring_group=mesh.get_group("ring"),
+            sequence_group=flattened_group(mesh, ("ring", "ulysses")),
+            cfg_group=mesh.get_group("cfg"),
+        )
+    return _meshes[key]
+
+
+def flattened_group(mesh: Any, dims: tuple[str, ...]) -> Any:
+    """One process group over several mesh dims. DeviceMesh._flatten is private, so it sits behind
+    this function with a public fallback (new_subgroups_by_enumeration over the mesh's rank grid)."""
+    try:
+        return mesh[dims]._flatten("_".join(dims)).get_group()
+    except (AttributeError, NotImplementedError, RuntimeError, TypeError):
+        return flattened_group_fallback(mesh, dims)
+
+
+def flattened_group_fallback(mesh: Any, dims: tuple[str, ...]) -> Any:
+    import torch.distributed as dist
+
+    names = list(mesh.mesh_dim_names)
+    grid = mesh.mesh.permute(*[names.index(n) for n in names if n not in dims], *[names.index(n) for n in dims])
+    size = math.prod(mesh.mesh.shape[names.index(n)] for n in dims)
+    ranks = grid.reshape(-1, size).tolist()
+    group, _ = dist.new_subgroups_by_enumeration(ranks)
+    return group

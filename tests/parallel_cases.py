@@ -1,0 +1,72 @@
+"""Functions the rank pool runs on every rank (importable by spawned workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from accel.parallel.attention import usp_attention
+from accel.parallel.comm import TRAFFIC
+from accel.parallel.layout import SequenceLayout
+from accel.parallel.mesh import Degrees, build_mesh
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int, q_len: int, k_len: int,
+                    dim: int, masked: bool, seed: int = 0) -> float:
+    """Max-abs error of this rank's context-parallel output against SDPA on the full tensors.
+
+    The reference runs in float64 on the same (possibly low-precision) inputs."""
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    world, rank = ulysses * ring, mesh.sequence_rank
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=generator).to(DTYPES[dtype])
+    k = torch.randn(batch, heads, k_len, dim, generator=generator).to(DTYPES[dtype])
+    v = torch.randn(batch, heads, k_len, dim, generator=generator).to(DTYPES[dtype])
+    real = torch.ones(batch, k_len, dtype=torch.bool)
+    if masked:  # key padding that differs per batch row; row 0 keeps at least one key
+        lengths = torch.randint(1, k_len + 1, (batch,), generator=generator)
+        real = torch.arange(k_len)[None, :] < lengths[:, None]
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                               attn_mask=real[:, None, None, :] if masked else None)
+
+    q_layout, k_layout = SequenceLayout(q_len, world), SequenceLayout(k_len, world)
+    shard = lambda x, layout: layout.split(x, 2, rank)  # noqa: E731
+    key_valid = k_layout.valid()[:, None, :]
+    if masked:
+        key_valid = key_valid & torch.stack([k_layout.split(real, 1, r) for r in range(world)])
+    elif not k_layout.pad:
+        key_valid = None
+    out = usp_attention(shard(q, q_layout), shard(k, k_layout), shard(v, k_layout),
+                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid)
+    assert out.dtype == q.dtype and out.shape == (batch, heads, q_layout.shard, dim)
+    expected = shard(reference, q_layout)
+    rows = min(q_layout.shard, q_len - rank * q_layout.shard)  # padded query rows are dropped later
+    return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
+
+
+def traffic_bytes(ulysses: int, ring: int, batch: int, heads: int, tokens: int, dim: int) -> int:
+    """Bytes this rank sends for one self-attention call on `tokens` tokens (float32)."""
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    shard = tokens // (ulysses * ring)
+    q, k, v = (torch.randn(batch, heads, shard, dim) for _ in range(3))
+    TRAFFIC.reset()
+    usp_attention(q, k, v, mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
+    return TRAFFIC.total_bytes
+
+
+def world_rank() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def group_ranks(ulysses: int, ring: int, fallback: bool) -> dict[str, Any]:
+    from accel.parallel.mesh import flattened_group_fallback
+
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    sequence = flattened_group_fallback(mesh.device_mesh, ("ring", "ulysses")) if fallback else mesh.sequence_group
+    return {name: dist.get_process_group_ranks(group) for name, group in
+            (("ulysses", mesh.ulysses_group), ("ring", mesh.ring_group), ("sequence", sequence))}
