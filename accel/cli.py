@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,10 +27,16 @@ console = Console()
 errors = Console(stderr=True)
 
 
-def _fail(message: str) -> None:
-    errors.print("[bold red]error:[/]", end=" ")
-    errors.print(message, markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+def _fail(message: str, exit_code: int = 2) -> None:
+    """One line on stderr and a non-zero exit; a rank of a job `accel` launched hands the line to
+    the launcher instead, which prints it once for all ranks."""
+    from accel.launch import rank, report_failure
+
+    if not report_failure(message, exit_code):
+        where = f"rank {rank()}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        errors.print("[bold red]error:[/]", end=" ")
+        errors.print(where + message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(exit_code)
 
 
 Opt = typer.Option
@@ -37,6 +44,7 @@ Opt = typer.Option
 
 @app.command()
 def run(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder.")] = None,
     recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values.")] = None,
     prompt: Annotated[str | None, Opt("--prompt", "-p")] = None,
@@ -55,14 +63,18 @@ def run(
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
     warmup: Annotated[int, Opt("--warmup", help="Untimed warm-up generations before the timed one.")] = 1,
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes / GPUs (context parallelism).")] = None,
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.")] = None,
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.")] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.")] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.")] = None,
     compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks.")] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision.")] = False,
+    nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
+    node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
+    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
+    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
+    verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.")] = False,
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
@@ -72,33 +84,47 @@ def run(
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
         },
         "cache": {"threshold": cache},
-        "parallel": {"ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},
+        "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},
         "vae": {"parallel": True if parallel_vae else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
     }
     try:
-        if gpus is not None and gpus > 1:
-            raise NotAvailableError(f"--gpus {gpus}: multi-process runs (context parallelism) are not available yet")
-        if gpus is not None and gpus < 1:
-            raise UserError(f"--gpus must be >= 1, got {gpus}")
         if json_path is not None and json_path.exists() and not overwrite:
             raise UserError(f"{json_path} already exists; pass --overwrite to replace it or choose another --json")
-        metrics = _run(recipe, overrides, out=out, overwrite=overwrite, compare=compare, warmup=warmup)
+        if gpus is not None and gpus < 1:
+            raise UserError(f"--gpus must be >= 1, got {gpus}")
+        settings = _recipe(recipe, overrides)
+        from accel.parallel.mesh import under_distributed_launcher
+
+        if settings.world_size > 1 and not under_distributed_launcher():
+            raise typer.Exit(_relaunch(ctx, settings, nnodes, node_rank, master_addr, master_port))
+        settings = _fit_to_job(settings)
+        lead = int(os.environ.get("RANK", "0")) == 0
+        from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
+
+        # A bar only where someone watches: piped output would collect its redraws as blank lines.
+        progress = _step_bar if console.is_terminal and lead else None
+        metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, progress=progress)
     except UserError as error:
         _fail(str(error))
+        return
+    if not lead:
         return
     from accel import report
 
     console.print(report.run_table(metrics))
     if verbose and metrics.cache is not None:
         console.print(report.cache_calls_table(metrics))
+    if verbose and metrics.parallel is not None:
+        console.print(report.traffic_table(metrics))
     if json_path is not None:
         report.write_json(metrics.as_dict(), json_path)
         console.print(f"wrote {json_path}")
 
 
-def _run(recipe_path: Path | None, overrides: dict[str, dict[str, Any]], **options: Any) -> Any:
+def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> Any:
+    """The recipe file (or defaults) with the flags given on top, checked for features that exist."""
     from accel.features import ensure_available
     from accel.recipe import Recipe, load_recipe
 
@@ -106,10 +132,39 @@ def _run(recipe_path: Path | None, overrides: dict[str, dict[str, Any]], **optio
     given = {section: {k: v for k, v in keys.items() if v is not None} for section, keys in overrides.items()}
     merged = base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
     ensure_available(merged)
-    from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
+    return merged
 
-    # A bar only where someone watches: piped output would collect its redraws as blank lines.
-    return run_recipe(merged, progress=_step_bar if console.is_terminal else None, **options)
+
+def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: int, master_addr: str | None,
+              master_port: int | None) -> int:
+    """Check the layout with what is known before start-up, then rerun this command on every rank."""
+    from accel.launch import LaunchSpec, launch
+    from accel.models.loading import heads_before_start
+    from accel.parallel.mesh import resolve_degrees
+
+    parallel = settings.parallel
+    heads, family = heads_before_start(settings.model.name)
+    if family is not None and family.parallel is None:
+        raise NotAvailableError(f"--gpus / [parallel]: {family.title} has no context-parallel plan yet; run it on one process")
+    resolve_degrees(parallel.ulysses, parallel.ring, parallel.cfg, parallel.gpus, heads, settings.model.name)
+    spec = LaunchSpec.for_world(parallel.world_size, nnodes, node_rank, master_addr, master_port)
+    argv = (ctx.obj or {}).get("argv") if ctx is not None else None
+    if argv is None:
+        raise UserError("--gpus: relaunching needs the accel command line; run `accel run … --gpus N` from a shell")
+    return launch(spec, "accel.cli", argv)
+
+
+def _fit_to_job(settings: Any) -> Any:
+    """Under torchrun: no layout given means one over all the job's ranks; a layout must fit the job."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and settings.world_size == 1:
+        return settings.with_overrides({"parallel": {"gpus": world}}, source="torchrun")
+    if settings.world_size != world:
+        raise UserError(
+            f"[parallel] asks for {settings.world_size} processes, but this torchrun job has {world}; "
+            f"make them match (--gpus {world}) or run without torchrun"
+        )
+    return settings
 
 
 @contextmanager
@@ -136,6 +191,32 @@ class _Bar:
     def advance(self) -> None:
         if self.task is not None:
             self.progress.advance(self.task)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    script: Annotated[Path, typer.Argument(help="Your Python script (e.g. one that calls accel.apply); its own arguments follow it.")],
+    gpus: Annotated[int, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine).")] = 2,
+    nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
+    node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
+    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
+    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
+) -> None:
+    """Run your own script on N processes under torchrun; a failing rank's error is shown and ends the job."""
+    from accel.launch import LaunchSpec
+    from accel.launch import launch as launch_job
+
+    try:
+        if gpus < 1:
+            raise UserError(f"--gpus must be >= 1, got {gpus}")
+        if not script.is_file():
+            raise UserError(f"{script}: no such script")
+        spec = LaunchSpec.for_world(gpus, nnodes, node_rank, master_addr, master_port)
+    except UserError as error:
+        _fail(str(error))
+        return
+    raise typer.Exit(launch_job(spec, "accel.launch", [str(script), *ctx.args]))
 
 
 @app.command()
@@ -173,13 +254,21 @@ def _quiet_library_noise() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     _quiet_library_noise()
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        app()
+        app(args=argv, obj={"argv": argv})
     except KeyboardInterrupt:
         errors.print("interrupted")
         sys.exit(130)
+    except Exception as error:  # noqa: BLE001 - only in a multi-rank job: the failing rank must be named
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            raise
+        try:
+            _fail(f"{type(error).__name__}: {error}", exit_code=1)
+        except typer.Exit as exit:
+            sys.exit(exit.exit_code)
 
 
 if __name__ == "__main__":

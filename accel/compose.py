@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
-from accel.errors import UserError
+from accel.errors import NotAvailableError, UserError
 from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
+from accel.parallel.mesh import Degrees
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
 
@@ -51,6 +52,8 @@ class AccelHandle:
     recipe: Recipe
     family: Family
     caches: list[FirstBlockCache] = field(default_factory=list)
+    # The parallel layout in use (None: one process).
+    degrees: Degrees | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -84,6 +87,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
     try:
+        _apply_parallel(handle)
         _apply_cache(handle)
         _apply_vae(handle)
     except BaseException:
@@ -91,6 +95,30 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         raise
     _applied[pipe] = handle
     return handle
+
+
+def _apply_parallel(handle: AccelHandle) -> None:
+    """Join (or start) the process group, build the mesh, and put each transformer under the plan."""
+    settings = handle.recipe.parallel
+    if settings.world_size == 1:
+        return
+    from accel.parallel.agree import agree_on_noise
+    from accel.parallel.mesh import build_mesh, init_distributed, resolve_degrees
+    from accel.parallel.plan import ContextParallel
+
+    family = handle.family
+    if family.parallel is None:
+        raise NotAvailableError(f"[parallel]: {family.title} has no context-parallel plan yet; run it on one process")
+    transformers = [t for attr in family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None]
+    device = next(transformers[0].parameters()).device
+    init_distributed(device.type, settings.timeout)
+    heads = min(int(t.config.num_attention_heads) for t in transformers)
+    degrees = resolve_degrees(settings.ulysses, settings.ring, settings.cfg, settings.gpus, heads, family.title)
+    mesh = build_mesh(degrees, device.type)
+    for transformer in transformers:
+        handle._undo.append(ContextParallel(transformer, family.parallel, mesh).remove)
+    handle._undo.append(agree_on_noise(handle.pipe))
+    handle.degrees = degrees
 
 
 def _apply_cache(handle: AccelHandle) -> None:

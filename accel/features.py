@@ -12,10 +12,8 @@ from accel.recipe import Recipe
 def unavailable_features(recipe: Recipe) -> list[str]:
     """What the recipe asks for that has not landed yet, one phrase each (empty when all is well)."""
     missing = []
-    parallel = recipe.parallel
-    for key in ("ulysses", "ring", "cfg"):
-        if getattr(parallel, key) > 1:
-            missing.append(f"[parallel] {key} = {getattr(parallel, key)}: context parallelism")
+    if recipe.parallel.cfg > 1:
+        missing.append(f"[parallel] cfg = {recipe.parallel.cfg}: CFG parallelism")
     if recipe.vae.parallel:
         missing.append("[vae] parallel = true: parallel VAE decode")
     if recipe.quant.type != "none":

@@ -84,16 +84,21 @@ class CacheSection:
 
 @dataclass(frozen=True)
 class ParallelSection:
-    """Context parallelism across GPUs: one process per GPU, world size = ulysses * ring * cfg."""
+    """Context parallelism: one process per GPU (gloo ranks on a CPU-only machine)."""
 
+    gpus: int = _key(
+        0, "Processes (GPUs); 0 means ulysses × ring × cfg. With only gpus set, the degrees are chosen: "
+        "Ulysses as large as the head count allows, the rest Ring.", min=0
+    )
     ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree.", min=1)
     ring: int = _key(1, "Ring attention parallel degree.", min=1)
     cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
+    timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails.", min=1)
 
     @property
     def world_size(self) -> int:
         """Number of processes (GPUs) the parallel layout needs."""
-        return self.ulysses * self.ring * self.cfg
+        return self.gpus or self.ulysses * self.ring * self.cfg
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def run_table(metrics: Metrics) -> Table:
         )
     else:
         rows.append(("cache hit rate", "off"))
+    rows.append(("parallel", _parallel(metrics.parallel)))
     rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
     if metrics.baseline_s is not None:
         rows.append(("baseline generation", _seconds(metrics.baseline_s)))
@@ -62,6 +63,27 @@ def run_table(metrics: Metrics) -> Table:
         rows.append(("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB"))
     for name, value in rows:
         table.add_row(name, value)
+    return table
+
+
+def _parallel(parallel: dict[str, Any] | None) -> str:
+    if parallel is None:
+        return "off (1 process)"
+    parts = [f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1]
+    how = f" (chosen for {parallel['world_size']} processes)" if parallel["chosen"] else ""
+    return f"{' × '.join(parts)} on {parallel['world_size']} processes{how}" if not how else " × ".join(parts) + how
+
+
+def traffic_table(metrics: Metrics) -> Table:
+    """Bytes rank 0 sent through each kind of collective during the timed run, for --verbose."""
+    table = Table(title="Bytes sent by rank 0", header_style="bold")
+    table.add_column("collective")
+    table.add_column("bytes sent", justify="right")
+    table.add_column("per step", justify="right")
+    sent = (metrics.parallel or {}).get("bytes_sent_per_rank", {})
+    for kind, nbytes in sorted(sent.items()):
+        table.add_row(kind, _bytes(nbytes), _bytes(nbytes // max(1, metrics.steps)))
+    table.add_row("total", _bytes(sum(sent.values())), _bytes(sum(sent.values()) // max(1, metrics.steps)))
     return table
 
 

@@ -18,7 +18,9 @@ from accel.errors import UserError
 from accel.features import ensure_available
 from accel.media import save_image, save_video
 from accel.models.base import Family, GenerationDefaults
-from accel.models.loading import load_pipeline, resolve_model
+from accel.models.loading import load_pipeline, resolve_device, resolve_model
+from accel.parallel.comm import TRAFFIC
+from accel.parallel.mesh import init_distributed
 from accel.models.registry import family_of
 from accel.quality import psnr
 from accel.recipe import Recipe
@@ -34,6 +36,8 @@ class Measurement:
     warmup_seconds: float
     steps: int
     peak_memory_bytes: int
+    # Bytes this rank sent through collectives during the timed run, by kind.
+    bytes_sent: dict[str, int]
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Metrics:
     peak_memory_kind: str
     output_path: str | None = None
     cache: dict[str, Any] | None = None
+    # Context parallelism: degrees, whether they were chosen automatically, bytes this rank sent.
+    parallel: dict[str, Any] | None = None
     baseline_s: float | None = None
     psnr_db: float | None = None
 
@@ -137,13 +143,16 @@ def measure(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+    TRAFFIC.reset()
     with show(label):
         start = time.perf_counter()
         output = generate(pipe, kwargs, seed)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
-    return Measurement(output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device))
+    return Measurement(
+        output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device), dict(TRAFFIC.bytes_sent)
+    )
 
 
 def run(
@@ -165,8 +174,12 @@ def run(
     if ref.family is not None:
         generation_kwargs(ref.family, ref.tiny, recipe)  # refuse bad settings before a long load
 
+    device = resolve_device(recipe.model.device)
+    lead = True
+    if recipe.parallel.world_size > 1:  # before loading: on CUDA it picks this rank's GPU
+        lead = init_distributed(device.type, recipe.parallel.timeout)[0] == 0
     start = time.perf_counter()
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, recipe.model.device)
+    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device)
     load_s = time.perf_counter() - start
     family = family_of(pipe)
     pipe.set_progress_bar_config(disable=True)
@@ -180,15 +193,26 @@ def run(
     try:
         result = measure(pipe, kwargs, seed, warmup, bar, "accelerated" if compare else "generating")
         stats = handle.cache_stats
+        degrees = handle.degrees
     finally:
         handle.remove()
 
-    _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
-    out_path = _output_path(ref.name, family, out)
-    if family.output == "video":
-        save_video(result.output, out_path, family.fps)
-    else:
-        save_image(result.output, out_path)
+    out_path = None
+    if lead:  # every rank holds the output; one writes it
+        _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
+        out_path = _output_path(ref.name, family, out)
+        if family.output == "video":
+            save_video(result.output, out_path, family.fps)
+        else:
+            save_image(result.output, out_path)
+    parallel = None
+    if degrees is not None:
+        given = recipe.parallel
+        parallel = {
+            "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
+            "chosen": bool(given.gpus) and given.ulysses == 1 and given.ring == 1,
+            "bytes_sent_per_rank": result.bytes_sent,
+        }
     device = _device_of(pipe)
     return Metrics(
         model=recipe.model.name,
@@ -203,8 +227,9 @@ def run(
         steps=result.steps,
         peak_memory_bytes=result.peak_memory_bytes,
         peak_memory_kind="CUDA allocated" if device.type == "cuda" else "process RSS",
-        output_path=str(out_path),
+        output_path=str(out_path) if out_path is not None else None,
         cache=stats.as_dict() if stats is not None else None,
+        parallel=parallel,
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(result.output, baseline.output) if baseline else None,
     )

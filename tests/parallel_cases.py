@@ -70,3 +70,25 @@ def group_ranks(ulysses: int, ring: int, fallback: bool) -> dict[str, Any]:
     sequence = flattened_group_fallback(mesh.device_mesh, ("ring", "ulysses")) if fallback else mesh.sequence_group
     return {name: dist.get_process_group_ranks(group) for name, group in
             (("ulysses", mesh.ulysses_group), ("ring", mesh.ring_group), ("sequence", sequence))}
+
+
+_pipelines: dict[str, Any] = {}
+
+
+def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
+    """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
+    import numpy as np
+
+    import accel
+
+    if model not in _pipelines:
+        _pipelines[model] = accel.load_pipeline(model)
+        _pipelines[model].set_progress_bar_config(disable=True)
+    pipe = _pipelines[model]
+    handle = accel.apply(pipe, recipe)
+    try:
+        result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
+    finally:
+        handle.remove()
+    frames = getattr(result, "frames", None)
+    return np.asarray(frames if frames is not None else result.images)

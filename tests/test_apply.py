@@ -109,11 +109,19 @@ def test_unsupported_pipeline_is_refused() -> None:
         accel.apply(pipe, {"cache": {"threshold": 0.1}})
 
 
+def test_parallel_outside_a_distributed_job_is_refused(tiny_flux: Any) -> None:
+    with pytest.raises(UserError, match=re.escape(
+        "[parallel] asks for several processes, but this is a single process: use `accel run … --gpus N`, "
+        "or start your script with `accel launch --gpus N` or torchrun"
+    )):
+        accel.apply(tiny_flux, {"parallel": {"ulysses": 2}})
+    accel.apply(tiny_flux, {}).remove()  # nothing was left applied
+
+
 @pytest.mark.parametrize(
     "recipe, message",
     [
-        ({"parallel": {"ulysses": 2}}, "[parallel] ulysses = 2: context parallelism is not available yet"),
-        ({"parallel": {"cfg": 2}}, "[parallel] cfg = 2: context parallelism is not available yet"),
+        ({"parallel": {"cfg": 2}}, "[parallel] cfg = 2: CFG parallelism is not available yet"),
         ({"vae": {"parallel": True}}, "[vae] parallel = true: parallel VAE decode is not available yet"),
         ({"quant": {"type": "int8wo"}}, "[quant] type = 'int8wo': quantization is not available yet"),
         ({"compile": {"enabled": True}}, "[compile] enabled = true: torch.compile is not available yet"),

@@ -45,7 +45,7 @@ def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     fields = set(json.loads(report.read_text()))
     assert fields == {"model", "family", "output_kind", "device", "dtype", "settings", "load_s", "warmup_s", "generate_s",
                       "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind", "output_path",
-                      "cache", "baseline_s", "speedup", "psnr_db"}
+                      "cache", "parallel", "baseline_s", "speedup", "psnr_db"}
     assert all(f"`{name}`" in documented for name in fields)
 
 
@@ -106,10 +106,16 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--steps", "0"], "command line: [generate] steps must be an integer >= 1, got 0"),
         (["run", "tiny-flux", "--dtype", "float64"], "command line: [model] dtype must be one of auto, float32, float16, bfloat16, got 'float64'"),
         (["run", "tiny-flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
-        (["run", "tiny-flux", "--gpus", "2"], "--gpus 2: multi-process runs (context parallelism) are not available yet"),
-        (["run", "tiny-flux", "--ulysses", "2"], "[parallel] ulysses = 2: context parallelism is not available yet"),
-        (["run", "tiny-flux", "--ring", "2"], "[parallel] ring = 2: context parallelism is not available yet"),
-        (["run", "tiny-flux", "--cfg-parallel"], "[parallel] cfg = 2: context parallelism is not available yet"),
+        (["run", "tiny-flux", "--gpus", "0"], "--gpus must be >= 1, got 0"),
+        (["run", "tiny-flux", "--gpus", "3", "--ulysses", "3"], "[parallel] ulysses = 3 does not divide the 4 attention heads of tiny-flux; use ulysses = 1, ring = 3 for 3 sequence-parallel ranks"),
+        (["run", "tiny-flux", "--gpus", "4", "--ulysses", "3"], "[parallel] ulysses 3 × ring 1 × cfg 1 = 3 processes, but gpus = 4; make the product 4 or leave the degrees out to have them chosen"),
+        (["run", "tiny-flux", "--ulysses", "8"], "[parallel] ulysses = 8 does not divide the 4 attention heads of tiny-flux; use ulysses = 4, ring = 2 for 8 sequence-parallel ranks"),
+        (["run", "tiny-flux", "--gpus", "4", "--nnodes", "3"], "4 processes do not split evenly over --nnodes 3; use a multiple of 3 GPUs"),
+        (["run", "tiny-flux", "--gpus", "4", "--nnodes", "2"], "--nnodes > 1 needs --master-addr (the address of node 0) on every node"),
+        (["run", "tiny-wan", "--gpus", "2"], "--gpus / [parallel]: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process"),
+        (["run", "tiny-flux", "--cfg-parallel"], "[parallel] cfg = 2: CFG parallelism is not available yet"),
+        (["launch", "missing.py"], "missing.py: no such script"),
+        (["launch", "--gpus", "0", "missing.py"], "--gpus must be >= 1, got 0"),
         (["run", "tiny-flux", "--parallel-vae"], "[vae] parallel = true: parallel VAE decode is not available yet"),
         (["run", "tiny-flux", "--quant", "int8wo"], "[quant] type = 'int8wo': quantization is not available yet"),
         (["run", "tiny-flux", "--compile"], "[compile] enabled = true: torch.compile is not available yet"),

@@ -37,7 +37,7 @@ FULL: dict[str, Any] = {
         "seed": 7,
     },
     "cache": {"threshold": 0.12, "warmup_steps": 2, "max_consecutive_cached": 3},
-    "parallel": {"ulysses": 2, "ring": 2, "cfg": 2},
+    "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True},
     "quant": {"type": "fp8dq", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
@@ -149,6 +149,7 @@ def test_hand_written_toml(tmp_path: Path) -> None:
 def test_world_size() -> None:
     assert ParallelSection(ulysses=2, ring=3, cfg=2).world_size == 12
     assert Recipe.from_dict({"parallel": {"ring": 4, "cfg": 2}}).world_size == 8
+    assert Recipe.from_dict({"parallel": {"gpus": 3}}).world_size == 3
 
 
 def test_recipe_is_frozen() -> None:
@@ -171,7 +172,7 @@ def test_every_key_has_help() -> None:
 
 def test_with_overrides_deep_merges() -> None:
     base = Recipe.from_dict(FULL, source="r.toml")
-    r = base.with_overrides({"cache": {"threshold": 0.3}, "parallel": {"cfg": 1}})
+    r = base.with_overrides({"cache": {"threshold": 0.3}, "parallel": {"cfg": 1, "gpus": 0}})
     assert r.cache == CacheSection(threshold=0.3, warmup_steps=2, max_consecutive_cached=3)
     assert r.parallel.world_size == 4
     assert r.model == base.model and r.variants == base.variants

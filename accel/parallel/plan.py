@@ -35,7 +35,12 @@ class ContextParallel:
         missing = [split.arg for split in plan.splits if split.arg not in self._signature.parameters]
         if missing:
             raise TypeError(f"{type(transformer).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits")
-        self.remove: Callable[[], None] = override(transformer, "forward", functools.wraps(self._forward)(self.forward))
+
+        @functools.wraps(self._forward)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return self.forward(*args, **kwargs)
+
+        self.remove: Callable[[], None] = override(transformer, "forward", forward)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         world, rank = self.mesh.degrees.sequence, self.mesh.sequence_rank

@@ -1,0 +1,101 @@
+"""Multi-process start-up end to end: relaunch under torchrun, no relaunch inside it, failing ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import FLUX_CALL
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+HANG_GUARD_S = 300  # far below the 600 s collective timeout: a hang fails the test, it does not wait it out
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def _accel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "accel.cli", *args], cwd)
+
+
+def _pixels(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+
+def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path) -> None:
+    one = _accel("run", "tiny-flux", "--out", "one.png", cwd=tmp_path)
+    two = _accel("run", "tiny-flux", "--gpus", "2", "--out", "two.png", "--json", "two.json", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.count("accel run tiny-flux") == 1  # rank 0 alone prints
+    assert "ulysses 2 (chosen for 2 processes)" in two.stdout
+    parallel = json.loads((tmp_path / "two.json").read_text())["parallel"]
+    assert (parallel["world_size"], parallel["ulysses"], parallel["ring"], parallel["chosen"]) == (2, 2, 1, True)
+    assert parallel["bytes_sent_per_rank"]["all_to_all"] > 0
+    assert np.abs(_pixels(tmp_path / "one.png") - _pixels(tmp_path / "two.png")).max() <= 1
+
+
+def test_under_torchrun_the_command_uses_the_jobs_ranks(tmp_path: Path) -> None:
+    result = _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "accel.cli", "run", "tiny-flux", "--ring", "2", "--out", "t.png", "--json", "t.json"],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    # A relaunch would start a second torchrun per rank: two jobs, two tables.
+    assert result.stdout.count("accel run tiny-flux") == 1
+    assert json.loads((tmp_path / "t.json").read_text())["parallel"]["ring"] == 2
+    assert (tmp_path / "t.png").is_file()
+
+
+def test_a_failing_rank_ends_the_job_with_its_message(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise ValueError("rank one cannot go on")
+        dist.barrier()  # rank 0 waits here for a rank that never comes
+        print("finished")
+    """))
+    result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("error: rank 1: ValueError: rank one cannot go on")
+    assert "To enable traceback" not in result.stderr and "finished" not in result.stdout
+
+
+def test_an_error_every_rank_hits_is_shown_once(tmp_path: Path) -> None:
+    result = _accel("run", "tiny-flux", "--gpus", "2", "--height", "48", "--width", "48", "--steps", "1",
+                    "--out", "x.mp4", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png"
+
+
+def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, flux_reference: np.ndarray) -> None:
+    """The process group comes from the environment; every rank returns the full image."""
+    script = tmp_path / "mine.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, numpy as np, torch, torch.distributed as dist
+        import accel
+        pipe = accel.load_pipeline("tiny-flux")
+        pipe.set_progress_bar_config(disable=True)
+        accel.apply(pipe, {{"parallel": {{"ulysses": 2}}}})
+        # Ranks seed differently on purpose: rank 0's noise must win.
+        seed = 0 if not dist.is_initialized() or dist.get_rank() == 0 else 7
+        call = {FLUX_CALL!r}
+        image = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np").images
+        np.save(f"{{sys.argv[1]}}/rank{{dist.get_rank()}}.npy", image)
+    """))
+    result = _accel("launch", "--gpus", "2", str(script), str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert np.abs(np.load(tmp_path / f"rank{rank}.npy") - flux_reference).max() <= 1e-4
