@@ -117,6 +117,8 @@ def _finite(value: Any) -> Any:
 def family_features(family: Family) -> list[str]:
     """What accel can do for a family today, derived from its data."""
     features = ["fbcache"] if family.blocks else []
+    if family.parallel is not None:
+        features.append("ulysses/ring/usp")
     features.append("vae-tiling")
     return features
 

@@ -158,6 +158,11 @@ def test_models_lists_the_registry() -> None:
     assert result.exit_code == 0
     for name in ("flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "tiny-flux", "tiny-wan", "FluxPipeline", "fbcache"):
         assert name in result.stdout
+    from accel.models.registry import FAMILIES
+    from accel.report import family_features
+
+    assert "ulysses/ring/usp" in family_features(FAMILIES["flux"])  # a family with a parallel plan
+    assert "ulysses/ring/usp" not in family_features(FAMILIES["wan"])  # no plan yet
 
 
 def test_env_reports_versions_and_kernels() -> None:

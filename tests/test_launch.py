@@ -99,3 +99,21 @@ def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, flux_reference: n
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         assert np.abs(np.load(tmp_path / f"rank{rank}.npy") - flux_reference).max() <= 1e-4
+
+
+def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) -> None:
+    """[parallel] timeout reaches the process group: rank 0 gives up after 3 s instead of waiting
+    for rank 1's 200 s sleep (the job would otherwise finish, with exit code 0)."""
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch.distributed as dist
+        from accel.parallel.mesh import init_distributed
+        init_distributed("cpu", timeout_s=3)
+        if dist.get_rank() == 1:
+            time.sleep(200)
+        dist.barrier()
+        print("finished")
+    """))
+    result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
+    assert result.returncode == 1 and "finished" not in result.stdout
+    assert "error: rank 0: RuntimeError:" in result.stderr and "Timed out waiting 3000ms" in result.stderr

@@ -106,12 +106,8 @@ class ParallelMesh:
     ring_group: Any
     sequence_group: Any
     cfg_group: Any
-
-    @property
-    def sequence_rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.sequence_group)
+    # This rank's index among the ranks sharing its sequence: which shard it holds.
+    sequence_rank: int
 
 
 _meshes: dict[tuple[str, Degrees], ParallelMesh] = {}
@@ -130,13 +126,15 @@ def build_mesh(degrees: Degrees, device_type: str) -> ParallelMesh:
     key = (device_type, degrees)
     if key not in _meshes:
         mesh = init_device_mesh(device_type, (degrees.cfg, degrees.ring, degrees.ulysses), mesh_dim_names=MESH_DIMS)
+        sequence = flattened_group(mesh, ("ring", "ulysses"))
         _meshes[key] = ParallelMesh(
             degrees=degrees,
             device_mesh=mesh,
             ulysses_group=mesh.get_group("ulysses"),
             ring_group=mesh.get_group("ring"),
-            sequence_group=flattened_group(mesh, ("ring", "ulysses")),
+            sequence_group=sequence,
             cfg_group=mesh.get_group("cfg"),
+            sequence_rank=dist.get_rank(sequence),
         )
     return _meshes[key]
 

@@ -1,0 +1,41 @@
+"""Degrees and launch settings: decided from numbers alone, before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel.errors import UserError
+from accel.launch import LaunchSpec
+from accel.parallel.mesh import Degrees, resolve_degrees
+
+
+@pytest.mark.parametrize(
+    "gpus, heads, expected",
+    [
+        (8, 24, Degrees(ulysses=8)),  # FLUX: 24 heads take Ulysses 8
+        (8, 12, Degrees(ulysses=4, ring=2)),
+        (6, 4, Degrees(ulysses=2, ring=3)),
+        (3, 4, Degrees(ring=3)),
+        (4, None, Degrees(ulysses=4)),  # heads unknown before loading: the ranks check again
+    ],
+)
+def test_only_gpus_chooses_degrees(gpus: int, heads: int | None, expected: Degrees) -> None:
+    assert resolve_degrees(1, 1, 1, gpus, heads) == expected
+
+
+def test_given_degrees_are_kept_and_checked() -> None:
+    assert resolve_degrees(2, 2, 1, 0, 24) == Degrees(ulysses=2, ring=2)
+    assert resolve_degrees(2, 2, 1, 4, 24) == Degrees(ulysses=2, ring=2)
+    with pytest.raises(UserError, match=r"^\[parallel\] ulysses = 4 does not divide the 6 attention heads of m; use ulysses = 2, ring = 2"):
+        resolve_degrees(4, 1, 1, 0, 6, "m")
+    with pytest.raises(UserError, match=r"^\[parallel\] gpus = 3 does not split into cfg = 2 halves"):
+        resolve_degrees(1, 1, 2, 3, 24)
+
+
+def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one() -> None:
+    assert LaunchSpec.for_world(2).torchrun_args()[-1] == "--standalone"
+    args = LaunchSpec.for_world(8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400).torchrun_args()
+    assert args[:2] == ["--nproc-per-node", "4"]
+    assert args[-8:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400"]
+    with pytest.raises(UserError, match=r"^--node-rank 2 must be between 0 and --nnodes - 1 \(1\)$"):
+        LaunchSpec.for_world(4, nnodes=2, node_rank=2, master_addr="h")
