@@ -33,11 +33,12 @@ def _pixels(path: Path) -> np.ndarray:
 
 def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path) -> None:
     one = _accel("run", "tiny-flux", "--out", "one.png", cwd=tmp_path)
-    two = _accel("run", "tiny-flux", "--gpus", "2", "--out", "two.png", "--json", "two.json", cwd=tmp_path)
+    two = _accel("run", "tiny-flux", "--gpus", "2", "--out", "two.png", "--json", "two.json", "--verbose", cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("accel run tiny-flux") == 1  # rank 0 alone prints
     assert "ulysses 2 (chosen for 2 processes)" in two.stdout
+    assert "Bytes sent by rank 0" in two.stdout and "all_to_all" in two.stdout  # --verbose
     parallel = json.loads((tmp_path / "two.json").read_text())["parallel"]
     assert (parallel["world_size"], parallel["ulysses"], parallel["ring"], parallel["chosen"]) == (2, 2, 1, True)
     assert parallel["bytes_sent_per_rank"]["all_to_all"] > 0
