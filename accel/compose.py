@@ -26,6 +26,7 @@ from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
 from accel.parallel.mesh import Degrees
+from accel.parallel.plan import ContextParallel
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
 
@@ -52,8 +53,10 @@ class AccelHandle:
     recipe: Recipe
     family: Family
     caches: list[FirstBlockCache] = field(default_factory=list)
-    # The parallel layout in use (None: one process).
+    # The parallel layout in use (None: one process) and the engine on each transformer attribute.
     degrees: Degrees | None = None
+    parallel: dict[str, ContextParallel] = field(default_factory=dict)
+    sequence_group: Any = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -104,8 +107,6 @@ def _apply_parallel(handle: AccelHandle) -> None:
         return
     from accel.parallel.agree import agree_on_noise
     from accel.parallel.mesh import build_mesh, init_distributed, resolve_degrees
-    from accel.parallel.plan import ContextParallel
-
     family = handle.family
     if family.parallel is None:
         raise NotAvailableError(f"[parallel]: {family.title} has no context-parallel plan yet; run it on one process")
@@ -115,8 +116,12 @@ def _apply_parallel(handle: AccelHandle) -> None:
     heads = min(int(t.config.num_attention_heads) for t in transformers)
     degrees = resolve_degrees(settings.ulysses, settings.ring, settings.cfg, settings.gpus, heads, family.title)
     mesh = build_mesh(degrees, device.type)
-    for transformer in transformers:
-        handle._undo.append(ContextParallel(transformer, family.parallel, mesh).remove)
+    for attr in family.transformer_attrs:
+        if getattr(handle.pipe, attr, None) is not None:
+            engine = ContextParallel(getattr(handle.pipe, attr), family.parallel, mesh)
+            handle.parallel[attr] = engine
+            handle._undo.append(engine.remove)
+    handle.sequence_group = mesh.sequence_group
     handle._undo.append(agree_on_noise(handle.pipe))
     handle.degrees = degrees
 
@@ -138,9 +143,18 @@ def _apply_cache(handle: AccelHandle) -> None:
             max_consecutive_cached=settings.max_consecutive_cached,
             primary_stream=handle.family.primary_stream,
             events=events,
+            group=handle.sequence_group,
+            token_mask=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
         )
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
+
+
+def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], Any] | None:
+    """The cache's primary stream is cut like the transformer input of the same name."""
+    if engine is None:
+        return None
+    return lambda: engine.real_tokens(stream)
 
 
 def _apply_vae(handle: AccelHandle) -> None:

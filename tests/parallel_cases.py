@@ -77,6 +77,11 @@ _pipelines: dict[str, Any] = {}
 
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
+    return tiny_run(model, recipe, call, seed)[0]
+
+
+def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> tuple[Any, Any]:
+    """(output, cache records as (step, branch, change, cached) or None) of the tiny pipeline under `recipe`."""
     import numpy as np
 
     import accel
@@ -88,7 +93,9 @@ def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: 
     handle = accel.apply(pipe, recipe)
     try:
         result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
+        stats = handle.cache_stats
     finally:
         handle.remove()
     frames = getattr(result, "frames", None)
-    return np.asarray(frames if frames is not None else result.images)
+    decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
+    return np.asarray(frames if frames is not None else result.images), decisions

@@ -224,7 +224,7 @@ def _rank_main(rank: int, world: int, port: int, results: dict) -> None:  # type
         drift = 0.001 if rank == 0 else 0.1
         base, step = inputs(rank), inputs(10 + rank)
         sequence = [tuple(b + drift * i * s for b, s in zip(base, step)) for i in range(3)]
-        cache = FirstBlockCache(model, model.block_lists, threshold=0.02)
+        cache = FirstBlockCache(model, model.block_lists, threshold=0.02, group=dist.group.WORLD)
         with torch.no_grad():
             for args in sequence:
                 model(*args)

@@ -33,3 +33,27 @@ def test_token_count_that_does_not_divide_the_world(rank_pools, tiny_flux, paral
     outputs = rank_pools(world).run(cases.tiny_output, "tiny-flux", {"parallel": parallel}, call)
     for output in outputs:
         assert np.abs(output - reference).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("parallel", [{"ulysses": 2}, {"ring": 3}], ids=["ulysses2", "ring3-padded"])
+def test_cache_under_parallelism_decides_as_one_process(rank_pools, tiny_flux, parallel) -> None:
+    """The residual change is summed over the ranks' real tokens only (ring 3 pads 16 image tokens
+    to 18), so every rank caches the calls one process caches and the images agree."""
+    import accel
+
+    call = dict(FLUX_CALL, num_inference_steps=12)
+    handle = accel.apply(tiny_flux, {"cache": {"threshold": 0.4}})
+    try:
+        reference = generate(tiny_flux, call)
+        expected = [(r.step, r.branch, r.change, r.cached) for r in handle.cache_stats.records]
+    finally:
+        handle.remove()
+    assert 0 < sum(r[3] for r in expected) < len(expected)  # a run that caches some calls
+    world = parallel.get("ulysses", 1) * parallel.get("ring", 1)
+    runs = rank_pools(world).run(cases.tiny_run, "tiny-flux", {"parallel": parallel, "cache": {"threshold": 0.4}}, call)
+    for output, records in runs:
+        assert [(step, branch, cached) for step, branch, _, cached in records] == [(s, b, c) for s, b, _, c in expected]
+        changes = [-1.0 if r[2] is None else r[2] for r in records]  # None: no previous residual yet
+        expected_changes = [-1.0 if r[2] is None else r[2] for r in expected]
+        assert changes == pytest.approx(expected_changes, rel=1e-5)  # padding would shift these
+        assert np.abs(output - reference).max() <= TOLERANCE

@@ -97,13 +97,17 @@ class FirstBlockCache:
         primary_stream: str = "hidden_states",
         events: StepEvents | None = None,
         group: dist.ProcessGroup | None = None,
+        token_mask: Callable[[], torch.Tensor | None] | None = None,
     ) -> None:
         self.threshold = threshold
         self.warmup_steps = warmup_steps
         self.max_consecutive_cached = max_consecutive_cached
         self.primary_stream = primary_stream
         self.events = events
+        # Ranks that share one sequence (None: decide alone), and which of this rank's tokens of the
+        # primary stream are real rather than padding, so a parallel run sums what one process would.
         self.group = group
+        self.token_mask = token_mask
         self.stats = CacheStats()
         self._states: dict[int, _BranchState] = {}
         self._calls_in_step = 0
@@ -212,13 +216,13 @@ class FirstBlockCache:
     @torch.compiler.disable
     def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
         """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact)."""
-        sums = torch.stack(
-            [
-                torch.sum(torch.abs(residual - previous), dtype=torch.float32),
-                torch.sum(torch.abs(previous), dtype=torch.float32),
-            ]
-        )
-        if dist.is_available() and dist.is_initialized():
+        difference, magnitude = torch.abs(residual - previous), torch.abs(previous)
+        mask = self.token_mask() if self.token_mask is not None else None
+        if mask is not None:  # tokens along dim -2, as every family's block streams hold them
+            weights = mask.to(residual.dtype).view(-1, 1)
+            difference, magnitude = difference * weights, magnitude * weights
+        sums = torch.stack([torch.sum(difference, dtype=torch.float32), torch.sum(magnitude, dtype=torch.float32)])
+        if self.group is not None:
             dist.all_reduce(sums, group=self.group)
         numerator, denominator = sums.tolist()
         return numerator / denominator if denominator > 0 else float("inf")

@@ -30,6 +30,7 @@ class ContextParallel:
     def __init__(self, transformer: torch.nn.Module, plan: ParallelPlan, mesh: ParallelMesh) -> None:
         self.plan = plan
         self.mesh = mesh
+        self._layouts: dict[str, SequenceLayout] = {}  # of the forward call in progress
         self._forward = transformer.forward
         self._signature = inspect.signature(self._forward)
         missing = [split.arg for split in plan.splits if split.arg not in self._signature.parameters]
@@ -59,9 +60,21 @@ class ContextParallel:
             bound.arguments[split.arg] = layout.split(value, split.dim, rank)
         if self.plan.output_stream not in layouts:
             raise ValueError(f"context parallelism: no {self.plan.output_stream} input was given to split")
-        with AttentionRouter(self._attend_over(layouts)):
-            output = self._forward(*bound.args, **bound.kwargs)
+        self._layouts = layouts
+        try:
+            with AttentionRouter(self._attend_over(layouts)):
+                output = self._forward(*bound.args, **bound.kwargs)
+        finally:
+            self._layouts = {}
         return self._gather(output, layouts[self.plan.output_stream])
+
+    def real_tokens(self, arg: str) -> Tensor | None:
+        """During a forward: which of this rank's tokens of the input `arg` are real (None: all are)."""
+        stream = next((split.stream for split in self.plan.splits if split.arg == arg), None)
+        layout = self._layouts.get(stream) if stream is not None else None
+        if layout is None or not layout.pad:
+            return None
+        return layout.valid()[self.mesh.sequence_rank]
 
     def _attend_over(self, layouts: dict[str, SequenceLayout]) -> Callable[[Tensor, Tensor, Tensor, float | None], Tensor]:
         streams = [name for name in self.plan.attention_keys if name in layouts]
