@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from accel.errors import NotAvailableError, UserError
+from accel.errors import UserError
 
 app = typer.Typer(
     name="accel",
@@ -30,10 +29,10 @@ errors = Console(stderr=True)
 def _fail(message: str, exit_code: int = 2) -> None:
     """One line on stderr and a non-zero exit; a rank of a job `accel` launched hands the line to
     the launcher instead, which prints it once for all ranks."""
-    from accel.launch import rank, report_failure
+    from accel.launch import rank, report_failure, world_size
 
     if not report_failure(message, exit_code):
-        where = f"rank {rank()}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        where = f"rank {rank()}: " if world_size() > 1 else ""
         errors.print("[bold red]error:[/]", end=" ")
         errors.print(where + message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(exit_code)
@@ -100,7 +99,9 @@ def run(
         if settings.world_size > 1 and not under_distributed_launcher():
             raise typer.Exit(_relaunch(ctx, settings, nnodes, node_rank, master_addr, master_port))
         settings = _fit_to_job(settings)
-        lead = int(os.environ.get("RANK", "0")) == 0
+        from accel.launch import rank
+
+        lead = rank() == 0
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
 
         # A bar only where someone watches: piped output would collect its redraws as blank lines.
@@ -141,13 +142,13 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
     from accel.launch import LaunchSpec, launch
     from accel.models.loading import heads_before_start
     from accel.parallel.mesh import resolve_degrees
+    from accel.parallel.plan import plan_of
 
-    parallel = settings.parallel
     heads, family = heads_before_start(settings.model.name)
-    if family is not None and family.parallel is None:
-        raise NotAvailableError(f"--gpus / [parallel]: {family.title} has no context-parallel plan yet; run it on one process")
-    resolve_degrees(parallel.ulysses, parallel.ring, parallel.cfg, parallel.gpus, heads, settings.model.name)
-    spec = LaunchSpec.for_world(parallel.world_size, nnodes, node_rank, master_addr, master_port)
+    if family is not None:
+        plan_of(family, "--gpus / [parallel]")
+    resolve_degrees(settings.parallel, heads, settings.model.name)
+    spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port)
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None
     if argv is None:
         raise UserError("--gpus: relaunching needs the accel command line; run `accel run … --gpus N` from a shell")
@@ -156,7 +157,9 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
 
 def _fit_to_job(settings: Any) -> Any:
     """Under torchrun: no layout given means one over all the job's ranks; a layout must fit the job."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from accel.launch import world_size
+
+    world = world_size()
     if world > 1 and settings.world_size == 1:
         return settings.with_overrides({"parallel": {"gpus": world}}, source="torchrun")
     if settings.world_size != world:
@@ -263,7 +266,9 @@ def main(argv: list[str] | None = None) -> None:
         errors.print("interrupted")
         sys.exit(130)
     except Exception as error:  # noqa: BLE001 - only in a multi-rank job: the failing rank must be named
-        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        from accel.launch import world_size
+
+        if world_size() == 1:
             raise
         try:
             _fail(f"{type(error).__name__}: {error}", exit_code=1)

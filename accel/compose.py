@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
-from accel.errors import NotAvailableError, UserError
+from accel.errors import UserError
 from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
-from accel.parallel.mesh import Degrees
-from accel.parallel.plan import ContextParallel
+from accel.parallel.mesh import Degrees, ParallelMesh
+from accel.parallel.plan import ContextParallel, plan_of
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
 
@@ -53,10 +53,9 @@ class AccelHandle:
     recipe: Recipe
     family: Family
     caches: list[FirstBlockCache] = field(default_factory=list)
-    # The parallel layout in use (None: one process) and the engine on each transformer attribute.
-    degrees: Degrees | None = None
+    # The process groups in use (None: one process) and the engine on each transformer attribute.
+    mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
-    sequence_group: Any = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -65,6 +64,11 @@ class AccelHandle:
         if not self.caches:
             return None
         return sum((cache.stats for cache in self.caches), CacheStats())
+
+    @property
+    def degrees(self) -> Degrees | None:
+        """The parallel layout in use (None: one process)."""
+        return self.mesh.degrees if self.mesh is not None else None
 
     @property
     def active(self) -> bool:
@@ -107,23 +111,20 @@ def _apply_parallel(handle: AccelHandle) -> None:
         return
     from accel.parallel.agree import agree_on_noise
     from accel.parallel.mesh import build_mesh, init_distributed, resolve_degrees
+
     family = handle.family
-    if family.parallel is None:
-        raise NotAvailableError(f"[parallel]: {family.title} has no context-parallel plan yet; run it on one process")
-    transformers = [t for attr in family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None]
-    device = next(transformers[0].parameters()).device
+    plan = plan_of(family, "[parallel]")
+    transformers = {attr: t for attr in family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None}
+    device = next(next(iter(transformers.values())).parameters()).device
     init_distributed(device.type, settings.timeout)
-    heads = min(int(t.config.num_attention_heads) for t in transformers)
-    degrees = resolve_degrees(settings.ulysses, settings.ring, settings.cfg, settings.gpus, heads, family.title)
-    mesh = build_mesh(degrees, device.type)
-    for attr in family.transformer_attrs:
-        if getattr(handle.pipe, attr, None) is not None:
-            engine = ContextParallel(getattr(handle.pipe, attr), family.parallel, mesh)
-            handle.parallel[attr] = engine
-            handle._undo.append(engine.remove)
-    handle.sequence_group = mesh.sequence_group
+    heads = min(int(t.config.num_attention_heads) for t in transformers.values())
+    mesh = build_mesh(resolve_degrees(settings, heads, family.title), device.type)
+    for attr, transformer in transformers.items():
+        engine = ContextParallel(transformer, plan, mesh)
+        handle.parallel[attr] = engine
+        handle._undo.append(engine.remove)
     handle._undo.append(agree_on_noise(handle.pipe))
-    handle.degrees = degrees
+    handle.mesh = mesh
 
 
 def _apply_cache(handle: AccelHandle) -> None:
@@ -143,7 +144,7 @@ def _apply_cache(handle: AccelHandle) -> None:
             max_consecutive_cached=settings.max_consecutive_cached,
             primary_stream=handle.family.primary_stream,
             events=events,
-            group=handle.sequence_group,
+            group=handle.mesh.sequence_group if handle.mesh is not None else None,
             token_mask=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
         )
         handle.caches.append(cache)

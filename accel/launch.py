@@ -81,6 +81,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def world_size() -> int:
+    """Processes in the job this one belongs to (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def report_failure(message: str, exit_code: int) -> bool:
     """From a rank `launch` started: leave the message for the launcher and return True (print nothing).
     Elsewhere return False: the caller prints it (prefixed by the rank when there are several)."""

@@ -100,6 +100,11 @@ class ParallelSection:
         """Number of processes (GPUs) the parallel layout needs."""
         return self.gpus or self.ulysses * self.ring * self.cfg
 
+    @property
+    def chooses_degrees(self) -> bool:
+        """Only the process count is given: Ulysses and Ring are picked to fill it."""
+        return bool(self.gpus) and self.ulysses == 1 and self.ring == 1
+
 
 @dataclass(frozen=True)
 class VaeSection:

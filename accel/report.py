@@ -69,9 +69,10 @@ def run_table(metrics: Metrics) -> Table:
 def _parallel(parallel: dict[str, Any] | None) -> str:
     if parallel is None:
         return "off (1 process)"
-    parts = [f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1]
-    how = f" (chosen for {parallel['world_size']} processes)" if parallel["chosen"] else ""
-    return f"{' × '.join(parts)} on {parallel['world_size']} processes{how}" if not how else " × ".join(parts) + how
+    layout = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1)
+    if parallel["chosen"]:
+        return f"{layout} (chosen for {parallel['world_size']} processes)"
+    return f"{layout} on {parallel['world_size']} processes"
 
 
 def traffic_table(metrics: Metrics) -> Table:

@@ -207,10 +207,9 @@ def run(
             save_image(result.output, out_path)
     parallel = None
     if degrees is not None:
-        given = recipe.parallel
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
-            "chosen": bool(given.gpus) and given.ulysses == 1 and given.ring == 1,
+            "chosen": recipe.parallel.chooses_degrees,
             "bytes_sent_per_rank": result.bytes_sent,
         }
     device = _device_of(pipe)

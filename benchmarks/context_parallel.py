@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from timing import median_time
 
 MESHES = {"ulysses": (4, 1), "ring": (1, 4), "usp 2x2": (2, 2)}
 
@@ -50,18 +48,6 @@ def _groups(ulysses: int, ring: int, device: str) -> tuple[Any, Any]:
 
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), device)
     return (mesh.ulysses_group if ulysses > 1 else None), (mesh.ring_group if ring > 1 else None)
-
-
-def median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 # --- 1. bytes ---------------------------------------------------------------------------------
@@ -110,7 +96,7 @@ def _speed_rank(rank: int, world: int, port: int, shape: tuple[int, int, int, in
     q, k, v = (torch.randn(batch, heads, tokens // world, dim) for _ in range(3))
     group = dist.group.WORLD
     for name, fn in (("ulysses", ulysses_attention), ("ring", ring_attention)):
-        seconds = median_time(lambda: fn(q, k, v, group), repeats, sync=dist.barrier)
+        seconds = median_time(lambda: fn(q, k, v, group), repeats, sync=dist.barrier, warmup=1)
         if rank == 0:
             results[name] = seconds
 
@@ -120,7 +106,7 @@ def speed_section(shape: tuple[int, int, int, int], repeats: int) -> None:
 
     torch.set_num_threads(1)
     q, k, v = (torch.randn(*shape) for _ in range(3))
-    single = median_time(lambda: attention_with_lse(q, k, v), repeats)
+    single = median_time(lambda: attention_with_lse(q, k, v), repeats, warmup=1)
     results = mp.Manager().dict()
     mp.spawn(_speed_rank, args=(2, _free_port(), shape, repeats, results), nprocs=2)
     print(f"\n2. attention alone, shape {shape} float32, 1 thread per process")
@@ -148,7 +134,7 @@ def _fake_rank(_index: int, world: int, shape: tuple[int, int, int, int], dtype:
         if heads % ulysses:
             continue
         groups = _groups(ulysses, ring, device)
-        results[(world, name)] = median_time(lambda: usp_attention(q, k, v, *groups), repeats, sync)
+        results[(world, name)] = median_time(lambda: usp_attention(q, k, v, *groups), repeats, sync, warmup=1)
 
 
 def fake_section(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, repeats: int) -> None:
@@ -156,7 +142,7 @@ def fake_section(shape: tuple[int, int, int, int], dtype: torch.dtype, device: s
 
     q, k, v = (torch.randn(*shape, dtype=dtype, device=device) for _ in range(3))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    single = median_time(lambda: attention_with_lse(q, k, v), repeats, sync)
+    single = median_time(lambda: attention_with_lse(q, k, v), repeats, sync, warmup=1)
     results = mp.Manager().dict()
     for world in (2, 4, 8):
         mp.spawn(_fake_rank, args=(world, shape, dtype, device, repeats, results), nprocs=1)

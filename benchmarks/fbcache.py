@@ -19,15 +19,7 @@ import time
 from collections.abc import Callable
 
 import torch
-
-
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import median_time
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 COLLECTIVE_TIMEOUT_S = 60
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -53,7 +53,7 @@ class RankPool:
 
     def _start(self) -> None:
         context = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self._results = context.Queue()
         self._tasks = [context.Queue() for _ in range(self.world)]
         self._processes = [

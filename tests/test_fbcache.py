@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 
 from accel.cache import FirstBlockCache
 from accel.steps import StepEvents
+from rankpool import free_port
 from toy_transformers import (
     JointTransformer,
     SingleTensorTransformer,
@@ -205,12 +205,6 @@ def test_state_resets_at_each_generation_and_remove_unwraps_the_scheduler() -> N
 # -- every rank decides the same ---------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _rank_main(rank: int, world: int, port: int, results: dict) -> None:  # type: ignore[type-arg]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -238,7 +232,7 @@ def _rank_main(rank: int, world: int, port: int, results: dict) -> None:  # type
 def test_decision_is_reduced_across_ranks() -> None:
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_rank_main, args=(2, _free_port(), results), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), results), nprocs=2, join=True)
     (records0, (num0, den0)), (records1, (num1, den1)) = results[0], results[1]
     assert num0 / den0 < 0.02 < num1 / den1, "alone, the ranks would decide differently"
     assert records0 == records1, "every rank sees the same change and takes the same branch"

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from conftest import FLUX_CALL

@@ -7,6 +7,7 @@ import pytest
 from accel.errors import UserError
 from accel.launch import LaunchSpec
 from accel.parallel.mesh import Degrees, resolve_degrees
+from accel.recipe import ParallelSection
 
 
 @pytest.mark.parametrize(
@@ -20,16 +21,16 @@ from accel.parallel.mesh import Degrees, resolve_degrees
     ],
 )
 def test_only_gpus_chooses_degrees(gpus: int, heads: int | None, expected: Degrees) -> None:
-    assert resolve_degrees(1, 1, 1, gpus, heads) == expected
+    assert resolve_degrees(ParallelSection(gpus=gpus), heads) == expected
 
 
 def test_given_degrees_are_kept_and_checked() -> None:
-    assert resolve_degrees(2, 2, 1, 0, 24) == Degrees(ulysses=2, ring=2)
-    assert resolve_degrees(2, 2, 1, 4, 24) == Degrees(ulysses=2, ring=2)
+    assert resolve_degrees(ParallelSection(ulysses=2, ring=2), 24) == Degrees(ulysses=2, ring=2)
+    assert resolve_degrees(ParallelSection(gpus=4, ulysses=2, ring=2), 24) == Degrees(ulysses=2, ring=2)
     with pytest.raises(UserError, match=r"^\[parallel\] ulysses = 4 does not divide the 6 attention heads of m; use ulysses = 2, ring = 2"):
-        resolve_degrees(4, 1, 1, 0, 6, "m")
+        resolve_degrees(ParallelSection(ulysses=4), 6, "m")
     with pytest.raises(UserError, match=r"^\[parallel\] gpus = 3 does not split into cfg = 2 halves"):
-        resolve_degrees(1, 1, 2, 3, 24)
+        resolve_degrees(ParallelSection(gpus=3, cfg=2), 24)
 
 
 def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one() -> None:

@@ -21,7 +21,6 @@ class Traffic:
     """Bytes this process sent to other ranks, by collective kind."""
 
     bytes_sent: Counter[str] = field(default_factory=Counter)
-    calls: Counter[str] = field(default_factory=Counter)
 
     @property
     def total_bytes(self) -> int:
@@ -29,11 +28,9 @@ class Traffic:
 
     def add(self, kind: str, nbytes: int) -> None:
         self.bytes_sent[kind] += nbytes
-        self.calls[kind] += 1
 
     def reset(self) -> None:
         self.bytes_sent.clear()
-        self.calls.clear()
 
 
 TRAFFIC = Traffic()

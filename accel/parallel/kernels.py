@@ -25,15 +25,6 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = No
     return reference_attention_with_lse(q, k, v, bias, scale)
 
 
-def kernel_name(device: torch.device, dtype: torch.dtype, masked: bool) -> str:
-    """What `attention_with_lse` runs for these inputs, for `accel env` and --verbose."""
-    if device.type == "cpu":
-        return "aten flash (CPU)"
-    if device.type == "cuda":
-        return "flash" if _flash_fits(dtype, masked) else "memory-efficient"
-    return "math (reference)"
-
-
 def _flash_fits(dtype: torch.dtype, masked: bool) -> bool:
     return dtype in (torch.float16, torch.bfloat16) and not masked
 

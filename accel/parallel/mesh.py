@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from accel.errors import UserError
+from accel.recipe import ParallelSection
 
 MESH_DIMS = ("cfg", "ring", "ulysses")
 
@@ -44,10 +45,11 @@ def largest_ulysses(sequence_ranks: int, heads: int | None) -> int:
     return max(d for d in range(1, sequence_ranks + 1) if sequence_ranks % d == 0 and heads % d == 0)
 
 
-def resolve_degrees(ulysses: int, ring: int, cfg: int, gpus: int, heads: int | None, model: str = "the model") -> Degrees:
+def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "the model") -> Degrees:
     """Degrees from a recipe's [parallel]: given ones are checked, and with only `gpus` they are chosen
     (Ulysses as large as the heads allow, the rest Ring). `heads=None` skips the head check."""
-    if gpus and ulysses == 1 and ring == 1:
+    ulysses, ring, cfg, gpus = settings.ulysses, settings.ring, settings.cfg, settings.gpus
+    if settings.chooses_degrees:
         if gpus % cfg:
             raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
         sequence = gpus // cfg

@@ -15,13 +15,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from accel.errors import NotAvailableError
 from accel.instance import override
-from accel.models.base import ParallelPlan
+from accel.models.base import Family, ParallelPlan
 from accel.parallel.attention import usp_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter
+
+
+def plan_of(family: Family, where: str) -> ParallelPlan:
+    """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked)."""
+    if family.parallel is None:
+        raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
+    return family.parallel
 
 
 class ContextParallel:
