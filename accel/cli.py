@@ -54,6 +54,7 @@ def run(
     frames: Annotated[int | None, Opt("--frames", help="Frames (video families).")] = None,
     seed: Annotated[int | None, Opt("--seed")] = None,
     guidance: Annotated[float | None, Opt("--guidance", help="Guidance scale.")] = None,
+    true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
     cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="First Block Cache threshold (0 = off).")] = None,
@@ -81,6 +82,7 @@ def run(
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
+            "true_cfg_scale": true_cfg,
         },
         "cache": {"threshold": cache},
         "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},
@@ -146,7 +148,11 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
 
     heads, family = heads_before_start(settings.model.name)
     if family is not None:
+        from accel.models.loading import resolve_model
+        from accel.runner import generation_kwargs
+
         plan_of(family, "--gpus / [parallel]")
+        generation_kwargs(family, resolve_model(settings.model.name).tiny, settings)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads, settings.model.name)
     spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port)
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None

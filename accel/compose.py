@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
-from accel.errors import UserError
+from accel.errors import NotAvailableError, UserError
 from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
@@ -105,7 +105,8 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
 
 
 def _apply_parallel(handle: AccelHandle) -> None:
-    """Join (or start) the process group, build the mesh, and put each transformer under the plan."""
+    """Join (or start) the process group, build the mesh, put each transformer under the plan, and
+    split the CFG branches over the mesh's cfg halves."""
     settings = handle.recipe.parallel
     if settings.world_size == 1:
         return
@@ -114,17 +115,39 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
     family = handle.family
     plan = plan_of(family, "[parallel]")
+    if settings.cfg > 1 and family.cfg is None:
+        raise NotAvailableError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
     transformers = {attr: t for attr in family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None}
     device = next(next(iter(transformers.values())).parameters()).device
     init_distributed(device.type, settings.timeout)
     heads = min(int(t.config.num_attention_heads) for t in transformers.values())
     mesh = build_mesh(resolve_degrees(settings, heads, family.title), device.type)
-    for attr, transformer in transformers.items():
-        engine = ContextParallel(transformer, plan, mesh)
-        handle.parallel[attr] = engine
-        handle._undo.append(engine.remove)
+    if mesh.degrees.sequence > 1:
+        for attr, transformer in transformers.items():
+            engine = ContextParallel(transformer, plan, mesh)
+            handle.parallel[attr] = engine
+            handle._undo.append(engine.remove)
+    if mesh.degrees.cfg > 1:
+        from accel.parallel.cfg import CfgParallel
+
+        assert family.cfg is not None
+        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe))
+        handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe))
     handle.mesh = mesh
+
+
+def _cache_group(handle: AccelHandle) -> Any:
+    """The ranks that share one transformer call, whose block-0 change the cache sums: the sequence
+    ranks, and with batched CFG split over the halves the whole mesh (one call, one decision)."""
+    mesh = handle.mesh
+    if mesh is None:
+        return None
+    if mesh.degrees.cfg > 1 and handle.family.cfg == "batch":
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+    return mesh.sequence_group
 
 
 def _apply_cache(handle: AccelHandle) -> None:
@@ -144,7 +167,7 @@ def _apply_cache(handle: AccelHandle) -> None:
             max_consecutive_cached=settings.max_consecutive_cached,
             primary_stream=handle.family.primary_stream,
             events=events,
-            group=handle.mesh.sequence_group if handle.mesh is not None else None,
+            group=_cache_group(handle),
             token_mask=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
         )
         handle.caches.append(cache)

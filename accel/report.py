@@ -120,14 +120,18 @@ def family_features(family: Family) -> list[str]:
     features = ["fbcache"] if family.blocks else []
     if family.parallel is not None:
         features.append("ulysses/ring/usp")
+    if family.parallel is not None and family.cfg is not None:
+        features.append(f"cfg: {'batched' if family.cfg == 'batch' else 'two calls'}")
     features.append("vae-tiling")
     return features
 
 
 def models_table(families: list[Family]) -> Table:
     table = Table(title="accel models", header_style="bold")
-    for column in ("alias", "tiny", "pipeline", "default repo", "kind", "accelerators"):
-        table.add_column(column)
+    # Names fold onto more lines rather than being cut; the accelerator labels stay whole.
+    for column in ("alias", "tiny", "pipeline", "default repo", "kind"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("alias", "tiny", "kind"))
+    table.add_column("accelerators", no_wrap=True, min_width=16)
     for family in families:
         table.add_row(
             family.name,
@@ -135,7 +139,7 @@ def models_table(families: list[Family]) -> Table:
             family.pipeline_class,
             family.repo,
             family.output,
-            ", ".join(family_features(family)),
+            "\n".join(family_features(family)),
         )
     return table
 

@@ -110,6 +110,8 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe) -> dict[str, A
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
         raise UserError(f"[generate] frames: {family.title} makes images; remove frames")
+    if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
+        raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs
 
 
@@ -253,6 +255,9 @@ class _BarListener:
 
     def on_generation_start(self, num_steps: int) -> None:
         self.bar.start(num_steps)
+
+    def before_step(self, step_index: int) -> None:
+        pass
 
     def on_step_end(self, step_index: int) -> None:
         self.bar.advance()

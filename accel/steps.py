@@ -19,6 +19,8 @@ from accel.instance import override
 class StepListener(Protocol):
     def on_generation_start(self, num_steps: int) -> None: ...
 
+    def before_step(self, step_index: int) -> None: ...
+
     def on_step_end(self, step_index: int) -> None: ...
 
 
@@ -72,6 +74,8 @@ class StepEvents:
     def _step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def step(*args: Any, **kwargs: Any) -> Any:
+            for listener in list(self._listeners):
+                listener.before_step(self.step_index)
             result = original(*args, **kwargs)
             finished = self.step_index
             self.step_index += 1

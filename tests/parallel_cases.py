@@ -75,22 +75,38 @@ def group_ranks(ulysses: int, ring: int, fallback: bool) -> dict[str, Any]:
 _pipelines: dict[str, Any] = {}
 
 
+def tiny_pipeline(model: str) -> Any:
+    """A tiny pipeline by alias ("tiny-wan") or builder ("accel.models.wan:build_tiny_i2v"), built once per process."""
+    if model not in _pipelines:
+        import importlib
+
+        import accel
+
+        if ":" in model:
+            module, name = model.split(":")
+            pipe = getattr(importlib.import_module(module), name)()
+        else:
+            pipe = accel.load_pipeline(model)
+        pipe.set_progress_bar_config(disable=True)
+        _pipelines[model] = pipe
+    return _pipelines[model]
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]
 
 
-def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> tuple[Any, Any]:
-    """(output, cache records as (step, branch, change, cached) or None) of the tiny pipeline under `recipe`."""
+def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> tuple[Any, Any, int]:
+    """(output, cache records as (step, branch, change, cached) or None, bytes this rank sent) of the
+    tiny pipeline under `recipe`."""
     import numpy as np
 
     import accel
 
-    if model not in _pipelines:
-        _pipelines[model] = accel.load_pipeline(model)
-        _pipelines[model].set_progress_bar_config(disable=True)
-    pipe = _pipelines[model]
+    pipe = tiny_pipeline(model)
     handle = accel.apply(pipe, recipe)
+    TRAFFIC.reset()
     try:
         result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
         stats = handle.cache_stats
@@ -98,4 +114,25 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
         handle.remove()
     frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
-    return np.asarray(frames if frames is not None else result.images), decisions
+    return np.asarray(frames if frames is not None else result.images), decisions, TRAFFIC.total_bytes
+
+
+def tiny_error(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> str:
+    """The one-line error this rank's run of the tiny pipeline under `recipe` stops with."""
+    from accel.errors import UserError
+
+    try:
+        tiny_run(model, recipe, call)
+    except UserError as error:
+        return f"{type(error).__name__}: {error}"
+    return "no error"
+
+
+def gradient_image(size: int = 64) -> Any:
+    """A deterministic RGB test picture for image-to-video pipelines."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.linspace(0, 255, size)
+    r, g = np.meshgrid(ramp, ramp)
+    return Image.fromarray(np.stack([r, g, 255 - (r + g) / 2], -1).astype(np.uint8))

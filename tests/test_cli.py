@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -112,8 +114,9 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--ulysses", "8"], "[parallel] ulysses = 8 does not divide the 4 attention heads of tiny-flux; use ulysses = 4, ring = 2 for 8 sequence-parallel ranks"),
         (["run", "tiny-flux", "--gpus", "4", "--nnodes", "3"], "4 processes do not split evenly over --nnodes 3; use a multiple of 3 GPUs"),
         (["run", "tiny-flux", "--gpus", "4", "--nnodes", "2"], "--nnodes > 1 needs --master-addr (the address of node 0) on every node"),
-        (["run", "tiny-wan", "--gpus", "2"], "--gpus / [parallel]: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process"),
-        (["run", "tiny-flux", "--cfg-parallel"], "[parallel] cfg = 2: CFG parallelism is not available yet"),
+        (["run", "tiny-wan", "--gpus", "2", "--cfg-parallel", "--guidance", "1"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but guidance_scale is 1.0, and guidance runs only above 1; turn guidance on or set cfg = 1"),
+        (["run", "tiny-flux", "--gpus", "2", "--cfg-parallel"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but true_cfg_scale is not set, and guidance runs only above 1; turn guidance on or set cfg = 1"),
+        (["run", "tiny-hunyuan", "--cfg-parallel", "--true-cfg", "3"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but there is no negative prompt, which HunyuanVideo needs for true CFG; turn guidance on or set cfg = 1"),
         (["launch", "missing.py"], "missing.py: no such script"),
         (["launch", "--gpus", "0", "missing.py"], "--gpus must be >= 1, got 0"),
         (["run", "tiny-flux", "--parallel-vae"], "[vae] parallel = true: parallel VAE decode is not available yet"),
@@ -154,15 +157,18 @@ def test_existing_output_is_refused_without_overwrite(tmp_path: Path) -> None:
 
 
 def test_models_lists_the_registry() -> None:
-    result = invoke("models")
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "160"})  # a terminal wide enough for whole names
     assert result.exit_code == 0
     for name in ("flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "tiny-flux", "tiny-wan", "FluxPipeline", "fbcache"):
         assert name in result.stdout
     from accel.models.registry import FAMILIES
     from accel.report import family_features
 
-    assert "ulysses/ring/usp" in family_features(FAMILIES["flux"])  # a family with a parallel plan
-    assert "ulysses/ring/usp" not in family_features(FAMILIES["wan"])  # no plan yet
+    assert family_features(FAMILIES["flux"]) == ["fbcache", "ulysses/ring/usp", "cfg: two calls", "vae-tiling"]
+    assert family_features(FAMILIES["ltx"]) == ["fbcache", "ulysses/ring/usp", "cfg: batched", "vae-tiling"]
+    unplanned = dataclasses.replace(FAMILIES["flux"], parallel=None)
+    assert family_features(unplanned) == ["fbcache", "vae-tiling"]
+    assert result.stdout.count("ulysses/ring/usp") == len(FAMILIES)  # every family, unabridged
 
 
 def test_env_reports_versions_and_kernels() -> None:

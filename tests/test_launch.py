@@ -10,9 +10,10 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
-from conftest import FLUX_CALL
+from conftest import FLUX_CALL, WAN_CALL
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 HANG_GUARD_S = 300  # far below the 600 s collective timeout: a hang fails the test, it does not wait it out
@@ -80,25 +81,49 @@ def test_an_error_every_rank_hits_is_shown_once(tmp_path: Path) -> None:
     assert result.stderr.strip() == "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png"
 
 
-def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, flux_reference: np.ndarray) -> None:
-    """The process group comes from the environment; every rank returns the full image."""
+@pytest.mark.parametrize(
+    "model, call, parallel",
+    [("tiny-flux", FLUX_CALL, {"ulysses": 2}), ("tiny-wan", WAN_CALL, {"cfg": 2})],
+    ids=["flux-ulysses2", "wan-cfg2"],
+)
+def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, request: pytest.FixtureRequest, model: str,
+                                               call: dict, parallel: dict) -> None:
+    """The process group comes from the environment; every rank returns the full output."""
+    reference = request.getfixturevalue("flux_reference" if model == "tiny-flux" else "wan_reference")
     script = tmp_path / "mine.py"
     script.write_text(textwrap.dedent(f"""
         import sys, numpy as np, torch, torch.distributed as dist
         import accel
-        pipe = accel.load_pipeline("tiny-flux")
+        pipe = accel.load_pipeline({model!r})
         pipe.set_progress_bar_config(disable=True)
-        accel.apply(pipe, {{"parallel": {{"ulysses": 2}}}})
+        accel.apply(pipe, {{"parallel": {parallel!r}}})
         # Ranks seed differently on purpose: rank 0's noise must win.
         seed = 0 if not dist.is_initialized() or dist.get_rank() == 0 else 7
-        call = {FLUX_CALL!r}
-        image = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np").images
-        np.save(f"{{sys.argv[1]}}/rank{{dist.get_rank()}}.npy", image)
+        result = pipe(**{call!r}, generator=torch.Generator().manual_seed(seed), output_type="np")
+        output = result.frames if hasattr(result, "frames") else result.images
+        np.save(f"{{sys.argv[1]}}/rank{{dist.get_rank()}}.npy", np.asarray(output))
     """))
     result = _accel("launch", "--gpus", "2", str(script), str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
-        assert np.abs(np.load(tmp_path / f"rank{rank}.npy") - flux_reference).max() <= 1e-4
+        assert np.abs(np.load(tmp_path / f"rank{rank}.npy") - reference).max() <= 1e-4
+
+
+def test_cfg_and_ulysses_on_four_ranks_write_the_single_process_video(tmp_path: Path) -> None:
+    from accel.media import read_video
+
+    args = ("run", "tiny-cogvideox", "--steps", "3", "--warmup", "0")
+    one = _accel(*args, "--out", "one.mp4", cwd=tmp_path)
+    four = _accel(*args, "--gpus", "4", "--cfg-parallel", "--ulysses", "2", "--out", "four.mp4", "--json", "four.json", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert four.returncode == 0, four.stderr
+    parallel = json.loads((tmp_path / "four.json").read_text())["parallel"]
+    assert (parallel["world_size"], parallel["ulysses"], parallel["ring"], parallel["cfg"]) == (4, 2, 1, 2)
+    frames_one, frames_four = read_video(tmp_path / "one.mp4"), read_video(tmp_path / "four.mp4")
+    assert frames_one.shape == frames_four.shape and frames_one.shape[0] == 9
+    # The outputs agree to 1e-5 (test_parallel_families); a pixel rounding the other way can move
+    # H.264's choices, so the encoded frames agree on average, where a wrong run is off by tens.
+    assert np.abs(frames_one.astype(np.int16) - frames_four.astype(np.int16)).mean() < 0.5
 
 
 def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) -> None:

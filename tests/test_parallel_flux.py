@@ -51,7 +51,7 @@ def test_cache_under_parallelism_decides_as_one_process(rank_pools, tiny_flux, p
     assert 0 < sum(r[3] for r in expected) < len(expected)  # a run that caches some calls
     world = parallel.get("ulysses", 1) * parallel.get("ring", 1)
     runs = rank_pools(world).run(cases.tiny_run, "tiny-flux", {"parallel": parallel, "cache": {"threshold": 0.4}}, call)
-    for output, records in runs:
+    for output, records, _ in runs:
         assert [(step, branch, cached) for step, branch, _, cached in records] == [(s, b, c) for s, b, _, c in expected]
         changes = [-1.0 if r[2] is None else r[2] for r in records]  # None: no previous residual yet
         expected_changes = [-1.0 if r[2] is None else r[2] for r in expected]

@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import Degrees, ParallelMesh
-from accel.parallel.mode import AttentionRouter
+from accel.parallel.mode import AttentionRouter, key_mask
 from accel.parallel.plan import ContextParallel
 
 
 def test_only_sdpa_inside_the_router_is_routed() -> None:
     calls: list[tuple[int, ...]] = []
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> torch.Tensor:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
         calls.append((*q.shape, scale))
         return torch.zeros_like(q)
 
@@ -33,15 +33,34 @@ def test_only_sdpa_inside_the_router_is_routed() -> None:
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, "calls attention with a mask, causal flag or dropout"),
-        ({"is_causal": True}, "calls attention with a mask, causal flag or dropout"),
-        ({"dropout_p": 0.1}, "calls attention with a mask, causal flag or dropout"),
+        ({"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, r"mask is not a boolean per-key mask \(shape \(3, 3\)"),
+        ({"attn_mask": torch.ones(1, 2, 1, 3, dtype=torch.bool)}, "mask is not a boolean per-key mask"),
+        ({"attn_mask": torch.zeros(1, 1, 1, 3)}, r"mask is not a boolean per-key mask \(shape \(1, 1, 1, 3\), torch.float32\)"),
+        ({"is_causal": True}, "calls attention with a causal flag or dropout"),
+        ({"dropout_p": 0.1}, "calls attention with a causal flag or dropout"),
     ],
 )
 def test_unsupported_calls_are_refused_not_computed_wrongly(kwargs: dict, message: str) -> None:
     q = torch.randn(1, 2, 3, 4)
     with AttentionRouter(lambda *a: q), pytest.raises(NotAvailableError, match=message):
         F.scaled_dot_product_attention(q, q, q, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(3,), (1, 3), (1, 1, 3), (2, 1, 1, 3)])
+def test_per_key_masks_reach_the_engine(shape: tuple[int, ...]) -> None:
+    seen: list[torch.Tensor] = []
+    q = torch.randn(2, 2, 3, 4)
+    mask = torch.tensor([True, False, True]).expand(shape)
+    with AttentionRouter(lambda q, k, v, m, s: seen.append(m) or q):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert seen[0] is mask and key_mask(mask).shape == (shape[0] if len(shape) == 4 else 1, 3)
+
+
+def test_local_calls_keep_plain_sdpa_masks_included() -> None:
+    q, mask = torch.randn(1, 2, 3, 4), torch.zeros(1, 1, 3, 3)  # a float mask the engine would refuse
+    with AttentionRouter(lambda *a: pytest.fail("routed"), is_local=lambda: True):
+        local = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert torch.equal(local, F.scaled_dot_product_attention(q, q, q, attn_mask=mask))
 
 
 def test_the_router_is_left_even_when_the_forward_fails() -> None:

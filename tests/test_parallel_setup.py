@@ -40,3 +40,16 @@ def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one()
     assert args[-8:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400"]
     with pytest.raises(UserError, match=r"^--node-rank 2 must be between 0 and --nnodes - 1 \(1\)$"):
         LaunchSpec.for_world(4, nnodes=2, node_rank=2, master_addr="h")
+
+
+def test_a_family_without_a_plan_is_refused_by_name() -> None:
+    import dataclasses
+
+    from accel.errors import NotAvailableError
+    from accel.models.registry import FAMILIES
+    from accel.parallel.plan import plan_of
+
+    unplanned = dataclasses.replace(FAMILIES["wan"], parallel=None)
+    with pytest.raises(NotAvailableError, match=r"^--gpus: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process$"):
+        plan_of(unplanned, "--gpus")
+    assert plan_of(FAMILIES["wan"], "--gpus") is FAMILIES["wan"].parallel

@@ -1,4 +1,4 @@
-"""Tiny FLUX and Wan pipelines: real classes, offline, seeded, deterministic, prompt-driven, reloadable.
+"""Tiny pipelines of every family: real classes, offline, seeded, deterministic, prompt-driven, reloadable.
 
 Later cache and context-parallel tests compare outputs bit for bit, so these pin down the
 properties they rely on.
@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import flux, wan  # noqa: E402
+from accel.models import cogvideox, flux, hunyuan, ltx, mochi, wan  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,64 @@ CASES = {
         transformer_calls=8,
         latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
         text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    "hunyuan": Case(
+        name="hunyuan",
+        build=hunyuan.build_tiny,
+        pipeline_class=diffusers.HunyuanVideoPipeline,
+        call=dict(height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=4,  # distilled guidance: one call per step (true CFG needs true_cfg_scale > 1)
+        latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
+        text_shape=(1, 256, 32),  # Llama tokens after the template crop, padded to max_sequence_length
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+    ),
+    "cogvideox": Case(
+        name="cogvideox",
+        build=cogvideox.build_tiny,
+        pipeline_class=diffusers.CogVideoXPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality", height=64, width=64, num_frames=9, num_inference_steps=4,
+            guidance_scale=6.0, output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # one batched (negative, positive) call per step
+        latent_shape=(2, 3, 16, 8, 8),  # CFG batch of 2; 9 frames -> 3 latent frames, (F, C, H, W)
+        text_shape=(2, 226, 32),  # T5 padded to the pipeline's default max_sequence_length
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    "mochi": Case(
+        name="mochi",
+        build=mochi.build_tiny,
+        pipeline_class=diffusers.MochiPipeline,
+        call=dict(height=64, width=64, num_frames=7, num_inference_steps=4, guidance_scale=4.5, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 7, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 12, 2, 8, 8),  # 7 frames -> 2 latent frames, 64x64 -> 8x8, 12 channels
+        text_shape=(2, 256, 96),  # T5 padded to the pipeline's default max_sequence_length (256)
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    "ltx": Case(
+        name="ltx",
+        build=ltx.build_tiny,
+        pipeline_class=diffusers.LTXPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality", height=96, width=128, num_frames=9, num_inference_steps=4,
+            guidance_scale=3.0, output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 9, 96, 128, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on a batch of two
+        latent_shape=(2, 24, 16),  # 9 frames -> 2 latent frames, 96x128 -> 3x4: 24 packed tokens
+        text_shape=(2, 128, 32),  # T5 padded to the pipeline's default max_sequence_length (128)
         components=("text_encoder", "transformer", "vae"),
     ),
 }

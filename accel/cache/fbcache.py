@@ -111,6 +111,7 @@ class FirstBlockCache:
         self.stats = CacheStats()
         self._states: dict[int, _BranchState] = {}
         self._calls_in_step = 0
+        self._branch = 0
         self._skipping = False
         self._start: dict[str, Any] = {}
         self._state = _BranchState()
@@ -127,6 +128,9 @@ class FirstBlockCache:
             )
         for index, (spec, block) in enumerate(blocks):
             self._wrap(block, spec, first=index == 0, last=index == len(blocks) - 1)
+        # Branches are counted per transformer call, not per block-0 run: under CFG parallelism a
+        # rank skips the other half's call, and its calls must keep their single-process index.
+        self._undo.append(transformer.register_forward_pre_hook(lambda *_: self._count_call()).remove)
         if events is not None:
             events.add(self)
 
@@ -135,6 +139,13 @@ class FirstBlockCache:
         self._states.clear()
         self.stats = CacheStats()
         self._calls_in_step = 0
+
+    def before_step(self, step_index: int) -> None:
+        pass
+
+    def _count_call(self) -> None:
+        self._branch = self._calls_in_step
+        self._calls_in_step += 1
 
     def on_step_end(self, step_index: int) -> None:
         self._calls_in_step = 0
@@ -161,8 +172,7 @@ class FirstBlockCache:
 
     # -- the two kinds of block --------------------------------------------------------------
     def _first_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any) -> Any:
-        branch = self._calls_in_step if self.events is not None else 0
-        self._calls_in_step += 1
+        branch = self._branch if self.events is not None else 0
         state = self._states.setdefault(branch, _BranchState())
         step = self.events.step_index if self.events is not None else state.calls
         state.calls += 1

@@ -7,6 +7,7 @@ and the caller's global RNG state is left untouched.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,11 @@ from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTokenizer,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    LlamaConfig,
+    LlamaModel,
+    LlamaTokenizerFast,
     T5Config,
     T5EncoderModel,
     T5TokenizerFast,
@@ -25,17 +31,42 @@ from transformers import (
     UMT5EncoderModel,
 )
 
+try:  # transformers 5: the PIL backend by name, so preprocessing does not hinge on torchvision
+    from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+except ImportError:  # transformers 4: CLIPImageProcessor is the PIL/NumPy one
+    from transformers import CLIPImageProcessor
+
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 # Text widths of the tiny encoders; the tiny transformers take theirs from the encoder configs.
 CLIP_HIDDEN = 32
 T5_HIDDEN = 32
+LLAMA_HIDDEN = 32
 
 # CLIP-L's window. The merge-free tokenizer spends one token per character, so a shorter
 # window would truncate (and warn about) ordinary prompts; FLUX uses only the pooled vector.
 CLIP_MAX_LENGTH = 77
+# Side of the tiny CLIP vision tower's square input (CLIP ViT-H/14 takes 224): 8x8 patches give
+# 16 patch tokens plus the class token.
+CLIP_IMAGE_SIZE = 32
+CLIP_PATCH_SIZE = 8
 # Matches the real T5 tokenizers; the pipelines pad to their own `max_sequence_length` anyway.
 T5_MAX_LENGTH = 512
+# Room for a prompt template's prefix plus the pipelines' 256 prompt tokens.
+LLAMA_MAX_LENGTH = 1024
+
+# Llama 3's special tokens that chat-style prompt templates use; "<pad>" pads to the right.
+LLAMA_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+_LLAMA_SPECIAL = re.compile("|".join(re.escape(token) for token in LLAMA_SPECIAL_TOKENS))
+# Llama 3's pre-tokenizer split, in ASCII: words with an optional leading space, runs of up to
+# three digits, punctuation runs with an optional leading space, whitespace runs.
+_LLAMA_WORDS = re.compile(r" ?[A-Za-z]+|\d{1,3}| ?[^\sA-Za-z\d]+|\s+")
 
 
 @contextmanager
@@ -99,6 +130,33 @@ def clip_text_model(tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDD
         return finish(CLIPTextModel(config))
 
 
+def clip_image_processor(size: int = CLIP_IMAGE_SIZE) -> CLIPImageProcessor:
+    """CLIP's preprocessing (bicubic shortest-edge resize, center crop, CLIP mean/std) at `size` pixels."""
+    return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+
+
+def clip_vision_model(
+    seed: int, hidden: int = CLIP_HIDDEN, image_size: int = CLIP_IMAGE_SIZE
+) -> CLIPVisionModel:
+    """Two-layer CLIP vision tower, the stand-in for Wan I2V's CLIP ViT-H/14 image encoder.
+
+    Two layers, so that the penultimate hidden state (what Wan I2V feeds its DiT) is a layer's
+    output rather than the bare patch embeddings.
+    """
+    config = CLIPVisionConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        projection_dim=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=image_size,
+        patch_size=CLIP_PATCH_SIZE,
+        hidden_act="gelu",  # as in ViT-H/14 (CLIP-L's quick_gelu is the config default)
+    )
+    with seeded(seed):
+        return finish(CLIPVisionModel(config))
+
+
 def _t5_kwargs(tokenizer: T5TokenizerFast, hidden: int) -> dict[str, object]:
     """Shared T5 v1.1-style (gated-GELU) settings for the T5 and UMT5 encoders."""
     return dict(
@@ -128,3 +186,64 @@ def umt5_encoder(tokenizer: T5TokenizerFast, seed: int, hidden: int = T5_HIDDEN)
     """Two-layer UMT5 encoder (per-layer position bias), the stand-in for Wan's UMT5-XXL."""
     with seeded(seed):
         return finish(UMT5EncoderModel(UMT5Config(**_t5_kwargs(tokenizer, hidden))))
+
+
+def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
+    """Llama-3-style tokenizer: byte-fallback BPE where each word of `template` is one token.
+
+    Any other text goes one token per ASCII character (other bytes via `<0xNN>` tokens), so any
+    text encodes. Merges build exactly the words, numbers and punctuation runs of `template`
+    (split as Llama 3 splits them), so a prompt template's prefix spends as many tokens as with
+    the real tokenizer and a pipeline's fixed `crop_start` cuts it off exactly. Pads to the right:
+    pipelines crop the template from the start of the sequence.
+    """
+    vocab: dict[str, int] = {}
+    for token in ("<unk>", "<pad>", *LLAMA_SPECIAL_TOKENS):
+        vocab[token] = len(vocab)
+    vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
+    for ch in "▁" + string.ascii_letters + string.digits + string.punctuation + "\n\t":
+        vocab.setdefault(ch, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for segment in _LLAMA_SPECIAL.split(template):
+        for word in _LLAMA_WORDS.findall(segment):
+            word = word.replace(" ", "▁")  # the Metaspace pre-tokenizer's space
+            for end in range(2, len(word) + 1):
+                if word[:end] not in vocab:
+                    merges.append((word[: end - 1], word[end - 1]))
+                    vocab[word[:end]] = len(vocab)
+    return LlamaTokenizerFast(
+        vocab=vocab,
+        merges=merges,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        add_bos_token=True,
+        add_eos_token=False,
+        extra_special_tokens=list(LLAMA_SPECIAL_TOKENS[2:]),
+        padding_side="right",
+        model_max_length=model_max_length,
+        legacy=False,
+    )
+
+
+def llama_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HIDDEN) -> LlamaModel:
+    """Three-layer Llama decoder (grouped-query attention), the stand-in for a Llama-3-8B text encoder.
+
+    Three layers, so that the third-to-last hidden state (HunyuanVideo's choice) is a layer's
+    output rather than the bare token embeddings.
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=tokenizer.model_max_length,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with seeded(seed):
+        return finish(LlamaModel(config))

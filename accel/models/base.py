@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
 
 OutputKind = Literal["image", "video"]
+# How a pipeline runs classifier-free guidance: both branches batched into one transformer call,
+# or one transformer call per branch per step.
+CfgStyle = Literal["batch", "calls"]
 
 
 @dataclass(frozen=True)
@@ -27,28 +30,49 @@ class BlockList:
 
 @dataclass(frozen=True)
 class SequenceSplit:
-    """One transformer-forward argument cut along its token dim over the sequence-parallel ranks.
+    """One tensor cut along its token dim over the sequence-parallel ranks.
 
-    Arguments of one `stream` (e.g. image latents and their rotary ids) share one layout.
+    `value` names an argument of `module`'s forward ("" is the transformer itself; a dotted
+    pattern where `*` stands for one name, such as "blocks.*", hooks every block), or is
+    "output" for what the module returns (each tensor of a returned tuple, e.g. a rotary (cos, sin)
+    pair). Tensors of one `stream` (video latents and their rotary embedding) share one layout; a
+    tuple of streams means the tensor is those streams concatenated along `dim` (a joint attention
+    mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
+    per-token timesteps are cut, its per-sample ones are not).
     """
 
-    arg: str
-    stream: str
+    value: str
+    stream: str | tuple[str, ...]
     dim: int = -2
+    module: str = ""
+    ndim: int | None = None
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return self.stream if isinstance(self.stream, tuple) else (self.stream,)
 
 
 @dataclass(frozen=True)
 class ParallelPlan:
     """What context parallelism does to a family's transformer, as data for the generic engine.
 
-    `attention_keys` lists the streams, in order, that make up the keys of the transformer's
-    attention calls (FLUX attends over text then image tokens); the engine masks their padding.
+    `attention_keys` lists, in order, the streams that make up the keys of the transformer's
+    attention calls (FLUX attends over text then image tokens). A listed stream that no split
+    cuts is replicated: every rank holds all of it (Mochi's text, compacted per sample), and the
+    engine shares its attention work out for the call. `local_attention` names modules (glob
+    patterns) whose attention every rank runs on its own tokens unchanged: cross-attention to
+    replicated text, a text refiner. The output is gathered where `output_module` returns ("" is
+    the transformer's own output). `batch_args` are the transformer arguments that carry the
+    batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
     """
 
     splits: tuple[SequenceSplit, ...]
     attention_keys: tuple[str, ...]
     output_stream: str
     output_dim: int = -2
+    output_module: str = ""
+    local_attention: tuple[str, ...] = ()
+    batch_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,8 +117,24 @@ class Family:
     tiny_heads: int | None = None
     # Context parallelism; None: the family runs on one process only.
     parallel: ParallelPlan | None = None
+    # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
+    # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
+    cfg: CfgStyle | None = None
+    cfg_scale: str = "guidance_scale"
+    cfg_needs_negative: bool = False
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
+
+    def cfg_off(self, call: Mapping[str, Any]) -> str | None:
+        """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""
+        if self.cfg is None:
+            return f"{self.title} pipelines have no classifier-free guidance"
+        scale = call.get(self.cfg_scale)
+        if scale is None or scale <= 1:
+            return f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above 1"
+        if self.cfg_needs_negative and not call.get("negative_prompt"):
+            return f"there is no negative prompt, which {self.title} needs for true CFG"
+        return None
 
     @property
     def tiny_alias(self) -> str | None:

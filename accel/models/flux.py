@@ -120,6 +120,11 @@ FAMILY = Family(
         attention_keys=("text", "image"),
         output_stream="image",
     ),
+    # FLUX.1-dev is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
+    # prompt, as a second transformer call per step.
+    cfg="calls",
+    cfg_scale="true_cfg_scale",
+    cfg_needs_negative=True,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
 )

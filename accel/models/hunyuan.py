@@ -1,8 +1,104 @@
-"""HunyuanVideo family: double-stream then single-stream blocks, both returning (video, text)."""
+"""HunyuanVideo family: double-stream then single-stream blocks, both returning (video, text).
+
+`build_tiny` makes a seeded, random-weight HunyuanVideo-shaped pipeline offline for tests.
+"""
 
 from __future__ import annotations
 
-from accel.models.base import BlockList, Family, GenerationDefaults
+from typing import TYPE_CHECKING
+
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+
+if TYPE_CHECKING:
+    from diffusers import HunyuanVideoPipeline
+
+
+def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
+    """A tiny HunyuanVideo look-alike: real classes, HunyuanVideo configs scaled down, random seeded weights.
+
+    Two double and two single blocks with four heads keep the structure the cache and
+    context-parallel code see on the real model; 5 frames at 64x64 give 2x8x8 latents, i.e. 32
+    video tokens after (1, 2, 2) patching, next to the Llama text tokens (256 by default: the
+    pipeline pads to `max_sequence_length` after cropping its prompt template's prefix).
+    """
+    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from diffusers import (
+        AutoencoderKLHunyuanVideo,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideoPipeline,
+        HunyuanVideoTransformer3DModel,
+    )
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
+
+    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    base = seed * 8
+    # The pipeline encodes `template.format(prompt)` and drops a fixed `crop_start` tokens (the
+    # system prompt and headers): the tokenizer gives the template's words one token each, as
+    # Llama 3's does, so the crop lands exactly at the prompt.
+    template, crop_start = DEFAULT_PROMPT_TEMPLATE["template"], DEFAULT_PROMPT_TEMPLATE["crop_start"]
+    tokenizer = parts.llama_tokenizer(template)
+    prefix_tokens = len(tokenizer(template.split("{}")[0]).input_ids)
+    if prefix_tokens != crop_start:
+        raise RuntimeError(
+            f"tiny HunyuanVideo tokenizer: the prompt template's prefix is {prefix_tokens} tokens, "
+            f"but the pipeline crops {crop_start}"
+        )
+    tokenizer_2 = parts.clip_tokenizer()
+    text_encoder = parts.llama_model(tokenizer, seed=base + 1)
+    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
+
+    latent_channels = 16  # HunyuanVideo's latent width
+    with parts.seeded(base + 3):
+        transformer = parts.finish(
+            HunyuanVideoTransformer3DModel(
+                in_channels=latent_channels,
+                out_channels=latent_channels,
+                num_attention_heads=4,
+                attention_head_dim=16,
+                num_layers=2,
+                num_single_layers=2,
+                num_refiner_layers=1,
+                mlp_ratio=4.0,
+                patch_size=2,
+                patch_size_t=1,
+                qk_norm="rms_norm",
+                guidance_embeds=True,  # HunyuanVideo is guidance-distilled
+                text_embed_dim=text_encoder.config.hidden_size,
+                pooled_projection_dim=text_encoder_2.config.hidden_size,
+                rope_theta=256.0,
+                rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
+            )
+        )
+    with parts.seeded(base + 4):
+        # HunyuanVideo's VAE shape: 8x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
+        vae = parts.finish(
+            AutoencoderKLHunyuanVideo(
+                in_channels=3,
+                out_channels=3,
+                latent_channels=latent_channels,
+                down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+                up_block_types=("HunyuanVideoUpBlock3D",) * 4,
+                block_out_channels=(8, 16, 16, 16),
+                layers_per_block=1,
+                norm_num_groups=4,
+                scaling_factor=0.476986,
+                spatial_compression_ratio=8,
+                temporal_compression_ratio=4,
+                mid_block_add_attention=True,
+            )
+        )
+    # HunyuanVideo's scheduler config: flow matching with a fixed shift of 7.
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=7.0)
+    return HunyuanVideoPipeline(
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        vae=vae,
+        scheduler=scheduler,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+    )
+
 
 FAMILY = Family(
     name="hunyuan",
@@ -19,4 +115,31 @@ FAMILY = Family(
     ),
     frames_arg="num_frames",
     fps=15,
+    heads=24,
+    tiny_heads=4,
+    tiny=build_tiny,
+    tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
+    # Video and text are both cut where the blocks start (the token refiner before them runs whole
+    # on every rank); the joint mask over video then text that the forward hands every block is cut
+    # stream by stream, and the rotary embedding with the video.
+    parallel=ParallelPlan(
+        splits=(
+            SequenceSplit("output", "video", dim=0, module="rope"),
+            SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
+            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+            SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="transformer_blocks.*"),
+            SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="single_transformer_blocks.*"),
+        ),
+        attention_keys=("video", "text"),
+        output_stream="video",
+        output_dim=1,
+        output_module="proj_out",
+        local_attention=("context_embedder",),
+    ),
+    # HunyuanVideo is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
+    # prompt, as a second transformer call per step.
+    true_cfg=True,
+    cfg="calls",
+    cfg_scale="true_cfg_scale",
+    cfg_needs_negative=True,
 )

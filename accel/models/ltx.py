@@ -1,8 +1,110 @@
-"""LTX-Video family: one block list, text enters by cross-attention so only the video stream flows."""
+"""LTX-Video family: one block list, text enters by cross-attention so only the video stream flows.
+
+`build_tiny` makes a seeded, random-weight LTX-Video-0.9-shaped pipeline offline for tests.
+"""
 
 from __future__ import annotations
 
-from accel.models.base import BlockList, Family, GenerationDefaults
+from typing import TYPE_CHECKING
+
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+
+if TYPE_CHECKING:
+    from diffusers import LTXPipeline
+
+
+def build_tiny(seed: int = 0) -> "LTXPipeline":
+    """A tiny LTX-Video 0.9 look-alike: real classes, LTX configs scaled down, random seeded weights.
+
+    Two blocks with four heads keep the structure the cache and context-parallel code see on the
+    real model. The VAE compresses 32x in space and 8x in time as the real one does, so 9 frames
+    at 96x128 (landscape, like the real 480x704) give 2x3x4 latents, i.e. 24 video tokens (patch
+    size 1), cross-attending to the text tokens (128 by default, the pipeline's padding length).
+    Guidance is batched: each step makes one transformer call on a batch of two.
+    """
+    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
+
+    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    base = seed * 8
+    # LTX-Video's tokenizer stops at 128 tokens, the pipeline's default max_sequence_length.
+    tokenizer = parts.t5_tokenizer(model_max_length=128)
+    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1)
+
+    latent_channels = 16
+    heads, head_dim = 4, 16
+    with parts.seeded(base + 2):
+        transformer = parts.finish(
+            LTXVideoTransformer3DModel(
+                in_channels=latent_channels,
+                out_channels=latent_channels,
+                patch_size=1,
+                patch_size_t=1,
+                num_attention_heads=heads,
+                attention_head_dim=head_dim,
+                # As on the real model (2048 = 32 x 64): captions are projected to the inner width.
+                cross_attention_dim=heads * head_dim,
+                num_layers=2,
+                activation_fn="gelu-approximate",
+                qk_norm="rms_norm_across_heads",
+                norm_elementwise_affine=False,
+                norm_eps=1e-6,
+                caption_channels=text_encoder.config.d_model,
+                attention_bias=True,
+                attention_out_bias=True,
+            )
+        )
+    with parts.seeded(base + 3):
+        # LTX-Video 0.9.0's VAE shape: 4x4 patching then three spatio-temporal 2x stages, i.e.
+        # 32x spatial and 8x temporal compression (8k+1 frames -> k+1 latent frames).
+        vae = parts.finish(
+            AutoencoderKLLTXVideo(
+                in_channels=3,
+                out_channels=3,
+                latent_channels=latent_channels,
+                block_out_channels=(8, 16, 16, 16),
+                decoder_block_out_channels=(8, 16, 16, 16),
+                layers_per_block=(1, 1, 1, 1, 1),
+                decoder_layers_per_block=(1, 1, 1, 1, 1),
+                spatio_temporal_scaling=(True, True, True, False),
+                decoder_spatio_temporal_scaling=(True, True, True, False),
+                decoder_inject_noise=(False, False, False, False, False),
+                upsample_residual=(False, False, False, False),
+                upsample_factor=(1, 1, 1, 1),
+                timestep_conditioning=False,
+                patch_size=4,
+                patch_size_t=1,
+                resnet_norm_eps=1e-6,
+                scaling_factor=1.0,
+                encoder_causal=True,
+                decoder_causal=False,
+            )
+        )
+    # LTX-Video's scheduler config: the shift grows with the video token count, and the sigmas
+    # are stretched to end at 0.1.
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.95,
+        max_shift=2.05,
+        base_image_seq_len=1024,
+        max_image_seq_len=4096,
+        shift_terminal=0.1,
+    )
+    return LTXPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    )
+
 
 FAMILY = Family(
     name="ltx",
@@ -16,4 +118,23 @@ FAMILY = Family(
     blocks=(BlockList("transformer_blocks", returns=("hidden_states",)),),
     frames_arg="num_frames",
     fps=24,
+    heads=32,
+    tiny_heads=4,
+    tiny=build_tiny,
+    tiny_defaults=GenerationDefaults(steps=4, height=96, width=128, frames=9, guidance_scale=3.0),
+    # Latents arrive packed, one token per row: cut them and the rotary embedding; the text stays
+    # whole, so the masked cross-attention (attn2) runs on each rank unchanged.
+    parallel=ParallelPlan(
+        splits=(
+            SequenceSplit("hidden_states", "video", dim=1),
+            SequenceSplit("output", "video", dim=1, module="rope"),
+        ),
+        attention_keys=("video",),
+        output_stream="video",
+        output_dim=1,
+        output_module="proj_out",
+        local_attention=("transformer_blocks.*.attn2",),
+        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
+    ),
+    cfg="batch",
 )

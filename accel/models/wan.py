@@ -5,59 +5,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
 
 if TYPE_CHECKING:
-    from diffusers import WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+
+# Wan 2.1's latent width; the VAE's default latents_mean/std have 16 entries.
+_Z_DIM = 16
 
 
-def build_tiny(seed: int = 0) -> "WanPipeline":
-    """A tiny Wan2.1-T2V look-alike: real classes, Wan configs scaled down, random seeded weights.
+def _tiny_shared(base: int) -> dict[str, Any]:
+    """The parts all tiny Wans share: UMT5 text stack (seed `base + 1`), VAE (`base + 3`), scheduler.
 
-    Two blocks with four heads keep the structure the cache and context-parallel code see on the
-    real model; 5 frames at 64x64 give 2x8x8 latents, i.e. 32 video tokens after (1, 2, 2)
-    patching, cross-attending to the text tokens (512 by default, the pipeline's padding length).
+    Wan 2.1 T2V/I2V and Wan 2.2 A14B ship the same UMT5 and VAE, so the tiny builders do too.
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
-    from diffusers import (
-        AutoencoderKLWan,
-        UniPCMultistepScheduler,
-        WanPipeline,
-        WanTransformer3DModel,
-    )
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
-    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
-    base = seed * 8
     tokenizer = parts.t5_tokenizer()
     text_encoder = parts.umt5_encoder(tokenizer, seed=base + 1)
-
-    z_dim = 16  # Wan 2.1's latent width; the VAE's default latents_mean/std have 16 entries
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
-            WanTransformer3DModel(
-                patch_size=(1, 2, 2),
-                num_attention_heads=4,
-                attention_head_dim=16,
-                in_channels=z_dim,
-                out_channels=z_dim,
-                text_dim=text_encoder.config.d_model,
-                freq_dim=32,
-                ffn_dim=128,
-                num_layers=2,
-                cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads",
-                eps=1e-6,
-                rope_max_seq_len=1024,
-            )
-        )
     with parts.seeded(base + 3):
         # Wan 2.1's VAE shape: 8x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
         vae = parts.finish(
             AutoencoderKLWan(
                 base_dim=8,
-                z_dim=z_dim,
+                z_dim=_Z_DIM,
                 dim_mult=[1, 2, 4, 4],
                 num_res_blocks=1,
                 attn_scales=[],
@@ -76,13 +50,102 @@ def build_tiny(seed: int = 0) -> "WanPipeline":
         lower_order_final=True,
         final_sigmas_type="zero",
     )
-    return WanPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        scheduler=scheduler,
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
+
+
+def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> "WanTransformer3DModel":
+    """Wan 2.1's DiT scaled down to two blocks of four 16-wide heads; `config` adds or overrides settings."""
+    from accel.models import _tiny_parts as parts
+    from diffusers import WanTransformer3DModel
+
+    settings: dict[str, Any] = dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=_Z_DIM,
+        out_channels=_Z_DIM,
+        text_dim=text_dim,
+        freq_dim=32,
+        ffn_dim=128,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+    )
+    with parts.seeded(seed):
+        return parts.finish(WanTransformer3DModel(**{**settings, **config}))
+
+
+def build_tiny(seed: int = 0) -> "WanPipeline":
+    """A tiny Wan2.1-T2V look-alike: real classes, Wan configs scaled down, random seeded weights.
+
+    Two blocks with four heads keep the structure the cache and context-parallel code see on the
+    real model; 5 frames at 64x64 give 2x8x8 latents, i.e. 32 video tokens after (1, 2, 2)
+    patching, cross-attending to the text tokens (512 by default, the pipeline's padding length).
+    """
+    from diffusers import WanPipeline
+
+    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    # Offsets: 1 text encoder, 2 transformer, 3 VAE; 4-5 build_tiny_i2v's, 6-7 build_tiny_22's.
+    base = seed * 8
+    shared = _tiny_shared(base)
+    transformer = _tiny_transformer(base + 2, text_dim=shared["text_encoder"].config.d_model)
+    return WanPipeline(**shared, transformer=transformer, transformer_2=None)
+
+
+def build_tiny_i2v(seed: int = 0) -> "WanImageToVideoPipeline":
+    """A tiny Wan2.1-I2V look-alike: build_tiny's text stack, VAE and scheduler plus a CLIP image encoder.
+
+    As in Wan2.1-I2V, the DiT reads 36 channels: the 16 noise latents and 20 condition channels,
+    i.e. a 4-channel first-frame mask (one channel per frame a latent frame packs) and the VAE
+    latents of the input image followed by zero (mid-grey) frames. CLIP's penultimate hidden
+    states (17 tokens: 16 patches of 8x8 over a 32x32 crop, plus the class token) are embedded to
+    the DiT's width and put in front of the text; each cross-attention gives them their own key
+    and value projections (`add_k_proj`, `add_v_proj`). Call with `image=` (a PIL image), resized
+    to the output size for the VAE and to 32x32 for CLIP.
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import WanImageToVideoPipeline
+
+    base = seed * 8
+    shared = _tiny_shared(base)
+    image_encoder = parts.clip_vision_model(seed=base + 5)
+    transformer = _tiny_transformer(
+        base + 4,
+        text_dim=shared["text_encoder"].config.d_model,
+        in_channels=_Z_DIM + 4 + _Z_DIM,  # noise + first-frame mask (VAE temporal factor) + condition
+        image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16,  # the DiT width, as in Wan2.1-I2V (5120)
+    )
+    return WanImageToVideoPipeline(
+        **shared,
+        image_processor=parts.clip_image_processor(),
+        image_encoder=image_encoder,
         transformer=transformer,
         transformer_2=None,
+    )
+
+
+def build_tiny_22(seed: int = 0) -> "WanPipeline":
+    """A tiny Wan2.2-T2V-A14B look-alike: two build_tiny-shaped experts that split the steps by noise level.
+
+    `transformer` (the high-noise expert) takes the steps whose timestep is at least
+    `boundary_ratio` x 1000 = 875, `transformer_2` (low-noise) the rest: with build_tiny's
+    scheduler, 4 steps run at timesteps 999, 900, 750 and 500, two per expert. Wan 2.2 pairs them
+    with two guidance scales: `guidance_scale` for the high-noise and `guidance_scale_2` (defaulting
+    to the same) for the low-noise steps. Text stack, VAE and scheduler are build_tiny's.
+    """
+    from diffusers import WanPipeline
+
+    base = seed * 8
+    shared = _tiny_shared(base)
+    text_dim = shared["text_encoder"].config.d_model
+    return WanPipeline(
+        **shared,
+        transformer=_tiny_transformer(base + 6, text_dim=text_dim),
+        transformer_2=_tiny_transformer(base + 7, text_dim=text_dim),
+        boundary_ratio=0.875,
     )
 
 
@@ -99,6 +162,23 @@ FAMILY = Family(
     transformer_attrs=("transformer", "transformer_2"),  # Wan 2.2: high-noise and low-noise experts
     frames_arg="num_frames",
     fps=16,
+    heads=40,
+    tiny_heads=4,
+    # Video tokens are cut after patch embedding (at the first block) along with their rotary
+    # embedding; text stays whole on every rank, so the cross-attention (attn2) needs no exchange.
+    parallel=ParallelPlan(
+        splits=(
+            SequenceSplit("output", "video", dim=1, module="rope"),
+            SequenceSplit("hidden_states", "video", dim=1, module="blocks.0"),
+            SequenceSplit("timestep", "video", dim=1, ndim=2),  # Wan 2.2 TI2V: one timestep per token
+        ),
+        attention_keys=("video",),
+        output_stream="video",
+        output_dim=1,
+        output_module="proj_out",
+        local_attention=("blocks.*.attn2",),
+    ),
+    cfg="calls",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
 )

@@ -1,7 +1,8 @@
 """Routes `F.scaled_dot_product_attention` calls to context-parallel attention, only while active.
 
 The engine enters the mode around the parallelised transformer's forward alone, so text
-encoders and the VAE keep plain SDPA. Any processor that calls SDPA is covered unchanged.
+encoders and the VAE keep plain SDPA. Any processor that calls SDPA is covered unchanged;
+modules the plan marks local (cross-attention to replicated text) keep plain SDPA too.
 """
 
 from __future__ import annotations
@@ -9,25 +10,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from accel.errors import NotAvailableError
 
-Attend = Callable[[Tensor, Tensor, Tensor, float | None], Tensor]
+# (query, key, value, key mask or None, scale) -> output
+Attend = Callable[[Tensor, Tensor, Tensor, Tensor | None, float | None], Tensor]
 
 
 class AttentionRouter(TorchFunctionMode):
-    """Sends SDPA calls to `attend(q, k, v, scale)`; every other torch function runs as usual."""
+    """Sends SDPA calls to `attend`, or to plain SDPA while `is_local()`; other functions run as usual."""
 
-    def __init__(self, attend: Attend) -> None:
+    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False) -> None:
         super().__init__()
         self.attend = attend
+        self.is_local = is_local
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
+        if func is F.scaled_dot_product_attention and not self.is_local():
             return self._route(*args, **kwargs)
         return func(*args, **kwargs)
 
@@ -42,11 +46,32 @@ class AttentionRouter(TorchFunctionMode):
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> Tensor:
-        if attn_mask is not None or is_causal or dropout_p:
+        if is_causal or dropout_p:
             raise NotAvailableError(
-                "context parallelism: this transformer calls attention with a mask, causal flag or dropout, "
-                "which the parallel engine does not handle yet; run it without [parallel]"
+                "context parallelism: this transformer calls attention with a causal flag or dropout, "
+                "which the parallel engine does not handle; run it without [parallel]"
+            )
+        if attn_mask is not None and not _is_key_mask(attn_mask):
+            raise NotAvailableError(
+                "context parallelism: this transformer's attention mask is not a boolean per-key mask "
+                f"(shape {tuple(attn_mask.shape)}, {attn_mask.dtype}); run it without [parallel]"
             )
         if key.shape[-3] != query.shape[-3]:
             raise NotAvailableError("context parallelism: grouped-query attention (fewer key heads) is not handled yet")
-        return self.attend(query, key, value, scale)
+        return self.attend(query, key, value, attn_mask, scale)
+
+
+def _is_key_mask(mask: Tensor) -> bool:
+    """A boolean mask that varies only by key, and by batch in its 4-D form (B|1, 1, 1, keys).
+
+    SDPA broadcasts masks from the right, so only dim 0 of a 4-D mask is the batch.
+    """
+    if mask.dtype != torch.bool or mask.dim() > 4:
+        return False
+    fixed = mask.shape[1:-1] if mask.dim() == 4 else mask.shape[:-1]
+    return all(size == 1 for size in fixed)
+
+
+def key_mask(mask: Tensor) -> Tensor:
+    """The (B|1, keys) view of a mask `_is_key_mask` accepted."""
+    return mask.reshape(mask.shape[0] if mask.dim() == 4 else 1, mask.shape[-1])

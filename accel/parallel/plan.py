@@ -1,8 +1,9 @@
 """The generic engine that runs a family's `ParallelPlan` on one transformer instance.
 
-Around the transformer's forward: cut the planned inputs into this rank's sequence shard
-(padding any length), route attention to the context-parallel functions with the pad keys
-masked, and gather the output so every rank returns the full result.
+Around the transformer's forward, and at the module boundaries the plan names: cut the planned
+tensors into this rank's sequence shard (padding any length), route attention to the
+context-parallel functions with pad keys and model masks applied, and gather the output so every
+rank returns the full result. Hooks are registered on this transformer's modules only.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 import torch
@@ -17,12 +20,12 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import override
-from accel.models.base import Family, ParallelPlan
+from accel.models.base import Family, ParallelPlan, SequenceSplit
 from accel.parallel.attention import usp_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.mode import AttentionRouter
+from accel.parallel.mode import AttentionRouter, key_mask
 
 
 def plan_of(family: Family, where: str) -> ParallelPlan:
@@ -32,85 +35,267 @@ def plan_of(family: Family, where: str) -> ParallelPlan:
     return family.parallel
 
 
+class PlanMismatch(TypeError):
+    """The family's plan names something this transformer does not have."""
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One stream's stretch of an attention call's keys on this rank (layout None: replicated)."""
+
+    stream: str
+    tokens: int
+    layout: SequenceLayout | None
+
+
 class ContextParallel:
-    """Context parallelism on one transformer instance; `remove()` restores its forward."""
+    """Context parallelism on one transformer instance; `remove()` restores it exactly."""
 
     def __init__(self, transformer: torch.nn.Module, plan: ParallelPlan, mesh: ParallelMesh) -> None:
         self.plan = plan
         self.mesh = mesh
-        self._layouts: dict[str, SequenceLayout] = {}  # of the forward call in progress
+        self.world, self.rank = mesh.degrees.sequence, mesh.sequence_rank
+        # State of the forward call in progress.
+        self._layouts: dict[str, SequenceLayout] = {}
+        self._active = False
+        self._local_depth = 0
+        self._gathered_masks: dict[int, tuple[Tensor, int, Tensor]] = {}
+        self._cuts: dict[int, tuple[Tensor, int, Tensor]] = {}
+        self._undo: list[Callable[[], None]] = []
+
         self._forward = transformer.forward
         self._signature = inspect.signature(self._forward)
-        missing = [split.arg for split in plan.splits if split.arg not in self._signature.parameters]
-        if missing:
-            raise TypeError(f"{type(transformer).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits")
+        modules = dict(transformer.named_modules())
+        by_module: dict[str, list[SequenceSplit]] = {}
+        for split in plan.splits:
+            by_module.setdefault(split.module, []).append(split)
+        for pattern, splits in by_module.items():
+            if not pattern:
+                self._check_arguments(transformer, splits)  # cut in `forward` itself
+                continue
+            for module in _matching(modules, pattern, transformer, "that the parallel plan splits at"):
+                self._hook_splits(module, splits)
+        if plan.output_module:
+            for module in _matching(modules, plan.output_module, transformer, "to gather the output at"):
+                self._hook(module.register_forward_hook(lambda _m, _a, out: self._gather(out)))
+        for pattern in plan.local_attention:
+            for module in _matching(modules, pattern, transformer, "(local attention)"):
+                self._hook(module.register_forward_pre_hook(lambda *_: self._enter_local()))
+                self._hook(module.register_forward_hook(lambda *_: self._leave_local(), always_call=True))
 
         @functools.wraps(self._forward)
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self.forward(*args, **kwargs)
 
-        self.remove: Callable[[], None] = override(transformer, "forward", forward)
+        self._undo.append(override(transformer, "forward", forward))
 
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    # -- installing ------------------------------------------------------------------------------
+    def _hook(self, handle: Any) -> None:
+        self._undo.append(handle.remove)
+
+    def _check_arguments(self, module: torch.nn.Module, splits: list[SequenceSplit]) -> inspect.Signature:
+        signature = inspect.signature(module.forward)
+        missing = [split.value for split in splits if split.value != "output" and split.value not in signature.parameters]
+        if missing:
+            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits")
+        return signature
+
+    def _hook_splits(self, module: torch.nn.Module, splits: list[SequenceSplit]) -> None:
+        inputs = [split for split in splits if split.value != "output"]
+        outputs = [split for split in splits if split.value == "output"]
+        signature = self._check_arguments(module, splits)
+
+        def cut_inputs(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not self._active:
+                return None
+            bound = signature.bind(*args, **kwargs)
+            self._cut_arguments(bound.arguments, inputs)
+            return bound.args, bound.kwargs
+
+        def cut_output(_module: Any, _args: Any, output: Any) -> Any:
+            if not self._active:
+                return None
+            for split in outputs:
+                output = self._cut(split, output)
+            return output
+
+        if inputs:
+            self._hook(module.register_forward_pre_hook(cut_inputs, with_kwargs=True))
+        if outputs:
+            self._hook(module.register_forward_hook(cut_output))
+
+    # -- the forward call ------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        world, rank = self.mesh.degrees.sequence, self.mesh.sequence_rank
         bound = self._signature.bind(*args, **kwargs)
-        layouts: dict[str, SequenceLayout] = {}
-        for split in self.plan.splits:
-            value = bound.arguments.get(split.arg)
-            if not isinstance(value, Tensor):
-                continue
-            layout = layouts.setdefault(split.stream, SequenceLayout(value.shape[split.dim], world))
-            if layout.length != value.shape[split.dim]:
-                raise ValueError(
-                    f"context parallelism: {split.arg} has {value.shape[split.dim]} {split.stream} tokens, "
-                    f"other {split.stream} inputs {layout.length}"
-                )
-            bound.arguments[split.arg] = layout.split(value, split.dim, rank)
-        if self.plan.output_stream not in layouts:
-            raise ValueError(f"context parallelism: no {self.plan.output_stream} input was given to split")
-        self._layouts = layouts
+        self._layouts, self._gathered_masks, self._cuts, self._local_depth = {}, {}, {}, 0
+        self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module])
+        self._active = True
         try:
-            with AttentionRouter(self._attend_over(layouts)):
+            with AttentionRouter(self._attend, lambda: self._local_depth > 0):
                 output = self._forward(*bound.args, **bound.kwargs)
+            if not self.plan.output_module:
+                output = self._gather(output)
         finally:
-            self._layouts = {}
-        return self._gather(output, layouts[self.plan.output_stream])
+            self._active = False
+            self._layouts, self._gathered_masks, self._cuts = {}, {}, {}
+        return output
 
-    def real_tokens(self, arg: str) -> Tensor | None:
-        """During a forward: which of this rank's tokens of the input `arg` are real (None: all are)."""
-        stream = next((split.stream for split in self.plan.splits if split.arg == arg), None)
+    def real_tokens(self, value: str) -> Tensor | None:
+        """During a forward: which of this rank's tokens of the planned tensor `value` are real (None: all)."""
+        stream = next((split.stream for split in self.plan.splits if split.value == value and isinstance(split.stream, str)), None)
         layout = self._layouts.get(stream) if stream is not None else None
         if layout is None or not layout.pad:
             return None
-        return layout.valid()[self.mesh.sequence_rank]
+        return layout.valid()[self.rank]
 
-    def _attend_over(self, layouts: dict[str, SequenceLayout]) -> Callable[[Tensor, Tensor, Tensor, float | None], Tensor]:
-        streams = [name for name in self.plan.attention_keys if name in layouts]
-        key_tokens = sum(layouts[name].shard for name in streams)
-        padded = any(layouts[name].pad for name in streams)
-        degrees = self.mesh.degrees
-        ulysses = self.mesh.ulysses_group if degrees.ulysses > 1 else None
-        ring = self.mesh.ring_group if degrees.ring > 1 else None
-        valid_cache: dict[torch.device, Tensor] = {}
+    def _cut_arguments(self, arguments: dict[str, Any], splits: list[SequenceSplit]) -> None:
+        for split in splits:
+            if split.value in arguments:
+                arguments[split.value] = self._cut(split, arguments[split.value])
 
-        def attend(query: Tensor, key: Tensor, value: Tensor, scale: float | None) -> Tensor:
-            if key.shape[-2] != key_tokens:
-                raise ValueError(
-                    f"context parallelism: an attention call has {key.shape[-2]} keys per rank, but the plan's "
-                    f"{' + '.join(streams)} shards hold {key_tokens}; the family's parallel plan does not fit this transformer"
-                )
-            key_valid = None
-            if padded:
-                if key.device not in valid_cache:
-                    valid_cache[key.device] = torch.cat([layouts[name].valid(key.device) for name in streams], dim=1)[:, None, :]
-                key_valid = valid_cache[key.device]
-            return usp_attention(query, key, value, ulysses, ring, key_valid, scale)
+    def _cut(self, split: SequenceSplit, value: Any) -> Any:
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._cut(split, item) for item in value)
+        if not isinstance(value, Tensor) or (split.ndim is not None and value.dim() != split.ndim):
+            return value
+        # Every block may be handed the same full tensor (a joint mask): cut it once, hand out one
+        # shard object, so the attention's mask exchange happens once per forward too.
+        entry = self._cuts.get(id(value))
+        if entry is not None and entry[0] is value and entry[1] == value._version:
+            return entry[2]
+        shard = self._cut_tensor(split, value)
+        self._cuts[id(value)] = (value, value._version, shard)
+        return shard
 
-        return attend
+    def _cut_tensor(self, split: SequenceSplit, value: Tensor) -> Tensor:
+        if len(split.streams) == 1:
+            return self._layout(split.streams[0], value.shape[split.dim], split.value).split(value, split.dim, self.rank)
+        missing = [name for name in split.streams if name not in self._layouts]
+        if missing:
+            raise PlanMismatch(f"context parallelism: {split.value} spans the {missing[0]} stream, which nothing has cut yet")
+        layouts = [self._layouts[name] for name in split.streams]
+        parts = value.split([layout.length for layout in layouts], dim=split.dim)
+        return torch.cat([layout.split(part, split.dim, self.rank) for layout, part in zip(layouts, parts)], dim=split.dim)
 
-    def _gather(self, output: Any, layout: SequenceLayout) -> Any:
+    def _layout(self, stream: str, length: int, value: str) -> SequenceLayout:
+        layout = self._layouts.setdefault(stream, SequenceLayout(length, self.world))
+        if layout.length != length:
+            raise ValueError(f"context parallelism: {value} has {length} {stream} tokens, other {stream} tensors {layout.length}")
+        return layout
+
+    def _enter_local(self) -> None:
+        self._local_depth += 1
+
+    def _leave_local(self) -> None:
+        self._local_depth = max(0, self._local_depth - 1)
+
+    # -- attention -------------------------------------------------------------------------------
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
+        segments = self._segments(key.shape[-2])
+        replicated = next((i for i, segment in enumerate(segments) if segment.layout is None), None)
+        share = None
+        if replicated is not None:
+            if query.shape[-2] != key.shape[-2]:
+                raise PlanMismatch("context parallelism: a replicated stream is only supported in joint self-attention")
+            share = self._own_share(segments, replicated)
+            query, key, value = (share.take(x, -2) for x in (query, key, value))
+            segments = share.segments
+        key_valid = self._pad_valid(segments, key.device)
+        if mask is not None:
+            masks = self._every_rank_mask(mask, share)
+            key_valid = masks if key_valid is None else key_valid & masks
+        ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
+        ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
+        out = usp_attention(query, key, value, ulysses, ring, key_valid, scale)
+        return share.restore(out, self.mesh.sequence_group) if share is not None else out
+
+    def _segments(self, keys: int) -> list[_Segment]:
+        segments = [
+            _Segment(name, layout.shard, layout) if (layout := self._layouts.get(name)) else _Segment(name, 0, None)
+            for name in self.plan.attention_keys
+        ]
+        unknown = [segment for segment in segments if segment.layout is None]
+        known = sum(segment.tokens for segment in segments)
+        if len(unknown) > 1 or known > keys or (not unknown and known != keys):
+            raise PlanMismatch(
+                f"context parallelism: an attention call has {keys} keys per rank, which the plan's "
+                f"{' + '.join(self.plan.attention_keys)} shards ({known} cut tokens) do not make up; "
+                "the family's parallel plan does not fit this transformer"
+            )
+        return [_Segment(s.stream, keys - known, None) if s.layout is None else s for s in segments]
+
+    def _pad_valid(self, segments: list[_Segment], device: torch.device) -> Tensor | None:
+        """(P, 1, keys per rank) bool: which key slots of every rank hold real tokens; None: all do."""
+        if not any(segment.layout is not None and segment.layout.pad for segment in segments):
+            return None
+        return torch.cat([segment.layout.valid(device) for segment in segments if segment.layout], dim=1)[:, None, :]
+
+    def _every_rank_mask(self, mask: Tensor, share: _Share | None) -> Tensor:
+        """(P, B|1, keys per rank): every rank's key mask. Blocks pass one mask tensor, so it crosses
+        the wire once per forward (keyed by the tensor itself, held here so its id stays unique)."""
+        entry = self._gathered_masks.get(id(mask))
+        if entry is not None and entry[0] is mask and entry[1] == mask._version:
+            return entry[2]
+        local = key_mask(mask)
+        if share is not None:
+            local = share.take(local, -1)
+        gathered = torch.stack(all_gather(local.to(torch.uint8), self.mesh.sequence_group)).bool()
+        self._gathered_masks[id(mask)] = (mask, mask._version, gathered)
+        return gathered
+
+    def _own_share(self, segments: list[_Segment], replicated: int) -> _Share:
+        layout = SequenceLayout(segments[replicated].tokens, self.world)
+        start = sum(segment.tokens for segment in segments[:replicated])
+        shared = _Segment(segments[replicated].stream, layout.shard, layout)
+        return _Share(start, layout, self.rank, [*segments[:replicated], shared, *segments[replicated + 1 :]])
+
+    # -- output ----------------------------------------------------------------------------------
+    def _gather(self, output: Any) -> Any:
+        layout = self._layouts.get(self.plan.output_stream)
+        if layout is None:
+            raise PlanMismatch(f"context parallelism: no {self.plan.output_stream} tensor was cut, so there is nothing to gather")
         dim = self.plan.output_dim
+
+        def join(tensor: Tensor) -> Tensor:
+            return layout.join(all_gather(tensor, self.mesh.sequence_group), dim)
+
+        if isinstance(output, Tensor):
+            return join(output)
         if isinstance(output, tuple):
-            return (layout.join(all_gather(output[0], self.mesh.sequence_group), dim), *output[1:])
-        sample = layout.join(all_gather(output.sample, self.mesh.sequence_group), dim)
-        return type(output)(**{**output, "sample": sample})
+            return (join(output[0]), *output[1:])
+        return type(output)(**{**output, "sample": join(output.sample)})
+
+
+def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:
+    """Modules whose dotted name matches `pattern` segment by segment ("blocks.*.attn2": * is one name)."""
+    parts = pattern.split(".")
+    found = [
+        module
+        for name, module in modules.items()
+        if name and len(name.split(".")) == len(parts) and all(fnmatchcase(n, p) for n, p in zip(name.split("."), parts))
+    ]
+    if not found:
+        raise PlanMismatch(f"{type(transformer).__name__} has no module {pattern!r} {why}")
+    return found
+
+
+@dataclass
+class _Share:
+    """This rank's share of a replicated stretch of tokens: taken before attention, gathered after."""
+
+    start: int
+    layout: SequenceLayout
+    rank: int
+    segments: list[_Segment]
+
+    def take(self, x: Tensor, dim: int) -> Tensor:
+        before, stretch, after = x.split([self.start, self.layout.length, x.shape[dim] - self.start - self.layout.length], dim)
+        return torch.cat([before, self.layout.split(stretch, dim, self.rank), after], dim)
+
+    def restore(self, out: Tensor, group: Any) -> Tensor:
+        before, share, after = out.split([self.start, self.layout.shard, out.shape[-2] - self.start - self.layout.shard], -2)
+        return torch.cat([before, self.layout.join(all_gather(share, group), -2), after], -2)

@@ -1,0 +1,176 @@
+"""Every family's tiny pipeline under every parallel mode equals the single-process output (gloo ranks).
+
+Calls run with classifier-free guidance on, so CFG parallelism has branches to split: batched
+(CogVideoX, Mochi, LTX-Video) or one transformer call per branch (FLUX and HunyuanVideo true
+CFG, Wan). Each family's cache threshold caches some but not all calls of an 8-step run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import parallel_cases as cases
+from accel.models.registry import FAMILIES
+
+TOLERANCE = 1e-4
+PROMPT = dict(prompt="a red fox", negative_prompt="blurry")
+
+
+@dataclass(frozen=True)
+class FamilyCase:
+    call: dict[str, Any]
+    # A size whose token counts 3 ranks do not divide (the text lengths do not divide either).
+    odd: dict[str, Any]
+    threshold: float
+
+
+FAMILY_CASES = {
+    "flux": FamilyCase(
+        dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),
+        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
+        threshold=0.5,
+    ),
+    "wan": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
+        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 tokens
+        threshold=0.1,
+    ),
+    "hunyuan": FamilyCase(
+        dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
+        odd=dict(height=64, width=80, num_frames=5),  # 40 video tokens, 256 text tokens
+        threshold=0.3,
+    ),
+    "cogvideox": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=6.0),
+        odd=dict(height=64, width=80, num_frames=17),  # 5 latent frames x 4x5 = 100 video tokens, 226 text
+        threshold=0.8,
+    ),
+    "mochi": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=7, num_inference_steps=4, guidance_scale=4.5),
+        odd=dict(height=64, width=80, num_frames=7),  # 2 latent frames x 4x5 = 40 video tokens
+        threshold=0.3,
+    ),
+    "ltx": FamilyCase(
+        dict(PROMPT, height=96, width=128, num_frames=9, num_inference_steps=4, guidance_scale=3.0),
+        odd=dict(height=128, width=160, num_frames=9),  # 2 latent frames x 4x5 = 40 video tokens
+        threshold=0.1,
+    ),
+}
+
+MODES = {
+    "ulysses2": {"ulysses": 2},
+    "ring2": {"ring": 2},
+    "usp2x2": {"ulysses": 2, "ring": 2},
+    "cfg2": {"cfg": 2},
+    "cfg2xulysses2": {"cfg": 2, "ulysses": 2},
+}
+CACHE_MODES = {**{k: v for k, v in MODES.items() if k != "ring2"}, "ring3": {"ring": 3}}
+
+
+def world_of(parallel: dict[str, int]) -> int:
+    return parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1)
+
+
+_references: dict[tuple[str, str], Any] = {}
+
+
+def reference(family: str, call: dict[str, Any], cache: float = 0.0) -> tuple[np.ndarray, Any]:
+    """The single-process output (and cache records) in this process, computed once per case."""
+    key = (family, repr(sorted(call.items())) + repr(cache))
+    if key not in _references:
+        recipe = {"cache": {"threshold": cache}} if cache else {}
+        output, records, _ = cases.tiny_run(f"tiny-{family}", recipe, call)
+        _references[key] = (output, records)
+    return _references[key]
+
+
+def test_every_family_has_a_plan_and_a_cfg_style() -> None:
+    assert set(FAMILY_CASES) == set(FAMILIES)
+    for family in FAMILIES.values():
+        assert family.parallel is not None and family.cfg is not None, family.name
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("family", list(FAMILY_CASES))
+def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> None:
+    case, parallel = FAMILY_CASES[family], MODES[mode]
+    expected, _ = reference(family, case.call)
+    runs = rank_pools(world_of(parallel)).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel}, case.call)
+    for output, _, bytes_sent in runs:  # every rank returns the whole output
+        assert bytes_sent > 0, "no rank exchanged anything: the mode did not engage"
+        assert output.shape == expected.shape
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CASES))
+def test_token_counts_three_ranks_do_not_divide(rank_pools, family: str) -> None:
+    case = FAMILY_CASES[family]
+    call = dict(case.call, **case.odd)
+    expected, _ = reference(family, call)
+    for output, _, _ in rank_pools(3).run(cases.tiny_run, f"tiny-{family}", {"parallel": {"ring": 3}}, call):
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("mode", list(CACHE_MODES))
+@pytest.mark.parametrize("family", list(FAMILY_CASES))
+def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
+    """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
+    the calls of its own branch), with the same block-0 change, and the outputs agree."""
+    case, parallel = FAMILY_CASES[family], CACHE_MODES[mode]
+    call = dict(case.call, num_inference_steps=8)
+    expected, records = reference(family, call, case.threshold)
+    assert 0 < sum(r[3] for r in records) < len(records)  # a run that caches some calls, not all
+    world = world_of(parallel)
+    runs = rank_pools(world).run(
+        cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": {"threshold": case.threshold}}, call
+    )
+    split_calls = parallel.get("cfg", 1) > 1 and FAMILIES[family].cfg == "calls"
+    for rank, (output, got, _) in enumerate(runs):
+        half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses)
+        mine = [r for r in records if not split_calls or r[1] == half]
+        assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in mine]
+        changes = [-1.0 if r[2] is None else r[2] for r in got]  # None: no previous residual yet
+        assert changes == pytest.approx([-1.0 if r[2] is None else r[2] for r in mine], rel=1e-4)
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "family, off, detail",
+    [
+        ("wan", dict(guidance_scale=1.0), "the pipeline called the transformer once per step"),
+        ("flux", dict(true_cfg_scale=1.0), "the pipeline called the transformer once per step"),
+        ("ltx", dict(guidance_scale=1.0), "the transformer got a batch of 1"),
+    ],
+)
+def test_cfg_parallel_without_guidance_stops_every_rank_with_one_message(rank_pools, family: str, off: dict, detail: str) -> None:
+    """accel.apply cannot see the call's settings beforehand: the first step with nothing to split
+    stops every rank with the same message (no hang, no half-computed output)."""
+    call = dict(FAMILY_CASES[family].call, **off)
+    errors = rank_pools(4).run(cases.tiny_error, f"tiny-{family}", {"parallel": {"cfg": 2, "ulysses": 2}}, call)
+    assert errors == [
+        f"UserError: [parallel] cfg = 2 splits the classifier-free guidance branches, but {detail}; turn guidance on "
+        "(a guidance scale above 1, with a negative prompt where the model needs one) or set cfg = 1"
+    ] * 4
+
+
+WAN_VARIANTS = {
+    # Wan 2.1 I2V: 36 input channels, CLIP image tokens next to the text in every cross-attention.
+    "i2v": ("accel.models.wan:build_tiny_i2v", dict(FAMILY_CASES["wan"].call, image=cases.gradient_image())),
+    # Wan 2.2 A14B: a high-noise and a low-noise transformer, two steps each.
+    "2.2": ("accel.models.wan:build_tiny_22", dict(FAMILY_CASES["wan"].call, guidance_scale=4.0, guidance_scale_2=3.0)),
+}
+
+
+@pytest.mark.parametrize("mode", ["ulysses2", "ring2", "cfg2xulysses2"])
+@pytest.mark.parametrize("variant", list(WAN_VARIANTS))
+def test_wan_image_to_video_and_two_expert_variants(rank_pools, variant: str, mode: str) -> None:
+    builder, call = WAN_VARIANTS[variant]
+    expected, _, _ = cases.tiny_run(builder, {}, call)
+    parallel = MODES[mode]
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, builder, {"parallel": parallel}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
