@@ -18,29 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from ranks import free_port, join_gloo
 from timing import median_time
 
 MESHES = {"ulysses": (4, 1), "ring": (1, 4), "usp 2x2": (2, 2)}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _join_gloo(rank: int, world: int, port: int) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
 
 
 def _groups(ulysses: int, ring: int, device: str) -> tuple[Any, Any]:
@@ -63,7 +48,7 @@ def _bytes_rank(rank: int, world: int, port: int, shape: tuple[int, int, int, in
     from accel.parallel.attention import usp_attention
     from accel.parallel.comm import TRAFFIC
 
-    _join_gloo(rank, world, port)
+    join_gloo(rank, world, port)
     batch, heads, tokens, dim = shape
     for name, (ulysses, ring) in MESHES.items():
         q, k, v = (torch.randn(batch, heads, tokens // world, dim, dtype=torch.bfloat16) for _ in range(3))
@@ -75,7 +60,7 @@ def _bytes_rank(rank: int, world: int, port: int, shape: tuple[int, int, int, in
 
 def bytes_section(shape: tuple[int, int, int, int]) -> None:
     results = mp.Manager().dict()
-    mp.spawn(_bytes_rank, args=(4, _free_port(), shape, results), nprocs=4)
+    mp.spawn(_bytes_rank, args=(4, free_port(), shape, results), nprocs=4)
     print(f"\n1. bytes sent per rank, one self-attention call, 4 ranks, shape {shape} bf16")
     print(f"   {'mode':<10}{'measured':>14}{'minimum':>14}{'ratio':>8}")
     for name in MESHES:
@@ -91,7 +76,7 @@ def _speed_rank(rank: int, world: int, port: int, shape: tuple[int, int, int, in
 
     from accel.parallel.attention import ring_attention, ulysses_attention
 
-    _join_gloo(rank, world, port)
+    join_gloo(rank, world, port)
     batch, heads, tokens, dim = shape
     q, k, v = (torch.randn(batch, heads, tokens // world, dim) for _ in range(3))
     group = dist.group.WORLD
@@ -108,7 +93,7 @@ def speed_section(shape: tuple[int, int, int, int], repeats: int) -> None:
     q, k, v = (torch.randn(*shape) for _ in range(3))
     single = median_time(lambda: attention_with_lse(q, k, v), repeats, warmup=1)
     results = mp.Manager().dict()
-    mp.spawn(_speed_rank, args=(2, _free_port(), shape, repeats, results), nprocs=2)
+    mp.spawn(_speed_rank, args=(2, free_port(), shape, repeats, results), nprocs=2)
     print(f"\n2. attention alone, shape {shape} float32, 1 thread per process")
     print(f"   1 process: {single:.3f} s")
     for name in ("ulysses", "ring"):

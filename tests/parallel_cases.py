@@ -136,3 +136,24 @@ def gradient_image(size: int = 64) -> Any:
     ramp = np.linspace(0, 255, size)
     r, g = np.meshgrid(ramp, ramp)
     return Image.fromarray(np.stack([r, g, 255 - (r + g) / 2], -1).astype(np.uint8))
+
+
+def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
+    """Max-abs difference, this rank, between the tiny Wan transformer with one timestep per video
+    token (Wan 2.2 TI2V) under context parallelism and the same call on one process."""
+    from accel.models.registry import FAMILIES
+    from accel.parallel.plan import ContextParallel
+
+    transformer = tiny_pipeline("tiny-wan").transformer
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 16, 2, 6, 10, generator=generator)  # 2 x 3 x 5 = 30 tokens
+    text = torch.randn(1, 512, 32, generator=generator)
+    timestep = torch.linspace(0, 999, 30)[None, :]  # (batch, tokens): differs per token
+    with torch.no_grad():
+        expected = transformer(latents, timestep, text, return_dict=False)[0]
+        engine = ContextParallel(transformer, FAMILIES["wan"].parallel, build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu"))
+        try:
+            got = transformer(latents, timestep, text, return_dict=False)[0]
+        finally:
+            engine.remove()
+    return (got - expected).abs().max().item()

@@ -174,3 +174,10 @@ def test_wan_image_to_video_and_two_expert_variants(rank_pools, variant: str, mo
     for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, builder, {"parallel": parallel}, call):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("parallel", [(2, 1), (1, 3)], ids=["ulysses2", "ring3"])
+def test_wan_per_token_timesteps_are_cut_with_the_video(rank_pools, parallel: tuple[int, int]) -> None:
+    """Wan 2.2 TI2V gives every video token its own timestep: those are cut like the tokens."""
+    errors = rank_pools(parallel[0] * parallel[1]).run(cases.wan_per_token_timestep_error, *parallel)
+    assert max(errors) <= TOLERANCE

@@ -1,0 +1,228 @@
+"""Every family under context and CFG parallelism: per-step transformer time, 2 CPU ranks against 1.
+
+Ratios measured side by side in one run (absolute times on a shared machine mean little):
+
+1. Each family's tiny pipeline, 1 process x 1 thread against 2 gloo ranks x 1 thread, for
+   Ulysses 2, Ring 2 and CFG 2: the transformer's time per denoising step (the slower rank's),
+   at the tiny size and at a longer sequence. The VAE is skipped (latent output).
+2. With --device cuda: per-rank transformer forward time with the "fake" process group (one
+   process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
+   real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024 and Wan 2.1 14B at
+   1280x720, 33 frames. On the CPU, --smoke runs the same code on scaled-down configs.
+
+    python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from ranks import free_port, join_gloo
+from timing import median_time
+
+MODES = {"ulysses 2": {"ulysses": 2}, "ring 2": {"ring": 2}, "cfg 2": {"cfg": 2}}
+# A longer sequence per family: about 1-2k video/image tokens, guidance on.
+LONG = {
+    "flux": dict(height=256, width=512),  # 16 x 32 = 512 image tokens + 512 text
+    "wan": dict(height=256, width=256, num_frames=17),  # 5 latent frames x 16 x 16 = 1280 tokens
+    "hunyuan": dict(height=256, width=256, num_frames=17),  # 1280 video + 256 text
+    "cogvideox": dict(height=256, width=256, num_frames=17),  # 5 x 16 x 16 = 1280 video + 226 text
+    "mochi": dict(height=256, width=256, num_frames=13),  # 3 x 16 x 16 = 768 video + text
+    "ltx": dict(height=512, width=512, num_frames=25),  # 4 x 16 x 16 = 1024 video tokens
+}
+CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0)}
+
+
+# --- 1. two CPU ranks against one ---------------------------------------------------------------
+
+
+def _call(family: str, size: str, steps: int) -> dict[str, Any]:
+    from accel.models.registry import FAMILIES
+
+    defaults = FAMILIES[family].tiny_defaults
+    assert defaults is not None
+    call: dict[str, Any] = dict(prompt="a red fox", negative_prompt="blurry", num_inference_steps=steps,
+                                height=defaults.height, width=defaults.width, guidance_scale=defaults.guidance_scale)
+    if defaults.frames is not None:
+        call["num_frames"] = defaults.frames
+    call.update(CFG_ON.get(family, {}))
+    return call if size == "tiny" else dict(call, **LONG[family])
+
+
+def _step_time(pipe: Any, recipe: dict[str, Any], call: dict[str, Any], repeats: int) -> float:
+    """This rank's transformer seconds per denoising step (median over runs) under `recipe`."""
+    import accel
+
+    spent = [0.0]
+    starts: list[float] = []
+    transformer = pipe.transformer
+    hooks = [
+        transformer.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter())),
+        transformer.register_forward_hook(lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - starts.pop())),
+    ]
+    handle = accel.apply(pipe, recipe)
+    try:
+        def run() -> None:
+            pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent")
+
+        run()  # warm-up
+        per_run = []
+        for _ in range(repeats):
+            spent[0] = 0.0
+            run()
+            per_run.append(spent[0] / call["num_inference_steps"])
+        return sorted(per_run)[len(per_run) // 2]
+    finally:
+        handle.remove()
+        for hook in hooks:
+            hook.remove()
+
+
+def _family_rank(rank: int, world: int, port: int, families: list[str], steps: int, repeats: int, results: Any) -> None:
+    import torch.distributed as dist
+
+    import accel
+    from accel.models.registry import FAMILIES
+
+    join_gloo(rank, world, port)
+    for family in families:
+        pipe = accel.load_pipeline(f"tiny-{family}")
+        pipe.set_progress_bar_config(disable=True)
+        for size in ("tiny", "long"):
+            call = _call(family, size, steps)
+            if rank == 0:  # the single-process run, while the other rank waits
+                results[(family, size, "1 process")] = _step_time(pipe, {}, call, repeats)
+            dist.barrier()
+            for mode, parallel in MODES.items():
+                if mode.startswith("cfg") and FAMILIES[family].cfg is None:
+                    continue
+                seconds = torch.tensor(_step_time(pipe, {"parallel": parallel}, call, repeats))
+                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slower rank sets the pace
+                if rank == 0:
+                    results[(family, size, mode)] = seconds.item()
+
+
+def family_section(families: list[str], steps: int, repeats: int) -> None:
+    results = mp.Manager().dict()
+    mp.spawn(_family_rank, args=(2, free_port(), families, steps, repeats, results), nprocs=2)
+    print(f"\n1. transformer time per step, 2 gloo ranks x 1 thread against 1 process x 1 thread ({steps} steps)")
+    print(f"   {'family':<10}{'size':<6}{'1 process':>11}" + "".join(f"{mode:>14}" for mode in MODES))
+    for family in families:
+        for size in ("tiny", "long"):
+            single = results[(family, size, "1 process")]
+            cells = [
+                f"{single / results[(family, size, mode)]:>13.2f}x" if (family, size, mode) in results else f"{'—':>14}"
+                for mode in MODES
+            ]
+            print(f"   {family:<10}{size:<6}{single * 1000:>9.1f}ms" + "".join(cells))
+
+
+# --- 2. per-rank time with the fake process group -------------------------------------------------
+
+REAL = {
+    # FLUX.1-dev at 1024x1024: 64x64 packed tokens of 64 channels, 512 T5 tokens.
+    "flux": dict(cls="FluxTransformer2DModel", config=dict(in_channels=64, num_layers=19, num_single_layers=38,
+                 attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                 pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56)), tokens=(64, 64)),
+    # Wan 2.1 T2V 14B at 1280x720, 33 frames: 9 x 90 x 160 latents, (1, 2, 2) patches.
+    "wan": dict(cls="WanTransformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6), latents=(9, 90, 160)),
+}
+SMOKE = {"num_layers": 1, "num_single_layers": 1}  # CPU (--smoke): same attention shapes, far fewer layers
+
+
+def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, device: str) -> dict[str, Any]:
+    make = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
+    if family == "flux":
+        h, w = (n // scale for n in spec["tokens"])
+        ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij"), -1)
+        return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, 512, 4096), pooled_projections=make(1, 768),
+                    timestep=torch.ones(1, device=device, dtype=dtype), guidance=torch.full((1,), 3.5, device=device, dtype=dtype),
+                    img_ids=ids.reshape(-1, 3).to(device, dtype), txt_ids=torch.zeros(512, 3, device=device, dtype=dtype),
+                    return_dict=False)
+    f, h, w = spec["latents"]
+    return dict(hidden_states=make(1, 16, f, h // scale, w // scale), encoder_hidden_states=make(1, 512, 4096),
+                timestep=torch.ones(1, device=device), return_dict=False)
+
+
+def _transformer(family: str, spec: dict[str, Any], smoke: bool, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    import diffusers
+
+    config = dict(spec["config"])
+    if smoke:
+        config.update({k: v for k, v in SMOKE.items() if k in config})
+    with torch.device(device):
+        model = getattr(diffusers, spec["cls"])(**config)
+    return (model if dtype == torch.float32 else model.to(dtype)).eval()
+
+
+def _fake_rank(_index: int, world: int, family: str, device: str, repeats: int, results: Any) -> None:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from accel.models.registry import FAMILIES
+    from accel.parallel.mesh import Degrees, build_mesh
+    from accel.parallel.plan import ContextParallel
+
+    smoke = device != "cuda"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    spec = REAL[family]
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    transformer = _transformer(family, spec, smoke, dtype, device)
+    inputs = _inputs(family, spec, 4 if smoke else 1, dtype, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.no_grad():
+        if world == 1:
+            results[(family, 1)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+            return
+        heads = int(transformer.config.num_attention_heads)
+        for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
+            if heads % degrees.ulysses:
+                continue
+            engine = ContextParallel(transformer, FAMILIES[family].parallel, build_mesh(degrees, device))
+            results[(family, world, name)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+            engine.remove()
+
+
+def fake_section(families: list[str], device: str, repeats: int) -> None:
+    results = mp.Manager().dict()
+    for family in families:
+        for world in (1, 2, 4, 8):
+            mp.spawn(_fake_rank, args=(world, family, device, repeats, results), nprocs=1)
+    what = "real-size configs, bf16" if device == "cuda" else "CPU smoke test: 1-layer configs at 1/4 of the size, float32"
+    print(f"\n2. per-rank transformer forward time, fake process group, {what}, on {device}")
+    for family in families:
+        single = results[(family, 1)]
+        print(f"   {family}: one device {single * 1000:.1f} ms")
+        for world in (2, 4, 8):
+            cells = [
+                f"{name} {results[(family, world, name)] * 1000:.1f} ms ({single / results[(family, world, name)]:.2f}x, ideal {world}x)"
+                for name in ("ulysses", "ring") if (family, world, name) in results
+            ]
+            print(f"     N={world}: " + ";  ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--skip-cpu-ranks", action="store_true", help="only section 2")
+    parser.add_argument("--smoke", action="store_true", help="run section 2 on the CPU too (scaled-down configs)")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}")
+    if not args.skip_cpu_ranks:
+        family_section(args.families.split(","), args.steps, args.repeats)
+    if args.device == "cuda" or args.smoke:
+        fake_section([f for f in ("flux", "wan") if f in args.families.split(",")], args.device, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

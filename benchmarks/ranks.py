@@ -1,0 +1,24 @@
+"""Starting gloo ranks for the benchmark scripts (run as `python benchmarks/X.py`, so this imports as `ranks`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def join_gloo(rank: int, world: int, port: int) -> None:
+    """Join a local gloo group as `rank` of `world`, one thread per rank (ranks share the cores)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
