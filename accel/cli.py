@@ -142,18 +142,17 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
               master_port: int | None) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
     from accel.launch import LaunchSpec, launch
-    from accel.models.loading import heads_before_start
+    from accel.models.loading import heads_before_start, resolve_model
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of
 
-    heads, family = heads_before_start(settings.model.name)
-    if family is not None:
-        from accel.models.loading import resolve_model
+    ref = resolve_model(settings.model.name)
+    if ref.family is not None:
         from accel.runner import generation_kwargs
 
-        plan_of(family, "--gpus / [parallel]")
-        generation_kwargs(family, resolve_model(settings.model.name).tiny, settings)  # CFG on where cfg = 2
-    resolve_degrees(settings.parallel, heads, settings.model.name)
+        plan_of(ref.family, "--gpus / [parallel]")
+        generation_kwargs(ref.family, ref.tiny, settings)  # CFG on where cfg = 2
+    resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
     spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port)
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None
     if argv is None:

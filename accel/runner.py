@@ -24,7 +24,7 @@ from accel.parallel.mesh import init_distributed
 from accel.models.registry import family_of
 from accel.quality import psnr
 from accel.recipe import Recipe
-from accel.steps import StepEvents
+from accel.steps import StepEvents, StepListener
 
 
 @dataclass
@@ -249,15 +249,12 @@ def _progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) 
             events.remove(listener)
 
 
-class _BarListener:
+class _BarListener(StepListener):
     def __init__(self, bar: Any) -> None:
         self.bar = bar
 
     def on_generation_start(self, num_steps: int) -> None:
         self.bar.start(num_steps)
-
-    def before_step(self, step_index: int) -> None:
-        pass
 
     def on_step_end(self, step_index: int) -> None:
         self.bar.advance()

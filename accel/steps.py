@@ -11,17 +11,22 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from accel.instance import override
 
 
-class StepListener(Protocol):
-    def on_generation_start(self, num_steps: int) -> None: ...
+class StepListener:
+    """Receives one pipeline's step events; each event does nothing unless a listener overrides it."""
 
-    def before_step(self, step_index: int) -> None: ...
+    def on_generation_start(self, num_steps: int) -> None:
+        pass
 
-    def on_step_end(self, step_index: int) -> None: ...
+    def before_step(self, step_index: int) -> None:
+        pass
+
+    def on_step_end(self, step_index: int) -> None:
+        pass
 
 
 class StepEvents:

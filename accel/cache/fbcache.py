@@ -26,7 +26,7 @@ from torch import nn
 
 from accel.instance import override
 from accel.models.base import BlockList
-from accel.steps import StepEvents
+from accel.steps import StepEvents, StepListener
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class _Slot:
     signature: inspect.Signature
 
 
-class FirstBlockCache:
+class FirstBlockCache(StepListener):
     """Installs itself on one transformer's blocks; `remove()` puts the original forwards back."""
 
     def __init__(
@@ -139,9 +139,6 @@ class FirstBlockCache:
         self._states.clear()
         self.stats = CacheStats()
         self._calls_in_step = 0
-
-    def before_step(self, step_index: int) -> None:
-        pass
 
     def _count_call(self) -> None:
         self._branch = self._calls_in_step

@@ -41,17 +41,16 @@ def resolve_model(name: str) -> ModelRef:
     raise ModelError(unknown_model_message(name))
 
 
-def heads_before_start(name: str) -> tuple[int | None, Family | None]:
+def heads_before_start(ref: ModelRef) -> int | None:
     """Attention heads of the model's transformer, known without loading it (None when unknown: a hub
-    id; the ranks check once loaded), and its family. Lets Ulysses degrees be refused before start-up."""
-    ref = resolve_model(name)
+    id; the ranks check once loaded). Lets Ulysses degrees be refused before start-up."""
     if ref.family is not None and (ref.tiny or ref.source == ref.family.repo):
-        return (ref.family.tiny_heads if ref.tiny else ref.family.heads), ref.family
+        return ref.family.tiny_heads if ref.tiny else ref.family.heads
     config = Path(ref.source) / "transformer" / "config.json"
     if config.is_file():
         heads = json.loads(config.read_text()).get("num_attention_heads")
-        return (int(heads) if isinstance(heads, int) else None), ref.family
-    return None, ref.family
+        return int(heads) if isinstance(heads, int) else None
+    return None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, ref: ModelRef) -> torch.dtype:

@@ -27,7 +27,8 @@ from accel.instance import override
 from accel.models.base import CfgStyle
 from accel.parallel.comm import all_gather
 from accel.parallel.mesh import ParallelMesh
-from accel.steps import StepEvents
+from accel.parallel.outputs import as_output, map_sample, sample_of
+from accel.steps import StepEvents, StepListener
 
 
 def _no_cfg_message(detail: str) -> str:
@@ -37,7 +38,7 @@ def _no_cfg_message(detail: str) -> str:
     )
 
 
-class CfgParallel:
+class CfgParallel(StepListener):
     """CFG parallelism on a pipeline's transformers; `remove()` restores them."""
 
     def __init__(
@@ -86,9 +87,6 @@ class CfgParallel:
             raise UserError(_no_cfg_message("the pipeline called the transformer once per step"))
         self._calls = 0
 
-    def on_step_end(self, step_index: int) -> None:
-        pass
-
     # -- batched CFG -----------------------------------------------------------------------------
     def _batch_half(self, original: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
         primary = bound.arguments[self.batch_args[0]]
@@ -100,7 +98,7 @@ class CfgParallel:
             if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
                 bound.arguments[name] = value.chunk(2)[self.half]
         output = original(*bound.args, **bound.kwargs)
-        return _map_sample(output, lambda half: torch.cat(all_gather(half, self.group), dim=0))
+        return map_sample(output, lambda half: torch.cat(all_gather(half, self.group), dim=0))
 
     # -- one call per branch ---------------------------------------------------------------------
     def _own_call(self, original: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
@@ -113,10 +111,10 @@ class CfgParallel:
             )
         if index == self.half:
             output = original(*bound.args, **bound.kwargs)
-            self._computed = _sample(output)
+            self._computed = sample_of(output)
         else:
             self._placeholder = torch.empty(0)
-            output = _as_output(self._placeholder, bound.arguments.get("return_dict", True))
+            output = as_output(self._placeholder, bound.arguments.get("return_dict", True))
         if index == 1:
             self._swap()
         return output
@@ -129,26 +127,3 @@ class CfgParallel:
             self._placeholder.data = results[1 - self.half]  # the pipeline holds this very tensor
         self._computed, self._placeholder = None, None
 
-
-def _sample(output: Any) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, tuple):
-        return output[0]
-    return output.sample
-
-
-def _map_sample(output: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    if isinstance(output, Tensor):
-        return fn(output)
-    if isinstance(output, tuple):
-        return (fn(output[0]), *output[1:])
-    return type(output)(**{**output, "sample": fn(output.sample)})
-
-
-def _as_output(sample: Tensor, return_dict: bool) -> Any:
-    if not return_dict:
-        return (sample,)
-    from diffusers.models.modeling_outputs import Transformer2DModelOutput
-
-    return Transformer2DModelOutput(sample=sample)

@@ -26,6 +26,7 @@ from accel.parallel.comm import all_gather
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter, key_mask
+from accel.parallel.outputs import map_sample
 
 
 def plan_of(family: Family, where: str) -> ParallelPlan:
@@ -59,8 +60,10 @@ class ContextParallel:
         self._layouts: dict[str, SequenceLayout] = {}
         self._active = False
         self._local_depth = 0
-        self._gathered_masks: dict[int, tuple[Tensor, int, Tensor]] = {}
-        self._cuts: dict[int, tuple[Tensor, int, Tensor]] = {}
+        # Blocks are often handed the same tensor (a joint mask): cut it once and gather its mask
+        # once per forward, so every block gets the same shard object and no repeated exchange.
+        self._cuts = _PerTensor()
+        self._gathered_masks = _PerTensor()
         self._undo: list[Callable[[], None]] = []
 
         self._forward = transformer.forward
@@ -131,7 +134,6 @@ class ContextParallel:
     # -- the forward call ------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         bound = self._signature.bind(*args, **kwargs)
-        self._layouts, self._gathered_masks, self._cuts, self._local_depth = {}, {}, {}, 0
         self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module])
         self._active = True
         try:
@@ -139,9 +141,10 @@ class ContextParallel:
                 output = self._forward(*bound.args, **bound.kwargs)
             if not self.plan.output_module:
                 output = self._gather(output)
-        finally:
-            self._active = False
-            self._layouts, self._gathered_masks, self._cuts = {}, {}, {}
+        finally:  # the per-call state starts empty for the next call, however this one ended
+            self._active, self._layouts, self._local_depth = False, {}, 0
+            self._cuts.clear()
+            self._gathered_masks.clear()
         return output
 
     def real_tokens(self, value: str) -> Tensor | None:
@@ -162,14 +165,7 @@ class ContextParallel:
             return type(value)(self._cut(split, item) for item in value)
         if not isinstance(value, Tensor) or (split.ndim is not None and value.dim() != split.ndim):
             return value
-        # Every block may be handed the same full tensor (a joint mask): cut it once, hand out one
-        # shard object, so the attention's mask exchange happens once per forward too.
-        entry = self._cuts.get(id(value))
-        if entry is not None and entry[0] is value and entry[1] == value._version:
-            return entry[2]
-        shard = self._cut_tensor(split, value)
-        self._cuts[id(value)] = (value, value._version, shard)
-        return shard
+        return self._cuts.get(value, lambda: self._cut_tensor(split, value))
 
     def _cut_tensor(self, split: SequenceSplit, value: Tensor) -> Tensor:
         if len(split.streams) == 1:
@@ -235,17 +231,15 @@ class ContextParallel:
         return torch.cat([segment.layout.valid(device) for segment in segments if segment.layout], dim=1)[:, None, :]
 
     def _every_rank_mask(self, mask: Tensor, share: _Share | None) -> Tensor:
-        """(P, B|1, keys per rank): every rank's key mask. Blocks pass one mask tensor, so it crosses
-        the wire once per forward (keyed by the tensor itself, held here so its id stays unique)."""
-        entry = self._gathered_masks.get(id(mask))
-        if entry is not None and entry[0] is mask and entry[1] == mask._version:
-            return entry[2]
-        local = key_mask(mask)
-        if share is not None:
-            local = share.take(local, -1)
-        gathered = torch.stack(all_gather(local.to(torch.uint8), self.mesh.sequence_group)).bool()
-        self._gathered_masks[id(mask)] = (mask, mask._version, gathered)
-        return gathered
+        """(P, B|1, keys per rank): every rank's key mask, exchanged once per mask tensor and forward."""
+
+        def gather() -> Tensor:
+            local = key_mask(mask)
+            if share is not None:
+                local = share.take(local, -1)
+            return torch.stack(all_gather(local.to(torch.uint8), self.mesh.sequence_group)).bool()
+
+        return self._gathered_masks.get(mask, gather)
 
     def _own_share(self, segments: list[_Segment], replicated: int) -> _Share:
         layout = SequenceLayout(segments[replicated].tokens, self.world)
@@ -258,16 +252,26 @@ class ContextParallel:
         layout = self._layouts.get(self.plan.output_stream)
         if layout is None:
             raise PlanMismatch(f"context parallelism: no {self.plan.output_stream} tensor was cut, so there is nothing to gather")
-        dim = self.plan.output_dim
+        return map_sample(output, lambda shard: layout.join(all_gather(shard, self.mesh.sequence_group), self.plan.output_dim))
 
-        def join(tensor: Tensor) -> Tensor:
-            return layout.join(all_gather(tensor, self.mesh.sequence_group), dim)
 
-        if isinstance(output, Tensor):
-            return join(output)
-        if isinstance(output, tuple):
-            return (join(output[0]), *output[1:])
-        return type(output)(**{**output, "sample": join(output.sample)})
+class _PerTensor:
+    """Results computed once per tensor object within one forward. Each entry holds its tensor, so
+    the id stays unique while cached, and its version, so an in-place change recomputes."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Tensor, int, Tensor]] = {}
+
+    def get(self, tensor: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+        entry = self._entries.get(id(tensor))
+        if entry is not None and entry[0] is tensor and entry[1] == tensor._version:
+            return entry[2]
+        result = compute()
+        self._entries[id(tensor)] = (tensor, tensor._version, result)
+        return result
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:

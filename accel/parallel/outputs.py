@@ -1,0 +1,35 @@
+"""The sample tensor of a transformer's output, in each shape diffusers returns it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+
+
+def sample_of(output: Any) -> Tensor:
+    """The sample of a bare tensor, a `(sample, ...)` tuple or an output dataclass."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, tuple):
+        return output[0]
+    return output.sample
+
+
+def map_sample(output: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """The same kind of output with `fn` applied to its sample, everything else untouched."""
+    if isinstance(output, Tensor):
+        return fn(output)
+    if isinstance(output, tuple):
+        return (fn(output[0]), *output[1:])
+    return type(output)(**{**output, "sample": fn(output.sample)})
+
+
+def as_output(sample: Tensor, return_dict: bool) -> Any:
+    """What a transformer called with `return_dict` returns for this sample."""
+    if not return_dict:
+        return (sample,)
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    return Transformer2DModelOutput(sample=sample)
