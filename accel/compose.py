@@ -29,6 +29,7 @@ from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
+from accel.vae import ParallelDecode
 
 _applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
 
@@ -56,6 +57,8 @@ class AccelHandle:
     # The process groups in use (None: one process) and the engine on each transformer attribute.
     mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
+    # The split VAE decode (None: the decode runs whole on every rank).
+    vae_decode: ParallelDecode | None = None
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -182,12 +185,37 @@ def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], An
 
 
 def _apply_vae(handle: AccelHandle) -> None:
+    """Tiling first (the VAE's own choice of tiles), then the row split inside each decoder call."""
     vae = getattr(handle.pipe, "vae", None)
-    if not handle.recipe.vae.tiling or vae is None:
+    if vae is None:
         return
-    if not hasattr(vae, "enable_tiling"):
-        raise UserError(f"[vae] tiling: {type(vae).__name__} does not support tiled decoding; set tiling = false")
-    was_tiling = bool(getattr(vae, "use_tiling", False))
-    vae.enable_tiling()
-    if not was_tiling:
-        handle._undo.append(vae.disable_tiling)
+    settings = handle.recipe.vae
+    if settings.tiling:
+        if not hasattr(vae, "enable_tiling"):
+            raise UserError(f"[vae] tiling: {type(vae).__name__} does not support tiled decoding; set tiling = false")
+        was_tiling = bool(getattr(vae, "use_tiling", False))
+        vae.enable_tiling()
+        if not was_tiling:
+            handle._undo.append(vae.disable_tiling)
+    if settings.parallel:
+        _apply_parallel_vae(handle, vae)
+
+
+def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
+    """Split the decode over every rank of the job: the mesh's, or those of a script started under
+    torchrun with a replicated transformer. One process: nothing to split."""
+    from accel.launch import world_size
+    from accel.vae import ParallelDecode, plan_for
+
+    plan = plan_for(vae)
+    if handle.mesh is None:
+        if world_size() == 1:
+            return
+        from accel.parallel.agree import agree_on_noise
+        from accel.parallel.mesh import init_distributed
+
+        init_distributed(next(vae.parameters()).device.type, handle.recipe.parallel.timeout)
+        handle._undo.append(agree_on_noise(handle.pipe))  # every rank must decode the same latents
+    engine = ParallelDecode(vae, plan, all_ranks=handle.recipe.vae.all_ranks)
+    handle.vae_decode = engine
+    handle._undo.append(engine.remove)

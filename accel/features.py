@@ -12,8 +12,6 @@ from accel.recipe import Recipe
 def unavailable_features(recipe: Recipe) -> list[str]:
     """What the recipe asks for that has not landed yet, one phrase each (empty when all is well)."""
     missing = []
-    if recipe.vae.parallel:
-        missing.append("[vae] parallel = true: parallel VAE decode")
     if recipe.quant.type != "none":
         missing.append(f"[quant] type = '{recipe.quant.type}': quantization")
     if recipe.compile.enabled:

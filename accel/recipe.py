@@ -110,8 +110,9 @@ class ParallelSection:
 class VaeSection:
     """VAE decode options, which dominate memory at high resolutions."""
 
-    parallel: bool = _key(False, "Split the VAE decode across the parallel group's GPUs.")
-    tiling: bool = _key(False, "Decode in tiles to bound memory.")
+    parallel: bool = _key(False, "Split the VAE decode across every GPU of the job (exact: equals the one-GPU decode).")
+    tiling: bool = _key(False, "Decode in tiles to bound memory (with parallel, each tile is split).")
+    all_ranks: bool = _key(False, "With parallel: every rank gets the decoded pixels, not only rank 0.")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from accel.models.base import Family
+from accel.models.vaes import vae_plan
 from accel.runner import Metrics
 
 
@@ -70,9 +71,10 @@ def _parallel(parallel: dict[str, Any] | None) -> str:
     if parallel is None:
         return "off (1 process)"
     layout = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1)
+    vae = ", VAE decode split" if parallel.get("vae_split") else ""
     if parallel["chosen"]:
-        return f"{layout} (chosen for {parallel['world_size']} processes)"
-    return f"{layout} on {parallel['world_size']} processes"
+        return f"{layout} (chosen for {parallel['world_size']} processes){vae}"
+    return f"{layout} on {parallel['world_size']} processes{vae}"
 
 
 def traffic_table(metrics: Metrics) -> Table:
@@ -123,6 +125,9 @@ def family_features(family: Family) -> list[str]:
     if family.parallel is not None and family.cfg is not None:
         features.append(f"cfg: {'batched' if family.cfg == 'batch' else 'two calls'}")
     features.append("vae-tiling")
+    plan = vae_plan(family.vae) if family.vae else None
+    if plan is not None:
+        features.append(f"vae: {plan.method}-parallel")
     return features
 
 

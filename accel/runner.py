@@ -196,6 +196,7 @@ def run(
         result = measure(pipe, kwargs, seed, warmup, bar, "accelerated" if compare else "generating")
         stats = handle.cache_stats
         degrees = handle.degrees
+        vae_split = handle.vae_decode is not None
     finally:
         handle.remove()
 
@@ -211,7 +212,7 @@ def run(
     if degrees is not None:
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
-            "chosen": recipe.parallel.chooses_degrees,
+            "chosen": recipe.parallel.chooses_degrees, "vae_split": vae_split,
             "bytes_sent_per_rank": result.bytes_sent,
         }
     device = _device_of(pipe)

@@ -121,7 +121,6 @@ def test_parallel_outside_a_distributed_job_is_refused(tiny_flux: Any) -> None:
 @pytest.mark.parametrize(
     "recipe, message",
     [
-        ({"vae": {"parallel": True}}, "[vae] parallel = true: parallel VAE decode is not available yet"),
         ({"quant": {"type": "int8wo"}}, "[quant] type = 'int8wo': quantization is not available yet"),
         ({"compile": {"enabled": True}}, "[compile] enabled = true: torch.compile is not available yet"),
     ],

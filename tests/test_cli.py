@@ -119,7 +119,6 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-hunyuan", "--cfg-parallel", "--true-cfg", "3"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but there is no negative prompt, which HunyuanVideo needs for true CFG; turn guidance on or set cfg = 1"),
         (["launch", "missing.py"], "missing.py: no such script"),
         (["launch", "--gpus", "0", "missing.py"], "--gpus must be >= 1, got 0"),
-        (["run", "tiny-flux", "--parallel-vae"], "[vae] parallel = true: parallel VAE decode is not available yet"),
         (["run", "tiny-flux", "--quant", "int8wo"], "[quant] type = 'int8wo': quantization is not available yet"),
         (["run", "tiny-flux", "--compile"], "[compile] enabled = true: torch.compile is not available yet"),
         (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
@@ -164,11 +163,12 @@ def test_models_lists_the_registry() -> None:
     from accel.models.registry import FAMILIES
     from accel.report import family_features
 
-    assert family_features(FAMILIES["flux"]) == ["fbcache", "ulysses/ring/usp", "cfg: two calls", "vae-tiling"]
-    assert family_features(FAMILIES["ltx"]) == ["fbcache", "ulysses/ring/usp", "cfg: batched", "vae-tiling"]
-    unplanned = dataclasses.replace(FAMILIES["flux"], parallel=None)
+    assert family_features(FAMILIES["flux"]) == ["fbcache", "ulysses/ring/usp", "cfg: two calls", "vae-tiling", "vae: patch-parallel"]
+    assert family_features(FAMILIES["ltx"]) == ["fbcache", "ulysses/ring/usp", "cfg: batched", "vae-tiling", "vae: patch-parallel"]
+    unplanned = dataclasses.replace(FAMILIES["flux"], parallel=None, vae="AutoencoderTiny")
     assert family_features(unplanned) == ["fbcache", "vae-tiling"]
     assert result.stdout.count("ulysses/ring/usp") == len(FAMILIES)  # every family, unabridged
+    assert result.stdout.count("vae: patch-parallel") == len(FAMILIES)
 
 
 def test_env_reports_versions_and_kernels() -> None:

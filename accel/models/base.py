@@ -115,6 +115,8 @@ class Family:
     # are checked against them before any rank starts.
     heads: int | None = None
     tiny_heads: int | None = None
+    # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
+    vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
     parallel: ParallelPlan | None = None
     # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation

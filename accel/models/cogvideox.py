@@ -105,6 +105,7 @@ FAMILY = Family(
     title="CogVideoX",
     pipeline_class="CogVideoXPipeline",
     transformer_class="CogVideoXTransformer3DModel",
+    vae="AutoencoderKLCogVideoX",
     repo="THUDM/CogVideoX-5b",
     output="video",
     dtype="bfloat16",

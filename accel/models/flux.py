@@ -97,6 +97,7 @@ FAMILY = Family(
     title="FLUX.1",
     pipeline_class="FluxPipeline",
     transformer_class="FluxTransformer2DModel",
+    vae="AutoencoderKL",
     repo="black-forest-labs/FLUX.1-dev",
     output="image",
     dtype="bfloat16",

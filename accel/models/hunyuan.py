@@ -105,6 +105,7 @@ FAMILY = Family(
     title="HunyuanVideo",
     pipeline_class="HunyuanVideoPipeline",
     transformer_class="HunyuanVideoTransformer3DModel",
+    vae="AutoencoderKLHunyuanVideo",
     repo="hunyuanvideo-community/HunyuanVideo",
     output="video",
     dtype="bfloat16",

@@ -111,6 +111,7 @@ FAMILY = Family(
     title="LTX-Video",
     pipeline_class="LTXPipeline",
     transformer_class="LTXVideoTransformer3DModel",
+    vae="AutoencoderKLLTXVideo",
     repo="Lightricks/LTX-Video",
     output="video",
     dtype="bfloat16",

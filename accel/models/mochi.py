@@ -107,6 +107,7 @@ FAMILY = Family(
     title="Mochi 1",
     pipeline_class="MochiPipeline",
     transformer_class="MochiTransformer3DModel",
+    vae="AutoencoderKLMochi",
     repo="genmo/mochi-1-preview",
     output="video",
     dtype="bfloat16",

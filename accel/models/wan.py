@@ -154,6 +154,7 @@ FAMILY = Family(
     title="Wan 2.1 / 2.2",
     pipeline_class="WanPipeline",
     transformer_class="WanTransformer3DModel",
+    vae="AutoencoderKLWan",
     repo="Wan-AI/Wan2.1-T2V-14B-Diffusers",
     output="video",
     dtype="bfloat16",

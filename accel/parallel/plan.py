@@ -274,14 +274,18 @@ class _PerTensor:
         self._entries.clear()
 
 
-def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:
+def glob_modules(modules: dict[str, torch.nn.Module], pattern: str) -> list[torch.nn.Module]:
     """Modules whose dotted name matches `pattern` segment by segment ("blocks.*.attn2": * is one name)."""
     parts = pattern.split(".")
-    found = [
+    return [
         module
         for name, module in modules.items()
         if name and len(name.split(".")) == len(parts) and all(fnmatchcase(n, p) for n, p in zip(name.split("."), parts))
     ]
+
+
+def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:
+    found = glob_modules(modules, pattern)
     if not found:
         raise PlanMismatch(f"{type(transformer).__name__} has no module {pattern!r} {why}")
     return found

@@ -1,0 +1,43 @@
+"""How each VAE class decodes split over ranks: data for the generic engine in `accel/vae/`.
+
+The engine handles every convolution, padding, GroupNorm and nearest upsampling of a decoder on
+its own; a VAE only has to name the parts that see all positions at once (attention over the
+whole latent), which every rank then runs on the gathered tensor for its own queries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+VaeMethod = Literal["patch"]
+
+
+@dataclass(frozen=True)
+class VaePlan:
+    """One VAE class's parallel decode.
+
+    `whole` lists decoder submodules (dotted names, `*` one segment) whose input is gathered so
+    every rank holds all rows: their attention spans every position (and Hunyuan's mid-block
+    builds a frame-causal mask from the full shape). Each rank still attends for its own rows
+    only. `noise_rows`: the decoder draws spatial noise (LTX 0.9.1's injected noise), which is
+    drawn at full height and cut, so every rank adds the rows a single process would.
+    """
+
+    method: VaeMethod = "patch"
+    whole: tuple[str, ...] = ()
+    noise_rows: bool = False
+
+
+VAE_PLANS: dict[str, VaePlan] = {
+    "AutoencoderKL": VaePlan(whole=("mid_block.attentions.*",)),
+    "AutoencoderKLHunyuanVideo": VaePlan(whole=("mid_block",)),
+    "AutoencoderKLWan": VaePlan(whole=("mid_block.attentions.*",)),
+    "AutoencoderKLCogVideoX": VaePlan(),
+    "AutoencoderKLMochi": VaePlan(),
+    "AutoencoderKLLTXVideo": VaePlan(noise_rows=True),
+}
+
+
+def vae_plan(class_name: str) -> VaePlan | None:
+    return VAE_PLANS.get(class_name)
