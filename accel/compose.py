@@ -207,14 +207,20 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
     from accel.launch import world_size
     from accel.vae import ParallelDecode, plan_for
 
+    import torch.distributed as dist
+
     plan = plan_for(vae)
     if handle.mesh is None:
-        if world_size() == 1:
+        if not dist.is_initialized():
+            if world_size() == 1:
+                return
+            from accel.parallel.mesh import init_distributed
+
+            init_distributed(next(vae.parameters()).device.type, handle.recipe.parallel.timeout)
+        if dist.get_world_size() == 1:
             return
         from accel.parallel.agree import agree_on_noise
-        from accel.parallel.mesh import init_distributed
 
-        init_distributed(next(vae.parameters()).device.type, handle.recipe.parallel.timeout)
         handle._undo.append(agree_on_noise(handle.pipe))  # every rank must decode the same latents
     engine = ParallelDecode(vae, plan, all_ranks=handle.recipe.vae.all_ranks)
     handle.vae_decode = engine

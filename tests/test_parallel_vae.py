@@ -120,6 +120,17 @@ def test_a_vae_without_a_plan_is_refused() -> None:
     )
 
 
+def test_one_process_leaves_the_decode_alone(tiny_flux) -> None:
+    import accel
+
+    handle = accel.apply(tiny_flux, {"vae": {"parallel": True}})
+    try:
+        assert handle.vae_decode is None
+        assert "forward" not in vars(tiny_flux.vae.decoder)  # no override installed
+    finally:
+        handle.remove()
+
+
 def test_the_run_table_says_the_decode_is_split() -> None:
     from accel.report import _parallel
 

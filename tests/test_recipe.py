@@ -38,7 +38,7 @@ FULL: dict[str, Any] = {
     },
     "cache": {"threshold": 0.12, "warmup_steps": 2, "max_consecutive_cached": 3},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
-    "vae": {"parallel": True, "tiling": True},
+    "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
     "bench": {

@@ -148,14 +148,16 @@ class SplitDecode(TorchFunctionMode):
             return func(input, num_groups, weight, bias, eps)
         batch, channels = input.shape[:2]
         grouped = input.reshape(batch, num_groups, -1)
-        count = torch.full((batch, num_groups), float(grouped.shape[-1]), dtype=torch.float64, device=input.device)
-        moments = torch.stack([count, *_sums(grouped)], dim=-1)
-        dist.all_reduce(moments, group=self.group)
-        TRAFFIC.add("all_reduce", moments.numel() * moments.element_size())
-        total, summed, squares = moments.unbind(-1)
-        mean = summed / total
-        variance = (squares / total - mean * mean).clamp_min(0)
-        rstd = torch.rsqrt(variance + eps)
+        # Two small all-reduces: the mean first, then squared deviations from it (summing raw
+        # squares instead would cancel badly in float32 when the mean is large).
+        moments = torch.stack([grouped.sum(-1, dtype=torch.float32).double(),
+                               torch.full((batch, num_groups), float(grouped.shape[-1]), dtype=torch.float64,
+                                          device=input.device)], dim=-1)
+        self._all_reduce(moments)
+        mean = moments[..., 0] / moments[..., 1]
+        spread = _squared_deviations(grouped, mean)
+        self._all_reduce(spread)
+        rstd = torch.rsqrt(spread / moments[..., 1] + eps)
         per_group = channels // num_groups
         scale = rstd.repeat_interleave(per_group, dim=1)
         shift = -mean.repeat_interleave(per_group, dim=1) * scale
@@ -166,6 +168,10 @@ class SplitDecode(TorchFunctionMode):
             shift = shift + bias.float()
         view = (batch, channels) + (1,) * (input.dim() - 2)
         return torch.addcmul(shift.view(view).to(input.dtype), input, scale.view(view).to(input.dtype))
+
+    def _all_reduce(self, tensor: Tensor) -> None:
+        dist.all_reduce(tensor, group=self.group)
+        TRAFFIC.add("all_reduce", tensor.numel() * tensor.element_size())
 
     # -- resizing and noise -------------------------------------------------------------------
     def _interpolate(self, func: Any, input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
@@ -250,9 +256,14 @@ def _rows_or_zeros(rows: Tensor | None, like: Tensor, count: int) -> Tensor:
     return rows if rows is not None else like.new_zeros((*like.shape[:-2], count, like.shape[-1]))
 
 
-def _sums(grouped: Tensor) -> tuple[Tensor, Tensor]:
-    """Per (sample, group) sum and sum of squares, accumulated in float64 (the variance is their
-    difference, so float32 sums would cancel) without a wider copy of the map."""
-    summed = grouped.sum(-1, dtype=torch.float64)
-    squares = torch.linalg.vector_norm(grouped, ord=2, dim=-1, dtype=torch.float64).square()
-    return summed, squares
+def _squared_deviations(grouped: Tensor, mean: Tensor, chunk_bytes: int = 64 << 20) -> Tensor:
+    """Per (sample, group) sum of (x - mean)² in float32, a few groups at a time so the centred
+    copy stays small."""
+    per_group = grouped[0, 0].numel() * 4
+    step = max(1, chunk_bytes // max(per_group, 1))
+    out = torch.empty(mean.shape, dtype=torch.float64, device=grouped.device)
+    centre = mean.float()
+    for start in range(0, grouped.shape[1], step):
+        chunk = grouped[:, start : start + step].float() - centre[:, start : start + step, None]
+        out[:, start : start + step] = torch.linalg.vector_norm(chunk, ord=2, dim=-1).double().square()
+    return out
