@@ -29,7 +29,7 @@ from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.recipe import Recipe, load_recipe
 from accel.steps import StepEvents
-from accel.vae import ParallelDecode
+from accel.vae import ParallelDecode, plan_for
 
 _applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
 
@@ -204,10 +204,9 @@ def _apply_vae(handle: AccelHandle) -> None:
 def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
     """Split the decode over every rank of the job: the mesh's, or those of a script started under
     torchrun with a replicated transformer. One process: nothing to split."""
-    from accel.launch import world_size
-    from accel.vae import ParallelDecode, plan_for
-
     import torch.distributed as dist
+
+    from accel.launch import world_size
 
     plan = plan_for(vae)
     if handle.mesh is None:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from accel.instance import override
+from accel.parallel.comm import global_rank
 
 
 def agree_on_noise(pipe: Any) -> Callable[[], None]:
@@ -26,15 +27,20 @@ def agree_on_noise(pipe: Any) -> Callable[[], None]:
     def prepare_latents(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs)
         for generator in _generators(bound.arguments.get("generator")):
-            state = [generator.get_state()]
-            dist.broadcast_object_list(state, src=0)
-            generator.set_state(state[0])
+            generator.set_state(rank0_object(generator.get_state()))
         result = original(*args, **kwargs)
         for tensor in _tensors(result):
             dist.broadcast(tensor, src=0)
         return result
 
     return override(pipe, "prepare_latents", prepare_latents)
+
+
+def rank0_object(value: Any, group: dist.ProcessGroup | None = None) -> Any:
+    """Rank 0's `value` (any picklable object, e.g. a random state), on every rank of `group`."""
+    box = [value]
+    dist.broadcast_object_list(box, src=global_rank(group, 0), group=group)
+    return box[0]
 
 
 def _generators(value: Any) -> Iterable[torch.Generator]:

@@ -44,6 +44,11 @@ def group_rank(group: Group | None) -> int:
     return dist.get_rank(group)
 
 
+def global_rank(group: Group | None, rank: int) -> int:
+    """The global rank of `group`'s rank `rank` (None: the default group, where they coincide)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
 def _nbytes(tensor: Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -76,8 +81,8 @@ class RingShift:
         tensor = tensor.contiguous()
         self.received = torch.empty_like(tensor)
         ops = [
-            dist.P2POp(dist.isend, tensor, dist.get_global_rank(group, (rank + 1) % world), group),
-            dist.P2POp(dist.irecv, self.received, dist.get_global_rank(group, (rank - 1) % world), group),
+            dist.P2POp(dist.isend, tensor, global_rank(group, (rank + 1) % world), group),
+            dist.P2POp(dist.irecv, self.received, global_rank(group, (rank - 1) % world), group),
         ]
         self._works = dist.batch_isend_irecv(ops)
         TRAFFIC.add("ring_p2p", _nbytes(tensor))

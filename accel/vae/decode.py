@@ -19,6 +19,8 @@ from torch import Tensor
 from accel.errors import UserError
 from accel.instance import override
 from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan
+from accel.parallel.agree import rank0_object
+from accel.parallel.comm import global_rank
 from accel.parallel.outputs import map_sample
 from accel.parallel.plan import glob_modules
 from accel.vae.exchange import gather_rows
@@ -93,17 +95,13 @@ class ParallelDecode:
     def _agree_on_random_state(self, device: torch.device) -> None:
         """Noise the decoder draws from the global generator is drawn whole on every rank and cut, so
         every rank must start from the same state: rank 0's, as if it decoded alone."""
-        cuda = device.type == "cuda"
-        state = [torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()]
-        dist.broadcast_object_list(state, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
-                                   group=self.group)
-        if cuda:
-            torch.cuda.set_rng_state(state[0], device)
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(rank0_object(torch.cuda.get_rng_state(device), self.group), device)
         else:
-            torch.set_rng_state(state[0])
+            torch.set_rng_state(rank0_object(torch.get_rng_state(), self.group))
 
     def _collect(self, sample: Tensor, split: RowSplit) -> Tensor:
-        to = None if self.all_ranks else (dist.get_global_rank(self.group, 0) if self.group is not None else 0)
+        to = None if self.all_ranks else global_rank(self.group, 0)
         whole = gather_rows(sample, split, self.group, to)
         if whole is not None:
             return whole

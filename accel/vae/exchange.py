@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from accel.errors import NotAvailableError
-from accel.parallel.comm import TRAFFIC
+from accel.parallel.comm import TRAFFIC, global_rank
 from accel.vae.rows import RowSplit
 
 
@@ -32,24 +32,21 @@ class Halo:
         ops: list[dist.P2POp] = []
         sent = 0
 
-        def peer(offset: int) -> int:
-            return dist.get_global_rank(group, split.rank + offset) if group is not None else split.rank + offset
-
         if not split.first:
             if above:
                 self.above = x.new_empty(_with_rows(x, above))
-                ops.append(dist.P2POp(dist.irecv, self.above, peer(-1), group))
+                ops.append(dist.P2POp(dist.irecv, self.above, global_rank(group, split.rank - 1), group))
             if below:
                 head = x[..., :below, :].contiguous()
-                ops.append(dist.P2POp(dist.isend, head, peer(-1), group))
+                ops.append(dist.P2POp(dist.isend, head, global_rank(group, split.rank - 1), group))
                 sent += head.numel() * head.element_size()
         if not split.last:
             if below:
                 self.below = x.new_empty(_with_rows(x, below))
-                ops.append(dist.P2POp(dist.irecv, self.below, peer(1), group))
+                ops.append(dist.P2POp(dist.irecv, self.below, global_rank(group, split.rank + 1), group))
             if above:
                 tail = x[..., x.shape[-2] - above :, :].contiguous()
-                ops.append(dist.P2POp(dist.isend, tail, peer(1), group))
+                ops.append(dist.P2POp(dist.isend, tail, global_rank(group, split.rank + 1), group))
                 sent += tail.numel() * tail.element_size()
         self._works = dist.batch_isend_irecv(ops) if ops else []
         TRAFFIC.add("halo_p2p", sent)
@@ -64,7 +61,8 @@ def _with_rows(x: Tensor, rows: int) -> tuple[int, ...]:
     return (*x.shape[:-2], rows, x.shape[-1])
 
 
-def _padded_rows(x: Tensor, rows: int) -> Tensor:
+def pad_rows(x: Tensor, rows: int) -> Tensor:
+    """`x` with zero rows appended up to `rows` (dim -2), as equal-shape collectives need."""
     if x.shape[-2] == rows:
         return x.contiguous()
     padded = x.new_zeros(_with_rows(x, rows))
@@ -77,7 +75,7 @@ def gather_rows(x: Tensor, split: RowSplit, group: dist.ProcessGroup | None, to:
     (the others get None)."""
     scale = split.scale_of_local(x.shape[-2])
     most = max(split.counts) * scale
-    padded = _padded_rows(x, most)
+    padded = pad_rows(x, most)
     world = split.world
     nbytes = padded.numel() * padded.element_size()
     if to is None:

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from accel.errors import NotAvailableError
 from accel.parallel.comm import TRAFFIC, all_gather
-from accel.vae.exchange import Halo
+from accel.vae.exchange import Halo, pad_rows
 from accel.vae.rows import RowSplit
 
 
@@ -227,9 +227,7 @@ def _shared_attention(region: WholeRegion, group: dist.ProcessGroup | None, quer
     attended = F.scaled_dot_product_attention(
         query.index_select(-2, own), key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs
     )
-    most = max(len(index) for index in owned)
-    padded = attended.new_zeros((*attended.shape[:-2], most, attended.shape[-1]))
-    padded[..., : len(own), :] = attended
+    padded = pad_rows(attended, max(len(index) for index in owned))
     out = attended.new_empty((*attended.shape[:-2], tokens, attended.shape[-1]))
     for index, piece in zip(owned, all_gather(padded, group)):
         out.index_copy_(out.dim() - 2, index, piece[..., : len(index), :])
