@@ -127,26 +127,25 @@ def run(
 
 
 def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> Any:
-    """The recipe file (or defaults) with the flags given on top, checked for features that exist."""
-    from accel.features import ensure_available
+    """The recipe file (or defaults) with the flags given on top."""
     from accel.recipe import Recipe, load_recipe
 
     base = load_recipe(recipe_path) if recipe_path is not None else Recipe.from_dict({})
     given = {section: {k: v for k, v in keys.items() if v is not None} for section, keys in overrides.items()}
-    merged = base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
-    ensure_available(merged)
-    return merged
+    return base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
 
 
 def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int | None) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
     from accel.launch import LaunchSpec, launch
-    from accel.models.loading import heads_before_start, resolve_model
+    from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
+    from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of
 
     ref = resolve_model(settings.model.name)
+    check_hardware(settings.quant.type, resolve_device(settings.model.device), resolve_dtype(settings.model.dtype, ref))
     if ref.family is not None:
         from accel.runner import generation_kwargs
 

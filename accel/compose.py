@@ -3,13 +3,17 @@
 Order (fixed; each step assumes the ones before it):
 
 1. quant     — torchao on the transformer's Linear layers (weights change first, so every later
-               step sees the final modules)
-2. parallel  — context-parallel attention and the split / gather plan
-3. cache     — First Block Cache on the transformer blocks (outside any compiled region)
-4. compile   — regional torch.compile of the repeated blocks
+               step sees the final modules, and compile traces the quantized kernels)
+2. parallel  — context-parallel attention and the split / gather plan (hooks and a mode that
+               compiled code traces through)
+3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
+4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
+               branch stays out of every graph
 5. vae       — VAE tiling / parallel decode
 
-Only the pipeline instance given is changed; the returned handle undoes every step in reverse.
+Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
+except quantization: it frees the high-precision weights (the point of it), so it stays, and a
+second apply with the same type leaves it as it is.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
 from accel.errors import NotAvailableError, UserError
-from accel.features import ensure_available
 from accel.models.base import Family
 from accel.models.registry import family_of
+from accel.optimize.compile import CompiledRegions
+from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.recipe import Recipe, load_recipe
@@ -59,6 +64,8 @@ class AccelHandle:
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
     # The split VAE decode (None: the decode runs whole on every rank).
     vae_decode: ParallelDecode | None = None
+    quant: QuantSummary | None = None
+    compiled: list[CompiledRegions] = field(default_factory=list)
     _undo: list[Callable[[], None]] = field(default_factory=list)
 
     @property
@@ -88,7 +95,6 @@ class AccelHandle:
 def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = None) -> AccelHandle:
     """Accelerate `pipe` in place as the recipe asks; see the module docstring for the order."""
     recipe = as_recipe(recipe)
-    ensure_available(recipe)
     if pipe in _applied:
         raise UserError(
             "accel.apply: this pipeline is already accelerated; call remove() on the handle "
@@ -97,7 +103,9 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
     try:
+        _apply_quant(handle)
         _apply_parallel(handle)
+        _apply_compile(handle)
         _apply_cache(handle)
         _apply_vae(handle)
     except BaseException:
@@ -105,6 +113,40 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         raise
     _applied[pipe] = handle
     return handle
+
+
+def _transformers(handle: AccelHandle) -> dict[str, Any]:
+    return {attr: t for attr in handle.family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None}
+
+
+def _apply_quant(handle: AccelHandle) -> None:
+    settings = handle.recipe.quant
+    if settings.type == "none":
+        return
+    transformers = _transformers(handle)
+    first = next(iter(transformers.values()))
+    parameter = next(first.parameters())
+    check_hardware(settings.type, parameter.device, parameter.dtype)
+    summary = QuantSummary(settings.type)
+    for attr, transformer in transformers.items():
+        part = quantize_transformer(
+            transformer, settings.type, handle.family.blocks, settings.scope, settings.exclude,
+            prefix=f"{attr}." if len(transformers) > 1 else "",
+        )
+        summary.quantized += part.quantized
+        for why, names in part.kept.items():
+            summary.kept.setdefault(why, []).extend(names)
+    handle.quant = summary
+
+
+def _apply_compile(handle: AccelHandle) -> None:
+    settings = handle.recipe.compile
+    if not settings.enabled:
+        return
+    for transformer in _transformers(handle).values():
+        regions = CompiledRegions(transformer, handle.family.blocks, settings.scope, settings.mode)
+        handle.compiled.append(regions)
+        handle._undo.append(regions.remove)
 
 
 def _apply_parallel(handle: AccelHandle) -> None:
@@ -120,7 +162,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
     plan = plan_of(family, "[parallel]")
     if settings.cfg > 1 and family.cfg is None:
         raise NotAvailableError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
-    transformers = {attr: t for attr in family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None}
+    transformers = _transformers(handle)
     device = next(next(iter(transformers.values())).parameters()).device
     init_distributed(device.type, settings.timeout)
     heads = min(int(t.config.num_attention_heads) for t in transformers.values())

@@ -122,19 +122,22 @@ class QuantSection:
     type: Literal["none", "int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"] = _key(
         "none", "Quantization scheme; none keeps the model dtype."
     )
-    exclude: tuple[str, ...] = _key((), "Glob patterns of module names left unquantized.")
+    scope: Literal["blocks", "transformer"] = _key(
+        "blocks", "Quantize the repeated blocks' Linear layers (embedders and output layers keep the model dtype) or every Linear layer."
+    )
+    exclude: tuple[str, ...] = _key((), "Module-name patterns left unquantized (fnmatch, * also spans dots: \"*.norm1.linear\").")
 
 
 @dataclass(frozen=True)
 class CompileSection:
     """torch.compile options."""
 
-    enabled: bool = _key(False, "Compile with torch.compile.")
+    enabled: bool = _key(False, "Compile the transformer with torch.compile (the first run compiles; it is timed as warm-up).")
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _key(
         "default", "torch.compile mode."
     )
     scope: Literal["blocks", "transformer"] = _key(
-        "blocks", "Compile each repeated block (fast to compile) or the whole transformer."
+        "blocks", "Compile the repeated blocks (one graph per block class, fast to compile) or the whole transformer."
     )
 
 

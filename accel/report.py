@@ -43,7 +43,7 @@ def run_table(metrics: Metrics) -> Table:
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
         ("load", _seconds(metrics.load_s)),
-        ("warm-up", _seconds(metrics.warmup_s)),
+        ("warm-up (compile)" if metrics.compile else "warm-up", _seconds(metrics.warmup_s)),
         ("generation", _seconds(metrics.generate_s)),
         ("per step", _seconds(metrics.per_step_s)),
         ("steps/s", f"{metrics.steps_per_s:.2f}"),
@@ -56,6 +56,8 @@ def run_table(metrics: Metrics) -> Table:
     else:
         rows.append(("cache hit rate", "off"))
     rows.append(("parallel", _parallel(metrics.parallel)))
+    rows.append(("quantization", _quant(metrics.quant)))
+    rows.append(("compile", _compile(metrics.compile)))
     rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
     if metrics.baseline_s is not None:
         rows.append(("baseline generation", _seconds(metrics.baseline_s)))
@@ -77,13 +79,33 @@ def _parallel(parallel: dict[str, Any] | None) -> str:
     return f"{layout} on {parallel['world_size']} processes{vae}"
 
 
+def _quant(quant: dict[str, Any] | None) -> str:
+    if quant is None:
+        return "off"
+    kept = sum(quant["kept_layers"].values())
+    return f"{quant['type']} ({quant['quantized_layers']} Linear layers; {kept} kept in the model dtype)"
+
+
+def _compile(compiled: dict[str, Any] | None) -> str:
+    if compiled is None:
+        return "off"
+    what = f"{compiled['compiled_modules']} blocks" if compiled["scope"] == "blocks" else "whole transformer"
+    text = f"{what}, mode {compiled['mode']}"
+    if compiled["graphs_timed"] is not None:
+        text += f"; {compiled['graphs_warmup']} graphs in warm-up, {compiled['graphs_timed']} recompiles in the timed run"
+    return text
+
+
 def traffic_table(metrics: Metrics) -> Table:
     """Bytes rank 0 sent through each kind of collective during the timed run, for --verbose."""
     table = Table(title="Bytes sent by rank 0", header_style="bold")
     table.add_column("collective")
     table.add_column("bytes sent", justify="right")
     table.add_column("per step", justify="right")
-    sent = (metrics.parallel or {}).get("bytes_sent_per_rank", {})
+    sent = (metrics.parallel or {}).get("bytes_sent_per_rank")
+    if sent is None:
+        table.add_row("not counted with --compile", "—", "—")
+        return table
     for kind, nbytes in sorted(sent.items()):
         table.add_row(kind, _bytes(nbytes), _bytes(nbytes // max(1, metrics.steps)))
     table.add_row("total", _bytes(sum(sent.values())), _bytes(sum(sent.values()) // max(1, metrics.steps)))
@@ -128,6 +150,8 @@ def family_features(family: Family) -> list[str]:
     plan = vae_plan(family.vae) if family.vae else None
     if plan is not None:
         features.append(f"vae: {plan.method}-parallel")
+    if family.blocks:
+        features += ["quant", "compile"]
     return features
 
 

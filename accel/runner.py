@@ -15,10 +15,11 @@ import torch
 
 from accel.compose import apply
 from accel.errors import UserError
-from accel.features import ensure_available
 from accel.media import save_image, save_video
 from accel.models.base import Family, GenerationDefaults
-from accel.models.loading import load_pipeline, resolve_device, resolve_model
+from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
+from accel.optimize.compile import compiled_graphs
+from accel.optimize.quantize import check_hardware
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import init_distributed
 from accel.models.registry import family_of
@@ -38,6 +39,9 @@ class Measurement:
     peak_memory_bytes: int
     # Bytes this rank sent through collectives during the timed run, by kind.
     bytes_sent: dict[str, int]
+    # Graphs torch.compile built during the warm-up and during the timed run (None: not counted).
+    graphs_warmup: int | None = None
+    graphs_timed: int | None = None
 
 
 @dataclass
@@ -60,6 +64,9 @@ class Metrics:
     cache: dict[str, Any] | None = None
     # Context parallelism: degrees, whether they were chosen automatically, bytes this rank sent.
     parallel: dict[str, Any] | None = None
+    # Quantization: scheme and layer counts; compile: scope, mode, graphs built (warm-up / timed).
+    quant: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None
     baseline_s: float | None = None
     psnr_db: float | None = None
 
@@ -136,11 +143,13 @@ def measure(
 
     `progress(label)` gives a context in which step events drive a bar (None: no bar)."""
     show = progress or (lambda _label: nullcontext())
+    graphs_before = compiled_graphs()
     start = time.perf_counter()
     for index in range(warmup):
         with show(f"{label}: warm-up {index + 1}/{warmup}"):
             generate(pipe, kwargs, seed)
     warmup_seconds = time.perf_counter() - start
+    graphs_warmed = compiled_graphs()
     device = _device_of(pipe)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -152,9 +161,15 @@ def measure(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
+    graphs_after = compiled_graphs()
     return Measurement(
-        output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device), dict(TRAFFIC.bytes_sent)
+        output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device), dict(TRAFFIC.bytes_sent),
+        _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed),
     )
+
+
+def _difference(after: int | None, before: int | None) -> int | None:
+    return after - before if after is not None and before is not None else None
 
 
 def run(
@@ -168,7 +183,6 @@ def run(
 ) -> Metrics:
     """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
     that shows denoising progress (the CLI passes a rich bar; the API passes nothing)."""
-    ensure_available(recipe)
     if warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {warmup}")
     ref = resolve_model(recipe.model.name)
@@ -177,6 +191,7 @@ def run(
         generation_kwargs(ref.family, ref.tiny, recipe)  # refuse bad settings before a long load
 
     device = resolve_device(recipe.model.device)
+    check_hardware(recipe.quant.type, device, resolve_dtype(recipe.model.dtype, ref))
     lead = True
     if recipe.parallel.world_size > 1:  # before loading: on CUDA it picks this rank's GPU
         lead = init_distributed(device.type, recipe.parallel.timeout)[0] == 0
@@ -197,6 +212,8 @@ def run(
         stats = handle.cache_stats
         degrees = handle.degrees
         vae_split = handle.vae_decode is not None
+        quant = handle.quant.as_dict() if handle.quant is not None else None
+        compiled = sum(len(regions.modules) for regions in handle.compiled)
     finally:
         handle.remove()
 
@@ -213,7 +230,14 @@ def run(
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
             "chosen": recipe.parallel.chooses_degrees, "vae_split": vae_split,
-            "bytes_sent_per_rank": result.bytes_sent,
+            # Collectives inside compiled code are not counted (comm.Traffic): no partial figure.
+            "bytes_sent_per_rank": None if recipe.compile.enabled else result.bytes_sent,
+        }
+    compile_info = None
+    if recipe.compile.enabled:
+        compile_info = {
+            "scope": recipe.compile.scope, "mode": recipe.compile.mode, "compiled_modules": compiled,
+            "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
         }
     device = _device_of(pipe)
     return Metrics(
@@ -232,6 +256,8 @@ def run(
         output_path=str(out_path) if out_path is not None else None,
         cache=stats.as_dict() if stats is not None else None,
         parallel=parallel,
+        quant=quant,
+        compile=compile_info,
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(result.output, baseline.output) if baseline else None,
     )

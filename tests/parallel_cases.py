@@ -157,3 +157,52 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
         finally:
             engine.remove()
     return (got - expected).abs().max().item()
+
+
+def compiled_attention(ulysses: int, ring: int, keys: int) -> tuple[float, int | None]:
+    """(max-abs difference of `usp_attention` compiled with fullgraph=True from eager, graphs built by
+    a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys)."""
+    from accel.optimize.compile import compiled_graphs
+
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    layout = SequenceLayout(keys, ulysses * ring)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, layout.shard, 16, generator=generator) for _ in range(3))
+    key_valid = layout.valid()[:, None, :] if layout.pad else None
+    groups = (mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
+    eager = usp_attention(q, k, v, *groups, key_valid)
+    compiled = torch.compile(usp_attention, fullgraph=True)  # any graph break raises
+    compiled(q, k, v, *groups, key_valid)
+    before = compiled_graphs()
+    out = compiled(q, k, v, *groups, key_valid)
+    after = compiled_graphs()
+    return (out - eager).abs().max().item(), (after - before) if after is not None and before is not None else None
+
+
+def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh: bool = False) -> tuple[Any, Any, list[int]]:
+    """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
+    graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
+    one for good), else the process's shared one."""
+    import numpy as np
+
+    import accel
+    from accel.optimize.compile import compiled_graphs
+
+    if fresh:
+        _pipelines.pop(model, None)
+    pipe = tiny_pipeline(model)
+    handle = accel.apply(pipe, recipe)
+    graphs = []
+    try:
+        for _ in range(2):
+            before = compiled_graphs()
+            result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+            graphs.append((compiled_graphs() or 0) - (before or 0))
+        stats = handle.cache_stats
+    finally:
+        handle.remove()
+        if fresh:
+            _pipelines.pop(model, None)
+    frames = getattr(result, "frames", None)
+    decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
+    return np.asarray(frames if frames is not None else result.images), decisions, graphs

@@ -164,3 +164,20 @@ def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) 
     result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
     assert result.returncode == 1 and "finished" not in result.stdout
     assert "error: rank 0: RuntimeError:" in result.stderr and "Timed out waiting 3000ms" in result.stderr
+
+
+def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
+    """`accel run flux --gpus 4 --cache 0.08 --compile`, with the tiny FLUX: it compiles on every
+    rank, and the picture equals the one-process eager run with the same cache."""
+    one = _accel("run", "tiny-flux", "--cache", "0.08", "--out", "one.png", cwd=tmp_path)
+    four = _accel("run", "tiny-flux", "--gpus", "4", "--cache", "0.08", "--compile", "--out", "four.png",
+                  "--json", "four.json", "--verbose", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert four.returncode == 0, four.stderr
+    assert four.stdout.count("accel run tiny-flux") == 1 and "warm-up (compile)" in four.stdout
+    assert "not counted with --compile" in four.stdout
+    report = json.loads((tmp_path / "four.json").read_text())
+    assert report["compile"]["graphs_warmup"] > 0 and report["compile"]["graphs_timed"] == 0
+    assert report["compile"]["compiled_modules"] == 4  # tiny-flux: 2 double- and 2 single-stream blocks
+    assert (report["parallel"]["world_size"], report["parallel"]["bytes_sent_per_rank"]) == (4, None)
+    assert np.abs(_pixels(tmp_path / "one.png") - _pixels(tmp_path / "four.png")).max() <= 1

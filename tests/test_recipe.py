@@ -39,7 +39,7 @@ FULL: dict[str, Any] = {
     "cache": {"threshold": 0.12, "warmup_steps": 2, "max_consecutive_cached": 3},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
-    "quant": {"type": "fp8dq", "exclude": ["*.proj_out", "norm*"]},
+    "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
     "bench": {
         "variants": [
@@ -89,7 +89,7 @@ def test_defaults() -> None:
     assert (r.cache.threshold, r.cache.warmup_steps, r.cache.max_consecutive_cached) == (0.0, 0, 0)
     assert (r.parallel.ulysses, r.parallel.ring, r.parallel.cfg, r.world_size) == (1, 1, 1, 1)
     assert (r.vae.parallel, r.vae.tiling) == (False, False)
-    assert (r.quant.type, r.quant.exclude) == ("none", ())
+    assert (r.quant.type, r.quant.scope, r.quant.exclude) == ("none", "blocks", ())
     assert (r.compile.enabled, r.compile.mode, r.compile.scope) == (False, "default", "blocks")
     assert (r.bench.variants, r.bench.repeats, r.bench.warmup) == ((), 3, 1)
     assert r.variants == ()
@@ -183,7 +183,7 @@ def test_with_overrides_deep_merges() -> None:
 def test_with_overrides_replaces_lists_and_none_resets_to_family_default() -> None:
     base = Recipe.from_dict(FULL)
     r = base.with_overrides({"quant": {"exclude": ["x"]}, "generate": {"steps": None}})
-    assert r.quant == QuantSection(type="fp8dq", exclude=("x",))
+    assert r.quant == QuantSection(type="fp8dq", scope="transformer", exclude=("x",))
     assert r.generate.steps is None
 
 
@@ -209,7 +209,7 @@ def test_variants_accessor_is_validated_and_normalized() -> None:
 def test_variant_applies_overrides() -> None:
     base = Recipe.from_dict(FULL, source="r.toml")
     fast = base.variant("int8")
-    assert fast.quant == QuantSection(type="int8wo", exclude=())
+    assert fast.quant == QuantSection(type="int8wo", scope="transformer", exclude=())
     assert fast.generate.steps == 8 and fast.generate.prompt == "a fox"
     assert fast.cache == base.cache
     assert fast.bench == BenchSection(variants=(), repeats=5, warmup=2)  # a variant is one concrete run

@@ -169,35 +169,39 @@ class FirstBlockCache(StepListener):
 
     # -- the two kinds of block --------------------------------------------------------------
     def _first_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any) -> Any:
+        before = slot.signature.bind(*args, **kwargs).arguments[self.primary_stream]
+        output = original(*args, **kwargs)
+        after = _streams(slot.spec, output)
+        self._skipping = self._decide(after[self.primary_stream] - before)
+        self._start = after
+        return output
+
+    @torch.compiler.disable
+    def _decide(self, residual: torch.Tensor) -> bool:
+        """Skip the later blocks this call? Kept out of compiled code (whole-transformer compile):
+        it reads tensor values and step counters, which a graph would have to guard on."""
         branch = self._branch if self.events is not None else 0
         state = self._states.setdefault(branch, _BranchState())
         step = self.events.step_index if self.events is not None else state.calls
         state.calls += 1
-
-        before = slot.signature.bind(*args, **kwargs).arguments[self.primary_stream]
-        output = original(*args, **kwargs)
-        after = _streams(slot.spec, output)
-        residual = after[self.primary_stream] - before
-
         change = None
         if state.first_residual is not None and state.first_residual.shape == residual.shape:
             change = self._relative_change(residual, state.first_residual)
-        self._skipping = (
+        skipping = (
             change is not None
             and change < self.threshold
             and state.rest_residuals is not None
             and step >= self.warmup_steps
             and (self.max_consecutive_cached == 0 or state.consecutive_cached < self.max_consecutive_cached)
         )
-        self.stats.records.append(CallRecord(step, branch, change, self._skipping))
-        if self._skipping:
+        self.stats.records.append(CallRecord(step, branch, change, skipping))
+        if skipping:
             state.consecutive_cached += 1
         else:
             state.consecutive_cached = 0
             state.first_residual = residual
         self._state = state
-        self._start = after
-        return output
+        return skipping
 
     def _later_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any, last: bool) -> Any:
         if not self._skipping:
@@ -220,7 +224,6 @@ class FirstBlockCache(StepListener):
             ]
         return values[0] if len(values) == 1 else tuple(values)
 
-    @torch.compiler.disable
     def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
         """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact)."""
         difference, magnitude = torch.abs(residual - previous), torch.abs(previous)

@@ -110,8 +110,11 @@ def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, key_valid: 
 
 
 def _block(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
-    """Local attention over one key block; a batch row with no real key gets lse -inf and out 0."""
-    if valid is None or bool(valid.all()):
+    """Local attention over one key block; a batch row with no real key gets lse -inf and out 0.
+
+    Eager runs skip the mask when every key is real; compiled code always applies it (equal
+    result), since that test reads tensor data and would break the graph."""
+    if valid is None or (not torch.compiler.is_compiling() and bool(valid.all())):
         return attention_with_lse(q, k, v, None, scale)
     bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
     out, lse = attention_with_lse(q, k, v, bias[:, None, None, :], scale)

@@ -1,13 +1,15 @@
 """The collectives context parallelism uses, each counting the bytes this rank sends.
 
 Counting lives here so the benchmark and `--verbose` see exactly what the attention
-functions move, with no second bookkeeping to drift out of date.
+functions move, with no second bookkeeping to drift out of date. Collectives inside
+torch.compile'd code are not counted (see `Traffic.add`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +29,9 @@ class Traffic:
         return sum(self.bytes_sent.values())
 
     def add(self, kind: str, nbytes: int) -> None:
-        self.bytes_sent[kind] += nbytes
+        # Not inside compiled code: a graph would guard on the running total and recompile each call.
+        if not torch.compiler.is_compiling():
+            self.bytes_sent[kind] += nbytes
 
     def reset(self) -> None:
         self.bytes_sent.clear()
@@ -74,17 +78,30 @@ def all_gather(tensor: Tensor, group: Group) -> list[Tensor]:
 
 
 class RingShift:
-    """Send a tensor to the next group rank and receive the previous one's, in the background."""
+    """Send a tensor to the next group rank and receive the previous one's, in the background.
+
+    Eager runs post a point-to-point pair. Under torch.compile, which does not trace P2P, the same
+    shift is one all-to-all whose only non-empty chunks go to the next rank and come from the
+    previous one: traceable, so a compiled block keeps the ring in its graph."""
 
     def __init__(self, tensor: Tensor, group: Group) -> None:
         world, rank = group_size(group), group_rank(group)
         tensor = tensor.contiguous()
         self.received = torch.empty_like(tensor)
-        ops = [
-            dist.P2POp(dist.isend, tensor, global_rank(group, (rank + 1) % world), group),
-            dist.P2POp(dist.irecv, self.received, global_rank(group, (rank - 1) % world), group),
-        ]
-        self._works = dist.batch_isend_irecv(ops)
+        self._works: list[Any] = []
+        nxt, prev = (rank + 1) % world, (rank - 1) % world
+        if torch.compiler.is_compiling():
+            send = [tensor.numel() if peer == nxt else 0 for peer in range(world)]
+            receive = [tensor.numel() if peer == prev else 0 for peer in range(world)]
+            flat = torch.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+            dist.all_to_all_single(flat, tensor.view(-1), receive, send, group=group)
+            self.received = flat.view(tensor.shape)
+        else:
+            ops = [
+                dist.P2POp(dist.isend, tensor, global_rank(group, nxt), group),
+                dist.P2POp(dist.irecv, self.received, global_rank(group, prev), group),
+            ]
+            self._works = dist.batch_isend_irecv(ops)
         TRAFFIC.add("ring_p2p", _nbytes(tensor))
 
     def wait(self) -> Tensor:

@@ -210,10 +210,7 @@ class ContextParallel:
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
 
     def _segments(self, keys: int) -> list[_Segment]:
-        segments = [
-            _Segment(name, layout.shard, layout) if (layout := self._layouts.get(name)) else _Segment(name, 0, None)
-            for name in self.plan.attention_keys
-        ]
+        segments = [self._segment(name) for name in self.plan.attention_keys]
         unknown = [segment for segment in segments if segment.layout is None]
         known = sum(segment.tokens for segment in segments)
         if len(unknown) > 1 or known > keys or (not unknown and known != keys):
@@ -223,6 +220,11 @@ class ContextParallel:
                 "the family's parallel plan does not fit this transformer"
             )
         return [_Segment(s.stream, keys - known, None) if s.layout is None else s for s in segments]
+
+    def _segment(self, stream: str) -> _Segment:
+        # No walrus in a comprehension here: its cell variable breaks a compiled block's graph.
+        layout = self._layouts.get(stream)
+        return _Segment(stream, layout.shard, layout) if layout is not None else _Segment(stream, 0, None)
 
     def _pad_valid(self, segments: list[_Segment], device: torch.device) -> Tensor | None:
         """(P, 1, keys per rank) bool: which key slots of every rank hold real tokens; None: all do."""
@@ -263,6 +265,8 @@ class _PerTensor:
         self._entries: dict[int, tuple[Tensor, int, Tensor]] = {}
 
     def get(self, tensor: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+        if torch.compiler.is_compiling():  # a graph would guard on the ids held and recompile each call
+            return compute()
         entry = self._entries.get(id(tensor))
         if entry is not None and entry[0] is tensor and entry[1] == tensor._version:
             return entry[2]

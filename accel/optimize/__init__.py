@@ -1,0 +1,1 @@
+"""Model-level optimisations: torchao quantization and torch.compile of the transformer."""

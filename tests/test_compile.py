@@ -1,0 +1,85 @@
+"""torch.compile (inductor on CPU): equal to eager within tolerance, no recompiles across steps or
+calls, the context-parallel attention compiles whole (fullgraph) on 2 gloo ranks, and compile
+composes with quantization, First Block Cache, context parallelism and the parallel VAE."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import FLUX_CALL, generate
+
+import accel
+import parallel_cases as cases
+from accel.models.registry import FAMILIES
+from accel.runner import measure
+
+# float32 inductor kernels reorder sums: compiled vs eager pixel differences seen ≤ 2.1e-6.
+TOLERANCE = 1e-4
+
+
+def test_compiled_blocks_equal_eager_and_never_recompile(tiny_flux: Any, flux_reference: np.ndarray) -> None:
+    handle = accel.apply(tiny_flux, {"compile": {"enabled": True}})
+    blocks = [block for spec in FAMILIES["flux"].blocks for block in getattr(tiny_flux.transformer, spec.attr)]
+    try:
+        assert all("forward" in vars(block) for block in blocks)  # compiled on the instance only
+        call = {k: v for k, v in FLUX_CALL.items()}
+        measured = measure(tiny_flux, call, 0, warmup=1)
+        # 2 block classes -> a handful of graphs, however many blocks; none built by the timed call.
+        assert 0 < measured.graphs_warmup <= 4 and measured.graphs_timed == 0
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            again = generate(tiny_flux, FLUX_CALL)
+    finally:
+        handle.remove()
+    assert not any("forward" in vars(block) for block in blocks)
+    assert np.abs(again - flux_reference).max() <= TOLERANCE
+    assert np.abs(measured.output - flux_reference[0]).max() <= TOLERANCE
+    np.testing.assert_array_equal(generate(tiny_flux, FLUX_CALL), flux_reference)  # eager again after remove()
+
+
+def test_whole_transformer_scope_equals_eager(tiny_flux: Any, flux_reference: np.ndarray) -> None:
+    handle = accel.apply(tiny_flux, {"compile": {"enabled": True, "scope": "transformer"}})
+    try:
+        assert "forward" in vars(tiny_flux.transformer)
+        output = generate(tiny_flux, FLUX_CALL)
+    finally:
+        handle.remove()
+    assert "forward" not in vars(tiny_flux.transformer)
+    assert np.abs(output - flux_reference).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("ulysses, ring, keys", [(2, 1, 16), (1, 2, 16), (2, 1, 15), (1, 2, 13)])
+def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int) -> None:
+    """fullgraph=True raises on any graph break: Ulysses' all-to-all, the ring's shift and the pad-key
+    mask all stay inside one graph, which a second call reuses."""
+    for error, graphs in rank_pools(2).run(cases.compiled_attention, ulysses, ring, keys):
+        assert error <= 1e-5
+        assert graphs == 0
+
+
+def test_compile_cache_ulysses_equals_eager_cache_ulysses(rank_pools) -> None:
+    eager_recipe = {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.5}}
+    compiled_recipe = dict(eager_recipe, compile={"enabled": True})
+    call = dict(FLUX_CALL, num_inference_steps=6)
+    eager = rank_pools(2).run(cases.counted_run, "tiny-flux", eager_recipe, call)
+    compiled = rank_pools(2).run(cases.counted_run, "tiny-flux", compiled_recipe, call)
+    for (eager_out, eager_calls, _), (out, calls, graphs) in zip(eager, compiled):
+        assert np.abs(out - eager_out).max() <= TOLERANCE
+        assert calls == eager_calls and any(cached for *_, cached in calls)  # same decisions, some cached
+        assert graphs[0] > 0 and graphs[1] == 0  # compiled in the first call, not again in the second
+
+
+def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
+    """All five in their documented order on 2 ranks equal one process with quantization and the cache."""
+    builder = "accel.models.flux:build_tiny"
+    quant_cache = {"quant": {"type": "int8wo"}, "cache": {"threshold": 0.5}}
+    everything = dict(quant_cache, compile={"enabled": True}, parallel={"ulysses": 2}, vae={"parallel": True})
+    call = dict(FLUX_CALL, num_inference_steps=6)
+    reference, reference_calls, _ = cases.counted_run(builder, quant_cache, call, fresh=True)
+    (lead, calls, graphs), (other, _, _) = rank_pools(2).run(cases.counted_run, builder, everything, call, True)
+    assert np.abs(lead - reference).max() <= TOLERANCE
+    assert calls == reference_calls and any(cached for *_, cached in calls)
+    assert graphs[1] == 0
+    assert (other == 0.5).all()  # the split decode hands pixels to rank 0 only: the others decode zeros
