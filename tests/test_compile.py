@@ -83,3 +83,13 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
     assert calls == reference_calls and any(cached for *_, cached in calls)
     assert graphs[1] == 0
     assert (other == 0.5).all()  # the split decode hands pixels to rank 0 only: the others decode zeros
+
+
+@pytest.mark.parametrize("mode, autotune", [("default", False), ("max-autotune-no-cudagraphs", True)])
+def test_mode_reaches_torch_compile(tiny_flux: Any, mode: str, autotune: bool) -> None:
+    handle = accel.apply(tiny_flux, {"compile": {"enabled": True, "mode": mode}})
+    try:
+        blocks = [block for spec in FAMILIES["flux"].blocks for block in getattr(tiny_flux.transformer, spec.attr)]
+        assert {block.forward.get_compiler_config()["max_autotune"] for block in blocks} == {autotune}
+    finally:
+        handle.remove()
