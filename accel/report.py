@@ -92,7 +92,7 @@ def _compile(compiled: dict[str, Any] | None) -> str:
     what = f"{compiled['compiled_modules']} blocks" if compiled["scope"] == "blocks" else "whole transformer"
     text = f"{what}, mode {compiled['mode']}"
     if compiled["graphs_timed"] is not None:
-        text += f"; {compiled['graphs_warmup']} graphs in warm-up, {compiled['graphs_timed']} recompiles in the timed run"
+        text += f"; graphs built: {compiled['graphs_warmup']} in warm-up, {compiled['graphs_timed']} in the timed run"
     return text
 
 

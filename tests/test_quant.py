@@ -3,6 +3,7 @@ touches, its defaults earning their keep, and one-line refusals of schemes the h
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -151,3 +152,18 @@ def test_apply_refuses_a_scheme_the_device_cannot_run() -> None:
     with pytest.raises(UserError, match=re.escape(f"[quant] type = 'fp8dq' needs {FP8}; this run is on cpu")):
         accel.apply(pipe, {"quant": {"type": "fp8dq"}})
     assert not quantized_names(pipe.transformer)
+
+
+def test_run_reports_what_was_quantized(tmp_path) -> None:
+    report = tmp_path / "q.json"
+    result = invoke("run", "tiny-flux", "--quant", "int8wo", "--steps", "2", "--warmup", "0",
+                    "-o", str(tmp_path / "q.png"), "--json", str(report))
+    assert result.exit_code == 0, result.output
+    pipe = fresh("flux")
+    blocks = {spec.attr for spec in FAMILIES["flux"].blocks}
+    inside = {n for n in linear_names(pipe.transformer) if n.split(".")[0] in blocks}
+    outside = len(linear_names(pipe.transformer)) - len(inside)
+    assert json.loads(report.read_text())["quant"] == {
+        "type": "int8wo", "quantized_layers": len(inside), "kept_layers": {"outside the repeated blocks": outside},
+    }
+    assert f"int8wo ({len(inside)} Linear layers; {outside} kept" in result.stdout  # the table row
