@@ -127,16 +127,12 @@ def _apply_quant(handle: AccelHandle) -> None:
     first = next(iter(transformers.values()))
     parameter = next(first.parameters())
     check_hardware(settings.type, parameter.device, parameter.dtype)
-    summary = QuantSummary(settings.type)
+    handle.quant = QuantSummary(settings.type)
     for attr, transformer in transformers.items():
-        part = quantize_transformer(
-            transformer, settings.type, handle.family.blocks, settings.scope, settings.exclude,
+        quantize_transformer(
+            transformer, handle.quant, handle.family.blocks, settings.scope, settings.exclude,
             prefix=f"{attr}." if len(transformers) > 1 else "",
         )
-        summary.quantized += part.quantized
-        for why, names in part.kept.items():
-            summary.kept.setdefault(why, []).extend(names)
-    handle.quant = summary
 
 
 def _apply_compile(handle: AccelHandle) -> None:

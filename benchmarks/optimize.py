@@ -95,7 +95,7 @@ def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dt
     from accel.cache import FirstBlockCache
     from accel.models.flux import FAMILY
     from accel.optimize.compile import CompiledRegions
-    from accel.optimize.quantize import quantize_transformer
+    from accel.optimize.quantize import QuantSummary, quantize_transformer
 
     model = build(config, device, dtype)
     inputs = step_inputs(config, tokens, text, device, dtype)
@@ -131,7 +131,7 @@ def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dt
         if index:  # every scheme starts from the same unquantized weights
             model = build(config, device, dtype)
             bench.model = model
-        quantize_transformer(model, scheme, FAMILY.blocks, "blocks", ())
+        quantize_transformer(model, QuantSummary(scheme), FAMILY.blocks, "blocks", ())
         quantized[scheme] = bench.time(f"{scheme}")
         regions = compiled("blocks")
         quantized[f"{scheme} + compile"] = bench.time(f"{scheme} + compile (blocks)", compiled=True)

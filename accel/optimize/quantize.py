@@ -113,14 +113,15 @@ _quantized: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionar
 
 def quantize_transformer(
     transformer: nn.Module,
-    scheme: str,
+    summary: QuantSummary,
     blocks: Sequence[BlockList],
     scope: str,
     exclude: Sequence[str],
     prefix: str = "",
-) -> QuantSummary:
-    """Quantize the chosen Linear layers in place; `prefix` names the transformer in messages."""
-    summary = QuantSummary(scheme)
+) -> None:
+    """Quantize the chosen Linear layers in place as `summary.scheme`, recording each layer in
+    `summary` (one summary can gather a pipeline's transformers; `prefix` names this one)."""
+    scheme = summary.scheme
     done = _quantized.get(transformer)
     if done is not None:
         if done != scheme:
@@ -128,7 +129,7 @@ def quantize_transformer(
                 f"[quant] type = '{scheme}': this pipeline's transformer is already quantized as '{done}'; "
                 "load the pipeline again to quantize it differently"
             )
-        return summary
+        return
     block_attrs = {spec.attr for spec in blocks}
     chosen: set[str] = set()
     for name, module in transformer.named_modules():
@@ -148,7 +149,6 @@ def quantize_transformer(
 
         quantize_(transformer, _config(scheme), filter_fn=_named(chosen))
     _quantized[transformer] = scheme
-    return summary
 
 
 def _named(names: set[str]) -> Callable[[nn.Module, str], bool]:

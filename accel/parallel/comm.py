@@ -87,7 +87,6 @@ class RingShift:
     def __init__(self, tensor: Tensor, group: Group) -> None:
         world, rank = group_size(group), group_rank(group)
         tensor = tensor.contiguous()
-        self.received = torch.empty_like(tensor)
         self._works: list[Any] = []
         nxt, prev = (rank + 1) % world, (rank - 1) % world
         if torch.compiler.is_compiling():
@@ -97,6 +96,7 @@ class RingShift:
             dist.all_to_all_single(flat, tensor.view(-1), receive, send, group=group)
             self.received = flat.view(tensor.shape)
         else:
+            self.received = torch.empty_like(tensor)
             ops = [
                 dist.P2POp(dist.isend, tensor, global_rank(group, nxt), group),
                 dist.P2POp(dist.irecv, self.received, global_rank(group, prev), group),
