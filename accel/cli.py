@@ -63,6 +63,7 @@ def run(
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
     warmup: Annotated[int, Opt("--warmup", help="Untimed warm-up generations before the timed one.")] = 1,
+    repeats: Annotated[int, Opt("--repeats", help="Timed generations; the table shows their median.")] = 1,
     gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.")] = None,
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.")] = None,
@@ -108,7 +109,7 @@ def run(
 
         # A bar only where someone watches: piped output would collect its redraws as blank lines.
         progress = _step_bar if console.is_terminal and lead else None
-        metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, progress=progress)
+        metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress)
     except UserError as error:
         _fail(str(error))
         return
@@ -198,6 +199,83 @@ class _Bar:
     def advance(self) -> None:
         if self.task is not None:
             self.progress.advance(self.task)
+
+
+@app.command()
+def bench(
+    ctx: typer.Context,
+    recipe: Annotated[Path, typer.Argument(help="TOML recipe with [bench] variants (e.g. recipes/tiny-flux.toml).")],
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes for the whole bench (default: what the largest variant needs, at most the GPUs here, or CPU cores without one).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Fresh folder for the outputs and reports (default: a new one under outputs/).")] = None,
+    json_path: Annotated[Path | None, Opt("--json", help="Also write the JSON report here.")] = None,
+    markdown_path: Annotated[Path | None, Opt("--markdown", help="Also write the Markdown report here.")] = None,
+    only: Annotated[list[str] | None, Opt("--only", help="Run only this variant (repeatable); the baseline always runs.")] = None,
+    repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant (overrides [bench] repeats).")] = None,
+    warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant (overrides [bench] warmup).")] = None,
+) -> None:
+    """Run a recipe's [bench] variants side by side and compare them with the first (the baseline)."""
+    from accel.launch import rank
+    from accel.parallel.mesh import under_distributed_launcher
+
+    lead = rank() == 0
+    try:
+        for path in (json_path, markdown_path) if lead else ():  # rank 0 may have written them already
+            if path is not None and path.exists():
+                raise UserError(f"{path} already exists; bench never overwrites, choose another name")
+        if lead and out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise UserError(f"--out {out} already exists and is not an empty folder; bench never overwrites, choose another")
+        from accel.bench import plan_bench
+        from accel.recipe import load_recipe
+
+        settings = load_recipe(recipe)
+        given = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
+        if given:
+            settings = settings.with_overrides({"bench": given}, source="command line")
+        plan = plan_bench(settings, gpus, only)
+        if plan.world_size > 1 and not under_distributed_launcher():
+            from accel.launch import LaunchSpec
+            from accel.launch import launch as launch_job
+
+            argv = (ctx.obj or {}).get("argv")
+            if argv is None:
+                raise UserError("--gpus: relaunching needs the accel command line; run `accel bench …` from a shell")
+            pinned = argv if gpus is not None else [*argv, "--gpus", str(plan.world_size)]
+            raise typer.Exit(launch_job(LaunchSpec.for_world(plan.world_size), "accel.cli", pinned))
+        folder = _fresh_folder(out, recipe) if lead else None
+        result = _run_bench(plan, folder, lead)
+    except UserError as error:
+        _fail(str(error))
+        return
+    if result is None or folder is None:
+        return
+    from accel import report
+
+    report.write_bench(result, folder, json_path, markdown_path)
+    # A log or pipe has no width to fit: give the table room rather than folding every number.
+    (console if console.is_terminal else Console(width=max(console.width, 140))).print(report.bench_table(result))
+    for note in report.bench_notes(result):
+        console.print(note, markup=False, highlight=False)
+    for name, path in result.files.items():
+        console.print(f"wrote {name}: {path}")
+
+
+def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
+    from accel.bench import run_bench
+
+    progress = _step_bar if console.is_terminal and lead else None
+    announce = (lambda line: console.print(line, markup=False, highlight=False)) if lead else None
+    return run_bench(plan, folder, progress, announce)
+
+
+def _fresh_folder(out: Path | None, recipe: Path) -> Path:
+    """--out as given (checked to be new or empty), else the first free outputs/bench-<recipe>[-N]."""
+    if out is not None:
+        return out
+    stem = f"bench-{recipe.stem}"
+    candidate, index = Path("outputs") / stem, 1
+    while candidate.exists():
+        candidate, index = Path("outputs") / f"{stem}-{index}", index + 1
+    return candidate
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -32,7 +32,7 @@ from accel.optimize.compile import CompiledRegions
 from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
-from accel.recipe import Recipe, load_recipe
+from accel.recipe import ParallelSection, Recipe, load_recipe
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 
@@ -116,7 +116,11 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
 
 
 def _transformers(handle: AccelHandle) -> dict[str, Any]:
-    return {attr: t for attr in handle.family.transformer_attrs if (t := getattr(handle.pipe, attr, None)) is not None}
+    return _transformers_of(handle.pipe, handle.family)
+
+
+def _transformers_of(pipe: Any, family: Family) -> dict[str, Any]:
+    return {attr: t for attr in family.transformer_attrs if (t := getattr(pipe, attr, None)) is not None}
 
 
 def _apply_quant(handle: AccelHandle) -> None:
@@ -145,6 +149,15 @@ def _apply_compile(handle: AccelHandle) -> None:
         handle._undo.append(regions.remove)
 
 
+def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
+    """The layout [parallel] asks for on this pipeline, its degrees checked against the loaded heads."""
+    from accel.parallel.mesh import resolve_degrees
+
+    family = family_of(pipe)
+    heads = min(int(t.config.num_attention_heads) for t in _transformers_of(pipe, family).values())
+    return resolve_degrees(settings, heads, family.title)
+
+
 def _apply_parallel(handle: AccelHandle) -> None:
     """Join (or start) the process group, build the mesh, put each transformer under the plan, and
     split the CFG branches over the mesh's cfg halves."""
@@ -152,7 +165,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
     if settings.world_size == 1:
         return
     from accel.parallel.agree import agree_on_noise
-    from accel.parallel.mesh import build_mesh, init_distributed, resolve_degrees
+    from accel.parallel.mesh import build_mesh, init_distributed
 
     family = handle.family
     plan = plan_of(family, "[parallel]")
@@ -161,8 +174,8 @@ def _apply_parallel(handle: AccelHandle) -> None:
     transformers = _transformers(handle)
     device = next(next(iter(transformers.values())).parameters()).device
     init_distributed(device.type, settings.timeout)
-    heads = min(int(t.config.num_attention_heads) for t in transformers.values())
-    mesh = build_mesh(resolve_degrees(settings, heads, family.title), device.type)
+    mesh = build_mesh(parallel_degrees(handle.pipe, settings), device.type)
+    assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
             engine = ContextParallel(transformer, plan, mesh)
@@ -174,7 +187,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
         assert family.cfg is not None
         cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe))
         handle._undo.append(cfg.remove)
-    handle._undo.append(agree_on_noise(handle.pipe))
+    handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     handle.mesh = mesh
 
 
@@ -185,9 +198,7 @@ def _cache_group(handle: AccelHandle) -> Any:
     if mesh is None:
         return None
     if mesh.degrees.cfg > 1 and handle.family.cfg == "batch":
-        import torch.distributed as dist
-
-        return dist.group.WORLD
+        return mesh.group
     return mesh.sequence_group
 
 
@@ -259,6 +270,7 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
         from accel.parallel.agree import agree_on_noise
 
         handle._undo.append(agree_on_noise(handle.pipe))  # every rank must decode the same latents
-    engine = ParallelDecode(vae, plan, all_ranks=handle.recipe.vae.all_ranks)
+    group = handle.mesh.group if handle.mesh is not None else None
+    engine = ParallelDecode(vae, plan, group, all_ranks=handle.recipe.vae.all_ranks)
     handle.vae_decode = engine
     handle._undo.append(engine.remove)

@@ -152,9 +152,9 @@ class Variant:
 
 @dataclass(frozen=True)
 class BenchSection:
-    """Benchmark: the recipe itself plus each variant, timed the same way."""
+    """Benchmark: variants of the recipe, measured the same way and compared with the first."""
 
-    variants: tuple[Variant, ...] = _key((), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}.')
+    variants: tuple[Variant, ...] = _key((), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}; the first is the baseline.')
     repeats: int = _key(3, "Timed runs per variant.", min=1)
     warmup: int = _key(1, "Untimed runs per variant before timing (compilation, caches).", min=0)
 
@@ -169,6 +169,10 @@ SECTIONS: dict[str, type] = {
     "compile": CompileSection,
     "bench": BenchSection,
 }
+
+
+# The sections that change how a run is accelerated (not what it generates).
+ACCELERATORS = ("cache", "parallel", "vae", "quant", "compile")
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,11 @@ class Recipe:
             raise RecipeError(f"{source}: overrides must be a table of sections, got {_show(overrides)}")
         merged = Recipe.from_dict(_merge(self.to_dict(), overrides), source)
         return dataclasses.replace(merged, source=self.source)
+
+    def unaccelerated(self) -> Recipe:
+        """This recipe with every accelerator off: the baseline `run --compare` measures against."""
+        plain = {name: SECTIONS[name]() for name in ACCELERATORS}
+        return dataclasses.replace(self, **plain, bench=BenchSection())
 
     @property
     def variants(self) -> tuple[Variant, ...]:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from accel.models.base import Family
 from accel.models.vaes import vae_plan
+from accel.bench import BenchResult
 from accel.runner import Metrics
 
 
@@ -64,6 +65,7 @@ def run_table(metrics: Metrics) -> Table:
         rows.append(("speedup", f"{metrics.speedup:.2f}×" if metrics.speedup else "—"))
         psnr = metrics.psnr_db
         rows.append(("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB"))
+        rows.append(("SSIM vs baseline", f"{metrics.ssim:.4f}" if metrics.ssim is not None else "—"))
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -218,3 +220,119 @@ def environment_table(env: dict[str, Any]) -> Table:
     for index, (kernel, present) in enumerate(env["attention_kernels"].items()):
         table.add_row("attention kernels" if index == 0 else "", f"{kernel}: {'yes' if present else 'no'}")
     return table
+
+
+# --- accel bench ------------------------------------------------------------------------------
+
+BENCH_COLUMNS = ("variant", "layout", "median", "min–max", "per step", "speedup", "cache hits", "peak memory", "PSNR", "SSIM")
+
+
+def bench_rows(result: BenchResult) -> list[list[str]]:
+    """The bench table's cells, shared by the terminal table and the Markdown file."""
+    rows = []
+    for row in result.variants:
+        if not row.ran:
+            rows.append([row.name, "skipped (below)", *("—" for _ in BENCH_COLUMNS[2:])])
+            continue
+        baseline = row.name == result.baseline
+        rows.append([
+            row.name,
+            row.layout,
+            _seconds(row.median_s),
+            _span(min(row.times_s), max(row.times_s)),
+            _seconds(row.per_step_s),
+            f"{row.speedup:.2f}×" if row.speedup is not None else "—",
+            f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
+            _bytes(row.peak_memory_bytes) if row.peak_memory_bytes is not None else "—",
+            "baseline" if baseline else _psnr(row.psnr_db),
+            "baseline" if baseline else (f"{row.ssim:.4f}" if row.ssim is not None else "—"),
+        ])
+    return rows
+
+
+def bench_notes(result: BenchResult) -> list[str]:
+    """Lines under the table: why each skipped variant did not run."""
+    return [f"{row.name} skipped: {row.skip_reason}" for row in result.variants if not row.ran]
+
+
+def _span(low: float, high: float) -> str:
+    """'93.7–101.2 ms': a min–max range in one unit."""
+    if high < 1:
+        return f"{low * 1000:.1f}–{high * 1000:.1f} ms"
+    return f"{low:.2f}–{high:.2f} s"
+
+
+def _psnr(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "identical (∞)" if math.isinf(value) else f"{value:.2f} dB"
+
+
+def _bench_title(result: BenchResult) -> str:
+    return f"accel bench {result.recipe}"
+
+
+def _bench_context(result: BenchResult) -> str:
+    settings = result.settings
+    size = f"{settings['width']}×{settings['height']}"
+    frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
+    if result.output_kind == "video" and frames is not None:
+        size += f", {frames} frames"
+    return (
+        f"{result.model} ({result.family}, {result.dtype}, {result.device}); {size}, "
+        f"{settings['num_inference_steps']} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
+        f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
+    )
+
+
+def bench_table(result: BenchResult) -> Table:
+    table = Table(title=_bench_title(result), caption=_bench_context(result), header_style="bold")
+    for column in BENCH_COLUMNS:
+        # Only the layout may wrap: a squeezed number or name would be misread.
+        table.add_column(column, justify="left" if column in ("variant", "layout") else "right",
+                         overflow="fold", no_wrap=column != "layout")
+    for cells in bench_rows(result):
+        table.add_row(*cells)
+    return table
+
+
+def bench_markdown(result: BenchResult) -> str:
+    lines = [f"# {_bench_title(result)}", "", _bench_context(result) + ".", ""]
+    lines.append("| " + " | ".join(BENCH_COLUMNS) + " |")
+    lines.append("|" + "|".join("---" if c in ("variant", "layout") else "--:" for c in BENCH_COLUMNS) + "|")
+    for cells in bench_rows(result):
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines.append("")
+    lines += [f"- {note}" for note in bench_notes(result)]
+    if bench_notes(result):
+        lines.append("")
+    for name in ("grid", "chart"):
+        if name in result.files:
+            lines += [f"![{name}]({Path(result.files[name]).name})", ""]
+    return "\n".join(lines)
+
+
+def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None, markdown_copy: Path | None = None) -> None:
+    """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
+    and speedup.png; the paths are recorded in `result.files` (and so in the JSON)."""
+    from accel.figures import save_grid, speedup_chart
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"json": folder / "bench.json", "markdown": folder / "bench.md"}
+    if result.tiles:
+        files["grid"] = folder / "grid.png"
+        save_grid(result.tiles, files["grid"])
+    files["chart"] = folder / "speedup.png"
+    speedup_chart(
+        [row.name for row in result.variants], [row.speedup if row.ran else None for row in result.variants],
+        files["chart"], f"{result.model}: speedup vs {result.baseline}",
+    )
+    result.files = {name: str(path) for name, path in files.items()}
+    markdown = bench_markdown(result)
+    files["markdown"].write_text(markdown)
+    write_json(result.as_dict(), files["json"])
+    if json_copy is not None:
+        write_json(result.as_dict(), json_copy)
+    if markdown_copy is not None:
+        markdown_copy.parent.mkdir(parents=True, exist_ok=True)
+        markdown_copy.write_text(markdown)

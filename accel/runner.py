@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import resource
+import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,27 +23,44 @@ from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, r
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.comm import TRAFFIC
-from accel.parallel.mesh import init_distributed
+from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.quality import psnr
+from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
 
 
 @dataclass
 class Measurement:
-    """One timed generation after its warm-up runs."""
+    """Timed generations after their warm-up runs."""
 
     output: np.ndarray
-    seconds: float
+    times: list[float]
     warmup_seconds: float
     steps: int
     peak_memory_bytes: int
-    # Bytes this rank sent through collectives during the timed run, by kind.
+    # Bytes this rank sent through collectives during the timed runs, by kind.
     bytes_sent: dict[str, int]
-    # Graphs torch.compile built during the warm-up and during the timed run (None: not counted).
+    # Graphs torch.compile built during the warm-up and during the timed runs (None: not counted).
     graphs_warmup: int | None = None
     graphs_timed: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        """The median timed run: robust to one slow repeat."""
+        return statistics.median(self.times)
+
+
+@dataclass
+class Measured:
+    """One recipe applied to a pipeline and measured: what `run` and each bench variant report."""
+
+    measurement: Measurement
+    cache: dict[str, Any] | None
+    degrees: Degrees | None
+    vae_split: bool
+    quant: dict[str, Any] | None
+    compiled_modules: int
 
 
 @dataclass
@@ -67,8 +86,11 @@ class Metrics:
     # Quantization: scheme and layer counts; compile: scope, mode, graphs built (warm-up / timed).
     quant: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
+    # Every timed run (generate_s is their median).
+    times_s: list[float] = field(default_factory=list)
     baseline_s: float | None = None
     psnr_db: float | None = None
+    ssim: float | None = None
 
     @property
     def per_step_s(self) -> float:
@@ -138,8 +160,9 @@ def measure(
     warmup: int,
     progress: Callable[[str], AbstractContextManager[Any]] | None = None,
     label: str = "generating",
+    repeats: int = 1,
 ) -> Measurement:
-    """Warm-up runs, then one timed run; bench and `run --compare` share this.
+    """Warm-up runs, then `repeats` timed runs (the output is the last one's).
 
     `progress(label)` gives a context in which step events drive a bar (None: no bar)."""
     show = progress or (lambda _label: nullcontext())
@@ -153,19 +176,47 @@ def measure(
     device = _device_of(pipe)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
     TRAFFIC.reset()
-    with show(label):
-        start = time.perf_counter()
-        output = generate(pipe, kwargs, seed)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - start
+    times: list[float] = []
+    with _PeakMemory(device) as memory:
+        for index in range(repeats):
+            with show(label if repeats == 1 else f"{label}: run {index + 1}/{repeats}"):
+                start = time.perf_counter()
+                output = generate(pipe, kwargs, seed)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - start)
     graphs_after = compiled_graphs()
     return Measurement(
-        output, seconds, warmup_seconds, kwargs["num_inference_steps"], _peak_memory(device), dict(TRAFFIC.bytes_sent),
+        output, times, warmup_seconds, kwargs["num_inference_steps"], memory.peak, dict(TRAFFIC.bytes_sent),
         _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed),
     )
+
+
+def measure_recipe(
+    pipe: Any,
+    recipe: Recipe,
+    kwargs: dict[str, Any],
+    warmup: int,
+    repeats: int = 1,
+    progress: Callable[[str], AbstractContextManager[Any]] | None = None,
+    label: str = "generating",
+) -> Measured:
+    """Apply the recipe, measure it, undo it: every measured row of `run` and `bench` comes from here."""
+    handle = apply(pipe, recipe)
+    try:
+        result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats)
+        stats = handle.cache_stats
+        return Measured(
+            result,
+            cache=stats.as_dict() if stats is not None else None,
+            degrees=handle.degrees,
+            vae_split=handle.vae_decode is not None,
+            quant=handle.quant.as_dict() if handle.quant is not None else None,
+            compiled_modules=sum(len(regions.modules) for regions in handle.compiled),
+        )
+    finally:
+        handle.remove()
 
 
 def _difference(after: int | None, before: int | None) -> int | None:
@@ -179,12 +230,15 @@ def run(
     overwrite: bool = False,
     compare: bool = False,
     warmup: int = 1,
+    repeats: int = 1,
     progress: Callable[[str], Any] | None = None,
 ) -> Metrics:
     """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
     that shows denoising progress (the CLI passes a rich bar; the API passes nothing)."""
     if warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {warmup}")
+    if repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
     ref = resolve_model(recipe.model.name)
     _check_out(out, overwrite, ref.family)
     if ref.family is not None:
@@ -203,19 +257,13 @@ def run(
     kwargs = generation_kwargs(family, ref.tiny, recipe)
     seed = recipe.generate.seed
 
-    bar = (lambda label: _progress_over_steps(pipe, progress, label)) if progress else None
+    bar = (lambda label: progress_over_steps(pipe, progress, label)) if progress else None
 
-    baseline = measure(pipe, kwargs, seed, warmup, bar, "baseline") if compare else None
-    handle = apply(pipe, recipe)
-    try:
-        result = measure(pipe, kwargs, seed, warmup, bar, "accelerated" if compare else "generating")
-        stats = handle.cache_stats
-        degrees = handle.degrees
-        vae_split = handle.vae_decode is not None
-        quant = handle.quant.as_dict() if handle.quant is not None else None
-        compiled = sum(len(regions.modules) for regions in handle.compiled)
-    finally:
-        handle.remove()
+    baseline = None
+    if compare:  # the same measuring code as each bench variant, with every accelerator off
+        baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
+    accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating")
+    result, degrees = accelerated.measurement, accelerated.degrees
 
     out_path = None
     if lead:  # every rank holds the output; one writes it
@@ -229,14 +277,14 @@ def run(
     if degrees is not None:
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
-            "chosen": recipe.parallel.chooses_degrees, "vae_split": vae_split,
+            "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split,
             # Collectives inside compiled code are not counted (comm.Traffic): no partial figure.
             "bytes_sent_per_rank": None if recipe.compile.enabled else result.bytes_sent,
         }
     compile_info = None
     if recipe.compile.enabled:
         compile_info = {
-            "scope": recipe.compile.scope, "mode": recipe.compile.mode, "compiled_modules": compiled,
+            "scope": recipe.compile.scope, "mode": recipe.compile.mode, "compiled_modules": accelerated.compiled_modules,
             "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
         }
     device = _device_of(pipe)
@@ -250,21 +298,23 @@ def run(
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,
+        times_s=result.times,
         steps=result.steps,
         peak_memory_bytes=result.peak_memory_bytes,
         peak_memory_kind="CUDA allocated" if device.type == "cuda" else "process RSS",
         output_path=str(out_path) if out_path is not None else None,
-        cache=stats.as_dict() if stats is not None else None,
+        cache=accelerated.cache,
         parallel=parallel,
-        quant=quant,
+        quant=accelerated.quant,
         compile=compile_info,
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(result.output, baseline.output) if baseline else None,
+        ssim=ssim(result.output, baseline.output) if baseline else None,
     )
 
 
 @contextmanager
-def _progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) -> Iterator[None]:
+def progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) -> Iterator[None]:
     """Feeds the caller's progress bar from the scheduler's step events."""
     with progress(label) as bar:
         listener = _BarListener(bar)
@@ -320,7 +370,45 @@ def _device_of(pipe: Any) -> torch.device:
     return next(pipe.transformer.parameters()).device
 
 
-def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+class _PeakMemory:
+    """Peak memory while the block runs: CUDA's allocator counter, or on CPU the process RSS sampled
+    every 10 ms (the kernel's own peak never goes down, so later bench variants could not differ)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    def __enter__(self) -> _PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif _rss() is not None:
+            self.peak = _rss() or 0
+            self._sampler = threading.Thread(target=self._sample, daemon=True)
+            self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, _rss() or 0)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            self.peak = int(torch.cuda.max_memory_allocated(self.device))
+            return
+        if self._sampler is None:  # no /proc: the process' lifetime peak is all there is
+            self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+            return
+        self._stop.set()
+        self._sampler.join()
+        self.peak = max(self.peak, _rss() or 0)
+
+
+def _rss() -> int | None:
+    """This process' resident set size in bytes (Linux /proc), None where there is no /proc."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None

@@ -31,11 +31,13 @@ def test_every_recipe_key_is_documented_under_its_section() -> None:
             assert re.search(rf"^\| `{field.name}` \|", section, re.M), f"[{name}] {field.name} is not in the README"
 
 
-def test_every_run_option_is_documented() -> None:
-    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
-    for param in command.params:
-        if isinstance(param, click.Option):
-            assert any(f"`{opt}" in README for opt in param.opts), f"{param.opts} is not in the README"
+def test_every_run_and_bench_option_is_documented() -> None:
+    for name, marker in (("run", "| `accel run` option |"), ("bench", "| `accel bench` option |")):
+        table = README.split(marker, 1)[1].split("\n\n", 1)[0]
+        command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert any(f"`{opt}" in table for opt in param.opts), f"accel {name} {param.opts} is not in the README"
 
 
 def test_supported_models_table_lists_every_family() -> None:

@@ -18,8 +18,9 @@ from accel.instance import override
 from accel.parallel.comm import global_rank
 
 
-def agree_on_noise(pipe: Any) -> Callable[[], None]:
-    """Wrap this pipeline's `prepare_latents` so all ranks share rank 0's randomness; returns the undo."""
+def agree_on_noise(pipe: Any, group: dist.ProcessGroup | None = None) -> Callable[[], None]:
+    """Wrap this pipeline's `prepare_latents` so all ranks of `group` (None: the job) share its first
+    rank's randomness; returns the undo."""
     original = pipe.prepare_latents
     signature = inspect.signature(original)
 
@@ -27,10 +28,10 @@ def agree_on_noise(pipe: Any) -> Callable[[], None]:
     def prepare_latents(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind_partial(*args, **kwargs)
         for generator in _generators(bound.arguments.get("generator")):
-            generator.set_state(rank0_object(generator.get_state()))
+            generator.set_state(rank0_object(generator.get_state(), group))
         result = original(*args, **kwargs)
         for tensor in _tensors(result):
-            dist.broadcast(tensor, src=0)
+            dist.broadcast(tensor, src=global_rank(group, 0), group=group)
         return result
 
     return override(pipe, "prepare_latents", prepare_latents)

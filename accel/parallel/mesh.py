@@ -100,33 +100,44 @@ def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int]:
 
 @dataclass
 class ParallelMesh:
-    """The process groups one parallel layout needs; all of them exist on every rank."""
+    """The process groups one parallel layout needs; all of them exist on every rank of the layout."""
 
     degrees: Degrees
-    device_mesh: Any
+    device_mesh: Any  # None for a layout over only the first ranks of the job (see build_mesh)
     ulysses_group: Any
     ring_group: Any
     sequence_group: Any
     cfg_group: Any
     # This rank's index among the ranks sharing its sequence: which shard it holds.
     sequence_rank: int
+    # Every rank of the layout: None for the whole job, else a group of its first ranks.
+    group: Any = None
 
 
-_meshes: dict[tuple[str, Degrees], ParallelMesh] = {}
+# None records a layout this rank took part in creating but is not a member of.
+_meshes: dict[tuple[str, Degrees], ParallelMesh | None] = {}
 
 
-def build_mesh(degrees: Degrees, device_type: str) -> ParallelMesh:
-    """The named (cfg, ring, ulysses) mesh over the current world; built once per layout and reused."""
+def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) -> ParallelMesh | None:
+    """The named (cfg, ring, ulysses) mesh over the current world; built once per layout and reused.
+
+    `first_ranks=True` allows a layout smaller than the job, over its first ranks (`accel bench`
+    runs a 2-GPU variant inside an 8-GPU job). Creating groups is collective, so every rank of the
+    job calls it; the others get None. A later call for the same layout, on a member rank, finds
+    the mesh again without `first_ranks`."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    if dist.get_world_size() != degrees.world_size:
+    key = (device_type, degrees)
+    if key in _meshes and (_meshes[key] is not None or first_ranks):
+        return _meshes[key]
+    world = dist.get_world_size()
+    if world != degrees.world_size and not (first_ranks and degrees.world_size < world):
         raise UserError(
             f"[parallel] {degrees.describe()} needs {degrees.world_size} processes, but this job has "
-            f"{dist.get_world_size()}; change the degrees or the number of processes"
+            f"{world}; change the degrees or the number of processes"
         )
-    key = (device_type, degrees)
-    if key not in _meshes:
+    if world == degrees.world_size:
         mesh = init_device_mesh(device_type, (degrees.cfg, degrees.ring, degrees.ulysses), mesh_dim_names=MESH_DIMS)
         sequence = flattened_group(mesh, ("ring", "ulysses"))
         _meshes[key] = ParallelMesh(
@@ -137,8 +148,32 @@ def build_mesh(degrees: Degrees, device_type: str) -> ParallelMesh:
             sequence_group=sequence,
             cfg_group=mesh.get_group("cfg"),
             sequence_rank=dist.get_rank(sequence),
+            group=None,
         )
+    else:
+        _meshes[key] = _first_ranks_mesh(degrees)
     return _meshes[key]
+
+
+def _first_ranks_mesh(degrees: Degrees) -> ParallelMesh | None:
+    """The layout over ranks 0 … n-1 from public group enumerations, created in one fixed order on
+    every rank of the job (new_group is collective); None on the ranks outside it."""
+    import torch
+    import torch.distributed as dist
+
+    grid = torch.arange(degrees.world_size).reshape(degrees.cfg, degrees.ring, degrees.ulysses)
+
+    def groups(order: tuple[int, int, int], size: int) -> Any:
+        return dist.new_subgroups_by_enumeration(grid.permute(*order).reshape(-1, size).tolist())[0]
+
+    ulysses = groups((0, 1, 2), degrees.ulysses)
+    ring = groups((0, 2, 1), degrees.ring)
+    cfg = groups((1, 2, 0), degrees.cfg)
+    sequence = groups((0, 1, 2), degrees.sequence)
+    everyone = dist.new_group(list(range(degrees.world_size)))
+    if dist.get_rank() >= degrees.world_size:
+        return None
+    return ParallelMesh(degrees, None, ulysses, ring, sequence, cfg, dist.get_rank(sequence), everyone)
 
 
 def flattened_group(mesh: Any, dims: tuple[str, ...]) -> Any:
