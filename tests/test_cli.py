@@ -70,7 +70,18 @@ def test_compare_reports_speedup_and_psnr(tmp_path: Path) -> None:
     assert metrics["cache"]["cached_calls"] == 3
     assert metrics["baseline_s"] > 0 and metrics["speedup"] == pytest.approx(metrics["baseline_s"] / metrics["generate_s"])
     assert 0 < metrics["psnr_db"] < 100
-    assert "speedup" in result.stdout and "PSNR vs baseline" in result.stdout
+    assert 0 < metrics["ssim"] < 1
+    assert "speedup" in result.stdout and "PSNR vs baseline" in result.stdout and "SSIM vs baseline" in result.stdout
+
+
+def test_repeats_times_every_run_and_reports_the_median(tmp_path: Path) -> None:
+    report = tmp_path / "m.json"
+    result = invoke("run", "tiny-flux", "--steps", "2", "--repeats", "3", "--warmup", "0", "-o", str(tmp_path / "a.png"),
+                    "--json", str(report))
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(report.read_text())
+    assert len(metrics["times_s"]) == 3 and metrics["generate_s"] == sorted(metrics["times_s"])[1]
+    assert invoke("run", "tiny-flux", "--repeats", "0").exit_code == 2
 
 
 def test_threshold_zero_compare_is_identical(tmp_path: Path) -> None:
@@ -78,6 +89,7 @@ def test_threshold_zero_compare_is_identical(tmp_path: Path) -> None:
     result = invoke("run", "tiny-flux", "--compare", "--steps", "2", "-o", str(tmp_path / "a.png"), "--json", str(report), "--warmup", "0")
     assert result.exit_code == 0, result.output
     assert json.loads(report.read_text())["psnr_db"] == "inf"
+    assert json.loads(report.read_text())["ssim"] == 1.0
     assert "identical" in result.stdout
 
 

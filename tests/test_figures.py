@@ -219,3 +219,13 @@ def test_speedup_chart_rejects_mismatched_lengths(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="one speedup per name"):
         speedup_chart(["a", "b"], [1.0], tmp_path / "chart.png", "speedup")
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_a_video_kept_as_its_shown_frames_draws_the_same_grid() -> None:
+    rng = np.random.default_rng(3)
+    video = rng.random((9, 40, 64, 3))
+    frames, numbers = figures.shown_frames(video)
+    assert numbers == (0, 4, 8) and frames.shape == (3, 40, 64, 3)
+    whole = comparison_grid([Tile("a", "b", video)])
+    kept = comparison_grid([Tile("a", "b", frames, numbers)])
+    assert np.array_equal(np.asarray(whole), np.asarray(kept))

@@ -395,3 +395,15 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     path.write_text("cache = 3\n")
     with raises(f"{path}: [cache] must be a table, got 3"):
         load_recipe(path)
+
+
+def test_unaccelerated_keeps_what_is_generated_and_turns_every_accelerator_off() -> None:
+    recipe = Recipe.from_dict({
+        "model": {"name": "tiny-flux", "dtype": "float32"}, "generate": {"steps": 7, "seed": 3},
+        "cache": {"threshold": 0.1}, "parallel": {"ulysses": 2}, "vae": {"parallel": True},
+        "quant": {"type": "int8wo"}, "compile": {"enabled": True},
+        "bench": {"variants": [{"name": "a"}]},
+    })
+    plain = recipe.unaccelerated()
+    assert plain.model == recipe.model and plain.generate == recipe.generate
+    assert plain.to_dict() == Recipe.from_dict({"model": recipe.to_dict()["model"], "generate": recipe.to_dict()["generate"]}).to_dict()

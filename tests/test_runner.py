@@ -81,3 +81,19 @@ def test_settings_a_family_cannot_take_are_refused(family: str, generate: dict, 
 def test_flux_true_cfg_is_passed_through() -> None:
     kwargs = generation_kwargs(FAMILIES["flux"], True, Recipe.from_dict({"generate": {"true_cfg_scale": 4.0, "negative_prompt": "x"}}))
     assert kwargs["true_cfg_scale"] == 4.0 and kwargs["negative_prompt"] == "x"
+
+
+def test_cpu_peak_memory_is_this_block_s_peak_not_the_process_lifetime_peak() -> None:
+    import time
+
+    import torch
+
+    from accel.runner import _PeakMemory
+
+    with _PeakMemory(torch.device("cpu")) as big:
+        block = np.ones(300 * 2**20 // 8)  # 300 MiB, touched
+        time.sleep(0.2)
+        del block
+    with _PeakMemory(torch.device("cpu")) as small:
+        time.sleep(0.05)
+    assert big.peak - small.peak > 200 * 2**20  # the later block does not inherit the earlier peak
