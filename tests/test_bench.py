@@ -102,9 +102,12 @@ def test_tiny_recipe_runs_on_two_ranks_and_writes_every_report(family: str, tmp_
     rows = {row["name"]: row for row in document["variants"]}
     assert list(rows) == [v.name for v in recipe.variants]
     ran = [row for row in document["variants"] if row["status"] == "ran"]
-    for row in document["variants"]:
+    count = len(recipe.variants)
+    for index, row in enumerate(document["variants"], 1):
         assert set(row) == VARIANT_FIELDS
-        assert row["name"] in done.stdout
+        # Progress: each variant's line as it starts and as it ends (or why it was skipped).
+        ended = "skipped (" if row["status"] == "skipped" else "median "
+        assert f"[{index}/{count}] {row['name']}: {ended}" in done.stdout
         wanted = recipe.variant(row["name"]).world_size
         if wanted > 2:  # reported, with its reason, in the table notes and the JSON
             assert row["status"] == "skipped" and row["times_s"] == [] and row["speedup"] is None
@@ -192,6 +195,20 @@ def test_smaller_variants_run_on_the_first_ranks_of_a_larger_job(rank_pools: Any
     for name in ("ulysses", "usp", "ring"):
         assert lead[name][1] > 80, (name, lead[name])
         assert len(lead[name][2]) == 1
+
+
+def test_a_cached_cfg_split_on_two_of_four_ranks_decides_as_one_process(rank_pools: Any) -> None:
+    """Batched CFG split over a sub-job: the cache sums block 0's change over that sub-job's ranks
+    and the ranks outside it stay out of every collective."""
+    recipe = {
+        "model": {"name": "tiny-cogvideox"}, "generate": {"steps": 6}, "cache": {"threshold": 0.7},
+        "bench": {"repeats": 1, "warmup": 0, "variants": [
+            {"name": "one"}, {"name": "cfg", "parallel": {"cfg": 2}},
+        ]},
+    }
+    lead, *others = rank_pools(4).run(_bench_on_rank, recipe)
+    assert others == [None, None, None]
+    assert lead["cfg"][0] == "cfg 2" and lead["cfg"][1] > 80, lead
 
 
 # --- refusals: one line, exit 2, before any rank starts ---------------------------------------

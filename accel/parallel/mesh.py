@@ -110,7 +110,7 @@ class ParallelMesh:
     cfg_group: Any
     # This rank's index among the ranks sharing its sequence: which shard it holds.
     sequence_rank: int
-    # Every rank of the layout: None for the whole job, else a group of its first ranks.
+    # Every rank of the layout: the whole job (WORLD), or a group of its first ranks.
     group: Any = None
 
 
@@ -148,7 +148,7 @@ def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) ->
             sequence_group=sequence,
             cfg_group=mesh.get_group("cfg"),
             sequence_rank=dist.get_rank(sequence),
-            group=None,
+            group=dist.group.WORLD,
         )
     else:
         _meshes[key] = _first_ranks_mesh(degrees)
