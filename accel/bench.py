@@ -229,7 +229,7 @@ def _plain(overrides: Any) -> dict[str, Any]:
 def run_bench(
     plan: BenchPlan,
     folder: Path | None,
-    progress: Callable[[str], Progress] | None = None,
+    progress: Progress | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> BenchResult | None:
     """Run the plan on this rank; rank 0 returns the result (others None) and, with `folder`,
@@ -411,7 +411,7 @@ def _summary(row: VariantResult) -> str:
     return f"median {median:.3f} s over {len(row.times_s)} runs{speed}"
 
 
-def _bar(pipe: Any, progress: Callable[[str], Progress]) -> Progress:
+def _bar(pipe: Any, progress: Progress) -> Progress:
     from accel.runner import progress_over_steps
 
     return lambda label: progress_over_steps(pipe, progress, label)
