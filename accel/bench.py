@@ -17,6 +17,7 @@ import gc
 import math
 import os
 import re
+import statistics
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class VariantResult:
 
     @property
     def median_s(self) -> float | None:
-        return float(np.median(self.times_s)) if self.times_s else None
+        return statistics.median(self.times_s) if self.times_s else None
 
     @property
     def per_step_s(self) -> float | None:
@@ -149,7 +150,7 @@ def plan_bench(recipe: Recipe, gpus: int | None = None, only: list[str] | None =
     planned = []
     for name, overrides, variant in chosen:
         _check_variant(ref, name, variant)
-        skip = _skip_reason(variant, world, device)
+        skip = _skip_reason(variant, ref, world, device)
         planned.append(PlannedVariant(name, variant, overrides, variant.world_size, skip))
     return BenchPlan(recipe, world, tuple(planned))
 
@@ -199,14 +200,14 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
         raise type(error)(f"{variant.source}: [bench] variant {name!r}: {error}") from None
 
 
-def _skip_reason(variant: Recipe, world: int, device: Any) -> str | None:
-    from accel.models.loading import resolve_dtype, resolve_model
+def _skip_reason(variant: Recipe, ref: Any, world: int, device: Any) -> str | None:
+    from accel.models.loading import resolve_dtype
     from accel.optimize.quantize import check_hardware
 
     if variant.world_size > world:
         return f"needs {variant.world_size} processes; this run has {world} (--gpus {variant.world_size})"
     try:
-        check_hardware(variant.quant.type, device, resolve_dtype(variant.model.dtype, resolve_model(variant.model.name)))
+        check_hardware(variant.quant.type, device, resolve_dtype(variant.model.dtype, ref))
     except UserError as error:
         return str(error)
     return None
@@ -239,7 +240,7 @@ def run_bench(
 
     from accel.models.loading import resolve_device, resolve_model
     from accel.models.registry import family_of
-    from accel.runner import generation_kwargs, measure_recipe
+    from accel.runner import generation_kwargs, measure_recipe, peak_memory_kind, step_progress
 
     say = announce or (lambda _line: None)
     recipe = plan.recipe
@@ -247,7 +248,7 @@ def run_bench(
     rank, barrier = _join(plan, device.type)
     lead = rank == 0
     pipelines = _Pipelines(recipe.model.name, device)
-    pipe = pipelines.first(plan.baseline.recipe)
+    pipe = pipelines.get(plan.baseline.recipe)
     family = family_of(pipe)
     ref = resolve_model(recipe.model.name)
     if lead and folder is not None:
@@ -276,9 +277,9 @@ def run_bench(
             say(f"[{index}/{count}] {planned.name}: {layout}")
             pipe = pipelines.get(variant, say)
             kwargs = generation_kwargs(family, ref.tiny, variant)
-            bar = _bar(pipe, progress) if progress else None
             measured = measure_recipe(
-                pipe, variant, kwargs, recipe.bench.warmup, recipe.bench.repeats, bar, f"[{index}/{count}] {planned.name}"
+                pipe, variant, kwargs, recipe.bench.warmup, recipe.bench.repeats, step_progress(pipe, progress),
+                f"[{index}/{count}] {planned.name}",
             )
             if lead:
                 baseline = _record(row, measured, variant, index == 1, baseline, folder, index, family)
@@ -300,7 +301,7 @@ def run_bench(
         repeats=recipe.bench.repeats,
         warmup=recipe.bench.warmup,
         settings=dict(generation_kwargs(family, ref.tiny, plan.baseline.recipe), seed=recipe.generate.seed),
-        peak_memory_kind="CUDA allocated" if device.type == "cuda" else "process RSS (sampled)",
+        peak_memory_kind=peak_memory_kind(device),
         baseline=plan.baseline.name,
         variants=results,
         folder=str(folder) if folder is not None else None,
@@ -344,13 +345,8 @@ def _record(
     row.peak_memory_bytes = result.peak_memory_bytes
     row.cache_hit_rate = measured.cache["hit_rate"] if measured.cache is not None else None
     row.quant = measured.quant
-    if variant.compile.enabled:
-        row.compile = {
-            "scope": variant.compile.scope, "mode": variant.compile.mode, "compiled_modules": measured.compiled_modules,
-            "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
-        }
-    if measured.degrees is not None and not variant.compile.enabled:  # collectives in graphs are not counted
-        row.bytes_sent_per_rank = dict(result.bytes_sent)
+    row.compile = measured.compile
+    row.bytes_sent_per_rank = measured.bytes_sent_per_rank
     if is_baseline:
         baseline = (result.seconds, result.output)
     if baseline is not None:
@@ -411,12 +407,6 @@ def _summary(row: VariantResult) -> str:
     return f"median {median:.3f} s over {len(row.times_s)} runs{speed}"
 
 
-def _bar(pipe: Any, progress: Progress) -> Progress:
-    from accel.runner import progress_over_steps
-
-    return lambda label: progress_over_steps(pipe, progress, label)
-
-
 class _Pipelines:
     """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization): a variant
     that needs another state gets a fresh load."""
@@ -425,19 +415,19 @@ class _Pipelines:
         self.name = name
         self.device = device
         self.pipe: Any = None
-        self.dtype: Any = None
         self.model_dtype = ""
         self.quant: tuple[Any, ...] | None = None
 
-    def first(self, recipe: Recipe) -> Any:
-        return self.get(recipe, lambda _line: None)
+    @property
+    def dtype(self) -> Any:
+        return self.pipe.transformer.dtype
 
-    def get(self, recipe: Recipe, say: Callable[[str], None]) -> Any:
+    def get(self, recipe: Recipe, say: Callable[[str], None] | None = None) -> Any:
         quant = recipe.quant
         wanted = (quant.type, quant.scope, quant.exclude) if quant.type != "none" else None
         stale = self.quant is not None and self.quant != wanted
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
-            if self.pipe is not None:
+            if self.pipe is not None and say is not None:
                 say("  reloading the pipeline (quantization and dtype cannot be undone in place)")
             self._load(recipe.model.dtype)
         self.quant = wanted
@@ -455,4 +445,3 @@ class _Pipelines:
         self.pipe = load_pipeline(self.name, dtype, self.device)
         self.pipe.set_progress_bar_config(disable=True)
         self.model_dtype = dtype
-        self.dtype = self.pipe.transformer.dtype

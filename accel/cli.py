@@ -139,7 +139,7 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
 def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: int, master_addr: str | None,
               master_port: int | None) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
-    from accel.launch import LaunchSpec, launch
+    from accel.launch import LaunchSpec
     from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
@@ -153,11 +153,17 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
-    spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port)
+    return _rerun_on_ranks(ctx, LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port))
+
+
+def _rerun_on_ranks(ctx: typer.Context | None, spec: Any, extra: tuple[str, ...] = ()) -> int:
+    """This very command line (plus `extra`) on every rank of `spec`, under torchrun."""
+    from accel.launch import launch
+
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None
     if argv is None:
-        raise UserError("--gpus: relaunching needs the accel command line; run `accel run … --gpus N` from a shell")
-    return launch(spec, "accel.cli", argv)
+        raise UserError("--gpus: relaunching needs the accel command line; run accel from a shell")
+    return launch(spec, "accel.cli", [*argv, *extra])
 
 
 def _fit_to_job(settings: Any) -> Any:
@@ -234,13 +240,9 @@ def bench(
         plan = plan_bench(settings, gpus, only)
         if plan.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
-            from accel.launch import launch as launch_job
 
-            argv = (ctx.obj or {}).get("argv")
-            if argv is None:
-                raise UserError("--gpus: relaunching needs the accel command line; run `accel bench …` from a shell")
-            pinned = argv if gpus is not None else [*argv, "--gpus", str(plan.world_size)]
-            raise typer.Exit(launch_job(LaunchSpec.for_world(plan.world_size), "accel.cli", pinned))
+            pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
+            raise typer.Exit(_rerun_on_ranks(ctx, LaunchSpec.for_world(plan.world_size), pinned))
         folder = _fresh_folder(out, recipe) if lead else None
         result = _run_bench(plan, folder, lead)
     except UserError as error:
@@ -269,13 +271,9 @@ def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
 
 def _fresh_folder(out: Path | None, recipe: Path) -> Path:
     """--out as given (checked to be new or empty), else the first free outputs/bench-<recipe>[-N]."""
-    if out is not None:
-        return out
-    stem = f"bench-{recipe.stem}"
-    candidate, index = Path("outputs") / stem, 1
-    while candidate.exists():
-        candidate, index = Path("outputs") / f"{stem}-{index}", index + 1
-    return candidate
+    from accel.runner import first_free
+
+    return out if out is not None else first_free(Path("outputs"), f"bench-{recipe.stem}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -36,10 +36,7 @@ def run_table(metrics: Metrics) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     settings = metrics.settings
-    size = f"{settings['width']}×{settings['height']}"
-    if metrics.output_kind == "video":
-        frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
-        size += f", {frames} frames"
+    size = _size(settings, metrics.output_kind)
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
@@ -69,6 +66,15 @@ def run_table(metrics: Metrics) -> Table:
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+def _size(settings: dict[str, Any], output_kind: str) -> str:
+    """'64×48' or '64×48, 5 frames' from a pipeline call's arguments (the frames key varies by family)."""
+    size = f"{settings['width']}×{settings['height']}"
+    if output_kind == "video":
+        frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
+        size += f", {frames} frames"
+    return size
 
 
 def _parallel(parallel: dict[str, Any] | None) -> str:
@@ -274,12 +280,8 @@ def _bench_title(result: BenchResult) -> str:
 
 def _bench_context(result: BenchResult) -> str:
     settings = result.settings
-    size = f"{settings['width']}×{settings['height']}"
-    frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
-    if result.output_kind == "video" and frames is not None:
-        size += f", {frames} frames"
     return (
-        f"{result.model} ({result.family}, {result.dtype}, {result.device}); {size}, "
+        f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
         f"{settings['num_inference_steps']} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
     )

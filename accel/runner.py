@@ -60,7 +60,16 @@ class Measured:
     degrees: Degrees | None
     vae_split: bool
     quant: dict[str, Any] | None
-    compiled_modules: int
+    # Scope, mode, compiled_modules and the graphs built in warm-up / timed runs (None: no compile).
+    compile: dict[str, Any] | None
+
+    @property
+    def bytes_sent_per_rank(self) -> dict[str, int] | None:
+        """This rank's bytes by collective kind; None on one process, and with compile, whose
+        collectives inside graphs are not counted (comm.Traffic): no partial figure."""
+        if self.degrees is None or self.compile is not None:
+            return None
+        return dict(self.measurement.bytes_sent)
 
 
 @dataclass
@@ -207,13 +216,20 @@ def measure_recipe(
     try:
         result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats)
         stats = handle.cache_stats
+        compiled = None
+        if recipe.compile.enabled:
+            compiled = {
+                "scope": recipe.compile.scope, "mode": recipe.compile.mode,
+                "compiled_modules": sum(len(regions.modules) for regions in handle.compiled),
+                "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
+            }
         return Measured(
             result,
             cache=stats.as_dict() if stats is not None else None,
             degrees=handle.degrees,
             vae_split=handle.vae_decode is not None,
             quant=handle.quant.as_dict() if handle.quant is not None else None,
-            compiled_modules=sum(len(regions.modules) for regions in handle.compiled),
+            compile=compiled,
         )
     finally:
         handle.remove()
@@ -257,7 +273,7 @@ def run(
     kwargs = generation_kwargs(family, ref.tiny, recipe)
     seed = recipe.generate.seed
 
-    bar = (lambda label: progress_over_steps(pipe, progress, label)) if progress else None
+    bar = step_progress(pipe, progress)
 
     baseline = None
     if compare:  # the same measuring code as each bench variant, with every accelerator off
@@ -278,14 +294,7 @@ def run(
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
             "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split,
-            # Collectives inside compiled code are not counted (comm.Traffic): no partial figure.
-            "bytes_sent_per_rank": None if recipe.compile.enabled else result.bytes_sent,
-        }
-    compile_info = None
-    if recipe.compile.enabled:
-        compile_info = {
-            "scope": recipe.compile.scope, "mode": recipe.compile.mode, "compiled_modules": accelerated.compiled_modules,
-            "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
+            "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }
     device = _device_of(pipe)
     return Metrics(
@@ -301,20 +310,27 @@ def run(
         times_s=result.times,
         steps=result.steps,
         peak_memory_bytes=result.peak_memory_bytes,
-        peak_memory_kind="CUDA allocated" if device.type == "cuda" else "process RSS",
+        peak_memory_kind=peak_memory_kind(device),
         output_path=str(out_path) if out_path is not None else None,
         cache=accelerated.cache,
         parallel=parallel,
         quant=accelerated.quant,
-        compile=compile_info,
+        compile=accelerated.compile,
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(result.output, baseline.output) if baseline else None,
         ssim=ssim(result.output, baseline.output) if baseline else None,
     )
 
 
+def step_progress(pipe: Any, progress: Callable[[str], Any] | None) -> Callable[[str], Any] | None:
+    """`measure`'s progress argument: the caller's bar per label, advanced by this pipeline's steps."""
+    if progress is None:
+        return None
+    return lambda label: _progress_over_steps(pipe, progress, label)
+
+
 @contextmanager
-def progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) -> Iterator[None]:
+def _progress_over_steps(pipe: Any, progress: Callable[[str], Any], label: str) -> Iterator[None]:
     """Feeds the caller's progress bar from the scheduler's step events."""
     with progress(label) as bar:
         listener = _BarListener(bar)
@@ -359,7 +375,11 @@ def _output_path(name: str, family: Family, out: Path | None) -> Path:
         return out
     folder = Path("outputs")
     folder.mkdir(exist_ok=True)
-    stem = Path(name).name or "output"
+    return first_free(folder, Path(name).name or "output", suffix)
+
+
+def first_free(folder: Path, stem: str, suffix: str = "") -> Path:
+    """folder/stem+suffix, or the first of stem-1, stem-2, … not taken: outputs are never overwritten."""
     candidate, index = folder / f"{stem}{suffix}", 1
     while candidate.exists():
         candidate, index = folder / f"{stem}-{index}{suffix}", index + 1
@@ -368,6 +388,11 @@ def _output_path(name: str, family: Family, out: Path | None) -> Path:
 
 def _device_of(pipe: Any) -> torch.device:
     return next(pipe.transformer.parameters()).device
+
+
+def peak_memory_kind(device: torch.device) -> str:
+    """What `_PeakMemory` measures on this device, for the reports."""
+    return "CUDA allocated" if device.type == "cuda" else "process RSS"
 
 
 class _PeakMemory:
