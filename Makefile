@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install clean
+.PHONY: demo test gpu-check install clean
 
 $(BIN)/accel: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ demo: install
 
 test: install
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+
+# Needs one NVIDIA GPU: the CUDA-only tests and every benchmark's CUDA section in under 9 minutes;
+# the Markdown for BENCHMARKS.md is printed and written to outputs/gpu-check.md.
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -91,7 +91,7 @@ class Bench:
 
 
 def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dtype: torch.dtype, repeats: int,
-        schemes: list[str]) -> None:
+        schemes: list[str], whole: bool = True) -> None:
     from accel.cache import FirstBlockCache
     from accel.models.flux import FAMILY
     from accel.optimize.compile import CompiledRegions
@@ -111,9 +111,10 @@ def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dt
     regions = compiled("blocks")
     compile_blocks = bench.time("compile (blocks)", compiled=True)
     regions.remove()
-    regions = compiled("transformer")
-    bench.time("compile (whole transformer)", compiled=True)
-    regions.remove()
+    if whole:
+        regions = compiled("transformer")
+        bench.time("compile (whole transformer)", compiled=True)
+        regions.remove()
 
     cache = FirstBlockCache(model, FAMILY.blocks, threshold=1e9)
     with torch.no_grad():
@@ -155,12 +156,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--tokens", type=int, default=None, help="image tokens (default: 1024 CPU, 4096 = 1024² on CUDA)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--no-whole-compile", action="store_true",
+                        help="skip compiling the whole transformer (minutes at FLUX.1-dev size; gpu_check.py skips it)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
-        run(device, FLUX_DEV, args.tokens or 4096, 512, torch.bfloat16, args.repeats or 10, ["fp8dq"])
+        run(device, FLUX_DEV, args.tokens or 4096, 512, torch.bfloat16, args.repeats or 10, ["fp8dq"], not args.no_whole_compile)
     else:
-        run(device, TINY_DEEP, args.tokens or 1024, 64, torch.float32, args.repeats or 7, ["int8wo", "int8dq"])
+        run(device, TINY_DEEP, args.tokens or 1024, 64, torch.float32, args.repeats or 7, ["int8wo", "int8dq"], not args.no_whole_compile)
 
 
 if __name__ == "__main__":

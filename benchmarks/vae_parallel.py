@@ -14,7 +14,7 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
    receives the whole image, so its memory is the largest. --smoke runs that code on the CPU at
    small sizes.
 
-    python benchmarks/vae_parallel.py [--size 1024] [--device cpu|cuda] [--smoke]
+    python benchmarks/vae_parallel.py [--size 1024] [--device cpu|cuda] [--smoke] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def cpu(size: int) -> None:
           f"{two_peak / one_peak:.2f} of one process")
 
 
-def fake_ranks(device: str, smoke: bool) -> None:
+def fake_ranks(device: str, smoke: bool, repeats: int = 3) -> None:
     """Per-rank decode time and peak memory as rank 0 of N (fake process group)."""
     cases = {
         "FLUX VAE 2048x2048": (flux_vae, (1, 16, 256, 256)),
@@ -110,7 +110,7 @@ def fake_ranks(device: str, smoke: bool) -> None:
     if smoke:
         cases = {"FLUX VAE 256x256": (flux_vae, (1, 16, 32, 32)), "Wan 2.1 VAE 128x128x5": (wan_vae, (1, 16, 2, 16, 16))}
     for name, (build, shape) in cases.items():
-        _fake_case(name, build(), shape, device, repeats=1 if smoke else 3)
+        _fake_case(name, build(), shape, device, repeats=1 if smoke else repeats)
 
 
 def _fake_case(name: str, vae: Any, shape: tuple[int, ...], device: str, repeats: int) -> None:
@@ -153,9 +153,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="image side for the CPU comparison")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--smoke", action="store_true", help="run the fake-rank section on the CPU at small sizes")
+    parser.add_argument("--repeats", type=int, default=3, help="timed decodes per N on CUDA (gpu_check.py uses 1 to fit its budget)")
     args = parser.parse_args()
     if args.device == "cuda":
-        fake_ranks("cuda", smoke=False)
+        fake_ranks("cuda", smoke=False, repeats=args.repeats)
         return
     if args.smoke:
         fake_ranks("cpu", smoke=True)
