@@ -81,6 +81,19 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank() -> int | None:
+    """This process's index on its node under a launcher (None outside one)."""
+    value = os.environ.get("LOCAL_RANK")
+    return int(value) if value is not None else None
+
+
+def rank_device(device_type: str) -> str:
+    """The device this rank should compute on: under a launcher each rank has its own GPU,
+    `cuda:LOCAL_RANK`; otherwise the device type as given (the current GPU for cuda)."""
+    index = local_rank()
+    return f"cuda:{index}" if device_type == "cuda" and index is not None else device_type
+
+
 def world_size() -> int:
     """Processes in the job this one belongs to (1 outside torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -17,10 +17,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int, q_len: int, k_len: int,
-                    dim: int, masked: bool, seed: int = 0) -> float:
+                    dim: int, masked: bool, seed: int = 0, host_hint: bool = False) -> float:
     """Max-abs error of this rank's context-parallel output against SDPA on the full tensors.
 
-    The reference runs in float64 on the same (possibly low-precision) inputs."""
+    The reference runs in float64 on the same (possibly low-precision) inputs. `host_hint` also
+    passes the layout's real-key counts, as the engine does, so padded blocks are cut, not masked."""
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     world, rank = ulysses * ring, mesh.sequence_rank
     generator = torch.Generator().manual_seed(seed)
@@ -41,8 +42,10 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
         key_valid = key_valid & torch.stack([k_layout.split(real, 1, r) for r in range(world)])
     elif not k_layout.pad:
         key_valid = None
+    real_keys = [k_layout.real(p) for p in range(world)] if host_hint and key_valid is not None and not masked else None
     out = usp_attention(shard(q, q_layout), shard(k, k_layout), shard(v, k_layout),
-                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid)
+                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid,
+                        None, real_keys)
     assert out.dtype == q.dtype and out.shape == (batch, heads, q_layout.shard, dim)
     expected = shard(reference, q_layout)
     rows = min(q_layout.shard, q_len - rank * q_layout.shard)  # padded query rows are dropped later

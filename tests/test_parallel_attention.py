@@ -53,6 +53,14 @@ def test_fully_padded_shard(rank_pools) -> None:
     assert max(errors) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("ulysses,ring,tokens", [(2, 1, 301), (1, 3, 301), (2, 2, 5), (1, 4, 5), (4, 1, 7)], ids=str)
+def test_padding_known_on_the_host_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int) -> None:
+    """With the layout's real-key counts, padded blocks are cut to their real keys (or skipped when
+    all padding, as with 5 tokens on 4 ranks) instead of masked: still equal to SDPA."""
+    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, 4, tokens, tokens, 16, False, 0, True)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
 def test_mesh_groups(rank_pools) -> None:
     """(cfg, ring, ulysses) = (1, 2, 2): Ulysses pairs neighbours, Ring pairs across, sequence is all."""
     for fallback in (False, True):

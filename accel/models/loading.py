@@ -66,15 +66,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, ref: ModelRef) -> torch.dtype
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load onto. Under torchrun (LOCAL_RANK set) "cuda" means this rank's own GPU,
+    so ranks of one node do not all land on cuda:0."""
+    from accel.launch import rank_device
+
     if isinstance(device, torch.device):
         return device
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
         raise UserError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or auto")
     if device not in ("cpu", "cuda"):
         raise UserError(f"device must be one of auto, cpu, cuda, got '{device}'")
-    return torch.device(device)
+    return torch.device(rank_device(device))
 
 
 def load_pipeline(

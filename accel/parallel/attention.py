@@ -4,6 +4,10 @@ Inputs are this rank's shards in SDPA layout (batch, heads, tokens, head_dim), e
 shard the same length (see `layout.SequenceLayout`). `key_valid`, when given, is a bool tensor
 (P, batch or 1, shard_k): for each of the P shards of the sequence-parallel group, which keys are
 real. Every rank passes the same tensor; it is position knowledge, so no collective is spent on it.
+`real_keys`, when given, says the same on the host: shard p's real keys are its first
+`real_keys[p]` (None for a shard whose real keys are not a prefix, e.g. two padded streams side by
+side). A block of keys that is real up to a known point is cut there and runs the unmasked
+(flash) kernel; only the others pay for a mask. Nothing here reads tensor data on the host.
 For `usp_attention` shard p belongs to ring rank p // U, Ulysses rank p % U.
 
 The result equals plain softmax attention over the gathered sequence, for this rank's queries.
@@ -11,11 +15,17 @@ The result equals plain softmax attention over the gathered sequence, for this r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from collections.abc import Sequence
+
 from accel.parallel.comm import Group, RingShift, all_to_all, group_rank, group_size
 from accel.parallel.kernels import attention_with_lse
+
+RealKeys = Sequence[int | None]
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
@@ -36,28 +46,36 @@ def usp_attention(
     ring_group: Group | None,
     key_valid: Tensor | None = None,
     scale: float | None = None,
+    real_keys: RealKeys | None = None,
 ) -> Tensor:
     """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1)."""
     ulysses = group_size(ulysses_group) if ulysses_group is not None else 1
     ring = group_size(ring_group) if ring_group is not None else 1
-    _check(q, k, v, ulysses, ring, key_valid)
+    _check(q, k, v, ulysses, ring, key_valid, real_keys)
+    shard = k.shape[2]
     if ulysses > 1:
         q, k, v = _sequence_to_heads(q, k, v, ulysses_group, ulysses)
+    # Shard p = (ring rank p // U, Ulysses rank p % U): after the all-to-all a ring rank holds
+    # its U shards back to back, so its keys' validity is theirs concatenated.
+    blocks = [_BlockKeys(None, None) for _ in range(ring)]
     if key_valid is not None:
-        # Shard p = (ring rank p // U, Ulysses rank p % U): after the all-to-all a ring rank holds
-        # its U shards back to back, so its key validity is theirs concatenated.
-        batch, shard = key_valid.shape[1], key_valid.shape[2]
-        key_valid = key_valid.view(ring, ulysses, batch, shard).permute(0, 2, 1, 3).reshape(ring, batch, ulysses * shard)
+        batch = key_valid.shape[1]
+        masks = key_valid.view(ring, ulysses, batch, shard).permute(0, 2, 1, 3).reshape(ring, batch, ulysses * shard)
+        blocks = [
+            _BlockKeys(masks[r], leading_real(real_keys[r * ulysses : (r + 1) * ulysses], [shard] * ulysses) if real_keys is not None else None)
+            for r in range(ring)
+        ]
     if ring > 1:
-        out = _ring(q, k, v, ring_group, ring, key_valid, scale)
+        out = _ring(q, k, v, ring_group, ring, blocks, scale)
     else:
-        out, _ = _block(q, k, v, key_valid[0] if key_valid is not None else None, scale)
+        out, _ = _block(q, k, v, blocks[0], scale)
     if ulysses > 1:
         out = _heads_to_sequence(out, ulysses_group, ulysses)
     return out
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: Tensor | None) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: Tensor | None,
+           real_keys: RealKeys | None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("context-parallel attention takes (batch, heads, tokens, head_dim) tensors")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
@@ -68,6 +86,29 @@ def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: 
         raise ValueError(
             f"key_valid must be ({ulysses * ring}, batch or 1, {k.shape[2]}) for this group, got {tuple(key_valid.shape)}"
         )
+    if real_keys is not None and (key_valid is None or len(real_keys) != ulysses * ring):
+        raise ValueError(f"real_keys needs key_valid and one entry per shard ({ulysses * ring}), got {len(real_keys)}")
+
+
+@dataclass(frozen=True)
+class _BlockKeys:
+    """One block of keys: which are real (None: all), and, when known on the host, how many of
+    its first keys are real with the rest padding (a prefix)."""
+
+    valid: Tensor | None
+    prefix: int | None
+
+
+def leading_real(counts: Sequence[int | None], sizes: Sequence[int]) -> int | None:
+    """Stretches of keys laid side by side, stretch i real for its first `counts[i]` of `sizes[i]`
+    keys: how many leading keys are real, when those are all the real ones (None: they are not a
+    prefix, or a count is unknown)."""
+    short = False
+    for count, size in zip(counts, sizes, strict=True):
+        if count is None or (short and count):
+            return None
+        short = short or count < size
+    return sum(count or 0 for count in counts)
 
 
 def _sequence_to_heads(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -94,14 +135,14 @@ def _heads_to_sequence(x: Tensor, group: Group, world: int) -> Tensor:
     return received.transpose(0, 1).reshape(batch, world * heads, tokens // world, dim)
 
 
-def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, key_valid: Tensor | None, scale: float | None) -> Tensor:
+def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, blocks: list[_BlockKeys], scale: float | None) -> Tensor:
     rank = group_rank(group)
     kv = torch.stack([k, v])
     out = lse = None
     for step in range(world):
         shift = RingShift(kv, group) if step < world - 1 else None  # in flight during this block
         source = (rank - step) % world
-        block_out, block_lse = _block(q, kv[0], kv[1], key_valid[source] if key_valid is not None else None, scale)
+        block_out, block_lse = _block(q, kv[0], kv[1], blocks[source], scale)
         out, lse = merge_partial(out, lse, block_out, block_lse)
         if shift is not None:
             kv = shift.wait()
@@ -109,13 +150,18 @@ def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, key_valid: 
     return out.to(q.dtype)
 
 
-def _block(q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
+def _block(q: Tensor, k: Tensor, v: Tensor, keys: _BlockKeys, scale: float | None) -> tuple[Tensor, Tensor]:
     """Local attention over one key block; a batch row with no real key gets lse -inf and out 0.
 
-    Eager runs skip the mask when every key is real; compiled code always applies it (equal
-    result), since that test reads tensor data and would break the graph."""
-    if valid is None or (not torch.compiler.is_compiling() and bool(valid.all())):
+    Which path runs is decided on the host (no sync, and the same graph under compile): all keys
+    real, or real up to a known point (cut there, unmasked kernel), or a mask."""
+    if keys.valid is None or keys.prefix == k.shape[-2]:
         return attention_with_lse(q, k, v, None, scale)
+    if keys.prefix == 0:  # only padding here: contributes nothing to the merge
+        return q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=torch.float32)
+    if keys.prefix is not None:
+        return attention_with_lse(q, k[..., : keys.prefix, :], v[..., : keys.prefix, :], None, scale)
+    valid = keys.valid
     bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
     out, lse = attention_with_lse(q, k, v, bias[:, None, None, :], scale)
     has_key = valid.any(-1).view(-1, 1, 1)

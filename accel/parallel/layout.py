@@ -36,6 +36,10 @@ class SequenceLayout:
         """(world, shard) bool: which slots of each shard hold real tokens."""
         return (torch.arange(self.padded, device=device) < self.length).view(self.world, self.shard)
 
+    def real(self, rank: int) -> int:
+        """How many of shard `rank`'s slots hold real tokens (they come first)."""
+        return min(self.shard, max(0, self.length - rank * self.shard))
+
     def split(self, x: Tensor, dim: int, rank: int) -> Tensor:
         """Rank `rank`'s shard of `x` (full length along `dim`), zero-padded where needed."""
         if x.shape[dim] != self.length:

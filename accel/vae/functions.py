@@ -219,8 +219,7 @@ def _shared_attention(region: WholeRegion, group: dist.ProcessGroup | None, quer
     tokens = query.shape[-2]
     if is_causal or tokens % (region.rows * region.width):
         return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
-    row = (torch.arange(tokens, device=query.device) // region.width) % region.rows
-    owned = [torch.nonzero((row >= start) & (row < stop)).flatten() for start, stop in region.spans]
+    owned = [_token_indices(tokens, region, start, stop, query.device) for start, stop in region.spans]
     own = owned[region.split.rank]
     if attn_mask is not None and attn_mask.dim() >= 2 and attn_mask.shape[-2] == tokens:
         attn_mask = attn_mask.index_select(-2, own)
@@ -232,6 +231,14 @@ def _shared_attention(region: WholeRegion, group: dist.ProcessGroup | None, quer
     for index, piece in zip(owned, all_gather(padded, group)):
         out.index_copy_(out.dim() - 2, index, piece[..., : len(index), :])
     return out
+
+
+def _token_indices(tokens: int, region: WholeRegion, start: int, stop: int, device: torch.device) -> Tensor:
+    """Indices of the tokens in rows [start, stop) of every frame: built from the shape on the
+    host, so no data-dependent selection (and no host sync) is needed."""
+    frame = region.rows * region.width
+    frames = torch.arange(tokens // frame, device=device)[:, None] * frame
+    return (frames + torch.arange(start * region.width, stop * region.width, device=device)[None, :]).flatten()
 
 
 def _tuple(value: Any, dims: int) -> tuple[int, ...]:
