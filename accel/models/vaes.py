@@ -20,13 +20,15 @@ class VaePlan:
     `whole` lists decoder submodules (dotted names, `*` one segment) whose input is gathered so
     every rank holds all rows: their attention spans every position (and Hunyuan's mid-block
     builds a frame-causal mask from the full shape). Each rank still attends for its own rows
-    only. `noise_rows`: the decoder draws spatial noise (LTX 0.9.1's injected noise), which is
-    drawn at full height and cut, so every rank adds the rows a single process would.
+    only. `noise_rows`: the config key that says whether the decoder draws spatial noise (LTX
+    0.9.1 injects it, 0.9.0 does not): when any entry is on, the noise is drawn at full height
+    from a random state all ranks share and cut, so every rank adds the rows a single process
+    would. Off, no random state is exchanged (an object broadcast: a host synchronisation).
     """
 
     method: VaeMethod = "patch"
     whole: tuple[str, ...] = ()
-    noise_rows: bool = False
+    noise_rows: str | None = None
 
 
 VAE_PLANS: dict[str, VaePlan] = {
@@ -35,7 +37,7 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLWan": VaePlan(whole=("mid_block.attentions.*",)),
     "AutoencoderKLCogVideoX": VaePlan(),
     "AutoencoderKLMochi": VaePlan(),
-    "AutoencoderKLLTXVideo": VaePlan(noise_rows=True),
+    "AutoencoderKLLTXVideo": VaePlan(noise_rows="decoder_inject_noise"),
 }
 
 

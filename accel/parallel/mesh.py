@@ -114,8 +114,9 @@ class ParallelMesh:
     group: Any = None
 
 
-# None records a layout this rank took part in creating but is not a member of.
-_meshes: dict[tuple[str, Degrees], ParallelMesh | None] = {}
+# None records a layout this rank took part in creating but is not a member of. Keyed by the
+# job's default group too: a process group destroyed and started again needs new meshes.
+_meshes: dict[tuple[Any, str, Degrees], ParallelMesh | None] = {}
 
 
 def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) -> ParallelMesh | None:
@@ -128,7 +129,7 @@ def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) ->
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (device_type, degrees)
+    key = (dist.group.WORLD, device_type, degrees)
     if key in _meshes and (_meshes[key] is not None or first_ranks):
         return _meshes[key]
     world = dist.get_world_size()

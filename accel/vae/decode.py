@@ -8,7 +8,6 @@ keeps between calls (causal convolution caches) holds this rank's rows and stays
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from accel.errors import UserError
-from accel.instance import override
+from accel.instance import VAE, wrap
 from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan
 from accel.parallel.agree import rank0_object
 from accel.parallel.comm import global_rank
@@ -40,6 +39,14 @@ def plan_for(vae: Any) -> VaePlan:
     )
 
 
+def _draws_noise(vae: Any, plan: VaePlan) -> bool:
+    """Whether this VAE instance's decoder adds spatial noise (its config switch, per the plan)."""
+    if plan.noise_rows is None:
+        return False
+    value = getattr(getattr(vae, "config", None), plan.noise_rows, None)
+    return any(value) if isinstance(value, (list, tuple)) else bool(value)
+
+
 class ParallelDecode:
     """Puts one VAE's decoder under the row split on the ranks of `group`; `remove()` undoes it.
 
@@ -56,6 +63,7 @@ class ParallelDecode:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.calls = 0  # decoder calls split so far, for reports and tests
+        self.noise = _draws_noise(vae, plan)
         self._mode: SplitDecode | None = None
         self._undo: list[Callable[[], None]] = []
         modules = dict(decoder.named_modules())
@@ -63,13 +71,7 @@ class ParallelDecode:
             for module in glob_modules(modules, pattern):
                 self._undo.append(module.register_forward_pre_hook(self._enter_whole, with_kwargs=True).remove)
                 self._undo.append(module.register_forward_hook(self._leave_whole).remove)
-        original = decoder.forward
-
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return self._decode(original, *args, **kwargs)
-
-        self._undo.append(override(decoder, "forward", forward))
+        self._undo.append(wrap(decoder, "forward", "accel.parallel_decode", VAE, self._decode))
 
     def remove(self) -> None:
         while self._undo:
@@ -81,9 +83,9 @@ class ParallelDecode:
             return original(latents, *args, **kwargs)
         split = RowSplit(rows, self.world, self.rank)
         start, stop = split.span(1)
-        if self.plan.noise_rows:
+        if self.noise:
             self._agree_on_random_state(latents.device)
-        self._mode = SplitDecode(split, self.group, self.plan.noise_rows)
+        self._mode = SplitDecode(split, self.group, self.noise)
         try:
             with self._mode:
                 output = original(latents[..., start:stop, :], *args, **kwargs)

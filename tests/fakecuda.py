@@ -1,0 +1,212 @@
+"""The fake-CUDA harness: one CPU process plays rank r of N on `cuda` tensors that hold no data.
+
+No GPU exists where the suite runs, yet the GPU-only code paths (the flash / efficient / cuDNN
+kernels, NCCL-style collectives on device tensors, device placement of masks) are where the bugs
+a CPU run cannot see live. Three torch pieces make them checkable on the CPU:
+
+- `FakeTensorMode`: tensors carry shape, dtype and device but no data, and every op runs its meta
+  kernel, so a `cuda` tensor needs no GPU, a real-width model costs nothing, and an op that mixes
+  a CPU and a CUDA tensor raises exactly as on a GPU.
+- the `fake` process group: collectives return at once with shapes intact, so one process is any
+  rank of any world size.
+- `Probe`, a dispatch mode under which the transformer runs: it records each host synchronisation
+  (the GPU would stall there), each attention kernel and each collective's tensor devices. Fake
+  tensors cannot produce a value, so a scalar read gets a scripted answer and the code goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from accel.parallel.mesh import Degrees, ParallelMesh, build_mesh
+
+DTYPE = torch.bfloat16
+aten = torch.ops.aten
+
+# Ops that make the host wait for the device: a value read into Python, or a result whose shape
+# depends on the data (the host must learn the size before it can go on).
+SYNC_OPS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.item.default, aten.nonzero.default}
+KERNELS = {
+    aten._scaled_dot_product_flash_attention.default: "flash",
+    aten._scaled_dot_product_efficient_attention.default: "efficient",
+    aten._scaled_dot_product_cudnn_attention.default: "cudnn",
+    aten._scaled_dot_product_attention_math.default: "math",
+    aten._safe_softmax.default: "math",  # what plain SDPA on fake CUDA decomposes to on a CPU build
+    aten._scaled_dot_product_flash_attention_for_cpu.default: "cpu",
+}
+# The fused kernels' position of their mask / bias argument (None: they take none).
+_BIAS_ARG = {"flash": None, "efficient": 3, "cudnn": 3}
+_HERE = os.path.abspath(__file__)
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@dataclass(frozen=True)
+class Sync:
+    """One host synchronisation: the op, and the innermost frame outside torch that asked for it."""
+
+    op: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"{self.op} at {self.where}"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # flash, efficient, cudnn, math, cpu
+    masked: bool
+
+
+class Probe(TorchDispatchMode):
+    """Records syncs, attention kernels and collectives; answers scalar reads from `scalars`.
+
+    `scalars` are handed out in order, one per `_local_scalar_dense` (then `default`), so a test
+    scripts the branch a data-dependent decision takes (the cache's skip-or-compute). A
+    data-dependent shape (`nonzero`) gets its largest possible size: every element counts."""
+
+    def __init__(self, scalars: list[Any] | None = None, default: Any = 0) -> None:
+        super().__init__()
+        self.scalars = list(scalars or [])
+        self.default = default
+        self.syncs: list[Sync] = []
+        self.kernels: list[Kernel] = []
+        self.collectives: list[tuple[str, tuple[str, ...]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in SYNC_OPS:
+            self.syncs.append(Sync(str(func.overloadpacket.__name__), _caller()))
+            if func is aten.nonzero.default:
+                x = args[0]
+                return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
+            return self._answer(args[0])
+        if func in (aten._to_copy.default, aten.copy_.default):
+            source, target = (args[0], kwargs.get("device")) if func is aten._to_copy.default else (args[1], args[0].device)
+            if source.device.type == "cuda" and target is not None and torch.device(target).type == "cpu":
+                self.syncs.append(Sync("device-to-host copy", _caller()))
+        kernel = KERNELS.get(func)
+        if kernel is not None:
+            position = _BIAS_ARG.get(kernel)
+            bias = args[position] if position is not None and len(args) > position else kwargs.get("attn_bias")
+            self.kernels.append(Kernel(kernel, bias is not None))
+        if func.namespace in ("c10d", "_c10d_functional"):
+            devices = tuple(t.device.type for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+            self.collectives.append((func.overloadpacket.__name__, devices))
+        return func(*args, **kwargs)
+
+    def _answer(self, tensor: torch.Tensor) -> Any:
+        value = self.scalars.pop(0) if self.scalars else self.default
+        if tensor.dtype == torch.bool:
+            return bool(value)
+        return int(value) if not tensor.dtype.is_floating_point else float(value)
+
+    def fused(self) -> Counter[Kernel]:
+        """The fused kernels (those the context-parallel engine picks), counted."""
+        return Counter(k for k in self.kernels if k.name in ("flash", "efficient", "cudnn"))
+
+    def non_cuda_collectives(self) -> list[tuple[str, tuple[str, ...]]]:
+        return [(name, devices) for name, devices in self.collectives if any(d != "cuda" for d in devices)]
+
+
+def _caller() -> str:
+    """`path:line` of the innermost frame outside torch and this harness (the code that synced);
+    a function mode's `__torch_function__` only passes the call on, so the frame below it counts."""
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path != _HERE and not path.startswith(_TORCH) and frame.name != "__torch_function__":
+            return f"{_short(path)}:{frame.lineno}"
+    return "?"
+
+
+def _short(path: str) -> str:
+    for marker in ("/accel/", "/diffusers/", "/tests/"):
+        if marker in path:
+            return marker[1:] + path.split(marker, 1)[1]
+    return path
+
+
+@contextmanager
+def fake_rank(rank: int, world: int) -> Iterator[None]:
+    """This process as rank `rank` of `world` on the `fake` backend, for the block's duration
+    (a previous process group is destroyed first)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fake_mesh(degrees: Degrees) -> ParallelMesh:
+    """accel's own mesh on device type `cuda` over the fake group (init_device_mesh accepts it)."""
+    mesh = build_mesh(degrees, "cuda")
+    assert mesh is not None
+    return mesh
+
+
+def new_fake_mode() -> FakeTensorMode:
+    """Fake tensors only: a real tensor reaching an op raises, so nothing slips past on the CPU."""
+    return FakeTensorMode(allow_non_fake_inputs=False)
+
+
+@contextmanager
+def fake_cuda(mode: FakeTensorMode | None = None) -> Iterator[FakeTensorMode]:
+    """Inside `mode` (default: a new one). Fake tensors belong to the mode that made them, so a
+    module built once and reused across tests needs its mode entered again each time."""
+    with mode or new_fake_mode() as entered:
+        yield entered
+
+
+def on_fake_cuda(cls: type[nn.Module], config: Mapping[str, Any], **overrides: Any) -> nn.Module:
+    """`cls` built from `config` directly on fake `cuda:0` in bfloat16 (inside `fake_cuda()`).
+
+    The default dtype is switched during construction because a fake module cannot be cast
+    afterwards (`.to(bfloat16)` fails to swap its parameters)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)
+    try:
+        with torch.device("cuda"):
+            module = cls.from_config({**dict(config), **overrides})  # type: ignore[attr-defined]
+    finally:
+        torch.set_default_dtype(previous)
+    return module.eval()
+
+
+def randn(*shape: int, dtype: torch.dtype = DTYPE) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+class ToyScheduler:
+    """Just what `accel.steps.StepEvents` wraps: `set_timesteps` starts a generation, `step` ends a step."""
+
+    def __init__(self) -> None:
+        self.timesteps: list[int] = []
+
+    def set_timesteps(self, steps: int) -> None:
+        self.timesteps = list(range(steps))
+
+    def step(self) -> None:
+        return None
+
+
+def run_probed(fn: Callable[[], Any], scalars: list[Any] | None = None) -> tuple[Any, Probe]:
+    """`fn()` under a fresh `Probe` (inside `fake_cuda()`): its result and what the probe saw."""
+    probe = Probe(scalars)
+    with torch.no_grad(), probe:
+        result = fn()
+    return result, probe

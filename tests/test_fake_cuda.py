@@ -1,0 +1,485 @@
+"""The fake-CUDA tier: every family's transformer and VAE, as the first and last rank of 2 to 8 GPUs.
+
+Each case builds the real diffusers class on fake `cuda` in bfloat16 (tests/fakecuda.py), puts it
+under accel's real engines as `accel.apply` does (ContextParallel, CfgParallel, FirstBlockCache with
+compose's cache group and token mask) and runs it as one rank of a `fake` process group. Fake
+tensors hold no data, so nothing here checks numbers (the gloo tests do); what a CPU run cannot
+show is checked instead:
+
+- no op mixes devices (fake mode raises as a GPU would) or dtypes (the meta kernels raise);
+- the output is a bfloat16 `cuda` tensor of the single-process shape;
+- each context-parallel attention block ran the intended kernel: flash with no mask wherever the
+  real keys are a prefix of the block (nothing padded, or padding only at its end, sliced off on
+  the host), the masked efficient kernel only where padding sits inside the block (two padded
+  streams side by side) or the model passes an attention mask;
+- every collective got `cuda` tensors;
+- zero host synchronisations inside the forward, except (a) the cache's one decision per call
+  once it has a previous residual to compare with, and (b) Mochi's own diffusers attention
+  processor, which compacts each sample's text with `nonzero` (model code, one per sample and block).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
+
+from collections import Counter  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from fakecuda import (  # noqa: E402
+    DTYPE, Kernel, Probe, ToyScheduler, fake_cuda, fake_mesh, fake_rank, new_fake_mode, on_fake_cuda, randn, run_probed,
+)
+
+from accel.cache import FirstBlockCache  # noqa: E402
+from accel.compose import _cache_group, _real_tokens  # noqa: E402
+from accel.models.base import Family  # noqa: E402
+from accel.models.registry import FAMILIES  # noqa: E402
+from accel.parallel.cfg import CfgParallel  # noqa: E402
+from accel.parallel.layout import SequenceLayout  # noqa: E402
+from accel.parallel.mesh import Degrees, ParallelMesh  # noqa: E402
+from accel.parallel.outputs import sample_of  # noqa: E402
+from accel.parallel.plan import ContextParallel  # noqa: E402
+from accel.steps import StepEvents  # noqa: E402
+
+# MochiRoPE enters a float32 CPU autocast region, which torch warns about and skips; harmless here.
+pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning", "ignore::UserWarning")
+
+# Tiny configs get 24 heads (FLUX's, HunyuanVideo's, Mochi's count): every Ulysses degree of
+# 2, 3, 4 and 8 divides it. Width costs nothing in fake mode.
+HEADS = 24
+
+
+# -- the families' transformers and inputs ----------------------------------------------------------
+@pytest.fixture(scope="session")
+def tiny_configs() -> dict[str, tuple[type, dict[str, Any], type, dict[str, Any]]]:
+    """(transformer class, config, VAE class, config) of each family's `build_tiny`, built once on the CPU."""
+    configs = {}
+    for name, family in FAMILIES.items():
+        assert family.tiny is not None
+        pipe = family.tiny()
+        configs[name] = (type(pipe.transformer), dict(pipe.transformer.config), type(pipe.vae), dict(pipe.vae.config))
+    return configs
+
+
+def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """HEADS heads of the tiny head size (widths tied to the head count follow it), the fewest blocks
+    the cache accepts (two)."""
+    overrides: dict[str, Any] = {"num_attention_heads": HEADS}
+    if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
+        overrides.update(num_layers=1, num_single_layers=1)
+    width = HEADS * config["attention_head_dim"]
+    if name == "ltx":
+        overrides["cross_attention_dim"] = width
+    if name == "mochi":
+        overrides["pooled_projection_dim"] = width // 2
+    return overrides
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Latent frames x rows x cols (after patching: the token grid) and text tokens."""
+
+    frames: int
+    rows: int
+    cols: int
+    text: int
+
+    @property
+    def tokens(self) -> int:
+        return self.frames * self.rows * self.cols
+
+
+# Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
+DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
+UNEVEN = Grid(frames=1, rows=5, cols=7, text=37)
+
+
+def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
+    """The arguments the family's pipeline passes its transformer, on fake cuda."""
+    t = torch.full((batch,), 500.0, device="cuda", dtype=DTYPE)
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    if name == "flux":
+        ids = torch.zeros(h * w, 3, device="cuda", dtype=DTYPE)
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+                    pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t / 1000, img_ids=ids,
+                    txt_ids=torch.zeros(text, 3, device="cuda", dtype=DTYPE), guidance=t, return_dict=False)
+    if name == "wan":
+        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
+                    encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
+    if name == "hunyuan":
+        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
+                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+                    encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+                    pooled_projections=randn(batch, config["pooled_projection_dim"]), guidance=t, return_dict=False)
+    if name == "cogvideox":
+        rope = tuple(torch.randn(grid.tokens, config["attention_head_dim"], device="cuda") for _ in range(2))
+        return dict(hidden_states=randn(batch, f, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+                    timestep=t, image_rotary_emb=rope, return_dict=False)
+    if name == "mochi":
+        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+                    timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long), return_dict=False)
+    if name == "ltx":
+        return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+                    timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+                    num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
+    raise KeyError(name)
+
+
+def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
+    out = config.get("out_channels") or config["in_channels"]
+    f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
+    return {
+        "flux": (batch, grid.rows * grid.cols, config["in_channels"]),
+        "wan": (batch, out, f, h, w),
+        "hunyuan": (batch, out, f, h, w),
+        "cogvideox": (batch, f, out, h, w),
+        "mochi": (batch, out, f, h, w),
+        "ltx": (batch, grid.tokens, out),
+    }[name]
+
+
+# -- what the engine should do ----------------------------------------------------------------------
+def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
+    """The layout of each stream in the keys of the family's attention, in order (a replicated
+    stream's too: the engine shares it out among the ranks for the call)."""
+    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens}
+    assert family.parallel is not None
+    return [SequenceLayout(lengths[stream], world) for stream in family.parallel.attention_keys]
+
+
+def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -> Counter[Kernel]:
+    """The kernel of every ring block of `calls` attention calls, by the rule in the module docstring
+    (a block holding only padding runs none). Plain Python: this runs under fake mode."""
+    layouts = key_layouts(family, grid, degrees.sequence)
+
+    def valid(shard: int) -> list[bool]:  # which of shard p's key slots are real, stream after stream
+        return [p * layout.shard + i < layout.length for layout in layouts for i in range(layout.shard) for p in [shard]]
+
+    masked_model = family.name == "hunyuan"  # its forward always builds a joint attention mask
+    kernels: Counter[Kernel] = Counter()
+    for source in range(degrees.ring):  # ring rank `source` holds Ulysses shards source*U .. source*U+U-1
+        block = [slot for u in range(degrees.ulysses) for slot in valid(source * degrees.ulysses + u)]
+        real = sum(block)
+        prefix = block == [i < real for i in range(len(block))]
+        if masked_model or not prefix:
+            kernels[Kernel("efficient", True)] += calls
+        elif real:
+            kernels[Kernel("flash", False)] += calls
+    return kernels
+
+
+def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
+    """Context-parallel attention calls per forward: one per block run (Mochi: per block and sample);
+    a call the cache skips runs block 0 alone."""
+    blocks = 1 if cached else config["num_layers"] + config.get("num_single_layers", 0)
+    return blocks * batch if name == "mochi" else blocks
+
+
+def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
+    """Host syncs the family's own diffusers code makes per forward (Mochi's text compaction, per block run)."""
+    return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
+
+
+# -- one rank of one layout --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout and what to run on it."""
+
+    world: int
+    ulysses: int = 1
+    ring: int = 1
+    cfg: int = 1
+    cache: bool = False
+    grid: Grid = DIVIDING
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg)
+
+    def __str__(self) -> str:
+        parts = [f"w{self.world}"] + [f"{k}{getattr(self, k)}" for k in ("ulysses", "ring", "cfg") if getattr(self, k) > 1]
+        return "-".join(parts + ["cache" if self.cache else "nocache", "even" if self.grid == DIVIDING else "uneven"])
+
+
+@dataclass
+class Accelerated:
+    """A transformer under the engines as `accel.apply` installs them, and how to undo that."""
+
+    transformer: torch.nn.Module
+    events: StepEvents
+    cache: FirstBlockCache | None
+    undo: list[Any]
+
+    def remove(self) -> None:
+        while self.undo:
+            self.undo.pop()()
+
+
+def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mesh: ParallelMesh,
+               cache_class: type[FirstBlockCache] = FirstBlockCache) -> Accelerated:
+    """compose's steps (parallel, CFG, cache) with compose's own cache group and real-token count."""
+    assert family.parallel is not None
+    events = StepEvents(ToyScheduler())
+    undo: list[Any] = []
+    engine = None
+    if layout.degrees.sequence > 1:
+        engine = ContextParallel(transformer, family.parallel, mesh)
+        undo.append(engine.remove)
+    if layout.cfg > 1:
+        assert family.cfg is not None
+        cfg = CfgParallel({"transformer": transformer}, family.cfg, family.parallel.batch_args, mesh, events)
+        undo.append(cfg.remove)
+    cache = None
+    if layout.cache:
+        handle = SimpleNamespace(mesh=mesh, family=family)
+        cache = cache_class(transformer, family.blocks, threshold=0.1, primary_stream=family.primary_stream, events=events,
+                            group=_cache_group(handle), real_tokens=_real_tokens(engine, family.primary_stream))
+        undo.append(cache.remove)
+    return Accelerated(transformer, events, cache, undo)
+
+
+class PlainPending:
+    """Test double of `accel.parallel.cfg.Pending` (the other CFG half's output, filled in place
+    later): a tensor subclass cannot wrap a FakeTensor, so this is a plain tensor made where Pending
+    makes its own (the call's device and dtype) and filled the way Pending fills."""
+
+    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device) -> Any:
+        tensor = torch.empty(shape or (0,), dtype=dtype, device=device)
+
+        def fill(value: torch.Tensor) -> None:
+            if tensor.shape != value.shape:
+                tensor.resize_(value.shape)
+            tensor.copy_(value)
+
+        tensor.fill = fill  # type: ignore[method-assign]
+        return tensor
+
+
+@pytest.fixture(autouse=True)
+def _fake_mode_pending(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accel.parallel.cfg as cfg_module
+
+    if hasattr(cfg_module, "Pending"):
+        monkeypatch.setattr(cfg_module, "Pending", PlainPending)
+
+
+# One fake mode for the module's transformers, each built once (a build is hundreds of init ops);
+# every test installs its engines and removes them again.
+_MODE = new_fake_mode()
+_BUILT: dict[str, torch.nn.Module] = {}
+
+
+def fake_transformer(cls: type, config: dict[str, Any]) -> torch.nn.Module:
+    key = f"{cls.__name__}{sorted(config.items())}"
+    if key not in _BUILT:
+        with fake_cuda(_MODE):
+            _BUILT[key] = on_fake_cuda(cls, config)
+    return _BUILT[key]
+
+
+def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, rank: int,
+               cache_class: type[FirstBlockCache] = FirstBlockCache, overrides: dict[str, Any] | None = None) -> None:
+    """Denoising steps of `layout` as `rank` (two with the cache: the second is its first comparison),
+    every check of the module docstring on each call this rank computes."""
+    family = FAMILIES[name]
+    config = {**config, **(tiny_overrides(name, config) if overrides is None else overrides)}
+    transformer = fake_transformer(cls, config)
+    with fake_rank(rank, layout.world):
+        mesh = fake_mesh(layout.degrees)  # outside fake mode: the mesh is built from real rank tensors
+        with fake_cuda(_MODE):
+            accelerated = accelerate(transformer, family, layout, mesh, cache_class)
+            try:
+                run_steps(name, family, config, layout, rank, accelerated)
+            finally:
+                accelerated.remove()
+
+
+def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout, rank: int, accelerated: Accelerated) -> None:
+    # Batched CFG: both branches in one call; CFG in two calls: two calls per step, one per half.
+    batch = 2 if family.cfg == "batch" and layout.cfg > 1 else 1
+    calls = 2 if family.cfg == "calls" and layout.cfg > 1 else 1
+    mine = rank // layout.degrees.sequence if calls == 2 else 0
+    steps = 2 if layout.cache else 1
+    accelerated.events.scheduler.set_timesteps(steps)
+    for step in range(steps):
+        outputs = []
+        for call in range(calls):
+            arguments = inputs(name, config, layout.grid, batch)
+            # The cache's scalar read is scripted "no change", so the second step skips.
+            output, probe = run_probed(lambda: accelerated.transformer(**arguments), scalars=[0.0])
+            outputs.append(sample_of(output))
+            if call == mine:
+                compared = layout.cache and step == 1
+                check_call(name, family, config, layout, probe, batch, compared)
+                if compared:
+                    assert accelerated.cache is not None and accelerated.cache.stats.records[-1].cached
+        accelerated.events.scheduler.step()
+        for sample in outputs:  # the other half's output too, filled in place by now
+            assert sample.shape == expected_shape(name, config, layout.grid, batch), f"shape {tuple(sample.shape)}"
+            assert sample.dtype == DTYPE and sample.device.type == "cuda", f"{sample.dtype} on {sample.device}"
+
+
+def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout, probe: Probe, batch: int, compared: bool) -> None:
+    """Kernels, collectives and syncs of one transformer call this rank computed (`compared`: the
+    cache compared this call with the last and, as scripted, skipped the later blocks)."""
+    local_batch = batch // layout.cfg if family.cfg == "batch" else batch
+    if layout.degrees.sequence > 1:
+        expected = expected_kernels(family, layout.grid, layout.degrees, attention_calls(name, config, local_batch, compared))
+        assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
+    assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
+    cache_syncs = [s for s in probe.syncs if s.where.startswith("accel/cache/")]
+    model = [s for s in probe.syncs if s.where.startswith("diffusers/")]
+    other = [s for s in probe.syncs if s not in cache_syncs and s not in model]
+    assert not other, "host sync in the forward: " + "; ".join(map(str, other))
+    assert len(model) == model_syncs(name, config, local_batch, compared), "model syncs: " + "; ".join(map(str, model))
+    assert len(cache_syncs) == (1 if compared else 0), "cache syncs: " + "; ".join(map(str, cache_syncs))
+
+
+# -- the matrix -----------------------------------------------------------------------------------------
+# For every family: Ulysses, Ring and USP; world sizes 2, 3, 4 and 8; token counts that divide and
+# that do not; the cache on and off; CFG parallel in the family's own style (batched or two calls).
+LAYOUTS = [
+    Layout(world=2, ulysses=2, cache=True),
+    Layout(world=3, ring=3, grid=UNEVEN),
+    Layout(world=4, ulysses=2, ring=2, cache=True, grid=UNEVEN),
+    Layout(world=8, ulysses=2, ring=2, cfg=2, cache=True),
+]
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_configs: Any) -> None:
+    """Device, dtype, shape, kernel, collective and sync checks of the module docstring, on each call
+    of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
+    cls, config, _, _ = tiny_configs[name]
+    run_layout(name, cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
+
+
+# -- real widths ------------------------------------------------------------------------------------------
+FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=24,
+                joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
+               freq_dim=256, ffn_dim=13824, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+HUNYUAN = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=1, num_single_layers=1,
+               num_refiner_layers=1, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm", guidance_embeds=True,
+               text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+REAL = {
+    # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
+    "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
+    # Wan 2.1 14B at 480p, 81 frames: 21 x 30 x 52 = 32760 tokens; CFG halves x Ulysses 4.
+    "wan": (WAN_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(21, 30, 52, 512))),
+    # HunyuanVideo at 544x960, 129 frames: 33 x 34 x 60 = 67320 tokens, 256 text tokens; Ulysses 8.
+    "hunyuan": (HUNYUAN, Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256))),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
+    """The same checks at the real models' widths and token counts (one or two blocks of each kind),
+    as the last rank: the one that holds the end of every stream."""
+    config, layout = REAL[name]
+    cls = tiny_configs[name][0]
+    run_layout(name, cls, config, layout, layout.world - 1, overrides={})
+
+
+def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:
+    """With the capability known to be 9.0 the unmasked blocks run cuDNN (flash where it is unknown)."""
+    import accel.parallel.kernels as kernels
+
+    monkeypatch.setattr(kernels, "cuda_capability", lambda index: (9, 0))
+    layout = Layout(world=2, ring=2)
+    with fake_rank(1, 2):
+        mesh = fake_mesh(layout.degrees)
+        cls, config, _, _ = tiny_configs["wan"]
+        config = {**config, **tiny_overrides("wan", config)}
+        transformer = fake_transformer(cls, config)
+        with fake_cuda(_MODE):
+            accelerated = accelerate(transformer, FAMILIES["wan"], layout, mesh)
+            try:
+                _, probe = run_probed(lambda: transformer(**inputs("wan", config, DIVIDING, 1)))
+            finally:
+                accelerated.remove()
+    assert probe.fused() == Counter({Kernel("cudnn", False): 2 * 2})  # two blocks, two ring blocks each
+
+
+# -- the tier catches the defects it exists for -------------------------------------------------------------
+class CpuMaskCache(FirstBlockCache):
+    """Defect 1 reintroduced: the pad-token mask built on the CPU (as `SequenceLayout.valid()` built
+    it) and multiplied into the residual, which lives on the GPU."""
+
+    def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
+        real = self.real_tokens() if self.real_tokens is not None else None
+        if real is not None:
+            weights = (torch.arange(residual.shape[-2]) < real).to(residual.dtype).view(-1, 1)
+            residual, previous = residual * weights, previous * weights
+        return super()._relative_change(residual, previous)
+
+
+def test_tier_catches_a_cpu_token_mask(tiny_configs: Any) -> None:
+    cls, config, _, _ = tiny_configs["flux"]
+    layout = Layout(world=4, ulysses=2, ring=2, cache=True, grid=UNEVEN)
+    with pytest.raises(RuntimeError, match="devices"):
+        run_layout("flux", cls, config, layout, 3, cache_class=CpuMaskCache)
+
+
+def test_tier_catches_a_host_sync_in_the_ring(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:
+    """Defect 3 reintroduced: the ring's block function asks the GPU whether every key is real."""
+    import accel.parallel.attention as attention
+
+    block = attention._block
+
+    def syncing_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: Any, scale: float | None) -> Any:
+        valid = getattr(keys, "valid", keys)
+        if valid is not None:
+            bool(valid.all())
+        return block(q, k, v, keys, scale)
+
+    monkeypatch.setattr(attention, "_block", syncing_block)
+    cls, config, _, _ = tiny_configs["wan"]
+    with pytest.raises(AssertionError, match="host sync in the forward: _local_scalar_dense at tests/test_fake_cuda.py"):
+        run_layout("wan", cls, config, Layout(world=3, ring=3, grid=UNEVEN), 2)
+
+
+# -- parallel VAE decode ----------------------------------------------------------------------------------------
+def vae_latents(vae_config: dict[str, Any], video: bool) -> torch.Tensor:
+    channels = int(vae_config.get("latent_channels") or vae_config["z_dim"])
+    shape = (1, channels, 2, 8, 8) if video else (1, channels, 8, 8)
+    return randn(*shape)
+
+
+_VAES: dict[str, tuple[Any, torch.Tensor, tuple[int, ...]]] = {}  # the VAE, its latents, the whole decode's shape
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_vae_decode_on_fake_cuda(name: str, rank_of: str, tiny_configs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each family's VAE split over 4 ranks: same shape as the whole decode, bf16 on cuda (zeros on
+    the ranks the pixels do not go to), cuda collectives, no host sync. LTX's decoder agrees on the
+    CUDA random state first, which needs a CUDA runtime: that step is stubbed out here."""
+    from accel.vae import ParallelDecode, plan_for
+
+    _, _, vae_cls, vae_config = tiny_configs[name]
+    monkeypatch.setattr(ParallelDecode, "_agree_on_random_state", lambda self, device: None)
+    rank = 0 if rank_of == "first" else 3
+    with fake_rank(rank, 4), fake_cuda(_MODE):
+        if name not in _VAES:
+            vae = on_fake_cuda(vae_cls, vae_config)
+            latents = vae_latents(vae_config, FAMILIES[name].output == "video")
+            whole, _ = run_probed(lambda: vae.decode(latents, return_dict=False)[0])
+            _VAES[name] = (vae, latents, tuple(whole.shape))
+        vae, latents, whole_shape = _VAES[name]
+        engine = ParallelDecode(vae, plan_for(vae))
+        try:
+            split, probe = run_probed(lambda: vae.decode(latents, return_dict=False)[0])
+        finally:
+            engine.remove()
+    assert engine.calls >= 1
+    assert tuple(split.shape) == whole_shape and split.dtype == DTYPE and split.device.type == "cuda"
+    assert probe.collectives and not probe.non_cuda_collectives(), probe.non_cuda_collectives()
+    assert not probe.syncs, "host sync in the decode: " + "; ".join(map(str, probe.syncs))
