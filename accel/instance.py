@@ -1,23 +1,159 @@
-"""Instance-level overrides: shadow one object's attribute, never its class, and undo it exactly."""
+"""One ordered, named registry of changes to a single object's methods, never its class.
+
+Every accelerator wraps a method on the instance it was given (`forward`, `prepare_latents`,
+`step`). Wrapping by replacing the attribute and restoring the saved one LIFO breaks two ways:
+a hook someone installs afterwards (accelerate's `add_hook_to_module`, diffusers' group
+offloading) is silently thrown away by the restore, and undoing out of order resurrects stale
+wrappers. So, as diffusers' HookRegistry does, each (instance, method) gets ONE dispatcher,
+installed once, that calls an ordered chain of named entries; removing an entry only re-links the
+chain, and the dispatcher itself leaves only when it is still the outermost attribute.
+
+The chain is composed once per change and cached, so compiled code sees the same callables on
+every call (no guard failures, no recompiles).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
+# Layers, innermost first, in the order `accel.apply` installs them (a higher layer wraps a lower
+# one on the same method). On a transformer: context parallelism inside the CFG split inside a
+# whole-transformer compile; on a block: the compiled forward inside the cache.
+PARALLEL = 100  # transformer.forward: context-parallel split / gather
+CFG = 200  # transformer.forward: the CFG branches over the mesh's halves
+COMPILE = 300  # block or transformer forward: torch.compile of what lies inside
+CACHE = 400  # block.forward: First Block Cache
+VAE = 500  # vae.decoder.forward: patch-parallel decode
+NOISE = 600  # pipe.prepare_latents: every rank the same noise
+STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
+LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized
+
+Wrapper = Callable[..., Any]  # wrapper(call_next, *args, **kwargs)
+
+_REGISTRY = "_accel_wrapped"  # instance attribute: {method name: _Chain}
 _MISSING = object()
+_order = count()
 
 
-def override(obj: Any, name: str, value: Any) -> Callable[[], None]:
-    """Set `name` on this instance only and return the function that puts back what was there
-    (an earlier instance attribute, or nothing, so the class's own attribute shows again)."""
-    saved = obj.__dict__.get(name, _MISSING)
-    setattr(obj, name, value)
+@dataclass(eq=False)
+class _Entry:
+    name: str
+    layer: int
+    wrapper: Wrapper
+    order: int
+    # The callable this entry last wrapped and the link built around it, reused while unchanged.
+    inner: Callable[..., Any] | None = None
+    link: Callable[..., Any] | None = None
+
+
+@dataclass(eq=False)
+class _Chain:
+    """The entries on one (instance, method), and the dispatcher that calls them."""
+
+    saved: Any  # the instance attribute that was there (or _MISSING: the class's shows again)
+    innermost: Callable[..., Any]
+    entries: list[_Entry] = field(default_factory=list)
+    call: Callable[..., Any] = field(init=False)
+    dispatch: Callable[..., Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.call = self.innermost
+
+    def relink(self) -> None:
+        """Compose inner to outer, keeping every link whose inside did not change (stable identities)."""
+        current = self.innermost
+        for entry in sorted(self.entries, key=lambda e: (e.layer, e.order)):
+            if entry.inner is not current or entry.link is None:
+                entry.inner, entry.link = current, _link(entry.wrapper, current)
+            current = entry.link
+        self.call = current
+
+
+def _link(wrapper: Wrapper, call_next: Callable[..., Any]) -> Callable[..., Any]:
+    def linked(*args: Any, **kwargs: Any) -> Any:
+        return wrapper(call_next, *args, **kwargs)
+
+    return linked
+
+
+def wrap(obj: Any, method: str, name: str, layer: int, wrapper: Wrapper) -> Callable[[], None]:
+    """Run `wrapper(call_next, *args, **kwargs)` around `obj.<method>` at `layer`; returns the undo.
+
+    Undoing in any order leaves the other entries nested by layer. A wrapper someone put on top
+    of ours since (`obj.forward = hook(obj.forward)`) keeps working: the dispatcher then stays,
+    passing straight through once it has no entries."""
+    chain = _chain(obj, method)
+    if any(entry.name == name for entry in chain.entries):
+        raise ValueError(f"{type(obj).__name__}.{method} already has a wrapper named {name!r}")
+    entry = _Entry(name, layer, wrapper, next(_order))
+    chain.entries.append(entry)
+    chain.relink()
 
     def undo() -> None:
-        if saved is _MISSING:
-            obj.__dict__.pop(name, None)
-        else:
-            setattr(obj, name, saved)
+        if entry in chain.entries:
+            chain.entries.remove(entry)
+            chain.relink()
+            if not chain.entries:
+                _release(obj, method, chain)
 
     return undo
+
+
+def wrappers(obj: Any, method: str) -> list[str]:
+    """The names of the entries on `obj.<method>`, outermost first."""
+    chain = _chains(obj).get(method)
+    if chain is None:
+        return []
+    return [e.name for e in sorted(chain.entries, key=lambda e: (e.layer, e.order), reverse=True)]
+
+
+def inner_of(obj: Any, method: str, name: str) -> Callable[..., Any]:
+    """What the entry `name` on `obj.<method>` wraps now (e.g. to compile it ahead of the first call)."""
+    chain = _chains(obj).get(method)
+    entry = next((e for e in chain.entries if e.name == name), None) if chain is not None else None
+    if entry is None or entry.inner is None:
+        raise KeyError(f"{type(obj).__name__}.{method} has no wrapper named {name!r}")
+    return entry.inner
+
+
+def _chains(obj: Any) -> dict[str, _Chain]:
+    return vars(obj).get(_REGISTRY, {})
+
+
+def _chain(obj: Any, method: str) -> _Chain:
+    """This method's chain, installing the dispatcher the first time."""
+    chains = vars(obj).setdefault(_REGISTRY, {})
+    if method in chains:
+        return chains[method]
+    innermost = getattr(obj, method)
+    chain = _Chain(vars(obj).get(method, _MISSING), innermost)
+
+    @functools.wraps(innermost)  # inspect.signature(obj.forward) stays the original's
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        return chain.call(*args, **kwargs)
+
+    chain.dispatch = dispatch
+    chains[method] = chain
+    setattr(obj, method, dispatch)
+    return chain
+
+
+def _release(obj: Any, method: str, chain: _Chain) -> None:
+    """Put back what was there, unless something wrapped the dispatcher since: then it stays,
+    passing through, so that wrapper keeps working (and a later `wrap` reuses it)."""
+    attributes = vars(obj)
+    if attributes.get(method) is not chain.dispatch:
+        return
+    if chain.saved is _MISSING:
+        attributes.pop(method, None)
+    else:
+        setattr(obj, method, chain.saved)
+    chains = attributes.get(_REGISTRY, {})
+    chains.pop(method, None)
+    if not chains:
+        attributes.pop(_REGISTRY, None)
+

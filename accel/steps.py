@@ -8,12 +8,11 @@ drives the progress bar, without touching any class or the pipeline's `__call__`
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from accel.instance import override
+from accel.instance import STEPS, wrap
 
 
 class StepListener:
@@ -38,9 +37,10 @@ class StepEvents:
         self.scheduler = scheduler
         self.step_index = 0
         self._listeners: list[StepListener] = []
+        # The dispatcher keeps each method's signature visible: pipelines inspect it ("takes sigmas?").
         self._undo = [
-            override(scheduler, name, wrapper(getattr(scheduler, name)))
-            for name, wrapper in (("set_timesteps", self._set_timesteps), ("step", self._step))
+            wrap(scheduler, "set_timesteps", "accel.steps", STEPS, self._set_timesteps),
+            wrap(scheduler, "step", "accel.steps", STEPS, self._step),
         ]
 
     @classmethod
@@ -62,31 +62,22 @@ class StepEvents:
                 undo()
             self._by_scheduler.pop(self.scheduler, None)
 
-    def _set_timesteps(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        # wraps() keeps the signature visible: pipelines inspect it (e.g. "does it take sigmas?").
-        @functools.wraps(original)
-        def set_timesteps(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            self.step_index = 0
-            timesteps = getattr(self.scheduler, "timesteps", None)
-            num_steps = len(timesteps) if timesteps is not None else 0
-            for listener in list(self._listeners):
-                listener.on_generation_start(num_steps)
-            return result
+    def _set_timesteps(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = call_next(*args, **kwargs)
+        self.step_index = 0
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        num_steps = len(timesteps) if timesteps is not None else 0
+        for listener in list(self._listeners):
+            listener.on_generation_start(num_steps)
+        return result
 
-        return set_timesteps
-
-    def _step(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            for listener in list(self._listeners):
-                listener.before_step(self.step_index)
-            result = original(*args, **kwargs)
-            finished = self.step_index
-            self.step_index += 1
-            for listener in list(self._listeners):
-                listener.on_step_end(finished)
-            return result
-
-        return step
+    def _step(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        for listener in list(self._listeners):
+            listener.before_step(self.step_index)
+        result = call_next(*args, **kwargs)
+        finished = self.step_index
+        self.step_index += 1
+        for listener in list(self._listeners):
+            listener.on_step_end(finished)
+        return result
 

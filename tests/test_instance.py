@@ -1,8 +1,11 @@
-"""The one mechanism every accelerator uses to change a pipeline: per-instance overrides."""
+"""The one mechanism every accelerator uses to change a pipeline: per-instance method wrappers.
+(Ordering, foreign hooks and real pipelines: test_instance_registry.py.)"""
 
 from __future__ import annotations
 
-from accel.instance import override
+from typing import Any
+
+from accel.instance import wrap, wrappers
 
 
 class Thing:
@@ -10,20 +13,31 @@ class Thing:
         return "class"
 
 
-def test_override_shadows_only_this_instance_and_undo_shows_the_class_again() -> None:
+def test_wrap_changes_only_this_instance_and_undo_shows_the_class_again() -> None:
     thing, other = Thing(), Thing()
-    undo = override(thing, "greet", lambda: "instance")
-    assert thing.greet() == "instance" and other.greet() == "class"
+    method = vars(Thing)["greet"]
+    undo = wrap(thing, "greet", "loud", 1, lambda call_next: call_next().upper())
+    assert thing.greet() == "CLASS" and other.greet() == "class"
+    assert vars(Thing)["greet"] is method  # the class is never touched
     undo()
-    assert thing.greet() == "class" and "greet" not in thing.__dict__
+    assert thing.greet() == "class" and vars(thing) == {}
 
 
-def test_nested_overrides_undo_to_the_earlier_instance_attribute() -> None:
+def test_lifo_undo_steps_back_through_the_layers() -> None:
     thing = Thing()
-    undo_outer = override(thing, "greet", lambda: "outer")
-    undo_inner = override(thing, "greet", lambda: "inner")
-    assert thing.greet() == "inner"
-    undo_inner()
-    assert thing.greet() == "outer"
+    calls: list[str] = []
+
+    def note(label: str) -> Any:
+        def wrapper(call_next: Any) -> str:
+            calls.append(label)
+            return call_next()
+
+        return wrapper
+
+    undo_inner = wrap(thing, "greet", "inner", 1, note("inner"))
+    undo_outer = wrap(thing, "greet", "outer", 2, note("outer"))
+    assert thing.greet() == "class" and calls == ["outer", "inner"]
     undo_outer()
-    assert thing.greet() == "class" and "greet" not in thing.__dict__
+    assert wrappers(thing, "greet") == ["inner"]
+    undo_inner()
+    assert wrappers(thing, "greet") == [] and vars(thing) == {}

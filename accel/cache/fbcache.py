@@ -14,7 +14,6 @@ the same branch or the next collective deadlocks.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from accel.instance import override
+from accel.instance import CACHE, wrap
 from accel.models.base import BlockList
 from accel.steps import StepEvents, StepListener
 
@@ -97,17 +96,18 @@ class FirstBlockCache(StepListener):
         primary_stream: str = "hidden_states",
         events: StepEvents | None = None,
         group: dist.ProcessGroup | None = None,
-        token_mask: Callable[[], torch.Tensor | None] | None = None,
+        real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
         self.threshold = threshold
         self.warmup_steps = warmup_steps
         self.max_consecutive_cached = max_consecutive_cached
         self.primary_stream = primary_stream
         self.events = events
-        # Ranks that share one sequence (None: decide alone), and which of this rank's tokens of the
-        # primary stream are real rather than padding, so a parallel run sums what one process would.
+        # Ranks that share one sequence (None: decide alone), and how many of this rank's tokens of
+        # the primary stream are real (they lead; padding follows), so a parallel run sums what one
+        # process would.
         self.group = group
-        self.token_mask = token_mask
+        self.real_tokens = real_tokens
         self.stats = CacheStats()
         self._states: dict[int, _BranchState] = {}
         self._calls_in_step = 0
@@ -149,16 +149,15 @@ class FirstBlockCache(StepListener):
 
     # -- install / remove --------------------------------------------------------------------
     def _wrap(self, block: nn.Module, spec: BlockList, *, first: bool, last: bool) -> None:
-        original: Callable[..., Any] = block.forward
-        slot = _Slot(spec, inspect.signature(original))
+        slot = _Slot(spec, inspect.signature(block.forward))
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def forward(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if first:
-                return self._first_block(original, slot, args, kwargs)
-            return self._later_block(original, slot, args, kwargs, last)
+                return self._first_block(call_next, slot, args, kwargs)
+            return self._later_block(call_next, slot, args, kwargs, last)
 
-        self._undo.append(override(block, "forward", forward))  # this block only, not its class
+        # This block only, not its class; outside any compiled forward (CACHE wraps COMPILE).
+        self._undo.append(wrap(block, "forward", "accel.cache", CACHE, forward))
 
     def remove(self) -> None:
         while self._undo:
@@ -225,17 +224,21 @@ class FirstBlockCache(StepListener):
         return values[0] if len(values) == 1 else tuple(values)
 
     def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
-        """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact)."""
-        difference, magnitude = torch.abs(residual - previous), torch.abs(previous)
-        mask = self.token_mask() if self.token_mask is not None else None
-        if mask is not None:  # tokens along dim -2, as every family's block streams hold them
-            weights = mask.to(residual.dtype).view(-1, 1)
-            difference, magnitude = difference * weights, magnitude * weights
-        sums = torch.stack([torch.sum(difference, dtype=torch.float32), torch.sum(magnitude, dtype=torch.float32)])
+        """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact).
+
+        The one host synchronisation of a cached transformer call: a single scalar read, after the
+        reduction, for the decision every rank must take alike."""
+        real = self.real_tokens() if self.real_tokens is not None else None
+        if real is not None:  # tokens along dim -2, as every family's block streams hold them
+            residual, previous = residual.narrow(-2, 0, real), previous.narrow(-2, 0, real)
+        sums = torch.stack([
+            torch.sum(torch.abs(residual - previous), dtype=torch.float32),
+            torch.sum(torch.abs(previous), dtype=torch.float32),
+        ])
         if self.group is not None:
             dist.all_reduce(sums, group=self.group)
-        numerator, denominator = sums.tolist()
-        return numerator / denominator if denominator > 0 else float("inf")
+        ratio = torch.where(sums[1] > 0, sums[0] / sums[1], torch.full_like(sums[0], float("inf")))
+        return float(ratio.item())
 
 
 def _streams(spec: BlockList, output: Any) -> dict[str, Any]:

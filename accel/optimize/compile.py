@@ -2,9 +2,10 @@
 
 Regional compilation compiles each block *class* once: every instance of a class runs the same
 compiled code (parameters are graph inputs), so a 57-block FLUX compiles two graphs, not 57.
-The compiled function replaces `forward` on each instance only. Steps that come later in
-`apply` (First Block Cache) wrap that compiled forward from outside, so the cache's Python
-branch never enters a graph and never forces a recompile.
+The compiled function runs at the COMPILE layer of each instance's `forward` (accel.instance):
+it compiles what lies inside (the eager forward, or the context-parallel and CFG layers around a
+whole transformer). Layers above it (First Block Cache) wrap it from outside, so the cache's
+Python branch never enters a graph and never forces a recompile.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.instance import override
+from accel.instance import COMPILE, inner_of, wrap
 from accel.models.base import BlockList
+
+
+_NAME = "accel.compile"
 
 
 class CompiledRegions:
@@ -30,14 +34,33 @@ class CompiledRegions:
         else:
             self.modules = [transformer]
         self._undo: list[Callable[[], None]] = []
+        self._options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
+        # One compiled function per distinct inner callable, made once: a stable callable per call
+        # means dynamo's guards hold and nothing recompiles between calls.
+        self._compiled: dict[Callable[..., Any], Callable[..., Any]] = {}
         _quiet_notices()
-        options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
         for module in self.modules:
-            self._undo.append(override(module, "forward", torch.compile(module.forward, **options)))
+            self._undo.append(wrap(module, "forward", _NAME, COMPILE, self._run))
+            self._compiled_for(inner_of(module, "forward", _NAME))  # compiled now, traced on first call
+
+    @property
+    def functions(self) -> list[Callable[..., Any]]:
+        """The torch.compile'd functions in use (one per module, unless what they wrap changed)."""
+        return list(self._compiled.values())
 
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+        self._compiled.clear()
+
+    def _run(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_for(call_next)(*args, **kwargs)
+
+    def _compiled_for(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = self._compiled.get(inner)
+        if compiled is None:
+            compiled = self._compiled[inner] = torch.compile(inner, **self._options)
+        return compiled
 
 
 def _quiet_notices() -> None:
