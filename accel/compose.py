@@ -18,6 +18,7 @@ second apply with the same type leaves it as it is.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
 from accel.errors import NotAvailableError, UserError
+from accel.instance import LORA, wrap
 from accel.models.base import Family
 from accel.models.registry import family_of
 from accel.optimize.compile import CompiledRegions
@@ -102,6 +104,8 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         )
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
+    _refuse_two_caches(handle)
+    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
     try:
         _apply_quant(handle)
         _apply_parallel(handle)
@@ -123,6 +127,14 @@ def _transformers_of(pipe: Any, family: Family) -> dict[str, Any]:
     return {attr: t for attr in family.transformer_attrs if (t := getattr(pipe, attr, None)) is not None}
 
 
+def execution_device(pipe: Any, module: Any) -> Any:
+    """The device `pipe` computes on. Under accelerate's model CPU offload or diffusers' group
+    offloading the weights wait on the CPU, so `module`'s first parameter (the fallback, for a
+    pipeline that does not say) would name the wrong one; diffusers' `_execution_device` knows."""
+    device = getattr(pipe, "_execution_device", None)
+    return device if device is not None else next(module.parameters()).device
+
+
 def _apply_quant(handle: AccelHandle) -> None:
     settings = handle.recipe.quant
     if settings.type == "none":
@@ -130,13 +142,37 @@ def _apply_quant(handle: AccelHandle) -> None:
     transformers = _transformers(handle)
     first = next(iter(transformers.values()))
     parameter = next(first.parameters())
-    check_hardware(settings.type, parameter.device, parameter.dtype)
+    check_hardware(settings.type, execution_device(handle.pipe, first), parameter.dtype)
     handle.quant = QuantSummary(settings.type)
     for attr, transformer in transformers.items():
         quantize_transformer(
             transformer, handle.quant, handle.family.blocks, settings.scope, settings.exclude,
             prefix=f"{attr}." if len(transformers) > 1 else "",
         )
+    for method in ("fuse_lora", "unfuse_lora"):
+        if callable(getattr(handle.pipe, method, None)):
+            handle._undo.append(_refuse_lora_fusing(handle.pipe, method, set(transformers), settings.type))
+
+
+def _refuse_lora_fusing(pipe: Any, method: str, quantized: set[str], scheme: str) -> Callable[[], None]:
+    """Wrap this pipeline's `fuse_lora` / `unfuse_lora`: peft cannot add a LoRA delta to (or take it
+    from) torchao-quantized weights, and fails deep inside with an operator error; say so in one line."""
+    signature = inspect.signature(getattr(pipe, method))
+
+    def refuse(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        components = signature.bind_partial(*args, **kwargs).arguments.get("components")
+        if components is None:
+            parameter = signature.parameters.get("components")
+            components = parameter.default if parameter is not None else list(quantized)
+        if quantized & set(components):
+            raise UserError(
+                f"[quant] type = '{scheme}': pipe.{method}() cannot merge LoRA weights into the quantized "
+                "transformer; keep the LoRA unfused (it runs beside the quantized layers), or fuse it "
+                "before accel.apply"
+            )
+        return call_next(*args, **kwargs)
+
+    return wrap(pipe, method, f"accel.refuse_{method}", LORA, refuse)
 
 
 def _apply_compile(handle: AccelHandle) -> None:
@@ -172,9 +208,12 @@ def _apply_parallel(handle: AccelHandle) -> None:
     if settings.cfg > 1 and family.cfg is None:
         raise NotAvailableError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
     transformers = _transformers(handle)
-    device = next(next(iter(transformers.values())).parameters()).device
+    device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
-    mesh = build_mesh(parallel_degrees(handle.pipe, settings), device.type)
+    degrees = parallel_degrees(handle.pipe, settings)
+    if degrees.sequence > 1:  # before the mesh's collectives: every rank refuses alike, none waits
+        _refuse_bypassing_attention(transformers, degrees)
+    mesh = build_mesh(degrees, device.type)
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
@@ -189,6 +228,54 @@ def _apply_parallel(handle: AccelHandle) -> None:
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     handle.mesh = mesh
+
+
+def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:
+    """Context parallelism routes torch's SDPA; a diffusers backend that bypasses it would leave each
+    rank attending its own shard, a silently wrong image."""
+    from accel.parallel.mode import bypassing_backend
+
+    for attr, transformer in transformers.items():
+        backend = bypassing_backend(transformer)
+        if backend is not None:
+            raise NotAvailableError(
+                f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: pipe.{attr} uses the diffusers attention "
+                f"backend {backend!r}, which bypasses the scaled_dot_product_attention that context parallelism "
+                f"routes; call pipe.{attr}.set_attention_backend(\"native\") before accel.apply, or run on one process"
+            )
+
+
+def _refuse_another_ranks_gpu(device: Any) -> None:
+    """Under a launcher each rank owns `cuda:LOCAL_RANK`; a pipeline left on another GPU would share
+    it with that GPU's own rank (duplicate-GPU NCCL errors, or out of memory)."""
+    import torch
+
+    from accel.launch import rank_device
+
+    expected = torch.device(rank_device(device.type))
+    if device.type != "cuda" or expected.index is None:
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index != expected.index:
+        raise UserError(
+            f"accel.apply: the pipeline is on cuda:{index}, but this rank (LOCAL_RANK {expected.index}) runs on "
+            f"{expected}; load it with accel.load_pipeline(..., device=\"cuda\"), which picks the rank's GPU, "
+            f"or call pipe.to(\"{expected}\") before accel.apply"
+        )
+
+
+def _refuse_two_caches(handle: AccelHandle) -> None:
+    """diffusers' own cache hooks decide from each rank's shard (ranks then deadlock) and cannot
+    share a forward with accel's cache; refused before anything is changed or any collective."""
+    recipe = handle.recipe
+    enabled = [attr for attr, t in _transformers(handle).items() if getattr(t, "is_cache_enabled", False)]
+    asked = [name for name, on in (("[cache] threshold", recipe.cache.threshold > 0), ("[parallel]", recipe.parallel.world_size > 1)) if on]
+    if enabled and asked:
+        raise UserError(
+            f"{' and '.join(asked)}: pipe.{enabled[0]} already has diffusers' own cache enabled (enable_cache), which "
+            "cannot run beside accel's cache or across parallel ranks (each rank would decide alone); call "
+            f"pipe.{enabled[0]}.disable_cache() before accel.apply and use accel's [cache] instead"
+        )
 
 
 def _cache_group(handle: AccelHandle) -> Any:
@@ -220,13 +307,13 @@ def _apply_cache(handle: AccelHandle) -> None:
             primary_stream=handle.family.primary_stream,
             events=events,
             group=_cache_group(handle),
-            token_mask=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
+            real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
         )
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
 
 
-def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], Any] | None:
+def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], int | None] | None:
     """The cache's primary stream is cut like the transformer input of the same name."""
     if engine is None:
         return None
@@ -264,7 +351,7 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
                 return
             from accel.parallel.mesh import init_distributed
 
-            init_distributed(next(vae.parameters()).device.type, handle.recipe.parallel.timeout)
+            init_distributed(execution_device(handle.pipe, vae).type, handle.recipe.parallel.timeout)
         if dist.get_world_size() == 1:
             return
         from accel.parallel.agree import agree_on_noise

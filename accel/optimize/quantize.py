@@ -137,6 +137,8 @@ def quantize_transformer(
             continue
         if scope == "blocks" and name.split(".")[0] not in block_attrs:
             summary.kept.setdefault("outside the repeated blocks", []).append(prefix + name)
+        elif _is_lora(name):
+            summary.kept.setdefault("LoRA adapter", []).append(prefix + name)
         elif any(fnmatchcase(name, pattern) for pattern in exclude):
             summary.kept.setdefault("excluded", []).append(prefix + name)
         elif not _shape_fits(scheme, module):
@@ -149,6 +151,12 @@ def quantize_transformer(
 
         quantize_(transformer, _config(scheme), filter_fn=_named(chosen))
     _quantized[transformer] = scheme
+
+
+def _is_lora(name: str) -> bool:
+    """A peft LoRA layer (`…to_q.lora_A.default`): tiny, and peft adds its output to the base
+    layer's in the adapter's dtype, so quantizing it saves nothing and breaks unload / fuse."""
+    return any(part.startswith("lora_") for part in name.split("."))
 
 
 def _named(names: set[str]) -> Callable[[nn.Module, str], bool]:

@@ -14,7 +14,6 @@ batch that does not halve is refused with a message, never run on half the work.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from torch import Tensor
 
 from accel.errors import NotAvailableError, UserError
-from accel.instance import override
+from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle
 from accel.parallel.comm import all_gather
 from accel.parallel.mesh import ParallelMesh
@@ -56,7 +55,8 @@ class CfgParallel(StepListener):
         self.events = events
         self._calls = 0  # transformer calls so far in this step ("calls" style)
         self._computed: Tensor | None = None
-        self._placeholder: Tensor | None = None
+        self._placeholder: Pending | None = None
+        self._shape: tuple[int, ...] | None = None  # a branch output's shape, known after the first step
         self._undo: list[Callable[[], None]] = []
         for transformer in transformers.values():
             self._wrap(transformer)
@@ -68,15 +68,14 @@ class CfgParallel(StepListener):
         self.events.remove(self)
 
     def _wrap(self, transformer: torch.nn.Module) -> None:
-        original = transformer.forward
-        signature = inspect.signature(original)
+        signature = inspect.signature(transformer.forward)
         run = self._batch_half if self.style == "batch" else self._own_call
 
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return run(original, signature.bind(*args, **kwargs))
+        def forward(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return run(call_next, signature.bind(*args, **kwargs))
 
-        self._undo.append(override(transformer, "forward", forward))
+        # Outside context parallelism (each half splits its own sequence), inside a whole compile.
+        self._undo.append(wrap(transformer, "forward", "accel.cfg_parallel", CFG, forward))
 
     # -- step events -----------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
@@ -112,18 +111,72 @@ class CfgParallel(StepListener):
         if index == self.half:
             output = original(*bound.args, **bound.kwargs)
             self._computed = sample_of(output)
+            self._shape = tuple(self._computed.shape)
         else:
-            self._placeholder = torch.empty(0)
+            like = _first_tensor(bound)
+            self._placeholder = Pending(self._shape, like.dtype, like.device)
             output = as_output(self._placeholder, bound.arguments.get("return_dict", True))
         if index == 1:
             self._swap()
         return output
 
     def _swap(self) -> None:
-        """Both branches are done: each half fills its placeholder with the other half's result."""
+        """Both branches are done: each half fills its placeholder, in place, with the other half's
+        result (the pipeline holds that very tensor)."""
         assert self._computed is not None and self._placeholder is not None
         results = all_gather(self._computed, self.group)
-        with torch.no_grad():
-            self._placeholder.data = results[1 - self.half]  # the pipeline holds this very tensor
+        self._placeholder.fill(results[1 - self.half])
         self._computed, self._placeholder = None, None
 
+
+def _first_tensor(bound: inspect.BoundArguments) -> Tensor:
+    """The call's latents (or its first tensor): where and in what dtype the output will be."""
+    value = bound.arguments.get("hidden_states")
+    if isinstance(value, Tensor):
+        return value
+    return next(v for v in bound.arguments.values() if isinstance(v, Tensor))
+
+
+class Pending(Tensor):
+    """The other half's output of a CFG branch, before it has arrived: on the right device, in the
+    right dtype and (after the first step) the right shape, so filling it later needs no rebinding.
+
+    A pipeline that computes with the first branch's output before calling the second would get
+    a wrong image from any placeholder; this one refuses such a use with one line instead."""
+
+    _ready: bool
+
+    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device) -> Pending:
+        pending = Tensor._make_subclass(cls, torch.empty(shape or (0,), dtype=dtype, device=device))
+        pending._ready = False
+        return pending
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__" and any(_waiting(value) for value in (*args, *kwargs.values())):
+            raise NotAvailableError(
+                "[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
+                "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1"
+            )
+        with _plain_tensors():
+            return func(*args, **kwargs)
+
+    def fill(self, value: Tensor) -> None:
+        with torch.no_grad(), _plain_tensors():
+            if self.shape != value.shape:
+                self.resize_(value.shape)
+            self.copy_(value)
+        self._ready = True
+
+
+def _waiting(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return any(_waiting(item) for item in value)
+    return isinstance(value, Pending) and not value._ready
+
+
+def _plain_tensors() -> Any:
+    """Operations inside see plain tensors and return plain tensors (torch's documented idiom for
+    a subclass that only watches; the one private name it needs sits here)."""
+    return torch._C.DisableTorchFunctionSubclass()

@@ -61,6 +61,32 @@ class AttentionRouter(TorchFunctionMode):
         return self.attend(query, key, value, attn_mask, scale)
 
 
+# diffusers attention backends whose function calls F.scaled_dot_product_attention, so the router sees it.
+SDPA_BACKENDS = frozenset({"native", "_native_cudnn", "_native_efficient", "_native_flash", "_native_math"})
+
+
+def bypassing_backend(transformer: torch.nn.Module) -> str | None:
+    """The diffusers attention backend (flex, flash, sage, xformers, …) one of this transformer's
+    processors dispatches to without calling SDPA, which the router then never sees; None: none does.
+
+    diffusers 0.42 records `set_attention_backend` per processor as `_attention_backend`; None there
+    means its global default (DIFFUSERS_ATTN_BACKEND, or the `attention_backend` context manager)."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    except ImportError:  # a diffusers without attention dispatch: processors call SDPA themselves
+        return None
+    default = _AttentionBackendRegistry._active_backend
+    for module in transformer.modules():
+        processor = getattr(module, "processor", None)
+        if processor is None or not hasattr(processor, "_attention_backend"):
+            continue  # a processor of the older kind calls SDPA (or computes by hand: caught at forward)
+        backend = processor._attention_backend or default
+        name = str(getattr(backend, "value", backend))
+        if name not in SDPA_BACKENDS:
+            return name
+    return None
+
+
 def _is_key_mask(mask: Tensor) -> bool:
     """A boolean mask that varies only by key, and by batch in its 4-D form (B|1, 1, 1, keys).
 

@@ -8,7 +8,6 @@ rank returns the full result. Hooks are registered on this transformer's modules
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,13 +18,13 @@ import torch
 from torch import Tensor
 
 from accel.errors import NotAvailableError
-from accel.instance import override
+from accel.instance import PARALLEL, wrap
 from accel.models.base import Family, ParallelPlan, SequenceSplit
-from accel.parallel.attention import usp_attention
+from accel.parallel.attention import leading_real, usp_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.mode import AttentionRouter, key_mask
+from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
 from accel.parallel.outputs import map_sample
 
 
@@ -65,9 +64,12 @@ class ContextParallel:
         self._cuts = _PerTensor()
         self._gathered_masks = _PerTensor()
         self._undo: list[Callable[[], None]] = []
+        # Whether the forward in progress sent any attention through `_attend`: a flag that compiled
+        # blocks may set but never read (a counter would be a guarded value, recompiling each call).
+        self._routed = False
+        self._transformer = transformer
 
-        self._forward = transformer.forward
-        self._signature = inspect.signature(self._forward)
+        self._signature = inspect.signature(transformer.forward)
         modules = dict(transformer.named_modules())
         by_module: dict[str, list[SequenceSplit]] = {}
         for split in plan.splits:
@@ -85,12 +87,8 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(local attention)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_local()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_local(), always_call=True))
-
-        @functools.wraps(self._forward)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return self.forward(*args, **kwargs)
-
-        self._undo.append(override(transformer, "forward", forward))
+        # The innermost layer of the transformer's forward: CFG and a whole-transformer compile wrap it.
+        self._undo.append(wrap(transformer, "forward", "accel.context_parallel", PARALLEL, self.forward))
 
     def remove(self) -> None:
         while self._undo:
@@ -132,13 +130,17 @@ class ContextParallel:
             self._hook(module.register_forward_hook(cut_output))
 
     # -- the forward call ------------------------------------------------------------------------
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """The transformer's forward (`call_next`) on this rank's shard, the full output returned."""
         bound = self._signature.bind(*args, **kwargs)
         self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module])
-        self._active = True
+        self._refuse_diffusers_cache()
+        self._active, self._routed = True, False
         try:
             with AttentionRouter(self._attend, lambda: self._local_depth > 0):
-                output = self._forward(*bound.args, **bound.kwargs)
+                output = call_next(*bound.args, **bound.kwargs)
+            if not self._routed:  # every rank ran the same code, so every rank raises here alike
+                raise NotAvailableError(self._unrouted())
             if not self.plan.output_module:
                 output = self._gather(output)
         finally:  # the per-call state starts empty for the next call, however this one ended
@@ -147,13 +149,35 @@ class ContextParallel:
             self._gathered_masks.clear()
         return output
 
-    def real_tokens(self, value: str) -> Tensor | None:
-        """During a forward: which of this rank's tokens of the planned tensor `value` are real (None: all)."""
+    def _refuse_diffusers_cache(self) -> None:
+        """diffusers' cache hooks (enabled after apply) decide from each rank's shard alone, so ranks
+        would part ways and deadlock in the next collective: refuse before the first one."""
+        if getattr(self._transformer, "is_cache_enabled", False):
+            name = type(self._transformer).__name__
+            raise NotAvailableError(
+                f"context parallelism: {name} has diffusers' own cache enabled (enable_cache), which decides on each "
+                "rank's shard alone; call disable_cache() on it and use accel's [cache] instead, or run on one process"
+            )
+
+    def _unrouted(self) -> str:
+        backend = bypassing_backend(self._transformer)
+        why = f"its diffusers attention backend {backend!r} bypasses" if backend else "its attention processors bypass"
+        return (
+            f"context parallelism: {type(self._transformer).__name__}'s forward sent no attention call through the "
+            f"parallel engine ({why} torch's scaled_dot_product_attention), so each rank attended only its own shard; "
+            'call set_attention_backend("native") on it, use processors that call scaled_dot_product_attention, '
+            "or run on one process"
+        )
+
+    def real_tokens(self, value: str) -> int | None:
+        """During a forward: how many of this rank's tokens of the planned tensor `value` are real,
+        the rest being padding at the shard's end (None: all are). Host arithmetic on the layout,
+        so the cache can cut its residual on any device without a mask or a sync."""
         stream = next((split.stream for split in self.plan.splits if split.value == value and isinstance(split.stream, str)), None)
         layout = self._layouts.get(stream) if stream is not None else None
         if layout is None or not layout.pad:
             return None
-        return layout.valid()[self.rank]
+        return layout.real(self.rank)
 
     def _cut_arguments(self, arguments: dict[str, Any], splits: list[SequenceSplit]) -> None:
         for split in splits:
@@ -191,6 +215,7 @@ class ContextParallel:
 
     # -- attention -------------------------------------------------------------------------------
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
+        self._routed = True
         segments = self._segments(key.shape[-2])
         replicated = next((i for i, segment in enumerate(segments) if segment.layout is None), None)
         share = None
@@ -201,12 +226,14 @@ class ContextParallel:
             query, key, value = (share.take(x, -2) for x in (query, key, value))
             segments = share.segments
         key_valid = self._pad_valid(segments, key.device)
-        if mask is not None:
+        real_keys = self._real_keys(segments) if key_valid is not None else None
+        if mask is not None:  # a model mask is data: every block then applies it
             masks = self._every_rank_mask(mask, share)
             key_valid = masks if key_valid is None else key_valid & masks
+            real_keys = None
         ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
         ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
-        out = usp_attention(query, key, value, ulysses, ring, key_valid, scale)
+        out = usp_attention(query, key, value, ulysses, ring, key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
 
     def _segments(self, keys: int) -> list[_Segment]:
@@ -231,6 +258,13 @@ class ContextParallel:
         if not any(segment.layout is not None and segment.layout.pad for segment in segments):
             return None
         return torch.cat([segment.layout.valid(device) for segment in segments if segment.layout], dim=1)[:, None, :]
+
+    def _real_keys(self, segments: list[_Segment]) -> list[int | None]:
+        """For each rank's shard of keys, how many leading keys are real when those are all its real
+        ones (None where padding sits between two streams): known from the layouts alone."""
+        shards = [segment for segment in segments if segment.layout is not None]
+        sizes = [segment.tokens for segment in shards]
+        return [leading_real([segment.layout.real(rank) for segment in shards], sizes) for rank in range(self.world)]
 
     def _every_rank_mask(self, mask: Tensor, share: _Share | None) -> Tensor:
         """(P, B|1, keys per rank): every rank's key mask, exchanged once per mask tensor and forward."""
