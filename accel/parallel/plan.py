@@ -226,11 +226,11 @@ class ContextParallel:
             query, key, value = (share.take(x, -2) for x in (query, key, value))
             segments = share.segments
         key_valid = self._pad_valid(segments, key.device)
-        real_keys = self._real_keys(segments) if key_valid is not None else None
-        if mask is not None:  # a model mask is data: every block then applies it
+        # Padding alone is known on the host; a model mask is data, so every block then applies it.
+        real_keys = self._real_keys(segments) if key_valid is not None and mask is None else None
+        if mask is not None:
             masks = self._every_rank_mask(mask, share)
             key_valid = masks if key_valid is None else key_valid & masks
-            real_keys = None
         ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
         ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
         out = usp_attention(query, key, value, ulysses, ring, key_valid, scale, real_keys)
