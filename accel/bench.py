@@ -32,6 +32,8 @@ from accel.figures import Tile, shown_frames
 from accel.recipe import Recipe, Variant
 
 Progress = Callable[[str], AbstractContextManager[Any]]
+# What a refused bench file tells the user (accel.files).
+BENCH_HINT = "bench never overwrites, choose another name"
 
 
 @dataclass(frozen=True)
@@ -236,23 +238,52 @@ def run_bench(
     """Run the plan on this rank; rank 0 returns the result (others None) and, with `folder`,
     writes each variant's output there as it finishes. `progress(label)` gives a context whose
     step events drive a bar; `announce(line)` reports each variant as it starts and ends."""
+    from accel.models.loading import resolve_device
+
+    device = resolve_device(plan.recipe.model.device)
+    rank, barrier = _join(plan, device.type)
+    # Rank 0 claims the folder before the load: a second bench aiming at it is refused now, not
+    # after measuring (the claim ends here; by then the folder holds outputs, so it is not "empty").
+    held = _claim_folder(folder) if rank == 0 and folder is not None else None
+    try:
+        return _run_variants(plan, folder, device, rank, barrier, progress, announce or (lambda _line: None))
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _claim_folder(folder: Path) -> Any:
+    """Claim the bench folder (accel.files.claim) and create it; refuse one that is no longer empty."""
+    from accel.files import claim
+
+    held = claim(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(folder.iterdir()):
+            raise UserError(f"--out {folder} is no longer empty (another run wrote into it); bench never overwrites, choose another")
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def _run_variants(
+    plan: BenchPlan, folder: Path | None, device: Any, rank: int, barrier: Callable[[], None],
+    progress: Progress | None, say: Callable[[str], None],
+) -> BenchResult | None:
+    """`run_bench` once the job is joined: every variant in turn, then rank 0's result."""
     import torch
 
-    from accel.models.loading import resolve_device, resolve_model
+    from accel.models.loading import resolve_model
     from accel.models.registry import family_of
     from accel.runner import generation_kwargs, measure_recipe, peak_memory_kind, step_progress
 
-    say = announce or (lambda _line: None)
     recipe = plan.recipe
-    device = resolve_device(recipe.model.device)
-    rank, barrier = _join(plan, device.type)
     lead = rank == 0
     pipelines = _Pipelines(recipe.model.name, device)
     pipe = pipelines.get(plan.baseline.recipe)
     family = family_of(pipe)
     ref = resolve_model(recipe.model.name)
-    if lead and folder is not None:
-        folder.mkdir(parents=True, exist_ok=True)
 
     results: list[VariantResult] = []
     tiles: list[Tile] = []
@@ -363,13 +394,9 @@ def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family
     from accel.media import save_image, save_video
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
-    if family.output == "video":
-        path = folder / f"{index:02d}-{slug}.mp4"
-        save_video(output, path, family.fps)
-    else:
-        path = folder / f"{index:02d}-{slug}.png"
-        save_image(output, path)
-    return path
+    if family.output == "video":  # written whole, never over an existing file (accel.files)
+        return save_video(output, folder / f"{index:02d}-{slug}.mp4", family.fps, hint=BENCH_HINT)
+    return save_image(output, folder / f"{index:02d}-{slug}.png", hint=BENCH_HINT)
 
 
 def _layout(planned: PlannedVariant, pipe: Any) -> str:

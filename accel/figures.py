@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from accel.files import OVERWRITE_HINT, write_file
 from accel.media import to_uint8
 
 TILE = 256  # longer side of every frame in the grid
@@ -96,12 +97,18 @@ def comparison_grid(tiles: Sequence[Tile]) -> Image.Image:
     return grid
 
 
-def save_grid(tiles: Sequence[Tile], path: Path) -> None:
-    comparison_grid(tiles).save(path, format="PNG")
+def save_grid(tiles: Sequence[Tile], path: Path, *, replace: bool = False, hint: str = OVERWRITE_HINT) -> None:
+    """The grid as a PNG, written whole (accel.files); an existing `path` is refused unless `replace`."""
+    grid = comparison_grid(tiles)
+    write_file(path, lambda temp: grid.save(temp, format="PNG"), replace=replace, hint=hint)
 
 
-def speedup_chart(names: Sequence[str], speedups: Sequence[float | None], path: Path, title: str) -> None:
-    """Horizontal bars, first variant on top, value at each bar's end; None is drawn as "skipped"."""
+def speedup_chart(
+    names: Sequence[str], speedups: Sequence[float | None], path: Path, title: str, *, replace: bool = False,
+    hint: str = OVERWRITE_HINT,
+) -> None:
+    """Horizontal bars, first variant on top, value at each bar's end; None is drawn as "skipped".
+    Written whole (accel.files); an existing `path` is refused unless `replace`."""
     if len(names) != len(speedups):
         raise ValueError(
             f"speedup chart needs one speedup per name, got {len(names)} names and {len(speedups)} speedups"
@@ -129,7 +136,8 @@ def speedup_chart(names: Sequence[str], speedups: Sequence[float | None], path: 
         axes.text(0.0 if speedup is None else speedup, row, text, va="center", color="0.3" if speedup is None else "0")
     axes.set_xlabel("speedup over baseline")
     axes.set_title(title)
-    canvas.print_png(path)  # not savefig: rc settings such as savefig.bbox = tight would change the size
+    # print_png, not savefig: rc settings such as savefig.bbox = tight would change the size
+    write_file(path, canvas.print_png, replace=replace, hint=hint)
 
 
 def _common_shape(tiles: Sequence[Tile]) -> tuple[int, ...]:

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from accel.models.base import Family
 from accel.models.vaes import vae_plan
-from accel.bench import BenchResult
+from accel.bench import BENCH_HINT, BenchResult
+from accel.files import OVERWRITE_HINT, write_file
 from accel.runner import Metrics
 
 
@@ -131,10 +132,11 @@ def cache_calls_table(metrics: Metrics) -> Table:
     return table
 
 
-def write_json(document: dict[str, Any], path: Path) -> None:
-    """JSON with inf/nan written as strings so every reader can parse it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_finite(document), indent=2) + "\n")
+def write_json(document: dict[str, Any], path: Path, *, replace: bool = False, hint: str = OVERWRITE_HINT) -> Path:
+    """JSON with inf/nan written as strings so every reader can parse it. Written whole
+    (accel.files); an existing file is refused (UserError) unless `replace`."""
+    text = json.dumps(_finite(document), indent=2) + "\n"
+    return write_file(path, lambda temp: temp.write_text(text), replace=replace, hint=hint)
 
 
 def _finite(value: Any) -> Any:
@@ -316,25 +318,26 @@ def bench_markdown(result: BenchResult) -> str:
 
 def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None, markdown_copy: Path | None = None) -> None:
     """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
-    and speedup.png; the paths are recorded in `result.files` (and so in the JSON)."""
+    and speedup.png; the paths are recorded in `result.files` (and so in the JSON). Each file is
+    written whole, and none replaces an existing one (UserError): bench never overwrites."""
     from accel.figures import save_grid, speedup_chart
 
+    hint = BENCH_HINT  # what each refusal says
     folder.mkdir(parents=True, exist_ok=True)
     files = {"json": folder / "bench.json", "markdown": folder / "bench.md"}
     if result.tiles:
         files["grid"] = folder / "grid.png"
-        save_grid(result.tiles, files["grid"])
+        save_grid(result.tiles, files["grid"], hint=hint)
     files["chart"] = folder / "speedup.png"
     speedup_chart(
         [row.name for row in result.variants], [row.speedup if row.ran else None for row in result.variants],
-        files["chart"], f"{result.model}: speedup vs {result.baseline}",
+        files["chart"], f"{result.model}: speedup vs {result.baseline}", hint=hint,
     )
     result.files = {name: str(path) for name, path in files.items()}
     markdown = bench_markdown(result)
-    files["markdown"].write_text(markdown)
-    write_json(result.as_dict(), files["json"])
+    write_file(files["markdown"], lambda temp: temp.write_text(markdown), replace=False, hint=hint)
+    write_json(result.as_dict(), files["json"], hint=hint)
     if json_copy is not None:
-        write_json(result.as_dict(), json_copy)
+        write_json(result.as_dict(), json_copy, hint=hint)
     if markdown_copy is not None:
-        markdown_copy.parent.mkdir(parents=True, exist_ok=True)
-        markdown_copy.write_text(markdown)
+        write_file(markdown_copy, lambda temp: temp.write_text(markdown), replace=False, hint=hint)

@@ -17,7 +17,8 @@ import torch
 
 from accel.compose import apply
 from accel.errors import UserError
-from accel.media import save_image, save_video
+from accel.files import claim, write_file, write_fresh
+from accel.media import image_writer, video_writer
 from accel.models.base import Family, GenerationDefaults
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
@@ -265,30 +266,30 @@ def run(
     lead = True
     if recipe.parallel.world_size > 1:  # before loading: on CUDA it picks this rank's GPU
         lead = init_distributed(device.type, recipe.parallel.timeout)[0] == 0
-    start = time.perf_counter()
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device)
-    load_s = time.perf_counter() - start
-    family = family_of(pipe)
-    pipe.set_progress_bar_config(disable=True)
-    kwargs = generation_kwargs(family, ref.tiny, recipe)
-    seed = recipe.generate.seed
+    # The writing rank claims --out now, so a second run aiming at it is refused before its load.
+    with claim(out) if lead and out is not None else nullcontext():
+        if lead:
+            _check_out(out, overwrite, ref.family)  # again, now that it is ours: it may have appeared meanwhile
+        start = time.perf_counter()
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device)
+        load_s = time.perf_counter() - start
+        family = family_of(pipe)
+        pipe.set_progress_bar_config(disable=True)
+        kwargs = generation_kwargs(family, ref.tiny, recipe)
+        seed = recipe.generate.seed
 
-    bar = step_progress(pipe, progress)
+        bar = step_progress(pipe, progress)
 
-    baseline = None
-    if compare:  # the same measuring code as each bench variant, with every accelerator off
-        baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
-    accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating")
-    result, degrees = accelerated.measurement, accelerated.degrees
+        baseline = None
+        if compare:  # the same measuring code as each bench variant, with every accelerator off
+            baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
+        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating")
+        result, degrees = accelerated.measurement, accelerated.degrees
 
-    out_path = None
-    if lead:  # every rank holds the output; one writes it
-        _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
-        out_path = _output_path(ref.name, family, out)
-        if family.output == "video":
-            save_video(result.output, out_path, family.fps)
-        else:
-            save_image(result.output, out_path)
+        out_path = None
+        if lead:  # every rank holds the output; one writes it
+            _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
+            out_path = _write_output(ref.name, family, out, overwrite, result.output)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -367,19 +368,18 @@ def _check_out(out: Path | None, overwrite: bool, family: Family | None) -> None
         raise UserError(f"--out {out}: {family.title} makes {family.output}s, so the name must end in {_suffix(family)}")
 
 
-def _output_path(name: str, family: Family, out: Path | None) -> Path:
-    """The file to write: `out` as given (already checked), else a fresh name under outputs/."""
-    suffix = _suffix(family)
+def _write_output(name: str, family: Family, out: Path | None, overwrite: bool, output: np.ndarray) -> Path:
+    """Write the output whole (accel.files): to `out` as given (replaced only with --overwrite),
+    else to a fresh name under outputs/ taken exclusively. Returns the path written."""
+    write = video_writer(output, family.fps) if family.output == "video" else image_writer(output)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return out
-    folder = Path("outputs")
-    folder.mkdir(exist_ok=True)
-    return first_free(folder, Path(name).name or "output", suffix)
+        return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
+    return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(family), write)
 
 
 def first_free(folder: Path, stem: str, suffix: str = "") -> Path:
-    """folder/stem+suffix, or the first of stem-1, stem-2, … not taken: outputs are never overwritten."""
+    """folder/stem+suffix, or the first of stem-1, stem-2, … not taken now. Only a guess: another
+    run may take it next; accel.files.write_fresh / fresh_folder take a name exclusively."""
     candidate, index = folder / f"{stem}{suffix}", 1
     while candidate.exists():
         candidate, index = folder / f"{stem}-{index}{suffix}", index + 1

@@ -1,0 +1,336 @@
+"""Output files appear whole or not at all, and never under a name another run is writing.
+
+Every file accel writes (images, videos, JSON, bench reports and figures) is written to a hidden
+temporary name in the same folder and renamed into place only when complete, so a kill mid-write
+leaves no 0-byte PNG or truncated MP4 at the final name. Publishing without replacing uses
+`os.link`, which fails when the name exists: of two runs aiming at one path, one is refused rather
+than both "succeeding" and one result silently lost. `claim` refuses the second of two runs at
+start-up, before it spends minutes generating; `write_fresh` and `fresh_folder` pick default names
+without the check-then-create race.
+
+Temporary names are remembered, so whatever stops a job can remove them: `discard_temps` in this
+process (the rank watchdog, when the launcher has died), and `remove_listed_temps` in the launcher
+after it killed the ranks (each rank lists its temporaries in the job's folder, `ACCEL_JOB_DIR`).
+
+Stdlib only: the rank watchdog imports it before torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from accel.errors import UserError
+
+JOB_DIR_ENV = "ACCEL_JOB_DIR"
+OVERWRITE_HINT = "choose another name or pass --overwrite to replace it"
+LOCK_SUFFIX = ".accel-lock"
+
+Write = Callable[[Path], None]
+
+_registry = threading.Lock()
+_temps: set[Path] = set()
+_claims: set[Claim] = set()
+_serial = itertools.count()
+
+
+def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE_HINT) -> Path:
+    """`write(temp)` then publish temp as `path`: replacing what is there, or only if the name is
+    still free (else UserError naming the path; `hint` says what to do). Returns `path`."""
+    _refuse_folder(path)
+    if not replace and os.path.lexists(path):
+        raise UserError(f"{path} already exists; {hint}")
+    with _temporary(path) as temp:
+        write(temp)
+        _sync(temp)
+        if replace:
+            try:
+                os.replace(temp, path)
+            except IsADirectoryError:  # a folder took the name while we wrote
+                _refuse_folder(path)
+                raise
+        elif not _publish(temp, path):
+            raise UserError(f"{path} already exists (another run wrote it first); {hint}")
+    _sync_folder(path.parent)
+    return path
+
+
+def write_fresh(folder: Path, stem: str, suffix: str, write: Write) -> Path:
+    """`write(temp)` once, then publish it as the first free of folder/stem+suffix, stem-1+suffix, …
+    Each try is exclusive, so concurrent runs never get the same name. Returns the name chosen."""
+    with _temporary(folder / f"{stem}{suffix}") as temp:
+        write(temp)
+        _sync(temp)
+        for index in itertools.count():
+            path = folder / (f"{stem}{suffix}" if index == 0 else f"{stem}-{index}{suffix}")
+            if _publish(temp, path):
+                break
+    _sync_folder(folder)
+    return path
+
+
+def fresh_folder(parent: Path, stem: str) -> Path:
+    """Create and return the first free of parent/stem, stem-1, …; mkdir is exclusive, so two runs
+    started at once never share a folder."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for index in itertools.count():
+        folder = parent / (stem if index == 0 else f"{stem}-{index}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise AssertionError("unreachable")
+
+
+class Claim:
+    """This process is the one writing `path`; held through a flock on `.<name>.accel-lock`, which
+    the kernel drops when the process dies, so a killed run's lock is taken over, never obeyed."""
+
+    def __init__(self, path: Path, lock: Path, fd: int) -> None:
+        self.path, self.lock = path, lock
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Give the path up and remove the lock file (idempotent, from any thread)."""
+        with _registry:
+            fd, self._fd = self._fd, None
+            _claims.discard(self)
+        if fd is None:
+            return
+        try:
+            if _same_file(fd, self.lock):  # unlink before unlocking: nobody can lock a name we remove
+                os.unlink(self.lock)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.release()
+
+
+def claim(path: Path) -> Claim:
+    """Claim `path` for this run before the long work that ends in writing it; UserError when
+    another live accel run holds it. A lock left by a dead run is taken over."""
+    lock = path.parent / f".{path.name}{LOCK_SUFFIX}"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if not _lock(fd):
+                raise UserError(
+                    f"{path} is being written by another accel run (pid {_holder(fd)}); choose another name or wait for it"
+                )
+            if _same_file(fd, lock):  # else its holder removed it between our open and our lock: again
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    held = Claim(path, lock, fd)
+    with _registry:
+        _claims.add(held)
+    _list_in_job(lock)
+    return held
+
+
+def discard_temps() -> None:
+    """Remove this process' unfinished temporaries and give up its claims: what a rank does when its
+    launcher has died and it is about to exit."""
+    with _registry:
+        temps, claims = list(_temps), list(_claims)
+    for temp in temps:
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    for held in claims:
+        held.release()
+
+
+def remove_listed_temps(job_dir: Path) -> None:
+    """For the launcher, after killing its ranks: remove every temporary they listed that still
+    exists, and their locks nobody holds any more. Errors are ignored: this is cleanup."""
+    for listing in sorted(job_dir.glob("temps-*.txt")):
+        try:
+            names = listing.read_text().splitlines()
+        except OSError:
+            continue
+        for name in filter(None, names):
+            path = Path(name)
+            try:
+                if path.name.endswith(LOCK_SUFFIX) and path.name.startswith("."):
+                    _remove_unheld_lock(path)
+                else:
+                    path.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _temporary(path: Path) -> Iterator[Path]:
+    """A hidden name next to `path`, unique to this process, keeping its suffix (PIL and ffmpeg
+    choose the format from it); removed on the way out, whatever happens."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.parent / f".{path.name[:120]}.accel-{os.getpid()}-{next(_serial)}.tmp{path.suffix}"
+    with _registry:
+        _temps.add(temp)
+    try:
+        _list_in_job(temp)
+        yield temp
+    finally:
+        with _registry:
+            _temps.discard(temp)
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _list_in_job(path: Path) -> None:
+    """Note `path` in the job's folder before writing starts, for `remove_listed_temps`."""
+    folder = os.environ.get(JOB_DIR_ENV)
+    if not folder:
+        return
+    try:
+        with open(Path(folder) / f"temps-{os.getpid()}.txt", "a") as listing:
+            listing.write(os.path.abspath(path) + "\n")
+    except OSError:  # the job is ending and its folder gone: nothing to tell anyone
+        pass
+
+
+def _publish(temp: Path, path: Path) -> bool:
+    """Give the complete temp the name `path` only if nothing has it; False if something has."""
+    try:
+        os.link(temp, path)
+        return True
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        raise
+    except OSError:  # no hard links on this file system: take the name empty, then fill it at once
+        pass
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _refuse_folder(path: Path) -> None:
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a file; choose a file name")
+
+
+def _sync(path: Path) -> None:
+    """Data on disk before the rename, so a crash cannot publish a name whose bytes never landed."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int) -> bool:
+    """Lock the open lock file without waiting; False when a live process holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+    pid = _read_pid(fd)  # no flock on this file system: trust the pid the file names
+    return pid is None or not _alive(pid)
+
+
+def _holder(fd: int) -> str:
+    """The pid in a held lock file; its holder may not have written it yet, so wait a moment."""
+    for _ in range(50):
+        pid = _read_pid(fd)
+        if pid is not None:
+            return str(pid)
+        time.sleep(0.01)
+    return "unknown"
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Is the open file still the one at `path`? (Its holder may have removed or replaced it.)"""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _remove_unheld_lock(lock: Path) -> None:
+    """Remove a lock file only while holding it ourselves: one a live run holds stays."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(fd, lock):
+            os.unlink(lock)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
