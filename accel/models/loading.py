@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,7 @@ import torch
 
 from accel.errors import ModelError, UserError
 from accel.models.base import Family
+from accel.models.folder_check import check_folder, read_index, read_json
 from accel.models.registry import FAMILIES, family_of, lookup, unknown_model_message
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -48,7 +49,7 @@ def heads_before_start(ref: ModelRef) -> int | None:
         return ref.family.tiny_heads if ref.tiny else ref.family.heads
     config = Path(ref.source) / "transformer" / "config.json"
     if config.is_file():
-        heads = json.loads(config.read_text()).get("num_attention_heads")
+        heads = read_json(config).get("num_attention_heads")
         return int(heads) if isinstance(heads, int) else None
     return None
 
@@ -103,32 +104,33 @@ def load_pipeline(
 def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
     from diffusers import DiffusionPipeline
     from diffusers.utils import deprecation_utils
+    from safetensors import SafetensorError
 
+    folder = Path(ref.source)
+    if folder.is_dir():  # a fault in the folder is one line naming its file, not a library traceback
+        check_folder(folder, read_index(folder))
     # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
-        return DiffusionPipeline.from_pretrained(ref.source, **{dtype_arg: torch_dtype})
-    except (OSError, ValueError) as error:
-        if Path(ref.source).is_dir():
+        # use_safetensors: never unpickle a checkpoint (it can run code); the folder check names the file.
+        return DiffusionPipeline.from_pretrained(ref.source, use_safetensors=True, **{dtype_arg: torch_dtype})
+    except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as error:
+        if folder.is_dir():
             raise ModelError(
-                f"{ref.source} is not a diffusers pipeline folder ({_first_line(error)}); "
-                "it needs a model_index.json as written by save_pretrained"
+                f"{ref.source} could not be loaded ({_reason(error)}); re-download or re-save the pipeline"
             ) from None
         raise ModelError(
             f"model '{ref.source}' is not available locally and could not be downloaded "
-            f"({_first_line(error)}); fetch it with `hf download {ref.source}` (log in with "
+            f"({_reason(error)}); fetch it with `hf download {ref.source}` (log in with "
             "`hf auth login` and accept the licence on its model page if it is gated) or pass a local folder"
         ) from None
 
 
 def _family_of_folder(folder: Path) -> Family | None:
-    """The family a saved pipeline belongs to, from its model_index.json (None if unreadable)."""
-    try:
-        index = json.loads((folder / "model_index.json").read_text())
-    except (OSError, ValueError):
-        return None
+    """The family a saved pipeline belongs to, from its model_index.json (a ModelError if it has none
+    or it is not valid JSON)."""
+    entry = read_index(folder).get("transformer")
     for family in FAMILIES.values():
-        entry = index.get("transformer")
         if isinstance(entry, list) and entry[-1:] == [family.transformer_class]:
             return family
     return None
@@ -139,6 +141,19 @@ def _looks_like_repo_id(name: str) -> bool:
     return len(parts) == 2 and all(part and not part.startswith(".") for part in parts)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:200]
+def _reason(error: BaseException) -> str:
+    """The library's reason, for a message in parentheses; a pickle's never (it would suggest unpickling)."""
+    text = str(error)
+    if isinstance(error, pickle.UnpicklingError) or "weights_only" in text:
+        return "a weights file is a pickle, which accel will not load for safety; convert it to safetensors"
+    return _first_line(error)
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    """The error's first line, cut at a word boundary with an ellipsis if it is longer than `limit`."""
+    lines = str(error).strip().splitlines()
+    text = lines[0].strip() if lines else type(error).__name__
+    if len(text) <= limit:
+        return text
+    cut = text[: limit + 1].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(" ,;:.") + "…"
