@@ -195,12 +195,13 @@ def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
 
 
 def _apply_parallel(handle: AccelHandle) -> None:
-    """Join (or start) the process group, build the mesh, put each transformer under the plan, and
-    split the CFG branches over the mesh's cfg halves."""
+    """Join (or start) the process group, build the mesh, put each transformer under the plan, split
+    the CFG branches over the mesh's cfg halves, and make every rank start each call alike: the same
+    arguments (checked first, one message on every rank) and rank 0's noise."""
     settings = handle.recipe.parallel
     if settings.world_size == 1:
         return
-    from accel.parallel.agree import agree_on_noise
+    from accel.parallel.agree import agree_on_arguments, agree_on_noise
     from accel.parallel.mesh import build_mesh, init_distributed
 
     family = handle.family
@@ -227,6 +228,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
         cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe))
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
+    handle._undo.append(agree_on_arguments(handle.pipe, mesh.group))  # first of every call: one message, no hang
     handle.mesh = mesh
 
 
@@ -354,9 +356,10 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
             init_distributed(execution_device(handle.pipe, vae).type, handle.recipe.parallel.timeout)
         if dist.get_world_size() == 1:
             return
-        from accel.parallel.agree import agree_on_noise
+        from accel.parallel.agree import agree_on_arguments, agree_on_noise
 
         handle._undo.append(agree_on_noise(handle.pipe))  # every rank must decode the same latents
+        handle._undo.append(agree_on_arguments(handle.pipe))
     group = handle.mesh.group if handle.mesh is not None else None
     engine = ParallelDecode(vae, plan, group, all_ranks=handle.recipe.vae.all_ranks)
     handle.vae_decode = engine

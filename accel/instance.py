@@ -31,6 +31,7 @@ VAE = 500  # vae.decoder.forward: patch-parallel decode
 NOISE = 600  # pipe.prepare_latents: every rank the same noise
 STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
 LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized
+CALL = 900  # pipe(...): every rank called with the same arguments (outermost: before any collective)
 
 Wrapper = Callable[..., Any]  # wrapper(call_next, *args, **kwargs)
 
@@ -157,3 +158,42 @@ def _release(obj: Any, method: str, chain: _Chain) -> None:
     if not chains:
         attributes.pop(_REGISTRY, None)
 
+
+_routed: dict[type, type] = {}  # pipeline class -> its subclass that calls the instance's __call__
+
+
+def wrap_call(pipe: Any, name: str, layer: int, wrapper: Callable[..., Any]) -> Callable[[], None]:
+    """`accel.instance.wrap` on `pipe.__call__`, made to run on `pipe(...)` too; returns the undo.
+
+    Python looks `__call__` up on the type, never the instance, so an instance attribute alone is
+    ignored by `pipe(...)`. This instance (and no other) gets a subclass of its class, with the same
+    name, whose `__call__` calls the instance's own (the registry's dispatcher) when there is one;
+    the original class comes back when the last entry on `__call__` leaves."""
+    undo = wrap(pipe, "__call__", name, layer, wrapper)  # before the swap: the chain's innermost is the class's
+    base = type(pipe)
+    if base not in _routed.values():
+        pipe.__class__ = _routed_class(base)
+
+    def remove() -> None:
+        undo()
+        routed = type(pipe)
+        if not wrappers(pipe, "__call__") and _routed.get(routed.__base__) is routed:
+            pipe.__class__ = routed.__base__
+
+    return remove
+
+
+def _routed_class(base: type) -> type:
+    if base not in _routed:
+        call = base.__call__
+
+        @functools.wraps(call)  # inspect.signature(pipe) stays the pipeline's
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            own = vars(self).get("__call__")
+            return own(*args, **kwargs) if own is not None else call(self, *args, **kwargs)
+
+        _routed[base] = type(base.__name__, (base,), {
+            "__call__": __call__, "__module__": base.__module__, "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+        })
+    return _routed[base]

@@ -209,3 +209,27 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
     frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
     return np.asarray(frames if frames is not None else result.images), decisions, graphs
+
+
+def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+                  seeds: list[int]) -> tuple[str, Any, bool]:
+    """Each rank calls the tiny pipeline under `recipe` with its own (args, kwargs) and seed: ("ok",
+    output) or ("error", "Type: message"), and whether `remove()` left the pipeline as it was."""
+    import numpy as np
+
+    import accel
+
+    pipe = tiny_pipeline(model)
+    before = type(pipe)
+    rank = dist.get_rank()
+    args, kwargs = calls[rank]
+    handle = accel.apply(pipe, recipe)
+    try:
+        result = pipe(*args, **kwargs, generator=torch.Generator().manual_seed(seeds[rank]), output_type="np")
+        outcome: tuple[str, Any] = ("ok", np.asarray(result.images))
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        outcome = ("error", f"{type(error).__name__}: {error}")
+    finally:
+        handle.remove()
+    # The pipeline's own call sets attributes (_guidance_scale, …); accel's must all be gone.
+    return (*outcome, type(pipe) is before and not {"__call__", "prepare_latents", "_accel_wrapped"} & set(vars(pipe)))
