@@ -39,6 +39,7 @@ def _fail(message: str, exit_code: int = 2) -> None:
 
 
 Opt = typer.Option
+OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without GPUs (slow; for testing)."
 
 
 @app.command()
@@ -75,6 +76,7 @@ def run(
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
     master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
     master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.")] = False,
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
@@ -91,30 +93,48 @@ def run(
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
     }
+    from accel import preflight
+    from accel.launch import rank
+    from accel.parallel.mesh import under_distributed_launcher
+
+    lead = rank() == 0
     try:
-        if json_path is not None and json_path.exists() and not overwrite:
-            raise UserError(f"{json_path} already exists; pass --overwrite to replace it or choose another --json")
+        # Model-free checks first: before torch loads (seconds) and before any rank starts.
+        preflight.check_out(out, overwrite or not lead)  # a rank > 0 leaves existing files to rank 0
+        preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
         settings = _recipe(recipe, overrides)
-        from accel.parallel.mesh import under_distributed_launcher
-
         if settings.world_size > 1 and not under_distributed_launcher():
-            raise typer.Exit(_relaunch(ctx, settings, nnodes, node_rank, master_addr, master_port))
-        settings = _fit_to_job(settings)
-        from accel.launch import rank
+            from accel.launch import LaunchSpec
 
-        lead = rank() == 0
+            spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port,
+                                        settings.parallel.timeout)
+            asked = f"--gpus {settings.world_size}" if gpus is not None else "the [parallel] layout"
+            preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe, spec.nnodes, asked)
+            preflight.check_master_port(master_addr, master_port, node_rank)
+            raise typer.Exit(_relaunch(ctx, settings, spec))
+        settings = _fit_to_job(settings)
+        from accel.files import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
 
+        # The JSON is this run's before the long work starts: a concurrent run is refused now, not after.
+        json_claim = claim(json_path) if json_path is not None and lead else None
         # A bar only where someone watches: piped output would collect its redraws as blank lines.
         progress = _step_bar if console.is_terminal and lead else None
-        metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress)
+        try:
+            metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress)
+            if lead:
+                _report_run(metrics, verbose, json_path, overwrite)
+        finally:
+            if json_claim is not None:
+                json_claim.release()
     except UserError as error:
         _fail(str(error))
         return
-    if not lead:
-        return
+
+
+def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: bool) -> None:
     from accel import report
 
     console.print(report.run_table(metrics))
@@ -123,7 +143,7 @@ def run(
     if verbose and metrics.parallel is not None:
         console.print(report.traffic_table(metrics))
     if json_path is not None:
-        report.write_json(metrics.as_dict(), json_path)
+        report.write_json(metrics.as_dict(), json_path, replace=overwrite)
         console.print(f"wrote {json_path}")
 
 
@@ -136,10 +156,8 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
     return base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
 
 
-def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: int, master_addr: str | None,
-              master_port: int | None) -> int:
+def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
-    from accel.launch import LaunchSpec
     from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
@@ -153,7 +171,7 @@ def _relaunch(ctx: typer.Context | None, settings: Any, nnodes: int, node_rank: 
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
-    return _rerun_on_ranks(ctx, LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port))
+    return _rerun_on_ranks(ctx, spec)
 
 
 def _rerun_on_ranks(ctx: typer.Context | None, spec: Any, extra: tuple[str, ...] = ()) -> int:
@@ -218,31 +236,38 @@ def bench(
     only: Annotated[list[str] | None, Opt("--only", help="Run only this variant (repeatable); the baseline always runs.")] = None,
     repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant (overrides [bench] repeats).")] = None,
     warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant (overrides [bench] warmup).")] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
 ) -> None:
     """Run a recipe's [bench] variants side by side and compare them with the first (the baseline)."""
+    from accel import preflight
     from accel.launch import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
     try:
-        for path in (json_path, markdown_path) if lead else ():  # rank 0 may have written them already
-            if path is not None and path.exists():
-                raise UserError(f"{path} already exists; bench never overwrites, choose another name")
-        if lead and out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise UserError(f"--out {out} already exists and is not an empty folder; bench never overwrites, choose another")
-        from accel.bench import plan_bench
+        # Model-free checks first: before torch loads (plan_bench loads it) and before any rank starts.
+        preflight.check_report(json_path, "--json", check_exists=lead)  # rank 0 may have written them already
+        preflight.check_report(markdown_path, "--markdown", check_exists=lead)
+        preflight.check_bench_folder(out, check_exists=lead)
+        if gpus is not None and gpus < 1:
+            raise UserError(f"--gpus must be >= 1, got {gpus}")
         from accel.recipe import load_recipe
 
         settings = load_recipe(recipe)
         given = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
         if given:
             settings = settings.with_overrides({"bench": given}, source="command line")
+        if gpus is not None and gpus > 1 and not under_distributed_launcher():  # without --gpus the plan fits the machine
+            preflight.check_process_count(gpus, settings.model.device, oversubscribe)
+        from accel.bench import plan_bench
+
         plan = plan_bench(settings, gpus, only)
         if plan.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
             pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
-            raise typer.Exit(_rerun_on_ranks(ctx, LaunchSpec.for_world(plan.world_size), pinned))
+            spec = LaunchSpec.for_world(plan.world_size, timeout_s=plan.recipe.parallel.timeout)
+            raise typer.Exit(_rerun_on_ranks(ctx, spec, pinned))
         folder = _fresh_folder(out, recipe) if lead else None
         result = _run_bench(plan, folder, lead)
     except UserError as error:
@@ -270,10 +295,11 @@ def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
 
 
 def _fresh_folder(out: Path | None, recipe: Path) -> Path:
-    """--out as given (checked to be new or empty), else the first free outputs/bench-<recipe>[-N]."""
-    from accel.runner import first_free
+    """--out as given (checked to be new or empty), else the first free outputs/bench-<recipe>[-N],
+    created here: two benches started at once never share a folder."""
+    from accel.files import fresh_folder
 
-    return out if out is not None else first_free(Path("outputs"), f"bench-{recipe.stem}")
+    return out if out is not None else fresh_folder(Path("outputs"), f"bench-{recipe.stem}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -285,8 +311,11 @@ def launch(
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
     master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
     master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+    timeout: Annotated[float, Opt("--timeout", help="Seconds a rank may keep the others waiting in a collective before the job ends, naming it.")] = 600.0,
 ) -> None:
-    """Run your own script on N processes under torchrun; a failing rank's error is shown and ends the job."""
+    """Run your own script on N processes (torchrun's environment); a failing or stuck rank is named and ends the job."""
+    from accel import preflight
     from accel.launch import LaunchSpec
     from accel.launch import launch as launch_job
 
@@ -295,7 +324,11 @@ def launch(
             raise UserError(f"--gpus must be >= 1, got {gpus}")
         if not script.is_file():
             raise UserError(f"{script}: no such script")
-        spec = LaunchSpec.for_world(gpus, nnodes, node_rank, master_addr, master_port)
+        if timeout <= 0:
+            raise UserError(f"--timeout must be > 0 seconds, got {timeout:g}")
+        spec = LaunchSpec.for_world(gpus, nnodes, node_rank, master_addr, master_port, timeout)
+        preflight.check_process_count(spec.nproc, "auto", oversubscribe, spec.nnodes)  # the script picks its device
+        preflight.check_master_port(master_addr, master_port, node_rank)
     except UserError as error:
         _fail(str(error))
         return
@@ -337,23 +370,55 @@ def _quiet_library_noise() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM in a single-process run: unwind (half-written outputs are removed on the way)
+    to one line and the shell's exit code; click would print "Aborted!" and exit 1."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
+    import os
+    import signal
+
+    from accel import watchdog
+    from accel.launch import exit_now, is_peer_loss, world_size
+
     _quiet_library_noise()
     argv = sys.argv[1:] if argv is None else argv
+    on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies
+    if not on_rank:  # a rank is stopped by its launcher, at once; a lone process unwinds and cleans up
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _on_signal)
+    code = 0
     try:
         app(args=argv, obj={"argv": argv})
-    except KeyboardInterrupt:
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+    except Interrupted as interruption:
         errors.print("interrupted")
-        sys.exit(130)
+        code = 128 + interruption.signum
     except Exception as error:  # noqa: BLE001 - only in a multi-rank job: the failing rank must be named
-        from accel.launch import world_size
-
         if world_size() == 1:
             raise
         try:
-            _fail(f"{type(error).__name__}: {error}", exit_code=1)
-        except typer.Exit as exit:
-            sys.exit(exit.exit_code)
+            from accel.launch import rank, report_failure
+
+            message = f"{type(error).__name__}: {error}"
+            if not report_failure(message, 1, lost=is_peer_loss(error)):
+                errors.print(f"[bold red]error:[/] rank {rank()}: ", end="")
+                errors.print(message, markup=False, highlight=False, soft_wrap=True)
+        finally:
+            code = 1
+    if code and on_rank and os.environ.get(watchdog.JOB_DIR_ENV):
+        exit_now(code)  # a failed rank leaves at once: the launcher ends the job when it is gone
+    sys.exit(code)
 
 
 if __name__ == "__main__":

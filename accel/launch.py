@@ -1,9 +1,20 @@
-"""Multi-process start-up: relaunch a command under torchrun, and bring a failing rank's message home.
+"""Multi-process start-up: run a command on N local ranks, and bring the failing rank's message home.
 
-`launch(spec, module, args)` runs `python -m module args` on N local ranks through torchrun's
-own launcher (in this process). A rank that fails calls `report_failure`, which leaves its one-line
-message in a folder the launcher reads back, so the user sees that message once, not torchrun's
-"To enable traceback" stub. torchrun stops the other ranks within its 0.1 s monitor interval.
+`launch(spec, module, args)` starts `python -m module args` once per local rank with torchrun's
+environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, …), so `init_process_group()`
+and `accel.apply` work unchanged, and then supervises them (`Supervisor`):
+
+- the first rank to fail is named with its own cause (its one-line report, its exit code or the
+  signal that killed it) and the others are stopped at once; their follow-on "connection reset"
+  errors are not shown as the cause;
+- a rank the others wait for in a collective for longer than `timeout_s` is named from the ranks'
+  heartbeats (`accel.watchdog`);
+- Ctrl-C / SIGTERM stop every rank (each runs in its own process group, so its helpers go too),
+  print `interrupted`, exit 130 / 143 and leave no job folder and no half-written output;
+- if the launcher itself is killed, each rank's watchdog sees its parent gone and exits.
+
+We do not run torchrun's elastic agent in-process any more: it could not order failures, hid exit
+codes of ranks that left no report, and answered Ctrl-C with its own traceback.
 
 `python -m accel.launch SCRIPT ARGS` is the rank side of `accel launch`: it runs a user's script.
 """
@@ -11,36 +22,45 @@ message in a folder the launcher reads back, so the user sees that message once,
 from __future__ import annotations
 
 import json
-import logging
 import os
+import re
 import runpy
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from accel.errors import UserError
+from accel.watchdog import JOB_DIR_ENV, LAUNCHER_PID_ENV
 
-ERROR_DIR_ENV = "ACCEL_ERROR_DIR"
+POLL_S = 0.05
+STOP_GRACE_S = 2.0  # SIGTERM first; whatever still runs after this gets SIGKILL
+REPORT_GRACE_S = 0.3  # after a first failure: let simultaneous reports land before judging
+STALE_BEAT_S = 3.0  # a rank whose heartbeat is this old no longer runs Python (stopped, frozen)
+DEFAULT_PORT = 29500
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """How many processes on this node, and where the other nodes meet (multi-node only)."""
+    """How many processes on this node, where the nodes meet, and how long a rank may keep the others waiting."""
 
     nproc: int
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    timeout_s: float = 600.0
 
     @classmethod
     def for_world(cls, world: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-                  master_port: int | None = None) -> LaunchSpec:
+                  master_port: int | None = None, timeout_s: float = 600.0) -> LaunchSpec:
         """Split `world` processes evenly over `nnodes` nodes; refuse what does not split."""
         if nnodes < 1 or not 0 <= node_rank < nnodes:
             raise UserError(f"--node-rank {node_rank} must be between 0 and --nnodes - 1 ({nnodes - 1})")
@@ -48,33 +68,272 @@ class LaunchSpec:
             raise UserError(f"{world} processes do not split evenly over --nnodes {nnodes}; use a multiple of {nnodes} GPUs")
         if nnodes > 1 and master_addr is None:
             raise UserError("--nnodes > 1 needs --master-addr (the address of node 0) on every node")
-        return cls(world // nnodes, nnodes, node_rank, master_addr, master_port)
+        return cls(world // nnodes, nnodes, node_rank, master_addr, master_port, timeout_s)
 
-    def torchrun_args(self) -> list[str]:
-        args = ["--nproc-per-node", str(self.nproc), "--monitor-interval", "0.1", "--max-restarts", "0"]
-        if self.nnodes == 1 and self.master_addr is None:
-            return [*args, "--standalone"]  # a free local port: concurrent jobs do not collide
-        args += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
-        args += ["--master-addr", self.master_addr or "127.0.0.1", "--master-port", str(self.master_port or 29500)]
-        return args
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nnodes
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(address, port) of rank 0's store: a free local port for a single node unless one was given."""
+        address = self.master_addr or "127.0.0.1"
+        if self.master_port is not None:
+            return address, self.master_port
+        return address, free_port() if self.nnodes == 1 and self.master_addr is None else DEFAULT_PORT
+
+    def rank_environment(self, local: int, address: str, port: int) -> dict[str, str]:
+        """What torchrun would give rank `local` of this node."""
+        global_rank = self.node_rank * self.nproc + local
+        return {
+            "RANK": str(global_rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(self.world),
+            "LOCAL_WORLD_SIZE": str(self.nproc), "GROUP_RANK": str(self.node_rank), "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_RANK": str(global_rank), "ROLE_WORLD_SIZE": str(self.world), "ROLE_NAME": "default",
+            "MASTER_ADDR": address, "MASTER_PORT": str(port),
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def launch(spec: LaunchSpec, module: str, args: list[str]) -> int:
-    """Run `python -m module args` on `spec.nproc` local ranks; the job's exit code (0 when all succeed)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    """Run `python -m module args` on `spec.nproc` local ranks; the job's exit code (0 when all succeed,
+    2 when a rank hit a user error, 130 / 143 when interrupted, else 1)."""
+    return Supervisor(spec, [sys.executable, "-m", module, *args]).run()
 
-    error_dir = tempfile.mkdtemp(prefix="accel-ranks-")
-    threads = str(max(1, (os.cpu_count() or 1) // spec.nproc))
-    try:
-        with _environment({ERROR_DIR_ENV: error_dir, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}), _quiet_torchrun():
-            try:
-                run(parse_args([*spec.torchrun_args(), "--module", module, *args]))
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    exit_code: int | None = None
+    exited_at: float | None = None
+
+
+@dataclass
+class Supervisor:
+    """Starts the ranks, watches them, and ends the job the moment one of them fails or stalls."""
+
+    spec: LaunchSpec
+    command: list[str]
+    ranks: list[_Rank] = field(default_factory=list)
+    signal_received: int | None = None
+
+    def run(self) -> int:
+        folder = Path(tempfile.mkdtemp(prefix="accel-job-"))
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._start(folder)
+            return self._watch(folder)
+        finally:
+            self._stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            _remove_temps(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signal_received = signum
+
+    def _start(self, folder: Path) -> None:
+        address, port = self.spec.rendezvous()
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // self.spec.nproc))
+        shared = {JOB_DIR_ENV: str(folder), LAUNCHER_PID_ENV: str(os.getpid()), "OMP_NUM_THREADS": threads}
+        for local in range(self.spec.nproc):
+            env = {**os.environ, **shared, **self.spec.rank_environment(local, address, port)}
+            # Its own session: Ctrl-C reaches only the launcher, which stops each rank's whole group.
+            process = subprocess.Popen(self.command, env=env, start_new_session=True)
+            self.ranks.append(_Rank(self.spec.node_rank * self.spec.nproc + local, process))
+
+    def _watch(self, folder: Path) -> int:
+        next_beat_check = time.monotonic()
+        while True:
+            if self.signal_received is not None:
+                self._stop()
+                print("interrupted", file=sys.stderr)
+                return 128 + self.signal_received
+            self._poll()
+            failed = [r for r in self.ranks if r.exit_code not in (None, 0)] or self._reported_but_running(folder)
+            if failed:
+                time.sleep(REPORT_GRACE_S)  # ranks failing together (a user error on every rank) report together
+                self._poll()
+                return self._fail(folder, stalled=None)
+            if all(r.exit_code == 0 for r in self.ranks):
                 return 0
-            except ChildFailedError as failure:
-                return _report(Path(error_dir), {rank: f.exitcode for rank, f in failure.failures.items()})
-    finally:
-        shutil.rmtree(error_dir, ignore_errors=True)
+            if time.monotonic() >= next_beat_check:
+                next_beat_check = time.monotonic() + 0.5
+                stalled = stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
+                if stalled is not None:
+                    return self._fail(folder, stalled=stalled)
+            time.sleep(POLL_S)
+
+    def _poll(self) -> None:
+        for rank in self.ranks:
+            if rank.exit_code is None and (code := rank.process.poll()) is not None:
+                rank.exit_code, rank.exited_at = code, time.monotonic()
+
+    def _running(self) -> set[int]:
+        return {r.rank for r in self.ranks if r.exit_code is None}
+
+    def _reported_but_running(self, folder: Path) -> list[_Rank]:
+        """A rank that reported its failure exits right after; one that lingers is failed all the same."""
+        reported = {report["rank"] for report in read_reports(folder)}
+        return [r for r in self.ranks if r.rank in reported and r.exit_code is None]
+
+    def _fail(self, folder: Path, stalled: str | None) -> int:
+        self._poll()
+        exits = {r.rank: r.exit_code for r in self.ranks if r.exit_code not in (None, 0)}
+        beats = read_beats(folder)
+        self._stop()
+        lines, code = failure_report(read_reports(folder), exits, beats, stalled)
+        for line in lines:
+            print(f"error: {line}", file=sys.stderr)
+        return code
+
+    def _stop(self) -> None:
+        """SIGTERM every rank's process group, SIGKILL what is left after a grace period; reap all."""
+        live = [r for r in self.ranks if r.exit_code is None]
+        for rank in live:
+            _signal_group(rank.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(r.process.poll() is None for r in live) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        for rank in self.ranks:  # also helpers a finished rank left behind (compile workers)
+            _signal_group(rank.process.pid, signal.SIGKILL)
+            rank.process.wait()
+            if rank.exit_code is None:
+                rank.exit_code = rank.process.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _remove_temps(folder: Path) -> None:
+    """Outputs the ranks were writing when they were stopped: never leave half a file behind."""
+    try:
+        from accel.files import remove_listed_temps
+    except ImportError:
+        return
+    remove_listed_temps(folder)
+
+
+def read_reports(folder: Path) -> list[dict]:
+    reports = []
+    for path in sorted(folder.glob("rank-*.json")):
+        try:
+            reports.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # being written: the next look finds it whole
+    return sorted(reports, key=lambda report: report["rank"])
+
+
+def read_beats(folder: Path) -> dict[int, dict]:
+    beats = {}
+    for path in folder.glob("beat-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        beats[beat["rank"]] = beat
+    return beats
+
+
+def stall(beats: dict[int, dict], running: set[int], timeout_s: float, now: float) -> str | None:
+    """The one line naming who the others wait for, once a rank has waited in a collective for
+    `timeout_s`; None while nobody has waited that long."""
+    waited = {r: now - b["since"] for r, b in beats.items() if r in running and b["waiting"] and now - b["time"] < STALE_BEAT_S}
+    if not waited or max(waited.values()) < timeout_s:
+        return None
+    return _culprits(beats, running, now, waited)
+
+
+def _culprits(beats: dict[int, dict], running: set[int], now: float, waited: dict[int, float]) -> str:
+    waiters = sorted(waited)
+    how_long = f"{max(waited.values()):.0f} s"
+    silent = sorted(r for r in running if r not in beats or now - beats[r]["time"] >= STALE_BEAT_S)
+    elsewhere = sorted(r for r in running if r not in waited and r not in silent)
+    waiting_ranks = f"rank{'s' if len(waiters) > 1 else ''} {_list(waiters)}"
+    if elsewhere:
+        where = "; ".join(f"rank {r} was at {beats[r]['where']}" for r in elsewhere)
+        return (f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: {waiting_ranks} "
+                f"waited {how_long} for it in a collective ({where})")
+    if silent:
+        return (f"rank{'s' if len(silent) > 1 else ''} {_list(silent)} stopped responding (no heartbeat); "
+                f"{waiting_ranks} waited {how_long} for it in a collective")
+    where = "; ".join(f"rank {r} at {beats[r]['where']}" for r in waiters)
+    return f"every rank waited {how_long} in a collective the others never joined ({where})"
+
+
+def _list(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def failure_report(reports: list[dict], exits: dict[int, int], beats: dict[int, dict], stalled: str | None) -> tuple[list[str], int]:
+    """The lines naming what went wrong first, and the job's exit code (2 if it was a user error).
+
+    A rank's own report (a user error, its exception) or a rank that died without one is the cause;
+    a rank that only lost its peers (a collective failing because another rank died or hung) is a
+    consequence and is summarised in one line."""
+    own = [r for r in reports if not r.get("lost")]
+    lost = [r for r in reports if r.get("lost")]
+    reported = {r["rank"] for r in reports}
+    lines: list[str] = []
+    if stalled is not None:
+        lines.append(stalled)
+    messages: dict[str, list[int]] = {}
+    for report in own:
+        messages.setdefault(report["message"], []).append(report["rank"])
+    user_errors = {r["message"] for r in own if r.get("exit_code") == 2}
+    for message, ranks in messages.items():
+        # One message from every rank, or a user error (every rank would hit it; the job stops at the first)
+        shared = len(messages) == 1 and (len(ranks) > 1 or message in user_errors)
+        lines.append(f"{'' if shared else f'rank {_list(ranks)}: '}{message}")
+    if stalled is None and not own:
+        for failed_rank, code in sorted(exits.items()):
+            if failed_rank not in reported:
+                lines.append(f"rank {failed_rank} {_exit_cause(code)}")
+    if not lines and lost:  # every report is a follow-on: the heartbeats tell whom they waited for
+        gave_up = sorted(r["rank"] for r in lost)
+        elsewhere = sorted(r for r, beat in beats.items() if not beat["waiting"] and r not in gave_up)
+        if elsewhere:
+            where = "; ".join(f"rank {r} was at {beats[r]['where']}" for r in elsewhere)
+            lines.append(f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: "
+                         f"rank{'s' if len(gave_up) > 1 else ''} {_list(gave_up)} gave up waiting for it in a collective ({where})")
+    if lost:
+        ranks = sorted(r["rank"] for r in lost)
+        if lines:
+            lines.append(f"rank{'s' if len(ranks) > 1 else ''} {_list(ranks)} stopped with it ({_short(lost[0]['message'])})")
+        else:
+            lines.extend(f"rank {r['rank']}: {r['message']}" for r in lost)
+    if not lines:
+        lines.append("the job failed without a report from any rank")
+    user_error = any(r.get("exit_code") == 2 for r in own)
+    return lines, 2 if user_error else 1
+
+
+def _exit_cause(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code} without a message"
+
+
+def _short(message: str, limit: int = 100) -> str:
+    """A follow-on error in brief: its first sentence, without the backend's source locations."""
+    line = re.sub(r"\[[^\]]*\](?::\d+)?:?\s*", "", message.splitlines()[0] if message else "")
+    line = line.split(". ", 1)[0].strip().rstrip(".")
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def rank() -> int:
@@ -99,68 +358,59 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def report_failure(message: str, exit_code: int) -> bool:
+def report_failure(message: str, exit_code: int, *, lost: bool = False) -> bool:
     """From a rank `launch` started: leave the message for the launcher and return True (print nothing).
-    Elsewhere return False: the caller prints it (prefixed by the rank when there are several)."""
-    folder = os.environ.get(ERROR_DIR_ENV)
+    Elsewhere return False: the caller prints it (prefixed by the rank when there are several).
+    `lost`: the failure only follows another rank's (a collective whose peer died or never came)."""
+    folder = os.environ.get(JOB_DIR_ENV)
     if not folder or not Path(folder).is_dir():
         return False
-    document = {"rank": rank(), "message": message, "exit_code": exit_code}
-    (Path(folder) / f"rank-{rank()}.json").write_text(json.dumps(document))
+    document = {"rank": rank(), "message": message, "exit_code": exit_code, "lost": lost, "time": time.time()}
+    path = Path(folder) / f"rank-{rank()}.json"
+    temp = path.with_suffix(".tmp")
+    temp.write_text(json.dumps(document))
+    os.replace(temp, path)  # the launcher never reads half a report
     return True
 
 
-def _report(error_dir: Path, exit_codes: dict[int, int]) -> int:
-    """Print each distinct rank message once; the job's exit code (2 if any rank hit a user error)."""
-    reports = sorted((json.loads(p.read_text()) for p in error_dir.glob("rank-*.json")), key=lambda r: r["rank"])
-    messages: dict[str, list[int]] = {}
-    for report in reports:
-        messages.setdefault(report["message"], []).append(report["rank"])
-    for message, ranks in messages.items():
-        where = "" if len(messages) == 1 and len(ranks) > 1 else f"rank {', '.join(map(str, ranks))}: "
-        print(f"error: {where}{message}", file=sys.stderr)
-    if not reports:
-        for failed_rank, code in sorted(exit_codes.items()):
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            print(f"error: rank {failed_rank} {how}", file=sys.stderr)
-    if any(report["exit_code"] == 2 for report in reports):
-        return 2
-    return next((code for code in exit_codes.values() if code > 0), 1)
+def is_peer_loss(error: BaseException) -> bool:
+    """A collective failed because another rank died, hung or left: a consequence, not a cause."""
+    distributed = sys.modules.get("torch.distributed")
+    dist_error = getattr(distributed, "DistError", None)
+    if dist_error is not None and isinstance(error, dist_error):
+        return True
+    text = str(error)
+    return any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                                         "Socket Timeout", "timed out", "Timed out"))
 
 
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """torchrun hands its own environment to the ranks: set ours there for the job's duration."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def exit_now(code: int) -> None:
+    """Leave a failed rank at once: interpreter shutdown (process groups, threads, CUDA) can take
+    seconds, and the launcher ends the job only when the rank is gone."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
-@contextmanager
-def _quiet_torchrun() -> Iterator[None]:
-    """torchrun logs its agent's life (rendezvous, SIGTERMs to the other ranks); the ranks' own
-    messages are what the user needs."""
-    logger = logging.getLogger("torch.distributed")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+def _from_script(trace: TracebackType | None, script: Path) -> TracebackType | None:
+    """The traceback without our runpy frames above the user's script."""
+    target, entry = script.resolve(), trace
+    while entry is not None and Path(entry.tb_frame.f_code.co_filename).resolve() != target:
+        entry = entry.tb_next
+    return entry or trace
 
 
 def run_script(argv: list[str]) -> int:
     """The rank side of `accel launch`: run a user's script as __main__, reporting its failure."""
+    from accel import watchdog
+
     if not argv:
         print("usage: python -m accel.launch SCRIPT [ARGS...]", file=sys.stderr)
         return 2
+    watchdog.start()
     sys.argv = list(argv)
     try:
         runpy.run_path(argv[0], run_name="__main__")
@@ -170,13 +420,18 @@ def run_script(argv: list[str]) -> int:
             report_failure(f"{argv[0]} exited with code {code}", code)
         return code
     except BaseException as error:  # noqa: BLE001 - any failure of the user's script is reported
-        traceback.print_exc()
+        lost = is_peer_loss(error)
+        if not lost:  # the cause's traceback helps (from the script down); a follow-on one from a collective is noise
+            traceback.print_exception(type(error), error, _from_script(error.__traceback__, Path(argv[0])))
         message = f"{type(error).__name__}: {error}"
-        if not report_failure(message, 1):
+        if not report_failure(message, 1, lost=lost):
             print(f"error: rank {rank()}: {message}", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(sys.argv[1:]))
+    code = run_script(sys.argv[1:])
+    if code and os.environ.get(JOB_DIR_ENV):
+        exit_now(code)
+    sys.exit(code)

@@ -34,10 +34,15 @@ def test_given_degrees_are_kept_and_checked() -> None:
 
 
 def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one() -> None:
-    assert LaunchSpec.for_world(2).torchrun_args()[-1] == "--standalone"
-    args = LaunchSpec.for_world(8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400).torchrun_args()
-    assert args[:2] == ["--nproc-per-node", "4"]
-    assert args[-8:] == ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400"]
+    address, port = LaunchSpec.for_world(2).rendezvous()
+    assert address == "127.0.0.1" and 1024 <= port < 65536
+    assert LaunchSpec.for_world(2, master_port=29411).rendezvous() == ("127.0.0.1", 29411)  # --master-port alone is honoured
+    spec = LaunchSpec.for_world(8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400)
+    assert (spec.nproc, spec.world, spec.rendezvous()) == (4, 8, ("10.0.0.1", 29400))
+    env = spec.rank_environment(3, "10.0.0.1", 29400)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
     with pytest.raises(UserError, match=r"^--node-rank 2 must be between 0 and --nnodes - 1 \(1\)$"):
         LaunchSpec.for_world(4, nnodes=2, node_rank=2, master_addr="h")
 
