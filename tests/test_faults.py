@@ -204,3 +204,14 @@ def test_the_cause_comes_first_and_follow_on_errors_are_one_line() -> None:
     beats = {0: _beat(0, True, 90.0, "a.py:3 in f"), 1: _beat(1, False, 99.0, "b.py:7 in g")}
     lines, code = failure_report(timed_out, {0: 1}, beats, None)
     assert (lines[0], code) == ("rank 1 stopped making progress: rank 0 gave up waiting for it in a collective (rank 1 was at b.py:7 in g)", 1)
+
+
+def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
+    """No launcher: the lone process unwinds (its outputs' temporaries are removed on the way) to one line."""
+    run = subprocess.Popen([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--steps", "200", "--out", "x.png"],
+                           cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(tmp_path / ".x.png.accel-lock")  # claimed: the run is past its checks and loading
+    run.send_signal(signal.SIGINT)
+    code, output, _ = _finish(run, timeout=30)
+    assert (code, output.strip()) == (130, "interrupted")
+    assert [p.name for p in tmp_path.iterdir() if p.name != "tmp"] == []  # no image, no temporary, no lock
