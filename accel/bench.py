@@ -347,13 +347,19 @@ def _join(plan: BenchPlan, device_type: str) -> tuple[int, Callable[[], None]]:
         return 0, lambda: None
     import torch.distributed as dist
 
+    from accel import watchdog
     from accel.parallel.mesh import init_distributed
 
     rank, world = init_distributed(device_type, plan.recipe.parallel.timeout)
     if world != plan.world_size:
         raise UserError(f"this job has {world} processes but the bench plans {plan.world_size}; pass --gpus {world}")
     waiting = dist.new_group(backend="gloo", timeout=timedelta(days=1))
-    return rank, lambda: dist.barrier(group=waiting)
+
+    def barrier() -> None:
+        with watchdog.idle():  # the launcher must not take these ranks for stuck ones
+            dist.barrier(group=waiting)
+
+    return rank, barrier
 
 
 def _record(

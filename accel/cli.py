@@ -384,7 +384,6 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import os
     import signal
 
     from accel import watchdog
@@ -416,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
                 errors.print(message, markup=False, highlight=False, soft_wrap=True)
         finally:
             code = 1
-    if code and on_rank and os.environ.get(watchdog.JOB_DIR_ENV):
+    if code and on_rank:
         exit_now(code)  # a failed rank leaves at once: the launcher ends the job when it is gone
     sys.exit(code)
 

@@ -362,8 +362,10 @@ def report_failure(message: str, exit_code: int, *, lost: bool = False) -> bool:
     """From a rank `launch` started: leave the message for the launcher and return True (print nothing).
     Elsewhere return False: the caller prints it (prefixed by the rank when there are several).
     `lost`: the failure only follows another rank's (a collective whose peer died or never came)."""
+    from accel import watchdog
+
     folder = os.environ.get(JOB_DIR_ENV)
-    if not folder or not Path(folder).is_dir():
+    if not watchdog.active() or not folder or not Path(folder).is_dir():
         return False
     document = {"rank": rank(), "message": message, "exit_code": exit_code, "lost": lost, "time": time.time()}
     path = Path(folder) / f"rank-{rank()}.json"
@@ -432,6 +434,8 @@ def run_script(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     code = run_script(sys.argv[1:])
-    if code and os.environ.get(JOB_DIR_ENV):
+    from accel import watchdog
+
+    if code and watchdog.active():
         exit_now(code)
     sys.exit(code)

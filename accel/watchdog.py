@@ -17,6 +17,8 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +29,7 @@ ORPHAN_EXIT_CODE = 1
 
 _DISTRIBUTED = f"{os.sep}torch{os.sep}distributed{os.sep}"
 _started = False
+_idle = 0  # > 0 while the main thread waits for the others on purpose (see `idle`)
 
 
 def start() -> bool:
@@ -39,12 +42,31 @@ def start() -> bool:
         return False
     rank = int(os.environ.get("RANK", "0"))
     main = threading.main_thread()
-    if os.getppid() != int(launcher):  # the launcher died before we got here
-        _orphaned(Path(folder))
+    if os.getppid() != int(launcher):
+        if not _alive(int(launcher)):  # the launcher died before we got here
+            _orphaned(Path(folder))
+        return False  # a process a rank started (a script running `accel run`): not one of the launcher's ranks
     beat = Heartbeat(Path(folder), rank, int(launcher), main.ident or 0)
     threading.Thread(target=beat.run, name="accel-heartbeat", daemon=True).start()
     _started = True
     return True
+
+
+def active() -> bool:
+    """This process is one of the launcher's ranks (not, say, a process one of them started)."""
+    return _started
+
+
+@contextmanager
+def idle() -> Iterator[None]:
+    """Waiting here is the plan, not a stall: `accel bench` parks the ranks a small variant does not
+    use in a barrier for as long as that variant takes (a one-GPU baseline can take an hour)."""
+    global _idle
+    _idle += 1
+    try:
+        yield
+    finally:
+        _idle -= 1
 
 
 class Heartbeat:
@@ -66,6 +88,7 @@ class Heartbeat:
     def write(self) -> None:
         frame = sys._current_frames().get(self.main_thread)
         waiting, where = describe(frame)
+        waiting = waiting and _idle == 0
         now = time.time()
         if (waiting, where) != self.state:
             self.state, self.since = (waiting, where), now
@@ -87,6 +110,16 @@ def describe(frame: FrameType | None) -> tuple[bool, str]:
             where = f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return waiting, where
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _orphaned(folder: Path) -> None:

@@ -215,3 +215,21 @@ def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
     code, output, _ = _finish(run, timeout=30)
     assert (code, output.strip()) == (130, "interrupted")
     assert [p.name for p in tmp_path.iterdir() if p.name != "tmp"] == []  # no image, no temporary, no lock
+
+
+def test_a_deliberate_wait_is_not_a_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accel bench parks idle ranks in a barrier for a whole variant: their heartbeat must not say
+    "waiting", or the launcher would end a long one-GPU baseline as a stall."""
+    import json
+
+    from accel import watchdog
+
+    monkeypatch.setattr(watchdog, "describe", lambda frame: (True, "bench.py:360 in barrier"))  # as inside dist.barrier
+    beat = watchdog.Heartbeat(tmp_path, 0, os.getppid(), 0)
+    beat.write()
+    assert json.loads((tmp_path / "beat-0.json").read_text())["waiting"] is True
+    with watchdog.idle():
+        beat.write()
+        assert json.loads((tmp_path / "beat-0.json").read_text())["waiting"] is False
+    beat.write()
+    assert json.loads((tmp_path / "beat-0.json").read_text())["waiting"] is True
