@@ -281,7 +281,7 @@ def _lock(fd: int) -> bool:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
     pid = _read_pid(fd)  # no flock on this file system: trust the pid the file names
-    return pid is None or not _alive(pid)
+    return pid is None or not process_alive(pid)
 
 
 def _holder(fd: int) -> str:
@@ -301,7 +301,8 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """A process with this pid exists (zombies included; ours are reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from accel.files import process_alive
+
 JOB_DIR_ENV = "ACCEL_JOB_DIR"
 LAUNCHER_PID_ENV = "ACCEL_LAUNCHER_PID"
 INTERVAL_S = 0.25
@@ -43,7 +45,7 @@ def start() -> bool:
     rank = int(os.environ.get("RANK", "0"))
     main = threading.main_thread()
     if os.getppid() != int(launcher):
-        if not _alive(int(launcher)):  # the launcher died before we got here
+        if not process_alive(int(launcher)):  # the launcher died before we got here
             _orphaned(Path(folder))
         return False  # a process a rank started (a script running `accel run`): not one of the launcher's ranks
     beat = Heartbeat(Path(folder), rank, int(launcher), main.ident or 0)
@@ -110,16 +112,6 @@ def describe(frame: FrameType | None) -> tuple[bool, str]:
             where = f"{Path(name).name}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return waiting, where
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _orphaned(folder: Path) -> None:
