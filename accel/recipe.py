@@ -93,7 +93,7 @@ class ParallelSection:
     ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree.", min=1)
     ring: int = _key(1, "Ring attention parallel degree.", min=1)
     cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
-    timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails.", min=1)
+    timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.", min=1)
 
     @property
     def world_size(self) -> int:
