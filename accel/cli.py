@@ -268,16 +268,25 @@ def bench(
             pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
             spec = LaunchSpec.for_world(plan.world_size, timeout_s=plan.recipe.parallel.timeout)
             raise typer.Exit(_rerun_on_ranks(ctx, spec, pinned))
-        folder = _fresh_folder(out, recipe) if lead else None
-        result = _run_bench(plan, folder, lead)
+        from accel.files import claim
+
+        # The report copies are this bench's before it measures: a concurrent one is refused now.
+        claims = []
+        try:
+            claims += [claim(path) for path in (json_path, markdown_path) if path is not None and lead]
+            folder = _fresh_folder(out, recipe) if lead else None
+            result = _run_bench(plan, folder, lead)
+            if result is None or folder is None:
+                return
+            from accel import report
+
+            report.write_bench(result, folder, json_path, markdown_path)
+        finally:
+            for held in claims:
+                held.release()
     except UserError as error:
         _fail(str(error))
         return
-    if result is None or folder is None:
-        return
-    from accel import report
-
-    report.write_bench(result, folder, json_path, markdown_path)
     # A log or pipe has no width to fit: give the table room rather than folding every number.
     (console if console.is_terminal else Console(width=max(console.width, 140))).print(report.bench_table(result))
     for note in report.bench_notes(result):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 import re
 import subprocess
@@ -266,3 +267,16 @@ def test_bench_in_process_writes_a_fresh_folder_each_time_and_copies(tmp_path: P
     assert copied["repeats"] == 1 and [v["name"] for v in copied["variants"]] == ["baseline", "cache"]
     assert (tmp_path / "copy.md").read_text() == (tmp_path / "outputs" / "bench-r" / "bench.md").read_text()
     assert np.asarray(Image.open(tmp_path / "outputs" / "bench-r-1" / "grid.png")).ndim == 3
+    assert [p.name for p in tmp_path.iterdir() if ".accel" in p.name] == []  # claims released, no temporaries
+
+
+def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(tmp_path: Path, monkeypatch: Any) -> None:
+    from accel.files import claim
+
+    monkeypatch.chdir(tmp_path)
+    recipe = _write(tmp_path, '{ name = "cache", cache = { threshold = 0.4 } }')
+    with claim(tmp_path / "held.json"):  # as a concurrent bench aiming at the same copy
+        result = runner.invoke(app, ["bench", str(recipe), "--json", "held.json"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: held.json is being written by another accel run (pid {os.getpid()}); choose another name or wait for it"
+    assert not (tmp_path / "outputs").exists()  # refused before any measuring
