@@ -88,9 +88,11 @@ class ParallelSection:
 
     gpus: int = _key(
         0, "Processes (GPUs); 0 means ulysses × ring × cfg. With only gpus set, the degrees are chosen: "
-        "Ulysses as large as the head count allows, the rest Ring.", min=0
+        "Ulysses over all of them when it divides the head count or pads it by at most 25 %, else the largest "
+        "degree dividing both and the rest Ring.", min=0
     )
-    ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree.", min=1)
+    ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree; at most the head count, which it need not "
+                        "divide (heads are padded).", min=1)
     ring: int = _key(1, "Ring attention parallel degree.", min=1)
     cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
     timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.", min=1)

@@ -95,6 +95,15 @@ def tiny_pipeline(model: str) -> Any:
     return _pipelines[model]
 
 
+def tiny_wan_three_heads() -> Any:
+    """tiny-wan with a three-head transformer: a head count Ulysses 2 does not divide."""
+    from accel.models import wan
+
+    pipe = wan.build_tiny()
+    pipe.transformer = wan._tiny_transformer(2, text_dim=pipe.text_encoder.config.d_model, num_attention_heads=3)
+    return pipe
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]

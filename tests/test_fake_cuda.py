@@ -388,6 +388,22 @@ def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
     run_layout(name, cls, config, layout, layout.world - 1, overrides={})
 
 
+# Ulysses degrees that do not divide the heads (padded to a multiple in the all-to-all), as the first
+# and the last rank: FLUX.1's 24 heads over 16 ranks (32 slots), Wan 14B's 40 heads over 16 (48 slots).
+UNEVEN_HEADS = {
+    "flux-ulysses16": ("flux", FLUX_DEV, Layout(world=16, ulysses=16, grid=Grid(1, 64, 64, 512))),
+    "wan-ulysses16": ("wan", WAN_14B, Layout(world=16, ulysses=16, cache=True, grid=Grid(21, 30, 52, 512))),
+}
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("case", list(UNEVEN_HEADS))
+def test_heads_the_ulysses_degree_does_not_divide_on_fake_cuda(case: str, rank_of: str, tiny_configs: Any) -> None:
+    name, config, layout = UNEVEN_HEADS[case]
+    assert config["num_attention_heads"] % layout.ulysses
+    run_layout(name, tiny_configs[name][0], config, layout, 0 if rank_of == "first" else layout.world - 1, overrides={})
+
+
 def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:
     """With the capability known to be 9.0 the unmasked blocks run cuDNN (flash where it is unknown)."""
     import accel.parallel.kernels as kernels

@@ -61,6 +61,53 @@ def test_padding_known_on_the_host_equals_sdpa(rank_pools, ulysses: int, ring: i
     assert max(errors) <= TOLERANCE["float32"]
 
 
+# (ulysses, ring, heads): head counts the Ulysses degree does not divide, Ulysses alone and USP.
+UNEVEN_HEADS = [(2, 1, 3), (3, 1, 4), (4, 1, 5), (4, 1, 7), (2, 2, 3), (2, 2, 5)]
+
+
+@pytest.mark.parametrize("ulysses,ring,heads", UNEVEN_HEADS, ids=str)
+@pytest.mark.parametrize("tokens", [64, 301])
+def test_heads_the_ulysses_degree_does_not_divide(rank_pools, ulysses: int, ring: int, heads: int, tokens: int) -> None:
+    """Zero heads pad the all-to-all and are dropped after it; token counts that divide and do not."""
+    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 2, heads, tokens, tokens, 16, False)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("ulysses,ring,heads", UNEVEN_HEADS, ids=str)
+def test_uneven_heads_with_a_key_padding_mask(rank_pools, ulysses: int, ring: int, heads: int) -> None:
+    """Cross-attention, lengths no rank count divides, batch rows masking different keys: padded
+    heads meet masked and empty key blocks (and the ring's merge) without NaN."""
+    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 3, heads, 97, 41, 16, True, 3)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("ulysses,ring,heads,tokens", [(2, 2, 3, 5), (4, 1, 5, 7), (2, 1, 3, 301)], ids=str)
+def test_uneven_heads_with_padding_known_on_the_host(rank_pools, ulysses: int, ring: int, heads: int, tokens: int) -> None:
+    """Padded heads with cut and skipped (all-padding) key blocks: 5 tokens on 4 ranks leave one empty."""
+    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, heads, tokens, tokens, 16, False, 0, True)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("heads,world,real", [
+    (3, 2, [2, 1]),  # 4 slots: rank 1 holds head 2 and one zero head
+    (5, 4, [2, 1, 1, 1]),
+    (24, 16, [2] * 8 + [1] * 8),  # FLUX at Ulysses 16: 32 slots, no rank with padding only
+    (40, 16, [3] * 8 + [2] * 8),  # Wan 14B at Ulysses 16: 48 slots
+    (40, 32, [2] * 8 + [1] * 24),
+])
+def test_head_padding_spreads_the_real_heads(heads: int, world: int, real: list[int]) -> None:
+    from accel.parallel.attention import _pad_heads, _unpad_heads
+
+    x = torch.arange(1.0, heads + 1).view(1, heads, 1, 1)  # head i holds i + 1, padding holds 0
+    padded = _pad_heads(x, world)
+    slots = -(-heads // world)
+    assert padded.shape == (1, slots * world, 1, 1)
+    per_rank = padded.view(world, slots)
+    assert (per_rank != 0).sum(1).tolist() == real
+    assert padded[padded != 0].tolist() == x.flatten().tolist()  # the real heads keep their order
+    assert torch.equal(_unpad_heads(padded, heads, world), x)
+
+
 def test_mesh_groups(rank_pools) -> None:
     """(cfg, ring, ulysses) = (1, 2, 2): Ulysses pairs neighbours, Ring pairs across, sequence is all."""
     for fallback in (False, True):

@@ -181,3 +181,15 @@ def test_wan_per_token_timesteps_are_cut_with_the_video(rank_pools, parallel: tu
     """Wan 2.2 TI2V gives every video token its own timestep: those are cut like the tokens."""
     errors = rank_pools(parallel[0] * parallel[1]).run(cases.wan_per_token_timestep_error, *parallel)
     assert max(errors) <= TOLERANCE
+
+
+@pytest.mark.parametrize("mode", ["ulysses2", "usp2x2"])
+def test_heads_the_ulysses_degree_does_not_divide(rank_pools, mode: str) -> None:
+    """Three heads over Ulysses 2: the ranks pad to four head slots and still equal one process."""
+    builder, call = "parallel_cases:tiny_wan_three_heads", FAMILY_CASES["wan"].call
+    expected, _, _ = cases.tiny_run(builder, {}, call)
+    assert cases.tiny_pipeline(builder).transformer.config.num_attention_heads == 3
+    parallel = MODES[mode]
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, builder, {"parallel": parallel}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE

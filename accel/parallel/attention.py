@@ -10,6 +10,14 @@ side). A block of keys that is real up to a known point is cut there and runs th
 (flash) kernel; only the others pay for a mask. Nothing here reads tensor data on the host.
 For `usp_attention` shard p belongs to ring rank p // U, Ulysses rank p % U.
 
+Any head count splits over any Ulysses degree U: when U does not divide the H heads, the
+all-to-all carries ceil(H / U) head slots per rank and the spare slots hold zero heads (a zero
+query against zero keys and values gives zeros and a finite log-sum-exp, never NaN), dropped
+again on the way back. Real heads are spread so no rank holds two padding slots: with
+H = q·U + m, Ulysses ranks 0 … m-1 get q + 1 real heads and the others q real heads and one
+zero head (so with H >= U no rank computes padding alone). The padding is decided from shapes
+on the host; a head count U divides takes the unpadded path unchanged.
+
 The result equals plain softmax attention over the gathered sequence, for this rank's queries.
 """
 
@@ -52,7 +60,7 @@ def usp_attention(
     ulysses = group_size(ulysses_group) if ulysses_group is not None else 1
     ring = group_size(ring_group) if ring_group is not None else 1
     _check(q, k, v, ulysses, ring, key_valid, real_keys)
-    shard = k.shape[2]
+    shard, heads = k.shape[2], q.shape[1]
     if ulysses > 1:
         q, k, v = _sequence_to_heads(q, k, v, ulysses_group, ulysses)
     # Shard p = (ring rank p // U, Ulysses rank p % U): after the all-to-all a ring rank holds
@@ -70,7 +78,7 @@ def usp_attention(
     else:
         out, _ = _block(q, k, v, blocks[0], scale)
     if ulysses > 1:
-        out = _heads_to_sequence(out, ulysses_group, ulysses)
+        out = _heads_to_sequence(out, ulysses_group, ulysses, heads)
     return out
 
 
@@ -80,8 +88,6 @@ def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: 
         raise ValueError("context-parallel attention takes (batch, heads, tokens, head_dim) tensors")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
         raise ValueError(f"query {tuple(q.shape)}, key {tuple(k.shape)} and value {tuple(v.shape)} do not match in batch / heads")
-    if q.shape[1] % ulysses:
-        raise ValueError(f"{q.shape[1]} attention heads do not split over a Ulysses degree of {ulysses}")
     if key_valid is not None and (key_valid.dim() != 3 or key_valid.shape[0] != ulysses * ring or key_valid.shape[2] != k.shape[2]):
         raise ValueError(
             f"key_valid must be ({ulysses * ring}, batch or 1, {k.shape[2]}) for this group, got {tuple(key_valid.shape)}"
@@ -112,7 +118,7 @@ def leading_real(counts: Sequence[int | None], sizes: Sequence[int]) -> int | No
 
 
 def _sequence_to_heads(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(B, H, s, D) sequence shards -> (B, H/P, P*s, D) head shards; one all-to-all when q and k align."""
+    """(B, H, s, D) sequence shards -> (B, ceil(H/P), P*s, D) head shards; one all-to-all when q and k align."""
     if q.shape == k.shape:
         stacked = _to_heads(torch.stack([q, k, v]).flatten(0, 1), group, world)
         q, k, v = stacked.unflatten(0, (3, q.shape[0])).unbind(0)
@@ -121,18 +127,43 @@ def _sequence_to_heads(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int
     return _to_heads(q, group, world), kv[0], kv[1]
 
 
+def _pad_heads(x: Tensor, world: int) -> Tensor:
+    """(B, H, ...) -> (B, P*ceil(H/P), ...) with the real heads spread as the module docstring says:
+    the first m = H % P ranks' slots all real, then per rank q = H // P real heads and one zero head."""
+    heads = x.shape[1]
+    q, m = divmod(heads, world)
+    full = x[:, : m * (q + 1)]
+    rest = x[:, m * (q + 1) :].unflatten(1, (world - m, q))
+    rest = torch.cat([rest, rest.new_zeros(rest.shape[:2] + (1,) + rest.shape[3:])], dim=2).flatten(1, 2)
+    return torch.cat([full, rest], dim=1)
+
+
+def _unpad_heads(x: Tensor, heads: int, world: int) -> Tensor:
+    """The inverse of `_pad_heads`: (B, P*ceil(H/P), ...) -> the H real heads in order."""
+    q, m = divmod(heads, world)
+    full = x[:, : m * (q + 1)]
+    rest = x[:, m * (q + 1) :].unflatten(1, (world - m, q + 1))[:, :, :q].flatten(1, 2)
+    return torch.cat([full, rest], dim=1)
+
+
 def _to_heads(x: Tensor, group: Group, world: int) -> Tensor:
+    if x.shape[1] % world:
+        x = _pad_heads(x, world)
     batch, heads, tokens, dim = x.shape
     chunks = x.view(batch, world, heads // world, tokens, dim).transpose(0, 1)
     received = all_to_all(chunks, group)  # received[p]: head chunk of mine, tokens of rank p
     return received.permute(1, 2, 0, 3, 4).reshape(batch, heads // world, world * tokens, dim)
 
 
-def _heads_to_sequence(x: Tensor, group: Group, world: int) -> Tensor:
+def _heads_to_sequence(x: Tensor, group: Group, world: int, real_heads: int | None = None) -> Tensor:
+    """Head shards back to sequence shards; `real_heads` (when the heads were padded) drops the padding."""
     batch, heads, tokens, dim = x.shape
     chunks = x.view(batch, heads, world, tokens // world, dim).permute(2, 0, 1, 3, 4)
     received = all_to_all(chunks, group)  # received[p]: my tokens, head chunk p
-    return received.transpose(0, 1).reshape(batch, world * heads, tokens // world, dim)
+    out = received.transpose(0, 1).reshape(batch, world * heads, tokens // world, dim)
+    if real_heads is not None and real_heads != world * heads:
+        out = _unpad_heads(out, real_heads, world)
+    return out
 
 
 def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, blocks: list[_BlockKeys], scale: float | None) -> Tensor:

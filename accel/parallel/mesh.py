@@ -38,6 +38,11 @@ class Degrees:
         return " × ".join(parts) or "single process"
 
 
+# With only `gpus` given, full Ulysses over a head count it does not divide is chosen while at
+# most this share of the padded head slots are padding (see `chosen_ulysses`).
+MAX_HEAD_PADDING = 0.25
+
+
 def largest_ulysses(sequence_ranks: int, heads: int | None) -> int:
     """The largest Ulysses degree that divides both the sequence ranks and the head count."""
     if heads is None:
@@ -45,15 +50,39 @@ def largest_ulysses(sequence_ranks: int, heads: int | None) -> int:
     return max(d for d in range(1, sequence_ranks + 1) if sequence_ranks % d == 0 and heads % d == 0)
 
 
+def head_padding(heads: int, ulysses: int) -> float:
+    """The share of head slots that are zero padding when `heads` split over `ulysses` ranks."""
+    padded = -(-heads // ulysses) * ulysses
+    return (padded - heads) / padded
+
+
+def chosen_ulysses(sequence_ranks: int, heads: int | None) -> int:
+    """The Ulysses degree for `sequence_ranks` ranks (the rest is Ring), decided on the host:
+
+    - all of them when the head count is unknown or they divide it;
+    - all of them too when they do not divide it but there are at least as many heads as ranks and
+      the padding to a multiple, (padded - heads) / padded, is at most MAX_HEAD_PADDING (25 %):
+      24 heads on 16 ranks pad to 32 (25 %), 40 heads on 16 to 48 (17 %), 3 heads on 2 to 4 (25 %);
+    - otherwise the largest degree that divides both, Ring taking the rest: 40 heads on 32 ranks
+      (padding 64, 38 %) run Ulysses 8 × Ring 4, 4 heads on 6 ranks Ulysses 2 × Ring 3."""
+    if heads is None or heads % sequence_ranks == 0:
+        return sequence_ranks
+    if sequence_ranks <= heads and head_padding(heads, sequence_ranks) <= MAX_HEAD_PADDING:
+        return sequence_ranks
+    return largest_ulysses(sequence_ranks, heads)
+
+
 def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "the model") -> Degrees:
     """Degrees from a recipe's [parallel]: given ones are checked, and with only `gpus` they are chosen
-    (Ulysses as large as the heads allow, the rest Ring). `heads=None` skips the head check."""
+    (Ulysses by `chosen_ulysses`, the rest Ring). A given Ulysses degree need not divide the heads
+    (they are padded, see accel.parallel.attention) but may not exceed them: a rank would hold no
+    real head. `heads=None` skips the head check."""
     ulysses, ring, cfg, gpus = settings.ulysses, settings.ring, settings.cfg, settings.gpus
     if settings.chooses_degrees:
         if gpus % cfg:
             raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
         sequence = gpus // cfg
-        best = largest_ulysses(sequence, heads)
+        best = chosen_ulysses(sequence, heads)
         return Degrees(ulysses=best, ring=sequence // best, cfg=cfg)
     degrees = Degrees(ulysses=ulysses, ring=ring, cfg=cfg)
     if gpus and degrees.world_size != gpus:
@@ -66,11 +95,12 @@ def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "
 
 
 def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -> None:
-    if heads is None or heads % degrees.ulysses == 0:
+    """Refuses a Ulysses degree above the head count (some rank would compute padding only)."""
+    if heads is None or degrees.ulysses <= heads:
         return
-    best = largest_ulysses(degrees.sequence, heads)
+    best = chosen_ulysses(degrees.sequence, heads)
     raise UserError(
-        f"[parallel] ulysses = {degrees.ulysses} does not divide the {heads} attention heads of {model}; "
+        f"[parallel] ulysses = {degrees.ulysses} is more than the {heads} attention heads of {model}; "
         f"use ulysses = {best}, ring = {degrees.sequence // best} for {degrees.sequence} sequence-parallel ranks"
     )
 
