@@ -171,7 +171,7 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     return (got - expected).abs().max().item()
 
 
-def compiled_attention(ulysses: int, ring: int, keys: int) -> tuple[float, int | None]:
+def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tuple[float, int | None]:
     """(max-abs difference of `usp_attention` compiled with fullgraph=True from eager, graphs built by
     a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys)."""
     from accel.optimize.compile import compiled_graphs
@@ -179,7 +179,7 @@ def compiled_attention(ulysses: int, ring: int, keys: int) -> tuple[float, int |
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     layout = SequenceLayout(keys, ulysses * ring)
     generator = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 4, layout.shard, 16, generator=generator) for _ in range(3))
+    q, k, v = (torch.randn(2, heads, layout.shard, 16, generator=generator) for _ in range(3))
     key_valid = layout.valid()[:, None, :] if layout.pad else None
     groups = (mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
     eager = usp_attention(q, k, v, *groups, key_valid)

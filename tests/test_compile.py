@@ -50,11 +50,11 @@ def test_whole_transformer_scope_equals_eager(tiny_flux: Any, flux_reference: np
     assert np.abs(output - flux_reference).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("ulysses, ring, keys", [(2, 1, 16), (1, 2, 16), (2, 1, 15), (1, 2, 13)])
-def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int) -> None:
-    """fullgraph=True raises on any graph break: Ulysses' all-to-all, the ring's shift and the pad-key
-    mask all stay inside one graph, which a second call reuses."""
-    for error, graphs in rank_pools(2).run(cases.compiled_attention, ulysses, ring, keys):
+@pytest.mark.parametrize("ulysses, ring, keys, heads", [(2, 1, 16, 4), (1, 2, 16, 4), (2, 1, 15, 4), (1, 2, 13, 4), (2, 1, 15, 3)])
+def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int, heads: int) -> None:
+    """fullgraph=True raises on any graph break: Ulysses' all-to-all, the ring's shift, the pad-key
+    mask and the zero heads padding 3 heads to 4 all stay inside one graph, which a second call reuses."""
+    for error, graphs in rank_pools(2).run(cases.compiled_attention, ulysses, ring, keys, heads):
         assert error <= 1e-5
         assert graphs == 0
 

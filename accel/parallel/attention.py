@@ -131,7 +131,7 @@ def _pad_heads(x: Tensor, world: int) -> Tensor:
     """(B, H, ...) -> (B, P*ceil(H/P), ...) with the real heads spread as the module docstring says:
     the first m = H % P ranks' slots all real, then per rank q = H // P real heads and one zero head."""
     heads = x.shape[1]
-    q, m = divmod(heads, world)
+    q, m = heads // world, heads % world  # not divmod: dynamo does not trace it
     full = x[:, : m * (q + 1)]
     rest = x[:, m * (q + 1) :].unflatten(1, (world - m, q))
     rest = torch.cat([rest, rest.new_zeros(rest.shape[:2] + (1,) + rest.shape[3:])], dim=2).flatten(1, 2)
@@ -140,7 +140,7 @@ def _pad_heads(x: Tensor, world: int) -> Tensor:
 
 def _unpad_heads(x: Tensor, heads: int, world: int) -> Tensor:
     """The inverse of `_pad_heads`: (B, P*ceil(H/P), ...) -> the H real heads in order."""
-    q, m = divmod(heads, world)
+    q, m = heads // world, heads % world  # not divmod: dynamo does not trace it
     full = x[:, : m * (q + 1)]
     rest = x[:, m * (q + 1) :].unflatten(1, (world - m, q + 1))[:, :, :q].flatten(1, 2)
     return torch.cat([full, rest], dim=1)
