@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import os
 import re
 import statistics
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import numpy as np
 
 from accel.errors import RecipeError, UserError
 from accel.figures import Tile, shown_frames
+from accel.preflight import cpu_cores
 from accel.recipe import Recipe, Variant
 
 Progress = Callable[[str], AbstractContextManager[Any]]
@@ -218,7 +218,7 @@ def _skip_reason(variant: Recipe, ref: Any, world: int, device: Any) -> str | No
 def _default_world(needed: int, device_type: str) -> int:
     import torch
 
-    available = torch.cuda.device_count() if device_type == "cuda" else (os.cpu_count() or 1)
+    available = torch.cuda.device_count() if device_type == "cuda" else cpu_cores()
     return max(1, min(needed, available))
 
 

@@ -26,12 +26,13 @@ console = Console()
 errors = Console(stderr=True)
 
 
-def _fail(message: str, exit_code: int = 2) -> None:
+def _fail(message: str, exit_code: int = 2, lost: bool = False) -> None:
     """One line on stderr and a non-zero exit; a rank of a job `accel` launched hands the line to
-    the launcher instead, which prints it once for all ranks."""
+    the launcher instead, which prints it once for all ranks (`lost`: it only follows another
+    rank's failure)."""
     from accel.launch import rank, report_failure, world_size
 
-    if not report_failure(message, exit_code):
+    if not report_failure(message, exit_code, lost=lost):
         where = f"rank {rank()}: " if world_size() > 1 else ""
         errors.print("[bold red]error:[/]", end=" ")
         errors.print(where + message, markup=False, highlight=False, soft_wrap=True)
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     import signal
 
     from accel import watchdog
-    from accel.launch import exit_now, is_peer_loss, world_size
+    from accel.launch import exit_code, exit_now, is_peer_loss, world_size
 
     _quiet_library_noise()
     argv = sys.argv[1:] if argv is None else argv
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, obj={"argv": argv})
     except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        code = exit_code(exit)
     except Interrupted as interruption:
         errors.print("interrupted")
         code = 128 + interruption.signum
@@ -416,14 +417,9 @@ def main(argv: list[str] | None = None) -> None:
         if world_size() == 1:
             raise
         try:
-            from accel.launch import rank, report_failure
-
-            message = f"{type(error).__name__}: {error}"
-            if not report_failure(message, 1, lost=is_peer_loss(error)):
-                errors.print(f"[bold red]error:[/] rank {rank()}: ", end="")
-                errors.print(message, markup=False, highlight=False, soft_wrap=True)
-        finally:
-            code = 1
+            _fail(f"{type(error).__name__}: {error}", exit_code=1, lost=is_peer_loss(error))
+        except typer.Exit as exit:
+            code = exit.exit_code
     if code and on_rank:
         exit_now(code)  # a failed rank leaves at once: the launcher ends the job when it is gone
     sys.exit(code)

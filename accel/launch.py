@@ -38,7 +38,9 @@ from pathlib import Path
 from types import TracebackType
 
 from accel.errors import UserError
-from accel.watchdog import JOB_DIR_ENV, LAUNCHER_PID_ENV
+from accel.files import JOB_DIR_ENV, remove_listed_temps
+from accel.preflight import cpu_cores
+from accel.watchdog import LAUNCHER_PID_ENV
 
 POLL_S = 0.05
 STOP_GRACE_S = 2.0  # SIGTERM first; whatever still runs after this gets SIGKILL
@@ -109,7 +111,6 @@ class _Rank:
     rank: int
     process: subprocess.Popen[bytes]
     exit_code: int | None = None
-    exited_at: float | None = None
 
 
 @dataclass
@@ -131,7 +132,7 @@ class Supervisor:
             self._stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            _remove_temps(folder)
+            remove_listed_temps(folder)  # outputs the stopped ranks were writing: never half a file
             shutil.rmtree(folder, ignore_errors=True)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -139,7 +140,7 @@ class Supervisor:
 
     def _start(self, folder: Path) -> None:
         address, port = self.spec.rendezvous()
-        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // self.spec.nproc))
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // self.spec.nproc))
         shared = {JOB_DIR_ENV: str(folder), LAUNCHER_PID_ENV: str(os.getpid()), "OMP_NUM_THREADS": threads}
         for local in range(self.spec.nproc):
             env = {**os.environ, **shared, **self.spec.rank_environment(local, address, port)}
@@ -148,39 +149,40 @@ class Supervisor:
             self.ranks.append(_Rank(self.spec.node_rank * self.spec.nproc + local, process))
 
     def _watch(self, folder: Path) -> int:
-        next_beat_check = time.monotonic()
+        next_look = time.monotonic()
         while True:
             if self.signal_received is not None:
                 self._stop()
                 print("interrupted", file=sys.stderr)
                 return 128 + self.signal_received
             self._poll()
-            failed = [r for r in self.ranks if r.exit_code not in (None, 0)] or self._reported_but_running(folder)
+            failed = any(r.exit_code not in (None, 0) for r in self.ranks)
+            if not failed and all(r.exit_code == 0 for r in self.ranks):
+                return 0
+            if not failed and time.monotonic() >= next_look:  # the job folder is read twice a second, not every poll
+                next_look = time.monotonic() + 0.5
+                failed = self._reported_but_running(folder)
+                stalled = None if failed else stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
+                if stalled is not None:
+                    return self._fail(folder, stalled=stalled)
             if failed:
                 time.sleep(REPORT_GRACE_S)  # ranks failing together (a user error on every rank) report together
                 self._poll()
                 return self._fail(folder, stalled=None)
-            if all(r.exit_code == 0 for r in self.ranks):
-                return 0
-            if time.monotonic() >= next_beat_check:
-                next_beat_check = time.monotonic() + 0.5
-                stalled = stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
-                if stalled is not None:
-                    return self._fail(folder, stalled=stalled)
             time.sleep(POLL_S)
 
     def _poll(self) -> None:
         for rank in self.ranks:
             if rank.exit_code is None and (code := rank.process.poll()) is not None:
-                rank.exit_code, rank.exited_at = code, time.monotonic()
+                rank.exit_code = code
 
     def _running(self) -> set[int]:
         return {r.rank for r in self.ranks if r.exit_code is None}
 
-    def _reported_but_running(self, folder: Path) -> list[_Rank]:
+    def _reported_but_running(self, folder: Path) -> bool:
         """A rank that reported its failure exits right after; one that lingers is failed all the same."""
         reported = {report["rank"] for report in read_reports(folder)}
-        return [r for r in self.ranks if r.rank in reported and r.exit_code is None]
+        return any(r.rank in reported and r.exit_code is None for r in self.ranks)
 
     def _fail(self, folder: Path, stalled: str | None) -> int:
         self._poll()
@@ -212,15 +214,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _remove_temps(folder: Path) -> None:
-    """Outputs the ranks were writing when they were stopped: never leave half a file behind."""
-    try:
-        from accel.files import remove_listed_temps
-    except ImportError:
-        return
-    remove_listed_temps(folder)
 
 
 def read_reports(folder: Path) -> list[dict]:
@@ -313,8 +306,7 @@ def failure_report(reports: list[dict], exits: dict[int, int], beats: dict[int, 
             lines.extend(f"rank {r['rank']}: {r['message']}" for r in lost)
     if not lines:
         lines.append("the job failed without a report from any rank")
-    user_error = any(r.get("exit_code") == 2 for r in own)
-    return lines, 2 if user_error else 1
+    return lines, 2 if user_errors else 1
 
 
 def _exit_cause(code: int) -> str:
@@ -386,6 +378,11 @@ def is_peer_loss(error: BaseException) -> bool:
                                          "Socket Timeout", "timed out", "Timed out"))
 
 
+def exit_code(exit: SystemExit) -> int:
+    """The process exit code a SystemExit stands for (None is 0; a message is 1, as Python does)."""
+    return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+
+
 def exit_now(code: int) -> None:
     """Leave a failed rank at once: interpreter shutdown (process groups, threads, CUDA) can take
     seconds, and the launcher ends the job only when the rank is gone."""
@@ -417,7 +414,7 @@ def run_script(argv: list[str]) -> int:
     try:
         runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        code = exit_code(exit)
         if code:
             report_failure(f"{argv[0]} exited with code {code}", code)
         return code

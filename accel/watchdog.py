@@ -22,9 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from accel.files import process_alive
+from accel.files import JOB_DIR_ENV, discard_temps, process_alive
 
-JOB_DIR_ENV = "ACCEL_JOB_DIR"
 LAUNCHER_PID_ENV = "ACCEL_LAUNCHER_PID"
 INTERVAL_S = 0.25
 ORPHAN_EXIT_CODE = 1
@@ -117,8 +116,6 @@ def describe(frame: FrameType | None) -> tuple[bool, str]:
 def _orphaned(folder: Path) -> None:
     """The launcher is gone: leave nothing half-written behind, and go."""
     try:
-        from accel.files import discard_temps
-
         discard_temps()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

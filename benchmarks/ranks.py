@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from accel.launch import free_port  # noqa: F401 - the benchmarks import it from here
 
 
 def join_gloo(rank: int, world: int, port: int) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -17,13 +16,9 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from accel.launch import free_port  # noqa: F401 - also imported from here by tests
+
 COLLECTIVE_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _worker(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
