@@ -80,6 +80,7 @@ def tree(tmp_path: Path) -> Path:
         (["bench", RECIPE, "--out", "afile"], "--out afile already exists and is not an empty folder; bench never overwrites, choose another"),
         (["run", "tiny-flux", "--gpus", "2", "--master-port", "0"], "--master-port 0 is not a port number; use one from 1 to 65535 or leave --master-port out to pick one"),
         (["launch", "--master-port", "70000", "script.py"], "--master-port 70000 is not a port number; use one from 1 to 65535 or leave --master-port out to pick one"),
+        (["launch", "--timeout", "0", "script.py"], "--timeout must be > 0 seconds, got 0"),
     ],
 )
 def test_bad_paths_and_ports_are_refused_before_torch_loads(args: list[str], message: str, tree: Path) -> None:
