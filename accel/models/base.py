@@ -38,7 +38,9 @@ class SequenceSplit:
     pair). Tensors of one `stream` (video latents and their rotary embedding) share one layout; a
     tuple of streams means the tensor is those streams concatenated along `dim` (a joint attention
     mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
-    per-token timesteps are cut, its per-sample ones are not).
+    per-token timesteps are cut, its per-sample ones are not). With `element` set, only that item
+    of a returned (or passed) tuple is cut, so one tuple can hold several streams (Qwen-Image's
+    rotary module returns the image table and the text table together).
     """
 
     value: str
@@ -46,6 +48,7 @@ class SequenceSplit:
     dim: int = -2
     module: str = ""
     ndim: int | None = None
+    element: int | None = None
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -64,6 +67,9 @@ class ParallelPlan:
     replicated text, a text refiner. The output is gathered where `output_module` returns ("" is
     the transformer's own output). `batch_args` are the transformer arguments that carry the
     batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
+    `module_keys` gives modules (glob patterns) whose attention has other keys than
+    `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
+    tokens alone, `("transformer_blocks.*.attn2", ("image",))`.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -73,6 +79,27 @@ class ParallelPlan:
     output_module: str = ""
     local_attention: tuple[str, ...] = ()
     batch_args: tuple[str, ...] = ()
+    module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class FromDiffusers:
+    """A ParallelPlan derived, when applied, from the transformer class's own diffusers `_cp_plan`.
+
+    diffusers says which tensors are cut on which dim at which module and where the output is
+    gathered; it does not say which of them are one sequence. `streams` adds that: each cut's
+    stream, keyed by its argument name, or by "module[index]" for an item of a module's returned
+    tuple ("pos_embed[0]"). The other fields are the ParallelPlan's. `extra_splits` are cuts
+    diffusers' plan lacks. See accel/parallel/derive.py.
+    """
+
+    streams: tuple[tuple[str, str], ...]
+    attention_keys: tuple[str, ...]
+    output_stream: str
+    local_attention: tuple[str, ...] = ()
+    batch_args: tuple[str, ...] = ()
+    module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    extra_splits: tuple[SequenceSplit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,22 @@ class GenerationDefaults:
     width: int = 1024
     frames: int | None = None
     guidance_scale: float | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
+
+    `image` and `mask` are the call's keywords that `--image` and `--mask` fill (None: the pipeline
+    takes none); each one named is required. `tiny` builds the tiny variant where its transformer
+    needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
+    the family's tiny pipeline, converted with `from_pipe`.
+    """
+
+    pipeline_class: str
+    image: str | None = None
+    mask: str | None = None
+    tiny: Callable[[], DiffusionPipeline] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +161,7 @@ class Family:
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
-    parallel: ParallelPlan | None = None
+    parallel: ParallelPlan | FromDiffusers | None = None
     # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
     # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
     cfg: CfgStyle | None = None
@@ -126,6 +169,8 @@ class Family:
     cfg_needs_negative: bool = False
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
+    # The other pipelines of this transformer that accel runs, with the inputs their calls need.
+    variants: tuple[Variant, ...] = ()
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""
