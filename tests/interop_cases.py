@@ -123,7 +123,8 @@ class SdpaAttention(HandAttention):
 def toy_attention_runs() -> tuple[str, float]:
     """(the error HandAttention stops with under Ulysses 2, max-abs difference of SdpaAttention under
     Ulysses 2 from one process)."""
-    from accel.models.registry import FAMILIES
+    from toy_transformers import FLUX_HAND_PLAN
+
     from accel.parallel.mesh import Degrees, build_mesh
     from accel.parallel.plan import ContextParallel
 
@@ -133,7 +134,7 @@ def toy_attention_runs() -> tuple[str, float]:
     hand, sdpa = HandAttention(), SdpaAttention()
     expected = sdpa(*inputs)
     assert torch.allclose(hand(*inputs), expected, atol=1e-5)  # the same attention, computed two ways
-    engines = [ContextParallel(module, FAMILIES["flux"].parallel, mesh) for module in (hand, sdpa)]
+    engines = [ContextParallel(module, FLUX_HAND_PLAN, mesh) for module in (hand, sdpa)]
     try:
         return error_of(lambda: hand(*inputs)), (sdpa(*inputs) - expected).abs().max().item()
     finally:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from toy_transformers import FLUX_HAND_PLAN
 
 from accel.errors import NotAvailableError
-from accel.models.registry import FAMILIES
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.mode import AttentionRouter, key_mask
 from accel.parallel.plan import ContextParallel
@@ -71,7 +71,7 @@ def test_the_router_is_left_even_when_the_forward_fails() -> None:
 
     mesh = ParallelMesh(Degrees(), None, None, None, None, None, sequence_rank=0)  # one rank: no groups needed
     module = Broken()
-    engine = ContextParallel(module, FAMILIES["flux"].parallel, mesh)
+    engine = ContextParallel(module, FLUX_HAND_PLAN, mesh)
     with pytest.raises(RuntimeError, match="inside"):
         module(torch.zeros(1, 4, 2), torch.zeros(4, 3), torch.zeros(1, 2, 2), torch.zeros(2, 3))
     q = torch.randn(1, 1, 2, 4)

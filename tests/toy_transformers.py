@@ -5,7 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from accel.models.base import BlockList
+from accel.models.base import BlockList, ParallelPlan, SequenceSplit
+
+# FLUX.1's plan as accel wrote it by hand before deriving it from diffusers' _cp_plan: the reference
+# the derived plan is tested against, and a plan for toy modules that have no _cp_plan of their own.
+FLUX_HAND_PLAN = ParallelPlan(
+    splits=(
+        SequenceSplit("hidden_states", "image"),
+        SequenceSplit("img_ids", "image"),
+        SequenceSplit("encoder_hidden_states", "text"),
+        SequenceSplit("txt_ids", "text"),
+    ),
+    attention_keys=("text", "image"),
+    output_stream="image",
+)
 
 
 class _Counted(nn.Module):
@@ -129,3 +142,38 @@ def inputs(seed: int, batch: int = 2, image: int = 6, text: int = 3, dim: int = 
         torch.randn(batch, text, dim, generator=generator),
         torch.randn(batch, 1, dim, generator=generator),
     )
+
+
+def flux_plan_outputs(ring: int, ulysses: int) -> list[torch.Tensor]:
+    """tiny-flux's transformer output on this rank, at 15 image and 7 text tokens (no world size
+    here divides either), under FLUX_HAND_PLAN and under the plan derived from diffusers' _cp_plan,
+    and on one process: [hand, derived, single]."""
+    from accel.models.registry import FAMILIES
+    from accel.parallel.mesh import Degrees, build_mesh
+    from accel.parallel.plan import ContextParallel
+    from parallel_cases import tiny_pipeline
+
+    transformer = tiny_pipeline("tiny-flux").transformer
+    generator = torch.Generator().manual_seed(0)
+    config = transformer.config
+    call = dict(
+        hidden_states=torch.randn(1, 15, config.in_channels, generator=generator),
+        encoder_hidden_states=torch.randn(1, 7, config.joint_attention_dim, generator=generator),
+        pooled_projections=torch.randn(1, config.pooled_projection_dim, generator=generator),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(5.0), indexing="ij"), -1).reshape(15, 3),
+        txt_ids=torch.zeros(7, 3),
+        guidance=torch.tensor([3.5]),
+        return_dict=False,
+    )
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    outputs = []
+    with torch.no_grad():
+        for plan in (FLUX_HAND_PLAN, FAMILIES["flux"].parallel):
+            engine = ContextParallel(transformer, plan, mesh)
+            try:
+                outputs.append(transformer(**call)[0])
+            finally:
+                engine.remove()
+        outputs.append(transformer(**call)[0])
+    return outputs

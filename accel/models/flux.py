@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -109,15 +109,11 @@ FAMILY = Family(
     true_cfg=True,
     heads=24,
     tiny_heads=4,
-    # Text and image tokens are both cut: every attention is joint over (text, image), and the
-    # transformer builds its rotary embedding from the (cut) ids, so it matches the local tokens.
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("hidden_states", "image"),
-            SequenceSplit("img_ids", "image"),
-            SequenceSplit("encoder_hidden_states", "text"),
-            SequenceSplit("txt_ids", "text"),
-        ),
+    # diffusers' _cp_plan cuts text and image tokens and their ids at the forward and gathers at
+    # proj_out. Every attention is joint over (text, image), and the transformer builds its rotary
+    # embedding from the (cut) ids, so it matches the local tokens.
+    parallel=FromDiffusers(
+        streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
         attention_keys=("text", "image"),
         output_stream="image",
     ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -19,17 +19,19 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import Family, ParallelPlan, SequenceSplit
+from accel.models.base import Family, FromDiffusers, ParallelPlan, SequenceSplit
 from accel.parallel.attention import leading_real, usp_attention
 from accel.parallel.comm import all_gather
+from accel.parallel.derive import resolve_plan
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
 from accel.parallel.outputs import map_sample
 
 
-def plan_of(family: Family, where: str) -> ParallelPlan:
-    """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked)."""
+def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers:
+    """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked).
+    A `FromDiffusers` plan is derived when the engine meets the transformer."""
     if family.parallel is None:
         raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
     return family.parallel
@@ -51,14 +53,16 @@ class _Segment:
 class ContextParallel:
     """Context parallelism on one transformer instance; `remove()` restores it exactly."""
 
-    def __init__(self, transformer: torch.nn.Module, plan: ParallelPlan, mesh: ParallelMesh) -> None:
-        self.plan = plan
+    def __init__(self, transformer: torch.nn.Module, plan: ParallelPlan | FromDiffusers, mesh: ParallelMesh) -> None:
+        self.plan = plan = resolve_plan(plan, transformer)
         self.mesh = mesh
         self.world, self.rank = mesh.degrees.sequence, mesh.sequence_rank
         # State of the forward call in progress.
         self._layouts: dict[str, SequenceLayout] = {}
         self._active = False
         self._local_depth = 0
+        # Key streams of the attention calls in progress, innermost last (module_keys); empty: the plan's.
+        self._keys: list[tuple[str, ...]] = []
         # Blocks are often handed the same tensor (a joint mask): cut it once and gather its mask
         # once per forward, so every block gets the same shard object and no repeated exchange.
         self._cuts = _PerTensor()
@@ -87,6 +91,10 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(local attention)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_local()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_local(), always_call=True))
+        for pattern, keys in plan.module_keys:
+            for module in _matching(modules, pattern, transformer, "(attention keys)"):
+                self._hook(module.register_forward_pre_hook(lambda *_, keys=keys: self._keys.append(keys)))
+                self._hook(module.register_forward_hook(lambda *_: self._leave_keys(), always_call=True))
         # The innermost layer of the transformer's forward: CFG and a whole-transformer compile wrap it.
         self._undo.append(wrap(transformer, "forward", "accel.context_parallel", PARALLEL, self.forward))
 
@@ -145,6 +153,7 @@ class ContextParallel:
                 output = self._gather(output)
         finally:  # the per-call state starts empty for the next call, however this one ended
             self._active, self._layouts, self._local_depth = False, {}, 0
+            self._keys.clear()
             self._cuts.clear()
             self._gathered_masks.clear()
         return output
@@ -185,6 +194,12 @@ class ContextParallel:
                 arguments[split.value] = self._cut(split, arguments[split.value])
 
     def _cut(self, split: SequenceSplit, value: Any) -> Any:
+        if split.element is not None:  # one item of a tuple whose items are different streams
+            if not isinstance(value, (tuple, list)) or len(value) <= split.element:
+                raise PlanMismatch(f"context parallelism: {split.module or 'the transformer'}'s {split.value} has no item {split.element} to cut")
+            items = list(value)
+            items[split.element] = self._cut(replace(split, element=None), items[split.element])
+            return type(value)(items)
         if isinstance(value, (tuple, list)):
             return type(value)(self._cut(split, item) for item in value)
         if not isinstance(value, Tensor) or (split.ndim is not None and value.dim() != split.ndim):
@@ -213,6 +228,10 @@ class ContextParallel:
     def _leave_local(self) -> None:
         self._local_depth = max(0, self._local_depth - 1)
 
+    def _leave_keys(self) -> None:
+        if self._keys:
+            self._keys.pop()
+
     # -- attention -------------------------------------------------------------------------------
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
         self._routed = True
@@ -237,13 +256,14 @@ class ContextParallel:
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
 
     def _segments(self, keys: int) -> list[_Segment]:
-        segments = [self._segment(name) for name in self.plan.attention_keys]
+        streams = self._keys[-1] if self._keys else self.plan.attention_keys
+        segments = [self._segment(name) for name in streams]
         unknown = [segment for segment in segments if segment.layout is None]
         known = sum(segment.tokens for segment in segments)
         if len(unknown) > 1 or known > keys or (not unknown and known != keys):
             raise PlanMismatch(
                 f"context parallelism: an attention call has {keys} keys per rank, which the plan's "
-                f"{' + '.join(self.plan.attention_keys)} shards ({known} cut tokens) do not make up; "
+                f"{' + '.join(streams)} shards ({known} cut tokens) do not make up; "
                 "the family's parallel plan does not fit this transformer"
             )
         return [_Segment(s.stream, keys - known, None) if s.layout is None else s for s in segments]

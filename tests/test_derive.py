@@ -1,0 +1,77 @@
+"""Plans derived from diffusers' `_cp_plan`: the translation, its refusals, and FLUX.1's derived
+plan against the plan accel wrote by hand before (same cuts, same output on gloo ranks)."""
+
+from __future__ import annotations
+
+import diffusers
+import pytest
+import torch
+from toy_transformers import FLUX_HAND_PLAN, flux_plan_outputs
+
+from accel.models.base import FromDiffusers, SequenceSplit
+from accel.models.registry import FAMILIES
+from accel.parallel.derive import PlanDerivationError, derive_plan, resolve_plan
+
+
+def absolute(split: SequenceSplit, ndim: int) -> tuple[str, str, str, int]:
+    return split.module, split.value, str(split.stream), split.dim % ndim
+
+
+def test_flux_derived_plan_cuts_what_the_hand_written_plan_cut() -> None:
+    derived = resolve_plan(FAMILIES["flux"].parallel, diffusers.FluxTransformer2DModel.__new__(diffusers.FluxTransformer2DModel))
+    ranks = {"hidden_states": 3, "encoder_hidden_states": 3, "img_ids": 2, "txt_ids": 2}  # what FluxPipeline passes
+    assert sorted(absolute(s, ranks[s.value]) for s in derived.splits) == sorted(absolute(s, ranks[s.value]) for s in FLUX_HAND_PLAN.splits)
+    assert {s.value: s.ndim for s in derived.splits} == ranks
+    assert (derived.attention_keys, derived.output_stream) == (FLUX_HAND_PLAN.attention_keys, FLUX_HAND_PLAN.output_stream)
+    assert (derived.output_module, derived.output_dim) == ("proj_out", 1)  # diffusers gathers at proj_out
+
+
+@pytest.mark.parametrize("parallel", [(1, 2), (3, 1), (2, 2)], ids=["ulysses2", "ring3", "usp2x2"])
+def test_flux_derived_plan_gives_the_hand_written_plans_output(rank_pools, parallel: tuple[int, int]) -> None:
+    ulysses, ring = parallel
+    for hand, derived, single in rank_pools(ulysses * ring).run(flux_plan_outputs, ring, ulysses):
+        assert torch.equal(hand, derived)
+        assert (derived - single).abs().max().item() <= 1e-5
+
+
+def test_items_of_a_returned_tuple_get_their_own_streams() -> None:
+    """Qwen-Image's rotary module returns (image table, text table): each item is its own stream."""
+    spec = FromDiffusers(
+        streams=(("hidden_states", "image"), ("encoder_hidden_states", "text"), ("modulate_index", "image"),
+                 ("encoder_hidden_states_mask", "text"), ("pos_embed[0]", "image"), ("pos_embed[1]", "text")),
+        attention_keys=("text", "image"),
+        output_stream="image",
+    )
+    plan = derive_plan(diffusers.QwenImageTransformer2DModel._cp_plan, spec)
+    rotary = sorted((s.element, s.stream, s.dim) for s in plan.splits if s.module == "pos_embed")
+    assert rotary == [(0, "image", 0), (1, "text", 0)]
+    assert all(s.value == "output" for s in plan.splits if s.module == "pos_embed")
+    blocks = {s.value: (s.stream, s.dim, s.ndim) for s in plan.splits if s.module == "transformer_blocks.*"}
+    assert blocks == {"modulate_index": ("image", 1, 2), "encoder_hidden_states_mask": ("text", 1, 2)}
+    assert (plan.output_module, plan.output_dim) == ("proj_out", 1)
+
+
+def flux_spec(**streams: str) -> FromDiffusers:
+    names = {"hidden_states": "image", "img_ids": "image", "encoder_hidden_states": "text", "txt_ids": "text", **streams}
+    return FromDiffusers(streams=tuple((k, v) for k, v in names.items() if v), attention_keys=("text", "image"), output_stream="image")
+
+
+@pytest.mark.parametrize(
+    "spec, cp_plan, message",
+    [
+        (flux_spec(txt_ids=""), None, "_cp_plan cuts 'txt_ids', but the family does not say which stream it belongs to"),
+        (flux_spec(guidance="image"), None, "the family names a stream for 'guidance', which _cp_plan does not cut"),
+        (flux_spec(), {"": {}, "proj_out": diffusers.FluxTransformer2DModel._cp_plan["proj_out"], "norm_out": diffusers.FluxTransformer2DModel._cp_plan["proj_out"]},
+         "_cp_plan gathers at 2 places; accel gathers one output"),
+    ],
+    ids=["unnamed stream", "stream of nothing", "two outputs"],
+)
+def test_a_plan_the_family_does_not_fit_is_refused_with_one_line(spec: FromDiffusers, cp_plan, message: str) -> None:
+    with pytest.raises(PlanDerivationError) as error:
+        derive_plan(cp_plan or diffusers.FluxTransformer2DModel._cp_plan, spec)
+    assert str(error.value) == message
+
+
+def test_a_transformer_without_a_cp_plan_is_named() -> None:
+    with pytest.raises(PlanDerivationError, match="^SD3Transformer2DModel has no diffusers _cp_plan to derive the parallel plan from"):
+        resolve_plan(FAMILIES["flux"].parallel, diffusers.SD3Transformer2DModel.__new__(diffusers.SD3Transformer2DModel))
