@@ -280,7 +280,7 @@ def _run_variants(
 
     recipe = plan.recipe
     lead = rank == 0
-    pipelines = _Pipelines(recipe.model.name, device)
+    pipelines = _Pipelines(recipe.model.name, device, recipe.model.pipeline)
     pipe = pipelines.get(plan.baseline.recipe)
     family = family_of(pipe)
     ref = resolve_model(recipe.model.name)
@@ -307,7 +307,7 @@ def _run_variants(
                 variant = variant.with_overrides({"vae": {"parallel": False}})
             say(f"[{index}/{count}] {planned.name}: {layout}")
             pipe = pipelines.get(variant, say)
-            kwargs = generation_kwargs(family, ref.tiny, variant)
+            kwargs = generation_kwargs(family, ref.tiny, variant, pipe)
             measured = measure_recipe(
                 pipe, variant, kwargs, recipe.bench.warmup, recipe.bench.repeats, step_progress(pipe, progress),
                 f"[{index}/{count}] {planned.name}",
@@ -331,7 +331,7 @@ def _run_variants(
         world_size=plan.world_size,
         repeats=recipe.bench.repeats,
         warmup=recipe.bench.warmup,
-        settings=dict(generation_kwargs(family, ref.tiny, plan.baseline.recipe), seed=recipe.generate.seed),
+        settings=dict(generation_kwargs(family, ref.tiny, plan.baseline.recipe, pipe), seed=recipe.generate.seed),
         peak_memory_kind=peak_memory_kind(device),
         baseline=plan.baseline.name,
         variants=results,
@@ -444,8 +444,9 @@ class _Pipelines:
     """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization): a variant
     that needs another state gets a fresh load."""
 
-    def __init__(self, name: str, device: Any) -> None:
+    def __init__(self, name: str, device: Any, pipeline: str = "") -> None:
         self.name = name
+        self.pipeline = pipeline
         self.device = device
         self.pipe: Any = None
         self.model_dtype = ""
@@ -475,6 +476,6 @@ class _Pipelines:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.pipe = load_pipeline(self.name, dtype, self.device)
+        self.pipe = load_pipeline(self.name, dtype, self.device, self.pipeline or None)
         self.pipe.set_progress_bar_config(disable=True)
         self.model_dtype = dtype

@@ -57,6 +57,9 @@ def run(
     seed: Annotated[int | None, Opt("--seed")] = None,
     guidance: Annotated[float | None, Opt("--guidance", help="Guidance scale.")] = None,
     true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.")] = None,
+    image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).")] = None,
+    mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).")] = None,
+    pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
     cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="First Block Cache threshold (0 = off).")] = None,
@@ -82,11 +85,11 @@ def run(
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
-        "model": {"name": model, "dtype": dtype, "device": device},
+        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline},
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
-            "true_cfg_scale": true_cfg,
+            "true_cfg_scale": true_cfg, "image": image, "mask": mask,
         },
         "cache": {"threshold": cache},
         "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},

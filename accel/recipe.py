@@ -54,6 +54,9 @@ class ModelSection:
         "auto", "Weight dtype; auto uses the family's default."
     )
     device: Literal["auto", "cpu", "cuda"] = _key("auto", "Where to run; auto picks cuda when available.")
+    pipeline: str = _key(
+        "", "Pipeline class to run the model as (FluxKontextPipeline, QwenImageEditPipeline, …); empty: the model's own."
+    )
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class GenerateSection:
     frames: int | None = _key(None, "Number of frames (video families).", min=1)
     guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
     true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
+    image: str | None = _key(None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit).")
+    mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines.")
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
 
 

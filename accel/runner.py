@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import resource
 import statistics
 import threading
@@ -26,6 +27,7 @@ from accel.optimize.quantize import check_hardware
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
+from accel.models.variants import input_arguments, open_inputs, variant_of, variant_of_class
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -120,8 +122,9 @@ class Metrics:
         return data
 
 
-def generation_kwargs(family: Family, tiny: bool, recipe: Recipe) -> dict[str, Any]:
-    """The pipeline call's keyword arguments: recipe values over the family's (or tiny) defaults."""
+def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = None) -> dict[str, Any]:
+    """The pipeline call's keyword arguments: recipe values over the family's (or tiny) defaults, and
+    the input files the pipeline variant needs (`[model] pipeline`, else the loaded `pipe`'s class)."""
     defaults: GenerationDefaults = (family.tiny_defaults if tiny else None) or family.defaults
     settings = recipe.generate
 
@@ -149,15 +152,48 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe) -> dict[str, A
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
         raise UserError(f"[generate] frames: {family.title} makes images; remove frames")
+    if recipe.model.pipeline:
+        variant = variant_of(family, recipe.model.pipeline)
+    else:
+        variant = variant_of_class(family, type(pipe)) if pipe is not None else variant_of(family, family.pipeline_class)
+    kwargs.update(input_arguments(variant, settings.image, settings.mask))
+    if variant.area is not None:
+        kwargs[variant.area] = kwargs["height"] * kwargs["width"]
+    kwargs.update(variant.fixed)
+    _fit_to_call(kwargs, type(pipe) if pipe is not None and not recipe.model.pipeline else _pipeline_class(variant.pipeline_class), settings)
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs
 
 
+# The recipe key each call keyword comes from (frames: any family's frame keyword).
+_RECIPE_KEYS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "num_inference_steps": "steps", "height": "height",
+                "width": "width", "guidance_scale": "guidance_scale", "true_cfg_scale": "true_cfg_scale"}
+
+
+def _pipeline_class(name: str) -> type:
+    import diffusers
+
+    return getattr(diffusers, name)
+
+
+def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
+    """Drop the family defaults this pipeline's call does not take (FluxFillPipeline has no negative
+    prompt); a setting the user gave that it does not take is one line, not a TypeError mid-run."""
+    parameters = inspect.signature(pipeline.__call__).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return
+    for keyword in [keyword for keyword in kwargs if keyword not in parameters]:
+        key = _RECIPE_KEYS.get(keyword, "frames")
+        if getattr(settings, key, None) is not None:
+            raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it")
+        del kwargs[keyword]
+
+
 def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
     generator = torch.Generator("cpu").manual_seed(seed)
-    result = pipe(**kwargs, generator=generator, output_type="np")
+    result = pipe(**open_inputs(kwargs), generator=generator, output_type="np")
     frames = getattr(result, "frames", None)
     output = frames if frames is not None else result.images
     return np.asarray(output)[0]
@@ -271,11 +307,11 @@ def run(
         if lead:
             _check_out(out, overwrite, ref.family)  # again, now that it is ours: it may have appeared meanwhile
         start = time.perf_counter()
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device)
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None)
         load_s = time.perf_counter() - start
         family = family_of(pipe)
         pipe.set_progress_bar_config(disable=True)
-        kwargs = generation_kwargs(family, ref.tiny, recipe)
+        kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
         seed = recipe.generate.seed
 
         bar = step_progress(pipe, progress)

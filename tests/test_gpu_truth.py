@@ -99,10 +99,21 @@ def test_using_the_first_branch_before_the_second_is_refused() -> None:
         "[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
         "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1"
     )
-    for use in (lambda p: p.float() * 2, lambda p: p[:, :1], lambda p: torch.cat([p, p])):
+    for use in (lambda p: p.float() * 2, lambda p: p[:, :1] * 2, lambda p: torch.cat([p, p])):
         with pytest.raises(NotAvailableError) as error:
             use(pending)
         assert str(error.value) == message
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["shape known", "first step"])
+def test_indexing_a_placeholder_gives_one_filled_with_it(known: bool) -> None:
+    """Kontext keeps `out[:, :n]` of the first branch right after the call: a placeholder of the part."""
+    pending = Pending((2, 5, 3) if known else None, torch.float32, torch.device("cpu"))
+    part = pending[:, :2]
+    assert isinstance(part, Pending) and (part.shape == (2, 2, 3) if known else True)
+    value = torch.arange(30, dtype=torch.float32).view(2, 5, 3)
+    pending.fill(value)
+    torch.testing.assert_close(part * 1, value[:, :2])
 
 
 def test_rank_device_under_a_launcher(monkeypatch) -> None:

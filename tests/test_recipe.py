@@ -24,7 +24,7 @@ from accel.recipe import (
 )
 
 FULL: dict[str, Any] = {
-    "model": {"name": "flux", "dtype": "bfloat16", "device": "cuda"},
+    "model": {"name": "flux", "dtype": "bfloat16", "device": "cuda", "pipeline": "FluxKontextPipeline"},
     "generate": {
         "prompt": "a fox",
         "negative_prompt": "blurry",
@@ -34,6 +34,8 @@ FULL: dict[str, Any] = {
         "frames": 9,
         "guidance_scale": 3.5,
         "true_cfg_scale": 1.5,
+        "image": "in.png",
+        "mask": "mask.png",
         "seed": 7,
     },
     "cache": {"threshold": 0.12, "warmup_steps": 2, "max_consecutive_cached": 3},
@@ -239,7 +241,7 @@ ERRORS: list[tuple[Any, str]] = [
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, warmup_steps, max_consecutive_cached)"),
-    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device)"),
+    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline)"),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
     ({"cache": {"threshold": float("nan")}}, "[cache] threshold must be a number >= 0, got nan"),

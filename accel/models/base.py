@@ -120,7 +120,10 @@ class Variant:
     """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
 
     `image` and `mask` are the call's keywords that `--image` and `--mask` fill (None: the pipeline
-    takes none); each one named is required. `tiny` builds the tiny variant where its transformer
+    takes none); each one named is required. `area` is the keyword by which the pipeline rescales
+    the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
+    height x width there, so the size asked is the size made; `fixed` are keyword arguments every
+    call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer
     needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
     the family's tiny pipeline, converted with `from_pipe`.
     """
@@ -128,6 +131,8 @@ class Variant:
     pipeline_class: str
     image: str | None = None
     mask: str | None = None
+    area: str | None = None
+    fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
 
 

@@ -7,26 +7,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
 
 
-def build_tiny(seed: int = 0) -> "FluxPipeline":
+def build_tiny(seed: int = 0, pipeline: str = "FluxPipeline", conditions: int = 0) -> "FluxPipeline":
     """A tiny FLUX.1-dev look-alike: real classes, FLUX configs scaled down, random seeded weights.
 
     Two double and two single blocks with four heads keep the structure the cache and
     context-parallel code see on the real model; 64x64 images give 16 image tokens next to the
     text tokens (512 by default, as the pipeline pads T5 to `max_sequence_length`).
+    `conditions` extra packed input channels make the Fill (320: masked image and mask) and Control
+    (64: control image latents) transformers, run by the `pipeline` class named.
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        FluxPipeline,
-        FluxTransformer2DModel,
-    )
+    import diffusers
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
@@ -40,7 +38,8 @@ def build_tiny(seed: int = 0) -> "FluxPipeline":
         transformer = parts.finish(
             FluxTransformer2DModel(
                 patch_size=1,
-                in_channels=latent_channels * 4,  # latents are packed in 2x2 patches
+                in_channels=latent_channels * 4 + conditions,  # latents are packed in 2x2 patches
+                out_channels=latent_channels * 4,
                 num_layers=2,
                 num_single_layers=2,
                 attention_head_dim=16,
@@ -81,7 +80,7 @@ def build_tiny(seed: int = 0) -> "FluxPipeline":
         base_image_seq_len=256,
         max_image_seq_len=4096,
     )
-    return FluxPipeline(
+    return getattr(diffusers, pipeline)(
         scheduler=scheduler,
         vae=vae,
         text_encoder=text_encoder,
@@ -90,6 +89,16 @@ def build_tiny(seed: int = 0) -> "FluxPipeline":
         tokenizer_2=tokenizer_2,
         transformer=transformer,
     )
+
+
+def build_tiny_fill(seed: int = 0) -> "FluxPipeline":
+    """FLUX.1-Fill-dev's shape: the packed masked-image latents (64) and mask (8x8x4 = 256) join the input."""
+    return build_tiny(seed, "FluxFillPipeline", conditions=320)
+
+
+def build_tiny_control(seed: int = 0) -> "FluxPipeline":
+    """FLUX.1-Canny/Depth-dev's shape: the packed control-image latents (64) join the input."""
+    return build_tiny(seed, "FluxControlPipeline", conditions=64)
 
 
 FAMILY = Family(
@@ -124,4 +133,15 @@ FAMILY = Family(
     cfg_needs_negative=True,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
+    # Kontext and Kontext inpaint put the reference image's tokens after the generated ones in the
+    # image stream, so they are cut with it. The ControlNet pipelines need a ControlNet model, and
+    # the Control img2img / inpaint ones a second (control) image: build them in a script and apply.
+    variants=(
+        Variant("FluxImg2ImgPipeline", image="image"),
+        Variant("FluxInpaintPipeline", image="image", mask="mask_image"),
+        Variant("FluxKontextPipeline", image="image", area="max_area"),
+        Variant("FluxKontextInpaintPipeline", image="image", mask="mask_image", area="max_area", fixed=(("_auto_resize", False),)),
+        Variant("FluxFillPipeline", image="image", mask="mask_image", tiny=build_tiny_fill),
+        Variant("FluxControlPipeline", image="control_image", tiny=build_tiny_control),
+    ),
 )

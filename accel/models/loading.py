@@ -12,7 +12,8 @@ import torch
 from accel.errors import ModelError, UserError
 from accel.models.base import Family
 from accel.models.folder_check import check_folder, read_index, read_json
-from accel.models.registry import FAMILIES, family_of, lookup, unknown_model_message
+from accel.models.registry import family_of, family_of_classes, lookup, unknown_model_message
+from accel.models.variants import variant_of
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -83,22 +84,40 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def load_pipeline(
-    name_or_path: str, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    name_or_path: str,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    pipeline: str | None = None,
 ) -> Any:
-    """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands."""
+    """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
+    `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline)."""
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
     target = resolve_device(device)
     if ref.tiny:
         assert ref.family is not None and ref.family.tiny is not None
-        pipe = ref.family.tiny()  # built in float32
+        variant = variant_of(ref.family, pipeline) if pipeline else None
+        pipe = (variant.tiny if variant is not None and variant.tiny else ref.family.tiny)()  # built in float32
         if torch_dtype != torch.float32:
             pipe.to(torch_dtype)
     else:
         pipe = _from_pretrained(ref, torch_dtype)
-        family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
+    family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
+    if pipeline and type(pipe).__name__ != pipeline:
+        pipe = _as_pipeline(pipe, variant_of(family, pipeline).pipeline_class)
     pipe.to(target)
     return pipe
+
+
+def _as_pipeline(pipe: Any, pipeline_class: str) -> Any:
+    """The same components under another pipeline class; a component it lacks is one line."""
+    import diffusers
+
+    cls = getattr(diffusers, pipeline_class)
+    try:
+        return cls.from_pipe(pipe)
+    except ValueError as error:
+        raise ModelError(f"[model] pipeline: {pipeline_class} cannot run this model's components ({_first_line(error)})") from None
 
 
 def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
@@ -129,11 +148,12 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
 def _family_of_folder(folder: Path) -> Family | None:
     """The family a saved pipeline belongs to, from its model_index.json (a ModelError if it has none
     or it is not valid JSON)."""
-    entry = read_index(folder).get("transformer")
-    for family in FAMILIES.values():
-        if isinstance(entry, list) and entry[-1:] == [family.transformer_class]:
-            return family
-    return None
+    index = read_index(folder)
+    entry = index.get("transformer")
+    if not isinstance(entry, list) or not entry:
+        return None
+    pipeline = index.get("_class_name")
+    return family_of_classes(str(entry[-1]), pipeline if isinstance(pipeline, str) else None)
 
 
 def _looks_like_repo_id(name: str) -> bool:

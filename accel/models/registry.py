@@ -36,6 +36,24 @@ def lookup(name: str) -> tuple[Family, bool] | None:
     return None
 
 
+def _is_a(obj: Any, class_name: str) -> bool:
+    return obj is not None and any(cls.__name__ == class_name for cls in type(obj).__mro__)
+
+
+def _lists_pipeline(family: Family, pipeline: type) -> bool:
+    names = {family.pipeline_class, *(variant.pipeline_class for variant in family.variants)}
+    return any(cls.__name__ in names for cls in pipeline.__mro__)
+
+
+def family_of_classes(transformer_class: str, pipeline_class: str | None) -> Family | None:
+    """The family of a saved pipeline, from its class names alone (model_index.json)."""
+    matching = [family for family in FAMILIES.values() if family.transformer_class == transformer_class]
+    for family in matching:
+        if pipeline_class in (family.pipeline_class, *(variant.pipeline_class for variant in family.variants)):
+            return family
+    return matching[0] if matching else None
+
+
 def unknown_model_message(name: str) -> str:
     close = difflib.get_close_matches(name.lower(), known_names(), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -46,16 +64,14 @@ def unknown_model_message(name: str) -> str:
 
 
 def family_of(pipe: Any) -> Family:
-    """The family whose transformer this pipeline holds, recognised by class (subclasses too)."""
-    for family in FAMILIES.values():
-        for attr in family.transformer_attrs:
-            transformer = getattr(pipe, attr, None)
-            if transformer is not None and any(
-                cls.__name__ == family.transformer_class for cls in type(transformer).__mro__
-            ):
-                return family
+    """The family whose transformer this pipeline holds, recognised by class (subclasses too). Where
+    families share a transformer class (FLUX.2 dev and Klein), the one that lists the pipeline's class."""
+    matching = [family for family in FAMILIES.values() if any(
+        _is_a(getattr(pipe, attr, None), family.transformer_class) for attr in family.transformer_attrs)]
+    if matching:
+        return next((family for family in matching if _lists_pipeline(family, type(pipe))), matching[0])
     found = getattr(getattr(pipe, "transformer", None), "__class__", type(None)).__name__
-    supported = ", ".join(f.transformer_class for f in FAMILIES.values())
+    supported = ", ".join(dict.fromkeys(f.transformer_class for f in FAMILIES.values()))
     raise ModelError(
         f"accel does not support {type(pipe).__name__} (transformer {found}); "
         f"supported transformers: {supported}"

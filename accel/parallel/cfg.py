@@ -141,19 +141,25 @@ class Pending(Tensor):
     """The other half's output of a CFG branch, before it has arrived: on the right device, in the
     right dtype and (after the first step) the right shape, so filling it later needs no rebinding.
 
-    A pipeline that computes with the first branch's output before calling the second would get
-    a wrong image from any placeholder; this one refuses such a use with one line instead."""
+    Indexing it (Kontext and Qwen-Image-Edit keep only the generated tokens, `out[:, :n]`, right
+    after the call) gives another placeholder, filled from this one when it arrives. A pipeline
+    that computes with the first branch's output before calling the second would get a wrong image
+    from any placeholder; this one refuses such a use with one line instead."""
 
     _ready: bool
+    _derived: list[tuple[Pending, Callable[[Tensor], Tensor]]]
 
     def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device) -> Pending:
         pending = Tensor._make_subclass(cls, torch.empty(shape or (0,), dtype=dtype, device=device))
         pending._ready = False
+        pending._derived = []
         return pending
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is Tensor.__getitem__ and _waiting(args[0]) and not _waiting(args[1:]):
+            return args[0]._index(args[1])
         if getattr(func, "__name__", "") != "__get__" and any(_waiting(value) for value in (*args, *kwargs.values())):
             raise NotAvailableError(
                 "[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
@@ -162,12 +168,24 @@ class Pending(Tensor):
         with _plain_tensors():
             return func(*args, **kwargs)
 
+    def _index(self, index: Any) -> Pending:
+        """The placeholder of `self[index]`, in its shape where this one's is known."""
+        with _plain_tensors():
+            shape = tuple(torch.empty(self.shape, device="meta")[index].shape) if self.numel() else None
+        derived = Pending(shape, self.dtype, self.device)
+        self._derived.append((derived, lambda value: value[index]))
+        return derived
+
     def fill(self, value: Tensor) -> None:
         with torch.no_grad(), _plain_tensors():
             if self.shape != value.shape:
                 self.resize_(value.shape)
             self.copy_(value)
         self._ready = True
+        for derived, take in self._derived:
+            with _plain_tensors():
+                part = take(value)
+            derived.fill(part)
 
 
 def _waiting(value: Any) -> bool:

@@ -1,0 +1,79 @@
+"""Pipeline variants on every rank: a family's tiny pipeline run as another pipeline class of its
+transformer (img2img, inpaint, Kontext, fill, control, edit), with deterministic input pictures."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from accel.models.registry import FAMILIES
+from accel.models.variants import variant_of
+
+_pipelines: dict[tuple[str, str], Any] = {}
+
+
+def picture(size: tuple[int, int] = (64, 64)) -> Image.Image:
+    """An RGB gradient, the input image of every variant test (width, height)."""
+    width, height = size
+    x, y = np.meshgrid(np.linspace(0, 255, width), np.linspace(0, 255, height))
+    return Image.fromarray(np.stack([x, y, 255 - (x + y) / 2], -1).astype(np.uint8))
+
+
+def mask(size: tuple[int, int] = (64, 64)) -> Image.Image:
+    """White (repaint) on the right half, black (keep) on the left."""
+    width, height = size
+    return Image.fromarray(((np.arange(width)[None, :] >= width // 2) * np.ones((height, 1)) * 255).astype(np.uint8))
+
+
+def variant_pipeline(family: str, pipeline_class: str) -> Any:
+    """The family's tiny pipeline as `pipeline_class`, built once per process."""
+    import accel
+
+    key = (family, pipeline_class)
+    if key not in _pipelines:
+        pipe = accel.load_pipeline(f"tiny-{family}", pipeline=pipeline_class)
+        pipe.set_progress_bar_config(disable=True)
+        _pipelines[key] = pipe
+    return _pipelines[key]
+
+
+def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict[str, Any]:
+    """`call` plus the variant's input pictures at the call's size, under the variant's keywords."""
+    variant = variant_of(FAMILIES[family], pipeline_class)
+    size = (call.get("width", 64), call.get("height", 64))
+    inputs = {variant.image: picture(size), variant.mask: mask(size)}
+    arguments = {keyword: value for keyword, value in inputs.items() if keyword is not None}
+    if variant.area is not None:
+        arguments[variant.area] = size[0] * size[1]
+    taken = call_parameters(pipeline_class)
+    if "_auto_resize" in taken:
+        arguments["_auto_resize"] = False  # Kontext: keep the reference at the call's size, not ~1 megapixel
+    common = {key: value for key, value in call.items() if key in taken}  # Fill has no negative prompt
+    return {**common, **arguments, **dict(variant.fixed)}
+
+
+def call_parameters(pipeline_class: str) -> set[str]:
+    import diffusers
+
+    return set(inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters)
+
+
+def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any]) -> tuple[np.ndarray, int, int]:
+    """(output, calls the cache skipped, bytes this rank sent) of the variant under `recipe`."""
+    import accel
+    from accel.parallel.comm import TRAFFIC
+
+    pipe = variant_pipeline(family, pipeline_class)
+    handle = accel.apply(pipe, recipe)
+    TRAFFIC.reset()
+    try:
+        result = pipe(**variant_call(family, pipeline_class, call), generator=torch.Generator().manual_seed(0), output_type="np")
+        stats = handle.cache_stats
+    finally:
+        handle.remove()
+    skipped = sum(record.cached for record in stats.records) if stats is not None else 0
+    return np.asarray(result.images), skipped, TRAFFIC.total_bytes
