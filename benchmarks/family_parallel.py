@@ -7,8 +7,9 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
    at the tiny size and at a longer sequence. The VAE is skipped (latent output).
 2. With --device cuda: per-rank transformer forward time with the "fake" process group (one
    process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
-   real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024 and Wan 2.1 14B at
-   1280x720, 33 frames. On the CPU, --smoke runs the same code on scaled-down configs.
+   real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024, Wan 2.1 14B at
+   1280x720, 33 frames, FLUX.2-dev at 1024x1024 and Qwen-Image at 1328x1328. On the CPU, --smoke
+   runs the same code on scaled-down configs.
 
     python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
 """
@@ -133,8 +134,19 @@ REAL = {
     "wan": dict(cls="WanTransformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6), latents=(9, 90, 160)),
+    # FLUX.2-dev at 1024x1024: 64x64 packed tokens of 128 channels, 512 Mistral tokens (3 layers stacked: 15360 wide).
+    "flux2": dict(cls="Flux2Transformer2DModel", config=dict(), tokens=(64, 64), text=512),
+    # Qwen-Image at 1328x1328: 83x83 packed tokens of 64 channels, a 256-token prompt.
+    "qwenimage": dict(cls="QwenImageTransformer2DModel", config=dict(), tokens=(83, 83), text=256),
 }
 SMOKE = {"num_layers": 1, "num_single_layers": 1}  # CPU (--smoke): same attention shapes, far fewer layers
+
+
+def _grid_ids(axes: int, *sizes: int) -> torch.Tensor:
+    """Position ids of a token grid, one row per token: zeros then the grid coordinates (FLUX style)."""
+    grids = torch.meshgrid(*(torch.arange(float(n)) for n in sizes), indexing="ij")
+    ids = torch.stack([torch.zeros_like(grids[0])] * (axes - len(sizes)) + list(grids), -1)
+    return ids.reshape(-1, axes)
 
 
 def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, device: str) -> dict[str, Any]:
@@ -146,6 +158,19 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
                     timestep=torch.ones(1, device=device, dtype=dtype), guidance=torch.full((1,), 3.5, device=device, dtype=dtype),
                     img_ids=ids.reshape(-1, 3).to(device, dtype), txt_ids=torch.zeros(512, 3, device=device, dtype=dtype),
                     return_dict=False)
+    if family == "flux2":
+        h, w = (n // scale for n in spec["tokens"])
+        text = spec["text"]
+        return dict(hidden_states=make(1, h * w, 128), encoder_hidden_states=make(1, text, 15360),
+                    timestep=torch.ones(1, device=device, dtype=dtype), guidance=torch.full((1,), 4.0, device=device, dtype=dtype),
+                    img_ids=_grid_ids(4, 1, h, w)[None].to(device, dtype), txt_ids=_grid_ids(4, text)[None].to(device, dtype),
+                    return_dict=False)
+    if family == "qwenimage":
+        h, w = (n // scale for n in spec["tokens"])
+        text = spec["text"]
+        return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, text, 3584),
+                    encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool, device=device),
+                    timestep=torch.ones(1, device=device, dtype=dtype), img_shapes=[[(1, h, w)]], return_dict=False)
     f, h, w = spec["latents"]
     return dict(hidden_states=make(1, 16, f, h // scale, w // scale), encoder_hidden_states=make(1, 512, 4096),
                 timestep=torch.ones(1, device=device), return_dict=False)
@@ -221,7 +246,7 @@ def main() -> None:
     if not args.skip_cpu_ranks:
         family_section(args.families.split(","), args.steps, args.repeats)
     if args.device == "cuda" or args.smoke:
-        fake_section([f for f in ("flux", "wan") if f in args.families.split(",")], args.device, args.repeats)
+        fake_section([f for f in REAL if f in args.families.split(",")], args.device, args.repeats)
 
 
 if __name__ == "__main__":
