@@ -75,3 +75,12 @@ def test_a_plan_the_family_does_not_fit_is_refused_with_one_line(spec: FromDiffu
 def test_a_transformer_without_a_cp_plan_is_named() -> None:
     with pytest.raises(PlanDerivationError, match="^SD3Transformer2DModel has no diffusers _cp_plan to derive the parallel plan from"):
         resolve_plan(FAMILIES["flux"].parallel, diffusers.SD3Transformer2DModel.__new__(diffusers.SD3Transformer2DModel))
+
+
+@pytest.mark.parametrize("parallel", [(2, 1), (1, 3), (2, 2)], ids=["ulysses2", "ring3", "usp2x2"])
+def test_tuple_items_and_per_module_keys_equal_one_process(rank_pools, parallel: tuple[int, int]) -> None:
+    """A toy with SD 3.5 medium's image-only second attention (module_keys) and Qwen-Image's
+    (image table, text table) rotary tuple (element): 7 image and 5 text tokens, which no world divides."""
+    from toy_transformers import dual_attention_error
+
+    assert max(rank_pools(parallel[0] * parallel[1]).run(dual_attention_error, *parallel)) <= 1e-5

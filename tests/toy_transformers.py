@@ -177,3 +177,80 @@ def flux_plan_outputs(ring: int, ulysses: int) -> list[torch.Tensor]:
                 engine.remove()
         outputs.append(transformer(**call)[0])
     return outputs
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, -1)).permute(2, 0, 3, 1, 4)  # 2 heads
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+
+
+class DualAttentionBlock(nn.Module):
+    """SD 3.5 medium's shape: joint attention over (text, image), then attention over the image alone."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attn = _SelfAttention(dim)
+        self.attn2 = _SelfAttention(dim)
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        image_table, text_table = tables  # position data per token, as a rotary table is
+        joint = self.attn(torch.cat([encoder_hidden_states + text_table, hidden_states + image_table], 1))
+        text, image = joint.split([encoder_hidden_states.shape[1], hidden_states.shape[1]], 1)
+        return encoder_hidden_states + text, hidden_states + image + self.attn2(hidden_states + image)
+
+
+class DualAttentionModel(nn.Module):
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([DualAttentionBlock(dim) for _ in range(2)])
+        # Returns (image table, text table), as Qwen-Image's rotary module does: a per-item split.
+        self.tables = _Tables()
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        tables = self.tables(hidden_states.shape[1], encoder_hidden_states.shape[1])
+        for block in self.blocks:
+            encoder_hidden_states, hidden_states = block(hidden_states, encoder_hidden_states, tables)
+        return hidden_states
+
+
+class _Tables(nn.Module):
+    def forward(self, image: int, text: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(image, dtype=torch.float32)[:, None] / image, -torch.arange(text, dtype=torch.float32)[:, None] / text
+
+
+DUAL_ATTENTION_PLAN = ParallelPlan(
+    splits=(
+        SequenceSplit("output", "image", dim=0, module="tables", element=0),
+        SequenceSplit("output", "text", dim=0, module="tables", element=1),
+        SequenceSplit("hidden_states", "image", dim=1, module="blocks.0"),
+        SequenceSplit("encoder_hidden_states", "text", dim=1, module="blocks.0"),
+    ),
+    attention_keys=("text", "image"),
+    output_stream="image",
+    output_dim=1,
+    module_keys=(("blocks.*.attn2", ("image",)),),
+)
+
+
+def dual_attention_error(ulysses: int, ring: int, image: int = 7, text: int = 5) -> float:
+    """Max-abs difference of DualAttentionModel under DUAL_ATTENTION_PLAN from one process, this rank."""
+    from accel.parallel.mesh import Degrees, build_mesh
+    from accel.parallel.plan import ContextParallel
+
+    torch.manual_seed(0)
+    model = DualAttentionModel()
+    inputs = (torch.randn(1, image, 8), torch.randn(1, text, 8))
+    with torch.no_grad():
+        expected = model(*inputs)
+        engine = ContextParallel(model, DUAL_ATTENTION_PLAN, build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu"))
+        try:
+            got = model(*inputs)
+        finally:
+            engine.remove()
+    return (got - expected).abs().max().item()
