@@ -144,10 +144,11 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     negative = pick("negative_prompt", defaults.negative_prompt)
     if negative is not None:
         kwargs["negative_prompt"] = negative
-    if settings.true_cfg_scale is not None:
-        if not family.true_cfg:
-            raise UserError(f"[generate] true_cfg_scale: {family.title} pipelines have no true CFG scale")
-        kwargs["true_cfg_scale"] = settings.true_cfg_scale
+    if settings.true_cfg_scale is not None and not family.true_cfg:
+        raise UserError(f"[generate] true_cfg_scale: {family.title} pipelines have no true CFG scale")
+    true_cfg = pick("true_cfg_scale", defaults.true_cfg_scale)
+    if true_cfg is not None:
+        kwargs["true_cfg_scale"] = true_cfg
     if family.frames_arg is not None:
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:

@@ -271,6 +271,29 @@ def ltx_inputs(drift: float) -> Inputs:
     )
 
 
+# -- qwenimage: 2 double-stream blocks, 4x4 packed image tokens next to TEXT_TOKENS -----------------
+def build_qwenimage() -> nn.Module:
+    from diffusers import QwenImageTransformer2DModel
+
+    return _seeded(
+        16,
+        lambda: QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                            attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
+                                            joint_attention_dim=TEXT_DIM, axes_dims_rope=(4, 6, 6)),
+    )
+
+
+def qwenimage_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 16, 16), drift),
+        encoder_hidden_states=_text(),
+        encoder_hidden_states_mask=_text_mask(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_shapes=[[(1, 4, 4)]],
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -278,6 +301,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "cogvideox": (build_cogvideox, cogvideox_inputs),
     "mochi": (build_mochi, mochi_inputs),
     "ltx": (build_ltx, ltx_inputs),
+    "qwenimage": (build_qwenimage, qwenimage_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -59,6 +59,11 @@ FAMILY_CASES = {
         odd=dict(height=128, width=160, num_frames=9),  # 2 latent frames x 4x5 = 40 video tokens
         threshold=0.1,
     ),
+    "qwenimage": FamilyCase(
+        dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),
+        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens; 4 and 2 prompt tokens, unpadded
+        threshold=0.5,
+    ),
 }
 
 MODES = {

@@ -37,6 +37,7 @@ NEEDS_MORE = {
     "VisualClozeGenerationPipeline": "in-context example images and a resolution",
     "QwenImageControlNetPipeline": "a ControlNet model",
     "QwenImageControlNetInpaintPipeline": "a ControlNet model",
+    "QwenImageLayeredPipeline": "Qwen-Image-Layered's own transformer (layer-aware rotary) and returns a stack of layers",
     "ZImageControlNetPipeline": "a ControlNet model",
     "ZImageControlNetInpaintPipeline": "a ControlNet model",
     "ZImageOmniPipeline": "a SigLIP image encoder",
@@ -82,8 +83,16 @@ MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring"
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
 
+# Qwen-Image's edit pipelines encode the input picture at one megapixel whatever the output size
+# (4096 reference tokens, seconds per call on a CPU rank): one mode each, a different one per variant.
+ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPlusPipeline": "ring3, odd size",
+            "QwenImageEditInpaintPipeline": "ulysses2"}
+
+
 def modes_of(family: str, pipeline_class: str) -> list[str]:
     """CFG parallelism where the variant runs real CFG (FluxFillPipeline has no true CFG), else the cache on Ulysses."""
+    if pipeline_class in ONE_MODE:
+        return [ONE_MODE[pipeline_class]]
     real_cfg = FAMILIES[family].cfg_scale in cases.call_parameters(pipeline_class)
     return [mode for mode in MODES if mode != ("ulysses2 + cache" if real_cfg else "cfg2 x ulysses2 + cache")]
 

@@ -11,7 +11,7 @@ import re
 import string
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from tokenizers import pre_tokenizers
@@ -24,6 +24,8 @@ from transformers import (
     LlamaConfig,
     LlamaModel,
     LlamaTokenizerFast,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
     T5Config,
     T5EncoderModel,
     T5TokenizerFast,
@@ -31,10 +33,11 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-try:  # transformers 5: the PIL backend by name, so preprocessing does not hinge on torchvision
+try:  # transformers 5: the PIL backends by name, so preprocessing does not hinge on torchvision
     from transformers import CLIPImageProcessorPil as CLIPImageProcessor
-except ImportError:  # transformers 4: CLIPImageProcessor is the PIL/NumPy one
-    from transformers import CLIPImageProcessor
+    from transformers import Qwen2VLImageProcessorPil as Qwen2VLImageProcessor
+except ImportError:  # transformers 4: these are the PIL/NumPy ones
+    from transformers import CLIPImageProcessor, Qwen2VLImageProcessor
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
@@ -42,6 +45,7 @@ ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 CLIP_HIDDEN = 32
 T5_HIDDEN = 32
 LLAMA_HIDDEN = 32
+QWEN_HIDDEN = 32
 
 # CLIP-L's window. The merge-free tokenizer spends one token per character, so a shorter
 # window would truncate (and warn about) ordinary prompts; FLUX uses only the pooled vector.
@@ -54,6 +58,18 @@ CLIP_PATCH_SIZE = 8
 T5_MAX_LENGTH = 512
 # Room for a prompt template's prefix plus the pipelines' 256 prompt tokens.
 LLAMA_MAX_LENGTH = 1024
+
+# Qwen2's chat and vision special tokens (chat templates and Qwen2-VL processors use them).
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+_QWEN_SPECIAL = re.compile("|".join(re.escape(token) for token in QWEN_SPECIAL_TOKENS))
 
 # Llama 3's special tokens that chat-style prompt templates use; "<pad>" pads to the right.
 LLAMA_SPECIAL_TOKENS = (
@@ -247,3 +263,87 @@ def llama_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HI
     )
     with seeded(seed):
         return finish(LlamaModel(config))
+
+
+def qwen2_tokenizer(template: str = "") -> Qwen2Tokenizer:
+    """Qwen2-style byte-level BPE whose merges build exactly the words of `template`, one token each.
+
+    Any other text goes one token per byte, so any text encodes. The prefix of a pipeline's prompt
+    template then spends as many tokens as with the real tokenizer (Qwen-Image's 34), so the
+    pipeline's fixed start index crops it off exactly. Vision tokens are there for Qwen2-VL processors.
+    """
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges: list[tuple[str, str]] = []
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    for segment in _QWEN_SPECIAL.split(template):
+        for piece, _ in split.pre_tokenize_str(segment):
+            for end in range(2, len(piece) + 1):
+                if piece[:end] not in vocab:
+                    merges.append((piece[: end - 1], piece[end - 1]))
+                    vocab[piece[:end]] = len(vocab)
+    for token in QWEN_SPECIAL_TOKENS:
+        vocab[token] = len(vocab)
+    return Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=list(QWEN_SPECIAL_TOKENS[1:]),
+    )
+
+
+def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN) -> Qwen2_5_VLForConditionalGeneration:
+    """Two-layer Qwen2.5-VL with a one-block vision tower: the stand-in for Qwen-Image's 7B text encoder.
+
+    The vision tower matters for the edit pipelines, which show the encoder the input picture."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]},
+            bos_token_id=ids("<|endoftext|>"),
+            eos_token_id=ids("<|im_end|>"),
+            pad_token_id=ids("<|endoftext|>"),
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
+    )
+    with seeded(seed):
+        return finish(Qwen2_5_VLForConditionalGeneration(config))
+
+
+def qwen2_vl_image_processor(max_pixels: int = 56 * 56) -> Qwen2VLImageProcessor:
+    """Qwen2-VL's preprocessing, capped at `max_pixels` (4 patches of 28x28 after merging by default),
+    so the tiny vision tower sees the edit pipelines' input picture in a handful of tokens."""
+    return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels)
+
+
+def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
+    """A Qwen2-VL processor (picture and text to tokens) without a video processor, which
+    transformers can only look up where torchvision is installed; the edit pipelines pass no video."""
+    from transformers import Qwen2VLProcessor
+
+    class PictureOnlyProcessor(Qwen2VLProcessor):
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return PictureOnlyProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)

@@ -113,6 +113,7 @@ class GenerationDefaults:
     width: int = 1024
     frames: int | None = None
     guidance_scale: float | None = None
+    true_cfg_scale: float | None = None
 
 
 @dataclass(frozen=True)

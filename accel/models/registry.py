@@ -6,11 +6,11 @@ import difflib
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models import cogvideox, flux, hunyuan, ltx, mochi, wan
+from accel.models import cogvideox, flux, hunyuan, ltx, mochi, qwenimage, wan
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
-    module.FAMILY.name: module.FAMILY for module in (flux, hunyuan, wan, cogvideox, mochi, ltx)
+    module.FAMILY.name: module.FAMILY for module in (flux, hunyuan, wan, cogvideox, mochi, ltx, qwenimage)
 }
 
 # Aliases users type for families whose registry name is terse.
