@@ -127,6 +127,10 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["caption_channels"]),
                     timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
+    if name == "flux2-klein":  # 4-axis ids (t, h, w, l) with a batch dim
+        img_ids = torch.zeros(batch, h * w, 4, device="cuda", dtype=DTYPE)
+        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+                    timestep=t / 1000, img_ids=img_ids, txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE), return_dict=False)
     if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     timestep=t / 1000, img_shapes=[[(1, h, w)]] * batch, return_dict=False)
@@ -144,6 +148,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "mochi": (batch, out, f, h, w),
         "ltx": (batch, grid.tokens, out),
         "qwenimage": (batch, grid.rows * grid.cols, config["patch_size"] ** 2 * out),
+        "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
     }[name]
 
 

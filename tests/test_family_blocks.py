@@ -294,6 +294,31 @@ def qwenimage_inputs(drift: float) -> Inputs:
     )
 
 
+# -- flux2-klein: 2 double and 2 single blocks, 4x4 image tokens with 4-axis ids ------------------------
+def build_flux2() -> nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return _seeded(
+        17,
+        lambda: Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                        attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
+                                        timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False),
+    )
+
+
+def flux2_inputs(drift: float) -> Inputs:
+    grid = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), torch.zeros(1), indexing="ij"), -1)
+    text = torch.stack([torch.zeros(TEXT_TOKENS)] * 3 + [torch.arange(float(TEXT_TOKENS))], -1)
+    return dict(
+        hidden_states=_latents((1, 16, 16), drift),
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_ids=grid.reshape(1, 16, 4),
+        txt_ids=text[None],
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -302,6 +327,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "mochi": (build_mochi, mochi_inputs),
     "ltx": (build_ltx, ltx_inputs),
     "qwenimage": (build_qwenimage, qwenimage_inputs),
+    "flux2-klein": (build_flux2, flux2_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -64,6 +64,11 @@ FAMILY_CASES = {
         odd=dict(height=48, width=80),  # 3x5 = 15 image tokens; 4 and 2 prompt tokens, unpadded
         threshold=0.5,
     ),
+    "flux2-klein": FamilyCase(
+        dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # CFG on the empty prompt
+        odd=dict(height=64, width=80),  # 4x5 = 20 image tokens, 512 text tokens (inpaint needs 64 px at least)
+        threshold=0.8,
+    ),
 }
 
 MODES = {

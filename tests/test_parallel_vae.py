@@ -31,6 +31,7 @@ VAES = {
     "AutoencoderKLLTXVideo": ("tiny-ltx", 2),
     "AutoencoderKLLTXVideo with noise": ("ltx-noise", 2),
     "AutoencoderKLQwenImage": ("tiny-qwenimage", 1),
+    "AutoencoderKLFlux2": ("tiny-flux2-klein", None),
 }
 KL_TILES = {"tile_sample_min_size": 32, "tile_latent_min_size": 4, "tile_overlap_factor": 0.25}
 WAN_TILES = {"tile_sample_min_height": 32, "tile_sample_min_width": 32,

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, hunyuan, ltx, mochi, qwenimage, wan  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, wan  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,20 @@ CASES = {
         negative_text_shape=(1, 21, 32),
         reload_tolerance=1e-5,  # seen: 4e-7 (a batch-1 timestep Linear on an unaligned weight)
         components=("text_encoder", "transformer", "vae"),
+    ),
+    "flux2-klein": Case(
+        name="flux2-klein",
+        build=flux2.build_tiny_klein,
+        pipeline_class=diffusers.Flux2KleinPipeline,
+        call=dict(height=64, width=64, num_inference_steps=4, guidance_scale=4.0, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=8,  # real CFG (a base model): a second call per step on the empty prompt
+        latent_shape=(1, 16, 128),  # 64x64 -> 8x8 latents of 32 channels -> 4x4 packed tokens of 128
+        text_shape=(1, 512, 24),  # Qwen3 hidden states 9, 18 and 27 stacked (3 x 8), padded to 512
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
     ),
 }
 

@@ -207,10 +207,13 @@ class FirstBlockCache(StepListener):
             output = original(*args, **kwargs)
             if last:
                 final = _streams(slot.spec, output)
+                start = self._start
+                if slot.spec.joins:  # the first block's streams, joined as the transformer joins them
+                    start = {slot.spec.returns[0]: torch.cat([start[name] for name in slot.spec.joins], dim=1)}
                 self._state.rest_residuals = {
-                    name: final[name] - self._start[name]
+                    name: final[name] - start[name]
                     for name in slot.spec.returns
-                    if isinstance(final[name], torch.Tensor) and isinstance(self._start.get(name), torch.Tensor)
+                    if isinstance(final[name], torch.Tensor) and isinstance(start.get(name), torch.Tensor)
                 }
             return output
         inputs = slot.signature.bind(*args, **kwargs).arguments

@@ -347,3 +347,18 @@ def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
             return super().check_argument_for_proper_class(argument_name, argument)
 
     return PictureOnlyProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+
+
+def qwen3_model(tokenizer: Qwen2Tokenizer, seed: int, layers: int, hidden: int = 8) -> Any:
+    """A narrow Qwen3 decoder, the stand-in for FLUX.2 [klein]'s and Z-Image's Qwen3 text encoders.
+    `layers`: the pipelines stack fixed hidden-state indices (Klein: 9, 18 and 27), so depth is real."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
+        bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
+    )
+    with seeded(seed):
+        return finish(Qwen3ForCausalLM(config))

@@ -21,11 +21,14 @@ class BlockList:
 
     `returns` names what a block's forward returns, in order (one name: a bare tensor). Every
     name is also one of the block's forward arguments, which lets the cache pass a skipped
-    block's inputs straight through.
+    block's inputs straight through. `joins` names streams of the first list that the transformer
+    concatenates along the token dim into this list's one stream (FLUX.2's single blocks run on
+    text then image in one tensor), so the cache can measure this list's output from the first block's.
     """
 
     attr: str
     returns: tuple[str, ...]
+    joins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

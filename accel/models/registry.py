@@ -6,11 +6,12 @@ import difflib
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models import cogvideox, flux, hunyuan, ltx, mochi, qwenimage, wan
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, wan
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
-    module.FAMILY.name: module.FAMILY for module in (flux, hunyuan, wan, cogvideox, mochi, ltx, qwenimage)
+    family.name: family
+    for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN)
 }
 
 # Aliases users type for families whose registry name is terse.

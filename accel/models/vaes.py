@@ -39,6 +39,7 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLMochi": VaePlan(),
     "AutoencoderKLLTXVideo": VaePlan(noise_rows="decoder_inject_noise"),
     "AutoencoderKLQwenImage": VaePlan(whole=("mid_block.attentions.*",)),  # Wan 2.1's decoder, for images
+    "AutoencoderKLFlux2": VaePlan(whole=("mid_block.attentions.*",)),
 }
 
 
