@@ -77,6 +77,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         overrides["cross_attention_dim"] = width
     if name == "mochi":
         overrides["pooled_projection_dim"] = width // 2
+    if name == "sd3":  # the text is projected to the blocks' width
+        overrides["caption_projection_dim"] = width
     return overrides
 
 
@@ -127,6 +129,9 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["caption_channels"]),
                     timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
+    if name == "sd3":  # latents before patching (2x2)
+        return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+                    pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
     if name == "flux2-klein":  # 4-axis ids (t, h, w, l) with a batch dim
         img_ids = torch.zeros(batch, h * w, 4, device="cuda", dtype=DTYPE)
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
@@ -149,6 +154,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "ltx": (batch, grid.tokens, out),
         "qwenimage": (batch, grid.rows * grid.cols, config["patch_size"] ** 2 * out),
         "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
+        "sd3": (batch, out, h, w),
     }[name]
 
 

@@ -319,6 +319,29 @@ def flux2_inputs(drift: float) -> Inputs:
     )
 
 
+# -- sd3: 2 joint blocks (the last keeps no text output) on 4x4 patches; medium's attn2 in block 0 -----
+def build_sd3() -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return _seeded(
+        18,
+        lambda: SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
+                                      attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
+                                      caption_projection_dim=HEADS * HEAD_DIM, pooled_projection_dim=16, pos_embed_max_size=16,
+                                      dual_attention_layers=(0,), qk_norm="rms_norm"),
+    )
+
+
+def sd3_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 4, 8, 8), drift),
+        encoder_hidden_states=_text(),
+        pooled_projections=_noise(torch.Generator().manual_seed(2), 1, 16),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -328,6 +351,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "ltx": (build_ltx, ltx_inputs),
     "qwenimage": (build_qwenimage, qwenimage_inputs),
     "flux2-klein": (build_flux2, flux2_inputs),
+    "sd3": (build_sd3, sd3_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -69,6 +69,11 @@ FAMILY_CASES = {
         odd=dict(height=64, width=80),  # 4x5 = 20 image tokens, 512 text tokens (inpaint needs 64 px at least)
         threshold=0.8,
     ),
+    "sd3": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),  # batched CFG
+        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 333 text tokens
+        threshold=0.5,
+    ),
 }
 
 MODES = {

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, wan  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,20 @@ CASES = {
         text_shape=(1, 512, 24),  # Qwen3 hidden states 9, 18 and 27 stacked (3 x 8), padded to 512
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    "sd3": Case(
+        name="sd3",
+        build=sd3.build_tiny,
+        pipeline_class=diffusers.StableDiffusion3Pipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, guidance_scale=3.5,
+                  output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 16, 8, 8),  # the pipeline hands over unpatchified latents
+        text_shape=(2, 333, 64),  # 77 CLIP tokens (padded to T5's width) then 256 T5 tokens
+        components=("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"),
     ),
 }
 

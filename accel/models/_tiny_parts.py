@@ -18,6 +18,7 @@ from tokenizers import pre_tokenizers
 from transformers import (
     CLIPTextConfig,
     CLIPTextModel,
+    CLIPTextModelWithProjection,
     CLIPTokenizer,
     CLIPVisionConfig,
     CLIPVisionModel,
@@ -127,8 +128,9 @@ def t5_tokenizer(model_max_length: int = T5_MAX_LENGTH) -> T5TokenizerFast:
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
-def clip_text_model(tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDDEN) -> CLIPTextModel:
-    """Two-layer CLIP text tower whose pooled output (at the first EOS) feeds FLUX's pooled projection."""
+def clip_text_model(tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDDEN, projection: bool = False) -> CLIPTextModel:
+    """Two-layer CLIP text tower whose pooled output (at the first EOS) feeds FLUX's pooled projection;
+    with `projection`, CLIPTextModelWithProjection, SD3's two towers (their projected pooled output)."""
     config = CLIPTextConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -143,7 +145,7 @@ def clip_text_model(tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDD
         pad_token_id=tokenizer.pad_token_id,
     )
     with seeded(seed):
-        return finish(CLIPTextModel(config))
+        return finish((CLIPTextModelWithProjection if projection else CLIPTextModel)(config))
 
 
 def clip_image_processor(size: int = CLIP_IMAGE_SIZE) -> CLIPImageProcessor:

@@ -91,8 +91,8 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(local attention)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_local()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_local(), always_call=True))
-        for pattern, keys in plan.module_keys:
-            for module in _matching(modules, pattern, transformer, "(attention keys)"):
+        for pattern, keys in plan.module_keys:  # may match nothing: SD 3.5 large has no attn2, medium has
+            for module in glob_modules(modules, pattern):
                 self._hook(module.register_forward_pre_hook(lambda *_, keys=keys: self._keys.append(keys)))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_keys(), always_call=True))
         # The innermost layer of the transformer's forward: CFG and a whole-transformer compile wrap it.
