@@ -25,7 +25,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
 
 from collections import Counter  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -132,10 +132,12 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "sd3":  # latents before patching (2x2)
         return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
-    if name == "flux2-klein":  # 4-axis ids (t, h, w, l) with a batch dim
+    if name in ("flux2-klein", "flux2"):  # 4-axis ids (t, h, w, l) with a batch dim; FLUX.2-dev embeds the guidance
         img_ids = torch.zeros(batch, h * w, 4, device="cuda", dtype=DTYPE)
+        guidance = dict(guidance=t) if config["guidance_embeds"] else {}
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-                    timestep=t / 1000, img_ids=img_ids, txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE), return_dict=False)
+                    timestep=t / 1000, img_ids=img_ids, txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE), return_dict=False,
+                    **guidance)
     if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     timestep=t / 1000, img_shapes=[[(1, h, w)]] * batch, return_dict=False)
@@ -152,8 +154,9 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "cogvideox": (batch, f, out, h, w),
         "mochi": (batch, out, f, h, w),
         "ltx": (batch, grid.tokens, out),
-        "qwenimage": (batch, grid.rows * grid.cols, config["patch_size"] ** 2 * out),
+        "qwenimage": (batch, grid.rows * grid.cols, 4 * out),  # 2x2 patches (the dict is built for every family: no tuple ** 2)
         "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
+        "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
         "sd3": (batch, out, h, w),
     }[name]
 
@@ -373,6 +376,8 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
     """Device, dtype, shape, kernel, collective and sync checks of the module docstring, on each call
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
     cls, config, _, _ = tiny_configs[name]
+    if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens
+        layout = replace(layout, ulysses=layout.ulysses * layout.cfg, cfg=1)
     run_layout(name, cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
 
 
@@ -384,6 +389,10 @@ WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=
 HUNYUAN = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=1, num_single_layers=1,
                num_refiner_layers=1, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm", guidance_embeds=True,
                text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+# FLUX.2-dev's transformer (the diffusers defaults): 48 heads, text of three stacked 5120-wide Mistral layers.
+FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=48,
+                 joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
+                 guidance_embeds=True)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -391,6 +400,8 @@ REAL = {
     "wan": (WAN_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(21, 30, 52, 512))),
     # HunyuanVideo at 544x960, 129 frames: 33 x 34 x 60 = 67320 tokens, 256 text tokens; Ulysses 8.
     "hunyuan": (HUNYUAN, Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256))),
+    # FLUX.2-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 Mistral tokens; Ulysses 8 with the cache.
+    "flux2": (FLUX2_DEV, Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512))),
 }
 
 

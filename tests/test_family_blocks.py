@@ -319,6 +319,22 @@ def flux2_inputs(drift: float) -> Inputs:
     )
 
 
+# -- flux2 (dev): the same transformer with the guidance embedding of a guidance-distilled model --------
+def build_flux2_dev() -> nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return _seeded(
+        19,
+        lambda: Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                        attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
+                                        timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=True),
+    )
+
+
+def flux2_dev_inputs(drift: float) -> Inputs:
+    return dict(flux2_inputs(drift), guidance=torch.tensor([4.0]))
+
+
 # -- sd3: 2 joint blocks (the last keeps no text output) on 4x4 patches; medium's attn2 in block 0 -----
 def build_sd3() -> nn.Module:
     from diffusers import SD3Transformer2DModel
@@ -352,6 +368,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "qwenimage": (build_qwenimage, qwenimage_inputs),
     "flux2-klein": (build_flux2, flux2_inputs),
     "sd3": (build_sd3, sd3_inputs),
+    "flux2": (build_flux2_dev, flux2_dev_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -187,6 +187,20 @@ CASES = {
         text_shape=(2, 333, 64),  # 77 CLIP tokens (padded to T5's width) then 256 T5 tokens
         components=("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"),
     ),
+    "flux2": Case(
+        name="flux2",
+        build=flux2.build_tiny,
+        pipeline_class=diffusers.Flux2Pipeline,
+        call=dict(height=64, width=64, num_inference_steps=4, guidance_scale=4.0, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=4,  # guidance-distilled: one call per step, the scale embedded
+        latent_shape=(1, 16, 128),  # 64x64 -> 8x8 latents of 32 channels -> 4x4 packed tokens of 128
+        text_shape=(1, 512, 24),  # Mistral 3 hidden states 10, 20 and 30 stacked (3 x 8), padded to 512
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
 }
 
 PROMPT = "a red fox in the snow, photograph"

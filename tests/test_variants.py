@@ -37,7 +37,6 @@ NEEDS_MORE = {
     "VisualClozeGenerationPipeline": "in-context example images and a resolution",
     "QwenImageControlNetPipeline": "a ControlNet model",
     "QwenImageControlNetInpaintPipeline": "a ControlNet model",
-    "Flux2Pipeline": "FLUX.2-dev's Mistral 3 text stack, which has no tiny variant yet (the flux2 family is still to come)",
     "Flux2KleinKVPipeline": "not split yet: its reference K/V cache assumes the reference tokens' positions in the whole sequence",
     "QwenImageLayeredPipeline": "Qwen-Image-Layered's own transformer (layer-aware rotary) and returns a stack of layers",
     "ZImageControlNetPipeline": "a ControlNet model",

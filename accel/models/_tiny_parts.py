@@ -80,7 +80,6 @@ LLAMA_SPECIAL_TOKENS = (
     "<|end_header_id|>",
     "<|eot_id|>",
 )
-_LLAMA_SPECIAL = re.compile("|".join(re.escape(token) for token in LLAMA_SPECIAL_TOKENS))
 # Llama 3's pre-tokenizer split, in ASCII: words with an optional leading space, runs of up to
 # three digits, punctuation runs with an optional leading space, whitespace runs.
 _LLAMA_WORDS = re.compile(r" ?[A-Za-z]+|\d{1,3}| ?[^\sA-Za-z\d]+|\s+")
@@ -206,6 +205,25 @@ def umt5_encoder(tokenizer: T5TokenizerFast, seed: int, hidden: int = T5_HIDDEN)
         return finish(UMT5EncoderModel(UMT5Config(**_t5_kwargs(tokenizer, hidden))))
 
 
+def _byte_fallback_bpe(specials: tuple[str, ...], template: str) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocab and merges of a byte-fallback BPE: `specials` first, one token per byte and ASCII
+    character, and merges that build each word of `template` (split as Llama 3 splits it) into one token."""
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
+    for ch in "▁" + string.ascii_letters + string.digits + string.punctuation + "\n\t":
+        vocab.setdefault(ch, len(vocab))
+    merges: list[tuple[str, str]] = []
+    special = re.compile("|".join(re.escape(token) for token in specials))
+    for segment in special.split(template):
+        for word in _LLAMA_WORDS.findall(segment):
+            word = word.replace(" ", "▁")  # the Metaspace pre-tokenizer's space
+            for end in range(2, len(word) + 1):
+                if word[:end] not in vocab:
+                    merges.append((word[: end - 1], word[end - 1]))
+                    vocab[word[:end]] = len(vocab)
+    return vocab, merges
+
+
 def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
     """Llama-3-style tokenizer: byte-fallback BPE where each word of `template` is one token.
 
@@ -215,20 +233,7 @@ def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH
     the real tokenizer and a pipeline's fixed `crop_start` cuts it off exactly. Pads to the right:
     pipelines crop the template from the start of the sequence.
     """
-    vocab: dict[str, int] = {}
-    for token in ("<unk>", "<pad>", *LLAMA_SPECIAL_TOKENS):
-        vocab[token] = len(vocab)
-    vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
-    for ch in "▁" + string.ascii_letters + string.digits + string.punctuation + "\n\t":
-        vocab.setdefault(ch, len(vocab))
-    merges: list[tuple[str, str]] = []
-    for segment in _LLAMA_SPECIAL.split(template):
-        for word in _LLAMA_WORDS.findall(segment):
-            word = word.replace(" ", "▁")  # the Metaspace pre-tokenizer's space
-            for end in range(2, len(word) + 1):
-                if word[:end] not in vocab:
-                    merges.append((word[: end - 1], word[end - 1]))
-                    vocab[word[:end]] = len(vocab)
+    vocab, merges = _byte_fallback_bpe(("<unk>", "<pad>", *LLAMA_SPECIAL_TOKENS), template)
     return LlamaTokenizerFast(
         vocab=vocab,
         merges=merges,
@@ -364,3 +369,68 @@ def qwen3_model(tokenizer: Qwen2Tokenizer, seed: int, layers: int, hidden: int =
     )
     with seeded(seed):
         return finish(Qwen3ForCausalLM(config))
+
+
+# Mistral Small 3.1's (Tekken) control tokens that its chat format and Pixtral image inputs use.
+MISTRAL_SPECIAL_TOKENS = (
+    "<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]",
+)
+# Mistral Small 3.1's chat format: the system turn in [SYSTEM_PROMPT], user turns in [INST]; text
+# blocks are written out, an image block as its [IMG] placeholder.
+_MISTRAL_CHAT = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set text = namespace(value='') %}"
+    "{% if message['content'] is string %}{% set text.value = message['content'] %}{% else %}"
+    "{% for block in message['content'] %}{% if block['type'] == 'text' %}{% set text.value = text.value + block['text'] %}"
+    "{% else %}{% set text.value = text.value + '[IMG]' %}{% endif %}{% endfor %}{% endif %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{{ text.value }}[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{{ text.value }}[/INST]"
+    "{% else %}{{ text.value }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def mistral_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
+    """Mistral Small 3.1's tokenizer class (LlamaTokenizerFast) and chat format, as a byte-fallback BPE
+    where each word of `template` (a pipeline's system message) is one token, any other text one per
+    character. It stands in for FLUX.2-dev's PixtralProcessor on the text path the pipeline uses:
+    that processor's image half needs torchvision, which accel does not depend on."""
+    vocab, merges = _byte_fallback_bpe(MISTRAL_SPECIAL_TOKENS, template)
+    tokenizer = LlamaTokenizerFast(
+        vocab=vocab,
+        merges=merges,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        add_bos_token=True,
+        add_eos_token=False,
+        extra_special_tokens=list(MISTRAL_SPECIAL_TOKENS[4:]),
+        padding_side="right",
+        model_max_length=model_max_length,
+        legacy=False,
+    )
+    tokenizer.chat_template = _MISTRAL_CHAT
+    return tokenizer
+
+
+def mistral3_model(tokenizer: LlamaTokenizerFast, seed: int, layers: int, hidden: int = 8) -> Any:
+    """A narrow Mistral 3 (Mistral Small 3.1's class, a one-layer Pixtral vision tower beside the
+    decoder), the stand-in for FLUX.2-dev's 24B text encoder. `layers`: the pipeline stacks fixed
+    hidden-state indices (10, 20 and 30), so depth is real."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Mistral3Config(
+        text_config=dict(
+            model_type="mistral", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
+            sliding_window=None, bos_token_id=ids("<s>"), eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"),
+        ),
+        vision_config=dict(
+            model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+            patch_size=14, image_size=56,
+        ),
+        image_token_index=ids("[IMG]"),
+    )
+    with seeded(seed):
+        return finish(Mistral3ForConditionalGeneration(config))

@@ -2,7 +2,8 @@
 (a Qwen3 text encoder; the base models run real CFG). Both run Flux2Transformer2DModel: double-stream
 blocks on (text, image), then single-stream blocks on the two concatenated, and the VAE AutoencoderKLFlux2.
 
-`build_tiny_klein` makes a seeded, random-weight FLUX.2-klein-shaped pipeline offline for tests.
+`build_tiny` and `build_tiny_klein` make seeded, random-weight FLUX.2-dev- and FLUX.2-klein-shaped
+pipelines offline for tests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
 
 if TYPE_CHECKING:
-    from diffusers import Flux2KleinPipeline
+    from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
 # A chat template in the shape of Qwen3's, enough for the Klein pipeline's one user turn.
 _QWEN3_CHAT = (
@@ -67,6 +68,32 @@ def _scheduler() -> Any:
     return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True)
 
 
+def build_tiny(seed: int = 0) -> "Flux2Pipeline":
+    """A tiny FLUX.2-dev look-alike: real classes, configs scaled down, random seeded weights.
+
+    The pipeline stacks the Mistral 3 encoder's hidden states 10, 20 and 30, so the tiny encoder has
+    30 layers (8 wide). Its tokenizer spends one token per word of the pipeline's system message, as
+    the real one roughly does; prompts are padded to 512 tokens either way. 64x64 images give 4x4 = 16
+    packed image tokens. The transformer embeds the guidance scale: FLUX.2-dev is guidance-distilled.
+    """
+    import diffusers
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    from accel.models import _tiny_parts as parts
+
+    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    base = seed * 8
+    tokenizer = parts.mistral_tokenizer(SYSTEM_MESSAGE)
+    text_encoder = parts.mistral3_model(tokenizer, seed=base + 1, layers=30)
+    return diffusers.Flux2Pipeline(
+        scheduler=_scheduler(),
+        vae=_tiny_vae(base + 3),
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=_tiny_transformer(base + 2, 3 * text_encoder.config.text_config.hidden_size, guidance=True),
+    )
+
+
 def build_tiny_klein(seed: int = 0, pipeline: str = "Flux2KleinPipeline") -> "Flux2KleinPipeline":
     """A tiny FLUX.2 [klein] base look-alike: real classes, configs scaled down, random seeded weights.
 
@@ -95,7 +122,9 @@ def build_tiny_klein(seed: int = 0, pipeline: str = "Flux2KleinPipeline") -> "Fl
 
 # diffusers' _cp_plan cuts text and image tokens and their 4-axis ids at the forward and gathers at
 # proj_out. The double blocks attend over (text, image); the single blocks get the two local shards
-# concatenated (text then image), which is the same key layout.
+# concatenated (text then image), which is the same key layout. Reference images (`image=`) put their
+# tokens and ids after the generated ones in hidden_states and img_ids, so they are cut with the image
+# stream; the pipeline keeps the first tokens of the (whole) gathered output.
 _PLAN = FromDiffusers(
     streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
     attention_keys=("text", "image"),
@@ -104,6 +133,30 @@ _PLAN = FromDiffusers(
 _BLOCKS = (
     BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
     BlockList("single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")),
+)
+
+FAMILY = Family(
+    name="flux2",
+    title="FLUX.2 [dev]",
+    pipeline_class="Flux2Pipeline",
+    transformer_class="Flux2Transformer2DModel",
+    vae="AutoencoderKLFlux2",
+    repo="black-forest-labs/FLUX.2-dev",
+    output="image",
+    dtype="bfloat16",
+    # The model card's settings: 50 steps, embedded guidance 4.
+    defaults=GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=4.0),
+    blocks=_BLOCKS,
+    heads=48,
+    tiny_heads=4,
+    parallel=_PLAN,
+    # None: FLUX.2-dev is guidance-distilled. The pipeline feeds guidance_scale to the transformer's
+    # guidance embedding and calls it once per step; it has no negative prompt or second branch.
+    cfg=None,
+    tiny=build_tiny,
+    tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
+    # Flux2Pipeline itself takes reference images (`image=`, optional); Klein's pipelines run a Qwen3
+    # text encoder, so they are the flux2-klein family's.
 )
 
 KLEIN = Family(

@@ -12,7 +12,7 @@ from accel.models.base import Family
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY)
+                   sd3.FAMILY, flux2.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.

@@ -1,0 +1,72 @@
+"""FLUX.2 specifics: reference images join the split image sequence; FLUX.2-dev has no CFG to split;
+dev and Klein share a transformer class and are told apart by their pipelines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import accel
+import parallel_cases as cases
+from accel.errors import NotAvailableError
+from accel.models.registry import FAMILIES, family_of, family_of_classes
+from test_parallel_families import FAMILY_CASES
+
+TOLERANCE = 1e-4
+
+
+def reference_picture() -> Any:
+    """A 64x64 input picture: 4x4 = 16 reference tokens after the generated ones."""
+    return cases.gradient_image(64)
+
+
+def reference_call(family: str) -> dict[str, Any]:
+    # 48x80 makes 3x5 = 15 generated tokens; with the reference's 16, 31 image tokens that neither
+    # 2 nor 3 ranks divide (and 512 text tokens, which 3 does not divide either).
+    return dict(FAMILY_CASES[family].call, height=48, width=80, image=reference_picture())
+
+
+@pytest.mark.parametrize("parallel", [{"ulysses": 2}, {"ring": 3}], ids=["ulysses2", "ring3"])
+@pytest.mark.parametrize("family", ["flux2", "flux2-klein"])
+def test_reference_image_tokens_are_split_with_the_image(rank_pools, family: str, parallel: dict[str, int]) -> None:
+    call = reference_call(family)
+    expected, _, _ = cases.tiny_run(f"tiny-{family}", {}, call)
+    world = parallel.get("ulysses", 1) * parallel.get("ring", 1)
+    for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel}, call):
+        assert bytes_sent > 0
+        assert output.shape == expected.shape == (1, 48, 80, 3)
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_the_reference_tokens_follow_the_generated_ones() -> None:
+    """What the test above splits: the transformer gets 15 generated then 16 reference tokens, with
+    their ids (the reference's time coordinate set apart), and the pipeline keeps the first 15 outputs."""
+    pipe = cases.tiny_pipeline("tiny-flux2")
+    seen: list[tuple[int, int, float]] = []
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append((kw["hidden_states"].shape[1], kw["img_ids"].shape[1], float(kw["img_ids"][0, -1, 0]))),
+        with_kwargs=True,
+    )
+    try:
+        output, _, _ = cases.tiny_run("tiny-flux2", {}, reference_call("flux2"))
+    finally:
+        hook.remove()
+    assert set(seen) == {(31, 31, 10.0)}
+    assert output.shape == (1, 48, 80, 3)
+
+
+def test_cfg_parallel_is_refused_for_the_guidance_distilled_dev_model() -> None:
+    pipe = cases.tiny_pipeline("tiny-flux2")
+    with pytest.raises(NotAvailableError) as error:
+        accel.apply(pipe, {"parallel": {"cfg": 2}})
+    assert str(error.value) == "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"
+    assert FAMILIES["flux2"].cfg_off(FAMILY_CASES["flux2"].call) == "FLUX.2 [dev] pipelines have no classifier-free guidance"
+
+
+def test_dev_and_klein_are_told_apart_by_their_pipeline() -> None:
+    assert family_of(cases.tiny_pipeline("tiny-flux2")).name == "flux2"
+    assert family_of(cases.tiny_pipeline("tiny-flux2-klein")).name == "flux2-klein"
+    assert family_of_classes("Flux2Transformer2DModel", "Flux2Pipeline") is FAMILIES["flux2"]
+    assert family_of_classes("Flux2Transformer2DModel", "Flux2KleinInpaintPipeline") is FAMILIES["flux2-klein"]
