@@ -35,8 +35,14 @@ LONG = {
     "cogvideox": dict(height=256, width=256, num_frames=17),  # 5 x 16 x 16 = 1280 video + 226 text
     "mochi": dict(height=256, width=256, num_frames=13),  # 3 x 16 x 16 = 768 video + text
     "ltx": dict(height=512, width=512, num_frames=25),  # 4 x 16 x 16 = 1024 video tokens
+    "qwenimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the prompt's
+    "flux2-klein": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + 512 text
+    "sd3": dict(height=256, width=256),  # 16 x 16 = 256 image tokens + 333 text (the tiny crops positions at 16 x 16)
 }
-CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0)}
+CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
+          "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0)}
+# Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt).
+NOT_TAKEN = {"flux2-klein": ("negative_prompt",)}
 
 
 # --- 1. two CPU ranks against one ---------------------------------------------------------------
@@ -52,6 +58,8 @@ def _call(family: str, size: str, steps: int) -> dict[str, Any]:
     if defaults.frames is not None:
         call["num_frames"] = defaults.frames
     call.update(CFG_ON.get(family, {}))
+    for keyword in NOT_TAKEN.get(family, ()):
+        call.pop(keyword)
     return call if size == "tiny" else dict(call, **LONG[family])
 
 
@@ -135,7 +143,9 @@ REAL = {
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6), latents=(9, 90, 160)),
     # FLUX.2-dev at 1024x1024: 64x64 packed tokens of 128 channels, 512 Mistral tokens (3 layers stacked: 15360 wide).
-    "flux2": dict(cls="Flux2Transformer2DModel", config=dict(), tokens=(64, 64), text=512),
+    # (--smoke: a quarter of the heads too; at full width one double block alone is 4 GB in float32.)
+    "flux2": dict(cls="Flux2Transformer2DModel", config=dict(), tokens=(64, 64), text=512, family="flux2-klein",
+                  smoke=dict(num_attention_heads=12)),
     # Qwen-Image at 1328x1328: 83x83 packed tokens of 64 channels, a 256-token prompt.
     "qwenimage": dict(cls="QwenImageTransformer2DModel", config=dict(), tokens=(83, 83), text=256),
 }
@@ -176,12 +186,21 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
                 timestep=torch.ones(1, device=device), return_dict=False)
 
 
+def _defaults(cls: str) -> set[str]:
+    import inspect
+
+    import diffusers
+
+    return set(inspect.signature(getattr(diffusers, cls).__init__).parameters)
+
+
 def _transformer(family: str, spec: dict[str, Any], smoke: bool, dtype: torch.dtype, device: str) -> torch.nn.Module:
     import diffusers
 
     config = dict(spec["config"])
     if smoke:
-        config.update({k: v for k, v in SMOKE.items() if k in config})
+        config.update({k: v for k, v in SMOKE.items() if k in config or k in _defaults(spec["cls"])})
+        config.update(spec.get("smoke", {}))
     with torch.device(device):
         model = getattr(diffusers, spec["cls"])(**config)
     return (model if dtype == torch.float32 else model.to(dtype)).eval()
@@ -210,7 +229,7 @@ def _fake_rank(_index: int, world: int, family: str, device: str, repeats: int, 
         for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
             if heads % degrees.ulysses:
                 continue
-            engine = ContextParallel(transformer, FAMILIES[family].parallel, build_mesh(degrees, device))
+            engine = ContextParallel(transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device))
             results[(family, world, name)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
             engine.remove()
 
@@ -235,7 +254,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -244,7 +263,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}")
     if not args.skip_cpu_ranks:
-        family_section(args.families.split(","), args.steps, args.repeats)
+        family_section([f for f in args.families.split(",") if f in LONG], args.steps, args.repeats)
     if args.device == "cuda" or args.smoke:
         fake_section([f for f in REAL if f in args.families.split(",")], args.device, args.repeats)
 
