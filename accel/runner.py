@@ -161,7 +161,10 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     kwargs.update(variant.fixed)
-    _fit_to_call(kwargs, type(pipe) if pipe is not None and not recipe.model.pipeline else _pipeline_class(variant.pipeline_class), settings)
+    if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
+        _fit_to_call(kwargs, type(pipe) if pipe is not None and not recipe.model.pipeline else _pipeline_class(variant.pipeline_class), settings)
+    if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
+        raise UserError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs

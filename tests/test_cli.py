@@ -128,6 +128,7 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--gpus", "4", "--nnodes", "2"], "--nnodes > 1 needs --master-addr (the address of node 0) on every node"),
         (["run", "tiny-wan", "--gpus", "2", "--cfg-parallel", "--guidance", "1"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but guidance_scale is 1.0, and guidance runs only above 1; turn guidance on or set cfg = 1"),
         (["run", "tiny-flux", "--gpus", "2", "--cfg-parallel"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but true_cfg_scale is not set, and guidance runs only above 1; turn guidance on or set cfg = 1"),
+        (["run", "tiny-flux2", "--gpus", "2", "--cfg-parallel"], "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"),
         (["run", "tiny-hunyuan", "--cfg-parallel", "--true-cfg", "3"], "[parallel] cfg = 2 splits the classifier-free guidance branches, but there is no negative prompt, which HunyuanVideo needs for true CFG; turn guidance on or set cfg = 1"),
         (["launch", "missing.py"], "missing.py: no such script"),
         (["launch", "--gpus", "0", "missing.py"], "--gpus must be >= 1, got 0"),
