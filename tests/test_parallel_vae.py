@@ -118,7 +118,8 @@ def test_a_vae_without_a_plan_is_refused() -> None:
         plan_for(vae_cases.ToyVae())
     assert str(error.value) == (
         "[vae] parallel: accel has no parallel decode for ToyVae (it has for AutoencoderKL, AutoencoderKLHunyuanVideo, "
-        "AutoencoderKLWan, AutoencoderKLCogVideoX, AutoencoderKLMochi, AutoencoderKLLTXVideo); set parallel = false"
+        "AutoencoderKLWan, AutoencoderKLCogVideoX, AutoencoderKLMochi, AutoencoderKLLTXVideo, AutoencoderKLQwenImage, "
+        "AutoencoderKLFlux2); set parallel = false"
     )
 
 
