@@ -207,7 +207,9 @@ def _apply_parallel(handle: AccelHandle) -> None:
     family = handle.family
     plan = plan_of(family, "[parallel]")
     if settings.cfg > 1 and family.cfg is None:
-        raise NotAvailableError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
+        from accel.parallel.cfg import no_guidance_message
+
+        raise NotAvailableError(no_guidance_message(family.title))
     transformers = _transformers(handle)
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)

@@ -175,7 +175,7 @@ def models_table(families: list[Family]) -> Table:
         table.add_row(
             family.name,
             family.tiny_alias or "—",
-            "\n".join([family.pipeline_class, *(variant.pipeline_class for variant in family.variants)]),
+            "\n".join(family.pipeline_classes),
             family.repo,
             family.output,
             "\n".join(family_features(family)),

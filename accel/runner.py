@@ -24,6 +24,7 @@ from accel.models.base import Family, GenerationDefaults
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
+from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
@@ -162,9 +163,9 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     kwargs.update(variant.fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
-        _fit_to_call(kwargs, type(pipe) if pipe is not None and not recipe.model.pipeline else _pipeline_class(variant.pipeline_class), settings)
+        _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
-        raise UserError(f"[parallel] cfg = 2: {family.title} pipelines have no classifier-free guidance to split; set cfg = 1")
+        raise UserError(no_guidance_message(family.title))
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from accel.cli import app
 from accel.models.registry import FAMILIES
-from accel.models.variants import pipeline_classes
 
 TOLERANCE = 1e-4
 ACCEL = str(Path(sys.executable).parent / "accel")
@@ -73,7 +72,7 @@ def image_families() -> list[str]:
 def test_every_diffusers_pipeline_of_the_transformer_is_a_variant_or_named(family: str) -> None:
     shipped = diffusers_pipelines_of(FAMILIES[family].transformer_class)
     listed = {name for other in FAMILIES.values() if other.transformer_class == FAMILIES[family].transformer_class
-              for name in pipeline_classes(other)}
+              for name in other.pipeline_classes}
     assert FAMILIES[family].pipeline_class in shipped
     assert shipped - listed - set(NEEDS_MORE) == set(), "add these to the family's variants (or say what they need)"
     assert listed <= shipped

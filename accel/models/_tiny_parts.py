@@ -212,16 +212,21 @@ def _byte_fallback_bpe(specials: tuple[str, ...], template: str) -> tuple[dict[s
     vocab.update({f"<0x{byte:02X}>": len(vocab) + byte for byte in range(256)})
     for ch in "▁" + string.ascii_letters + string.digits + string.punctuation + "\n\t":
         vocab.setdefault(ch, len(vocab))
-    merges: list[tuple[str, str]] = []
     special = re.compile("|".join(re.escape(token) for token in specials))
-    for segment in special.split(template):
-        for word in _LLAMA_WORDS.findall(segment):
-            word = word.replace(" ", "▁")  # the Metaspace pre-tokenizer's space
-            for end in range(2, len(word) + 1):
-                if word[:end] not in vocab:
-                    merges.append((word[: end - 1], word[end - 1]))
-                    vocab[word[:end]] = len(vocab)
-    return vocab, merges
+    # The Metaspace pre-tokenizer's space is "▁".
+    words = [word.replace(" ", "▁") for segment in special.split(template) for word in _LLAMA_WORDS.findall(segment)]
+    return vocab, _merges_building(words, vocab)
+
+
+def _merges_building(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges (each result added to `vocab`) that build every piece, left to right, into one token."""
+    merges: list[tuple[str, str]] = []
+    for piece in pieces:
+        for end in range(2, len(piece) + 1):
+            if piece[:end] not in vocab:
+                merges.append((piece[: end - 1], piece[end - 1]))
+                vocab[piece[:end]] = len(vocab)
+    return merges
 
 
 def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
@@ -280,14 +285,9 @@ def qwen2_tokenizer(template: str = "") -> Qwen2Tokenizer:
     pipeline's fixed start index crops it off exactly. Vision tokens are there for Qwen2-VL processors.
     """
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    merges: list[tuple[str, str]] = []
     split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    for segment in _QWEN_SPECIAL.split(template):
-        for piece, _ in split.pre_tokenize_str(segment):
-            for end in range(2, len(piece) + 1):
-                if piece[:end] not in vocab:
-                    merges.append((piece[: end - 1], piece[end - 1]))
-                    vocab[piece[:end]] = len(vocab)
+    pieces = [piece for segment in _QWEN_SPECIAL.split(template) for piece, _ in split.pre_tokenize_str(segment)]
+    merges = _merges_building(pieces, vocab)
     for token in QWEN_SPECIAL_TOKENS:
         vocab[token] = len(vocab)
     return Qwen2Tokenizer(

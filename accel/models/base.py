@@ -193,5 +193,10 @@ class Family:
         return None
 
     @property
+    def pipeline_classes(self) -> tuple[str, ...]:
+        """The family's own pipeline class, then its variants'."""
+        return (self.pipeline_class, *(variant.pipeline_class for variant in self.variants))
+
+    @property
     def tiny_alias(self) -> str | None:
         return f"tiny-{self.name}" if self.tiny is not None else None

@@ -43,15 +43,14 @@ def _is_a(obj: Any, class_name: str) -> bool:
 
 
 def _lists_pipeline(family: Family, pipeline: type) -> bool:
-    names = {family.pipeline_class, *(variant.pipeline_class for variant in family.variants)}
-    return any(cls.__name__ in names for cls in pipeline.__mro__)
+    return any(cls.__name__ in family.pipeline_classes for cls in pipeline.__mro__)
 
 
 def family_of_classes(transformer_class: str, pipeline_class: str | None) -> Family | None:
     """The family of a saved pipeline, from its class names alone (model_index.json)."""
     matching = [family for family in FAMILIES.values() if family.transformer_class == transformer_class]
     for family in matching:
-        if pipeline_class in (family.pipeline_class, *(variant.pipeline_class for variant in family.variants)):
+        if pipeline_class in family.pipeline_classes:
             return family
     return matching[0] if matching else None
 

@@ -29,15 +29,11 @@ def variant_of(family: Family, pipeline_class: str) -> Variant:
     for variant in family.variants:
         if variant.pipeline_class == pipeline_class:
             return variant
-    known = ", ".join(pipeline_classes(family))
+    known = ", ".join(family.pipeline_classes)
     raise UserError(
         f"[model] pipeline: {pipeline_class} is not a pipeline accel runs for {family.title} "
         f"({family.transformer_class}); use one of {known}, or build it in your own script and call accel.apply"
     )
-
-
-def pipeline_classes(family: Family) -> list[str]:
-    return [family.pipeline_class, *(variant.pipeline_class for variant in family.variants)]
 
 
 def variant_of_class(family: Family, cls: type) -> Variant:
@@ -45,7 +41,7 @@ def variant_of_class(family: Family, cls: type) -> Variant:
     class accel does not list (a user's own) gets no input keywords: it is called as the base one."""
     names = [klass.__name__ for klass in cls.__mro__]
     for name in names:
-        if name in pipeline_classes(family):
+        if name in family.pipeline_classes:
             return variant_of(family, name)
     return Variant(cls.__name__)
 

@@ -30,6 +30,11 @@ from accel.parallel.outputs import as_output, map_sample, sample_of
 from accel.steps import StepEvents, StepListener
 
 
+def no_guidance_message(title: str) -> str:
+    """cfg = 2 for a family whose pipelines run no classifier-free guidance at all (FLUX.2-dev)."""
+    return f"[parallel] cfg = 2: {title} pipelines have no classifier-free guidance to split; set cfg = 1"
+
+
 def _no_cfg_message(detail: str) -> str:
     return (
         f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {detail}; "
