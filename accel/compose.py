@@ -190,7 +190,7 @@ def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
     from accel.parallel.mesh import resolve_degrees
 
     family = family_of(pipe)
-    heads = min(int(t.config.num_attention_heads) for t in _transformers_of(pipe, family).values())
+    heads = min(int(t.config[family.heads_key]) for t in _transformers_of(pipe, family).values())
     return resolve_degrees(settings, heads, family.title)
 
 

@@ -69,6 +69,8 @@ def tiny_configs() -> dict[str, tuple[type, dict[str, Any], type, dict[str, Any]
 def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """HEADS heads of the tiny head size (widths tied to the head count follow it), the fewest blocks
     the cache accepts (two)."""
+    if name == "zimage":  # its config says n_heads (no grouped keys) and sets the width itself
+        return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -141,6 +143,9 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     timestep=t / 1000, img_shapes=[[(1, h, w)]] * batch, return_dict=False)
+    if name == "zimage":  # lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features
+        return dict(x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)], t=t / 1000,
+                    cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)], return_dict=False)
     raise KeyError(name)
 
 
@@ -158,6 +163,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
         "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
         "sd3": (batch, out, h, w),
+        "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
     }[name]
 
 
@@ -165,7 +171,8 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
 def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
-    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens}
+    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens,
+               "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32}  # Z-Image pads image and caption to 32s
     assert family.parallel is not None
     return [SequenceLayout(lengths[stream], world) for stream in family.parallel.attention_keys]
 
@@ -194,7 +201,7 @@ def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -
 def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
     """Context-parallel attention calls per forward: one per block run (Mochi: per block and sample);
     a call the cache skips runs block 0 alone."""
-    blocks = 1 if cached else config["num_layers"] + config.get("num_single_layers", 0)
+    blocks = 1 if cached else config.get("num_layers", config.get("n_layers")) + config.get("num_single_layers", 0)
     return blocks * batch if name == "mochi" else blocks
 
 
@@ -330,7 +337,8 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
             arguments = inputs(name, config, layout.grid, batch)
             # The cache's scalar read is scripted "no change", so the second step skips.
             output, probe = run_probed(lambda: accelerated.transformer(**arguments), scalars=[0.0])
-            outputs.append(sample_of(output))
+            sample = sample_of(output)
+            outputs.append(torch.stack(sample) if isinstance(sample, list) else sample)  # Z-Image: one tensor per sample
             if call == mine:
                 compared = layout.cache and step == 1
                 check_call(name, family, config, layout, probe, batch, compared)
@@ -393,6 +401,10 @@ HUNYUAN = dict(in_channels=16, out_channels=16, num_attention_heads=24, attentio
 FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=48,
                  joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
                  guidance_embeds=True)
+# Z-Image's transformer (diffusers' defaults, Z-Image's shape; two main layers, one refiner of each kind): 30 heads of 128,
+# Qwen3-4B's 2560-wide text.
+Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=2, n_refiner_layers=1, n_heads=30,
+               n_kv_heads=30, cap_feat_dim=2560, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -402,6 +414,9 @@ REAL = {
     "hunyuan": (HUNYUAN, Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256))),
     # FLUX.2-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 Mistral tokens; Ulysses 8 with the cache.
     "flux2": (FLUX2_DEV, Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512))),
+    # Z-Image (the base model, batched CFG) at 1024x1024: 4096 image tokens and a 512-token caption in one sequence;
+    # CFG halves x Ulysses 4 (30 heads in 32 slots).
+    "zimage": (Z_IMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 512))),
 }
 
 

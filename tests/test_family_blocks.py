@@ -358,6 +358,27 @@ def sd3_inputs(drift: float) -> Inputs:
     )
 
 
+# -- zimage: 2 refiner blocks of each kind, then 2 main layers on the unified (image, caption) sequence --
+def build_zimage() -> nn.Module:
+    from diffusers import ZImageTransformer2DModel
+
+    return _seeded(
+        20,
+        lambda: ZImageTransformer2DModel(in_channels=4, dim=HEADS * HEAD_DIM, n_layers=2, n_refiner_layers=2, n_heads=HEADS,
+                                         n_kv_heads=HEADS, cap_feat_dim=TEXT_DIM, axes_dims=[4, 6, 6]),
+    )
+
+
+def zimage_inputs(drift: float) -> Inputs:
+    # Lists with one tensor per sample: (C, F, H, W) latents (4x4 patches) and (tokens, dim) caption features.
+    return dict(
+        x=[_latents((4, 1, 8, 8), drift)],
+        t=torch.tensor([0.3 + drift]),
+        cap_feats=[_text()[0]],
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -369,6 +390,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux2-klein": (build_flux2, flux2_inputs),
     "sd3": (build_sd3, sd3_inputs),
     "flux2": (build_flux2_dev, flux2_dev_inputs),
+    "zimage": (build_zimage, zimage_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 
@@ -387,7 +409,7 @@ def _families() -> list[Any]:
 
 def _run(model: nn.Module, inputs: Inputs) -> torch.Tensor:
     (output,) = model(**inputs)
-    return output
+    return torch.stack(output) if isinstance(output, list) else output  # Z-Image: one tensor per sample
 
 
 def _blocks(model: nn.Module, plan: tuple[BlockList, ...]) -> list[nn.Module]:
@@ -439,7 +461,7 @@ def test_threshold_zero_is_bit_identical(name: str) -> None:
     build, make_inputs = CASES[name]
     model = build()
     reference = [_run(model, make_inputs(drift)) for drift in DRIFTS]
-    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=0.0)
+    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=0.0, primary_stream=FAMILIES[name].primary_stream)
     outputs = [_run(model, make_inputs(drift)) for drift in DRIFTS]
     assert all(torch.equal(out, ref) for out, ref in zip(outputs, reference))
     assert cache.stats.calls == len(DRIFTS) and cache.stats.cached == 0
@@ -454,7 +476,7 @@ def test_cached_call_on_same_inputs_reproduces_the_full_output(name: str) -> Non
     plan = FAMILIES[name].blocks
     blocks = _blocks(model, plan)
     calls, work = _count_calls(blocks)
-    cache = FirstBlockCache(model, plan, threshold=1e9)
+    cache = FirstBlockCache(model, plan, threshold=1e9, primary_stream=FAMILIES[name].primary_stream)
 
     full = _run(model, make_inputs(0.0))
     work_once = list(work)
@@ -477,7 +499,7 @@ def test_cached_call_on_same_inputs_reproduces_the_full_output(name: str) -> Non
 def test_cached_calls_on_drifting_inputs_are_finite(name: str) -> None:
     build, make_inputs = CASES[name]
     model = build()
-    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=1e9)
+    cache = FirstBlockCache(model, FAMILIES[name].blocks, threshold=1e9, primary_stream=FAMILIES[name].primary_stream)
     outputs = [_run(model, make_inputs(drift)) for drift in DRIFTS]
     assert [record.cached for record in cache.stats.records] == [False, True, True]
     for output in outputs[1:]:
@@ -492,7 +514,7 @@ def test_remove_restores_the_uncached_transformer(name: str) -> None:
     model = build()
     reference = [_run(model, make_inputs(drift)) for drift in DRIFTS]
     plan = FAMILIES[name].blocks
-    cache = FirstBlockCache(model, plan, threshold=1e9)
+    cache = FirstBlockCache(model, plan, threshold=1e9, primary_stream=FAMILIES[name].primary_stream)
     for drift in DRIFTS:
         _run(model, make_inputs(drift))
     assert cache.stats.cached == len(DRIFTS) - 1
@@ -513,7 +535,7 @@ def test_a_plan_with_the_returns_reversed_is_caught(name: str) -> None:
     model = build()
     wrong = tuple(replace(spec, returns=spec.returns[::-1]) for spec in FAMILIES[name].blocks)
     try:
-        FirstBlockCache(model, wrong, threshold=1e9)
+        FirstBlockCache(model, wrong, threshold=1e9, primary_stream=FAMILIES[name].primary_stream)
         full = _run(model, make_inputs(0.0))
         cached = _run(model, make_inputs(0.0))
     except (RuntimeError, ValueError):

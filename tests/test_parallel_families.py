@@ -79,6 +79,13 @@ FAMILY_CASES = {
         odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
         threshold=0.7,
     ),
+    "zimage": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # batched CFG, as the base model runs
+        # 5x7 = 35 image tokens and 17 caption tokens, each padded to 32s: 96 unified tokens; the
+        # negative's 43 caption tokens make 128, so the batch pads the positive with a key mask.
+        odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
+        threshold=1.15,  # block 0's residual changes by ~100 % a step with random adaLN weights
+    ),
 }
 
 MODES = {

@@ -6,6 +6,7 @@ properties they rely on.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 # huggingface_hub reads this once at import: set it before diffusers comes in, in case this
@@ -22,7 +23,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan, zimage  # noqa: E402
+from accel.models.registry import FAMILIES  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Case:
     # Max-abs difference allowed after save and reload: weights are equal bit for bit, but loaded
     # tensors sit at other memory alignments, which sends some matmuls down another BLAS path.
     reload_tolerance: float = 0.0
+    # The transformer's latent and text arguments; Z-Image's are lists with one tensor per sample.
+    inputs: tuple[str, str] = ("hidden_states", "encoder_hidden_states")
 
 
 CASES = {
@@ -201,6 +205,22 @@ CASES = {
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
     ),
+    "zimage": Case(
+        name="zimage",
+        build=zimage.build_tiny,
+        pipeline_class=diffusers.ZImagePipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, guidance_scale=4.0,
+                  output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("layers", "noise_refiner", "context_refiner"),
+        transformer_calls=4,  # CFG is batched: one call per step on [positive, negative]
+        inputs=("x", "cap_feats"),
+        latent_shape=((16, 1, 8, 8),) * 2,  # one (C, F, H, W) latent per sample
+        text_shape=((41, 8), (27, 8)),  # each prompt's real tokens (chat framing included), unpadded
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
 }
 
 PROMPT = "a red fox in the snow, photograph"
@@ -248,7 +268,7 @@ def test_structure_has_repeated_blocks_and_heads(pipe: diffusers.DiffusionPipeli
     transformer = pipe.transformer
     for attr in case.block_lists:
         assert len(getattr(transformer, attr)) >= 2, attr
-    assert transformer.config.num_attention_heads >= 4
+    assert transformer.config[FAMILIES[case.name].heads_key] >= 4
 
 
 def test_same_seed_gives_identical_weights(case: Case) -> None:
@@ -294,11 +314,17 @@ def test_prompt_and_noise_seed_change_output(
     assert np.abs(other_noise - baseline).mean() > 1e-3
 
 
+def _shape(value: Any) -> tuple[Any, ...]:
+    """A tensor's shape, or a list's per-sample shapes (Z-Image)."""
+    return tuple(tuple(item.shape) for item in value) if isinstance(value, list) else tuple(value.shape)
+
+
 def test_text_and_latent_tokens_reach_the_transformer(pipe: diffusers.DiffusionPipeline, case: Case) -> None:
     seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
-    def record(_module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
-        seen.append((tuple(kwargs["hidden_states"].shape), tuple(kwargs["encoder_hidden_states"].shape)))
+    def record(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        arguments = inspect.signature(pipe.transformer.forward).bind(*args, **kwargs).arguments
+        seen.append(tuple(_shape(arguments[name]) for name in case.inputs))
 
     handle = pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
     try:

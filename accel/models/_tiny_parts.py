@@ -107,6 +107,29 @@ def finish(module: ModuleT) -> ModuleT:
     return module.float().eval()
 
 
+def flux1_vae() -> Any:
+    """FLUX.1's VAE shape, narrowed: four levels (8x downsampling), 16 latent channels, no quant
+    convs. FLUX.1 and Z-Image decode with it. Build it inside `seeded`."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 16, 16, 16),
+        layers_per_block=1,
+        latent_channels=16,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        mid_block_add_attention=True,
+    )
+
+
 def clip_tokenizer(model_max_length: int = CLIP_MAX_LENGTH) -> CLIPTokenizer:
     """Byte-level CLIP BPE tokenizer with no merges: every byte is a token, so any text encodes."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -354,6 +377,23 @@ def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
             return super().check_argument_for_proper_class(argument_name, argument)
 
     return PictureOnlyProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+
+
+# Qwen3's chat format for plain text turns, with its generation prompt: an empty think block when
+# the caller turns thinking off (`enable_thinking=False`), as the real template writes it.
+QWEN3_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def qwen3_tokenizer(template: str = "") -> Qwen2Tokenizer:
+    """Qwen3's tokenizer (Qwen2's class) with its chat template: qwen2_tokenizer, whose merges build
+    the words of `template` (a pipeline's chat framing), plus QWEN3_CHAT_TEMPLATE."""
+    tokenizer = qwen2_tokenizer(template)
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
 
 
 def qwen3_model(tokenizer: Qwen2Tokenizer, seed: int, layers: int, hidden: int = 8) -> Any:

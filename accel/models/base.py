@@ -167,6 +167,8 @@ class Family:
     # are checked against them before any rank starts.
     heads: int | None = None
     tiny_heads: int | None = None
+    # The transformer config key that holds its head count (Z-Image's says `n_heads`).
+    heads_key: str = "num_attention_heads"
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
@@ -175,6 +177,8 @@ class Family:
     # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
     cfg: CfgStyle | None = None
     cfg_scale: str = "guidance_scale"
+    # Guidance runs when the scale is above this (1 for most pipelines; Z-Image's runs above 0).
+    cfg_above: float = 1.0
     cfg_needs_negative: bool = False
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
@@ -186,8 +190,8 @@ class Family:
         if self.cfg is None:
             return f"{self.title} pipelines have no classifier-free guidance"
         scale = call.get(self.cfg_scale)
-        if scale is None or scale <= 1:
-            return f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above 1"
+        if scale is None or scale <= self.cfg_above:
+            return f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above {self.cfg_above:g}"
         if self.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None

@@ -24,7 +24,7 @@ def build_tiny(seed: int = 0, pipeline: str = "FluxPipeline", conditions: int = 
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
     import diffusers
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
@@ -51,25 +51,7 @@ def build_tiny(seed: int = 0, pipeline: str = "FluxPipeline", conditions: int = 
             )
         )
     with parts.seeded(base + 4):
-        # FLUX's VAE shape: four levels (8x downsampling), 16 latent channels, no quant convs.
-        vae = parts.finish(
-            AutoencoderKL(
-                in_channels=3,
-                out_channels=3,
-                down_block_types=("DownEncoderBlock2D",) * 4,
-                up_block_types=("UpDecoderBlock2D",) * 4,
-                block_out_channels=(8, 16, 16, 16),
-                layers_per_block=1,
-                latent_channels=latent_channels,
-                norm_num_groups=4,
-                sample_size=64,
-                scaling_factor=0.3611,
-                shift_factor=0.1159,
-                use_quant_conv=False,
-                use_post_quant_conv=False,
-                mid_block_add_attention=True,
-            )
-        )
+        vae = parts.finish(parts.flux1_vae())
     # FLUX.1-dev's scheduler config: the shift grows with the image token count.
     scheduler = FlowMatchEulerDiscreteScheduler(
         num_train_timesteps=1000,

@@ -6,13 +6,13 @@ import difflib
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY, flux2.FAMILY)
+                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.

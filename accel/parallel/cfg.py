@@ -9,7 +9,9 @@ Pipelines run classifier-free guidance one of two ways, and each gets its own sp
   results and the placeholder is filled in place, before the pipeline combines the two.
 
 Either way every rank returns what one process would. A step with one call (guidance off) or a
-batch that does not halve is refused with a message, never run on half the work.
+batch that does not halve is refused with a message, never run on half the work. The one
+exception: once a generation has run a guided batch, a later call with a smaller batch is a step
+the pipeline runs unguided (Z-Image's `cfg_truncation`), and every half runs it whole.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class CfgParallel(StepListener):
         self._computed: Tensor | None = None
         self._placeholder: Pending | None = None
         self._shape: tuple[int, ...] | None = None  # a branch output's shape, known after the first step
+        self._guided_batch: int | None = None  # the batch of this generation's first call ("batch" style)
         self._undo: list[Callable[[], None]] = []
         for transformer in transformers.values():
             self._wrap(transformer)
@@ -85,6 +88,7 @@ class CfgParallel(StepListener):
     # -- step events -----------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
         self._calls, self._computed, self._placeholder = 0, None, None
+        self._guided_batch = None
 
     def before_step(self, step_index: int) -> None:
         if self.style == "calls" and self._calls == 1:
@@ -94,15 +98,26 @@ class CfgParallel(StepListener):
     # -- batched CFG -----------------------------------------------------------------------------
     def _batch_half(self, original: Callable[..., Any], bound: inspect.BoundArguments) -> Any:
         primary = bound.arguments[self.batch_args[0]]
-        batch = primary.shape[0]
+        # A batch is a tensor, or a list with one tensor per sample (Z-Image's latents and captions).
+        batch = len(primary) if isinstance(primary, (list, tuple)) else primary.shape[0]
+        if self._guided_batch is not None and batch < self._guided_batch:
+            return original(*bound.args, **bound.kwargs)  # an unguided step: both halves run it whole
         if batch % 2:
             raise UserError(_no_cfg_message(f"the transformer got a batch of {batch}"))
+        self._guided_batch = batch
         for name in self.batch_args:
             value = bound.arguments.get(name)
-            if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
+            if isinstance(value, (list, tuple)) and len(value) == batch:
+                bound.arguments[name] = value[self.half * batch // 2 : (self.half + 1) * batch // 2]
+            elif isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
                 bound.arguments[name] = value.chunk(2)[self.half]
         output = original(*bound.args, **bound.kwargs)
-        return map_sample(output, lambda half: torch.cat(all_gather(half, self.group), dim=0))
+        return map_sample(output, self._join_halves)
+
+    def _join_halves(self, half: Tensor | list[Tensor]) -> Tensor | list[Tensor]:
+        if isinstance(half, list):  # one output per sample, all of one shape
+            return list(torch.cat(all_gather(torch.stack(half), self.group)).unbind())
+        return torch.cat(all_gather(half, self.group), dim=0)
 
     # -- one call per branch ---------------------------------------------------------------------
     def _own_call(self, original: Callable[..., Any], bound: inspect.BoundArguments) -> Any:

@@ -1,0 +1,87 @@
+"""Z-Image specifics the shared matrices do not show by themselves.
+
+Z-Image's transformer pads each sample's image and caption tokens to multiples of 32 and then pads
+the batch to its longest unified sequence under a key mask. With batched CFG the negative prompt
+is often much shorter or longer than the prompt, so the batch is padded and the mask is a model
+mask the engine must gather; under CFG parallelism each half then runs its own sequence length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import parallel_cases as cases
+import pytest
+import torch
+from test_parallel_families import FAMILY_CASES, MODES, reference, world_of
+
+from accel.models.registry import FAMILIES
+
+TOLERANCE = 1e-4
+CASE = FAMILY_CASES["zimage"]
+ODD = dict(CASE.call, **CASE.odd)
+
+
+def unified_inputs(call: dict[str, Any]) -> list[tuple[tuple[int, ...], list[int] | None]]:
+    """(shape of the unified sequence, each sample's real-token count or None without a mask) at
+    the first main layer, per transformer call of a one-step run on one process."""
+    pipe = cases.tiny_pipeline("tiny-zimage")
+    seen: list[tuple[tuple[int, ...], list[int] | None]] = []
+
+    def record(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        x, mask = args[:2]
+        seen.append((tuple(x.shape), None if mask is None else mask.sum(dim=1).tolist()))
+
+    hook = pipe.transformer.layers[0].register_forward_pre_hook(record)
+    try:
+        pipe(**dict(call, num_inference_steps=1), generator=torch.Generator().manual_seed(0), output_type="np")
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_the_shared_cases_cover_an_unmasked_and_a_masked_batch() -> None:
+    # 16 image tokens and 17 / 14 caption tokens, each padded to 32: two samples of 64, no mask.
+    assert unified_inputs(CASE.call) == [((2, 64, 64), None)]
+    # 35 image tokens (64) with 17 (32) and 43 (64) caption tokens: 96 and 128, the batch padded to
+    # 128 under a key mask; 128 tokens do not divide over 3 ranks.
+    assert unified_inputs(ODD) == [((2, 128, 64), [96, 128])]
+
+
+@pytest.mark.parametrize("mode", ["cfg2", "cfg2xulysses2"])
+def test_cfg_halves_of_different_lengths_equal_one_process(rank_pools: Any, mode: str) -> None:
+    """The halves split the batched call into its samples: each runs its own unified length (96, 128)."""
+    expected, _ = reference("zimage", ODD)
+    parallel = MODES[mode]
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, "tiny-zimage", {"parallel": parallel}, ODD):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_guidance_runs_above_zero_on_z_image() -> None:
+    """Z-Image's pipeline guides whenever guidance_scale > 0, so cfg = 2 is accepted at 0.5 and
+    refused at 0 (Turbo's setting) with the family's own threshold in the message."""
+    family = FAMILIES["zimage"]
+    assert family.cfg_off(dict(CASE.call, guidance_scale=0.5)) is None
+    assert family.cfg_off(dict(CASE.call, guidance_scale=0.0)) == "guidance_scale is 0.0, and guidance runs only above 0"
+    assert FAMILIES["flux2-klein"].cfg_off(dict(guidance_scale=1.0)) == "guidance_scale is 1.0, and guidance runs only above 1"
+
+
+def test_steps_left_unguided_by_cfg_truncation_run_whole_on_each_half(rank_pools: Any) -> None:
+    """cfg_truncation = 0.2 turns guidance off for the last two of four steps (their normalised times
+    are 0, 0.1, 0.25 and 0.5 under the shift of 3): the pipeline's batch drops from
+    [positive, negative] to [positive] mid-run, and CFG parallelism runs those calls whole on both
+    halves instead of refusing a batch of one."""
+    call = dict(ODD, cfg_truncation=0.2)
+    batches: list[int] = []
+    pipe = cases.tiny_pipeline("tiny-zimage")
+    hook = pipe.transformer.register_forward_pre_hook(lambda _m, args: batches.append(len(args[0])))
+    try:
+        expected, _ = reference("zimage", call)
+    finally:
+        hook.remove()
+    assert batches == [2, 2, 1, 1]
+    for output, _, bytes_sent in rank_pools(2).run(cases.tiny_run, "tiny-zimage", {"parallel": {"cfg": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
