@@ -15,6 +15,7 @@ import accel
 import parallel_cases as cases
 from accel.models.registry import FAMILIES
 from accel.runner import measure
+from test_parallel_families import FAMILY_CASES
 
 # float32 inductor kernels reorder sums: compiled vs eager pixel differences seen ≤ 2.1e-6.
 TOLERANCE = 1e-4
@@ -83,6 +84,18 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
     assert calls == reference_calls and any(cached for *_, cached in calls)
     assert graphs[1] == 0
     assert (other == 0.5).all()  # the split decode hands pixels to rank 0 only: the others decode zeros
+
+
+@pytest.mark.parametrize("family", ["qwenimage", "flux2-klein", "flux2", "sd3", "zimage"])
+def test_regional_compile_equals_eager_on_the_newer_families(family: str) -> None:
+    """Each family's own block classes (Qwen-Image's dual-stream block, FLUX.2's single blocks on
+    joined streams, SD 3.5's image-only attention, Z-Image's per-sample lists) trace and compile,
+    equal eager, and a second generation builds no graph."""
+    call = dict(FAMILY_CASES[family].call, num_inference_steps=2)
+    eager, _, _ = cases.tiny_run(f"tiny-{family}", {}, call)
+    compiled, _, graphs = cases.counted_run(f"tiny-{family}", {"compile": {"enabled": True}}, call)
+    assert np.abs(compiled - eager).max() <= TOLERANCE
+    assert graphs[1] == 0
 
 
 @pytest.mark.parametrize("mode, autotune", [("default", False), ("max-autotune-no-cudagraphs", True)])

@@ -3,13 +3,19 @@ dev and Klein share a transformer class and are told apart by their pipelines.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
+from typer.testing import CliRunner
 
 import accel
 import parallel_cases as cases
+from accel.cli import app
 from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES, family_of, family_of_classes
 from test_parallel_families import FAMILY_CASES
@@ -70,3 +76,28 @@ def test_dev_and_klein_are_told_apart_by_their_pipeline() -> None:
     assert family_of(cases.tiny_pipeline("tiny-flux2-klein")).name == "flux2-klein"
     assert family_of_classes("Flux2Transformer2DModel", "Flux2Pipeline") is FAMILIES["flux2"]
     assert family_of_classes("Flux2Transformer2DModel", "Flux2KleinInpaintPipeline") is FAMILIES["flux2-klein"]
+
+
+def test_a_reference_picture_is_optional_through_the_command_line(tmp_path: Path) -> None:
+    """FLUX.2's own pipelines take --image (optional): the PNG equals the library call with it, and
+    the call without it is the text-to-image one."""
+    picture, out = tmp_path / "reference.png", tmp_path / "out.png"
+    reference_picture().save(picture)
+    accel_bin = str(Path(sys.executable).parent / "accel")
+    done = subprocess.run([accel_bin, "run", "tiny-flux2-klein", "--image", str(picture), "--steps", "2", "--warmup", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=4.0)
+    with_picture, _, _ = cases.tiny_run("tiny-flux2-klein", {}, dict(call, image=Image.open(picture).convert("RGB")))
+    without, _, _ = cases.tiny_run("tiny-flux2-klein", {}, call)
+    written = np.asarray(Image.open(out), dtype=np.float32)
+    assert np.abs(written - np.round(with_picture[0] * 255)).max() <= 1
+    assert np.abs(written - np.round(without[0] * 255)).max() > 1
+
+
+def test_flux2_pipelines_take_no_mask(tmp_path: Path) -> None:
+    mask = tmp_path / "mask.png"
+    reference_picture().save(mask)
+    result = CliRunner().invoke(app, ["run", "tiny-flux2", "--mask", str(mask), "-o", str(tmp_path / "o.png")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: [generate] mask: Flux2Pipeline takes no mask; remove --mask"

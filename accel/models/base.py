@@ -124,7 +124,8 @@ class Variant:
     """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
 
     `image` and `mask` are the call's keywords that `--image` and `--mask` fill (None: the pipeline
-    takes none); each one named is required. `area` is the keyword by which the pipeline rescales
+    takes none); each one named is required unless `optional` lists it ("image": FLUX.2's
+    reference pictures). A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
     call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer
@@ -138,6 +139,7 @@ class Variant:
     area: str | None = None
     fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
+    optional: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ class Family:
     @property
     def pipeline_classes(self) -> tuple[str, ...]:
         """The family's own pipeline class, then its variants'."""
-        return (self.pipeline_class, *(variant.pipeline_class for variant in self.variants))
+        others = (variant.pipeline_class for variant in self.variants if variant.pipeline_class != self.pipeline_class)
+        return (self.pipeline_class, *others)
 
     @property
     def tiny_alias(self) -> str | None:

@@ -155,8 +155,9 @@ FAMILY = Family(
     cfg=None,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
-    # Flux2Pipeline itself takes reference images (`image=`, optional); Klein's pipelines run a Qwen3
-    # text encoder, so they are the flux2-klein family's.
+    # Flux2Pipeline itself takes reference pictures (`image=`, optional: --image); Klein's pipelines
+    # run a Qwen3 text encoder, so they are the flux2-klein family's.
+    variants=(Variant("Flux2Pipeline", image="image", optional=("image",)),),
 )
 
 KLEIN = Family(
@@ -181,5 +182,8 @@ KLEIN = Family(
     # Reference images (`image=`) join the image stream after the generated tokens, as in Kontext.
     # Flux2KleinKVPipeline is not listed: its reference K/V cache places reference tokens at fixed
     # positions of the whole sequence, which a split sequence does not have yet.
-    variants=(Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),),
+    variants=(
+        Variant("Flux2KleinPipeline", image="image", optional=("image",)),
+        Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),
+    ),
 )

@@ -23,12 +23,12 @@ class InputImage(str):
 
 
 def variant_of(family: Family, pipeline_class: str) -> Variant:
-    """The family's entry for `pipeline_class` (the base pipeline: a variant with no inputs)."""
-    if pipeline_class == family.pipeline_class:
-        return Variant(pipeline_class)
+    """The family's entry for `pipeline_class` (the base pipeline, unless listed: a variant with no inputs)."""
     for variant in family.variants:
         if variant.pipeline_class == pipeline_class:
             return variant
+    if pipeline_class == family.pipeline_class:
+        return Variant(pipeline_class)
     known = ", ".join(family.pipeline_classes)
     raise UserError(
         f"[model] pipeline: {pipeline_class} is not a pipeline accel runs for {family.title} "
@@ -53,7 +53,7 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None) -> di
     for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask)):
         if keyword is None and path is not None:
             raise UserError(f"[generate] {name}: {variant.pipeline_class} takes no {name}; remove --{name}")
-        if keyword is not None and path is None:
+        if keyword is not None and path is None and name not in variant.optional:
             raise UserError(f"{variant.pipeline_class} needs an input {name}: pass {FLAGS[name]}")
         if keyword is not None and path is not None:
             arguments[keyword] = InputImage(_readable_image(name, path))
