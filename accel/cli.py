@@ -383,37 +383,21 @@ def _quiet_library_noise() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 
 
-class Interrupted(BaseException):
-    """Ctrl-C or SIGTERM in a single-process run: unwind (half-written outputs are removed on the way)
-    to one line and the shell's exit code; click would print "Aborted!" and exit 1."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _on_signal(signum: int, _frame: object) -> None:
-    raise Interrupted(signum)
-
-
 def main(argv: list[str] | None = None) -> None:
-    import signal
-
-    from accel import watchdog
+    from accel import interrupts, watchdog
     from accel.launch import exit_code, exit_now, is_peer_loss, world_size
 
     _quiet_library_noise()
     argv = sys.argv[1:] if argv is None else argv
     on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies
     if not on_rank:  # a rank is stopped by its launcher, at once; a lone process unwinds and cleans up
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, _on_signal)
+        interrupts.install()
     code = 0
     try:
         app(args=argv, obj={"argv": argv})
     except SystemExit as exit:
         code = exit_code(exit)
-    except Interrupted as interruption:
+    except interrupts.Interrupted as interruption:
         errors.print("interrupted")
         code = 128 + interruption.signum
     except Exception as error:  # noqa: BLE001 - only in a multi-rank job: the failing rank must be named

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from accel import interrupts
 from accel.errors import UserError
 
 JOB_DIR_ENV = "ACCEL_JOB_DIR"
@@ -51,6 +52,7 @@ def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE
     with _temporary(path) as temp:
         write(temp)
         _sync(temp)
+        interrupts.raise_if_pending()  # an interruption lost in a finalizer still stops the output
         if replace:
             try:
                 os.replace(temp, path)

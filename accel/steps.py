@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from accel import interrupts
 from accel.instance import STEPS, wrap
 
 
@@ -72,6 +73,7 @@ class StepEvents:
         return result
 
     def _step(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        interrupts.raise_if_pending()
         for listener in list(self._listeners):
             listener.before_step(self.step_index)
         result = call_next(*args, **kwargs)

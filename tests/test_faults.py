@@ -217,6 +217,45 @@ def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name != "tmp"] == []  # no image, no temporary, no lock
 
 
+LOST_IN_A_FINALIZER = """
+import os, signal, sys
+from pathlib import Path
+from accel import files, interrupts
+from accel.steps import StepEvents
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, inside __del__
+
+interrupts.install()
+Finalized()  # collected at once: Python prints nothing (the hook) and carries on
+print("carried on", flush=True)
+where = sys.argv[2]
+try:
+    if where == "output":
+        files.write_file(Path(sys.argv[1]), lambda temp: temp.write_text("picture"), replace=True)
+    else:
+        class Scheduler:
+            def set_timesteps(self, n): self.timesteps = list(range(n))
+            def step(self): return "stepped"
+        events = StepEvents(Scheduler())
+        events.scheduler.step()
+except interrupts.Interrupted as interruption:
+    print("interrupted", interruption.signum)
+"""
+
+
+@pytest.mark.parametrize("where", ["output", "step"])
+def test_an_interruption_lost_in_a_finalizer_still_stops_the_run(tmp_path: Path, where: str) -> None:
+    """A Ctrl-C that lands while Python runs a __del__ is swallowed there ("Exception ignored");
+    it is raised again at the next denoising step or before an output file takes its name, so the
+    run ends interrupted with nothing written (seen once in CI: a run that exited 0 after Ctrl-C)."""
+    out = tmp_path / "x.png"
+    done = subprocess.run([sys.executable, "-c", LOST_IN_A_FINALIZER, str(out), where], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "carried on\ninterrupted 2\n", "")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_deliberate_wait_is_not_a_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """accel bench parks idle ranks in a barrier for a whole variant: their heartbeat must not say
     "waiting", or the launcher would end a long one-GPU baseline as a stall."""
