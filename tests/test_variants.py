@@ -25,7 +25,9 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 
 # diffusers pipelines of a supported transformer that `accel run` cannot give their inputs: they need
 # another model or a second picture. In a script, build them and call accel.apply (the family is the
-# transformer's, so every accelerator applies).
+# transformer's): FLUX.1's ControlNet residuals are split with the image (tests/test_controlnet.py);
+# Qwen-Image's, SD 3.5's and Z-Image's are not yet, so their ControlNet pipelines run on one process
+# or with CFG parallelism only.
 NEEDS_MORE = {
     "FluxControlNetPipeline": "a ControlNet model",
     "FluxControlNetImg2ImgPipeline": "a ControlNet model",

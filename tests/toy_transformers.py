@@ -15,6 +15,8 @@ FLUX_HAND_PLAN = ParallelPlan(
         SequenceSplit("img_ids", "image"),
         SequenceSplit("encoder_hidden_states", "text"),
         SequenceSplit("txt_ids", "text"),
+        SequenceSplit("controlnet_block_samples", "image", dim=1),
+        SequenceSplit("controlnet_single_block_samples", "image", dim=1),
     ),
     attention_keys=("text", "image"),
     output_stream="image",

@@ -3,8 +3,10 @@
 Each block's `forward` is replaced on the block *instance* (state_dict keys and classes stay as
 they are). Block 0 always runs; its residual (output − input of the primary stream) is compared
 with the one saved at the last fully computed call. When the relative change is below the
-threshold the remaining blocks pass their inputs through untouched and the last one adds the
-residual those blocks produced at the last computed call, stream by stream (image and text).
+threshold the remaining blocks pass their inputs through untouched and the last one returns block
+0's output plus the residual those blocks produced at the last computed call, stream by stream
+(image and text); anything the transformer adds between blocks (ControlNet residuals) is part of
+that residual.
 
 A pipeline that calls the transformer twice per step (cond, uncond) gets one state per call
 index within the step, so the two never compare against each other; batched CFG is one call and
@@ -207,9 +209,7 @@ class FirstBlockCache(StepListener):
             output = original(*args, **kwargs)
             if last:
                 final = _streams(slot.spec, output)
-                start = self._start
-                if slot.spec.joins:  # the first block's streams, joined as the transformer joins them
-                    start = {slot.spec.returns[0]: torch.cat([start[name] for name in slot.spec.joins], dim=1)}
+                start = self._start_as(slot.spec)
                 self._state.rest_residuals = {
                     name: final[name] - start[name]
                     for name in slot.spec.returns
@@ -219,12 +219,22 @@ class FirstBlockCache(StepListener):
         inputs = slot.signature.bind(*args, **kwargs).arguments
         values = [inputs[name] for name in slot.spec.returns]
         if last:
-            cached = self._state.rest_residuals or {}
+            # From the first block's output, not this block's input: what the transformer added
+            # between the skipped blocks (a ControlNet's per-block residuals) is already in the
+            # stored residual, and would otherwise count twice.
+            cached, start = self._state.rest_residuals or {}, self._start_as(slot.spec)
             values = [
-                value + cached[name] if name in cached else value
+                start[name] + cached[name] if name in cached else value
                 for name, value in zip(slot.spec.returns, values)
             ]
         return values[0] if len(values) == 1 else tuple(values)
+
+    def _start_as(self, spec: BlockList) -> dict[str, Any]:
+        """The first block's output streams as `spec`'s blocks see them (joined where the
+        transformer joins them)."""
+        if spec.joins:
+            return {spec.returns[0]: torch.cat([self._start[name] for name in spec.joins], dim=1)}
+        return self._start
 
     def _relative_change(self, residual: torch.Tensor, previous: torch.Tensor) -> float:
         """mean|r − r_prev| / mean|r_prev| over every rank's shard (sums make unequal shards exact).

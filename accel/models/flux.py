@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -83,6 +83,13 @@ def build_tiny_control(seed: int = 0) -> "FluxPipeline":
     return build_tiny(seed, "FluxControlPipeline", conditions=64)
 
 
+# The ControlNet pipelines' residuals, added to the image tokens after each block (diffusers'
+# _cp_plan does not cut them).
+CONTROLNET_SPLITS = (
+    SequenceSplit("controlnet_block_samples", "image", dim=1),
+    SequenceSplit("controlnet_single_block_samples", "image", dim=1),
+)
+
 FAMILY = Family(
     name="flux",
     title="FLUX.1",
@@ -102,11 +109,13 @@ FAMILY = Family(
     tiny_heads=4,
     # diffusers' _cp_plan cuts text and image tokens and their ids at the forward and gathers at
     # proj_out. Every attention is joint over (text, image), and the transformer builds its rotary
-    # embedding from the (cut) ids, so it matches the local tokens.
+    # embedding from the (cut) ids, so it matches the local tokens. A ControlNet pipeline passes
+    # per-block residuals for the image tokens (lists of whole-sequence tensors): cut as the image.
     parallel=FromDiffusers(
         streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
         attention_keys=("text", "image"),
         output_stream="image",
+        extra_splits=CONTROLNET_SPLITS,
     ),
     # FLUX.1-dev is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
     # prompt, as a second transformer call per step.
