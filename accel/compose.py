@@ -30,6 +30,7 @@ from accel.errors import NotAvailableError, UserError
 from accel.instance import LORA, wrap
 from accel.models.base import Family
 from accel.models.registry import family_of
+from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
 from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
 from accel.parallel.mesh import Degrees, ParallelMesh
@@ -206,6 +207,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
     family = handle.family
     plan = plan_of(family, "[parallel]")
+    refuse_split(variant_of_class(family, type(handle.pipe)), settings.world_size // settings.cfg)
     if settings.cfg > 1 and family.cfg is None:
         from accel.parallel.cfg import no_guidance_message
 

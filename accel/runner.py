@@ -28,7 +28,7 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import input_arguments, open_inputs, variant_of, variant_of_class
+from accel.models.variants import input_arguments, open_inputs, refuse_split, variant_of, variant_of_class
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -164,6 +164,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(variant.fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
+    refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):

@@ -38,7 +38,6 @@ NEEDS_MORE = {
     "VisualClozeGenerationPipeline": "in-context example images and a resolution",
     "QwenImageControlNetPipeline": "a ControlNet model",
     "QwenImageControlNetInpaintPipeline": "a ControlNet model",
-    "Flux2KleinKVPipeline": "not split yet: its reference K/V cache assumes the reference tokens' positions in the whole sequence",
     "QwenImageLayeredPipeline": "Qwen-Image-Layered's own transformer (layer-aware rotary) and returns a stack of layers",
     "ZImageControlNetPipeline": "a ControlNet model",
     "ZImageControlNetInpaintPipeline": "a ControlNet model",
@@ -82,8 +81,9 @@ def test_every_diffusers_pipeline_of_the_transformer_is_a_variant_or_named(famil
 
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference
 # pictures): tests/test_family_flux2.py splits those.
+# Variants sequence parallelism cannot cut (Flux2KleinKVPipeline) are tested on their own below.
 VARIANTS = [(name, variant.pipeline_class) for name in image_families() for variant in FAMILIES[name].variants
-            if variant.pipeline_class != FAMILIES[name].pipeline_class]
+            if variant.pipeline_class != FAMILIES[name].pipeline_class and not variant.not_split]
 MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring": 3}, True, False),
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
@@ -145,6 +145,46 @@ def test_kontext_reference_tokens_join_the_split_image_sequence() -> None:
     finally:
         hook.remove()
     assert set(seen) == {2 * 15}  # 3x5 generated tokens, then the 3x5 of the reference picture
+
+
+# -- a variant context parallelism cannot cut ----------------------------------------------------
+KV = "Flux2KleinKVPipeline"
+KV_REFUSAL = ("[parallel] ulysses × ring = 2: context parallelism cannot split Flux2KleinKVPipeline: its attention processors "
+              "cut text, reference and image tokens at whole-sequence positions, and its reference K/V cache holds the whole "
+              "reference; set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)")
+
+
+def kv_call() -> dict:
+    call = FAMILY_CASES["flux2-klein"].call
+    return {key: value for key, value in call.items() if key in cases.call_parameters(KV)}  # distilled: no guidance scale
+
+
+def test_klein_kv_runs_with_the_cache_on_one_process() -> None:
+    """The reference picture's tokens run in the first call only; the cache then skips later calls,
+    and at threshold 0 it changes nothing."""
+    plain, skipped, _ = cases.variant_run("flux2-klein", KV, {}, kv_call())
+    unchanged, none_skipped, _ = cases.variant_run("flux2-klein", KV, {"cache": {"threshold": 1e-9}}, kv_call())
+    cached, cache_skipped, _ = cases.variant_run("flux2-klein", KV, {"cache": {"threshold": 5.0}}, kv_call())
+    assert np.array_equal(unchanged, plain) and none_skipped == 0
+    assert cache_skipped > 0 and 0 < np.abs(cached - plain).max() < 0.1
+
+
+def test_klein_kv_under_sequence_parallelism_is_one_line_before_start(tmp_path: Path) -> None:
+    image, _ = write_inputs(tmp_path)
+    result = CliRunner().invoke(app, ["run", "tiny-flux2-klein", "--pipeline", KV, "--image", str(image), "--gpus", "2",
+                                      "-o", str(tmp_path / "o.png")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: " + KV_REFUSAL
+    assert not (tmp_path / "o.png").exists()
+
+
+def test_klein_kv_under_sequence_parallelism_is_refused_by_apply_before_any_collective() -> None:
+    import accel
+    from accel.errors import UserError
+
+    with pytest.raises(UserError) as refused:  # one process, no process group: it refuses before joining one
+        accel.apply(cases.variant_pipeline("flux2-klein", KV), {"parallel": {"ulysses": 2}})
+    assert str(refused.value) == KV_REFUSAL
 
 
 # -- the command line ---------------------------------------------------------------------------

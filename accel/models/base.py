@@ -130,7 +130,10 @@ class Variant:
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
     call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer
     needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
-    the family's tiny pipeline, converted with `from_pipe`.
+    the family's tiny pipeline, converted with `from_pipe`. `not_split` says why sequence parallelism
+    cannot cut this pipeline's transformer calls (its attention processors slice the whole
+    sequence by position): Ulysses and Ring are then refused with that reason, every other
+    accelerator still applies.
     """
 
     pipeline_class: str
@@ -140,6 +143,7 @@ class Variant:
     fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
+    not_split: str | None = None
 
 
 @dataclass(frozen=True)

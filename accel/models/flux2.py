@@ -180,10 +180,14 @@ KLEIN = Family(
     tiny=build_tiny_klein,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
     # Reference images (`image=`) join the image stream after the generated tokens, as in Kontext.
-    # Flux2KleinKVPipeline is not listed: its reference K/V cache places reference tokens at fixed
-    # positions of the whole sequence, which a split sequence does not have yet.
+    # Flux2KleinKVPipeline runs the reference tokens once and keeps their keys and values: its
+    # attention processors cut the joint sequence at whole-sequence token counts, so it runs on one
+    # process (with the cache, quantization and compile); Ulysses and Ring are refused.
     variants=(
         Variant("Flux2KleinPipeline", image="image", optional=("image",)),
         Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),
+        Variant("Flux2KleinKVPipeline", image="image", optional=("image",), not_split=(
+            "its attention processors cut text, reference and image tokens at whole-sequence positions, and its "
+            "reference K/V cache holds the whole reference")),
     ),
 )

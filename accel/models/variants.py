@@ -46,6 +46,15 @@ def variant_of_class(family: Family, cls: type) -> Variant:
     return Variant(cls.__name__)
 
 
+def refuse_split(variant: Variant, sequence: int) -> None:
+    """One line, before any rank starts, where Ulysses / Ring would cut a pipeline they cannot."""
+    if sequence > 1 and variant.not_split:
+        raise UserError(
+            f"[parallel] ulysses × ring = {sequence}: context parallelism cannot split {variant.pipeline_class}: "
+            f"{variant.not_split}; set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)"
+        )
+
+
 def input_arguments(variant: Variant, image: str | None, mask: str | None) -> dict[str, InputImage]:
     """The call's keyword arguments for the input files; a missing required one, or one the pipeline
     does not take, is one line naming the flag."""
