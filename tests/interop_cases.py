@@ -102,7 +102,8 @@ class HandAttention(torch.nn.Module):
     """Joint (text, image) attention over 2 heads computed by hand (matmul + softmax), never through SDPA."""
 
     def forward(self, hidden_states: torch.Tensor, img_ids: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                txt_ids: torch.Tensor) -> torch.Tensor:
+                txt_ids: torch.Tensor, controlnet_block_samples: None = None,
+                controlnet_single_block_samples: None = None) -> torch.Tensor:  # FLUX's arguments the plan names
         x = self.heads(torch.cat([encoder_hidden_states, hidden_states], dim=1))
         out = self.attend(x)
         return out.transpose(1, 2).flatten(2)[:, encoder_hidden_states.shape[1]:]
