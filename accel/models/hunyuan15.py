@@ -77,7 +77,7 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
                 text_embed_2_dim=text_encoder_2.config.d_model,
                 image_embed_dim=image_embed_dim,
                 rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
-                target_size=64,  # the image-to-video pipeline sizes its output from this (640 on 480p)
+                target_size=64,  # the image-to-video pipeline sizes its output from this (diffusers default 640)
             )
         )
     with parts.seeded(base + 4):
