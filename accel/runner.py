@@ -189,17 +189,41 @@ def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
     parameters = inspect.signature(pipeline.__call__).parameters
     if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
         return
-    for keyword in [keyword for keyword in kwargs if keyword not in parameters]:
+    taken = set(parameters) | ({"guidance_scale"} if guided_by_guider(pipeline) else set())
+    for keyword in [keyword for keyword in kwargs if keyword not in taken]:
         key = _RECIPE_KEYS.get(keyword, "frames")
         if getattr(settings, key, None) is not None:
             raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it")
         del kwargs[keyword]
 
 
+def guided_by_guider(pipeline: type) -> bool:
+    """Whether the pipeline takes its guidance scale from a `guider` component (diffusers' guiders:
+    HunyuanVideo 1.5) rather than from a call keyword; accel then sets `guidance_scale` there."""
+    return ("guidance_scale" not in inspect.signature(pipeline.__call__).parameters
+            and "guider" in inspect.signature(pipeline.__init__).parameters)
+
+
+@contextmanager
+def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
+    """Moves the call's `guidance_scale` onto the pipeline's guider for the call (restored after)."""
+    guider = getattr(pipe, "guider", None)
+    if "guidance_scale" not in call or guider is None or not guided_by_guider(type(pipe)):
+        yield
+        return
+    previous, guider.guidance_scale = guider.guidance_scale, call.pop("guidance_scale")
+    try:
+        yield
+    finally:
+        guider.guidance_scale = previous
+
+
 def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
     generator = torch.Generator("cpu").manual_seed(seed)
-    result = pipe(**open_inputs(kwargs), generator=generator, output_type="np")
+    call = open_inputs(kwargs)
+    with _guider_scale(pipe, call):
+        result = pipe(**call, generator=generator, output_type="np")
     frames = getattr(result, "frames", None)
     output = frames if frames is not None else result.images
     return np.asarray(output)[0]

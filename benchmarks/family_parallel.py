@@ -8,8 +8,8 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
 2. With --device cuda: per-rank transformer forward time with the "fake" process group (one
    process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
    real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024, Wan 2.1 14B at
-   1280x720, 33 frames, FLUX.2-dev at 1024x1024 and Qwen-Image at 1328x1328. On the CPU, --smoke
-   runs the same code on scaled-down configs.
+   1280x720, 33 frames, FLUX.2-dev at 1024x1024, Qwen-Image at 1328x1328 and HunyuanVideo 1.5
+   at 1280x720, 121 frames. On the CPU, --smoke runs the same code on scaled-down configs.
 
     python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
 """
@@ -39,12 +39,15 @@ LONG = {
     "flux2-klein": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + 512 text
     "sd3": dict(height=256, width=256),  # 16 x 16 = 256 image tokens + 333 text (the tiny crops positions at 16 x 16)
     "zimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the caption, in one sequence
+    "hunyuan15": dict(height=256, width=256, num_frames=17),  # 5 x 16 x 16 = 1280 video + 1985 joint text tokens
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
-          "zimage": dict(guidance_scale=4.0)}  # the base model's batched CFG (Turbo runs without)
-# Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt).
-NOT_TAKEN = {"flux2-klein": ("negative_prompt",)}
+          "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
+          "hunyuan15": dict(negative_prompt="blurry")}  # the guider's CFG (scale 6 in the tiny pipeline): two calls
+# Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt; HunyuanVideo 1.5's
+# guidance scale sits on its guider).
+NOT_TAKEN = {"flux2-klein": ("negative_prompt",), "hunyuan15": ("guidance_scale",)}
 
 
 # --- 1. two CPU ranks against one ---------------------------------------------------------------
@@ -150,6 +153,12 @@ REAL = {
                   smoke=dict(num_attention_heads=12)),
     # Qwen-Image at 1328x1328: 83x83 packed tokens of 64 channels, a 256-token prompt.
     "qwenimage": dict(cls="QwenImageTransformer2DModel", config=dict(), tokens=(83, 83), text=256),
+    # HunyuanVideo 1.5 (the diffusers defaults: 54 blocks, 16 heads of 128) at 1280x720, 121 frames: 31 x 45 x 80
+    # latents (16x VAE, patch 1) = 111600 video tokens, then the 1985-token joint text stream (128 of the 1000
+    # prompt tokens real, no glyph text, 729 zero image tokens). On one device diffusers' processor builds a
+    # (L, L) mask per block (13 GB of bools at this L); under accel each rank's L is 1/N of it.
+    "hunyuan15": dict(cls="HunyuanVideo15Transformer3DModel", config=dict(), latents=(31, 45, 80), prompt=128,
+                      smoke=dict(num_attention_heads=4)),
 }
 SMOKE = {"num_layers": 1, "num_single_layers": 1}  # CPU (--smoke): same attention shapes, far fewer layers
 
@@ -183,6 +192,15 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
         return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, text, 3584),
                     encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool, device=device),
                     timestep=torch.ones(1, device=device, dtype=dtype), img_shapes=[[(1, h, w)]], return_dict=False)
+    if family == "hunyuan15":
+        f, h, w = spec["latents"]
+        f = (f - 1) // scale + 1  # --smoke: fewer frames too
+        prompt = torch.zeros(1, 1000, dtype=torch.long, device=device)
+        prompt[:, : spec["prompt"]] = 1
+        return dict(hidden_states=make(1, 65, f, h // scale, w // scale), timestep=torch.ones(1, device=device, dtype=dtype),
+                    encoder_hidden_states=make(1, 1000, 3584), encoder_attention_mask=prompt,
+                    encoder_hidden_states_2=make(1, 256, 1472), encoder_attention_mask_2=torch.zeros(1, 256, dtype=torch.long, device=device),
+                    image_embeds=torch.zeros(1, 729, 1152, dtype=dtype, device=device), return_dict=False)
     f, h, w = spec["latents"]
     return dict(hidden_states=make(1, 16, f, h // scale, w // scale), encoder_hidden_states=make(1, 512, 4096),
                 timestep=torch.ones(1, device=device), return_dict=False)
@@ -225,7 +243,10 @@ def _fake_rank(_index: int, world: int, family: str, device: str, repeats: int, 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.no_grad():
         if world == 1:
-            results[(family, 1)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+            try:
+                results[(family, 1)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+            except torch.OutOfMemoryError:  # HunyuanVideo 1.5's (L, L) masks at 720p: the parallel rows still print
+                results[(family, 1)] = None
             return
         heads = int(transformer.config.num_attention_heads)
         for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
@@ -245,10 +266,11 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
     print(f"\n2. per-rank transformer forward time, fake process group, {what}, on {device}")
     for family in families:
         single = results[(family, 1)]
-        print(f"   {family}: one device {single * 1000:.1f} ms")
+        print(f"   {family}: one device " + (f"{single * 1000:.1f} ms" if single is not None else "out of memory"))
         for world in (2, 4, 8):
             cells = [
-                f"{name} {results[(family, world, name)] * 1000:.1f} ms ({single / results[(family, world, name)]:.2f}x, ideal {world}x)"
+                f"{name} {results[(family, world, name)] * 1000:.1f} ms"
+                + (f" ({single / results[(family, world, name)]:.2f}x, ideal {world}x)" if single is not None else "")
                 for name in ("ulysses", "ring") if (family, world, name) in results
             ]
             print(f"     N={world}: " + ";  ".join(cells))
@@ -256,7 +278,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

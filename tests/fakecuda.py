@@ -94,6 +94,11 @@ class Probe(TorchDispatchMode):
                 x = args[0]
                 return torch.empty((x.numel(), x.dim()), dtype=torch.long, device=x.device)
             return self._answer(args[0])
+        if func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            # `x[mask]` finds its size from the mask's data inside the op (a nonzero this mode
+            # does not see): one sync, and, as for nonzero, every element counts.
+            self.syncs.append(Sync("index with a boolean mask", _caller()))
+            return func(args[0], [_every_index(i) for i in args[1]])
         if func in (aten._to_copy.default, aten.copy_.default):
             source, target = (args[0], kwargs.get("device")) if func is aten._to_copy.default else (args[1], args[0].device)
             if source.device.type == "cuda" and target is not None and torch.device(target).type == "cpu":
@@ -120,6 +125,16 @@ class Probe(TorchDispatchMode):
 
     def non_cuda_collectives(self) -> list[tuple[str, tuple[str, ...]]]:
         return [(name, devices) for name, devices in self.collectives if any(d != "cuda" for d in devices)]
+
+
+def _every_index(index: torch.Tensor | None) -> Any:
+    """A boolean mask's positions as if every element were true; other indices unchanged. A
+    k-dimensional mask stands for k index tensors (`None` where a boolean index is absent)."""
+    if index is None or index.dtype != torch.bool:
+        return index
+    if index.dim() != 1:
+        raise NotImplementedError("fake-CUDA probe: boolean masks of more than one dim")
+    return torch.arange(index.shape[0], device=index.device)
 
 
 def _caller() -> str:

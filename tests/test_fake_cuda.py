@@ -14,8 +14,10 @@ show is checked instead:
   streams side by side) or the model passes an attention mask;
 - every collective got `cuda` tensors;
 - zero host synchronisations inside the forward, except (a) the cache's one decision per call
-  once it has a previous residual to compare with, and (b) Mochi's own diffusers attention
-  processor, which compacts each sample's text with `nonzero` (model code, one per sample and block).
+  once it has a previous residual to compare with, (b) Mochi's own diffusers attention
+  processor, which compacts each sample's text with `nonzero` (model code, one per sample and block),
+  and (c) HunyuanVideo 1.5's own forward, which reorders its text stream with boolean masks before
+  the blocks (model code, once per call).
 """
 
 from __future__ import annotations
@@ -146,6 +148,12 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "zimage":  # lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features
         return dict(x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)], t=t / 1000,
                     cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)], return_dict=False)
+    if name == "hunyuan15":  # patch size 1: the latent grid is the token grid; 3 image tokens (zero: text-to-video), 4 glyph tokens
+        mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
+        return dict(hidden_states=randn(batch, config["in_channels"], f, h, w), timestep=t,
+                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
+                    encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4),
+                    image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE), return_dict=False)
     raise KeyError(name)
 
 
@@ -164,6 +172,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
         "sd3": (batch, out, h, w),
         "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
+        "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
     }[name]
 
 
@@ -185,7 +194,7 @@ def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -
     def valid(shard: int) -> list[bool]:  # which of shard p's key slots are real, stream after stream
         return [p * layout.shard + i < layout.length for layout in layouts for i in range(layout.shard) for p in [shard]]
 
-    masked_model = family.name == "hunyuan"  # its forward always builds a joint attention mask
+    masked_model = family.name in ("hunyuan", "hunyuan15")  # their forwards always build a joint attention mask
     kernels: Counter[Kernel] = Counter()
     for source in range(degrees.ring):  # ring rank `source` holds Ulysses shards source*U .. source*U+U-1
         block = [slot for u in range(degrees.ulysses) for slot in valid(source * degrees.ulysses + u)]
@@ -206,7 +215,11 @@ def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool)
 
 
 def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
-    """Host syncs the family's own diffusers code makes per forward (Mochi's text compaction, per block run)."""
+    """Host syncs the family's own diffusers code makes per forward (Mochi's text compaction, per block
+    run; HunyuanVideo 1.5's check whether the image embeddings are all zero, then its reordering of each
+    sample's text stream, valid tokens first, with twelve boolean-mask selections)."""
+    if name == "hunyuan15":
+        return 1 + 12 * batch
     return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
 
 
@@ -405,6 +418,11 @@ FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=1, num_single_layers=
 # Qwen3-4B's 2560-wide text.
 Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=2, n_refiner_layers=1, n_heads=30,
                n_kv_heads=30, cap_feat_dim=2560, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
+# HunyuanVideo 1.5's transformer (the diffusers defaults, two of its 54 blocks): 16 heads of 128, Qwen2.5-VL-7B's
+# 3584-wide text, ByT5's 1472, SigLIP's 1152; 32 latent channels (65 in: noise, condition latents, mask).
+HUNYUAN15 = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=2, num_refiner_layers=2,
+                 mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
+                 image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v")
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -417,6 +435,9 @@ REAL = {
     # Z-Image (the base model, batched CFG) at 1024x1024: 4096 image tokens and a 512-token caption in one sequence;
     # CFG halves x Ulysses 4 (30 heads in 32 slots).
     "zimage": (Z_IMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 512))),
+    # HunyuanVideo 1.5 at 720p, 121 frames: 31 x 45 x 80 = 111600 video tokens (16x VAE, patch 1), 1000 prompt
+    # tokens; the guider's two calls on CFG halves x Ulysses 4, with the cache.
+    "hunyuan15": (HUNYUAN15, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000))),
 }
 
 

@@ -379,6 +379,32 @@ def zimage_inputs(drift: float) -> Inputs:
     )
 
 
+# -- hunyuan15: 2 double-stream blocks, 2 latent frames of 4x4 (32 tokens, patch 1), a joint text stream --
+def build_hunyuan15() -> nn.Module:
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    return _seeded(
+        21,
+        lambda: HunyuanVideo15Transformer3DModel(in_channels=9, out_channels=4, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                                                 num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=TEXT_DIM,
+                                                 text_embed_2_dim=16, image_embed_dim=16, rope_axes_dim=(4, 6, 6)),
+    )
+
+
+def hunyuan15_inputs(drift: float) -> Inputs:
+    # The text stream the transformer joins: 3 image tokens (zero: text-to-video, masked), 4 glyph and 8 prompt tokens.
+    return dict(
+        hidden_states=_latents((1, 9, 2, 4, 4), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        encoder_attention_mask=_text_mask(),
+        encoder_hidden_states_2=_noise(torch.Generator().manual_seed(2), 1, 4, 16),
+        encoder_attention_mask_2=torch.tensor([[1, 1, 0, 0]]),
+        image_embeds=torch.zeros(1, 3, 16),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -391,6 +417,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "sd3": (build_sd3, sd3_inputs),
     "flux2": (build_flux2_dev, flux2_dev_inputs),
     "zimage": (build_zimage, zimage_inputs),
+    "hunyuan15": (build_hunyuan15, hunyuan15_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

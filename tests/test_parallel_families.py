@@ -86,6 +86,11 @@ FAMILY_CASES = {
         odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
         threshold=1.15,  # block 0's residual changes by ~100 % a step with random adaLN weights
     ),
+    "hunyuan15": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4),  # the guider's CFG: two calls a step
+        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 = 40 video tokens, 1985 text tokens
+        threshold=0.3,
+    ),
 }
 
 MODES = {

@@ -56,6 +56,20 @@ def test_per_key_masks_reach_the_engine(shape: tuple[int, ...]) -> None:
     assert seen[0] is mask and key_mask(mask).shape == (shape[0] if len(shape) == 4 else 1, 3)
 
 
+def test_a_pairwise_mask_reaches_the_engine_as_its_key_mask_where_the_plan_says_so() -> None:
+    """HunyuanVideo 1.5 builds (B, 1, L, L) = m[q] & m[k] in every block: with `pairwise` the engine
+    gets the per-key mask m (the diagonal); without, the square mask is refused as before."""
+    seen: list[torch.Tensor] = []
+    q = torch.randn(2, 2, 3, 4)
+    token = torch.tensor([[True, False, True], [True, True, False]])
+    square = (token[:, None, :, None] & token[:, None, None, :])
+    with AttentionRouter(lambda q, k, v, m, s: seen.append(m) or q, pairwise=True):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=square)
+    assert torch.equal(key_mask(seen[0]), token)
+    with AttentionRouter(lambda *a: q), pytest.raises(NotAvailableError, match=r"not a boolean per-key mask \(shape \(2, 1, 3, 3\)"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=square)
+
+
 def test_local_calls_keep_plain_sdpa_masks_included() -> None:
     q, mask = torch.randn(1, 2, 3, 4), torch.zeros(1, 1, 3, 3)  # a float mask the engine would refuse
     with AttentionRouter(lambda *a: pytest.fail("routed"), is_local=lambda: True):

@@ -18,7 +18,9 @@ from test_parallel_families import FAMILY_CASES
 from typer.testing import CliRunner
 
 from accel.cli import app
+from accel.media import read_video
 from accel.models.registry import FAMILIES
+from accel.runner import guided_by_guider
 
 TOLERANCE = 1e-4
 ACCEL = str(Path(sys.executable).parent / "accel")
@@ -65,8 +67,14 @@ def diffusers_pipelines_of(transformer_class: str) -> set[str]:
     return found
 
 
+# Video families whose every diffusers pipeline is listed (or named in NEEDS_MORE); the others'
+# image- and video-to-video pipelines are not variants yet.
+VIDEO_FAMILIES = ["hunyuan15"]
+
+
 def image_families() -> list[str]:
-    return [name for name, family in FAMILIES.items() if family.output == "image"]
+    """The families checked here: every image family, and the video families above."""
+    return [name for name, family in FAMILIES.items() if family.output == "image" or name in VIDEO_FAMILIES]
 
 
 @pytest.mark.parametrize("family", image_families())
@@ -91,14 +99,16 @@ MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring"
 # Qwen-Image's edit pipelines encode the input picture at one megapixel whatever the output size
 # (4096 reference tokens, seconds per call on a CPU rank): one mode each, a different one per variant.
 ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPlusPipeline": "ring3, odd size",
-            "QwenImageEditInpaintPipeline": "ulysses2"}
+            "QwenImageEditInpaintPipeline": "ulysses2",
+            # HunyuanVideo 1.5 image-to-video: the guider's two calls a step on CFG halves, Ulysses in each, the cache.
+            "HunyuanVideo15ImageToVideoPipeline": "cfg2 x ulysses2 + cache"}
 
 
 def modes_of(family: str, pipeline_class: str) -> list[str]:
     """CFG parallelism where the variant runs real CFG (FluxFillPipeline has no true CFG), else the cache on Ulysses."""
     if pipeline_class in ONE_MODE:
         return [ONE_MODE[pipeline_class]]
-    real_cfg = FAMILIES[family].cfg_scale in cases.call_parameters(pipeline_class)
+    real_cfg = FAMILIES[family].cfg_scale in cases.call_parameters(pipeline_class) or guided_by_guider(getattr(diffusers, pipeline_class))
     return [mode for mode in MODES if mode != ("ulysses2 + cache" if real_cfg else "cfg2 x ulysses2 + cache")]
 
 
@@ -208,6 +218,18 @@ def test_fill_runs_from_the_command_line_with_image_and_mask(tmp_path: Path) -> 
                                  true_cfg_scale=1.0, negative_prompt=None, prompt="a red fox in the snow, photograph",
                                  guidance_scale=3.5))[0][0]
     assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
+
+
+def test_image_to_video_runs_from_the_command_line(tmp_path: Path) -> None:
+    """HunyuanVideo 1.5's image-to-video pipeline sizes its video from the picture (it takes no
+    height or width) and guides through its guider, whose scale accel sets."""
+    image = tmp_path / "in.png"
+    cases.picture((64, 64)).save(image)
+    out = tmp_path / "video.mp4"
+    done = subprocess.run([ACCEL, "run", "tiny-hunyuan15", "--pipeline", "HunyuanVideo15ImageToVideoPipeline", "--image", str(image),
+                           "--steps", "2", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_video(out).shape == (5, 64, 64, 3)  # the tiny defaults' 5 frames, at the picture's size
 
 
 @pytest.mark.parametrize(

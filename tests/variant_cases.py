@@ -1,5 +1,5 @@
 """Pipeline variants on every rank: a family's tiny pipeline run as another pipeline class of its
-transformer (img2img, inpaint, Kontext, fill, control, edit), with deterministic input pictures."""
+transformer (img2img, inpaint, Kontext, fill, control, edit, image-to-video), with deterministic input pictures."""
 
 from __future__ import annotations
 
@@ -76,4 +76,5 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     finally:
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
-    return np.asarray(result.images), skipped, TRAFFIC.total_bytes
+    frames = getattr(result, "frames", None)  # a video variant (image-to-video)
+    return np.asarray(frames if frames is not None else result.images), skipped, TRAFFIC.total_bytes

@@ -252,6 +252,30 @@ def _merges_building(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str
     return merges
 
 
+def _run_merges(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """BPE merges (each result added to `vocab`) that build every run of one repeated character
+    among `pieces` into one token: doublings first (pairs, then pairs of pairs), then the
+    remainder joined from the largest part down, which BPE's merge-by-rank then follows."""
+    merges: list[tuple[str, str]] = []
+
+    def merge(left: str, right: str) -> None:
+        if left + right not in vocab:
+            merges.append((left, right))
+            vocab[left + right] = len(vocab)
+
+    for piece in sorted({p for p in pieces if len(p) > 1 and len(set(p)) == 1}, key=len):
+        size = 1
+        while 2 * size <= len(piece):
+            merge(piece[0] * size, piece[0] * size)
+            size *= 2
+        built = size
+        for part in (1 << bit for bit in reversed(range(size.bit_length()))):
+            if built + part <= len(piece):
+                merge(piece[0] * built, piece[0] * part)
+                built += part
+    return merges
+
+
 def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
     """Llama-3-style tokenizer: byte-fallback BPE where each word of `template` is one token.
 
@@ -300,17 +324,21 @@ def llama_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HI
         return finish(LlamaModel(config))
 
 
-def qwen2_tokenizer(template: str = "") -> Qwen2Tokenizer:
+def qwen2_tokenizer(template: str = "", runs: bool = False) -> Qwen2Tokenizer:
     """Qwen2-style byte-level BPE whose merges build exactly the words of `template`, one token each.
 
     Any other text goes one token per byte, so any text encodes. The prefix of a pipeline's prompt
     template then spends as many tokens as with the real tokenizer (Qwen-Image's 34), so the
     pipeline's fixed start index crops it off exactly. Vision tokens are there for Qwen2-VL processors.
+    With `runs`, a run of one repeated character (HunyuanVideo 1.5's indented system prompt) is
+    built by doubling, so it too ends as one token, as with the real vocabulary; left-to-right
+    merges would stop at pairs.
     """
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pieces = [piece for segment in _QWEN_SPECIAL.split(template) for piece, _ in split.pre_tokenize_str(segment)]
-    merges = _merges_building(pieces, vocab)
+    merges = _run_merges(pieces, vocab) if runs else []
+    merges += _merges_building(pieces, vocab)
     for token in QWEN_SPECIAL_TOKENS:
         vocab[token] = len(vocab)
     return Qwen2Tokenizer(

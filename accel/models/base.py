@@ -72,7 +72,11 @@ class ParallelPlan:
     batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
     `module_keys` gives modules (glob patterns) whose attention has other keys than
     `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
-    tokens alone, `("transformer_blocks.*.attn2", ("image",))`.
+    tokens alone, `("transformer_blocks.*.attn2", ("image",))`. `pairwise_mask`: the model's
+    attention masks are (B, 1, L, L), one per-token mask ANDed with itself (query and key alike;
+    HunyuanVideo 1.5 builds one in every block). The engine reads the key mask off the diagonal,
+    with no host sync; a masked query (a padding token) then attends to the real keys instead of
+    none, which changes only rows no real token reads.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -83,6 +87,7 @@ class ParallelPlan:
     local_attention: tuple[str, ...] = ()
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    pairwise_mask: bool = False
 
 
 @dataclass(frozen=True)

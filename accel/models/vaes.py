@@ -40,6 +40,9 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLLTXVideo": VaePlan(noise_rows="decoder_inject_noise"),
     "AutoencoderKLQwenImage": VaePlan(whole=("mid_block.attentions.*",)),  # Wan 2.1's decoder, for images
     "AutoencoderKLFlux2": VaePlan(whole=("mid_block.attentions.*",)),
+    # RMS norms over channels and pixel-shuffle up-sampling are local; the mid-block attention
+    # builds its frame-causal mask from the whole map.
+    "AutoencoderKLHunyuanVideo15": VaePlan(whole=("mid_block.attentions.*",)),
 }
 
 

@@ -22,12 +22,16 @@ Attend = Callable[[Tensor, Tensor, Tensor, Tensor | None, float | None], Tensor]
 
 
 class AttentionRouter(TorchFunctionMode):
-    """Sends SDPA calls to `attend`, or to plain SDPA while `is_local()`; other functions run as usual."""
+    """Sends SDPA calls to `attend`, or to plain SDPA while `is_local()`; other functions run as usual.
 
-    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False) -> None:
+    With `pairwise`, a square (B, 1, L, L) boolean mask is taken as one per-token mask ANDed with
+    itself (the plan says the model builds them so) and reduced to its diagonal, the key mask."""
+
+    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False, pairwise: bool = False) -> None:
         super().__init__()
         self.attend = attend
         self.is_local = is_local
+        self.pairwise = pairwise
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
@@ -51,6 +55,8 @@ class AttentionRouter(TorchFunctionMode):
                 "context parallelism: this transformer calls attention with a causal flag or dropout, "
                 "which the parallel engine does not handle; run it without [parallel]"
             )
+        if self.pairwise and attn_mask is not None and _is_pairwise(attn_mask, query.shape[-2]):
+            attn_mask = attn_mask.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)  # (B, 1, 1, L): a view, no copy
         if attn_mask is not None and not _is_key_mask(attn_mask):
             raise NotAvailableError(
                 "context parallelism: this transformer's attention mask is not a boolean per-key mask "
@@ -96,6 +102,11 @@ def _is_key_mask(mask: Tensor) -> bool:
         return False
     fixed = mask.shape[1:-1] if mask.dim() == 4 else mask.shape[:-1]
     return all(size == 1 for size in fixed)
+
+
+def _is_pairwise(mask: Tensor, queries: int) -> bool:
+    """A boolean (B|1, 1, L, L) mask over a self-attention's `queries` tokens."""
+    return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2] == mask.shape[-1] == queries
 
 
 def key_mask(mask: Tensor) -> Tensor:
