@@ -43,7 +43,11 @@ class SequenceSplit:
     mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
     per-token timesteps are cut, its per-sample ones are not). With `element` set, only that item
     of a returned (or passed) tuple is cut, so one tuple can hold several streams (Qwen-Image's
-    rotary module returns the image table and the text table together).
+    rotary module returns the image table and the text table together). A list, tuple or mapping
+    is cut item by item (a ControlNet's per-block residuals). `at` defers the cut of a transformer
+    argument (module "") to just before the modules it names start, for a stream that only exists
+    inside the forward (Z-Image's unified sequence is built there); the list or mapping the
+    transformer holds is then filled in place.
     """
 
     value: str
@@ -52,6 +56,7 @@ class SequenceSplit:
     module: str = ""
     ndim: int | None = None
     element: int | None = None
+    at: str = ""
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -72,7 +77,11 @@ class ParallelPlan:
     batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
     `module_keys` gives modules (glob patterns) whose attention has other keys than
     `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
-    tokens alone, `("transformer_blocks.*.attn2", ("image",))`.
+    tokens alone, `("transformer_blocks.*.attn2", ("image",))`. `batch_items` are arguments holding
+    several tensors that each carry the batch dim (a list or mapping of them: a ControlNet's
+    per-block residuals), which CFG parallelism halves tensor by tensor; where a split of one is
+    deferred `at` a module, its tensors are padded like that module's first input (to the batch's
+    longest sample), and a half that runs shorter samples keeps only as many tokens.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -83,6 +92,7 @@ class ParallelPlan:
     local_attention: tuple[str, ...] = ()
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    batch_items: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,7 @@ class FromDiffusers:
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     extra_splits: tuple[SequenceSplit, ...] = ()
+    batch_items: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
