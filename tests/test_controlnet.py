@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import controlnet_cases
 import parallel_cases as cases
 import variant_cases
 from accel.cache.fbcache import FirstBlockCache
@@ -64,8 +65,8 @@ def modes(family: str) -> dict[str, tuple[dict[str, int], dict[str, Any], float]
 def test_the_controlnet_changes_the_picture(family: str) -> None:
     """Else the parallel test below would pass with the residuals dropped."""
     builder, _, odd, _, _ = CASES[family]
-    with_residuals, _, _ = cases.tiny_run(builder, {}, odd)
-    without, _, _ = cases.tiny_run(builder, {}, dict(odd, controlnet_conditioning_scale=0.0))
+    with_residuals, _, _ = controlnet_cases.run(builder, {}, odd)
+    without, _, _ = controlnet_cases.run(builder, {}, dict(odd, controlnet_conditioning_scale=0.0))
     assert np.abs(with_residuals - without).max() > 0.1
     assert family_of(cases.tiny_pipeline(builder)) is FAMILIES[family]
 
@@ -76,11 +77,12 @@ def test_controlnet_equals_one_process(rank_pools, family: str, mode: str) -> No
     builder = CASES[family][0]
     parallel, call, threshold = modes(family)[mode]
     recipe = {"cache": {"threshold": threshold}} if threshold else {}
-    expected, decisions, _ = cases.tiny_run(builder, recipe, call)
+    expected, decisions, _ = controlnet_cases.run(builder, recipe, call)
     if threshold:  # the cache caches some calls and computes others
         assert {record[3] for record in decisions} == {True, False}
     world = parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1)
-    for output, records, bytes_sent in rank_pools(world).run(cases.tiny_run, builder, {**recipe, "parallel": parallel}, call):
+    # Each rank seeds its global random state with its own index: rank 0's (the reference's) must win.
+    for output, records, bytes_sent in rank_pools(world).run(controlnet_cases.run, builder, {**recipe, "parallel": parallel}, call, None):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
         if threshold and parallel.get("cfg", 1) == 1:
@@ -123,3 +125,13 @@ def test_a_cached_call_counts_the_controlnet_residuals_once(family: str) -> None
     assert [record.cached for record in cache.stats.records] == [False, True]
     computed, cached = (torch.stack(x) if isinstance(x, list) else x for x in (computed, cached))
     assert torch.allclose(cached, computed, atol=1e-5)
+
+
+def test_zimage_cfg_halves_fit_the_residuals_to_their_own_length(rank_pools) -> None:
+    """CFG parallelism alone: the half with the shorter samples (96 unified tokens) gets the
+    residuals of its sample cut to 96, where the ControlNet padded them to the batch's 128."""
+    builder, _, odd, _, _ = CASES["zimage"]
+    expected, _, _ = controlnet_cases.run(builder, {}, odd)
+    for output, _, bytes_sent in rank_pools(2).run(controlnet_cases.run, builder, {"parallel": {"cfg": 2}}, odd):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
