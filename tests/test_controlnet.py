@@ -127,6 +127,28 @@ def test_a_cached_call_counts_the_controlnet_residuals_once(family: str) -> None
     assert torch.allclose(cached, computed, atol=1e-5)
 
 
+
+def inpaint_call(family: str) -> dict[str, Any]:
+    _, _, odd, _, _ = CASES[family]
+    size = (odd["width"], odd["height"])
+    masks = dict(image=odd["control_image"], mask_image=variant_cases.mask(size)) if family == "zimage" else dict(control_mask=variant_cases.mask(size))
+    return dict(odd, **masks)
+
+
+@pytest.mark.parametrize("family", ["qwenimage", "sd3", "zimage"])
+def test_inpaint_controlnet_equals_one_process_on_ring3_at_an_odd_size(rank_pools, family: str) -> None:
+    """The ControlNet inpaint pipelines hand the transformer the same residuals (the ControlNet also
+    reads the mask); with CFG on, as the odd calls above run it."""
+    builder = f"controlnet_cases:build_{family}_inpaint"
+    call = inpaint_call(family)
+    expected, _, _ = controlnet_cases.run(builder, {}, call)
+    without, _, _ = controlnet_cases.run(builder, {}, dict(call, controlnet_conditioning_scale=0.0))
+    assert np.abs(expected - without).max() > 0.1
+    for output, _, bytes_sent in rank_pools(3).run(controlnet_cases.run, builder, {"parallel": {"ring": 3}}, call, None):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
 def test_zimage_cfg_halves_fit_the_residuals_to_their_own_length(rank_pools) -> None:
     """CFG parallelism alone: the half with the shorter samples (96 unified tokens) gets the
     residuals of its sample cut to 96, where the ControlNet padded them to the batch's 128."""
