@@ -3,7 +3,9 @@
 Pipelines run classifier-free guidance one of two ways, and each gets its own split:
 
 - batched ("batch"): one transformer call on uncond and cond concatenated along the batch. Each
-  half takes its half of the batch; the outputs are gathered along the batch.
+  half takes its half of the batch; the outputs are gathered along the batch. A ControlNet's
+  per-block residuals carry that batch too (the plan's `batch_items`): each tensor is halved, and
+  where the batch pads every sample to the longest (Z-Image), cut to the half's own length.
 - two calls ("calls"): the transformer is called once per branch per step. Half r computes call r
   and answers the other call with a placeholder tensor; when the second call ends the halves swap
   results and the placeholder is filled in place, before the pipeline combines the two.
