@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,7 +68,7 @@ def test_local_calls_keep_plain_sdpa_masks_included() -> None:
 def test_the_router_is_left_even_when_the_forward_fails() -> None:
     class Broken(torch.nn.Module):
         def forward(self, hidden_states: torch.Tensor, img_ids: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                    txt_ids: torch.Tensor) -> torch.Tensor:
+                    txt_ids: torch.Tensor, controlnet_block_samples: Any = None, controlnet_single_block_samples: Any = None) -> torch.Tensor:
             raise RuntimeError("inside")
 
     mesh = ParallelMesh(Degrees(), None, None, None, None, None, sequence_rank=0)  # one rank: no groups needed
