@@ -28,7 +28,7 @@ from typing import Any
 from accel.cache import CacheStats, FirstBlockCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import LORA, wrap
-from accel.models.base import Family
+from accel.models.base import Family, ParallelPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -229,7 +229,9 @@ def _apply_parallel(handle: AccelHandle) -> None:
         from accel.parallel.cfg import CfgParallel
 
         assert family.cfg is not None
-        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe))
+        extra = plan.splits if isinstance(plan, ParallelPlan) else plan.extra_splits
+        padded = tuple(split for split in extra if split.at and split.value in plan.batch_items)
+        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded)
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     handle._undo.append(agree_on_arguments(handle.pipe, mesh.group))  # first of every call: one message, no hang

@@ -86,3 +86,14 @@ def test_tuple_items_and_per_module_keys_equal_one_process(rank_pools, parallel:
     from toy_transformers import dual_attention_error
 
     assert max(rank_pools(parallel[0] * parallel[1]).run(dual_attention_error, *parallel)) <= 1e-5
+
+
+@pytest.mark.parametrize("at", ["", "layers.0"], ids=["at the forward", "deferred"])
+@pytest.mark.parametrize("parallel", [(2, 1), (1, 3)], ids=["ulysses2", "ring3"])
+def test_a_mapping_of_residuals_is_cut_item_by_item(rank_pools, parallel: tuple[int, int], at: str) -> None:
+    """Z-Image's ControlNet residuals, {layer: tensor} on a sequence the forward builds: cut at the
+    forward, or deferred to the layer where that sequence is cut (13 tokens, which no world divides)."""
+    from toy_transformers import residual_mapping_error
+
+    assert max(rank_pools(parallel[0] * parallel[1]).run(residual_mapping_error, *parallel, at)) <= 1e-5
+

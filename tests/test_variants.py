@@ -27,9 +27,9 @@ ACCEL = str(Path(sys.executable).parent / "accel")
 
 # diffusers pipelines of a supported transformer that `accel run` cannot give their inputs: they need
 # another model or a second picture. In a script, build them and call accel.apply (the family is the
-# transformer's): FLUX.1's ControlNet residuals are split with the image (tests/test_controlnet.py);
-# Qwen-Image's, SD 3.5's and Z-Image's are not yet, so their ControlNet pipelines run on one process
-# or with CFG parallelism only.
+# transformer's, so every accelerator applies): the ControlNet residuals of FLUX.1, Qwen-Image, SD 3.5
+# and Z-Image are split with the tokens they are added to and halved with batched CFG branches
+# (tests/test_controlnet.py).
 NEEDS_MORE = {
     "FluxControlNetPipeline": "a ControlNet model",
     "FluxControlNetImg2ImgPipeline": "a ControlNet model",

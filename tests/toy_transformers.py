@@ -256,3 +256,60 @@ def dual_attention_error(ulysses: int, ring: int, image: int = 7, text: int = 5)
         finally:
             engine.remove()
     return (got - expected).abs().max().item()
+
+
+class _Layer(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attn = _SelfAttention(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(x)
+
+
+class UnifiedModel(nn.Module):
+    """Z-Image's shape: the sequence its layers run on (image then text) is built inside the
+    forward, and a ControlNet's {layer index: residual} mapping is added after those layers."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Layer(dim) for _ in range(2)])
+
+    def forward(self, image: torch.Tensor, text: torch.Tensor, residuals: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+        x = torch.cat([image, text], dim=1)
+        for index, layer in enumerate(self.layers):
+            x = layer(x)
+            if residuals is not None and index in residuals:
+                x = x + residuals[index]
+        return x
+
+
+def unified_plan(at: str) -> ParallelPlan:
+    """UnifiedModel's plan: the residuals cut at the forward (at "") or where layers.0 starts."""
+    return ParallelPlan(
+        splits=(SequenceSplit("x", "unified", dim=1, module="layers.0"), SequenceSplit("residuals", "unified", dim=1, at=at)),
+        attention_keys=("unified",),
+        output_stream="unified",
+        output_dim=1,
+    )
+
+
+def residual_mapping_error(ulysses: int, ring: int, at: str, image: int = 7, text: int = 6) -> float:
+    """Max-abs difference of UnifiedModel with residuals {0: r0, 1: r1} under `unified_plan(at)` from
+    one process, this rank (13 tokens: no world divides them)."""
+    from accel.parallel.mesh import Degrees, build_mesh
+    from accel.parallel.plan import ContextParallel
+
+    torch.manual_seed(0)
+    model = UnifiedModel()
+    image_tokens, text_tokens = torch.randn(1, image, 8), torch.randn(1, text, 8)
+    residuals = {0: torch.randn(1, image + text, 8), 1: torch.randn(1, image + text, 8)}
+    with torch.no_grad():
+        expected = model(image_tokens, text_tokens, residuals)
+        engine = ContextParallel(model, unified_plan(at), build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu"))
+        try:
+            got = model(image_tokens, text_tokens, residuals)
+        finally:
+            engine.remove()
+    assert sorted(residuals) == [0, 1] and all(r.shape[1] == image + text for r in residuals.values())  # the caller's, untouched
+    return (got - expected).abs().max().item()

@@ -43,7 +43,11 @@ class SequenceSplit:
     mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
     per-token timesteps are cut, its per-sample ones are not). With `element` set, only that item
     of a returned (or passed) tuple is cut, so one tuple can hold several streams (Qwen-Image's
-    rotary module returns the image table and the text table together).
+    rotary module returns the image table and the text table together). A list, tuple or mapping
+    is cut item by item (a ControlNet's per-block residuals). `at` defers the cut of a transformer
+    argument (module "") to just before the modules it names start, for a stream that only exists
+    inside the forward (Z-Image's unified sequence is built there); the list or mapping the
+    transformer holds is then filled in place.
     """
 
     value: str
@@ -52,6 +56,7 @@ class SequenceSplit:
     module: str = ""
     ndim: int | None = None
     element: int | None = None
+    at: str = ""
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -76,7 +81,11 @@ class ParallelPlan:
     attention masks are (B, 1, L, L), one per-token mask ANDed with itself (query and key alike;
     HunyuanVideo 1.5 builds one in every block). The engine reads the key mask off the diagonal,
     with no host sync; a masked query (a padding token) then attends to the real keys instead of
-    none, which changes only rows no real token reads.
+    none, which changes only rows no real token reads. `batch_items` are arguments holding
+    several tensors that each carry the batch dim (a list or mapping of them: a ControlNet's
+    per-block residuals), which CFG parallelism halves tensor by tensor; where a split of one is
+    deferred `at` a module, its tensors are padded like that module's first input (to the batch's
+    longest sample), and a half that runs shorter samples keeps only as many tokens.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -88,6 +97,7 @@ class ParallelPlan:
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pairwise_mask: bool = False
+    batch_items: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,7 @@ class FromDiffusers:
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     extra_splits: tuple[SequenceSplit, ...] = ()
+    batch_items: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline
@@ -101,7 +101,9 @@ FAMILY = Family(
     tiny_heads=4,
     # diffusers' _cp_plan cuts the image and text tokens at the first block, the per-token text mask
     # and modulate index at every block, and the two tables the rotary module returns (image, then
-    # text); it gathers at proj_out. Every attention is joint over (text, image).
+    # text); it gathers at proj_out. Every attention is joint over (text, image). The ControlNet
+    # pipelines pass per-block residuals for the image tokens (a list of whole-sequence tensors,
+    # added after each block): accel cuts them as the image, which diffusers' plan does not.
     parallel=FromDiffusers(
         streams=(
             ("hidden_states", "image"),
@@ -113,6 +115,7 @@ FAMILY = Family(
         ),
         attention_keys=("text", "image"),
         output_stream="image",
+        extra_splits=(SequenceSplit("controlnet_block_samples", "image", dim=1),),
     ),
     # True CFG (true_cfg_scale > 1 with a negative prompt): a second transformer call per step.
     cfg="calls",

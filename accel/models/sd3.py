@@ -86,11 +86,14 @@ FAMILY = Family(
     tiny_heads=4,
     # diffusers has no _cp_plan for SD3: image tokens (after patch embedding, with their position
     # embedding added) and text tokens are cut at the first block; every joint attention is over
-    # (image, text); medium's attn2 over the image alone; the output is gathered at proj_out.
+    # (image, text); medium's attn2 over the image alone; the output is gathered at proj_out. The
+    # ControlNet pipelines pass per-block residuals of the image tokens (a list, added after each
+    # block but the last), cut as the image; they carry the batched CFG branches too.
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("hidden_states", "image", dim=1, module="transformer_blocks.0"),
             SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+            SequenceSplit("block_controlnet_hidden_states", "image", dim=1),
         ),
         attention_keys=("image", "text"),
         output_stream="image",
@@ -98,6 +101,7 @@ FAMILY = Family(
         output_module="proj_out",
         module_keys=(("transformer_blocks.*.attn2", ("image",)),),
         batch_args=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+        batch_items=("block_controlnet_hidden_states",),
     ),
     # The pipeline batches the negative and positive prompts into one transformer call.
     cfg="batch",

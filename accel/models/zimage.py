@@ -78,12 +78,17 @@ FAMILY = Family(
     # diffusers has no _cp_plan for Z-Image. The refiners run whole on every rank (their attention
     # stays local: image alone, caption alone); the unified sequence (image then caption per
     # sample, padded to the longest sample with a key mask) is cut at the main layers together
-    # with its rotary table and mask, and gathered after the final layer, before unpatchify.
+    # with its rotary table and mask, and gathered after the final layer, before unpatchify. The
+    # ControlNet pipeline passes {layer index: residual of the unified sequence}, added after that
+    # layer; the sequence exists only inside the forward, so they are cut where layers.0 starts.
+    # They carry the batch (the CFG branches), padded to the batch's longest sample as the unified
+    # sequence is: a CFG half with shorter samples keeps its own length of them.
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("x", "unified", dim=1, module="layers.0"),
             SequenceSplit("freqs_cis", "unified", dim=1, module="layers.*"),
             SequenceSplit("attn_mask", "unified", dim=1, module="layers.*"),
+            SequenceSplit("controlnet_block_samples", "unified", dim=1, at="layers.0"),
         ),
         attention_keys=("unified",),
         output_stream="unified",
@@ -92,6 +97,7 @@ FAMILY = Family(
         local_attention=("noise_refiner.*", "context_refiner.*"),
         # Lists of per-sample latents and caption features, and the timesteps.
         batch_args=("x", "cap_feats", "t"),
+        batch_items=("controlnet_block_samples",),
     ),
     # The pipeline batches positive then negative prompts into one call whenever guidance_scale > 0
     # (the negative prompt defaults to ""); Turbo runs with 0, the base model Tongyi-MAI/Z-Image with CFG.

@@ -99,11 +99,15 @@ def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None) -> Cal
     contents (no device-to-host copy), long strings by a digest, other objects by type.
 
     Not compared: `generator` and `callback*`. Ranks may be seeded differently on purpose (or not at
-    all): `agree_on_noise` makes rank 0's randomness and initial latents win on every rank."""
+    all): `agree_on_noise` makes rank 0's randomness and initial latents win on every rank. The
+    global random state is rank 0's from the start of the call already: a pipeline may draw from it
+    before its latents (SD 3.5's ControlNet pipelines sample the control picture's latents from it),
+    and ranks that drew different ones would split different residuals."""
     signature = inspect.signature(pipe.__call__)
 
     def check(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         check_same_arguments(signature, args, kwargs, group)
+        _set_global_rng_state(rank0_object(_global_rng_state(), group))
         return call_next(*args, **kwargs)
 
     return wrap_call(pipe, "accel.agree_on_arguments", CALL, check)

@@ -3,7 +3,9 @@
 Pipelines run classifier-free guidance one of two ways, and each gets its own split:
 
 - batched ("batch"): one transformer call on uncond and cond concatenated along the batch. Each
-  half takes its half of the batch; the outputs are gathered along the batch.
+  half takes its half of the batch; the outputs are gathered along the batch. A ControlNet's
+  per-block residuals carry that batch too (the plan's `batch_items`): each tensor is halved, and
+  where the batch pads every sample to the longest (Z-Image), cut to the half's own length.
 - two calls ("calls"): the transformer is called once per branch per step. Half r computes call r
   and answers the other call with a placeholder tensor; when the second call ends the halves swap
   results and the placeholder is filled in place, before the pipeline combines the two.
@@ -17,7 +19,7 @@ the pipeline runs unguided (Z-Image's `cfg_truncation`), and every half runs it 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -25,7 +27,7 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CFG, wrap
-from accel.models.base import CfgStyle
+from accel.models.base import CfgStyle, SequenceSplit
 from accel.parallel.comm import all_gather
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.outputs import as_output, map_sample, sample_of
@@ -54,9 +56,16 @@ class CfgParallel(StepListener):
         batch_args: tuple[str, ...],
         mesh: ParallelMesh,
         events: StepEvents,
+        batch_items: tuple[str, ...] = (),
+        padded: tuple[SequenceSplit, ...] = (),
     ) -> None:
+        """`batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred
+        `at` a module (see ParallelPlan)."""
         self.style = style
         self.batch_args = batch_args
+        self.batch_items = batch_items
+        self.padded = padded
+        self._fitting: dict[str, Any] = {}  # this call's halved `padded` arguments, not yet fitted
         self.group = mesh.cfg_group
         self.half = torch.distributed.get_rank(mesh.cfg_group)
         self.events = events
@@ -84,6 +93,30 @@ class CfgParallel(StepListener):
 
         # Outside context parallelism (each half splits its own sequence), inside a whole compile.
         self._undo.append(wrap(transformer, "forward", "accel.cfg_parallel", CFG, forward))
+        from accel.parallel.plan import glob_modules
+
+        modules = dict(transformer.named_modules())
+        for split in self.padded:
+            for module in glob_modules(modules, split.at):
+                # First of the module's hooks: before context parallelism cuts the fitted tensors.
+                handle = module.register_forward_pre_hook(self._fitter(split, module), with_kwargs=True, prepend=True)
+                self._undo.append(handle.remove)
+
+    def _fitter(self, split: SequenceSplit, module: torch.nn.Module) -> Callable[..., None]:
+        """A hook that cuts this call's halved `split.value` tensors to the tokens of `module`'s
+        first input: the half's own longest sample, where the batch padded to the whole batch's."""
+        signature = inspect.signature(module.forward)
+
+        def fit(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            own = self._fitting.pop(split.value, None)
+            if own is None:
+                return
+            length = next(iter(signature.bind(*args, **kwargs).arguments.values())).shape[split.dim]
+            for key, item in list(own.items() if isinstance(own, Mapping) else enumerate(own)):
+                if isinstance(item, Tensor) and item.shape[split.dim] > length:
+                    own[key] = item.narrow(split.dim, 0, length)
+
+        return fit
 
     # -- step events -----------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
@@ -111,7 +144,14 @@ class CfgParallel(StepListener):
                 bound.arguments[name] = value[self.half * batch // 2 : (self.half + 1) * batch // 2]
             elif isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
                 bound.arguments[name] = value.chunk(2)[self.half]
-        output = original(*bound.args, **bound.kwargs)
+        for name in self.batch_items:
+            if bound.arguments.get(name) is not None:
+                bound.arguments[name] = _halve_items(bound.arguments[name], batch, self.half)
+        self._fitting = {split.value: bound.arguments[split.value] for split in self.padded if bound.arguments.get(split.value) is not None}
+        try:
+            output = original(*bound.args, **bound.kwargs)
+        finally:
+            self._fitting = {}
         return map_sample(output, self._join_halves)
 
     def _join_halves(self, half: Tensor | list[Tensor]) -> Tensor | list[Tensor]:
@@ -147,6 +187,19 @@ class CfgParallel(StepListener):
         results = all_gather(self._computed, self.group)
         self._placeholder.fill(results[1 - self.half])
         self._computed, self._placeholder = None, None
+
+
+def _halve_items(value: Any, batch: int, half: int) -> Any:
+    """A new list or dict of `value`'s tensors, each cut to this half of its batch dim."""
+
+    def halved(item: Any) -> Any:
+        return item.chunk(2)[half] if isinstance(item, Tensor) and item.dim() > 0 and item.shape[0] == batch else item
+
+    if isinstance(value, Mapping):
+        return {key: halved(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [halved(item) for item in value]
+    return halved(value)
 
 
 def _first_tensor(bound: inspect.BoundArguments) -> Tensor:

@@ -69,6 +69,7 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
         local_attention=spec.local_attention,
         batch_args=spec.batch_args,
         module_keys=spec.module_keys,
+        batch_items=spec.batch_items,
     )
 
 

@@ -9,7 +9,7 @@ rank returns the full result. Hooks are registered on this transformer's modules
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
@@ -67,6 +67,8 @@ class ContextParallel:
         # once per forward, so every block gets the same shard object and no repeated exchange.
         self._cuts = _PerTensor()
         self._gathered_masks = _PerTensor()
+        # Deferred cuts of this call: value -> (the argument passed, the copy the transformer holds).
+        self._pending: dict[str, tuple[Any, Any]] = {}
         self._undo: list[Callable[[], None]] = []
         # Whether the forward in progress sent any attention through `_attend`: a flag that compiled
         # blocks may set but never read (a counter would be a guarded value, recompiling each call).
@@ -84,6 +86,13 @@ class ContextParallel:
                 continue
             for module in _matching(modules, pattern, transformer, "that the parallel plan splits at"):
                 self._hook_splits(module, splits)
+        for split in plan.splits:  # after the splits above: a module's own cuts lay its streams out first
+            if not split.at:
+                continue
+            if split.module:
+                raise PlanMismatch(f"context parallelism: the plan defers {split.value}, which only a transformer argument can be")
+            for module in _matching(modules, split.at, transformer, f"to cut {split.value} at"):
+                self._hook(module.register_forward_pre_hook(lambda *_, split=split: self._cut_deferred(split)))
         if plan.output_module:
             for module in _matching(modules, plan.output_module, transformer, "to gather the output at"):
                 self._hook(module.register_forward_hook(lambda _m, _a, out: self._gather(out)))
@@ -141,7 +150,10 @@ class ContextParallel:
     def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The transformer's forward (`call_next`) on this rank's shard, the full output returned."""
         bound = self._signature.bind(*args, **kwargs)
-        self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module])
+        self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module and not split.at])
+        for split in self.plan.splits:
+            if split.at and bound.arguments.get(split.value) is not None:
+                bound.arguments[split.value] = self._defer(split, bound.arguments[split.value])
         self._refuse_diffusers_cache()
         self._active, self._routed = True, False
         try:
@@ -154,6 +166,7 @@ class ContextParallel:
         finally:  # the per-call state starts empty for the next call, however this one ended
             self._active, self._layouts, self._local_depth = False, {}, 0
             self._keys.clear()
+            self._pending.clear()
             self._cuts.clear()
             self._gathered_masks.clear()
         return output
@@ -193,6 +206,29 @@ class ContextParallel:
             if split.value in arguments:
                 arguments[split.value] = self._cut(split, arguments[split.value])
 
+    def _defer(self, split: SequenceSplit, value: Any) -> Any:
+        """The copy of a list or mapping argument that the transformer gets, filled with the cut
+        items when `split.at` starts (from `value`, which an outer layer may change until then)."""
+        if isinstance(value, Mapping):
+            own: Any = dict(value)
+        elif isinstance(value, (list, tuple)):
+            own = list(value)
+        else:
+            raise PlanMismatch(
+                f"context parallelism: {split.value} is cut where {split.at} starts, so it must be a list or mapping, not {type(value).__name__}"
+            )
+        self._pending[split.value] = (value, own)
+        return own
+
+    def _cut_deferred(self, split: SequenceSplit) -> None:
+        pending = self._pending.pop(split.value, None) if self._active else None
+        if pending is None:  # not passed, or cut at an earlier module of the pattern
+            return
+        source, own = pending
+        now = replace(split, at="")
+        for key, item in (source.items() if isinstance(source, Mapping) else enumerate(source)):
+            own[key] = self._cut(now, item)
+
     def _cut(self, split: SequenceSplit, value: Any) -> Any:
         if split.element is not None:  # one item of a tuple whose items are different streams
             if not isinstance(value, (tuple, list)) or len(value) <= split.element:
@@ -202,6 +238,8 @@ class ContextParallel:
             return type(value)(items)
         if isinstance(value, (tuple, list)):
             return type(value)(self._cut(split, item) for item in value)
+        if isinstance(value, Mapping):  # {block index: residual} (Z-Image's ControlNet)
+            return {key: self._cut(split, item) for key, item in value.items()}
         if not isinstance(value, Tensor) or (split.ndim is not None and value.dim() != split.ndim):
             return value
         return self._cuts.get(value, lambda: self._cut_tensor(split, value))
