@@ -220,7 +220,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
-            engine = ContextParallel(transformer, plan, mesh)
+            engine = ContextParallel(transformer, family.plan_for(transformer) or plan, mesh)  # VACE: its own
             handle.parallel[attr] = engine
             handle._undo.append(engine.remove)
     if mesh.degrees.cfg > 1:

@@ -39,6 +39,11 @@ FAMILY_CASES = {
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 tokens
         threshold=0.1,
     ),
+    "skyreels2": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
+        odd=dict(height=80, width=112, num_frames=17),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
+        threshold=0.1,
+    ),
     "hunyuan": FamilyCase(
         dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
         odd=dict(height=64, width=80, num_frames=5),  # 40 video tokens, 256 text tokens
