@@ -59,6 +59,7 @@ NEEDS_MORE = {
     "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
     "WanAnimatePipeline": "a pose video and a face video besides the reference image; WanAnimateTransformer3DModel's face adapter "
                           "attends per latent frame, which a token split cuts through",
 }
