@@ -60,8 +60,6 @@ NEEDS_MORE = {
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
-    "WanAnimatePipeline": "a pose video and a face video besides the reference image; WanAnimateTransformer3DModel's face adapter "
-                          "attends per latent frame, which a token split cuts through",
 }
 
 
@@ -108,8 +106,9 @@ def test_the_video_rule_sees_union_annotations_and_variant_transformers() -> Non
 
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference
 # pictures): tests/test_family_flux2.py splits those.
+# Variants `accel run` drives (Wan Animate's own inputs come from a script: see below).
 VARIANTS = [(name, variant.pipeline_class) for name in FAMILIES for variant in FAMILIES[name].variants
-            if variant.pipeline_class != FAMILIES[name].pipeline_class]
+            if variant.pipeline_class != FAMILIES[name].pipeline_class and variant.script_only is None]
 MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring": 3}, True, False),
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
@@ -300,8 +299,11 @@ def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, 
          "[generate] mask: WanVACEPipeline takes a mask only with an input video; pass --video PATH ([generate] video)"),
         (["--pipeline", "WanVACEPipeline", "--video", "{clip}", "--mask", "{missing}"],
          "[generate] mask: {missing} does not exist; pass a picture or a video"),
+        (["--pipeline", "WanAnimatePipeline", "--image", "{mask}"],
+         "[model] pipeline: WanAnimatePipeline needs a pose video and a face video besides the reference image, which accel "
+         "run cannot give; build the call in your own script and call accel.apply(pipe, recipe)"),
     ],
-    ids=["no video", "video for text-to-video", "missing clip", "VACE mask without video", "missing VACE mask"],
+    ids=["no video", "video for text-to-video", "missing clip", "VACE mask without video", "missing VACE mask", "Animate"],
 )
 def test_a_missing_or_wrong_video_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
     _, mask = write_inputs(tmp_path)
@@ -339,3 +341,31 @@ def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_p
         assert opened["mask"][0].size == opened["video"][0].size == (64, 64)
     recipe = Recipe.from_dict({"model": {"pipeline": "LucyEditPipeline"}, "generate": {"video": str(clip), "frames": 5}})
     assert generation_kwargs(FAMILIES["wan"], True, recipe)["num_frames"] == 5
+
+
+# -- Wan Animate, from a script ---------------------------------------------------------------------
+ANIMATE = "accel.models.wan:build_tiny_animate"
+
+
+def animate_call() -> dict:
+    """A reference picture, 5 pose frames and 5 16x16 face crops (the tiny motion encoder's size)."""
+    return dict(image=cases.picture(), pose_video=cases.clip((64, 64), 5), face_video=cases.clip((16, 16), 5), prompt="a red fox",
+                negative_prompt="blurry", height=64, width=64, segment_frame_length=5, num_inference_steps=6, guidance_scale=5.0)
+
+
+def test_wan_animate_runs_from_a_script_with_the_cache_and_cfg_parallelism(rank_pools) -> None:
+    """accel.apply recognises WanAnimateTransformer3DModel as Wan's: the cache (its face-adapter
+    additions between blocks are part of the cached residual) and CFG 2 equal one process; a token
+    split is refused in one line on every rank (the face adapter reshapes tokens by latent frame)."""
+    import parallel_cases
+
+    call, recipe = animate_call(), {"cache": {"threshold": 0.1}}
+    uncached, _, _ = parallel_cases.tiny_run(ANIMATE, {}, call)
+    expected, _, _ = parallel_cases.tiny_run(ANIMATE, recipe, call)
+    assert np.abs(expected - uncached).max() > 0  # the cache skipped some calls
+    for output, _, bytes_sent in rank_pools(2).run(parallel_cases.tiny_run, ANIMATE, {**recipe, "parallel": {"cfg": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+    errors = rank_pools(2).run(parallel_cases.tiny_error, ANIMATE, {"parallel": {"ulysses": 2}}, call)
+    assert errors == ["NotAvailableError: [parallel] ulysses 2 × ring 1: WanAnimateTransformer3DModel has no context-parallel plan "
+                      "yet; run it on one process, or with cfg = 2 alone"] * 2

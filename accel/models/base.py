@@ -135,7 +135,9 @@ class Variant:
     the family's tiny pipeline, converted with `from_pipe`. `transformer_class` names the variant's
     own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
     same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
-    class's plan (None: the family's).
+    class's plan (None: that class runs on one process, or with CFG parallelism alone).
+    `script_only` says which inputs `accel run` cannot give the pipeline (Wan Animate's pose and
+    face videos): the CLI refuses it in one line, and a script builds the call and calls accel.apply.
     """
 
     pipeline_class: str
@@ -149,6 +151,7 @@ class Variant:
     optional: tuple[str, ...] = ()
     transformer_class: str | None = None
     parallel: ParallelPlan | FromDiffusers | None = None
+    script_only: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,10 +218,10 @@ class Family:
 
     def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | None:
         """The context-parallel plan for this transformer instance: a variant's own transformer
-        class (or a subclass of it) has its own plan, anything else the family's."""
+        class (or a subclass of it) has its own plan (None: none), anything else the family's."""
         names = {cls.__name__ for cls in type(transformer).__mro__}
         for variant in self.variants:
-            if variant.transformer_class in names and variant.parallel is not None:
+            if variant.transformer_class in names:
                 return variant.parallel
         return self.parallel
 

@@ -59,6 +59,11 @@ def variant_of_class(family: Family, cls: type) -> Variant:
 def input_arguments(variant: Variant, image: str | None, mask: str | None, video: str | None = None) -> dict[str, str]:
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""
+    if variant.script_only is not None:
+        raise UserError(
+            f"[model] pipeline: {variant.pipeline_class} needs {variant.script_only}, which accel run cannot give; "
+            "build the call in your own script and call accel.apply(pipe, recipe)"
+        )
     arguments: dict[str, str] = {}
     for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
         if keyword is None and path is not None:

@@ -183,6 +183,30 @@ def build_tiny_lucy(seed: int = 0) -> "LucyEditPipeline":
     return LucyEditPipeline(**shared, transformer=transformer, transformer_2=None, expand_timesteps=True)
 
 
+def build_tiny_animate(seed: int = 0) -> Any:
+    """A tiny Wan2.2-Animate look-alike: build_tiny_i2v's parts and a WanAnimateTransformer3DModel.
+
+    The DiT reads I2V's 36 channels plus the pose video's latents (added to the patched tokens of
+    every frame after the first), and after every block (`inject_face_latents_blocks` = 1) a face
+    adapter attends from each latent frame's tokens to that frame's motion tokens, which a motion
+    encoder (16x16 face crops here, 512x512 on the real model) and a face encoder make.
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import WanAnimatePipeline
+
+    shared = _tiny_shared(seed * 8)
+    image_encoder = parts.clip_vision_model(seed=_VARIANT_SEEDS + seed * 8 + 2)
+    transformer = _tiny_transformer(
+        _VARIANT_SEEDS + seed * 8 + 3, text_dim=shared["text_encoder"].config.d_model, cls="WanAnimateTransformer3DModel",
+        in_channels=2 * _Z_DIM + 4, latent_channels=_Z_DIM, out_channels=_Z_DIM, image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16, motion_encoder_channel_sizes={"16": 16, "8": 16, "4": 16}, motion_encoder_size=16,
+        motion_style_dim=32, motion_dim=8, motion_encoder_dim=32, face_encoder_hidden_dim=32, face_encoder_num_heads=2,
+        inject_face_latents_blocks=1, motion_encoder_batch_size=8,
+    )
+    return WanAnimatePipeline(**shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder,
+                              transformer=transformer)
+
+
 # Video tokens are cut after patch embedding (at the first block) along with their rotary
 # embedding; text stays whole on every rank, so the cross-attention (attn2) needs no exchange.
 _VIDEO_SPLITS = (
@@ -243,5 +267,10 @@ FAMILY = Family(
                 optional=("image", "video", "mask"), tiny=build_tiny_vace,
                 transformer_class="WanVACETransformer3DModel", parallel=VACE_PLAN),
         Variant("LucyEditPipeline", video="video", tiny=build_tiny_lucy),
+        # Its face adapter attends from each latent frame's tokens to that frame's motion tokens, a
+        # reshape by frames that a token split cuts through: no context-parallel plan yet.
+        Variant("WanAnimatePipeline", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
+                script_only="a pose video and a face video besides the reference image"),
     ),
 )
+
