@@ -369,3 +369,19 @@ def test_wan_animate_runs_from_a_script_with_the_cache_and_cfg_parallelism(rank_
     errors = rank_pools(2).run(parallel_cases.tiny_error, ANIMATE, {"parallel": {"ulysses": 2}}, call)
     assert errors == ["NotAvailableError: [parallel] ulysses 2 × ring 1: WanAnimateTransformer3DModel has no context-parallel plan "
                       "yet; run it on one process, or with cfg = 2 alone"] * 2
+
+
+def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:
+    """WanVACEPipeline holds WanVACETransformer3DModel: a T2V checkpoint cannot run as it (and a VACE
+    checkpoint is recognised as Wan by its own transformer class)."""
+    import accel
+    from accel.errors import ModelError
+    from accel.models.registry import family_of
+    from accel.models.wan import build_tiny
+
+    build_tiny().save_pretrained(tmp_path / "t2v")
+    with pytest.raises(ModelError) as refused:
+        accel.load_pipeline(str(tmp_path / "t2v"), pipeline="WanVACEPipeline")
+    assert str(refused.value) == ("[model] pipeline: WanVACEPipeline needs a WanVACETransformer3DModel checkpoint, and this model's "
+                                  "transformer is WanTransformer3DModel; load a checkpoint made for WanVACEPipeline")
+    assert family_of(cases.variant_pipeline("wan", "WanVACEPipeline")).name == "wan"

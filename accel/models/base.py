@@ -127,7 +127,8 @@ class Variant:
     (None: the pipeline takes none; a video arrives as a list of PIL frames, as diffusers' video
     pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
     reference pictures). `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a
-    picture used for every frame of `--video`, or a video of masks. A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
+    picture used for every frame of `--video`, or a video of masks. A family lists its own
+    pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
     call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer

@@ -130,9 +130,15 @@ def _readable_video(name: str, path: str, kind: str = "a video file (MP4, WebM, 
     return str(file)
 
 
-@lru_cache(maxsize=8)
 def clip_frames(path: str) -> int:
-    """How many frames the video at `path` holds (ffmpeg decodes it once; RuntimeError if it cannot)."""
+    """How many frames the video at `path` holds (RuntimeError or OSError if ffmpeg cannot read it)."""
+    stat = Path(path).stat()
+    return _count_frames(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _count_frames(path: str, _mtime_ns: int, _size: int) -> int:
+    """ffmpeg decodes the file once per version of it (the preflight check, then the frame count)."""
     import imageio_ffmpeg
 
     return int(imageio_ffmpeg.count_frames_and_secs(path)[0])
