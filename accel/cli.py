@@ -59,6 +59,7 @@ def run(
     true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.")] = None,
     image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).")] = None,
     mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).")] = None,
+    video: Annotated[str | None, Opt("--video", metavar="PATH", help="Input video (video-to-video, editing, VACE pipelines).")] = None,
     pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
@@ -89,7 +90,7 @@ def run(
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
-            "true_cfg_scale": true_cfg, "image": image, "mask": mask,
+            "true_cfg_scale": true_cfg, "image": image, "mask": mask, "video": video,
         },
         "cache": {"threshold": cache},
         "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},

@@ -216,13 +216,21 @@ def _apply_parallel(handle: AccelHandle) -> None:
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
+    # A variant's own transformer class has its own plan (VACE) or none yet (Animate).
+    plans = {attr: family.plan_for(transformer) for attr, transformer in transformers.items()}
     if degrees.sequence > 1:  # before the mesh's collectives: every rank refuses alike, none waits
         _refuse_bypassing_attention(transformers, degrees)
+        for attr, own in plans.items():
+            if own is None:
+                raise NotAvailableError(
+                    f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformers[attr]).__name__} has no "
+                    "context-parallel plan yet; run it on one process, or with cfg = 2 alone"
+                )
     mesh = build_mesh(degrees, device.type)
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
-            engine = ContextParallel(transformer, plan, mesh)
+            engine = ContextParallel(transformer, plans[attr], mesh)
             handle.parallel[attr] = engine
             handle._undo.append(engine.remove)
     if mesh.degrees.cfg > 1:

@@ -10,10 +10,16 @@ chain, and the dispatcher itself leaves only when it is still the outermost attr
 
 The chain is composed once per change and cached, so compiled code sees the same callables on
 every call (no guard failures, no recompiles).
+
+A deep copy of a wrapped instance (diffusers' diffusion-forcing pipelines copy their scheduler
+once per latent frame) is a plain copy: without the dispatchers, which would still call the
+original, and without the wrappers' state (caches, process groups); an entry that wants the copy
+wrapped too says how with `on_copy`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +52,7 @@ class _Entry:
     layer: int
     wrapper: Wrapper
     order: int
+    on_copy: Callable[[Any], None] | None = None
     # The callable this entry last wrapped and the link built around it, reused while unchanged.
     inner: Callable[..., Any] | None = None
     link: Callable[..., Any] | None = None
@@ -81,16 +88,18 @@ def _link(wrapper: Wrapper, call_next: Callable[..., Any]) -> Callable[..., Any]
     return linked
 
 
-def wrap(obj: Any, method: str, name: str, layer: int, wrapper: Wrapper) -> Callable[[], None]:
+def wrap(obj: Any, method: str, name: str, layer: int, wrapper: Wrapper,
+         on_copy: Callable[[Any], None] | None = None) -> Callable[[], None]:
     """Run `wrapper(call_next, *args, **kwargs)` around `obj.<method>` at `layer`; returns the undo.
 
     Undoing in any order leaves the other entries nested by layer. A wrapper someone put on top
     of ours since (`obj.forward = hook(obj.forward)`) keeps working: the dispatcher then stays,
-    passing straight through once it has no entries."""
+    passing straight through once it has no entries. `on_copy(copy)` runs on each deep copy of
+    `obj`, which is otherwise unwrapped."""
     chain = _chain(obj, method)
     if any(entry.name == name for entry in chain.entries):
         raise ValueError(f"{type(obj).__name__}.{method} already has a wrapper named {name!r}")
-    entry = _Entry(name, layer, wrapper, next(_order))
+    entry = _Entry(name, layer, wrapper, next(_order), on_copy)
     chain.entries.append(entry)
     chain.relink()
 
@@ -127,6 +136,9 @@ def _chains(obj: Any) -> dict[str, _Chain]:
 
 def _chain(obj: Any, method: str) -> _Chain:
     """This method's chain, installing the dispatcher the first time."""
+    if _REGISTRY not in vars(obj) and "__deepcopy__" not in vars(obj):
+        # copy.deepcopy looks `__deepcopy__` up on the instance: this one alone copies unwrapped.
+        vars(obj)["__deepcopy__"] = functools.partial(_unwrapped_copy, obj)
     chains = vars(obj).setdefault(_REGISTRY, {})
     if method in chains:
         return chains[method]
@@ -157,6 +169,36 @@ def _release(obj: Any, method: str, chain: _Chain) -> None:
     chains.pop(method, None)
     if not chains:
         attributes.pop(_REGISTRY, None)
+        copier = attributes.get("__deepcopy__")
+        if isinstance(copier, functools.partial) and copier.func is _unwrapped_copy:
+            del attributes["__deepcopy__"]
+
+
+def _unwrapped_copy(obj: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy of `obj` as it was before any wrapping, then each entry's `on_copy` on it."""
+    chains: dict[str, _Chain] = vars(obj).get(_REGISTRY, {})
+    state = {key: value for key, value in vars(obj).items() if key not in (_REGISTRY, "__deepcopy__")}
+    for method, chain in chains.items():
+        if state.get(method) is chain.dispatch:
+            if chain.saved is _MISSING:
+                del state[method]
+            else:
+                state[method] = chain.saved
+    cls = type(obj)
+    cls = next((base for base, routed in _routed.items() if routed is cls), cls)  # wrap_call's subclass: the real one
+    duplicate = cls.__new__(cls)
+    memo[id(obj)] = duplicate
+    state = copy.deepcopy(state, memo)
+    setstate = getattr(duplicate, "__setstate__", None)  # nn.Module's fills in what older pickles lack
+    if setstate is not None:
+        setstate(state)
+    else:
+        vars(duplicate).update(state)
+    for chain in chains.values():
+        for entry in sorted(chain.entries, key=lambda e: (e.layer, e.order)):
+            if entry.on_copy is not None:
+                entry.on_copy(duplicate)
+    return duplicate
 
 
 _routed: dict[type, type] = {}  # pipeline class -> its subclass that calls the instance's __call__

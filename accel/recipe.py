@@ -72,7 +72,8 @@ class GenerateSection:
     guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
     true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
     image: str | None = _key(None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit).")
-    mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines.")
+    mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks for VACE.")
+    video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
 
 

@@ -28,7 +28,7 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import input_arguments, open_inputs, refuse_split, variant_of, variant_of_class
+from accel.models.variants import clip_frames, input_arguments, open_inputs, refuse_split, variant_of, variant_of_class
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -158,7 +158,10 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         variant = variant_of(family, recipe.model.pipeline)
     else:
         variant = variant_of_class(family, type(pipe)) if pipe is not None else variant_of(family, family.pipeline_class)
-    kwargs.update(input_arguments(variant, settings.image, settings.mask))
+    inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
+    kwargs.update(inputs)
+    if family.frames_arg is not None and settings.frames is None and variant.video in inputs:
+        kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     kwargs.update(variant.fixed)

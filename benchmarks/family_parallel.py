@@ -8,8 +8,9 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
 2. With --device cuda: per-rank transformer forward time with the "fake" process group (one
    process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
    real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024, Wan 2.1 14B at
-   1280x720, 33 frames, FLUX.2-dev at 1024x1024, Qwen-Image at 1328x1328 and HunyuanVideo 1.5
-   at 1280x720, 121 frames. On the CPU, --smoke runs the same code on scaled-down configs.
+   1280x720, 33 frames, SkyReels-V2 14B at 544x960, 97 frames, FLUX.2-dev at 1024x1024, Qwen-Image at
+   1328x1328 and HunyuanVideo 1.5 at 1280x720, 121 frames. On the CPU, --smoke runs the same code on
+   scaled-down configs.
 
     python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
 """
@@ -40,6 +41,7 @@ LONG = {
     "sd3": dict(height=256, width=256),  # 16 x 16 = 256 image tokens + 333 text (the tiny crops positions at 16 x 16)
     "zimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the caption, in one sequence
     "hunyuan15": dict(height=256, width=256, num_frames=17),  # 5 x 16 x 16 = 1280 video + 1985 joint text tokens
+    "skyreels2": dict(height=256, width=256, num_frames=17),  # as Wan: 5 latent frames x 16 x 16 = 1280 tokens
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
@@ -147,6 +149,10 @@ REAL = {
     "wan": dict(cls="WanTransformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6), latents=(9, 90, 160)),
+    # SkyReels-V2 T2V 14B at 544x960, 97 frames (its defaults): 25 x 68 x 120 latents, Wan 2.1 14B's DiT.
+    "skyreels2": dict(cls="SkyReelsV2Transformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                      out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+                      qk_norm="rms_norm_across_heads", eps=1e-6), latents=(25, 68, 120)),
     # FLUX.2-dev at 1024x1024: 64x64 packed tokens of 128 channels, 512 Mistral tokens (3 layers stacked: 15360 wide).
     # (--smoke: a quarter of the heads too; at full width one double block alone is 4 GB in float32.)
     "flux2": dict(cls="Flux2Transformer2DModel", config=dict(), tokens=(64, 64), text=512, family="flux2-klein",
@@ -278,7 +284,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -242,3 +242,37 @@ def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[An
         handle.remove()
     # The pipeline's own call sets attributes (_guidance_scale, …); accel's must all be gone.
     return (*outcome, type(pipe) is before and not {"__call__", "prepare_latents", "_accel_wrapped"} & set(vars(pipe)))
+
+
+def video_split_errors(ulysses: int, ring: int) -> list[float]:
+    """Max-abs difference, this rank, between each Wan-shaped transformer under context parallelism
+    and the same call on one process, at 2 latent frames of 5x5 patches: 50 video tokens, which
+    3, 4 and 8 ranks do not divide. Wan (one timestep per token, as Wan 2.2 TI2V), Wan VACE (control
+    tokens and hints cut with the video) and SkyReels-V2 diffusion forcing (one timestep per frame,
+    expanded by the transformer to a per-token modulation)."""
+    from accel.models.registry import FAMILIES
+    from accel.parallel.plan import ContextParallel
+
+    generator = torch.Generator().manual_seed(0)
+    latents = torch.randn(1, 16, 2, 10, 10, generator=generator)
+    text = torch.randn(1, 512, 32, generator=generator)
+    calls = {
+        "tiny-wan": dict(timestep=torch.linspace(0, 999, 50)[None, :]),
+        "accel.models.wan:build_tiny_vace": dict(timestep=torch.tensor([500.0]),
+                                                 control_hidden_states=torch.randn(1, 96, 2, 10, 10, generator=generator)),
+        "tiny-skyreels2": dict(timestep=torch.tensor([[900.0, 300.0]]), enable_diffusion_forcing=True),
+    }
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    errors = []
+    for model, extra in calls.items():
+        transformer = tiny_pipeline(model).transformer
+        with torch.no_grad():
+            expected = transformer(latents, encoder_hidden_states=text, return_dict=False, **extra)[0]
+            plan = FAMILIES["skyreels2" if "skyreels2" in model else "wan"].plan_for(transformer)
+            engine = ContextParallel(transformer, plan, mesh)
+            try:
+                got = transformer(latents, encoder_hidden_states=text, return_dict=False, **extra)[0]
+            finally:
+                engine.remove()
+        errors.append((got - expected).abs().max().item())
+    return errors

@@ -170,7 +170,8 @@ def test_models_lists_the_registry() -> None:
     result = runner.invoke(app, ["models"], env={"COLUMNS": "160"})  # a terminal wide enough for whole names
     assert result.exit_code == 0
     for name in ("flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "tiny-flux", "tiny-wan", "FluxPipeline", "fbcache",
-                 "FluxKontextPipeline", "FluxFillPipeline"):  # the variants a family runs, under its own pipeline
+                 "FluxKontextPipeline", "FluxFillPipeline", "WanVACEPipeline", "skyreels2", "tiny-skyreels2",
+                 "SkyReelsV2DiffusionForcingPipeline"):  # the variants a family runs, under its own pipeline
         assert name in result.stdout
     from accel.models.registry import FAMILIES
     from accel.report import family_features

@@ -117,6 +117,10 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "wan":
         return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
                     encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
+    if name == "skyreels2":  # diffusion forcing: one timestep per latent frame, expanded to one per token
+        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+                    timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE), enable_diffusion_forcing=True,
+                    encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
     if name == "hunyuan":
         return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
                     encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
@@ -163,6 +167,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
     return {
         "flux": (batch, grid.rows * grid.cols, config["in_channels"]),
         "wan": (batch, out, f, h, w),
+        "skyreels2": (batch, out, f, h, w),
         "hunyuan": (batch, out, f, h, w),
         "cogvideox": (batch, f, out, h, w),
         "mochi": (batch, out, f, h, w),

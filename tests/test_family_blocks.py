@@ -136,6 +136,30 @@ def wan_inputs(drift: float) -> Inputs:
     )
 
 
+# -- skyreels2: Wan's shape; diffusion forcing's one timestep per latent frame (per-token modulation) --
+def build_skyreels2() -> nn.Module:
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    return _seeded(
+        22,
+        lambda: SkyReelsV2Transformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
+            text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+            eps=1e-6, rope_max_seq_len=64,
+        ),
+    )
+
+
+def skyreels2_inputs(drift: float) -> Inputs:
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([[700.0 - 1000 * drift, 900.0 - 1000 * drift]]),  # one per latent frame
+        encoder_hidden_states=_text(),
+        enable_diffusion_forcing=True,
+        return_dict=False,
+    )
+
+
 # -- hunyuan: 2 double-stream + 2 single-stream blocks, 2 latent frames of 8x8 (32 tokens) --------
 def build_hunyuan() -> nn.Module:
     from diffusers import HunyuanVideoTransformer3DModel
@@ -418,6 +442,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux2": (build_flux2_dev, flux2_dev_inputs),
     "zimage": (build_zimage, zimage_inputs),
     "hunyuan15": (build_hunyuan15, hunyuan15_inputs),
+    "skyreels2": (build_skyreels2, skyreels2_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -254,3 +254,23 @@ def test_apply_uses_the_execution_device_under_model_cpu_offload(monkeypatch: py
 def test_execution_device_falls_back_to_the_first_parameter() -> None:
     module = torch.nn.Linear(2, 2)
     assert accel.compose.execution_device(object(), module) == torch.device("cpu")
+
+
+def test_a_deep_copy_is_unwrapped_unless_an_entry_wraps_it_again() -> None:
+    """Diffusion-forcing pipelines deep-copy their scheduler per latent frame: a copy must call its
+    own method (not the original's through the copied dispatcher) and carry none of the wrappers'
+    state; an entry's `on_copy` may wrap the copy again. After the last undo nothing is left."""
+    import copy
+
+    thing, copies = Thing(), []
+    before = dict(vars(thing))
+    undo_a = wrap(thing, "greet", "a", CACHE, tag("a"))
+    undo_b = wrap(thing, "greet", "b", STEPS, tag("b"), on_copy=lambda duplicate: copies.append(duplicate))
+    duplicate = copy.deepcopy(thing)
+    assert thing.greet("x") == "b(a(hi x!))"
+    assert duplicate.greet("x") == "hi x!" and wrappers(duplicate, "greet") == []
+    assert copies == [duplicate]
+    undo_a()
+    undo_b()
+    assert vars(thing) == before
+    assert copy.deepcopy(thing).greet("y") == "hi y!"

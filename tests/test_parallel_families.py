@@ -39,6 +39,11 @@ FAMILY_CASES = {
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 tokens
         threshold=0.1,
     ),
+    "skyreels2": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
+        odd=dict(height=80, width=112, num_frames=17),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
+        threshold=0.1,
+    ),
     "hunyuan": FamilyCase(
         dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
         odd=dict(height=64, width=80, num_frames=5),  # 40 video tokens, 256 text tokens
@@ -195,9 +200,8 @@ def test_cfg_parallel_without_guidance_stops_every_rank_with_one_message(rank_po
     ] * 4
 
 
+# Wan 2.1 I2V (and VACE, video-to-video, Lucy-Edit) are pipeline variants: tests/test_variants.py.
 WAN_VARIANTS = {
-    # Wan 2.1 I2V: 36 input channels, CLIP image tokens next to the text in every cross-attention.
-    "i2v": ("accel.models.wan:build_tiny_i2v", dict(FAMILY_CASES["wan"].call, image=cases.gradient_image())),
     # Wan 2.2 A14B: a high-noise and a low-noise transformer, two steps each.
     "2.2": ("accel.models.wan:build_tiny_22", dict(FAMILY_CASES["wan"].call, guidance_scale=4.0, guidance_scale_2=3.0)),
 }
@@ -205,7 +209,7 @@ WAN_VARIANTS = {
 
 @pytest.mark.parametrize("mode", ["ulysses2", "ring2", "cfg2xulysses2"])
 @pytest.mark.parametrize("variant", list(WAN_VARIANTS))
-def test_wan_image_to_video_and_two_expert_variants(rank_pools, variant: str, mode: str) -> None:
+def test_wan_two_expert_variant(rank_pools, variant: str, mode: str) -> None:
     builder, call = WAN_VARIANTS[variant]
     expected, _, _ = cases.tiny_run(builder, {}, call)
     parallel = MODES[mode]
@@ -219,6 +223,14 @@ def test_wan_per_token_timesteps_are_cut_with_the_video(rank_pools, parallel: tu
     """Wan 2.2 TI2V gives every video token its own timestep: those are cut like the tokens."""
     errors = rank_pools(parallel[0] * parallel[1]).run(cases.wan_per_token_timestep_error, *parallel)
     assert max(errors) <= TOLERANCE
+
+
+@pytest.mark.parametrize("parallel", [(1, 3), (4, 1), (4, 2)], ids=["ring3", "ulysses4", "usp4x2"])
+def test_video_splits_at_a_token_count_3_4_and_8_ranks_do_not_divide(rank_pools, parallel: tuple[int, int]) -> None:
+    """50 video tokens over 3, 4 and 8 ranks: Wan's per-token timesteps, VACE's control tokens and
+    hints, SkyReels-V2's per-frame (diffusion forcing) modulation are cut with the video."""
+    runs = rank_pools(parallel[0] * parallel[1]).run(cases.video_split_errors, *parallel)
+    assert max(max(errors) for errors in runs) <= TOLERANCE
 
 
 @pytest.mark.parametrize("mode", ["ulysses2", "usp2x2"])

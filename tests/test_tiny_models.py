@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, ltx, mochi, qwenimage, sd3, wan, zimage  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, ltx, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 
 
@@ -85,6 +85,20 @@ CASES = {
         output_shape=(1, 5, 64, 64, 3),
         block_lists=("blocks",),
         transformer_calls=8,
+        latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    "skyreels2": Case(
+        name="skyreels2",
+        build=skyreels2.build_tiny,
+        pipeline_class=diffusers.SkyReelsV2Pipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
+                  guidance_scale=6.0, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("blocks",),
+        transformer_calls=8,  # cond and uncond: two calls per step, as Wan
         latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
         text_shape=(1, 512, 32),
         components=("text_encoder", "transformer", "vae"),

@@ -1,10 +1,11 @@
 """Every pipeline of a supported transformer: the variants each family lists run with every
-accelerator and equal one process; `--pipeline`, `--image` and `--mask` through the CLI; and the
-variant lists stay in step with the pipelines diffusers ships."""
+accelerator and equal one process; `--pipeline`, `--image`, `--mask` and `--video` through the CLI;
+and the variant lists stay in step with the pipelines diffusers ships, for image and video families."""
 
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import diffusers
 import numpy as np
 import pytest
+import torch
 import variant_cases as cases
 from PIL import Image
 from test_parallel_families import FAMILY_CASES
@@ -48,6 +50,17 @@ NEEDS_MORE = {
     "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
     "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
+    # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
+    # each needs a tiny transformer of its own config and an equality run before it is listed.
+    "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
+    "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
+    "CogVideoXImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels and learned positions",
+    "CogVideoXVideoToVideoPipeline": "not a variant yet: an equality run under context parallelism",
+    "CogVideoXFunControlPipeline": "a control video besides the video",
+    "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
+    "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
+    "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
 }
 
 
@@ -62,36 +75,42 @@ def diffusers_pipelines_of(transformer_class: str) -> set[str]:
             continue
         parameter = inspect.signature(cls.__init__).parameters.get("transformer")
         annotation = getattr(parameter, "annotation", None)
-        if parameter is not None and transformer_class in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")):
+        # A class, its name, or a union such as `WanTransformer3DModel | None` (WanPipeline, LucyEditPipeline).
+        text = annotation if isinstance(annotation, str) else annotation.__name__ if isinstance(annotation, type) else str(annotation)
+        if parameter is not None and re.search(rf"\b{transformer_class}\b", text):
             found.add(name)
     return found
 
 
-# Video families whose every diffusers pipeline is listed (or named in NEEDS_MORE); the others'
-# image- and video-to-video pipelines are not variants yet.
-VIDEO_FAMILIES = ["hunyuan15"]
+def transformer_classes_of(family: str) -> list[str]:
+    """The family's transformer class and its variants' own (Wan VACE's)."""
+    return list(FAMILIES[family].transformer_classes)
 
 
-def image_families() -> list[str]:
-    """The families checked here: every image family, and the video families above."""
-    return [name for name, family in FAMILIES.items() if family.output == "image" or name in VIDEO_FAMILIES]
-
-
-@pytest.mark.parametrize("family", image_families())
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_diffusers_pipeline_of_the_transformer_is_a_variant_or_named(family: str) -> None:
-    shipped = diffusers_pipelines_of(FAMILIES[family].transformer_class)
-    listed = {name for other in FAMILIES.values() if other.transformer_class == FAMILIES[family].transformer_class
-              for name in other.pipeline_classes}
+    """Image and video families alike, for every transformer class the family recognises."""
+    classes = set(transformer_classes_of(family))
+    shipped = set().union(*(diffusers_pipelines_of(name) for name in classes))
+    listed = {name for other in FAMILIES.values() if classes & set(other.transformer_classes) for name in other.pipeline_classes}
     assert FAMILIES[family].pipeline_class in shipped
     assert shipped - listed - set(NEEDS_MORE) == set(), "add these to the family's variants (or say what they need)"
     assert listed <= shipped
 
 
+def test_the_video_rule_sees_union_annotations_and_variant_transformers() -> None:
+    """WanPipeline annotates its transformer `WanTransformer3DModel | None`; VACE has its own class."""
+    assert {"WanPipeline", "LucyEditPipeline", "WanImageToVideoPipeline"} <= diffusers_pipelines_of("WanTransformer3DModel")
+    assert "WanVACEPipeline" not in diffusers_pipelines_of("WanTransformer3DModel")
+    assert diffusers_pipelines_of("WanVACETransformer3DModel") == {"WanVACEPipeline"}
+
+
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference
 # pictures): tests/test_family_flux2.py splits those.
-# Variants sequence parallelism cannot cut (Flux2KleinKVPipeline) are tested on their own below.
-VARIANTS = [(name, variant.pipeline_class) for name in image_families() for variant in FAMILIES[name].variants
-            if variant.pipeline_class != FAMILIES[name].pipeline_class and not variant.not_split]
+# Variants `accel run` drives (Wan Animate's own inputs come from a script: see below); variants
+# sequence parallelism cannot cut (Flux2KleinKVPipeline) are tested on their own below.
+VARIANTS = [(name, variant.pipeline_class) for name in FAMILIES for variant in FAMILIES[name].variants
+            if variant.pipeline_class != FAMILIES[name].pipeline_class and variant.script_only is None and not variant.not_split]
 MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring": 3}, True, False),
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
@@ -116,10 +135,22 @@ CASES = [(family, pipeline_class, mode) for family, pipeline_class in VARIANTS f
 
 _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 
+# Video variants' odd size: a video token count that 3, 4 and 8 ranks do not divide. 17 frames at
+# 80x112 make 5 latent frames of 5x7 patches, 175 tokens; VACE puts its reference picture's latent
+# frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too.
+_ODD_VIDEO = dict(height=80, width=112, num_frames=17)
+ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
+       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13)}
+
+
+def odd_call(family: str, pipeline_class: str) -> dict:
+    case = FAMILY_CASES[family]
+    return {**case.call, **case.odd, **ODD.get(pipeline_class, {})}
+
 
 def reference(family: str, pipeline_class: str, odd: bool, cache: bool) -> tuple[dict, dict, np.ndarray, int]:
     case = FAMILY_CASES[family]
-    call = dict(case.call, **case.odd) if odd else case.call
+    call = odd_call(family, pipeline_class) if odd else case.call
     recipe = {"cache": {"threshold": case.threshold}} if cache else {}
     key = (family, pipeline_class, odd, cache)
     if key not in _references:
@@ -155,6 +186,24 @@ def test_kontext_reference_tokens_join_the_split_image_sequence() -> None:
     finally:
         hook.remove()
     assert set(seen) == {2 * 15}  # 3x5 generated tokens, then the 3x5 of the reference picture
+
+
+VIDEO_VARIANTS = [(family, pipeline_class) for family, pipeline_class in VARIANTS if FAMILIES[family].output == "video"]
+
+
+@pytest.mark.parametrize("family, pipeline_class", VIDEO_VARIANTS)
+def test_video_variants_odd_size_makes_a_token_count_three_ranks_do_not_divide(family: str, pipeline_class: str) -> None:
+    """The ring-3 case above runs a video token count 3 does not divide (nor 4, nor 8)."""
+    pipe = cases.variant_pipeline(family, pipeline_class)
+    seen: list[int] = []
+    first = getattr(pipe.transformer, FAMILIES[family].blocks[0].attr)[0]
+    hook = first.register_forward_pre_hook(lambda _m, args, kw: seen.append((args[0] if args else kw["hidden_states"]).shape[1]),
+                                           with_kwargs=True)
+    try:
+        cases.variant_run(family, pipeline_class, {}, dict(odd_call(family, pipeline_class), num_inference_steps=2))
+    finally:
+        hook.remove()
+    assert seen and all(tokens % 3 and tokens % 4 and tokens % 8 for tokens in seen), seen
 
 
 # -- a variant context parallelism cannot cut ----------------------------------------------------
@@ -261,3 +310,137 @@ def test_a_file_that_is_not_a_picture_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "tiny-flux", "--pipeline", "FluxImg2ImgPipeline", "--image", str(text)])
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: [generate] image: {text} is not an image Pillow can read (")
+
+
+# -- video inputs ----------------------------------------------------------------------------------
+def write_clip(path: Path, frames: int = 5, size: tuple[int, int] = (64, 64)) -> Path:
+    from accel.media import save_video
+
+    save_video(np.stack([np.asarray(frame, dtype=np.float32) / 255 for frame in cases.clip(size, frames)]), path, fps=16)
+    return path
+
+
+@pytest.mark.parametrize("pipeline_class, flag", [("WanImageToVideoPipeline", "--image"), ("WanVideoToVideoPipeline", "--video")])
+def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, pipeline_class: str, flag: str) -> None:
+    """The MP4 equals the library call on the same input (the clip as ffmpeg decodes it); the
+    video-to-video output has the clip's 5 frames."""
+    from accel.media import read_video, save_video
+    from accel.models.variants import read_clip
+
+    image, _ = write_inputs(tmp_path)
+    source = image if flag == "--image" else write_clip(tmp_path / "clip.mp4")
+    out = tmp_path / "out.mp4"
+    done = subprocess.run([ACCEL, "run", "tiny-wan", "--pipeline", pipeline_class, flag, str(source), "--steps", "2", "--warmup", "0",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    given = {"image": Image.open(image).convert("RGB")} if flag == "--image" else {"video": read_clip(str(source))}
+    call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0, **given)
+    if flag == "--image":
+        call["num_frames"] = 5
+    pipe = cases.variant_pipeline("wan", pipeline_class)
+    expected = pipe(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
+    save_video(expected, tmp_path / "expected.mp4", fps=16)
+    got, want = read_video(out), read_video(tmp_path / "expected.mp4")
+    assert got.shape == want.shape == (5, 64, 64, 3)
+    # As in tests/test_launch.py: equal outputs encode alike on average; a wrong run is off by tens.
+    assert np.abs(got.astype(np.int16) - want.astype(np.int16)).mean() < 0.5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pipeline", "WanVideoToVideoPipeline"], "WanVideoToVideoPipeline needs an input video: pass --video PATH ([generate] video)"),
+        (["--video", "{clip}"], "[generate] video: WanPipeline takes no video; remove --video"),
+        (["--pipeline", "WanVideoToVideoPipeline", "--video", "{missing}"],
+         "[generate] video: {missing} does not exist; pass a video file (MP4, WebM, …)"),
+        (["--pipeline", "WanVACEPipeline", "--mask", "{mask}"],
+         "[generate] mask: WanVACEPipeline takes a mask only with an input video; pass --video PATH ([generate] video)"),
+        (["--pipeline", "WanVACEPipeline", "--video", "{clip}", "--mask", "{missing}"],
+         "[generate] mask: {missing} does not exist; pass a picture or a video"),
+        (["--pipeline", "WanAnimatePipeline", "--image", "{mask}"],
+         "[model] pipeline: WanAnimatePipeline needs a pose video and a face video besides the reference image, which accel "
+         "run cannot give; build the call in your own script and call accel.apply(pipe, recipe)"),
+    ],
+    ids=["no video", "video for text-to-video", "missing clip", "VACE mask without video", "missing VACE mask", "Animate"],
+)
+def test_a_missing_or_wrong_video_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
+    _, mask = write_inputs(tmp_path)
+    paths = {"clip": str(write_clip(tmp_path / "clip.mp4")), "mask": str(mask), "missing": str(tmp_path / "nope.mp4")}
+    result = CliRunner().invoke(app, ["run", "tiny-wan", "--steps", "1", "-o", str(tmp_path / "o.mp4"), *(arg.format(**paths) for arg in args)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: " + message.format(**paths)
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_a_file_that_is_not_a_video_is_refused(tmp_path: Path) -> None:
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video")
+    result = CliRunner().invoke(app, ["run", "tiny-wan", "--pipeline", "WanVideoToVideoPipeline", "--video", str(text)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: [generate] video: {text} is not a video ffmpeg can read (")
+
+
+def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_path: Path) -> None:
+    """Pipelines that take a frame count and a video get the clip's length unless --frames says
+    otherwise; VACE's mask picture arrives once per frame of the clip, a mask video frame by frame."""
+    from accel.models.variants import open_inputs
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    _, mask = write_inputs(tmp_path)
+    clip = write_clip(tmp_path / "clip.mp4", frames=9)
+    masks = write_clip(tmp_path / "masks.mp4", frames=9)
+    for mask_file in (mask, masks):
+        recipe = Recipe.from_dict({"model": {"pipeline": "WanVACEPipeline"}, "generate": {"video": str(clip), "mask": str(mask_file)}})
+        kwargs = generation_kwargs(FAMILIES["wan"], True, recipe)
+        assert kwargs["num_frames"] == 9
+        opened = open_inputs(kwargs)
+        assert len(opened["video"]) == len(opened["mask"]) == 9
+        assert opened["mask"][0].size == opened["video"][0].size == (64, 64)
+    recipe = Recipe.from_dict({"model": {"pipeline": "LucyEditPipeline"}, "generate": {"video": str(clip), "frames": 5}})
+    assert generation_kwargs(FAMILIES["wan"], True, recipe)["num_frames"] == 5
+
+
+# -- Wan Animate, from a script ---------------------------------------------------------------------
+ANIMATE = "accel.models.wan:build_tiny_animate"
+
+
+def animate_call() -> dict:
+    """A reference picture, 5 pose frames and 5 16x16 face crops (the tiny motion encoder's size)."""
+    return dict(image=cases.picture(), pose_video=cases.clip((64, 64), 5), face_video=cases.clip((16, 16), 5), prompt="a red fox",
+                negative_prompt="blurry", height=64, width=64, segment_frame_length=5, num_inference_steps=6, guidance_scale=5.0)
+
+
+def test_wan_animate_runs_from_a_script_with_the_cache_and_cfg_parallelism(rank_pools) -> None:
+    """accel.apply recognises WanAnimateTransformer3DModel as Wan's: the cache (its face-adapter
+    additions between blocks are part of the cached residual) and CFG 2 equal one process; a token
+    split is refused in one line on every rank (the face adapter reshapes tokens by latent frame)."""
+    import parallel_cases
+
+    call, recipe = animate_call(), {"cache": {"threshold": 0.1}}
+    uncached, _, _ = parallel_cases.tiny_run(ANIMATE, {}, call)
+    expected, _, _ = parallel_cases.tiny_run(ANIMATE, recipe, call)
+    assert np.abs(expected - uncached).max() > 0  # the cache skipped some calls
+    for output, _, bytes_sent in rank_pools(2).run(parallel_cases.tiny_run, ANIMATE, {**recipe, "parallel": {"cfg": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+    errors = rank_pools(2).run(parallel_cases.tiny_error, ANIMATE, {"parallel": {"ulysses": 2}}, call)
+    assert errors == ["UserError: [parallel] ulysses × ring = 2: context parallelism cannot split WanAnimatePipeline: its face "
+                      "adapter regroups the video tokens by latent frame, which a token split cuts through; set ulysses = 1 and "
+                      "ring = 1 (the cache, quantization and compile still apply)"] * 2
+
+
+def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:
+    """WanVACEPipeline holds WanVACETransformer3DModel: a T2V checkpoint cannot run as it (and a VACE
+    checkpoint is recognised as Wan by its own transformer class)."""
+    import accel
+    from accel.errors import ModelError
+    from accel.models.registry import family_of
+    from accel.models.wan import build_tiny
+
+    build_tiny().save_pretrained(tmp_path / "t2v")
+    with pytest.raises(ModelError) as refused:
+        accel.load_pipeline(str(tmp_path / "t2v"), pipeline="WanVACEPipeline")
+    assert str(refused.value) == ("[model] pipeline: WanVACEPipeline needs a WanVACETransformer3DModel checkpoint, and this model's "
+                                  "transformer is WanTransformer3DModel; load a checkpoint made for WanVACEPipeline")
+    assert family_of(cases.variant_pipeline("wan", "WanVACEPipeline")).name == "wan"

@@ -1,5 +1,6 @@
 """Pipeline variants on every rank: a family's tiny pipeline run as another pipeline class of its
-transformer (img2img, inpaint, Kontext, fill, control, edit, image-to-video), with deterministic input pictures."""
+transformer (img2img, inpaint, Kontext, fill, control, edit, image- and video-to-video, VACE), with
+deterministic input pictures and clips."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ def mask(size: tuple[int, int] = (64, 64)) -> Image.Image:
     return Image.fromarray(((np.arange(width)[None, :] >= width // 2) * np.ones((height, 1)) * 255).astype(np.uint8))
 
 
+def clip(size: tuple[int, int] = (64, 64), frames: int = 5) -> list[Image.Image]:
+    """A moving gradient: `frames` RGB frames (width, height), the input video of every variant test."""
+    base = np.asarray(picture(size), dtype=np.int16)
+    return [Image.fromarray(np.roll(base, 3 * index, axis=1).astype(np.uint8)) for index in range(frames)]
+
+
 def variant_pipeline(family: str, pipeline_class: str) -> Any:
     """The family's tiny pipeline as `pipeline_class`, built once per process."""
     import accel
@@ -45,7 +52,9 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     """`call` plus the variant's input pictures at the call's size, under the variant's keywords."""
     variant = variant_of(FAMILIES[family], pipeline_class)
     size = (call.get("width", 64), call.get("height", 64))
-    inputs = {variant.image: picture(size), variant.mask: mask(size)}
+    frames = call.get("num_frames", 5)
+    masks = [mask(size)] * frames if variant.mask_frames else mask(size)
+    inputs = {variant.image: picture(size), variant.mask: masks, variant.video: clip(size, frames)}
     arguments = {keyword: value for keyword, value in inputs.items() if keyword is not None}
     if variant.area is not None:
         arguments[variant.area] = size[0] * size[1]

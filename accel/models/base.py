@@ -139,15 +139,23 @@ class GenerationDefaults:
 class Variant:
     """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
 
-    `image` and `mask` are the call's keywords that `--image` and `--mask` fill (None: the pipeline
-    takes none); each one named is required unless `optional` lists it ("image": FLUX.2's
-    reference pictures). A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
+    `image`, `mask` and `video` are the call's keywords that `--image`, `--mask` and `--video` fill
+    (None: the pipeline takes none; a video arrives as a list of PIL frames, as diffusers' video
+    pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
+    reference pictures). `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a
+    picture used for every frame of `--video`, or a video of masks. A family lists its own
+    pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
     call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer
     needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
-    the family's tiny pipeline, converted with `from_pipe`. `not_split` says why sequence parallelism
-    cannot cut this pipeline's transformer calls (its attention processors slice the whole
+    the family's tiny pipeline, converted with `from_pipe`. `transformer_class` names the variant's
+    own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
+    same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
+    class's plan (None: that class runs on one process, or with CFG parallelism alone).
+    `script_only` says which inputs `accel run` cannot give the pipeline (Wan Animate's pose and
+    face videos): the CLI refuses it in one line, and a script builds the call and calls accel.apply. `not_split` says why sequence
+    parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
     accelerator still applies.
     """
@@ -155,10 +163,15 @@ class Variant:
     pipeline_class: str
     image: str | None = None
     mask: str | None = None
+    video: str | None = None
+    mask_frames: bool = False
     area: str | None = None
     fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
+    transformer_class: str | None = None
+    parallel: ParallelPlan | FromDiffusers | None = None
+    script_only: str | None = None
     not_split: str | None = None
 
 
@@ -217,6 +230,21 @@ class Family:
         if self.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None
+
+    @property
+    def transformer_classes(self) -> tuple[str, ...]:
+        """The family's transformer class, then its variants' own ones: each makes a pipeline this family."""
+        others = (v.transformer_class for v in self.variants if v.transformer_class and v.transformer_class != self.transformer_class)
+        return tuple(dict.fromkeys((self.transformer_class, *others)))
+
+    def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | None:
+        """The context-parallel plan for this transformer instance: a variant's own transformer
+        class (or a subclass of it) has its own plan (None: none), anything else the family's."""
+        names = {cls.__name__ for cls in type(transformer).__mro__}
+        for variant in self.variants:
+            if variant.transformer_class in names:
+                return variant.parallel
+        return self.parallel
 
     @property
     def pipeline_classes(self) -> tuple[str, ...]:

@@ -104,9 +104,25 @@ def load_pipeline(
         pipe = _from_pretrained(ref, torch_dtype)
     family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
     if pipeline and type(pipe).__name__ != pipeline:
-        pipe = _as_pipeline(pipe, variant_of(family, pipeline).pipeline_class)
+        variant = variant_of(family, pipeline)
+        _refuse_other_transformer(pipe, family, variant)
+        pipe = _as_pipeline(pipe, variant.pipeline_class)
     pipe.to(target)
     return pipe
+
+
+def _refuse_other_transformer(pipe: Any, family: Family, variant: Any) -> None:
+    """Where a family's pipelines hold different transformer classes (Wan and Wan VACE), a pipeline
+    cannot run another class's checkpoint: one line, not a missing-argument error mid-run."""
+    transformer = getattr(pipe, "transformer", None)
+    expected = variant.transformer_class or family.transformer_class
+    if len(family.transformer_classes) < 2 or transformer is None:
+        return
+    if expected not in {cls.__name__ for cls in type(transformer).__mro__}:
+        raise ModelError(
+            f"[model] pipeline: {variant.pipeline_class} needs a {expected} checkpoint, and this model's "
+            f"transformer is {type(transformer).__name__}; load a checkpoint made for {variant.pipeline_class}"
+        )
 
 
 def _as_pipeline(pipe: Any, pipeline_class: str) -> Any:

@@ -6,13 +6,13 @@ import difflib
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, ltx, mochi, qwenimage, sd3, wan, zimage
+from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, ltx, mochi, qwenimage, sd3, skyreels2, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY)
+                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.
@@ -48,7 +48,7 @@ def _lists_pipeline(family: Family, pipeline: type) -> bool:
 
 def family_of_classes(transformer_class: str, pipeline_class: str | None) -> Family | None:
     """The family of a saved pipeline, from its class names alone (model_index.json)."""
-    matching = [family for family in FAMILIES.values() if family.transformer_class == transformer_class]
+    matching = [family for family in FAMILIES.values() if transformer_class in family.transformer_classes]
     for family in matching:
         if pipeline_class in family.pipeline_classes:
             return family
@@ -68,11 +68,11 @@ def family_of(pipe: Any) -> Family:
     """The family whose transformer this pipeline holds, recognised by class (subclasses too). Where
     families share a transformer class (FLUX.2 dev and Klein), the one that lists the pipeline's class."""
     matching = [family for family in FAMILIES.values() if any(
-        _is_a(getattr(pipe, attr, None), family.transformer_class) for attr in family.transformer_attrs)]
+        _is_a(getattr(pipe, attr, None), name) for attr in family.transformer_attrs for name in family.transformer_classes)]
     if matching:
         return next((family for family in matching if _lists_pipeline(family, type(pipe))), matching[0])
     found = getattr(getattr(pipe, "transformer", None), "__class__", type(None)).__name__
-    supported = ", ".join(dict.fromkeys(f.transformer_class for f in FAMILIES.values()))
+    supported = ", ".join(dict.fromkeys(name for f in FAMILIES.values() for name in f.transformer_classes))
     raise ModelError(
         f"accel does not support {type(pipe).__name__} (transformer {found}); "
         f"supported transformers: {supported}"

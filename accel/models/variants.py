@@ -1,13 +1,14 @@
 """Pipeline variants: the other diffusers pipelines of a family's transformer, and their input files.
 
 A family is its transformer class, so FluxKontextPipeline or QwenImageEditPipeline get every
-accelerator the base pipeline has; what differs is the call: an input image, a mask. This module
+accelerator the base pipeline has; what differs is the call: an input image, a mask, a video. This module
 picks the variant (`[model] pipeline`, or the class a repo loads as), checks the inputs before
 any rank starts, and opens them for the call. No torch here: it runs in the launcher's preflight.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,20 @@ from accel.errors import UserError
 from accel.models.base import Family, Variant
 
 # What each input is called on the command line and in the recipe.
-FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)"}
+FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
+         "video": "--video PATH ([generate] video)"}
 
 
 class InputImage(str):
     """A path the pipeline call receives as a PIL image: it stays a path (and JSON) until the call."""
+
+
+class InputVideo(str):
+    """A path the pipeline call receives as a list of RGB PIL frames (diffusers' video input)."""
+
+
+class FrameMask(str):
+    """A picture the call receives once per frame of its input video (VACE's per-frame mask)."""
 
 
 def variant_of(family: Family, pipeline_class: str) -> Variant:
@@ -55,18 +65,50 @@ def refuse_split(variant: Variant, sequence: int) -> None:
         )
 
 
-def input_arguments(variant: Variant, image: str | None, mask: str | None) -> dict[str, InputImage]:
-    """The call's keyword arguments for the input files; a missing required one, or one the pipeline
-    does not take, is one line naming the flag."""
-    arguments: dict[str, InputImage] = {}
-    for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask)):
+def input_arguments(variant: Variant, image: str | None, mask: str | None, video: str | None = None) -> dict[str, str]:
+    """The call's keyword arguments for the input files; a missing required one, one the pipeline
+    does not take, or a file that cannot be read, is one line naming the flag."""
+    if variant.script_only is not None:
+        raise UserError(
+            f"[model] pipeline: {variant.pipeline_class} needs {variant.script_only}, which accel run cannot give; "
+            "build the call in your own script and call accel.apply(pipe, recipe)"
+        )
+    arguments: dict[str, str] = {}
+    for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
         if keyword is None and path is not None:
             raise UserError(f"[generate] {name}: {variant.pipeline_class} takes no {name}; remove --{name}")
         if keyword is not None and path is None and name not in variant.optional:
             raise UserError(f"{variant.pipeline_class} needs an input {name}: pass {FLAGS[name]}")
-        if keyword is not None and path is not None:
+        if keyword is None or path is None:
+            continue
+        if name == "video":
+            arguments[keyword] = InputVideo(_readable_video(name, path))
+        elif name == "mask" and variant.mask_frames:
+            arguments[keyword] = _frame_mask(variant, path, video)
+        else:
             arguments[keyword] = InputImage(_readable_image(name, path))
     return arguments
+
+
+def _frame_mask(variant: Variant, path: str, video: str | None) -> str:
+    """A per-frame mask: a picture for every frame, or a video of masks; it needs the input video."""
+    if video is None:
+        raise UserError(f"[generate] mask: {variant.pipeline_class} takes a mask only with an input video; pass {FLAGS['video']}")
+    file = Path(path).expanduser()
+    if file.is_file() and _is_picture(file):
+        return FrameMask(str(file))
+    return InputVideo(_readable_video("mask", path, "a picture or a video"))
+
+
+def _is_picture(file: Path) -> bool:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(file) as picture:
+            picture.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError):
+        return False
+    return True
 
 
 def _readable_image(name: str, path: str) -> str:
@@ -83,13 +125,58 @@ def _readable_image(name: str, path: str) -> str:
     return str(file)
 
 
+def _readable_video(name: str, path: str, kind: str = "a video file (MP4, WebM, …)") -> str:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"[generate] {name}: {path} does not exist; pass {kind}")
+    try:
+        frames = clip_frames(str(file))
+    except (RuntimeError, OSError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise UserError(f"[generate] {name}: {path} is not a video ffmpeg can read ({lines[-1] if lines else type(error).__name__})") from None
+    if frames == 0:
+        raise UserError(f"[generate] {name}: {path} holds no video frames; pass {kind}")
+    return str(file)
+
+
+def clip_frames(path: str) -> int:
+    """How many frames the video at `path` holds (RuntimeError or OSError if ffmpeg cannot read it)."""
+    stat = Path(path).stat()
+    return _count_frames(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _count_frames(path: str, _mtime_ns: int, _size: int) -> int:
+    """ffmpeg decodes the file once per version of it (the preflight check, then the frame count)."""
+    import imageio_ffmpeg
+
+    return int(imageio_ffmpeg.count_frames_and_secs(path)[0])
+
+
+def read_clip(path: str) -> list[Any]:
+    """The video's frames as RGB PIL images, in order."""
+    from PIL import Image
+
+    from accel.media import read_video
+
+    return [Image.fromarray(frame) for frame in read_video(Path(path))]
+
+
 def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments with every InputImage opened as an RGB PIL image (what the pipelines take)."""
+    """The call's arguments with every input file opened as the pipelines take it: an InputImage as
+    an RGB PIL image, an InputVideo as a list of them, a FrameMask as its picture once per frame of
+    the call's input video."""
     from PIL import Image
 
     opened = dict(kwargs)
     for key, value in kwargs.items():
-        if isinstance(value, InputImage):
+        if isinstance(value, (InputImage, FrameMask)):
             with Image.open(value) as picture:
                 opened[key] = picture.convert("RGB")
+        elif isinstance(value, InputVideo):
+            opened[key] = read_clip(value)
+    frames = max((len(opened[key]) for key, value in kwargs.items() if isinstance(value, InputVideo)), default=1)
+    for key, value in kwargs.items():
+        if isinstance(value, FrameMask):
+            opened[key] = [opened[key]] * frames
     return opened

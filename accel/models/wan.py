@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+    from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
 
 # Wan 2.1's latent width; the VAE's default latents_mean/std have 16 entries.
 _Z_DIM = 16
@@ -53,10 +53,12 @@ def _tiny_shared(base: int) -> dict[str, Any]:
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
 
 
-def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> "WanTransformer3DModel":
-    """Wan 2.1's DiT scaled down to two blocks of four 16-wide heads; `config` adds or overrides settings."""
+def _tiny_transformer(seed: int, text_dim: int, cls: str = "WanTransformer3DModel", **config: Any) -> Any:
+    """Wan 2.1's DiT (or another class of its shape: VACE, SkyReels-V2) scaled down to two blocks of
+    four 16-wide heads; `config` adds or overrides settings."""
+    import diffusers
+
     from accel.models import _tiny_parts as parts
-    from diffusers import WanTransformer3DModel
 
     settings: dict[str, Any] = dict(
         patch_size=(1, 2, 2),
@@ -74,7 +76,7 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> "WanTransforme
         rope_max_seq_len=1024,
     )
     with parts.seeded(seed):
-        return parts.finish(WanTransformer3DModel(**{**settings, **config}))
+        return parts.finish(getattr(diffusers, cls)(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "WanPipeline":
@@ -87,7 +89,8 @@ def build_tiny(seed: int = 0) -> "WanPipeline":
     from diffusers import WanPipeline
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
-    # Offsets: 1 text encoder, 2 transformer, 3 VAE; 4-5 build_tiny_i2v's, 6-7 build_tiny_22's.
+    # Offsets: 1 text encoder, 2 transformer, 3 VAE; 4-5 build_tiny_i2v's, 6-7 build_tiny_22's;
+    # the VACE and Lucy transformers take _VARIANT_SEEDS + seed * 8 + 0 and + 1.
     base = seed * 8
     shared = _tiny_shared(base)
     transformer = _tiny_transformer(base + 2, text_dim=shared["text_encoder"].config.d_model)
@@ -149,6 +152,93 @@ def build_tiny_22(seed: int = 0) -> "WanPipeline":
     )
 
 
+_VARIANT_SEEDS = 1000
+
+
+def build_tiny_vace(seed: int = 0) -> "WanVACEPipeline":
+    """A tiny Wan2.1-VACE look-alike: build_tiny's text stack, VAE and scheduler, and a VACE DiT.
+
+    WanVACETransformer3DModel is a sibling of WanTransformer3DModel (not a subclass): the same
+    blocks plus `vace_blocks`, run first on the control latents, whose outputs ("hints") the
+    transformer adds to the main blocks' hidden states after the blocks `vace_layers` names (here
+    both). The control latents are 96 channels as in Wan2.1-VACE: the VAE latents of the input
+    video's kept and repainted parts (16 + 16) and the mask folded 8x8 into channels (64).
+    """
+    from diffusers import WanVACEPipeline
+
+    shared = _tiny_shared(seed * 8)
+    transformer = _tiny_transformer(_VARIANT_SEEDS + seed * 8, text_dim=shared["text_encoder"].config.d_model,
+                                    cls="WanVACETransformer3DModel", vace_layers=[0, 1], vace_in_channels=2 * _Z_DIM + 64)
+    return WanVACEPipeline(**shared, transformer=transformer, transformer_2=None)
+
+
+def build_tiny_lucy(seed: int = 0) -> "LucyEditPipeline":
+    """A tiny Lucy-Edit look-alike: a Wan DiT reading the noise latents next to the input video's
+    (2 x 16 channels), with one timestep per video token (Wan 2.2 TI2V's `expand_timesteps`)."""
+    from diffusers import LucyEditPipeline
+
+    shared = _tiny_shared(seed * 8)
+    transformer = _tiny_transformer(_VARIANT_SEEDS + seed * 8 + 1, text_dim=shared["text_encoder"].config.d_model,
+                                    in_channels=2 * _Z_DIM)
+    return LucyEditPipeline(**shared, transformer=transformer, transformer_2=None, expand_timesteps=True)
+
+
+def build_tiny_animate(seed: int = 0) -> Any:
+    """A tiny Wan2.2-Animate look-alike: build_tiny_i2v's parts and a WanAnimateTransformer3DModel.
+
+    The DiT reads I2V's 36 channels plus the pose video's latents (added to the patched tokens of
+    every frame after the first), and after every block (`inject_face_latents_blocks` = 1) a face
+    adapter attends from each latent frame's tokens to that frame's motion tokens, which a motion
+    encoder (16x16 face crops here, 512x512 on the real model) and a face encoder make.
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import WanAnimatePipeline
+
+    shared = _tiny_shared(seed * 8)
+    image_encoder = parts.clip_vision_model(seed=_VARIANT_SEEDS + seed * 8 + 2)
+    transformer = _tiny_transformer(
+        _VARIANT_SEEDS + seed * 8 + 3, text_dim=shared["text_encoder"].config.d_model, cls="WanAnimateTransformer3DModel",
+        in_channels=2 * _Z_DIM + 4, latent_channels=_Z_DIM, out_channels=_Z_DIM, image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16, motion_encoder_channel_sizes={"16": 16, "8": 16, "4": 16}, motion_encoder_size=16,
+        motion_style_dim=32, motion_dim=8, motion_encoder_dim=32, face_encoder_hidden_dim=32, face_encoder_num_heads=2,
+        inject_face_latents_blocks=1, motion_encoder_batch_size=8,
+    )
+    return WanAnimatePipeline(**shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder,
+                              transformer=transformer)
+
+
+# Video tokens are cut after patch embedding (at the first block) along with their rotary
+# embedding; text stays whole on every rank, so the cross-attention (attn2) needs no exchange.
+_VIDEO_SPLITS = (
+    SequenceSplit("output", "video", dim=1, module="rope"),
+    SequenceSplit("hidden_states", "video", dim=1, module="blocks.0"),
+    SequenceSplit("timestep", "video", dim=1, ndim=2),  # Wan 2.2 TI2V: one timestep per token
+)
+PLAN = ParallelPlan(
+    splits=_VIDEO_SPLITS,
+    attention_keys=("video",),
+    output_stream="video",
+    output_dim=1,
+    output_module="proj_out",
+    local_attention=("blocks.*.attn2",),
+)
+# VACE: the control branch runs first on the patched video tokens and the control tokens (one per
+# video token, zero-padded by the transformer), both cut at the first VACE block; its hints then
+# come out cut like the video, and are added to the main blocks' shards token for token.
+VACE_PLAN = ParallelPlan(
+    splits=(
+        *_VIDEO_SPLITS,
+        SequenceSplit("hidden_states", "video", dim=1, module="vace_blocks.0"),
+        SequenceSplit("control_hidden_states", "video", dim=1, module="vace_blocks.0"),
+    ),
+    attention_keys=("video",),
+    output_stream="video",
+    output_dim=1,
+    output_module="proj_out",
+    local_attention=("blocks.*.attn2", "vace_blocks.*.attn2"),
+)
+
+
 FAMILY = Family(
     name="wan",
     title="Wan 2.1 / 2.2",
@@ -165,21 +255,23 @@ FAMILY = Family(
     fps=16,
     heads=40,
     tiny_heads=4,
-    # Video tokens are cut after patch embedding (at the first block) along with their rotary
-    # embedding; text stays whole on every rank, so the cross-attention (attn2) needs no exchange.
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("output", "video", dim=1, module="rope"),
-            SequenceSplit("hidden_states", "video", dim=1, module="blocks.0"),
-            SequenceSplit("timestep", "video", dim=1, ndim=2),  # Wan 2.2 TI2V: one timestep per token
-        ),
-        attention_keys=("video",),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        local_attention=("blocks.*.attn2",),
-    ),
+    parallel=PLAN,
     cfg="calls",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
+    variants=(
+        Variant("WanImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
+        Variant("WanVideoToVideoPipeline", video="video"),
+        # Reference pictures, an input video and its per-frame mask are all optional (none: text to video).
+        Variant("WanVACEPipeline", image="reference_images", video="video", mask="mask", mask_frames=True,
+                optional=("image", "video", "mask"), tiny=build_tiny_vace,
+                transformer_class="WanVACETransformer3DModel", parallel=VACE_PLAN),
+        Variant("LucyEditPipeline", video="video", tiny=build_tiny_lucy),
+        # Its face adapter attends from each latent frame's tokens to that frame's motion tokens, a
+        # reshape by frames that a token split cuts through: no context-parallel plan yet.
+        Variant("WanAnimatePipeline", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
+                script_only="a pose video and a face video besides the reference image",
+                not_split="its face adapter regroups the video tokens by latent frame, which a token split cuts through"),
+    ),
 )
+
