@@ -188,7 +188,9 @@ def test_kontext_reference_tokens_join_the_split_image_sequence() -> None:
     assert set(seen) == {2 * 15}  # 3x5 generated tokens, then the 3x5 of the reference picture
 
 
-VIDEO_VARIANTS = [(family, pipeline_class) for family, pipeline_class in VARIANTS if FAMILIES[family].output == "video"]
+# The video variants whose cases above include the odd size (HunyuanVideo 1.5's image-to-video runs one mode).
+VIDEO_VARIANTS = [(family, pipeline_class) for family, pipeline_class in VARIANTS
+                  if FAMILIES[family].output == "video" and "ring3, odd size" in modes_of(family, pipeline_class)]
 
 
 @pytest.mark.parametrize("family, pipeline_class", VIDEO_VARIANTS)
