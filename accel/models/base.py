@@ -72,7 +72,11 @@ class ParallelPlan:
     batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
     `module_keys` gives modules (glob patterns) whose attention has other keys than
     `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
-    tokens alone, `("transformer_blocks.*.attn2", ("image",))`.
+    tokens alone, `("transformer_blocks.*.attn2", ("image",))`. In a module pattern a negative
+    index counts from the end of its list: `"visual_transformer_blocks.-1"` is the last block
+    (Kandinsky 5 reshapes its tokens to a video grid right after it, so the output is gathered there).
+    `refuses` lists transformer configs the plan cannot split, as (config key, value, why):
+    the engine refuses them with one line instead of attending on each rank's shard alone.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -83,6 +87,7 @@ class ParallelPlan:
     local_attention: tuple[str, ...] = ()
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    refuses: tuple[tuple[str, Any, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,8 +174,10 @@ class Family:
     # are checked against them before any rank starts.
     heads: int | None = None
     tiny_heads: int | None = None
-    # The transformer config key that holds its head count (Z-Image's says `n_heads`).
+    # The transformer config key that holds its head count (Z-Image's says `n_heads`), or, for a
+    # config that states none, the count as a function of the config (Kandinsky 5: width / head width).
     heads_key: str = "num_attention_heads"
+    heads_of_config: Callable[[Mapping[str, Any]], int] | None = None
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
@@ -197,6 +204,13 @@ class Family:
         if self.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None
+
+    def heads_in(self, config: Mapping[str, Any]) -> int | None:
+        """The attention heads a transformer config gives (None: it does not say)."""
+        if self.heads_of_config is not None:
+            return self.heads_of_config(config)
+        heads = config.get(self.heads_key)
+        return int(heads) if isinstance(heads, int) else None
 
     @property
     def pipeline_classes(self) -> tuple[str, ...]:
