@@ -37,15 +37,24 @@ def _heads(config: Mapping[str, Any]) -> int:
     return int(config["model_dim"]) // sum(config["axes_dims"])
 
 
+def random_modulation(transformer: Any) -> None:
+    """Random weights for every adaLN modulation, which diffusers starts at zero: each block would
+    then add nothing, an identity no test could tell from a broken block. Call it inside `seeded`."""
+    for module in transformer.modules():
+        if type(module).__name__ == "Kandinsky5Modulation":
+            module.out_layer.reset_parameters()
+
+
 def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
     """A tiny Kandinsky-5.0-T2V-Lite look-alike: real classes, Lite's config scaled down, random seeded weights.
 
     Two text and two visual blocks of four 16-wide heads (Lite: 2 and 32 blocks of 28 heads of 64)
     keep what the cache and context-parallel code see; `visual_cond` as on Lite, so the
     image-to-video pipeline runs the same transformer. 5 frames at 64x64 give 2x8x8 latents, i.e.
-    32 video tokens after (1, 2, 2) patching. The Qwen2-VL processor's tokenizer spends as many
-    tokens on the prompt template's system part as the real one, which the pipeline crops off;
-    CLIP gives the pooled vector.
+    32 video tokens after (1, 2, 2) patching. A Qwen2 tokenizer takes the Qwen2-VL processor's
+    place (both pipelines pass it text alone, and a processor cannot be saved without its
+    torchvision-only video processor); it spends as many tokens on the prompt template's system
+    part as the real one, which the pipeline crops off. CLIP gives the pooled vector.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline, Kandinsky5Transformer3DModel
 
@@ -74,11 +83,7 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
                 visual_cond=True,
             )
         )
-        # diffusers starts every adaLN modulation at zero (each block then adds nothing: an
-        # identity a parallel test could not tell from a broken one); random ones stand in for trained.
-        for module in transformer.modules():
-            if type(module).__name__ == "Kandinsky5Modulation":
-                module.out_layer.reset_parameters()
+        random_modulation(transformer)
     with parts.seeded(base + 4):
         vae = parts.finish(parts.hunyuan_video_vae())
     # Kandinsky 5's scheduler config: flow matching with a fixed shift of 5.
@@ -87,7 +92,7 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
         transformer=transformer,
         vae=vae,
         text_encoder=text_encoder,
-        tokenizer=parts.qwen2_vl_processor(tokenizer),
+        tokenizer=tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
         scheduler=scheduler,
