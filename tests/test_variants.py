@@ -47,6 +47,11 @@ NEEDS_MORE = {
     "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
     "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
+    # Kandinsky 5's image pipelines run the video family's transformer class (Kandinsky 5.0 Image
+    # Lite checkpoints) but make pictures with FLUX.1's AutoencoderKL: a Variant has no output kind
+    # or VAE of its own yet, and I2I also shows the picture to Qwen2.5-VL through a Qwen2-VL processor.
+    "Kandinsky5T2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
+    "Kandinsky5I2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
 }
 
 

@@ -76,4 +76,5 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     finally:
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
-    return np.asarray(result.images), skipped, TRAFFIC.total_bytes
+    frames = getattr(result, "frames", None)  # video pipelines (Kandinsky 5 I2V)
+    return np.asarray(frames if frames is not None else result.images), skipped, TRAFFIC.total_bytes
