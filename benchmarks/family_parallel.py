@@ -39,10 +39,12 @@ LONG = {
     "flux2-klein": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + 512 text
     "sd3": dict(height=256, width=256),  # 16 x 16 = 256 image tokens + 333 text (the tiny crops positions at 16 x 16)
     "zimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the caption, in one sequence
+    "kandinsky5": dict(height=256, width=256, num_frames=17),  # 5 latent frames x 16 x 16 = 1280 video tokens
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
-          "zimage": dict(guidance_scale=4.0)}  # the base model's batched CFG (Turbo runs without)
+          "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
+          "kandinsky5": dict(guidance_scale=5.0)}  # real CFG: two calls per step
 # Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt).
 NOT_TAKEN = {"flux2-klein": ("negative_prompt",)}
 
@@ -256,7 +258,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,kandinsky5")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
