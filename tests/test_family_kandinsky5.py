@@ -1,10 +1,12 @@
 """Kandinsky 5.0 Video specifics the shared matrices do not show by themselves.
 
 diffusers' Kandinsky 5 attention processor rounds the rotated queries and keys to bfloat16 even
-in a float32 model, so a last-bit difference before it (a ring merge order, a kernel inductor
-fused) can step a value by a bfloat16 unit: the shared parallel cases compare this family at 5e-4.
-With the rotation kept in float32 (Float32RotaryProcessor, on the test's instance only) the
-engine's own result is held to 1e-4 here, as for every other family.
+in a float32 model. Context parallelism changes only the last bits before that rounding (a ring
+merge order), which at the tiny model's settings moves its output by a few 1e-6 (a 1e-7 relative
+change of its input moves one process's own output by 4e-6), so the shared cases hold to 1e-4.
+Inductor's fused rotation changes those values systematically, so compile is held to 1e-4 with the
+rotation kept in float32 (Float32RotaryProcessor, on the test's instance only), and with diffusers'
+own processor to 2e-3, the size of the bfloat16 steps that fusion causes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import parallel_cases as cases
 import pytest
 import torch
 import variant_cases
-from test_parallel_families import FAMILY_CASES, reference, world_of
+from test_parallel_families import FAMILY_CASES, reference
 from test_variants import NEEDS_MORE, diffusers_pipelines_of
 
 from accel.media import read_video
@@ -29,7 +31,6 @@ from accel.parallel.plan import glob_modules
 TOLERANCE = 1e-4
 FAMILY = FAMILIES["kandinsky5"]
 CASE = FAMILY_CASES["kandinsky5"]
-ODD = dict(CASE.call, **CASE.odd)
 FLOAT32_ROTARY = "parallel_cases:tiny_kandinsky5_float32_rotary"
 ACCEL = str(Path(sys.executable).parent / "accel")
 
@@ -59,16 +60,6 @@ def test_the_output_is_gathered_after_the_last_visual_block() -> None:
     assert glob_modules(modules, "visual_transformer_blocks.-3") == []
 
 
-@pytest.mark.parametrize("mode, odd", [({"ring": 2}, False), ({"ulysses": 2, "ring": 2}, False), ({"ring": 3}, True)],
-                         ids=["ring2", "usp2x2", "ring3-odd"])
-def test_with_the_rotation_in_float32_every_split_is_within_1e_4(rank_pools: Any, mode: dict[str, int], odd: bool) -> None:
-    call = ODD if odd else CASE.call
-    expected, _, _ = cases.tiny_run(FLOAT32_ROTARY, {}, call)
-    for output, _, bytes_sent in rank_pools(world_of(mode)).run(cases.tiny_run, FLOAT32_ROTARY, {"parallel": mode}, call):
-        assert bytes_sent > 0
-        assert np.abs(output - expected).max() <= TOLERANCE
-
-
 def test_image_to_video_equals_one_process(rank_pools: Any) -> None:
     """Kandinsky5I2VPipeline puts the picture's latents in the first latent frame (and its condition
     channels): the same tokens, split the same way; CFG halves x Ulysses 2 with the cache. 17 frames
@@ -83,7 +74,7 @@ def test_image_to_video_equals_one_process(rank_pools: Any) -> None:
     assert runs[0][1] + runs[-1][1] == skipped  # each CFG half caches its own branch's calls
     for output, _, bytes_sent in runs:
         assert bytes_sent > 0
-        assert np.abs(output - expected).max() <= CASE.tolerance
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 def test_parallel_vae_decode_equals_one_process(rank_pools: Any) -> None:
@@ -103,10 +94,10 @@ def test_nabla_sparse_attention_is_refused_with_one_line(rank_pools: Any) -> Non
 
 def test_regional_compile_equals_eager() -> None:
     """Both block kinds compile, a second generation builds no graph, and with the rotation in float32
-    the compiled output equals eager within 1e-4 (diffusers' bfloat16 rounding of q and k lifts
-    inductor's fused-kernel differences to about 2e-3 of a pixel value, which is checked too)."""
+    the compiled output equals eager within 1e-4 (with diffusers' bfloat16 rounding of q and k,
+    inductor's fused rotation moves it by about 5e-4, held to 2e-3)."""
     call = dict(CASE.call, num_inference_steps=2)
-    for model, tolerance in ((FLOAT32_ROTARY, TOLERANCE), ("tiny-kandinsky5", 5e-3)):
+    for model, tolerance in ((FLOAT32_ROTARY, TOLERANCE), ("tiny-kandinsky5", 2e-3)):
         eager, _, _ = cases.tiny_run(model, {}, call)
         compiled, _, graphs = cases.counted_run(model, {"compile": {"enabled": True}}, call)
         assert np.abs(compiled - eager).max() <= tolerance, model

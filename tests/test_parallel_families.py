@@ -26,9 +26,6 @@ class FamilyCase:
     # A size whose token counts 3 ranks do not divide (the text lengths do not divide either).
     odd: dict[str, Any]
     threshold: float
-    # Max-abs difference from one process: TOLERANCE, unless the model itself rounds finer
-    # differences up (Kandinsky 5, see its case).
-    tolerance: float = TOLERANCE
 
 
 FAMILY_CASES = {
@@ -93,11 +90,6 @@ FAMILY_CASES = {
         dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
         threshold=0.2,
-        # diffusers' Kandinsky 5 processor rounds the rotated queries and keys to bfloat16 even in a
-        # float32 model, so last-bit differences (ring's merge order) can flip a rounding: a 1e-7
-        # relative change of the transformer's input moves one process's own output by up to 9e-5.
-        # With the rotation kept in float32 every mode is within 1e-4 (tests/test_family_kandinsky5.py).
-        tolerance=5e-4,
     ),
 }
 
@@ -150,7 +142,7 @@ def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> N
     for output, _, bytes_sent in runs:  # every rank returns the whole output
         assert bytes_sent > 0, "no rank exchanged anything: the mode did not engage"
         assert output.shape == expected.shape
-        assert np.abs(output - expected).max() <= case.tolerance
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize("family", list(FAMILY_CASES))
@@ -159,7 +151,7 @@ def test_token_counts_three_ranks_do_not_divide(rank_pools, family: str) -> None
     call = dict(case.call, **case.odd)
     expected, _ = reference(family, call)
     for output, _, _ in rank_pools(3).run(cases.tiny_run, f"tiny-{family}", {"parallel": {"ring": 3}}, call):
-        assert np.abs(output - expected).max() <= case.tolerance
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize("family, mode", family_modes(CACHE_MODES))
@@ -181,7 +173,7 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
         assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in mine]
         changes = [-1.0 if r[2] is None else r[2] for r in got]  # None: no previous residual yet
         assert changes == pytest.approx([-1.0 if r[2] is None else r[2] for r in mine], rel=1e-4)
-        assert np.abs(output - expected).max() <= case.tolerance
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize(
