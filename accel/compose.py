@@ -191,7 +191,8 @@ def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
     from accel.parallel.mesh import resolve_degrees
 
     family = family_of(pipe)
-    heads = min(int(t.config[family.heads_key]) for t in _transformers_of(pipe, family).values())
+    counts = [family.heads_in(t.config) for t in _transformers_of(pipe, family).values()]
+    heads = min((count for count in counts if count is not None), default=None)
     return resolve_degrees(settings, heads, family.title)
 
 

@@ -42,11 +42,13 @@ LONG = {
     "zimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the caption, in one sequence
     "hunyuan15": dict(height=256, width=256, num_frames=17),  # 5 x 16 x 16 = 1280 video + 1985 joint text tokens
     "skyreels2": dict(height=256, width=256, num_frames=17),  # as Wan: 5 latent frames x 16 x 16 = 1280 tokens
+    "kandinsky5": dict(height=256, width=256, num_frames=17),  # 5 latent frames x 16 x 16 = 1280 video tokens
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
           "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
-          "hunyuan15": dict(negative_prompt="blurry")}  # the guider's CFG (scale 6 in the tiny pipeline): two calls
+          "hunyuan15": dict(negative_prompt="blurry"),
+          "kandinsky5": dict(guidance_scale=5.0)}  # the guider's CFG (scale 6 in the tiny pipeline): two calls
 # Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt; HunyuanVideo 1.5's
 # guidance scale sits on its guider).
 NOT_TAKEN = {"flux2-klein": ("negative_prompt",), "hunyuan15": ("guidance_scale",)}
@@ -284,7 +286,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2,kandinsky5")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -95,6 +95,54 @@ def tiny_pipeline(model: str) -> Any:
     return _pipelines[model]
 
 
+def _rotate_in_float32(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Kandinsky 5's rotary rotation (rope holds a 2x2 matrix per pair of channels), kept in x's dtype."""
+    pairs = x.reshape(*x.shape[:-1], -1, 1, 2).to(torch.float32)
+    return (rope * pairs).sum(dim=-1).reshape(*x.shape).to(x.dtype)
+
+
+class Float32RotaryProcessor:
+    """Kandinsky 5's attention as diffusers' processor computes it, except that the rotated queries
+    and keys stay float32: diffusers' rounds them to bfloat16 whatever the model's dtype, which
+    turns last-bit differences (a ring merge order, a fused compiled kernel) into bfloat16 steps."""
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 rotary_emb: torch.Tensor | None = None, sparse_params: Any = None) -> torch.Tensor:
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        if sparse_params is not None:
+            raise NotImplementedError("NABLA sparse attention")
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        heads = lambda x: x.reshape(*x.shape[:-1], attn.num_heads, -1)  # noqa: E731
+        query, key, value = heads(attn.to_query(hidden_states)), heads(attn.to_key(context)), heads(attn.to_value(context))
+        query = attn.query_norm(query.float()).type_as(query)
+        key = attn.key_norm(key.float()).type_as(key)
+        if rotary_emb is not None:
+            query, key = _rotate_in_float32(query, rotary_emb), _rotate_in_float32(key, rotary_emb)
+        return attn.out_layer(dispatch_attention_fn(query, key, value).flatten(-2, -1))
+
+
+def tiny_kandinsky5_float32_rotary() -> Any:
+    """tiny-kandinsky5 with Float32RotaryProcessor on every attention (this instance only)."""
+    from accel.models import kandinsky5
+
+    pipe = kandinsky5.build_tiny()
+    for module in pipe.transformer.modules():
+        if type(module).__name__ == "Kandinsky5Attention":
+            module.set_processor(Float32RotaryProcessor())
+    return pipe
+
+
+def tiny_kandinsky5_nabla() -> Any:
+    """tiny-kandinsky5 configured for NABLA sparse attention (the 10 s checkpoints'), which context
+    parallelism refuses when it is applied, before any call."""
+    from accel.models import kandinsky5
+
+    pipe = kandinsky5.build_tiny()
+    pipe.transformer.register_to_config(attention_type="nabla")
+    return pipe
+
+
 def tiny_wan_three_heads() -> Any:
     """tiny-wan with a three-head transformer: a head count Ulysses 2 does not divide."""
     from accel.models import wan

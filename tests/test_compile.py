@@ -90,7 +90,7 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
 def test_regional_compile_equals_eager_on_the_newer_families(family: str) -> None:
     """Each family's own block classes (Qwen-Image's dual-stream block, FLUX.2's single blocks on
     joined streams, SD 3.5's image-only attention, Z-Image's per-sample lists) trace and compile,
-    equal eager, and a second generation builds no graph; HunyuanVideo 1.5's blocks take the (B, L, L) mask they build."""
+    equal eager, and a second generation builds no graph; HunyuanVideo 1.5's blocks take the (B, L, L) mask they build (Kandinsky 5: tests/test_family_kandinsky5.py)."""
     call = dict(FAMILY_CASES[family].call, num_inference_steps=2)
     eager, _, _ = cases.tiny_run(f"tiny-{family}", {}, call)
     compiled, _, graphs = cases.counted_run(f"tiny-{family}", {"compile": {"enabled": True}}, call)

@@ -73,6 +73,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
     the cache accepts (two)."""
     if name == "zimage":  # its config says n_heads (no grouped keys) and sets the width itself
         return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
+    if name == "kandinsky5":  # no head count in its config: the width over the head width (sum of axes_dims)
+        return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -158,10 +160,18 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
                     encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
                     encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4),
                     image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE), return_dict=False)
+    if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
+        channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+        positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
+        return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+                    timestep=t, pooled_projections=randn(batch, config["in_text_dim2"]), visual_rope_pos=positions,
+                    text_rope_pos=torch.arange(text, device="cuda"), return_dict=False)
     raise KeyError(name)
 
 
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
+    if name == "kandinsky5":  # (B, F, H, W, C), as its latents
+        return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
     out = config.get("out_channels") or config["in_channels"]
     f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
     return {
@@ -215,7 +225,7 @@ def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -
 def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
     """Context-parallel attention calls per forward: one per block run (Mochi: per block and sample);
     a call the cache skips runs block 0 alone."""
-    blocks = 1 if cached else config.get("num_layers", config.get("n_layers")) + config.get("num_single_layers", 0)
+    blocks = 1 if cached else config.get("num_layers", config.get("n_layers", config.get("num_visual_blocks"))) + config.get("num_single_layers", 0)
     return blocks * batch if name == "mochi" else blocks
 
 
@@ -428,6 +438,9 @@ Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3
 HUNYUAN15 = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=2, num_refiner_layers=2,
                  mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
                  image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v")
+# Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
+KANDINSKY5_LITE = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512, patch_size=(1, 2, 2),
+                       model_dim=1792, ff_dim=7168, num_text_blocks=1, num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -443,6 +456,8 @@ REAL = {
     # HunyuanVideo 1.5 at 720p, 121 frames: 31 x 45 x 80 = 111600 video tokens (16x VAE, patch 1), 1000 prompt
     # tokens; the guider's two calls on CFG halves x Ulysses 4, with the cache.
     "hunyuan15": (HUNYUAN15, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000))),
+    # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x Ulysses 4.
+    "kandinsky5": (KANDINSKY5_LITE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256))),
 }
 
 

@@ -429,6 +429,36 @@ def hunyuan15_inputs(drift: float) -> Inputs:
     )
 
 
+# -- kandinsky5: 2 text blocks, then 2 visual blocks over 2x4x4 = 32 video tokens (the cache's) --
+def build_kandinsky5() -> nn.Module:
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from accel.models.kandinsky5 import random_modulation
+
+    def build() -> nn.Module:
+        model = Kandinsky5Transformer3DModel(
+            in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32, model_dim=HEADS * HEAD_DIM,
+            ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6),
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return _seeded(21, build)
+
+
+def kandinsky5_inputs(drift: float) -> Inputs:
+    # (B, frames, H, W, C) latents; the rotary positions the pipeline builds from the latent grid.
+    return dict(
+        hidden_states=_latents((1, 2, 8, 8, 4), drift),
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        pooled_projections=_noise(torch.Generator().manual_seed(2), 1, 16),
+        visual_rope_pos=[torch.arange(2), torch.arange(4), torch.arange(4)],
+        text_rope_pos=torch.arange(TEXT_TOKENS),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -443,6 +473,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "zimage": (build_zimage, zimage_inputs),
     "hunyuan15": (build_hunyuan15, hunyuan15_inputs),
     "skyreels2": (build_skyreels2, skyreels2_inputs),
+    "kandinsky5": (build_kandinsky5, kandinsky5_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -96,6 +96,11 @@ FAMILY_CASES = {
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 = 40 video tokens, 1985 text tokens
         threshold=0.3,
     ),
+    "kandinsky5": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
+        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
+        threshold=0.2,
+    ),
 }
 
 MODES = {

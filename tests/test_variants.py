@@ -61,6 +61,11 @@ NEEDS_MORE = {
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
+    # Kandinsky 5's image pipelines run the video family's transformer class (Kandinsky 5.0 Image
+    # Lite checkpoints) but make pictures with FLUX.1's AutoencoderKL: a Variant has no output kind
+    # or VAE of its own yet, and I2I also shows the picture to Qwen2.5-VL through a Qwen2-VL processor.
+    "Kandinsky5T2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
+    "Kandinsky5I2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
 }
 
 

@@ -85,5 +85,5 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     finally:
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
-    frames = getattr(result, "frames", None)  # a video variant (image-to-video)
+    frames = getattr(result, "frames", None)  # a video variant (image-to-video, Kandinsky 5 I2V)
     return np.asarray(frames if frames is not None else result.images), skipped, TRAFFIC.total_bytes

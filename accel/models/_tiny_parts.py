@@ -130,6 +130,27 @@ def flux1_vae() -> Any:
     )
 
 
+def hunyuan_video_vae() -> Any:
+    """HunyuanVideo's 3D VAE shape, narrowed: 8x spatial and 4x temporal compression (4k+1 frames ->
+    k+1 latents), 16 latent channels. HunyuanVideo and Kandinsky 5 decode with it. Build it inside `seeded`."""
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return AutoencoderKLHunyuanVideo(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 4,
+        block_out_channels=(8, 16, 16, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        scaling_factor=0.476986,
+        spatial_compression_ratio=8,
+        temporal_compression_ratio=4,
+        mid_block_add_attention=True,
+    )
+
+
 def clip_tokenizer(model_max_length: int = CLIP_MAX_LENGTH) -> CLIPTokenizer:
     """Byte-level CLIP BPE tokenizer with no merges: every byte is a token, so any text encodes."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -324,7 +345,7 @@ def llama_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HI
         return finish(LlamaModel(config))
 
 
-def qwen2_tokenizer(template: str = "", runs: bool = False) -> Qwen2Tokenizer:
+def qwen2_tokenizer(template: str = "", runs: bool = False, prefix_tokens: int | None = None) -> Qwen2Tokenizer:
     """Qwen2-style byte-level BPE whose merges build exactly the words of `template`, one token each.
 
     Any other text goes one token per byte, so any text encodes. The prefix of a pipeline's prompt
@@ -332,11 +353,32 @@ def qwen2_tokenizer(template: str = "", runs: bool = False) -> Qwen2Tokenizer:
     pipeline's fixed start index crops it off exactly. Vision tokens are there for Qwen2-VL processors.
     With `runs`, a run of one repeated character (HunyuanVideo 1.5's indented system prompt) is
     built by doubling, so it too ends as one token, as with the real vocabulary; left-to-right
-    merges would stop at pairs.
+    merges would stop at pairs. Where the real count differs from the words', `prefix_tokens`
+    names it: the words are then split as the tokenizer itself splits them (a sentence end with its
+    line break is one word), and the longest words that occur once stay two tokens, as real BPE
+    splits rare long words (Kandinsky 5: 128 tokens for 125 words), until the prefix (the template
+    before "{}") encodes to that many.
     """
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pieces = [piece for segment in _QWEN_SPECIAL.split(template) for piece, _ in split.pre_tokenize_str(segment)]
+    if prefix_tokens is None:
+        return _qwen2_tokenizer_of(pieces, runs)
+    own = _qwen2_tokenizer_of([]).backend_tokenizer.pre_tokenizer
+    words_of = lambda text: [piece for segment in _QWEN_SPECIAL.split(text) for piece, _ in own.pre_tokenize_str(segment)]  # noqa: E731
+    words, prefix = words_of(template), template.split("{}")[0]
+    tokenizer = _qwen2_tokenizer_of(words, runs)
+    missing = prefix_tokens - len(tokenizer(prefix).input_ids)
+    rare = sorted({word for word in words_of(prefix) if words.count(word) == 1 and len(word) > 2}, key=lambda word: (-len(word), word))
+    if 0 <= missing <= len(rare):
+        split_in_two = set(rare[:missing])
+        tokenizer = _qwen2_tokenizer_of([word[:-1] if word in split_in_two else word for word in words], runs)
+        if len(tokenizer(prefix).input_ids) == prefix_tokens:
+            return tokenizer
+    raise RuntimeError(f"tiny Qwen2 tokenizer: no merges make the template's prefix {prefix_tokens} tokens")
+
+
+def _qwen2_tokenizer_of(pieces: list[str], runs: bool = False) -> Qwen2Tokenizer:
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     merges = _run_merges(pieces, vocab) if runs else []
     merges += _merges_building(pieces, vocab)
     for token in QWEN_SPECIAL_TOKENS:

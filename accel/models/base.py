@@ -85,7 +85,11 @@ class ParallelPlan:
     several tensors that each carry the batch dim (a list or mapping of them: a ControlNet's
     per-block residuals), which CFG parallelism halves tensor by tensor; where a split of one is
     deferred `at` a module, its tensors are padded like that module's first input (to the batch's
-    longest sample), and a half that runs shorter samples keeps only as many tokens.
+    longest sample), and a half that runs shorter samples keeps only as many tokens. In a module pattern a negative
+    index counts from the end of its list: `"visual_transformer_blocks.-1"` is the last block
+    (Kandinsky 5 reshapes its tokens to a video grid right after it, so the output is gathered there).
+    `refuses` lists transformer configs the plan cannot split, as (config key, value, why):
+    the engine refuses them with one line instead of attending on each rank's shard alone.
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -98,6 +102,7 @@ class ParallelPlan:
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     pairwise_mask: bool = False
     batch_items: tuple[str, ...] = ()
+    refuses: tuple[tuple[str, Any, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -202,8 +207,10 @@ class Family:
     # are checked against them before any rank starts.
     heads: int | None = None
     tiny_heads: int | None = None
-    # The transformer config key that holds its head count (Z-Image's says `n_heads`).
+    # The transformer config key that holds its head count (Z-Image's says `n_heads`), or, for a
+    # config that states none, the count as a function of the config (Kandinsky 5: width / head width).
     heads_key: str = "num_attention_heads"
+    heads_of_config: Callable[[Mapping[str, Any]], int] | None = None
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
@@ -230,6 +237,13 @@ class Family:
         if self.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None
+
+    def heads_in(self, config: Mapping[str, Any]) -> int | None:
+        """The attention heads a transformer config gives (None: it does not say)."""
+        if self.heads_of_config is not None:
+            return self.heads_of_config(config)
+        heads = config.get(self.heads_key)
+        return int(heads) if isinstance(heads, int) else None
 
     @property
     def transformer_classes(self) -> tuple[str, ...]:

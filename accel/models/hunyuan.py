@@ -23,7 +23,6 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
     from diffusers import (
-        AutoencoderKLHunyuanVideo,
         FlowMatchEulerDiscreteScheduler,
         HunyuanVideoPipeline,
         HunyuanVideoTransformer3DModel,
@@ -70,23 +69,7 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
             )
         )
     with parts.seeded(base + 4):
-        # HunyuanVideo's VAE shape: 8x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
-        vae = parts.finish(
-            AutoencoderKLHunyuanVideo(
-                in_channels=3,
-                out_channels=3,
-                latent_channels=latent_channels,
-                down_block_types=("HunyuanVideoDownBlock3D",) * 4,
-                up_block_types=("HunyuanVideoUpBlock3D",) * 4,
-                block_out_channels=(8, 16, 16, 16),
-                layers_per_block=1,
-                norm_num_groups=4,
-                scaling_factor=0.476986,
-                spatial_compression_ratio=8,
-                temporal_compression_ratio=4,
-                mid_block_add_attention=True,
-            )
-        )
+        vae = parts.finish(parts.hunyuan_video_vae())
     # HunyuanVideo's scheduler config: flow matching with a fixed shift of 7.
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=7.0)
     return HunyuanVideoPipeline(

@@ -50,7 +50,10 @@ def heads_before_start(ref: ModelRef) -> int | None:
         return ref.family.tiny_heads if ref.tiny else ref.family.heads
     config = Path(ref.source) / "transformer" / "config.json"
     if config.is_file():
-        heads = read_json(config).get(ref.family.heads_key if ref.family else "num_attention_heads")
+        settings = read_json(config)
+        if ref.family is not None:
+            return ref.family.heads_in(settings)
+        heads = settings.get("num_attention_heads")
         return int(heads) if isinstance(heads, int) else None
     return None
 

@@ -55,6 +55,7 @@ class ContextParallel:
 
     def __init__(self, transformer: torch.nn.Module, plan: ParallelPlan | FromDiffusers, mesh: ParallelMesh) -> None:
         self.plan = plan = resolve_plan(plan, transformer)
+        _refuse_config(plan, transformer)
         self.mesh = mesh
         self.world, self.rank = mesh.degrees.sequence, mesh.sequence_rank
         # State of the forward call in progress.
@@ -349,6 +350,16 @@ class ContextParallel:
         return map_sample(output, lambda shard: layout.join(all_gather(shard, self.mesh.sequence_group), self.plan.output_dim))
 
 
+def _refuse_config(plan: ParallelPlan, transformer: torch.nn.Module) -> None:
+    """One line for a transformer config the plan says it cannot split (Kandinsky 5's sparse attention)."""
+    config = getattr(transformer, "config", {})
+    for key, value, why in plan.refuses:
+        if config.get(key) == value:
+            raise NotAvailableError(
+                f"context parallelism: {type(transformer).__name__} with {key} = {value!r} {why}; run it on one process"
+            )
+
+
 class _PerTensor:
     """Results computed once per tensor object within one forward. Each entry holds its tensor, so
     the id stays unique while cached, and its version, so an in-place change recomputes."""
@@ -371,13 +382,26 @@ class _PerTensor:
 
 
 def glob_modules(modules: dict[str, torch.nn.Module], pattern: str) -> list[torch.nn.Module]:
-    """Modules whose dotted name matches `pattern` segment by segment ("blocks.*.attn2": * is one name)."""
+    """Modules whose dotted name matches `pattern` segment by segment ("blocks.*.attn2": * is one name;
+    a negative index counts from the end of its list: "blocks.-1" is the last block)."""
     parts = pattern.split(".")
     return [
         module
         for name, module in modules.items()
-        if name and len(name.split(".")) == len(parts) and all(fnmatchcase(n, p) for n, p in zip(name.split("."), parts))
+        if name and len(name.split(".")) == len(parts) and _name_matches(modules, name.split("."), parts)
     ]
+
+
+def _name_matches(modules: dict[str, torch.nn.Module], names: list[str], parts: list[str]) -> bool:
+    for depth, (name, part) in enumerate(zip(names, parts)):
+        if part.startswith("-") and part[1:].isdigit():
+            parent = modules.get(".".join(names[:depth]))
+            size = len(parent) if isinstance(parent, (torch.nn.ModuleList, torch.nn.Sequential)) else None
+            if size is None or not name.isdigit() or int(name) != size + int(part):
+                return False
+        elif not fnmatchcase(name, part):
+            return False
+    return True
 
 
 def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:
