@@ -127,6 +127,10 @@ def _chains(obj: Any) -> dict[str, _Chain]:
 
 def _chain(obj: Any, method: str) -> _Chain:
     """This method's chain, installing the dispatcher the first time."""
+    if _REGISTRY not in vars(obj) and not hasattr(obj, "__deepcopy__"):
+        # copy.deepcopy looks `__deepcopy__` up on the instance: a copy (LTX-2 deep-copies its
+        # scheduler for the audio) is the plain object, without the wrappers of this one.
+        vars(obj)["__deepcopy__"] = functools.partial(_copy_unwrapped, obj)
     chains = vars(obj).setdefault(_REGISTRY, {})
     if method in chains:
         return chains[method]
@@ -157,6 +161,33 @@ def _release(obj: Any, method: str, chain: _Chain) -> None:
     chains.pop(method, None)
     if not chains:
         attributes.pop(_REGISTRY, None)
+        copier = attributes.get("__deepcopy__")
+        if isinstance(copier, functools.partial) and copier.func is _copy_unwrapped:
+            del attributes["__deepcopy__"]
+
+
+def _copy_unwrapped(obj: Any, memo: dict[int, Any]) -> Any:
+    """A deep copy of `obj` as it is without accel's wrappers (its own attributes where they were saved)."""
+    import copy
+
+    state = dict(vars(obj))
+    state.pop("__deepcopy__", None)
+    for method, chain in state.pop(_REGISTRY, {}).items():
+        if state.get(method) is chain.dispatch:
+            if chain.saved is _MISSING:
+                del state[method]
+            else:
+                state[method] = chain.saved
+    cls = type(obj)
+    cls = cls.__base__ if cls in _routed.values() else cls
+    new = cls.__new__(cls)
+    memo[id(obj)] = new
+    state = copy.deepcopy(state, memo)
+    if hasattr(new, "__setstate__"):
+        new.__setstate__(state)
+    else:
+        new.__dict__.update(state)
+    return new
 
 
 _routed: dict[type, type] = {}  # pipeline class -> its subclass that calls the instance's __call__

@@ -104,6 +104,13 @@ def tiny_wan_three_heads() -> Any:
     return pipe
 
 
+def tiny_ltx2_i2v() -> Any:
+    """tiny-ltx2's components as LTX2ImageToVideoPipeline (the variant accel builds with from_pipe)."""
+    from diffusers import LTX2ImageToVideoPipeline
+
+    return LTX2ImageToVideoPipeline.from_pipe(tiny_pipeline("tiny-ltx2"))
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]
@@ -124,9 +131,21 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
         stats = handle.cache_stats
     finally:
         handle.remove()
-    frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
-    return np.asarray(frames if frames is not None else result.images), decisions, TRAFFIC.total_bytes
+    return output_of(result), decisions, TRAFFIC.total_bytes
+
+
+def output_of(result: Any) -> Any:
+    """A pipeline result as one array: frames or images, with the audio samples appended (flattened)
+    where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
+    import numpy as np
+
+    frames = getattr(result, "frames", None)
+    output = np.asarray(frames if frames is not None else result.images)
+    audio = getattr(result, "audio", None)
+    if audio is None:
+        return output
+    return np.concatenate([output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()])
 
 
 def tiny_error(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> str:

@@ -86,6 +86,12 @@ FAMILY_CASES = {
         odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
         threshold=1.15,  # block 0's residual changes by ~100 % a step with random adaLN weights
     ),
+    "ltx2": FamilyCase(
+        # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
+        dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
+        odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
+        threshold=0.3,
+    ),
 }
 
 MODES = {

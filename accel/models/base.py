@@ -72,7 +72,11 @@ class ParallelPlan:
     batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
     `module_keys` gives modules (glob patterns) whose attention has other keys than
     `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
-    tokens alone, `("transformer_blocks.*.attn2", ("image",))`.
+    tokens alone, `("transformer_blocks.*.attn2", ("image",))`. `whole_queries` names modules
+    (glob patterns) whose queries are a replicated stream every rank holds whole while their keys
+    are cut (LTX-2's audio attending to the video): each rank attends with all queries to its own
+    keys, and the partial results merge by log-sum-exp over the ranks (one all-gather of a
+    query-sized result, no keys exchanged).
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -83,6 +87,7 @@ class ParallelPlan:
     local_attention: tuple[str, ...] = ()
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    whole_queries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,9 @@ class FromDiffusers:
     gathered; it does not say which of them are one sequence. `streams` adds that: each cut's
     stream, keyed by its argument name, or by "module[index]" for an item of a module's returned
     tuple ("pos_embed[0]"). The other fields are the ParallelPlan's. `extra_splits` are cuts
-    diffusers' plan lacks. See accel/parallel/derive.py.
+    diffusers' plan lacks; `keep_whole` names cuts of diffusers' plan (keyed as in `streams`) that
+    accel leaves whole on every rank (LTX-2's text, whose additive mask the engine cannot split and
+    whose cross-attention then needs no exchange). See accel/parallel/derive.py.
     """
 
     streams: tuple[tuple[str, str], ...]
@@ -103,6 +110,8 @@ class FromDiffusers:
     batch_args: tuple[str, ...] = ()
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     extra_splits: tuple[SequenceSplit, ...] = ()
+    whole_queries: tuple[str, ...] = ()
+    keep_whole: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,16 @@ class Variant:
     fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AudioOutput:
+    """Where a pipeline that makes sound with its video puts it, so the runner can carry it into
+    the MP4: `field` of the pipeline's output holds (batch, channels, samples) in [-1, 1], and the
+    dotted attribute path `sample_rate` on the pipeline gives its rate in Hz."""
+
+    field: str = "audio"
+    sample_rate: str = "vocoder.config.output_sampling_rate"
 
 
 @dataclass(frozen=True)
@@ -186,6 +205,8 @@ class Family:
     tiny_defaults: GenerationDefaults | None = None
     # The other pipelines of this transformer that accel runs, with the inputs their calls need.
     variants: tuple[Variant, ...] = ()
+    # Sound generated with the video (LTX-2), muxed into the MP4; None: the pipeline makes none.
+    audio: AudioOutput | None = None
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""

@@ -6,17 +6,17 @@ import difflib
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models import cogvideox, flux, flux2, hunyuan, ltx, mochi, qwenimage, sd3, wan, zimage
+from accel.models import cogvideox, flux, flux2, hunyuan, ltx, ltx2, mochi, qwenimage, sd3, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY)
+                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, ltx2.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.
-ALIASES: dict[str, str] = {"hunyuanvideo": "hunyuan", "cogvideo": "cogvideox", "ltx-video": "ltx"}
+ALIASES: dict[str, str] = {"hunyuanvideo": "hunyuan", "cogvideo": "cogvideox", "ltx-video": "ltx", "ltx-2": "ltx2"}
 
 
 def known_names() -> list[str]:

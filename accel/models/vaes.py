@@ -40,6 +40,9 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLLTXVideo": VaePlan(noise_rows="decoder_inject_noise"),
     "AutoencoderKLQwenImage": VaePlan(whole=("mid_block.attentions.*",)),  # Wan 2.1's decoder, for images
     "AutoencoderKLFlux2": VaePlan(whole=("mid_block.attentions.*",)),
+    # LTX-2's video decoder: causal 3-D convolutions, pixel-norm and pixel-shuffle upsampling, no
+    # attention; 2.x checkpoints that inject noise say so in the same config key as LTX-Video 0.9.1.
+    "AutoencoderKLLTX2Video": VaePlan(noise_rows="decoder_inject_noise"),
 }
 
 

@@ -28,7 +28,7 @@ from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle
 from accel.parallel.comm import all_gather
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.outputs import as_output, map_sample, sample_of
+from accel.parallel.outputs import as_output, map_samples, sample_of
 from accel.steps import StepEvents, StepListener
 
 
@@ -112,7 +112,7 @@ class CfgParallel(StepListener):
             elif isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == batch:
                 bound.arguments[name] = value.chunk(2)[self.half]
         output = original(*bound.args, **bound.kwargs)
-        return map_sample(output, self._join_halves)
+        return map_samples(output, self._join_halves)  # every prediction: LTX-2's audio beside its video
 
     def _join_halves(self, half: Tensor | list[Tensor]) -> Tensor | list[Tensor]:
         if isinstance(half, list):  # one output per sample, all of one shape
