@@ -165,6 +165,8 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     kwargs.update(variant.fixed)
+    if tiny:
+        kwargs.update(variant.tiny_fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does

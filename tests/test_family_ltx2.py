@@ -96,12 +96,10 @@ def test_image_to_video_through_the_command_line(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_video(out).shape == (9, 64, 96, 3)
     assert read_audio(out) is not None
-    without = subprocess.run([accel_bin, "run", "tiny-ltx2", "--pipeline", "LTX2ImageToVideoPipeline", "--steps", "2"],
-                             capture_output=True, text=True, timeout=300)
-    assert without.returncode == 2 and "--image" in without.stderr
 
 
-I2V = dict(CALL, num_inference_steps=3, width=160, image=cases.gradient_image())  # 20 video tokens, per-token timesteps
+# 20 video tokens with per-token timesteps; no H.264 round trip of the picture (it needs PyAV), as accel runs the tiny variant
+I2V = dict(CALL, num_inference_steps=3, width=160, image=cases.gradient_image(), image_crf=0)
 
 
 @pytest.mark.parametrize("parallel", [{"ring": 3}, {"cfg": 2, "ulysses": 2}], ids=["ring3", "cfg2xulysses2"])

@@ -147,6 +147,9 @@ class Variant:
     mask: str | None = None
     area: str | None = None
     fixed: tuple[tuple[str, Any], ...] = ()
+    # Keyword arguments only the tiny variant's calls get: LTX-2 image-to-video's `image_crf=0` skips
+    # the H.264 re-compression of the picture that matches the real model's training (and needs PyAV).
+    tiny_fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
 

@@ -187,7 +187,9 @@ FAMILY = Family(
     cfg="batch",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=96, frames=9, guidance_scale=4.0),
-    # The picture is encoded as the first latent frame, whose tokens then get timestep 0.
-    variants=(Variant("LTX2ImageToVideoPipeline", image="image"),),
+    # The picture is encoded as the first latent frame, whose tokens then get timestep 0. On real
+    # weights the pipeline first re-compresses it with H.264 as in training (PyAV: pip install av);
+    # the tiny variant, trained on nothing, skips that.
+    variants=(Variant("LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),)),),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )
