@@ -8,7 +8,8 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
 2. With --device cuda: per-rank transformer forward time with the "fake" process group (one
    process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
    real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024, Wan 2.1 14B at
-   1280x720, 33 frames, FLUX.2-dev at 1024x1024 and Qwen-Image at 1328x1328. On the CPU, --smoke
+   1280x720, 33 frames, FLUX.2-dev at 1024x1024, Qwen-Image at 1328x1328 and LTX-2 at 512x768, 121
+   frames (video and audio). On the CPU, --smoke
    runs the same code on scaled-down configs.
 
     python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
@@ -39,10 +40,14 @@ LONG = {
     "flux2-klein": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + 512 text
     "sd3": dict(height=256, width=256),  # 16 x 16 = 256 image tokens + 333 text (the tiny crops positions at 16 x 16)
     "zimage": dict(height=512, width=512),  # 32 x 32 = 1024 image tokens + the caption, in one sequence
+    "ltx2": dict(height=512, width=512, num_frames=25),  # 4 x 16 x 16 = 1024 video tokens, 26 audio tokens (replicated)
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
-          "zimage": dict(guidance_scale=4.0)}  # the base model's batched CFG (Turbo runs without)
+          "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
+          # batched CFG; the pipeline's default spatio-temporal and modality guidance add two batch-1 calls a
+          # step, which every CFG half runs whole
+          "ltx2": dict(guidance_scale=4.0)}
 # Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt).
 NOT_TAKEN = {"flux2-klein": ("negative_prompt",)}
 
@@ -150,6 +155,11 @@ REAL = {
                   smoke=dict(num_attention_heads=12)),
     # Qwen-Image at 1328x1328: 83x83 packed tokens of 64 channels, a 256-token prompt.
     "qwenimage": dict(cls="QwenImageTransformer2DModel", config=dict(), tokens=(83, 83), text=256),
+    # LTX-2 (48 blocks, 32 video heads of 128, 32 audio heads of 64) at 512x768, 121 frames: 16 x 16 x 24 latents,
+    # 126 audio tokens (5 s), 1024 Gemma 3 tokens. (--smoke: 8 heads of each kind.)
+    "ltx2": dict(cls="LTX2VideoTransformer3DModel", config=dict(num_layers=48, rope_type="split"), latents=(16, 16, 24),
+                 audio=126, text=1024, smoke=dict(num_attention_heads=8, cross_attention_dim=1024, audio_num_attention_heads=8,
+                                                  audio_cross_attention_dim=512)),
 }
 SMOKE = {"num_layers": 1, "num_single_layers": 1}  # CPU (--smoke): same attention shapes, far fewer layers
 
@@ -183,6 +193,15 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
         return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, text, 3584),
                     encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool, device=device),
                     timestep=torch.ones(1, device=device, dtype=dtype), img_shapes=[[(1, h, w)]], return_dict=False)
+    if family == "ltx2":
+        f, h, w = spec["latents"]
+        h, w = max(1, h // scale), max(1, w // scale)
+        audio, text = spec["audio"], spec["text"]
+        mask = torch.ones(1, text, dtype=torch.long, device=device)
+        return dict(hidden_states=make(1, f * h * w, 128), audio_hidden_states=make(1, audio, 128),
+                    encoder_hidden_states=make(1, text, 3840), audio_encoder_hidden_states=make(1, text, 3840),
+                    timestep=torch.full((1,), 500.0, device=device, dtype=dtype), encoder_attention_mask=mask,
+                    audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w, audio_num_frames=audio, return_dict=False)
     f, h, w = spec["latents"]
     return dict(hidden_states=make(1, 16, f, h // scale, w // scale), encoder_hidden_states=make(1, 512, 4096),
                 timestep=torch.ones(1, device=device), return_dict=False)
@@ -256,7 +275,7 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,ltx2")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
