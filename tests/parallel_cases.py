@@ -119,8 +119,6 @@ def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: 
 def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> tuple[Any, Any, int]:
     """(output, cache records as (step, branch, change, cached) or None, bytes this rank sent) of the
     tiny pipeline under `recipe`."""
-    import numpy as np
-
     import accel
 
     pipe = tiny_pipeline(model)
@@ -214,8 +212,6 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
     """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
     graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
     one for good), else the process's shared one."""
-    import numpy as np
-
     import accel
     from accel.optimize.compile import compiled_graphs
 
@@ -234,9 +230,8 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
         handle.remove()
         if fresh:
             _pipelines.pop(model, None)
-    frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
-    return np.asarray(frames if frames is not None else result.images), decisions, graphs
+    return output_of(result), decisions, graphs
 
 
 def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
