@@ -52,6 +52,29 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
 
 
+def whole_query_error(world: int, q_len: int, k_len: int, masked: bool, host_hint: bool) -> float:
+    """Max-abs error of `whole_query_attention` (every rank all queries, its shard of the keys) against
+    SDPA on the full tensors, with the keys' padding (and a per-row key mask) applied."""
+    from accel.parallel.attention import whole_query_attention
+
+    mesh = build_mesh(Degrees(ring=world), "cpu")
+    rank = mesh.sequence_rank
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=generator) for n in (q_len, k_len, k_len))
+    real = torch.ones(2, k_len, dtype=torch.bool)
+    if masked:
+        real[1, k_len // 2 :] = False
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=real[:, None, None, :])
+    layout = SequenceLayout(k_len, world)
+    key_valid = layout.valid()[:, None, :]
+    if masked:
+        key_valid = key_valid & torch.stack([layout.split(real, 1, r) for r in range(world)])
+    real_keys = [layout.real(p) for p in range(world)] if host_hint else None
+    out = whole_query_attention(q, layout.split(k, 2, rank), layout.split(v, 2, rank), mesh.sequence_group,
+                                key_valid if layout.pad or masked else None, None, real_keys)
+    return (out.double() - reference).abs().max().item()
+
+
 def traffic_bytes(ulysses: int, ring: int, batch: int, heads: int, tokens: int, dim: int) -> int:
     """Bytes this rank sends for one self-attention call on `tokens` tokens (float32)."""
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
