@@ -392,16 +392,16 @@ def _record(
             row.psnr_db = psnr(result.output, baseline[1])
             row.ssim = ssim(result.output, baseline[1])
     if folder is not None:
-        row.output_path = str(_save_output(result.output, folder, index, row.name, family))
+        row.output_path = str(_save_output(result.output, folder, index, row.name, family, result.audio))
     return baseline
 
 
-def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any) -> Path:
+def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any, audio: Any = None) -> Path:
     from accel.media import save_image, save_video
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
-    if family.output == "video":  # written whole, never over an existing file (accel.files)
-        return save_video(output, folder / f"{index:02d}-{slug}.mp4", family.fps, hint=BENCH_HINT)
+    if family.output == "video":  # written whole (with its sound, where it has one), never over an existing file
+        return save_video(output, folder / f"{index:02d}-{slug}.mp4", family.fps, audio=audio, hint=BENCH_HINT)
     return save_image(output, folder / f"{index:02d}-{slug}.png", hint=BENCH_HINT)
 
 

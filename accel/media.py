@@ -4,11 +4,27 @@ Both go through `accel.files.write_file`: a temporary name first, the final one 
 
 from __future__ import annotations
 
+import re
+import subprocess
+import wave
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from accel.files import OVERWRITE_HINT, Write, write_file
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Sound made with a video: `samples` (channels, samples) in [-1, 1] at `rate` Hz."""
+
+    samples: np.ndarray
+    rate: int
+
+    @property
+    def seconds(self) -> float:
+        return self.samples.shape[-1] / self.rate
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -21,9 +37,11 @@ def save_image(image: np.ndarray, path: Path, *, replace: bool = False, hint: st
     return write_file(path, image_writer(image), replace=replace, hint=hint)
 
 
-def save_video(frames: np.ndarray, path: Path, fps: int, *, replace: bool = False, hint: str = OVERWRITE_HINT) -> Path:
-    """Write an MP4; an existing `path` is refused (UserError) unless `replace`."""
-    return write_file(path, video_writer(frames, fps), replace=replace, hint=hint)
+def save_video(
+    frames: np.ndarray, path: Path, fps: int, *, audio: Audio | None = None, replace: bool = False, hint: str = OVERWRITE_HINT
+) -> Path:
+    """Write an MP4 (with `audio` as its sound track); an existing `path` is refused (UserError) unless `replace`."""
+    return write_file(path, video_writer(frames, fps, audio), replace=replace, hint=hint)
 
 
 def image_writer(image: np.ndarray) -> Write:
@@ -34,9 +52,9 @@ def image_writer(image: np.ndarray) -> Write:
     return lambda path: Image.fromarray(pixels).save(path)
 
 
-def video_writer(frames: np.ndarray, fps: int) -> Write:
-    """Writes frames (F, H, W, 3) in [0, 1] as H.264 to the path it is given. H and W are padded
-    to even sizes, which H.264 requires."""
+def video_writer(frames: np.ndarray, fps: int, audio: Audio | None = None) -> Write:
+    """Writes frames (F, H, W, 3) in [0, 1] as H.264 to the path it is given, with `audio` muxed in
+    as AAC. H and W are padded to even sizes, which H.264 requires."""
     pixels = to_uint8(frames)
     pad_h, pad_w = pixels.shape[1] % 2, pixels.shape[2] % 2
     if pad_h or pad_w:
@@ -57,7 +75,39 @@ def video_writer(frames: np.ndarray, fps: int) -> Write:
         finally:
             writer.close()
 
-    return write
+    if audio is None:
+        return write
+
+    def write_with_audio(path: Path) -> None:
+        silent, sound = path.with_name(path.name + ".video.mp4"), path.with_name(path.name + ".audio.wav")
+        try:
+            write(silent)
+            _write_wav(audio, sound)
+            _ffmpeg("-i", str(silent), "-i", str(sound), "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac",
+                    "-b:a", "192k", "-f", "mp4", str(path))
+        finally:
+            silent.unlink(missing_ok=True)
+            sound.unlink(missing_ok=True)
+
+    return write_with_audio
+
+
+def _write_wav(audio: Audio, path: Path) -> None:
+    """16-bit PCM WAV, the lossless hand-over to ffmpeg's AAC encoder."""
+    samples = np.atleast_2d(np.asarray(audio.samples, dtype=np.float32))
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(pcm.shape[0])
+        out.setsampwidth(2)
+        out.setframerate(int(audio.rate))
+        out.writeframes(np.ascontiguousarray(pcm.T).tobytes())
+
+
+def _ffmpeg(*args: str) -> subprocess.CompletedProcess[bytes]:
+    import imageio_ffmpeg
+
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-y", "-loglevel", "error", *args]
+    return subprocess.run(command, check=True, capture_output=True)
 
 
 def read_video(path: Path) -> np.ndarray:
@@ -69,3 +119,19 @@ def read_video(path: Path) -> np.ndarray:
     width, height = meta["size"]
     frames = [np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 3) for raw in reader]
     return np.stack(frames)
+
+
+def read_audio(path: Path) -> Audio | None:
+    """The sound track of a written video, decoded (None: it has none), to check what was written."""
+    import imageio_ffmpeg
+
+    probe = subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-i", str(path)], capture_output=True, text=True
+    )
+    stream = re.search(r"Audio: .*?(\d+) Hz, (mono|stereo|(\d+) channels)", probe.stderr)
+    if stream is None:
+        return None
+    channels = {"mono": 1, "stereo": 2}.get(stream.group(2)) or int(stream.group(3))
+    raw = _ffmpeg("-i", str(path), "-vn", "-f", "f32le", "-acodec", "pcm_f32le", "-").stdout
+    samples = np.frombuffer(raw, dtype="<f4").reshape(-1, channels).T
+    return Audio(samples, int(stream.group(1)))

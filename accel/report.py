@@ -178,7 +178,7 @@ def models_table(families: list[Family]) -> Table:
             family.tiny_alias or "—",
             "\n".join(family.pipeline_classes),
             family.repo,
-            family.output,
+            family.output + ("\n+ audio" if family.audio is not None else ""),
             "\n".join(family_features(family)),
         )
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import resource
 import statistics
@@ -19,7 +20,7 @@ import torch
 from accel.compose import apply
 from accel.errors import UserError
 from accel.files import claim, write_file, write_fresh
-from accel.media import image_writer, video_writer
+from accel.media import Audio, image_writer, video_writer
 from accel.models.base import Family, GenerationDefaults
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
@@ -48,6 +49,8 @@ class Measurement:
     # Graphs torch.compile built during the warm-up and during the timed runs (None: not counted).
     graphs_warmup: int | None = None
     graphs_timed: int | None = None
+    # The sound the last run made with its video (LTX-2); None: the pipeline makes none.
+    audio: Audio | None = None
 
     @property
     def seconds(self) -> float:
@@ -165,6 +168,8 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     kwargs.update(variant.fixed)
+    if tiny:
+        kwargs.update(variant.tiny_fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
@@ -223,13 +228,30 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
 
 def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
+    return generate_with_audio(pipe, kwargs, seed)[0]
+
+
+def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int) -> tuple[np.ndarray, Audio | None]:
+    """`generate`, and the sound the pipeline made with the video where its family says it makes some."""
     generator = torch.Generator("cpu").manual_seed(seed)
     call = open_inputs(kwargs)
     with _guider_scale(pipe, call):
         result = pipe(**call, generator=generator, output_type="np")
     frames = getattr(result, "frames", None)
     output = frames if frames is not None else result.images
-    return np.asarray(output)[0]
+    return np.asarray(output)[0], audio_of(pipe, result)
+
+
+def audio_of(pipe: Any, result: Any) -> Audio | None:
+    """The first sample's sound in a pipeline result, found where the family's `AudioOutput` says."""
+    spec = family_of(pipe).audio
+    samples = getattr(result, spec.field, None) if spec is not None else None
+    if samples is None:
+        return None
+    if isinstance(samples, torch.Tensor):
+        samples = samples.float().cpu().numpy()
+    rate = functools.reduce(getattr, spec.sample_rate.split("."), pipe)
+    return Audio(np.asarray(samples)[0], int(rate))
 
 
 def measure(
@@ -249,7 +271,7 @@ def measure(
     start = time.perf_counter()
     for index in range(warmup):
         with show(f"{label}: warm-up {index + 1}/{warmup}"):
-            generate(pipe, kwargs, seed)
+            generate_with_audio(pipe, kwargs, seed)
     warmup_seconds = time.perf_counter() - start
     graphs_warmed = compiled_graphs()
     device = _device_of(pipe)
@@ -261,14 +283,14 @@ def measure(
         for index in range(repeats):
             with show(label if repeats == 1 else f"{label}: run {index + 1}/{repeats}"):
                 start = time.perf_counter()
-                output = generate(pipe, kwargs, seed)
+                output, audio = generate_with_audio(pipe, kwargs, seed)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - start)
     graphs_after = compiled_graphs()
     return Measurement(
         output, times, warmup_seconds, kwargs["num_inference_steps"], memory.peak, dict(TRAFFIC.bytes_sent),
-        _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed),
+        _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed), audio,
     )
 
 
@@ -358,7 +380,7 @@ def run(
         out_path = None
         if lead:  # every rank holds the output; one writes it
             _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
-            out_path = _write_output(ref.name, family, out, overwrite, result.output)
+            out_path = _write_output(ref.name, family, out, overwrite, result.output, result.audio)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -437,10 +459,12 @@ def _check_out(out: Path | None, overwrite: bool, family: Family | None) -> None
         raise UserError(f"--out {out}: {family.title} makes {family.output}s, so the name must end in {_suffix(family)}")
 
 
-def _write_output(name: str, family: Family, out: Path | None, overwrite: bool, output: np.ndarray) -> Path:
-    """Write the output whole (accel.files): to `out` as given (replaced only with --overwrite),
-    else to a fresh name under outputs/ taken exclusively. Returns the path written."""
-    write = video_writer(output, family.fps) if family.output == "video" else image_writer(output)
+def _write_output(
+    name: str, family: Family, out: Path | None, overwrite: bool, output: np.ndarray, audio: Audio | None = None
+) -> Path:
+    """Write the output whole (accel.files), with its sound where it has some: to `out` as given
+    (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively. Returns the path written."""
+    write = video_writer(output, family.fps, audio) if family.output == "video" else image_writer(output)
     if out is not None:
         return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
     return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(family), write)

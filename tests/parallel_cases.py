@@ -52,6 +52,29 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
 
 
+def whole_query_error(world: int, q_len: int, k_len: int, masked: bool, host_hint: bool) -> float:
+    """Max-abs error of `whole_query_attention` (every rank all queries, its shard of the keys) against
+    SDPA on the full tensors, with the keys' padding (and a per-row key mask) applied."""
+    from accel.parallel.attention import whole_query_attention
+
+    mesh = build_mesh(Degrees(ring=world), "cpu")
+    rank = mesh.sequence_rank
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=generator) for n in (q_len, k_len, k_len))
+    real = torch.ones(2, k_len, dtype=torch.bool)
+    if masked:
+        real[1, k_len // 2 :] = False
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=real[:, None, None, :])
+    layout = SequenceLayout(k_len, world)
+    key_valid = layout.valid()[:, None, :]
+    if masked:
+        key_valid = key_valid & torch.stack([layout.split(real, 1, r) for r in range(world)])
+    real_keys = [layout.real(p) for p in range(world)] if host_hint else None
+    out = whole_query_attention(q, layout.split(k, 2, rank), layout.split(v, 2, rank), mesh.sequence_group,
+                                key_valid if layout.pad or masked else None, None, real_keys)
+    return (out.double() - reference).abs().max().item()
+
+
 def traffic_bytes(ulysses: int, ring: int, batch: int, heads: int, tokens: int, dim: int) -> int:
     """Bytes this rank sends for one self-attention call on `tokens` tokens (float32)."""
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
@@ -152,6 +175,13 @@ def tiny_wan_three_heads() -> Any:
     return pipe
 
 
+def tiny_ltx2_i2v() -> Any:
+    """tiny-ltx2's components as LTX2ImageToVideoPipeline (the variant accel builds with from_pipe)."""
+    from diffusers import LTX2ImageToVideoPipeline
+
+    return LTX2ImageToVideoPipeline.from_pipe(tiny_pipeline("tiny-ltx2"))
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]
@@ -160,8 +190,6 @@ def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: 
 def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> tuple[Any, Any, int]:
     """(output, cache records as (step, branch, change, cached) or None, bytes this rank sent) of the
     tiny pipeline under `recipe`."""
-    import numpy as np
-
     import accel
 
     pipe = tiny_pipeline(model)
@@ -172,9 +200,21 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
         stats = handle.cache_stats
     finally:
         handle.remove()
-    frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
-    return np.asarray(frames if frames is not None else result.images), decisions, TRAFFIC.total_bytes
+    return output_of(result), decisions, TRAFFIC.total_bytes
+
+
+def output_of(result: Any) -> Any:
+    """A pipeline result as one array: frames or images, with the audio samples appended (flattened)
+    where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
+    import numpy as np
+
+    frames = getattr(result, "frames", None)
+    output = np.asarray(frames if frames is not None else result.images)
+    audio = getattr(result, "audio", None)
+    if audio is None:
+        return output
+    return np.concatenate([output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()])
 
 
 def tiny_error(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> str:
@@ -243,8 +283,6 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
     """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
     graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
     one for good), else the process's shared one."""
-    import numpy as np
-
     import accel
     from accel.optimize.compile import compiled_graphs
 
@@ -263,9 +301,8 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
         handle.remove()
         if fresh:
             _pipelines.pop(model, None)
-    frames = getattr(result, "frames", None)
     decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
-    return np.asarray(frames if frames is not None else result.images), decisions, graphs
+    return output_of(result), decisions, graphs
 
 
 def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],

@@ -3,6 +3,8 @@ plan against the plan accel wrote by hand before (same cuts, same output on gloo
 
 from __future__ import annotations
 
+import dataclasses
+
 import diffusers
 import pytest
 import torch
@@ -65,8 +67,9 @@ def flux_spec(**streams: str) -> FromDiffusers:
         (flux_spec(guidance="image"), None, "the family names a stream for 'guidance', which _cp_plan does not cut"),
         (flux_spec(), {"": {}, "proj_out": diffusers.FluxTransformer2DModel._cp_plan["proj_out"], "norm_out": diffusers.FluxTransformer2DModel._cp_plan["proj_out"]},
          "_cp_plan gathers at 2 places; accel gathers one output"),
+        (dataclasses.replace(flux_spec(), keep_whole=("guidance",)), None, "the family keeps 'guidance' whole, which _cp_plan does not cut"),
     ],
-    ids=["unnamed stream", "stream of nothing", "two outputs"],
+    ids=["unnamed stream", "stream of nothing", "two outputs", "whole of nothing"],
 )
 def test_a_plan_the_family_does_not_fit_is_refused_with_one_line(spec: FromDiffusers, cp_plan, message: str) -> None:
     with pytest.raises(PlanDerivationError) as error:
@@ -97,3 +100,9 @@ def test_a_mapping_of_residuals_is_cut_item_by_item(rank_pools, parallel: tuple[
 
     assert max(rank_pools(parallel[0] * parallel[1]).run(residual_mapping_error, *parallel, at)) <= 1e-5
 
+
+def test_cuts_kept_whole_are_left_out() -> None:
+    """LTX-2 keeps the text diffusers cuts whole: those cuts, and only those, leave the plan."""
+    spec = dataclasses.replace(flux_spec(encoder_hidden_states="", txt_ids=""), keep_whole=("encoder_hidden_states", "txt_ids"))
+    plan = derive_plan(diffusers.FluxTransformer2DModel._cp_plan, spec)
+    assert sorted(s.value for s in plan.splits) == ["hidden_states", "img_ids"]

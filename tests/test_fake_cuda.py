@@ -85,6 +85,9 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         overrides["pooled_projection_dim"] = width // 2
     if name == "sd3":  # the text is projected to the blocks' width
         overrides["caption_projection_dim"] = width
+    if name == "ltx2":  # audio heads as many as video heads (as on LTX-2: the cross-modal rotary tables need it)
+        overrides.update(cross_attention_dim=width, audio_num_attention_heads=HEADS,
+                         audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"])
     return overrides
 
 
@@ -101,6 +104,9 @@ class Grid:
     def tokens(self) -> int:
         return self.frames * self.rows * self.cols
 
+
+# LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
+LTX2_AUDIO = 13
 
 # Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
 DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
@@ -139,6 +145,14 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["caption_channels"]),
                     timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
+    if name == "ltx2":  # packed video tokens and LTX2_AUDIO audio tokens, each with its own text
+        mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
+        return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+                    audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
+                    encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+                    audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]), timestep=t,
+                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w,
+                    audio_num_frames=LTX2_AUDIO, return_dict=False)
     if name == "sd3":  # latents before patching (2x2)
         return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
@@ -182,6 +196,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "cogvideox": (batch, f, out, h, w),
         "mochi": (batch, out, f, h, w),
         "ltx": (batch, grid.tokens, out),
+        "ltx2": (batch, grid.tokens, out),  # the video; the audio prediction comes beside it
         "qwenimage": (batch, grid.rows * grid.cols, 4 * out),  # 2x2 patches (the dict is built for every family: no tuple ** 2)
         "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
         "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
@@ -220,6 +235,16 @@ def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -
         elif real:
             kernels[Kernel("flash", False)] += calls
     return kernels
+
+
+def whole_query_kernels(family: Family, grid: Grid, degrees: Degrees, rank: int, blocks: int) -> Counter[Kernel]:
+    """The kernels of the plan's whole-query attention (LTX-2's audio to the video): one per block
+    run, over this rank's own shard of the keys, cut to its real keys (none where it holds only padding)."""
+    assert family.parallel is not None
+    if not family.parallel.whole_queries:
+        return Counter()
+    real = SequenceLayout(grid.tokens, degrees.sequence).real(rank % degrees.sequence)
+    return Counter({Kernel("flash", False): blocks}) if real else Counter()
 
 
 def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
@@ -369,7 +394,7 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
             outputs.append(torch.stack(sample) if isinstance(sample, list) else sample)  # Z-Image: one tensor per sample
             if call == mine:
                 compared = layout.cache and step == 1
-                check_call(name, family, config, layout, probe, batch, compared)
+                check_call(name, family, config, layout, probe, batch, compared, rank)
                 if compared:
                     assert accelerated.cache is not None and accelerated.cache.stats.records[-1].cached
         accelerated.events.scheduler.step()
@@ -378,12 +403,15 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
             assert sample.dtype == DTYPE and sample.device.type == "cuda", f"{sample.dtype} on {sample.device}"
 
 
-def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout, probe: Probe, batch: int, compared: bool) -> None:
+def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout, probe: Probe, batch: int, compared: bool,
+               rank: int = 0) -> None:
     """Kernels, collectives and syncs of one transformer call this rank computed (`compared`: the
     cache compared this call with the last and, as scripted, skipped the later blocks)."""
     local_batch = batch // layout.cfg if family.cfg == "batch" else batch
     if layout.degrees.sequence > 1:
-        expected = expected_kernels(family, layout.grid, layout.degrees, attention_calls(name, config, local_batch, compared))
+        calls = attention_calls(name, config, local_batch, compared)
+        expected = expected_kernels(family, layout.grid, layout.degrees, calls)
+        expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
         assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
     assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
     cache_syncs = [s for s in probe.syncs if s.where.startswith("accel/cache/")]
@@ -441,6 +469,10 @@ HUNYUAN15 = dict(in_channels=65, out_channels=32, num_attention_heads=16, attent
 # Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
 KANDINSKY5_LITE = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512, patch_size=(1, 2, 2),
                        model_dim=1792, ff_dim=7168, num_text_blocks=1, num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)
+# LTX-2's transformer (diffusers' defaults, two blocks): 32 video heads of 128, 32 audio heads of 64, Gemma 3's 3840-wide text.
+LTX2 = dict(in_channels=128, out_channels=128, num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096,
+            audio_in_channels=128, audio_out_channels=128, audio_num_attention_heads=32, audio_attention_head_dim=64,
+            audio_cross_attention_dim=2048, num_layers=2, caption_channels=3840, rope_type="split")
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -458,6 +490,8 @@ REAL = {
     "hunyuan15": (HUNYUAN15, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000))),
     # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x Ulysses 4.
     "kandinsky5": (KANDINSKY5_LITE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256))),
+    # LTX-2 at 512x768, 121 frames: 16 x 16 x 24 = 6144 video tokens, 1024 text tokens; CFG halves x Ulysses 4.
+    "ltx2": (LTX2, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024))),
 }
 
 

@@ -459,6 +459,37 @@ def kandinsky5_inputs(drift: float) -> Inputs:
     )
 
 
+# -- ltx2: 2 blocks that return (video, audio); 32 video tokens, 5 audio tokens --------------------
+def build_ltx2() -> nn.Module:
+    from diffusers import LTX2VideoTransformer3DModel
+
+    return _seeded(
+        22,
+        lambda: LTX2VideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                                            cross_attention_dim=HEADS * HEAD_DIM, audio_in_channels=4, audio_out_channels=4,
+                                            audio_num_attention_heads=HEADS, audio_attention_head_dim=8, audio_cross_attention_dim=16,
+                                            num_layers=2, caption_channels=TEXT_DIM, rope_type="split"),
+    )
+
+
+def ltx2_inputs(drift: float) -> Inputs:
+    frames, height, width, audio = 2, 4, 4, 5
+    return dict(
+        hidden_states=_latents((1, frames * height * width, 8), drift),
+        audio_hidden_states=_latents((1, audio, 4), drift),
+        encoder_hidden_states=_text(),
+        audio_encoder_hidden_states=_text(3),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=_text_mask(),
+        audio_encoder_attention_mask=_text_mask(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        audio_num_frames=audio,
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -474,6 +505,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "hunyuan15": (build_hunyuan15, hunyuan15_inputs),
     "skyreels2": (build_skyreels2, skyreels2_inputs),
     "kandinsky5": (build_kandinsky5, kandinsky5_inputs),
+    "ltx2": (build_ltx2, ltx2_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 
@@ -491,8 +523,10 @@ def _families() -> list[Any]:
 
 
 def _run(model: nn.Module, inputs: Inputs) -> torch.Tensor:
-    (output,) = model(**inputs)
-    return torch.stack(output) if isinstance(output, list) else output  # Z-Image: one tensor per sample
+    output, *others = model(**inputs)
+    output = torch.stack(output) if isinstance(output, list) else output  # Z-Image: one tensor per sample
+    # LTX-2 also predicts its audio: compared too, appended to the video flattened.
+    return torch.cat([output.flatten(), *(other.flatten() for other in others)]) if others else output
 
 
 def _blocks(model: nn.Module, plan: tuple[BlockList, ...]) -> list[nn.Module]:

@@ -162,3 +162,11 @@ def test_layout_pads_and_joins() -> None:
     assert layout.valid().sum() == 1241 and not layout.valid()[2, -1]
     with pytest.raises(ValueError, match="expected 1241 tokens along dim 1, got 5"):
         layout.split(torch.zeros(1, 5, 1), 1, 0)
+
+
+@pytest.mark.parametrize("world, q_len, k_len, masked, host_hint", [(2, 9, 20, False, False), (3, 9, 20, False, True), (3, 13, 7, True, False)],
+                         ids=["2 ranks", "3 ranks, padding on the host", "3 ranks, a key mask"])
+def test_whole_queries_against_cut_keys_equal_sdpa(rank_pools, world: int, q_len: int, k_len: int, masked: bool, host_hint: bool) -> None:
+    """LTX-2's audio (every rank all of it) attending to the cut video: merged by log-sum-exp, every rank the whole result."""
+    errors = rank_pools(world).run(cases.whole_query_error, world, q_len, k_len, masked, host_hint)
+    assert max(errors) <= 1e-5

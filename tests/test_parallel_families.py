@@ -101,6 +101,12 @@ FAMILY_CASES = {
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
         threshold=0.2,
     ),
+    "ltx2": FamilyCase(
+        # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
+        dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
+        odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
+        threshold=0.3,
+    ),
 }
 
 MODES = {

@@ -33,6 +33,7 @@ VAES = {
     "AutoencoderKLQwenImage": ("tiny-qwenimage", 1),
     "AutoencoderKLFlux2": ("tiny-flux2-klein", None),
     "AutoencoderKLHunyuanVideo15": ("tiny-hunyuan15", 2),
+    "AutoencoderKLLTX2Video": ("tiny-ltx2", 2),
 }
 KL_TILES = {"tile_sample_min_size": 32, "tile_latent_min_size": 4, "tile_overlap_factor": 0.25}
 WAN_TILES = {"tile_sample_min_height": 32, "tile_sample_min_width": 32,
@@ -120,7 +121,7 @@ def test_a_vae_without_a_plan_is_refused() -> None:
     assert str(error.value) == (
         "[vae] parallel: accel has no parallel decode for ToyVae (it has for AutoencoderKL, AutoencoderKLHunyuanVideo, "
         "AutoencoderKLWan, AutoencoderKLCogVideoX, AutoencoderKLMochi, AutoencoderKLLTXVideo, AutoencoderKLQwenImage, "
-        "AutoencoderKLFlux2, AutoencoderKLHunyuanVideo15); set parallel = false"
+        "AutoencoderKLFlux2, AutoencoderKLHunyuanVideo15, AutoencoderKLLTX2Video); set parallel = false"
     )
 
 

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 
 
@@ -268,6 +268,24 @@ CASES = {
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
         # The processor rounds rotated queries and keys to bfloat16, which lifts BLAS-path differences.
         reload_tolerance=5e-5,
+    ),
+    "ltx2": Case(
+        name="ltx2",
+        build=ltx2.build_tiny,
+        pipeline_class=diffusers.LTX2Pipeline,
+        # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
+        # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=96, num_frames=9, num_inference_steps=4,
+                  guidance_scale=4.0, stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0, audio_modality_scale=1.0,
+                  output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 96, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 12, 16),  # 9 frames -> 2 latent frames, 64x96 -> 2x3: 12 packed tokens
+        text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
+        components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,
     ),
 }
 

@@ -89,7 +89,11 @@ class ParallelPlan:
     index counts from the end of its list: `"visual_transformer_blocks.-1"` is the last block
     (Kandinsky 5 reshapes its tokens to a video grid right after it, so the output is gathered there).
     `refuses` lists transformer configs the plan cannot split, as (config key, value, why):
-    the engine refuses them with one line instead of attending on each rank's shard alone.
+    the engine refuses them with one line instead of attending on each rank's shard alone. `whole_queries` names modules
+    (glob patterns) whose queries are a replicated stream every rank holds whole while their keys
+    are cut (LTX-2's audio attending to the video): each rank attends with all queries to its own
+    keys, and the partial results merge by log-sum-exp over the ranks (one all-gather of a
+    query-sized result, no keys exchanged).
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -103,6 +107,7 @@ class ParallelPlan:
     pairwise_mask: bool = False
     batch_items: tuple[str, ...] = ()
     refuses: tuple[tuple[str, Any, str], ...] = ()
+    whole_queries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,9 @@ class FromDiffusers:
     gathered; it does not say which of them are one sequence. `streams` adds that: each cut's
     stream, keyed by its argument name, or by "module[index]" for an item of a module's returned
     tuple ("pos_embed[0]"). The other fields are the ParallelPlan's. `extra_splits` are cuts
-    diffusers' plan lacks. See accel/parallel/derive.py.
+    diffusers' plan lacks; `keep_whole` names cuts of diffusers' plan (keyed as in `streams`) that
+    accel leaves whole on every rank (LTX-2's text, whose additive mask the engine cannot split and
+    whose cross-attention then needs no exchange). See accel/parallel/derive.py.
     """
 
     streams: tuple[tuple[str, str], ...]
@@ -124,6 +131,8 @@ class FromDiffusers:
     module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
     extra_splits: tuple[SequenceSplit, ...] = ()
     batch_items: tuple[str, ...] = ()
+    whole_queries: tuple[str, ...] = ()
+    keep_whole: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,12 +181,25 @@ class Variant:
     mask_frames: bool = False
     area: str | None = None
     fixed: tuple[tuple[str, Any], ...] = ()
+    # Keyword arguments only the tiny variant's calls get: LTX-2 image-to-video's `image_crf=0` skips
+    # the H.264 re-compression of the picture that matches the real model's training (and needs PyAV).
+    tiny_fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
     transformer_class: str | None = None
     parallel: ParallelPlan | FromDiffusers | None = None
     script_only: str | None = None
     not_split: str | None = None
+
+
+@dataclass(frozen=True)
+class AudioOutput:
+    """Where a pipeline that makes sound with its video puts it, so the runner can carry it into
+    the MP4: `field` of the pipeline's output holds (batch, channels, samples) in [-1, 1], and the
+    dotted attribute path `sample_rate` on the pipeline gives its rate in Hz."""
+
+    field: str = "audio"
+    sample_rate: str = "vocoder.config.output_sampling_rate"
 
 
 @dataclass(frozen=True)
@@ -226,6 +248,8 @@ class Family:
     tiny_defaults: GenerationDefaults | None = None
     # The other pipelines of this transformer that accel runs, with the inputs their calls need.
     variants: tuple[Variant, ...] = ()
+    # Sound generated with the video (LTX-2), muxed into the MP4; None: the pipeline makes none.
+    audio: AudioOutput | None = None
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""

@@ -43,6 +43,9 @@ VAE_PLANS: dict[str, VaePlan] = {
     # RMS norms over channels and pixel-shuffle up-sampling are local; the mid-block attention
     # builds its frame-causal mask from the whole map.
     "AutoencoderKLHunyuanVideo15": VaePlan(whole=("mid_block.attentions.*",)),
+    # LTX-2's video decoder: causal 3-D convolutions, pixel-norm and pixel-shuffle upsampling, no
+    # attention; 2.x checkpoints that inject noise say so in the same config key as LTX-Video 0.9.1.
+    "AutoencoderKLLTX2Video": VaePlan(noise_rows="decoder_inject_noise"),
 }
 
 

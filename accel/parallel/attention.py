@@ -30,7 +30,7 @@ from torch import Tensor
 
 from collections.abc import Sequence
 
-from accel.parallel.comm import Group, RingShift, all_to_all, group_rank, group_size
+from accel.parallel.comm import Group, RingShift, all_gather, all_to_all, group_rank, group_size
 from accel.parallel.kernels import attention_with_lse
 
 RealKeys = Sequence[int | None]
@@ -199,6 +199,32 @@ def _block(q: Tensor, k: Tensor, v: Tensor, keys: _BlockKeys, scale: float | Non
     lse = torch.where(has_key, lse, float("-inf"))
     out = torch.where(has_key.unsqueeze(-1), out, 0.0)
     return out, lse
+
+
+def whole_query_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: Group,
+    key_valid: Tensor | None = None,
+    scale: float | None = None,
+    real_keys: RealKeys | None = None,
+) -> Tensor:
+    """Queries every rank holds whole against this rank's shard of the keys (LTX-2's audio attending
+    to the cut video): local attention with its log-sum-exp, then every rank's partial result merged
+    in rank order, so all ranks return the same full output. Sends one query-sized result per rank."""
+    rank = group_rank(group)
+    keys = _BlockKeys(
+        key_valid[rank] if key_valid is not None else None,
+        real_keys[rank] if real_keys is not None else None,
+    )
+    out, lse = _block(q, k, v, keys, scale)
+    outs, lses = all_gather(out.float(), group), all_gather(lse, group)
+    merged = merged_lse = None
+    for part, part_lse in zip(outs, lses):
+        merged, merged_lse = merge_partial(merged, merged_lse, part, part_lse)
+    assert merged is not None
+    return merged.to(q.dtype)
 
 
 def merge_partial(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:

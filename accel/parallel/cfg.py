@@ -30,7 +30,7 @@ from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle, SequenceSplit
 from accel.parallel.comm import all_gather
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.outputs import as_output, map_sample, sample_of
+from accel.parallel.outputs import as_output, map_samples, sample_of
 from accel.steps import StepEvents, StepListener
 
 
@@ -152,7 +152,7 @@ class CfgParallel(StepListener):
             output = original(*bound.args, **bound.kwargs)
         finally:
             self._fitting = {}
-        return map_sample(output, self._join_halves)
+        return map_samples(output, self._join_halves)  # every prediction: LTX-2's audio beside its video
 
     def _join_halves(self, half: Tensor | list[Tensor]) -> Tensor | list[Tensor]:
         if isinstance(half, list):  # one output per sample, all of one shape

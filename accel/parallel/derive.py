@@ -40,6 +40,7 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
     streams = dict(spec.streams)
     splits: list[SequenceSplit] = []
     outputs: list[tuple[str, int]] = []
+    kept: set[str] = set()
     for module, entry in cp_plan.items():
         if _is_output(entry):
             outputs.append((module, int(entry.gather_dim)))
@@ -52,10 +53,15 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
             if _is_output(value):
                 outputs.append((module, int(value.gather_dim)))
                 continue
+            if _stream_key(module, key) in spec.keep_whole:
+                kept.add(_stream_key(module, key))
+                continue
             splits.append(_split(module, key, value, streams))
     if len(outputs) != 1:
         raise PlanDerivationError(f"_cp_plan gathers at {len(outputs)} places; accel gathers one output")
     module, dim = outputs[0]
+    if set(spec.keep_whole) - kept:
+        raise PlanDerivationError(f"the family keeps {sorted(set(spec.keep_whole) - kept)[0]!r} whole, which _cp_plan does not cut")
     unused = set(streams) - {_stream_key(split.module, split.value if split.element is None else split.element)
                              for split in splits}
     if unused:
@@ -70,6 +76,7 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
         batch_args=spec.batch_args,
         module_keys=spec.module_keys,
         batch_items=spec.batch_items,
+        whole_queries=spec.whole_queries,
     )
 
 

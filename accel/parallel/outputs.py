@@ -26,6 +26,17 @@ def map_sample(output: Any, fn: Callable[[Tensor], Tensor]) -> Any:
     return type(output)(**{**output, "sample": fn(output.sample)})
 
 
+def map_samples(output: Any, fn: Callable[[Any], Any]) -> Any:
+    """`map_sample`, and `fn` on every other tensor the output holds too: each tensor item of a
+    tuple, each tensor field of an output dataclass (LTX-2 predicts its audio beside its video)."""
+    if isinstance(output, Tensor):
+        return fn(output)
+    if isinstance(output, tuple):
+        return (fn(output[0]), *(fn(item) if isinstance(item, Tensor) else item for item in output[1:]))
+    fields = {key: fn(value) if isinstance(value, Tensor) else value for key, value in output.items() if key != "sample"}
+    return type(output)(**{**output, **fields, "sample": fn(output.sample)})
+
+
 def as_output(sample: Tensor, return_dict: bool) -> Any:
     """What a transformer called with `return_dict` returns for this sample."""
     if not return_dict:

@@ -20,7 +20,7 @@ from torch import Tensor
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
 from accel.models.base import Family, FromDiffusers, ParallelPlan, SequenceSplit
-from accel.parallel.attention import leading_real, usp_attention
+from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
 from accel.parallel.layout import SequenceLayout
@@ -62,6 +62,7 @@ class ContextParallel:
         self._layouts: dict[str, SequenceLayout] = {}
         self._active = False
         self._local_depth = 0
+        self._whole_query_depth = 0
         # Key streams of the attention calls in progress, innermost last (module_keys); empty: the plan's.
         self._keys: list[tuple[str, ...]] = []
         # Blocks are often handed the same tensor (a joint mask): cut it once and gather its mask
@@ -101,6 +102,10 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(local attention)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_local()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_local(), always_call=True))
+        for pattern in plan.whole_queries:
+            for module in _matching(modules, pattern, transformer, "(whole queries)"):
+                self._hook(module.register_forward_pre_hook(lambda *_: self._enter_whole_queries()))
+                self._hook(module.register_forward_hook(lambda *_: self._leave_whole_queries(), always_call=True))
         for pattern, keys in plan.module_keys:  # may match nothing: SD 3.5 large has no attn2, medium has
             for module in glob_modules(modules, pattern):
                 self._hook(module.register_forward_pre_hook(lambda *_, keys=keys: self._keys.append(keys)))
@@ -165,7 +170,7 @@ class ContextParallel:
             if not self.plan.output_module:
                 output = self._gather(output)
         finally:  # the per-call state starts empty for the next call, however this one ended
-            self._active, self._layouts, self._local_depth = False, {}, 0
+            self._active, self._layouts, self._local_depth, self._whole_query_depth = False, {}, 0, 0
             self._keys.clear()
             self._pending.clear()
             self._cuts.clear()
@@ -267,6 +272,12 @@ class ContextParallel:
     def _leave_local(self) -> None:
         self._local_depth = max(0, self._local_depth - 1)
 
+    def _enter_whole_queries(self) -> None:
+        self._whole_query_depth += 1
+
+    def _leave_whole_queries(self) -> None:
+        self._whole_query_depth = max(0, self._whole_query_depth - 1)
+
     def _leave_keys(self) -> None:
         if self._keys:
             self._keys.pop()
@@ -275,6 +286,8 @@ class ContextParallel:
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
         self._routed = True
         segments = self._segments(key.shape[-2])
+        if self._whole_query_depth > 0:
+            return self._attend_whole_queries(query, key, value, mask, scale, segments)
         replicated = next((i for i, segment in enumerate(segments) if segment.layout is None), None)
         share = None
         if replicated is not None:
@@ -293,6 +306,19 @@ class ContextParallel:
         ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
         out = usp_attention(query, key, value, ulysses, ring, key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
+
+    def _attend_whole_queries(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None, segments: list[_Segment]
+    ) -> Tensor:
+        """Queries of a replicated stream against cut keys: partial attention merged over the ranks."""
+        if any(segment.layout is None for segment in segments):
+            raise PlanMismatch("context parallelism: whole queries need keys the plan cuts, not a replicated stream")
+        key_valid = self._pad_valid(segments, key.device)
+        real_keys = self._real_keys(segments) if key_valid is not None and mask is None else None
+        if mask is not None:
+            masks = self._every_rank_mask(mask, None)
+            key_valid = masks if key_valid is None else key_valid & masks
+        return whole_query_attention(query, key, value, self.mesh.sequence_group, key_valid, scale, real_keys)
 
     def _segments(self, keys: int) -> list[_Segment]:
         streams = self._keys[-1] if self._keys else self.plan.attention_keys

@@ -4,8 +4,8 @@ While a decoder runs on one rank's rows, this mode sees each torch function call
 
 - a convolution that pads its height borrows the neighbours' rows (the halo) instead of zeros;
   the local convolution runs while they travel, and only its first and last rows are redone;
-- `F.pad` along the height (replicate or zero padding before a causal convolution) writes the
-  neighbours' rows where this rank's edge is not the image's edge;
+- `F.pad` along the height (replicate or zero padding before a causal convolution, a reflecting
+  convolution's padding) writes the neighbours' rows where this rank's edge is not the image's edge;
 - GroupNorm normalises with statistics summed over every rank;
 - nearest upsampling by a whole factor is local; a resize that blends rows is refused;
 - inside a module run whole (attention over every position), the convolutions and norms run
@@ -132,9 +132,16 @@ class SplitDecode(TorchFunctionMode):
             return func(input, pad, mode, value)
         top, bottom = pad[2], pad[3]
         halo = Halo(input, top, bottom, self.split, self.group)
+        sideways = (*pad[:2], 0, 0, *pad[4:])
+        if input.shape[-2] <= max(top, bottom):
+            # A band too short to pad alone (a reflection reaches past it: LTX-2's decoder on few
+            # rows): pad the band with its neighbours' rows, the image's own edges as asked.
+            above, below = halo.wait()
+            edged = torch.cat([rows for rows in (above, input, below) if rows is not None], dim=-2)
+            ends = (*pad[:2], 0 if above is not None else top, 0 if below is not None else bottom, *pad[4:])
+            return func(edged, ends, mode, value)
         out = func(input, pad, mode, value)
         above, below = halo.wait()
-        sideways = (*pad[:2], 0, 0, *pad[4:])
         if above is not None:
             out[..., :top, :] = func(above, sideways, mode, value)
         if below is not None:

@@ -1,0 +1,195 @@
+"""LTX-2 family: one block list that runs two streams, video and audio, side by side. Each block
+attends video to video, audio to audio, each to the text (cross-attention), then audio to video and
+video to audio; the pipeline decodes the video with AutoencoderKLLTX2Video and the audio with
+AutoencoderKLLTX2Audio (a mel spectrogram) and a vocoder (the waveform).
+
+`build_tiny` makes a seeded, random-weight LTX-2-shaped pipeline offline for tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from accel.models.base import AudioOutput, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+
+if TYPE_CHECKING:
+    from diffusers import LTX2Pipeline
+
+_LATENT_CHANNELS = 16
+_AUDIO_LATENT_CHANNELS = 2
+_MEL_BINS = 16  # the audio VAE compresses them 4x: 4 latent bins, 2 x 4 = 8 channels per audio token
+
+
+def _components(seed: int) -> dict[str, Any]:
+    """Every component of the tiny pipeline, each from its own seed."""
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        FlowMatchEulerDiscreteScheduler,
+        LTX2VideoTransformer3DModel,
+    )
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    from accel.models import _tiny_parts as parts
+
+    base = seed * 8
+    tokenizer = parts.gemma3_tokenizer()
+    text_encoder = parts.gemma3_model(tokenizer, seed=base + 1)
+    text = text_encoder.config.text_config
+    with parts.seeded(base + 2):
+        transformer = parts.finish(
+            LTX2VideoTransformer3DModel(
+                in_channels=_LATENT_CHANNELS,
+                out_channels=_LATENT_CHANNELS,
+                num_attention_heads=4,
+                attention_head_dim=16,
+                cross_attention_dim=64,
+                audio_in_channels=_AUDIO_LATENT_CHANNELS * _MEL_BINS // 4,
+                audio_out_channels=_AUDIO_LATENT_CHANNELS * _MEL_BINS // 4,
+                audio_num_attention_heads=4,
+                audio_attention_head_dim=8,
+                audio_cross_attention_dim=32,
+                num_layers=2,
+                caption_channels=text.hidden_size,
+                rope_type="split",  # LTX-2's: per-head (cos, sin) tables, tokens on dim 2
+            )
+        )
+    with parts.seeded(base + 3):
+        # The text encoder's every hidden state (embeddings + 2 layers) is stacked and projected.
+        connectors = parts.finish(
+            LTX2TextConnectors(
+                caption_channels=text.hidden_size,
+                text_proj_in_factor=text.num_hidden_layers + 1,
+                video_connector_num_attention_heads=2,
+                video_connector_attention_head_dim=8,
+                video_connector_num_layers=1,
+                video_connector_num_learnable_registers=None,
+                audio_connector_num_attention_heads=2,
+                audio_connector_attention_head_dim=8,
+                audio_connector_num_layers=1,
+                audio_connector_num_learnable_registers=None,
+                connector_rope_base_seq_len=1024,
+                rope_type="split",
+            )
+        )
+    with parts.seeded(base + 4):
+        # LTX-2's compression: 4x4 patching then three 2x stages, 32x in space and 8x in time
+        # (8k+1 frames -> k+1 latent frames); channels narrowed.
+        vae = parts.finish(
+            AutoencoderKLLTX2Video(
+                latent_channels=_LATENT_CHANNELS,
+                block_out_channels=(8, 16, 16, 16),
+                decoder_block_out_channels=(8, 16, 32),
+                layers_per_block=(1, 1, 1, 1, 1),
+                decoder_layers_per_block=(1, 1, 1, 1),
+                spatial_compression_ratio=32,
+                temporal_compression_ratio=8,
+            )
+        )
+    with parts.seeded(base + 5):
+        audio_vae = parts.finish(
+            AutoencoderKLLTX2Audio(
+                base_channels=8, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=_AUDIO_LATENT_CHANNELS, mel_bins=_MEL_BINS,
+            )
+        )
+    with parts.seeded(base + 6):
+        # As LTX-2's vocoder: 100 mel frames a second (16 kHz, hop 160) upsampled 240x to 24 kHz stereo.
+        vocoder = parts.finish(
+            LTX2Vocoder(
+                in_channels=2 * _MEL_BINS,
+                hidden_channels=32,
+                out_channels=2,
+                upsample_kernel_sizes=[12, 10, 4, 4, 4],
+                upsample_factors=[6, 5, 2, 2, 2],
+                resnet_kernel_sizes=[3],
+                resnet_dilations=[[1, 3]],
+                output_sampling_rate=24000,
+            )
+        )
+    # LTX-2's scheduler config: the shift grows with the video token count.
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024, max_image_seq_len=4096,
+        shift_terminal=0.1,
+    )
+    return dict(
+        scheduler=scheduler, vae=vae, audio_vae=audio_vae, text_encoder=text_encoder, tokenizer=tokenizer,
+        connectors=connectors, transformer=transformer, vocoder=vocoder,
+    )
+
+
+def build_tiny(seed: int = 0) -> "LTX2Pipeline":
+    """A tiny LTX-2 look-alike: real classes, LTX-2 configs scaled down, random seeded weights.
+
+    Two blocks with four video heads of 16 and four audio heads of 8. 9 frames at 64x96 give 2x2x3
+    = 12 video tokens; their 0.375 s of sound give 9 audio tokens (25 a second). The Gemma 3
+    stand-in encodes the prompt padded on the left to the pipeline's 1024 tokens. Guidance is
+    batched (negative then positive); with the pipeline's default scales each step also runs a
+    spatio-temporal-guidance and a modality-isolation call on the positive prompt alone.
+    """
+    from diffusers import LTX2Pipeline
+
+    return LTX2Pipeline(**_components(seed))
+
+
+# The blocks' per-module attention: the audio attends itself and the text whole on every rank, the
+# video attends the text (left whole) and the audio locally; the audio's queries to the video are
+# whole on every rank, the video keys cut.
+_BLOCK = "transformer_blocks.*."
+
+FAMILY = Family(
+    name="ltx2",
+    title="LTX-2",
+    pipeline_class="LTX2Pipeline",
+    transformer_class="LTX2VideoTransformer3DModel",
+    vae="AutoencoderKLLTX2Video",
+    repo="Lightricks/LTX-2",
+    output="video",
+    dtype="bfloat16",
+    # The pipeline docstring's example: 121 frames at 768x512, 24 fps, guidance 3.
+    defaults=GenerationDefaults(steps=30, height=512, width=768, frames=121, guidance_scale=3.0),
+    # Each block returns (video, audio): the cache compares the video and skips both streams.
+    blocks=(BlockList("transformer_blocks", returns=("hidden_states", "audio_hidden_states")),),
+    frames_arg="num_frames",
+    fps=24,
+    heads=32,
+    tiny_heads=4,
+    # diffusers' _cp_plan cuts the video tokens and their rotary tables, and the text with its mask.
+    # The video stream follows it. The text stays whole (keep_whole): its mask is an additive bias,
+    # not the boolean key mask the engine splits keys by, and whole text makes the cross-attention
+    # local (no exchange). The audio (about 25 tokens a second against the video's thousands) is
+    # replicated, as in diffusers' plan: every rank runs the audio stream whole, so its own
+    # attention, its text attention and the video's attention to it stay local; only the audio's
+    # attention to the cut video spans ranks (whole queries, merged by log-sum-exp). Splitting the
+    # audio would add four exchanges per block to save a few percent of compute.
+    parallel=FromDiffusers(
+        streams=(("hidden_states", "video"), ("rope[0]", "video"), ("rope[1]", "video")),
+        keep_whole=("encoder_hidden_states", "encoder_attention_mask"),
+        attention_keys=("video",),
+        output_stream="video",
+        local_attention=(_BLOCK + "attn2", _BLOCK + "audio_attn1", _BLOCK + "audio_attn2", _BLOCK + "audio_to_video_attn"),
+        whole_queries=(_BLOCK + "video_to_audio_attn",),
+        extra_splits=(
+            # diffusers' plan cuts the rotary tables of the "interleaved" kind (B, tokens, dim) only;
+            # LTX-2's "split" kind is (B, heads, tokens, dim / 2). The audio-video cross-attention's
+            # video table (cross_attn_rope) is not in diffusers' plan at all.
+            SequenceSplit("output", "video", dim=2, module="rope", ndim=4),
+            SequenceSplit("output", "video", dim=1, module="cross_attn_rope", ndim=3),
+            SequenceSplit("output", "video", dim=2, module="cross_attn_rope", ndim=4),
+            SequenceSplit("timestep", "video", dim=1, ndim=2),  # image-to-video: one timestep per video token
+        ),
+        batch_args=(
+            "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
+            "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
+            "video_coords", "audio_coords",
+        ),
+    ),
+    cfg="batch",
+    tiny=build_tiny,
+    tiny_defaults=GenerationDefaults(steps=4, height=64, width=96, frames=9, guidance_scale=4.0),
+    # The picture is encoded as the first latent frame, whose tokens then get timestep 0. On real
+    # weights the pipeline first re-compresses it with H.264 as in training (PyAV: pip install av);
+    # the tiny variant, trained on nothing, skips that.
+    variants=(Variant("LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),)),),
+    audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
+)
