@@ -54,16 +54,20 @@ def test_output_carries_the_audio_and_is_deterministic() -> None:
 
 
 def test_a_deep_copied_scheduler_leaves_accel_behind() -> None:
-    """The pipeline deep-copies its scheduler for the audio: the copy must be a plain scheduler, not
-    a second one firing accel's step events (and not a copy of the process groups they hold)."""
+    """The pipeline deep-copies its scheduler for the audio: the copy is the scheduler's own class
+    with only accel's step events following it (the video scheduler's step, first after each
+    transformer call, ends the step; the audio copy's adds nothing), never a copy of what the
+    original's wrappers hold (process groups do not deep-copy)."""
     import accel
+    from accel.instance import wrappers
 
     pipe = cases.tiny_pipeline("tiny-ltx2")
     handle = accel.apply(pipe, {"cache": {"threshold": 0.3}})
     try:
         duplicate = copy.deepcopy(pipe.scheduler)
-        assert "step" in vars(pipe.scheduler) and "step" not in vars(duplicate)
-        assert "_accel_wrapped" not in vars(duplicate) and "__deepcopy__" not in vars(duplicate)
+        assert type(duplicate) is type(pipe.scheduler) and duplicate is not pipe.scheduler
+        assert wrappers(duplicate, "step") == ["accel.steps"]
+        assert all(not wrappers(duplicate, method) for method in ("set_timesteps", "scale_noise"))
     finally:
         handle.remove()
     assert "__deepcopy__" not in vars(pipe.scheduler)

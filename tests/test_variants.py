@@ -60,6 +60,11 @@ NEEDS_MORE = {
     "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
+    "LTX2ConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
+    "LTX2InContextPipeline": "an IC-LoRA and reference videos at frame indices beyond --image / --video",
+    "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
+    "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
+    "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
     "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
     # Kandinsky 5's image pipelines run the video family's transformer class (Kandinsky 5.0 Image
     # Lite checkpoints) but make pictures with FLUX.1's AutoencoderKL: a Variant has no output kind
@@ -144,18 +149,23 @@ _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 # 80x112 make 5 latent frames of 5x7 patches, 175 tokens; VACE puts its reference picture's latent
 # frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too.
 _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
+# LTX-2 (32x VAE, 8x in time, patch 1): 33 frames at 160x224 make 5 x 5x7 = 175 tokens too.
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
-       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13)}
+       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "Kandinsky5I2VPipeline": _ODD_VIDEO,
+       "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=33)}
+# Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
+# four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
+VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
     case = FAMILY_CASES[family]
-    return {**case.call, **case.odd, **ODD.get(pipeline_class, {})}
+    return {**case.call, **VARIANT_CALL.get(pipeline_class, {}), **case.odd, **ODD.get(pipeline_class, {})}
 
 
 def reference(family: str, pipeline_class: str, odd: bool, cache: bool) -> tuple[dict, dict, np.ndarray, int]:
     case = FAMILY_CASES[family]
-    call = odd_call(family, pipeline_class) if odd else case.call
+    call = odd_call(family, pipeline_class) if odd else {**case.call, **VARIANT_CALL.get(pipeline_class, {})}
     recipe = {"cache": {"threshold": case.threshold}} if cache else {}
     key = (family, pipeline_class, odd, cache)
     if key not in _references:

@@ -62,7 +62,7 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     if "_auto_resize" in taken:
         arguments["_auto_resize"] = False  # Kontext: keep the reference at the call's size, not ~1 megapixel
     common = {key: value for key, value in call.items() if key in taken}  # Fill has no negative prompt
-    return {**common, **arguments, **dict(variant.fixed)}
+    return {**common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed)}  # these are tiny pipelines
 
 
 def call_parameters(pipeline_class: str) -> set[str]:
