@@ -55,7 +55,6 @@ NEEDS_MORE = {
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     "CogVideoXImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels and learned positions",
-    "CogVideoXVideoToVideoPipeline": "not a variant yet: an equality run under context parallelism",
     "CogVideoXFunControlPipeline": "a control video besides the video",
     "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
@@ -142,10 +141,11 @@ _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 
 # Video variants' odd size: a video token count that 3, 4 and 8 ranks do not divide. 17 frames at
 # 80x112 make 5 latent frames of 5x7 patches, 175 tokens; VACE puts its reference picture's latent
-# frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too.
+# frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too. CogVideoX's VAE compresses
+# as Wan's (4x in time, 8x in space, 2x2 patches): the same 175 video tokens.
 _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
-       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13)}
+       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "CogVideoXVideoToVideoPipeline": _ODD_VIDEO}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import CogVideoXPipeline
@@ -132,4 +132,7 @@ FAMILY = Family(
         batch_args=("hidden_states", "encoder_hidden_states", "timestep", "timestep_cond", "ofs"),
     ),
     cfg="batch",
+    # Video-to-video noises the input clip's latents (its frame count sets the output's): the same
+    # transformer call, the same plan.
+    variants=(Variant("CogVideoXVideoToVideoPipeline", video="video"),),
 )
