@@ -56,7 +56,6 @@ NEEDS_MORE = {
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     "CogVideoXImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels and learned positions",
     "CogVideoXFunControlPipeline": "a control video besides the video",
-    "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
@@ -145,7 +144,9 @@ _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 # as Wan's (4x in time, 8x in space, 2x2 patches): the same 175 video tokens.
 _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
-       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "CogVideoXVideoToVideoPipeline": _ODD_VIDEO}
+       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "CogVideoXVideoToVideoPipeline": _ODD_VIDEO,
+       # LTX-Video compresses 32x in space and 8x in time, patch size 1: 2 latent frames of 5x7 = 70 tokens.
+       "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
