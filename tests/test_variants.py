@@ -54,7 +54,6 @@ NEEDS_MORE = {
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
-    "CogVideoXImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels and learned positions",
     "CogVideoXFunControlPipeline": "a control video besides the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
@@ -146,7 +145,10 @@ _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
        "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "CogVideoXVideoToVideoPipeline": _ODD_VIDEO,
        # LTX-Video compresses 32x in space and 8x in time, patch size 1: 2 latent frames of 5x7 = 70 tokens.
-       "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9)}
+       "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
+       # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
+       # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
+       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
