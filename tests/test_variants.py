@@ -54,10 +54,7 @@ NEEDS_MORE = {
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
-    "CogVideoXImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels and learned positions",
-    "CogVideoXVideoToVideoPipeline": "not a variant yet: an equality run under context parallelism",
     "CogVideoXFunControlPipeline": "a control video besides the video",
-    "LTXImageToVideoPipeline": "not a variant yet: per-token timesteps (the conditioning frame's are 0) to cut with the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     "LTX2ConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
@@ -147,12 +144,17 @@ _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 
 # Video variants' odd size: a video token count that 3, 4 and 8 ranks do not divide. 17 frames at
 # 80x112 make 5 latent frames of 5x7 patches, 175 tokens; VACE puts its reference picture's latent
-# frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too.
+# frame before the video's, so 13 frames make (4 + 1) x 5x7 = 175 too. CogVideoX's VAE compresses
+# as Wan's (4x in time, 8x in space, 2x2 patches): the same 175 video tokens.
 _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
-# LTX-2 (32x VAE, 8x in time, patch 1): 33 frames at 160x224 make 5 x 5x7 = 175 tokens too.
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
-       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "Kandinsky5I2VPipeline": _ODD_VIDEO,
-       "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=33)}
+       "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "Kandinsky5I2VPipeline": _ODD_VIDEO, "CogVideoXVideoToVideoPipeline": _ODD_VIDEO,
+       # LTX-Video and LTX-2 compress 32x in space and 8x in time, patch size 1: 2 latent frames of 5x7 = 70 tokens.
+       "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
+       "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
+       # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
+       # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
+       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
 VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17)}

@@ -5,12 +5,47 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import CogVideoXPipeline
+    from diffusers import CogVideoXImageToVideoPipeline, CogVideoXPipeline
+
+
+_LATENT_CHANNELS = 16  # CogVideoX's latent width
+_TEMPORAL_COMPRESSION = 4
+
+
+def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
+    """CogVideoX-5b's transformer scaled down to two blocks of four 16-wide heads; `config` overrides.
+
+    The default sample size is the tiny default size in latent units (the real model's 60x90 is
+    480x720 / 8): at 64x64 the rotary grid equals the base grid, as it does for the real model at 480x720.
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import CogVideoXTransformer3DModel
+
+    latent_frames = 3
+    settings: dict[str, Any] = dict(
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=_LATENT_CHANNELS,
+        out_channels=_LATENT_CHANNELS,
+        time_embed_dim=32,
+        text_embed_dim=text_dim,
+        num_layers=2,
+        sample_width=64 // 8,
+        sample_height=64 // 8,
+        # In frames, not latent frames, as on the real model (49 frames <-> 13 latent frames).
+        sample_frames=(latent_frames - 1) * _TEMPORAL_COMPRESSION + 1,
+        patch_size=2,
+        temporal_compression_ratio=_TEMPORAL_COMPRESSION,
+        max_text_seq_length=226,
+        use_rotary_positional_embeddings=True,  # CogVideoX-5b: the pipeline passes the rope
+    )
+    with parts.seeded(seed):
+        return parts.finish(CogVideoXTransformer3DModel(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
@@ -25,40 +60,15 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
         AutoencoderKLCogVideoX,
         CogVideoXDPMScheduler,
         CogVideoXPipeline,
-        CogVideoXTransformer3DModel,
     )
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    # Offsets: 1 text encoder, 2 transformer, 3 VAE, 4 build_tiny_i2v's transformer.
     base = seed * 8
     tokenizer = parts.t5_tokenizer()
     text_encoder = parts.t5_encoder(tokenizer, seed=base + 1)
 
-    latent_channels = 16  # CogVideoX's latent width
-    temporal_compression = 4
-    # The tiny default size in latent units (the real model's 60x90 is 480x720 / 8): at 64x64 the
-    # rotary grid equals the base grid, as it does for the real model at 480x720.
-    sample_size = 64 // 8
-    latent_frames = 3
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
-            CogVideoXTransformer3DModel(
-                num_attention_heads=4,
-                attention_head_dim=16,
-                in_channels=latent_channels,
-                out_channels=latent_channels,
-                time_embed_dim=32,
-                text_embed_dim=text_encoder.config.d_model,
-                num_layers=2,
-                sample_width=sample_size,
-                sample_height=sample_size,
-                # In frames, not latent frames, as on the real model (49 frames <-> 13 latent frames).
-                sample_frames=(latent_frames - 1) * temporal_compression + 1,
-                patch_size=2,
-                temporal_compression_ratio=temporal_compression,
-                max_text_seq_length=226,
-                use_rotary_positional_embeddings=True,  # CogVideoX-5b: the pipeline passes the rope
-            )
-        )
+    transformer = _tiny_transformer(base + 2, text_dim=text_encoder.config.d_model)
     with parts.seeded(base + 3):
         # CogVideoX's VAE shape: four levels (8x spatial), 4x temporal compression (8k+1 frames ->
         # 2k+1 latent frames, which the decoder turns back into 8k+1 frames).
@@ -68,9 +78,9 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
                 out_channels=3,
                 block_out_channels=(8, 16, 16, 16),
                 layers_per_block=1,
-                latent_channels=latent_channels,
+                latent_channels=_LATENT_CHANNELS,
                 norm_num_groups=4,
-                temporal_compression_ratio=temporal_compression,
+                temporal_compression_ratio=_TEMPORAL_COMPRESSION,
                 sample_height=64,
                 sample_width=64,
                 scaling_factor=0.7,  # CogVideoX-5b's (2b's is 1.15258426)
@@ -97,6 +107,38 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
         vae=vae,
         transformer=transformer,
         scheduler=scheduler,
+    )
+
+
+def build_tiny_i2v(seed: int = 0) -> "CogVideoXImageToVideoPipeline":
+    """A tiny CogVideoX1.5-5B-I2V look-alike: build_tiny's text stack, VAE and scheduler, another transformer.
+
+    As in the real I2V models, the transformer reads 32 channels: the 16 noise latents and the
+    input picture's latents followed by zero frames. It has CogVideoX 1.5's shape: latent frames
+    patched in pairs (`patch_size_t=2`; the pipeline pads an odd latent frame count by repeating
+    the picture's frame), an `ofs` embedding added to the time embedding, rotary positions over a
+    grid sliced from the sample size (16x16 latents here: up to 8x8 patches), no learned
+    positions. CogVideoX-5b-I2V's learned positions are added in the patch embedding, before the
+    plan cuts the sequence, so they change nothing here (a 5b-I2V-shaped tiny with random learned
+    positions equals one process within 6e-6 under Ulysses 2 and Ring 2, checked by hand), but
+    they hold the size to the sample size, which the odd-size tests cannot keep.
+    """
+    from diffusers import CogVideoXImageToVideoPipeline
+
+    pipe = build_tiny(seed)
+    transformer = _tiny_transformer(
+        seed * 8 + 4,
+        text_dim=pipe.text_encoder.config.d_model,
+        in_channels=2 * _LATENT_CHANNELS,  # noise + picture latents
+        sample_width=16,
+        sample_height=16,
+        patch_size_t=2,
+        ofs_embed_dim=32,  # the time embedding's width, to which it is added (512 and 512 on the real one)
+        use_learned_positional_embeddings=False,
+        patch_bias=False,
+    )
+    return CogVideoXImageToVideoPipeline(
+        tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, transformer=transformer, scheduler=pipe.scheduler
     )
 
 
@@ -132,4 +174,11 @@ FAMILY = Family(
         batch_args=("hidden_states", "encoder_hidden_states", "timestep", "timestep_cond", "ofs"),
     ),
     cfg="batch",
+    # Video-to-video noises the input clip's latents (its frame count sets the output's): the same
+    # transformer call, the same plan.
+    variants=(
+        Variant("CogVideoXVideoToVideoPipeline", video="video"),
+        # Image-to-video concatenates the picture's latents in channels: the same token count and plan.
+        Variant("CogVideoXImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
+    ),
 )

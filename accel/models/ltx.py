@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import LTXPipeline
@@ -129,6 +129,9 @@ FAMILY = Family(
         splits=(
             SequenceSplit("hidden_states", "video", dim=1),
             SequenceSplit("output", "video", dim=1, module="rope"),
+            # Image-to-video: one timestep per video token (the conditioning frame's are 0), cut
+            # with the tokens; text-to-video's one per sample stays whole.
+            SequenceSplit("timestep", "video", dim=1, ndim=2),
         ),
         attention_keys=("video",),
         output_stream="video",
@@ -138,4 +141,6 @@ FAMILY = Family(
         batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
     ),
     cfg="batch",
+    # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
+    variants=(Variant("LTXImageToVideoPipeline", image="image"),),
 )
