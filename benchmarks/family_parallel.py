@@ -133,7 +133,7 @@ def family_section(families: list[str], steps: int, repeats: int) -> None:
     results = mp.Manager().dict()
     mp.spawn(_family_rank, args=(2, free_port(), families, steps, repeats, results), nprocs=2)
     print(f"\n1. transformer time per step, 2 gloo ranks x 1 thread against 1 process x 1 thread ({steps} steps)")
-    print(f"   {'family':<10}{'size':<6}{'1 process':>11}" + "".join(f"{mode:>14}" for mode in MODES))
+    print(f"   {'family':<12}{'size':<6}{'1 process':>11}" + "".join(f"{mode:>14}" for mode in MODES))
     for family in families:
         for size in ("tiny", "long"):
             single = results[(family, size, "1 process")]
@@ -141,7 +141,7 @@ def family_section(families: list[str], steps: int, repeats: int) -> None:
                 f"{single / results[(family, size, mode)]:>13.2f}x" if (family, size, mode) in results else f"{'—':>14}"
                 for mode in MODES
             ]
-            print(f"   {family:<10}{size:<6}{single * 1000:>9.1f}ms" + "".join(cells))
+            print(f"   {family:<12}{size:<6}{single * 1000:>9.1f}ms" + "".join(cells))
 
 
 # --- 2. per-rank time with the fake process group -------------------------------------------------
