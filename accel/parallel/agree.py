@@ -106,16 +106,16 @@ def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None) -> Cal
     signature = inspect.signature(pipe.__call__)
 
     def check(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        check_same_arguments(signature, args, kwargs, group)
-        _set_global_rng_state(rank0_object(_global_rng_state(), group))
+        _set_global_rng_state(check_same_arguments(signature, args, kwargs, group))
         return call_next(*args, **kwargs)
 
     return wrap_call(pipe, "accel.agree_on_arguments", CALL, check)
 
 
 def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         group: dist.ProcessGroup | None = None) -> None:
-    """Raise on every rank of `group` unless all were called with the same `args` / `kwargs`."""
+                         group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Raise on every rank of `group` unless all were called with the same `args` / `kwargs`; else
+    return rank 0's global random state, which travels in the same exchange (no second collective)."""
     failure: BaseException | None = None
     try:
         bound = signature.bind(*args, **kwargs)
@@ -125,17 +125,20 @@ def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kw
         bound.apply_defaults()
         mine = ("arguments", _summaries(signature, bound.arguments))
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, (dist.get_rank(), mine), group=group)
+    state = _global_rng_state() if dist.get_rank(group) == 0 else None
+    dist.all_gather_object(gathered, (dist.get_rank(), mine, state), group=group)
     ranks = sorted(gathered, key=lambda entry: entry[0])
+    rank0_state = next(entry[2] for entry in gathered if entry[2] is not None)
     if failure is not None:
         raise failure
-    failed = [(rank, text) for rank, (kind, text) in ranks if kind == "error"]
+    failed = [(rank, text) for rank, (kind, text), _ in ranks if kind == "error"]
     if failed:
         rank, text = failed[0]
         raise UserError(f"rank {rank} could not call the pipeline ({text}); call the pipeline with the same arguments on every rank")
-    differing = _differences([(rank, summary) for rank, (_, summary) in ranks])
+    differing = _differences([(rank, summary) for rank, (_, summary), _ in ranks])
     if differing:
         raise UserError(f"ranks were called with different {_and(differing)}; call the pipeline with the same arguments on every rank")
+    return rank0_state
 
 
 def _summaries(signature: inspect.Signature, arguments: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
