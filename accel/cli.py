@@ -60,6 +60,8 @@ def run(
     image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).")] = None,
     mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).")] = None,
     video: Annotated[str | None, Opt("--video", metavar="PATH", help="Input video (video-to-video, editing, VACE pipelines).")] = None,
+    inputs: Annotated[list[str] | None, Opt("--input", metavar="KEYWORD=PATH", help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.")] = None,
+    arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.")] = None,
     pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
@@ -91,6 +93,8 @@ def run(
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
             "true_cfg_scale": true_cfg, "image": image, "mask": mask, "video": video,
+            "inputs": _pairs("--input", inputs, "pose_video=pose.mp4", parse=False),
+            "arguments": _pairs("--arg", arguments, "overlap_history=17", parse=True),
         },
         "cache": {"threshold": cache},
         "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "cfg": 2 if cfg_parallel else None},
@@ -150,6 +154,27 @@ def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: 
     if json_path is not None:
         report.write_json(metrics.as_dict(), json_path, replace=overwrite)
         console.print(f"wrote {json_path}")
+
+
+def _pairs(flag: str, given: list[str] | None, example: str, parse: bool) -> dict[str, Any] | None:
+    """`KEYWORD=VALUE` flags as a table; with `parse`, a value TOML reads (17, true, [1, 2], "x") is
+    that value, anything else the string itself (mode=replace). Malformed is one line, exit 2."""
+    import tomllib
+
+    if not given:
+        return None
+    table: dict[str, Any] = {}
+    for item in given:
+        keyword, equals, value = item.partition("=")
+        if not equals or not keyword.strip().isidentifier():
+            _fail(f"{flag} {item}: write KEYWORD=VALUE, e.g. {flag} {example}")
+        if parse:
+            try:
+                value = tomllib.loads(f"value = {value}")["value"]
+            except tomllib.TOMLDecodeError:
+                pass
+        table[keyword.strip()] = value
+    return table
 
 
 def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> Any:

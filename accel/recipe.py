@@ -37,6 +37,11 @@ __all__ = [
 ]
 
 
+def _table(help: str) -> Any:
+    """A recipe key holding a table (keyword = value); empty by default, read-only once validated."""
+    return field(default_factory=lambda: types.MappingProxyType({}), hash=False, metadata={"help": help})
+
+
 def _key(default: Any, help: str, min: int | None = None) -> Any:
     """A recipe key: its default, the help line the README reference is built from, a lower bound."""
     meta: dict[str, Any] = {"help": help}
@@ -75,6 +80,14 @@ class GenerateSection:
     mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks for VACE.")
     video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
+    inputs: Mapping[str, str] = _table(
+        "Other input files, by the pipeline's keyword: pose_video = \"pose.mp4\" (Wan Animate), control_video (CogVideoX Fun); "
+        "the pipeline variant says which it takes."
+    )
+    arguments: Mapping[str, Any] = _table(
+        "Other arguments of the pipeline call, by keyword: mode = \"replace\", overlap_history = 17; "
+        "numbers, strings, booleans or lists of them."
+    )
 
 
 @dataclass(frozen=True)
@@ -375,7 +388,21 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
     if hint == tuple[str, ...]:
         ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
         return ok, tuple(value) if ok else value
+    if hint == Mapping[str, str]:
+        ok = isinstance(value, Mapping) and all(isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in value.items())
+        return ok, types.MappingProxyType(dict(value)) if ok else value
+    if hint == Mapping[str, Any]:
+        ok = isinstance(value, Mapping) and all(isinstance(k, str) and k.isidentifier() and _argument_value(v) for k, v in value.items())
+        frozen = {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in value.items()} if ok else value
+        return ok, types.MappingProxyType(frozen) if ok else value
     raise TypeError(f"no validator for annotation {hint!r}")  # a programming error, not a user one
+
+
+def _argument_value(value: Any) -> bool:
+    """A call argument a recipe can state: a finite number, a string, a boolean, or a list of them."""
+    if isinstance(value, list | tuple):
+        return all(_argument_value(v) and not isinstance(v, list | tuple) for v in value)
+    return isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _requirement(hint: Any, meta: Mapping[str, Any]) -> str:
@@ -393,6 +420,10 @@ def _requirement(hint: Any, meta: Mapping[str, Any]) -> str:
     if get_origin(hint) is Literal:
         choices = [str(c) for c in get_args(hint)]
         return " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
+    if hint == Mapping[str, str]:
+        return "a table of keyword = \"file path\""
+    if hint == Mapping[str, Any]:
+        return "a table of keyword = value (numbers, strings, booleans or lists of them)"
     return "a list of strings"
 
 
@@ -422,7 +453,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Variant):
         return {"name": value.name, **_plain(value.overrides)}
     if dataclasses.is_dataclass(value):
-        return {f.name: _plain(v) for f in dataclasses.fields(value) if (v := getattr(value, f.name)) is not None}
+        # An empty table is the default, so it is left out as None is.
+        return {f.name: _plain(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not None and not (isinstance(v, Mapping) and not v)}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, tuple):

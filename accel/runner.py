@@ -29,7 +29,8 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import clip_frames, input_arguments, open_inputs, refuse_split, variant_of, variant_of_class
+from accel.models.variants import (call_arguments, clip_frames, input_arguments, named_input_arguments, open_inputs, refuse_split,
+                                   variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -163,6 +164,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         variant = variant_of_class(family, type(pipe)) if pipe is not None else variant_of(family, family.pipeline_class)
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
+    kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
     if family.frames_arg is not None and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:
@@ -172,6 +174,12 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs.update(variant.tiny_fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
+    if settings.arguments:
+        sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
+                                                                             ("mask", variant.mask), ("video", variant.video)) if keyword},
+                   **{spec.keyword: "inputs" for spec in variant.inputs}}
+        pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
+        kwargs.update(call_arguments(pipeline, settings.arguments, kwargs, sources))
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))

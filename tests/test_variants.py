@@ -114,10 +114,9 @@ def test_the_video_rule_sees_union_annotations_and_variant_transformers() -> Non
 
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference
 # pictures): tests/test_family_flux2.py splits those.
-# Variants `accel run` drives (Wan Animate's own inputs come from a script: see below); variants
-# sequence parallelism cannot cut (Flux2KleinKVPipeline) are tested on their own below.
+# Variants sequence parallelism cannot cut (Flux2KleinKVPipeline, Wan Animate) are tested on their own below.
 VARIANTS = [(name, variant.pipeline_class) for name in FAMILIES for variant in FAMILIES[name].variants
-            if variant.pipeline_class != FAMILIES[name].pipeline_class and variant.script_only is None and not variant.not_split]
+            if variant.pipeline_class != FAMILIES[name].pipeline_class and not variant.not_split]
 MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring": 3}, True, False),
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
@@ -343,7 +342,6 @@ def write_clip(path: Path, frames: int = 5, size: tuple[int, int] = (64, 64)) ->
 def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, pipeline_class: str, flag: str) -> None:
     """The MP4 equals the library call on the same input (the clip as ffmpeg decodes it); the
     video-to-video output has the clip's 5 frames."""
-    from accel.media import read_video, save_video
     from accel.models.variants import read_clip
 
     image, _ = write_inputs(tmp_path)
@@ -356,10 +354,17 @@ def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, 
     call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0, **given)
     if flag == "--image":
         call["num_frames"] = 5
-    pipe = cases.variant_pipeline("wan", pipeline_class)
+    assert_mp4_is_the_call(out, "wan", pipeline_class, call, tmp_path)
+
+
+def assert_mp4_is_the_call(out: Path, family: str, pipeline_class: str, call: dict, folder: Path) -> None:
+    """The MP4 a CLI run wrote shows what the library call makes from a seed-0 generator."""
+    from accel.media import read_video, save_video
+
+    pipe = cases.variant_pipeline(family, pipeline_class)
     expected = pipe(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
-    save_video(expected, tmp_path / "expected.mp4", fps=16)
-    got, want = read_video(out), read_video(tmp_path / "expected.mp4")
+    save_video(expected, folder / "expected.mp4", fps=16)
+    got, want = read_video(out), read_video(folder / "expected.mp4")
     assert got.shape == want.shape == (5, 64, 64, 3)
     # As in tests/test_launch.py: equal outputs encode alike on average; a wrong run is off by tens.
     assert np.abs(got.astype(np.int16) - want.astype(np.int16)).mean() < 0.5
@@ -376,11 +381,8 @@ def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, 
          "[generate] mask: WanVACEPipeline takes a mask only with an input video; pass --video PATH ([generate] video)"),
         (["--pipeline", "WanVACEPipeline", "--video", "{clip}", "--mask", "{missing}"],
          "[generate] mask: {missing} does not exist; pass a picture or a video"),
-        (["--pipeline", "WanAnimatePipeline", "--image", "{mask}"],
-         "[model] pipeline: WanAnimatePipeline needs a pose video and a face video besides the reference image, which accel "
-         "run cannot give; build the call in your own script and call accel.apply(pipe, recipe)"),
     ],
-    ids=["no video", "video for text-to-video", "missing clip", "VACE mask without video", "missing VACE mask", "Animate"],
+    ids=["no video", "video for text-to-video", "missing clip", "VACE mask without video", "missing VACE mask"],
 )
 def test_a_missing_or_wrong_video_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
     _, mask = write_inputs(tmp_path)
@@ -447,6 +449,84 @@ def test_wan_animate_runs_from_a_script_with_the_cache_and_cfg_parallelism(rank_
     assert errors == ["UserError: [parallel] ulysses × ring = 2: context parallelism cannot split WanAnimatePipeline: its face "
                       "adapter regroups the video tokens by latent frame, which a token split cuts through; set ulysses = 1 and "
                       "ring = 1 (the cache, quantization and compile still apply)"] * 2
+
+
+def test_wan_animate_runs_from_the_command_line_with_its_pose_and_face_videos(tmp_path: Path) -> None:
+    """`--input KEYWORD=PATH` gives a variant's own input files and `--arg` any other call argument:
+    the MP4 equals the library call on the same clips as ffmpeg decodes them."""
+    from accel.models.variants import read_clip
+
+    image, _ = write_inputs(tmp_path)
+    pose, face = write_clip(tmp_path / "pose.mp4"), write_clip(tmp_path / "face.mp4", size=(16, 16))
+    out = tmp_path / "out.mp4"
+    done = subprocess.run([ACCEL, "run", "tiny-wan", "--pipeline", "WanAnimatePipeline", "--image", str(image),
+                           "--input", f"pose_video={pose}", "--input", f"face_video={face}", "--arg", "segment_frame_length=5",
+                           "--negative-prompt", "blurry", "--steps", "2", "--warmup", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    call = dict(animate_call(), image=Image.open(image).convert("RGB"), pose_video=read_clip(str(pose)), face_video=read_clip(str(face)),
+                prompt="a red fox in the snow, photograph", num_inference_steps=2)
+    assert_mp4_is_the_call(out, "wan", "WanAnimatePipeline", call, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--input", "face_video={clip}"],
+         "WanAnimatePipeline needs an input pose_video: pass --input pose_video=PATH ([generate] inputs), a video file"),
+        (["--input", "pose_video={clip}", "--input", "face_video={clip}", "--arg", "mode=replace", "--input", "mask_video={clip}"],
+         "WanAnimatePipeline needs an input background_video when mode is 'replace': pass --input background_video=PATH "
+         "([generate] inputs), a video file"),
+        (["--input", "control_video={clip}"],
+         "[generate] inputs: WanAnimatePipeline takes no input control_video (it takes pose_video, face_video, background_video, mask_video)"),
+        (["--input", "image={mask}"], "[generate] inputs: WanAnimatePipeline takes its image from --image PATH ([generate] image); use that instead"),
+        (["--input", "pose_video={missing}"], "[generate] inputs pose_video: {missing} does not exist; pass a video file (MP4, WebM, …)"),
+        (["--input", "pose.mp4"], "--input pose.mp4: write KEYWORD=VALUE, e.g. --input pose_video=pose.mp4"),
+        (["--input", "pose_video={clip}", "--input", "face_video={clip}", "--arg", "num_inference_steps=3"],
+         "[generate] arguments: num_inference_steps is one accel fills itself; set it with [generate] steps"),
+        (["--input", "pose_video={clip}", "--input", "face_video={clip}", "--arg", "segment_length=5"],
+         "[generate] arguments: WanAnimatePipeline takes no argument segment_length (did you mean segment_frame_length?)"),
+        (["--input", "pose_video={clip}", "--input", "face_video={clip}", "--arg", "output_type=pil"],
+         "[generate] arguments: accel sets output_type for every call; remove it"),
+    ],
+    ids=["missing pose", "replace without background", "unknown input", "input with a flag", "missing file", "no keyword",
+         "argument accel fills", "unknown argument", "argument accel sets"],
+)
+def test_named_inputs_and_call_arguments_are_checked_in_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
+    image, mask = write_inputs(tmp_path)
+    paths = {"clip": str(write_clip(tmp_path / "clip.mp4")), "mask": str(mask), "missing": str(tmp_path / "nope.mp4")}
+    result = CliRunner().invoke(app, ["run", "tiny-wan", "--pipeline", "WanAnimatePipeline", "--image", str(image), "--steps", "1",
+                                      "-o", str(tmp_path / "o.mp4"), *(arg.format(**paths) for arg in args)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: " + message.format(**paths)
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_the_base_pipeline_takes_no_named_input_and_only_its_own_arguments(tmp_path: Path) -> None:
+    clip = str(write_clip(tmp_path / "clip.mp4"))
+    result = CliRunner().invoke(app, ["run", "tiny-wan", "--input", f"pose_video={clip}"])
+    assert result.stderr.strip() == "error: [generate] inputs: WanPipeline takes no input pose_video (it takes none besides --image / --mask / --video)"
+    result = CliRunner().invoke(app, ["run", "tiny-wan", "--arg", "attention_kwarg=1"])
+    assert result.stderr.strip() == "error: [generate] arguments: WanPipeline takes no argument attention_kwarg (did you mean attention_kwargs?)"
+
+
+def test_call_arguments_reach_the_call_as_toml_values_and_merge_with_the_recipe(tmp_path: Path) -> None:
+    """`--arg` values TOML reads keep their type (17, true, [1, 2]); others are strings; flags add
+    to a recipe's [generate] arguments and inputs key by key."""
+    from accel.cli import _pairs
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    assert _pairs("--arg", ["a=17", "b=true", "c=[1, 2]", "mode=replace", "d=1.5", 'e="x y"'], "", parse=True) == {
+        "a": 17, "b": True, "c": [1, 2], "mode": "replace", "d": 1.5, "e": "x y"}
+    clip = str(write_clip(tmp_path / "clip.mp4"))
+    base = Recipe.from_dict({"model": {"pipeline": "WanAnimatePipeline"},
+                             "generate": {"image": str(write_inputs(tmp_path)[0]), "inputs": {"pose_video": clip}, "arguments": {"mode": "animate"}}})
+    recipe = base.with_overrides({"generate": {"inputs": {"face_video": clip}, "arguments": {"segment_frame_length": 5}}})
+    kwargs = generation_kwargs(FAMILIES["wan"], True, recipe)
+    assert (kwargs["pose_video"], kwargs["face_video"], kwargs["mode"], kwargs["segment_frame_length"]) == (clip, clip, "animate", 5)
+    assert "num_frames" not in kwargs  # Animate's length comes from the pose video
+    assert Recipe.from_dict(recipe.to_dict()) == recipe
 
 
 def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:

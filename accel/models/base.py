@@ -150,6 +150,20 @@ class GenerationDefaults:
 
 
 @dataclass(frozen=True)
+class NamedInput:
+    """An input file a variant's call takes under a keyword of its own, which `--input KEYWORD=PATH`
+    (`[generate] inputs`) fills: Wan Animate's pose and face videos, CogVideoX Fun's control video.
+    The call receives a "video" as a list of RGB PIL frames, an "image" as one RGB PIL image.
+    `when` = (argument, value) makes a required input required only for calls with that argument
+    (Animate's background video, needed when `mode` is "replace")."""
+
+    keyword: str
+    kind: Literal["image", "video"]
+    required: bool = True
+    when: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class Variant:
     """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
 
@@ -166,9 +180,9 @@ class Variant:
     the family's tiny pipeline, converted with `from_pipe`. `transformer_class` names the variant's
     own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
     same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
-    class's plan (None: that class runs on one process, or with CFG parallelism alone).
-    `script_only` says which inputs `accel run` cannot give the pipeline (Wan Animate's pose and
-    face videos): the CLI refuses it in one line, and a script builds the call and calls accel.apply. `not_split` says why sequence
+    class's plan (None: that class runs on one process, or with CFG parallelism alone). `inputs` are
+    the call's other input files, each under its own keyword (`NamedInput`).
+    `not_split` says why sequence
     parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
     accelerator still applies.
@@ -186,9 +200,9 @@ class Variant:
     tiny_fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
+    inputs: tuple[NamedInput, ...] = ()
     transformer_class: str | None = None
     parallel: ParallelPlan | FromDiffusers | None = None
-    script_only: str | None = None
     not_split: str | None = None
 
 

@@ -8,12 +8,14 @@ any rank starts, and opens them for the call. No torch here: it runs in the laun
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import Family, Variant
+from accel.models.base import Family, NamedInput, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
@@ -68,11 +70,6 @@ def refuse_split(variant: Variant, sequence: int) -> None:
 def input_arguments(variant: Variant, image: str | None, mask: str | None, video: str | None = None) -> dict[str, str]:
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""
-    if variant.script_only is not None:
-        raise UserError(
-            f"[model] pipeline: {variant.pipeline_class} needs {variant.script_only}, which accel run cannot give; "
-            "build the call in your own script and call accel.apply(pipe, recipe)"
-        )
     arguments: dict[str, str] = {}
     for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
         if keyword is None and path is not None:
@@ -88,6 +85,63 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
         else:
             arguments[keyword] = InputImage(_readable_image(name, path))
     return arguments
+
+
+def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The call's keyword arguments for the variant's own input files (`--input KEYWORD=PATH`): a
+    keyword it does not take, a missing required one, or an unreadable file is one line."""
+    declared = {spec.keyword: spec for spec in variant.inputs}
+    flagged = {keyword: name for name, keyword in (("image", variant.image), ("mask", variant.mask), ("video", variant.video)) if keyword}
+    for keyword in given:
+        if keyword in flagged:
+            raise UserError(f"[generate] inputs: {variant.pipeline_class} takes its {keyword} from {FLAGS[flagged[keyword]]}; use that instead")
+        if keyword not in declared:
+            takes = f"it takes {', '.join(declared)}" if declared else "it takes none besides --image / --mask / --video"
+            raise UserError(f"[generate] inputs: {variant.pipeline_class} takes no input {keyword} ({takes})")
+    opened: dict[str, str] = {}
+    for spec in variant.inputs:
+        path = given.get(spec.keyword)
+        if path is None:
+            if _required(spec, arguments):
+                condition = f" when {spec.when[0]} is {spec.when[1]!r}" if spec.when else ""
+                raise UserError(f"{variant.pipeline_class} needs an input {spec.keyword}{condition}: pass --input {spec.keyword}=PATH "
+                                f"([generate] inputs), {'a video' if spec.kind == 'video' else 'an image'} file")
+            continue
+        name = f"inputs {spec.keyword}"
+        opened[spec.keyword] = InputVideo(_readable_video(name, path)) if spec.kind == "video" else InputImage(_readable_image(name, path))
+    return opened
+
+
+def _required(spec: NamedInput, arguments: Mapping[str, Any]) -> bool:
+    return spec.required and (spec.when is None or arguments.get(spec.when[0]) == spec.when[1])
+
+
+# Keywords accel gives every call itself: a recipe argument cannot replace them.
+_CALL_OWN = ("generator", "output_type", "return_dict", "callback_on_step_end", "callback_on_step_end_tensor_inputs")
+
+
+def call_arguments(pipeline: type, arguments: Mapping[str, Any], taken: Mapping[str, Any], settings_of: Mapping[str, str]) -> dict[str, Any]:
+    """`[generate] arguments` checked against the pipeline's call: a keyword it does not take, or one
+    accel already fills (`taken`, whose recipe key `settings_of` names), is one line."""
+    import inspect
+
+    parameters = inspect.signature(pipeline.__call__).parameters
+    open_ended = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+    checked: dict[str, Any] = {}
+    for keyword, value in arguments.items():
+        if keyword in _CALL_OWN:
+            raise UserError(f"[generate] arguments: accel sets {keyword} for every call; remove it")
+        if keyword in taken:
+            source = settings_of.get(keyword)
+            where = f"set it with [generate] {source}" if source else "it follows from the other [generate] keys"
+            raise UserError(f"[generate] arguments: {keyword} is one accel fills itself; {where}")
+        if keyword not in parameters and not open_ended:
+            names = [name for name in parameters if name != "self" and name not in _CALL_OWN]
+            close = difflib.get_close_matches(keyword, names, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UserError(f"[generate] arguments: {pipeline.__name__} takes no argument {keyword}{hint}")
+        checked[keyword] = list(value) if isinstance(value, tuple) else value
+    return checked
 
 
 def _frame_mask(variant: Variant, path: str, video: str | None) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, GenerationDefaults, NamedInput, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
@@ -269,8 +269,12 @@ FAMILY = Family(
         Variant("LucyEditPipeline", video="video", tiny=build_tiny_lucy),
         # Its face adapter attends from each latent frame's tokens to that frame's motion tokens, a
         # reshape by frames that a token split cuts through: no context-parallel plan yet.
-        Variant("WanAnimatePipeline", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
-                script_only="a pose video and a face video besides the reference image",
+        # The character picture, its driving pose and face videos; "replace" mode also swaps the
+        # character into a background video where a mask video is white.
+        Variant("WanAnimatePipeline", image="image", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
+                inputs=(NamedInput("pose_video", "video"), NamedInput("face_video", "video"),
+                        NamedInput("background_video", "video", when=("mode", "replace")),
+                        NamedInput("mask_video", "video", when=("mode", "replace"))),
                 not_split="its face adapter regroups the video tokens by latent frame, which a token split cuts through"),
     ),
 )
