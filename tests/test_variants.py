@@ -54,7 +54,6 @@ NEEDS_MORE = {
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
-    "CogVideoXFunControlPipeline": "a control video besides the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     "LTX2ConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
@@ -62,7 +61,6 @@ NEEDS_MORE = {
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
-    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "an overlap length (overlap_history) besides the video: it extends the clip",
     # Kandinsky 5's image pipelines run the video family's transformer class (Kandinsky 5.0 Image
     # Lite checkpoints) but make pictures with FLUX.1's AutoencoderKL: a Variant has no output kind
     # or VAE of its own yet, and I2I also shows the picture to Qwen2.5-VL through a Qwen2-VL processor.
@@ -126,7 +124,10 @@ MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring"
 ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPlusPipeline": "ring3, odd size",
             "QwenImageEditInpaintPipeline": "ulysses2",
             # HunyuanVideo 1.5 image-to-video: the guider's two calls a step on CFG halves, Ulysses in each, the cache.
-            "HunyuanVideo15ImageToVideoPipeline": "cfg2 x ulysses2 + cache"}
+            "HunyuanVideo15ImageToVideoPipeline": "cfg2 x ulysses2 + cache",
+            # Same transformer calls as a variant the whole matrix covers (SkyReels-V2 diffusion forcing;
+            # CogVideoX I2V's channel-concatenated condition, batched for CFG): the odd size on Ring 3.
+            "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size"}
 
 
 def modes_of(family: str, pipeline_class: str) -> list[str]:
@@ -148,6 +149,7 @@ _references: dict[tuple[str, str, bool, bool], np.ndarray] = {}
 _ODD_VIDEO = dict(height=80, width=112, num_frames=17)
 ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VIDEO, "LucyEditPipeline": _ODD_VIDEO,
        "WanVACEPipeline": dict(_ODD_VIDEO, num_frames=13), "Kandinsky5I2VPipeline": _ODD_VIDEO, "CogVideoXVideoToVideoPipeline": _ODD_VIDEO,
+       "CogVideoXFunControlPipeline": _ODD_VIDEO,
        # LTX-Video and LTX-2 compress 32x in space and 8x in time, patch size 1: 2 latent frames of 5x7 = 70 tokens.
        "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
        "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
@@ -156,7 +158,10 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
-VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17)}
+# SkyReels-V2's video extension continues the clip's last `overlap_history` frames, which must be
+# fewer latent frames than it generates: 5 frames (2 latent) before 9 new ones (3 latent).
+VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17),
+                "SkyReelsV2DiffusionForcingVideoToVideoPipeline": dict(num_frames=9, overlap_history=5)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
@@ -527,6 +532,11 @@ def test_call_arguments_reach_the_call_as_toml_values_and_merge_with_the_recipe(
     assert (kwargs["pose_video"], kwargs["face_video"], kwargs["mode"], kwargs["segment_frame_length"]) == (clip, clip, "animate", 5)
     assert "num_frames" not in kwargs  # Animate's length comes from the pose video
     assert Recipe.from_dict(recipe.to_dict()) == recipe
+    # A variant's own argument default (SkyReels-V2 video extension's overlap) yields to the recipe's.
+    extend = {"model": {"pipeline": "SkyReelsV2DiffusionForcingVideoToVideoPipeline"}, "generate": {"video": clip}}
+    assert generation_kwargs(FAMILIES["skyreels2"], True, Recipe.from_dict(extend))["overlap_history"] == 17
+    extend["generate"]["arguments"] = {"overlap_history": 5}
+    assert generation_kwargs(FAMILIES["skyreels2"], True, Recipe.from_dict(extend))["overlap_history"] == 5
 
 
 def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:

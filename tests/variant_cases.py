@@ -62,7 +62,10 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     if "_auto_resize" in taken:
         arguments["_auto_resize"] = False  # Kontext: keep the reference at the call's size, not ~1 megapixel
     common = {key: value for key, value in call.items() if key in taken}  # Fill has no negative prompt
-    return {**common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed)}  # these are tiny pipelines
+    # A variant's own input files (Animate's pose video), unless the call brings its own (a face crop).
+    named = {spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
+             for spec in variant.inputs if spec.required and spec.when is None}
+    return {**named, **dict(variant.arguments), **common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed)}
 
 
 def call_parameters(pipeline_class: str) -> set[str]:

@@ -201,6 +201,9 @@ class Variant:
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
     inputs: tuple[NamedInput, ...] = ()
+    # Call arguments the variant needs a value for, with the one accel gives unless `[generate]
+    # arguments` (`--arg`) says otherwise: SkyReels-V2 video extension's `overlap_history`.
+    arguments: tuple[tuple[str, Any], ...] = ()
     transformer_class: str | None = None
     parallel: ParallelPlan | FromDiffusers | None = None
     not_split: str | None = None

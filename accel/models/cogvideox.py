@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, GenerationDefaults, NamedInput, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import CogVideoXImageToVideoPipeline, CogVideoXPipeline
+    from diffusers import CogVideoXFunControlPipeline, CogVideoXImageToVideoPipeline, CogVideoXPipeline
 
 
 _LATENT_CHANNELS = 16  # CogVideoX's latent width
@@ -63,7 +63,7 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
     )
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
-    # Offsets: 1 text encoder, 2 transformer, 3 VAE, 4 build_tiny_i2v's transformer.
+    # Offsets: 1 text encoder, 2 transformer, 3 VAE, 4 build_tiny_i2v's transformer, 5 build_tiny_fun_control's.
     base = seed * 8
     tokenizer = parts.t5_tokenizer()
     text_encoder = parts.t5_encoder(tokenizer, seed=base + 1)
@@ -142,6 +142,19 @@ def build_tiny_i2v(seed: int = 0) -> "CogVideoXImageToVideoPipeline":
     )
 
 
+def build_tiny_fun_control(seed: int = 0) -> "CogVideoXFunControlPipeline":
+    """A tiny CogVideoX-Fun-V1.1-5b-Control look-alike: build_tiny's parts and a transformer reading
+    32 channels, the noise latents and the control video's, concatenated frame by frame. Its
+    pipeline steps a DDIM-style scheduler (the Fun checkpoints ship CogVideoXDDIMScheduler): the
+    family's scheduler config in that class."""
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXFunControlPipeline
+
+    pipe = build_tiny(seed)
+    transformer = _tiny_transformer(seed * 8 + 5, text_dim=pipe.text_encoder.config.d_model, in_channels=2 * _LATENT_CHANNELS)
+    return CogVideoXFunControlPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, transformer=transformer,
+                                       scheduler=CogVideoXDDIMScheduler.from_config(pipe.scheduler.config))
+
+
 FAMILY = Family(
     name="cogvideox",
     title="CogVideoX",
@@ -180,5 +193,8 @@ FAMILY = Family(
         Variant("CogVideoXVideoToVideoPipeline", video="video"),
         # Image-to-video concatenates the picture's latents in channels: the same token count and plan.
         Variant("CogVideoXImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
+        # CogVideoX-Fun's control video (poses, depth, edges) is encoded and concatenated in channels
+        # as I2V's picture is: the same tokens; its length is the output's.
+        Variant("CogVideoXFunControlPipeline", inputs=(NamedInput("control_video", "video"),), tiny=build_tiny_fun_control),
     ),
 )

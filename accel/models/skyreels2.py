@@ -89,5 +89,8 @@ FAMILY = Family(
         Variant("SkyReelsV2ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
         Variant("SkyReelsV2DiffusionForcingPipeline"),
         Variant("SkyReelsV2DiffusionForcingImageToVideoPipeline", image="image"),
+        # Extends the clip: its last `overlap_history` frames are the prefix the new frames continue
+        # (17 is the model card's; the call needs one), and the output is the clip and the new frames.
+        Variant("SkyReelsV2DiffusionForcingVideoToVideoPipeline", video="video", arguments=(("overlap_history", 17),)),
     ),
 )
