@@ -80,6 +80,10 @@ class GenerateSection:
     mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks for VACE.")
     video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
+    conditions: tuple[str, ...] | None = _key(
+        None, "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
+        "\"PATH@INDEX:STRENGTH\", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts."
+    )
     inputs: Mapping[str, str] = _table(
         "Other input files, by the pipeline's keyword: pose_video = \"pose.mp4\" (Wan Animate), control_video (CogVideoX Fun); "
         "the pipeline variant says which it takes."

@@ -29,7 +29,7 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, clip_frames, input_arguments, named_input_arguments, open_inputs, refuse_split,
+from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split,
                                    variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
@@ -165,6 +165,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
+    kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
     if family.frames_arg is not None and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:

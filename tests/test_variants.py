@@ -56,7 +56,6 @@ NEEDS_MORE = {
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
-    "LTX2ConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTX2InContextPipeline": "an IC-LoRA and reference videos at frame indices beyond --image / --video",
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
@@ -127,7 +126,7 @@ ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPl
             "HunyuanVideo15ImageToVideoPipeline": "cfg2 x ulysses2 + cache",
             # Same transformer calls as a variant the whole matrix covers (SkyReels-V2 diffusion forcing;
             # CogVideoX I2V's channel-concatenated condition, batched for CFG): the odd size on Ring 3.
-            "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size"}
+            "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "LTX2ConditionPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size"}
 
 
 def modes_of(family: str, pipeline_class: str) -> list[str]:
@@ -153,6 +152,8 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # LTX-Video and LTX-2 compress 32x in space and 8x in time, patch size 1: 2 latent frames of 5x7 = 70 tokens.
        "LTXImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
        "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
+       # Its keyframe at the last latent frame joins as 5x7 extra tokens: 25 frames, (4 + 1) x 35 = 175.
+       "LTX2ConditionPipeline": dict(height=160, width=224, num_frames=25),
        # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
@@ -537,6 +538,47 @@ def test_call_arguments_reach_the_call_as_toml_values_and_merge_with_the_recipe(
     assert generation_kwargs(FAMILIES["skyreels2"], True, Recipe.from_dict(extend))["overlap_history"] == 17
     extend["generate"]["arguments"] = {"overlap_history": 5}
     assert generation_kwargs(FAMILIES["skyreels2"], True, Recipe.from_dict(extend))["overlap_history"] == 5
+
+
+def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> None:
+    """`--condition PATH@INDEX:STRENGTH`: a picture as one RGB image, a clip as its frames, at the
+    index and strength given (0 and 1 when left out); the tiny variant's skip the PyAV re-encode."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+    from accel.models.variants import open_inputs
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    image, _ = write_inputs(tmp_path)
+    clip = write_clip(tmp_path / "clip.mp4", frames=9)
+    recipe = Recipe.from_dict({"model": {"pipeline": "LTX2ConditionPipeline"},
+                               "generate": {"conditions": [str(image), f"{clip}@-1:0.5"]}})
+    kwargs = generation_kwargs(FAMILIES["ltx2"], True, recipe)
+    first, last = open_inputs(kwargs)["conditions"]
+    assert isinstance(first, LTX2VideoCondition) and isinstance(last, LTX2VideoCondition)
+    assert (first.index, first.strength, first.crf, first.frames.size) == (0, 1.0, 0, (64, 64))
+    assert (last.index, last.strength, len(last.frames)) == (-1, 0.5, 9)
+    assert generation_kwargs(FAMILIES["ltx2"], False, recipe)["conditions"].tiny is False  # real weights: the model's CRF
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--condition", "{image}@two"], "[generate] conditions: {image}@two: write PATH@INDEX:STRENGTH, INDEX a whole number "
+                                         "(latent frames, 8 video frames each after the first; -1 is the last), STRENGTH from 0 to 1, e.g. end.png@-1:0.8"),
+        (["--condition", "{image}@1:1.5"], "[generate] conditions: {image}@1:1.5: the strength must be from 0 to 1, got 1.5"),
+        (["--condition", "{missing}@1"], "[generate] conditions: {missing} does not exist; pass a picture or a video"),
+        (["--pipeline", "LTX2Pipeline", "--condition", "{image}"], "[generate] conditions: LTX2Pipeline takes no conditions; remove --condition"),
+    ],
+    ids=["index", "strength", "missing file", "no conditions"],
+)
+def test_a_bad_condition_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
+    image, _ = write_inputs(tmp_path)
+    paths = {"image": str(image), "missing": str(tmp_path / "nope.png")}
+    pipeline = [] if "--pipeline" in args else ["--pipeline", "LTX2ConditionPipeline"]
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", *pipeline, "-o", str(tmp_path / "o.mp4"), *(arg.format(**paths) for arg in args)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: " + message.format(**paths)
 
 
 def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from accel.models.registry import FAMILIES
-from accel.models.variants import variant_of
+from accel.models.variants import condition_object, variant_of
 
 _pipelines: dict[tuple[str, str], Any] = {}
 
@@ -65,6 +65,9 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     # A variant's own input files (Animate's pose video), unless the call brings its own (a face crop).
     named = {spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
              for spec in variant.inputs if spec.required and spec.when is None}
+    if variant.conditions is not None:  # one that replaces the first latent frame, one appended as extra tokens
+        named[variant.conditions.keyword] = [condition_object(variant.conditions, picture(size), 0, 1.0, tiny=True),
+                                             condition_object(variant.conditions, picture(size), -1, 0.8, tiny=True)]
     return {**named, **dict(variant.arguments), **common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed)}
 
 

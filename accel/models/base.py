@@ -164,6 +164,26 @@ class NamedInput:
 
 
 @dataclass(frozen=True)
+class Conditions:
+    """How a variant takes pictures and clips pinned to positions in the video it makes
+    (`--condition PATH@INDEX:STRENGTH`, `[generate] conditions`): the call gets a list under
+    `keyword` of diffusers' `cls` objects (a dotted path), each built with the file (one RGB PIL
+    image, or a clip as a list of them) under `frames` (under `video` for a clip where the class
+    keeps the two apart), the position under `index`, the strength under `strength`. `units` says
+    what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
+    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode)."""
+
+    cls: str
+    units: str
+    keyword: str = "conditions"
+    frames: str = "frames"
+    video: str | None = None
+    index: str = "index"
+    strength: str = "strength"
+    tiny: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class Variant:
     """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
 
@@ -181,7 +201,8 @@ class Variant:
     own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
     same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
     class's plan (None: that class runs on one process, or with CFG parallelism alone). `inputs` are
-    the call's other input files, each under its own keyword (`NamedInput`).
+    the call's other input files, each under its own keyword (`NamedInput`); `conditions` how it takes
+    pictures and clips at chosen frames (`Conditions`).
     `not_split` says why sequence
     parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
@@ -201,6 +222,7 @@ class Variant:
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
     inputs: tuple[NamedInput, ...] = ()
+    conditions: Conditions | None = None
     # Call arguments the variant needs a value for, with the one accel gives unless `[generate]
     # arguments` (`--arg`) says otherwise: SkyReels-V2 video extension's `overlap_history`.
     arguments: tuple[tuple[str, Any], ...] = ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import AudioOutput, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+from accel.models.base import AudioOutput, BlockList, Conditions, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import LTX2Pipeline
@@ -190,6 +190,14 @@ FAMILY = Family(
     # The picture is encoded as the first latent frame, whose tokens then get timestep 0. On real
     # weights the pipeline first re-compresses it with H.264 as in training (PyAV: pip install av);
     # the tiny variant, trained on nothing, skips that.
-    variants=(Variant("LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),)),),
+    variants=(
+        Variant("LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),)),
+        # Keyframes: a condition at latent frame 0 replaces that frame's latents (timestep 0 on its
+        # tokens, as image-to-video); one elsewhere joins the video tokens as extra tokens with its
+        # own positions, cut with them.
+        Variant("LTX2ConditionPipeline", conditions=Conditions(
+            "diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
+            units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))),
+    ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

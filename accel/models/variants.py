@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import Family, NamedInput, Variant
+from accel.models.base import Conditions, Family, NamedInput, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
@@ -110,6 +110,54 @@ def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments:
         name = f"inputs {spec.keyword}"
         opened[spec.keyword] = InputVideo(_readable_video(name, path)) if spec.kind == "video" else InputImage(_readable_image(name, path))
     return opened
+
+
+class InputConditions(tuple):  # type: ignore[type-arg]
+    """(path, index, strength) per condition: plain data (JSON, rank agreement) until the call, when
+    `open_inputs` builds the pipeline's condition objects as `spec` says."""
+
+    spec: Conditions
+    tiny: bool
+
+    def __new__(cls, items: list[tuple[str, int, float]], spec: Conditions, tiny: bool) -> InputConditions:
+        made = super().__new__(cls, items)
+        made.spec, made.tiny = spec, tiny
+        return made
+
+
+def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool) -> dict[str, InputConditions]:
+    """`--condition PATH@INDEX:STRENGTH` as the call's conditions: a pipeline that takes none, a bad
+    index or strength, or an unreadable file is one line naming the flag."""
+    spec = variant.conditions
+    if not given:
+        return {}
+    if spec is None:
+        raise UserError(f"[generate] conditions: {variant.pipeline_class} takes no conditions; remove --condition")
+    items = []
+    for text in given:
+        path, index, strength = _parse_condition(text, spec)
+        file = Path(path).expanduser()
+        if file.is_file() and _is_picture(file):
+            items.append((str(file), index, strength))
+        else:
+            items.append((str(InputVideo(_readable_video("conditions", path, "a picture or a video"))), index, strength))
+    return {spec.keyword: InputConditions(items, spec, tiny)}
+
+
+def _parse_condition(text: str, spec: Conditions) -> tuple[str, int, float]:
+    path, at, position = text.rpartition("@")
+    if not at:
+        return text, 0, 1.0
+    index_text, colon, strength_text = position.partition(":")
+    try:
+        index = int(index_text)
+        strength = float(strength_text) if colon else 1.0
+    except ValueError:
+        raise UserError(f"[generate] conditions: {text}: write PATH@INDEX:STRENGTH, INDEX a whole number ({spec.units}), "
+                        "STRENGTH from 0 to 1, e.g. end.png@-1:0.8") from None
+    if not 0 <= strength <= 1:
+        raise UserError(f"[generate] conditions: {text}: the strength must be from 0 to 1, got {strength_text}")
+    return path, index, strength
 
 
 def _required(spec: NamedInput, arguments: Mapping[str, Any]) -> bool:
@@ -229,8 +277,31 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
                 opened[key] = picture.convert("RGB")
         elif isinstance(value, InputVideo):
             opened[key] = read_clip(value)
+        elif isinstance(value, InputConditions):
+            opened[key] = [_condition(value.spec, path, index, strength, value.tiny) for path, index, strength in value]
     frames = max((len(opened[key]) for key, value in kwargs.items() if isinstance(value, InputVideo)), default=1)
     for key, value in kwargs.items():
         if isinstance(value, FrameMask):
             opened[key] = [opened[key]] * frames
     return opened
+
+
+def _condition(spec: Conditions, path: str, index: int, strength: float, tiny: bool) -> Any:
+    """One condition of the pipeline's class from a picture file (an RGB image) or a clip (its frames)."""
+    from PIL import Image
+
+    file = Path(path)
+    if not _is_picture(file):
+        return condition_object(spec, read_clip(path), index, strength, tiny)
+    with Image.open(file) as picture:
+        return condition_object(spec, picture.convert("RGB"), index, strength, tiny)
+
+
+def condition_object(spec: Conditions, content: Any, index: int, strength: float, tiny: bool) -> Any:
+    """The pipeline's condition object for a picture (a PIL image) or a clip (a list of them)."""
+    import importlib
+
+    module, _, name = spec.cls.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    field = spec.video if isinstance(content, list) and spec.video else spec.frames
+    return cls(**{field: content, spec.index: index, spec.strength: strength}, **dict(spec.tiny if tiny else ()))
