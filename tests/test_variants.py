@@ -56,7 +56,10 @@ NEEDS_MORE = {
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
-    "LTX2InContextPipeline": "an IC-LoRA and reference videos at frame indices beyond --image / --video",
+    # Both take reference videos appended as extra tokens with no position (not --condition) and are meant
+    # to run with a LoRA, which accel does not load yet; IC-LoRA's conditioning_attention_strength < 1 is
+    # an (L, L) attention mask, which Ulysses and Ring route only as a per-key mask today.
+    "LTX2InContextPipeline": "an IC-LoRA and reference videos without positions beyond --condition; a pairwise attention mask below full strength",
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
@@ -126,7 +129,9 @@ ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPl
             "HunyuanVideo15ImageToVideoPipeline": "cfg2 x ulysses2 + cache",
             # Same transformer calls as a variant the whole matrix covers (SkyReels-V2 diffusion forcing;
             # CogVideoX I2V's channel-concatenated condition, batched for CFG): the odd size on Ring 3.
-            "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "LTX2ConditionPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size"}
+            "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size",
+            # LTX-2's keyframes: a first-frame one and an appended one, in the odd-size case.
+            "LTX2ConditionPipeline": "ring3, odd size"}
 
 
 def modes_of(family: str, pipeline_class: str) -> list[str]:
