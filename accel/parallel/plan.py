@@ -19,11 +19,11 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import Family, FromDiffusers, ParallelPlan, SequenceSplit
+from accel.models.base import Family, FromDiffusers, GroupedTokens, ParallelPlan, SequenceSplit
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
-from accel.parallel.layout import SequenceLayout
+from accel.parallel.layout import GroupWindow, SequenceLayout, group_window
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
 from accel.parallel.outputs import map_sample
@@ -63,6 +63,8 @@ class ContextParallel:
         self._active = False
         self._local_depth = 0
         self._whole_query_depth = 0
+        # Windows of the grouped modules in progress, innermost last (GroupedTokens).
+        self._windows: list[GroupWindow] = []
         # Key streams of the attention calls in progress, innermost last (module_keys); empty: the plan's.
         self._keys: list[tuple[str, ...]] = []
         # Blocks are often handed the same tensor (a joint mask): cut it once and gather its mask
@@ -106,6 +108,9 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(whole queries)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_whole_queries()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_whole_queries(), always_call=True))
+        for grouped in plan.grouped:
+            for module in _matching(modules, grouped.module, transformer, "that the parallel plan runs by token groups"):
+                self._hook_groups(module, grouped)
         for pattern, keys in plan.module_keys:  # may match nothing: SD 3.5 large has no attn2, medium has
             for module in glob_modules(modules, pattern):
                 self._hook(module.register_forward_pre_hook(lambda *_, keys=keys: self._keys.append(keys)))
@@ -152,6 +157,38 @@ class ContextParallel:
         if outputs:
             self._hook(module.register_forward_hook(cut_output))
 
+    def _hook_groups(self, module: torch.nn.Module, grouped: GroupedTokens) -> None:
+        """Run `module` on the whole groups this rank's shard touches (see GroupedTokens), locally."""
+        signature = inspect.signature(module.forward)
+        missing = [name for name in (grouped.value, grouped.by) if name not in signature.parameters]
+        if missing:
+            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan groups by")
+
+        def enter(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not self._active:
+                return None
+            layout = self._layouts.get(grouped.stream)
+            if layout is None:
+                raise PlanMismatch(f"context parallelism: {grouped.module} is run by token groups of the {grouped.stream} stream, which nothing has cut yet")
+            bound = signature.bind(*args, **kwargs)
+            by = bound.arguments[grouped.by]
+            window = group_window(layout, self.rank, by.shape[grouped.by_dim])
+            bound.arguments[grouped.value] = window.embed(bound.arguments[grouped.value], grouped.dim)
+            bound.arguments[grouped.by] = by.narrow(grouped.by_dim, window.first, window.groups)
+            self._windows.append(window)
+            self._local_depth += 1
+            return bound.args, bound.kwargs
+
+        def leave(_module: Any, _args: Any, output: Any) -> Any:
+            if not self._active or not self._windows:
+                return None
+            window = self._windows.pop()
+            self._leave_local()
+            return window.extract(output, grouped.dim) if isinstance(output, Tensor) else output
+
+        self._hook(module.register_forward_pre_hook(enter, with_kwargs=True))
+        self._hook(module.register_forward_hook(leave, always_call=True))
+
     # -- the forward call ------------------------------------------------------------------------
     def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The transformer's forward (`call_next`) on this rank's shard, the full output returned."""
@@ -172,6 +209,7 @@ class ContextParallel:
         finally:  # the per-call state starts empty for the next call, however this one ended
             self._active, self._layouts, self._local_depth, self._whole_query_depth = False, {}, 0, 0
             self._keys.clear()
+            self._windows.clear()
             self._pending.clear()
             self._cuts.clear()
             self._gathered_masks.clear()
