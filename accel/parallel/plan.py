@@ -169,7 +169,9 @@ class ContextParallel:
                 return None
             layout = self._layouts.get(grouped.stream)
             if layout is None:
-                raise PlanMismatch(f"context parallelism: {grouped.module} is run by token groups of the {grouped.stream} stream, which nothing has cut yet")
+                raise PlanMismatch(
+                    f"context parallelism: {grouped.module} runs by token groups of the {grouped.stream} stream, which nothing has cut yet"
+                )
             bound = signature.bind(*args, **kwargs)
             by = bound.arguments[grouped.by]
             window = group_window(layout, self.rank, by.shape[grouped.by_dim])
