@@ -1,5 +1,5 @@
 """Wan Animate under context parallelism: its face adapter regroups the video tokens by latent frame,
-which the engine runs on the whole frames each rank's shard touches (GroupedTokens). Equal to one
+which the engine runs on each rank's own tokens a run of frames at a time (GroupedTokens). Equal to one
 process on Ulysses 2, on Ring 3 at a token count 3, 4 and 8 do not divide (frames cut across ranks),
 on CFG 2 x Ulysses 2 with the cache, and over two segments in replace mode."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import variant_cases as cases
 
-from accel.parallel.layout import SequenceLayout, group_window
+from accel.parallel.layout import GroupRun, SequenceLayout, group_runs
 
 TOLERANCE = 1e-4
 ANIMATE = "accel.models.wan:build_tiny_animate"
@@ -79,8 +79,40 @@ def test_the_odd_size_cuts_latent_frames_across_ranks() -> None:
         hook.remove()
     assert set(seen) == {(175, 5)}
     assert all(175 % world for world in (3, 4, 8))
-    windows = [group_window(SequenceLayout(175, 3), rank, 5) for rank in range(3)]
-    assert [(w.first, w.groups, w.offset, w.real) for w in windows] == [(0, 2, 0, 59), (1, 3, 24, 59), (3, 2, 13, 57)]
+    # Shards of 59 tokens: frames 1 and 3 are cut between ranks.
+    assert [group_runs(SequenceLayout(175, 3), rank, 5) for rank in range(3)] == [
+        [GroupRun(0, 35, 0, 1), GroupRun(35, 24, 1, 1)],
+        [GroupRun(0, 11, 1, 1), GroupRun(11, 35, 2, 1), GroupRun(46, 13, 3, 1)],
+        [GroupRun(0, 22, 3, 1), GroupRun(22, 35, 4, 1)],
+    ]
+
+
+def padding_rank_error() -> float:
+    """Max-abs difference, this rank, between Wan Animate's transformer on Ring 3 and on one process
+    at 2 latent frames of one token each: the third rank holds padding alone, and still runs."""
+    from accel.models.registry import FAMILIES
+    from accel.parallel.mesh import Degrees, build_mesh
+    from accel.parallel.plan import ContextParallel
+
+    generator = torch.Generator().manual_seed(0)
+    call = dict(hidden_states=torch.randn(1, 36, 2, 2, 2, generator=generator), timestep=torch.tensor([500.0]),
+                encoder_hidden_states=torch.randn(1, 512, 32, generator=generator),
+                pose_hidden_states=torch.randn(1, 16, 1, 2, 2, generator=generator),
+                face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator), return_dict=False)
+    transformer = parallel_cases.tiny_pipeline(ANIMATE).transformer
+    with torch.no_grad():
+        expected = transformer(**call)[0]
+        engine = ContextParallel(transformer, FAMILIES["wan"].plan_for(transformer), build_mesh(Degrees(ring=3), "cpu"))
+        try:
+            got = transformer(**call)[0]
+        finally:
+            engine.remove()
+    return (got - expected).abs().max().item()
+
+
+def test_a_rank_of_padding_alone_runs_the_face_adapter_for_nothing(rank_pools) -> None:
+    assert group_runs(SequenceLayout(2, 3), 2, 2) == []
+    assert max(rank_pools(3).run(padding_rank_error)) <= TOLERANCE
 
 
 def _per_group(x: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
@@ -91,27 +123,28 @@ def _per_group(x: torch.Tensor, by: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("world", range(1, 9))
-def test_group_windows_give_the_whole_sequence_result_at_any_length(world: int) -> None:
-    """Every length up to 40, every group count dividing it: each rank's window run, cut back and
-    joined, equals the module on the whole sequence; pad slots are zero; a rank computes at most two
-    partial groups beyond its own real tokens."""
+def test_group_runs_give_the_whole_sequence_result_at_any_length(world: int) -> None:
+    """Every length up to 40, every group count dividing it: each rank's runs, joined and padded,
+    equal the module on the whole sequence; each rank computes its real tokens once, in at most three
+    runs, each of whole groups or within one group."""
     generator = torch.Generator().manual_seed(world)
     for length in range(1, 41):
         layout = SequenceLayout(length, world)
         for groups in (g for g in range(1, length + 1) if length % g == 0):
+            size = length // groups
             x = torch.randn(2, length, 3, generator=generator)
             by = torch.randn(2, groups, 3, generator=generator)
             shards = []
             for rank in range(world):
-                window = group_window(layout, rank, groups)
-                shard = window.extract(_per_group(window.embed(layout.split(x, 1, rank), 1), by.narrow(1, window.first, window.groups)), 1)
-                assert shard.shape[1] == layout.shard and not shard[:, window.real :].any()
-                assert window.real == 0 or window.groups * window.size - window.real <= 2 * (window.size - 1)
-                shards.append(shard)
+                shard, runs = layout.split(x, 1, rank), group_runs(layout, rank, groups)
+                assert len(runs) <= 3 and sum(run.tokens for run in runs) == layout.real(rank)
+                assert all(run.tokens == run.groups * size or run.groups == 1 for run in runs)
+                pieces = [_per_group(shard.narrow(1, run.start, run.tokens), by.narrow(1, run.first, run.groups)) for run in runs]
+                shards.append(torch.cat([*pieces, x.new_zeros(2, layout.shard - layout.real(rank), 3)], 1))
             torch.testing.assert_close(layout.join(shards, 1), _per_group(x, by), rtol=0, atol=0)
 
 
 def test_a_group_count_that_does_not_divide_the_tokens_is_one_line() -> None:
     with pytest.raises(ValueError) as refused:
-        group_window(SequenceLayout(10, 3), 0, 3)
+        group_runs(SequenceLayout(10, 3), 0, 3)
     assert str(refused.value) == "context parallelism: 10 tokens do not fall in 3 equal groups"

@@ -71,14 +71,17 @@ class GroupedTokens:
     item per frame along `by_dim`). Its processor regroups the tokens it is given by position, so a
     rank's shard alone would be grouped wrongly.
 
-    Each rank runs the module on the whole groups its shard touches: its real tokens at their place
-    in a window of those groups, the rest zeros, and `by` narrowed to the same groups; the output is
-    cut back to the shard (its pad slots zero). This is exact at any token count and wherever the
-    ranks cut a group, provided the module is token-wise apart from its groups (a token's output
-    depends on that token and its group's `by` items alone: per-token norms and projections, and
-    attention from a group's tokens to its `by` items). It exchanges nothing and costs each rank at
-    most two partial groups of extra tokens, where gathering the sequence whole before the module
-    would cost an all-gather of it and the whole module on every rank. The module's attention runs
+    Each rank runs the module on its own real tokens, cut where groups begin into at most three
+    runs (the end of a group the previous rank began, whole groups, the start of a group the next
+    rank ends), each run with its groups' items of `by`, and joins the outputs. This is exact at any
+    token count and wherever the ranks cut a group, provided the module is token-wise apart from its
+    groups (a token's output depends on that token and its group's `by` items alone: per-token norms
+    and projections, attention from a group's tokens to its `by` items) and takes a group's length
+    from its input (tokens over `by` items), so part of one group is a group of its own. It exchanges
+    nothing and computes no token twice, at the price of at most two extra calls of a small module.
+    The alternatives cost more: gathering the sequence whole before the module is an all-gather of it
+    and the whole module on every rank; padding a rank's tokens to whole groups computes up to two
+    groups of padding per rank, more than a shard at many ranks. The module's attention runs
     locally: its keys are `by`'s, which every rank holds whole.
     """
 

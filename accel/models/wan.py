@@ -241,8 +241,8 @@ VACE_PLAN = ParallelPlan(
 # Animate: the pose latents are added to the patched tokens before the first block, on every rank's
 # whole copy, so the video is cut as Wan's. After the blocks `inject_face_latents_blocks` picks, a face
 # adapter regroups the video tokens by latent frame (a frame's tokens attend to that frame's motion
-# tokens, which every rank computes whole from the face video): each rank runs it on the whole
-# frames its shard touches (GroupedTokens), with no exchange.
+# tokens, which every rank computes whole from the face video): each rank runs it on its own tokens
+# a run of frames at a time, a frame cut between ranks as a frame of its own (GroupedTokens), with no exchange.
 ANIMATE_PLAN = ParallelPlan(
     splits=_VIDEO_SPLITS,
     attention_keys=("video",),

@@ -55,43 +55,33 @@ class SequenceLayout:
         return torch.cat(shards, dim=dim).narrow(dim, 0, self.length)
 
 
-@dataclass(frozen=True)
-class GroupWindow:
-    """The whole token groups a rank's shard touches, for a module that works group by group (see
-    `base.GroupedTokens`): the shard's `real` tokens sit at `offset` in a window of `groups` groups of
-    `size` tokens starting at group `first`; the window's other tokens are zeros."""
 
+@dataclass(frozen=True)
+class GroupRun:
+    """A stretch of a rank's shard that a module working group by group (see `base.GroupedTokens`)
+    can take in one call: `tokens` tokens from shard position `start`, lying in the `groups` groups
+    from group `first` on (whole groups, or part of one group)."""
+
+    start: int
+    tokens: int
     first: int
     groups: int
-    size: int
-    offset: int
-    real: int
-    shard: int
-
-    def embed(self, x: Tensor, dim: int) -> Tensor:
-        """The window around this rank's shard `x` (`shard` tokens along `dim`)."""
-        after = self.groups * self.size - self.offset - self.real
-        return torch.cat([_zeros(x, dim, self.offset), x.narrow(dim, 0, self.real), _zeros(x, dim, after)], dim)
-
-    def extract(self, y: Tensor, dim: int) -> Tensor:
-        """This rank's shard of what the module returned for the window, its pad slots zero."""
-        return torch.cat([y.narrow(dim, self.offset, self.real), _zeros(y, dim, self.shard - self.real)], dim)
 
 
-def group_window(layout: SequenceLayout, rank: int, groups: int) -> GroupWindow:
-    """Where rank `rank`'s shard of `layout` falls among `groups` equal consecutive groups of the
-    sequence: host arithmetic only. A shard of padding alone gets the last group, run for nothing."""
+def group_runs(layout: SequenceLayout, rank: int, groups: int) -> list[GroupRun]:
+    """Rank `rank`'s real tokens cut where the sequence's `groups` equal consecutive groups begin,
+    into at most three runs: the end of a group the previous rank began, whole groups, the start of
+    a group the next rank ends. Host arithmetic only; no runs for a shard of padding alone."""
     if groups < 1 or layout.length % groups:
         raise ValueError(f"context parallelism: {layout.length} tokens do not fall in {groups} equal groups")
-    size, real = layout.length // groups, layout.real(rank)
-    if real == 0:
-        return GroupWindow(groups - 1, 1, size, 0, 0, layout.shard)
-    start = rank * layout.shard
-    first, end = start // size, -(-(start + real) // size)
-    return GroupWindow(first, end - first, size, start - first * size, real, layout.shard)
-
-
-def _zeros(x: Tensor, dim: int, tokens: int) -> Tensor:
-    shape = list(x.shape)
-    shape[dim] = tokens
-    return x.new_zeros(shape)
+    size = layout.length // groups
+    begin = rank * layout.shard
+    end = begin + layout.real(rank)
+    runs, position = [], begin
+    while position < end:
+        group = position // size
+        whole = (end - position) // size if position % size == 0 else 0
+        stop = position + whole * size if whole else min(end, (group + 1) * size)
+        runs.append(GroupRun(position - begin, stop - position, group, max(whole, 1)))
+        position = stop
+    return runs

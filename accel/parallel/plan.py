@@ -23,7 +23,7 @@ from accel.models.base import Family, FromDiffusers, GroupedTokens, ParallelPlan
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
-from accel.parallel.layout import GroupWindow, SequenceLayout, group_window
+from accel.parallel.layout import SequenceLayout, group_runs
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
 from accel.parallel.outputs import map_sample
@@ -63,8 +63,6 @@ class ContextParallel:
         self._active = False
         self._local_depth = 0
         self._whole_query_depth = 0
-        # Windows of the grouped modules in progress, innermost last (GroupedTokens).
-        self._windows: list[GroupWindow] = []
         # Key streams of the attention calls in progress, innermost last (module_keys); empty: the plan's.
         self._keys: list[tuple[str, ...]] = []
         # Blocks are often handed the same tensor (a joint mask): cut it once and gather its mask
@@ -158,38 +156,42 @@ class ContextParallel:
             self._hook(module.register_forward_hook(cut_output))
 
     def _hook_groups(self, module: torch.nn.Module, grouped: GroupedTokens) -> None:
-        """Run `module` on the whole groups this rank's shard touches (see GroupedTokens), locally."""
+        """Run `module` on this rank's tokens a run of groups at a time (see GroupedTokens), locally."""
         signature = inspect.signature(module.forward)
         missing = [name for name in (grouped.value, grouped.by) if name not in signature.parameters]
         if missing:
             raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan groups by")
 
-        def enter(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def forward(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if not self._active:
-                return None
+                return call_next(*args, **kwargs)
             layout = self._layouts.get(grouped.stream)
             if layout is None:
                 raise PlanMismatch(
                     f"context parallelism: {grouped.module} runs by token groups of the {grouped.stream} stream, which nothing has cut yet"
                 )
             bound = signature.bind(*args, **kwargs)
-            by = bound.arguments[grouped.by]
-            window = group_window(layout, self.rank, by.shape[grouped.by_dim])
-            bound.arguments[grouped.value] = window.embed(bound.arguments[grouped.value], grouped.dim)
-            bound.arguments[grouped.by] = by.narrow(grouped.by_dim, window.first, window.groups)
-            self._windows.append(window)
-            self._local_depth += 1
-            return bound.args, bound.kwargs
+            tokens, by = bound.arguments[grouped.value], bound.arguments[grouped.by]
+            groups = by.shape[grouped.by_dim]
+            runs = group_runs(layout, self.rank, groups)
+            outputs = []
+            self._enter_local()
+            try:
+                # A shard of padding alone runs one token of the last group, so there is an output to shape.
+                for start, count, first, many in [(r.start, r.tokens, r.first, r.groups) for r in runs] or [(0, 1, groups - 1, 1)]:
+                    bound.arguments[grouped.value] = tokens.narrow(grouped.dim, start, count)
+                    bound.arguments[grouped.by] = by.narrow(grouped.by_dim, first, many)
+                    outputs.append(call_next(*bound.args, **bound.kwargs))
+            finally:
+                self._leave_local()
+            real = sum(run.tokens for run in runs)
+            if not runs:
+                outputs = [outputs[0].narrow(grouped.dim, 0, 0)]
+            padding = list(outputs[0].shape)
+            padding[grouped.dim] = layout.shard - real
+            return torch.cat([*outputs, outputs[0].new_zeros(padding)], grouped.dim)
 
-        def leave(_module: Any, _args: Any, output: Any) -> Any:
-            if not self._active or not self._windows:
-                return None
-            window = self._windows.pop()
-            self._leave_local()
-            return window.extract(output, grouped.dim) if isinstance(output, Tensor) else output
-
-        self._hook(module.register_forward_pre_hook(enter, with_kwargs=True))
-        self._hook(module.register_forward_hook(leave, always_call=True))
+        self._undo.append(wrap(module, "forward", "accel.context_parallel.groups", PARALLEL, forward))
 
     # -- the forward call ------------------------------------------------------------------------
     def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -211,7 +213,6 @@ class ContextParallel:
         finally:  # the per-call state starts empty for the next call, however this one ended
             self._active, self._layouts, self._local_depth, self._whole_query_depth = False, {}, 0, 0
             self._keys.clear()
-            self._windows.clear()
             self._pending.clear()
             self._cuts.clear()
             self._gathered_masks.clear()
