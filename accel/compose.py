@@ -217,7 +217,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
-    # A variant's own transformer class has its own plan (VACE) or none yet (Animate).
+    # A variant's own transformer class has its own plan (VACE, Animate).
     plans = {attr: family.plan_for(transformer) for attr, transformer in transformers.items()}
     if degrees.sequence > 1:  # before the mesh's collectives: every rank refuses alike, none waits
         _refuse_bypassing_attention(transformers, degrees)

@@ -333,8 +333,9 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
     """Max-abs difference, this rank, between each Wan-shaped transformer under context parallelism
     and the same call on one process, at 2 latent frames of 5x5 patches: 50 video tokens, which
     3, 4 and 8 ranks do not divide. Wan (one timestep per token, as Wan 2.2 TI2V), Wan VACE (control
-    tokens and hints cut with the video) and SkyReels-V2 diffusion forcing (one timestep per frame,
-    expanded by the transformer to a per-token modulation)."""
+    tokens and hints cut with the video), SkyReels-V2 diffusion forcing (one timestep per frame,
+    expanded by the transformer to a per-token modulation) and Wan Animate (pose latents added
+    before the cut, the face adapter run by latent frame, frames of 25 tokens cut across ranks)."""
     from accel.models.registry import FAMILIES
     from accel.parallel.plan import ContextParallel
 
@@ -346,17 +347,23 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
         "accel.models.wan:build_tiny_vace": dict(timestep=torch.tensor([500.0]),
                                                  control_hidden_states=torch.randn(1, 96, 2, 10, 10, generator=generator)),
         "tiny-skyreels2": dict(timestep=torch.tensor([[900.0, 300.0]]), enable_diffusion_forcing=True),
+        # 36 channels (noise, mask, reference), a pose latent frame per frame after the first, one face crop.
+        "accel.models.wan:build_tiny_animate": dict(timestep=torch.tensor([500.0]),
+                                                    hidden_states=torch.randn(1, 36, 2, 10, 10, generator=generator),
+                                                    pose_hidden_states=torch.randn(1, 16, 1, 10, 10, generator=generator),
+                                                    face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator)),
     }
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     errors = []
     for model, extra in calls.items():
         transformer = tiny_pipeline(model).transformer
         with torch.no_grad():
-            expected = transformer(latents, encoder_hidden_states=text, return_dict=False, **extra)[0]
+            call = {"hidden_states": latents, "encoder_hidden_states": text, "return_dict": False, **extra}
+            expected = transformer(**call)[0]
             plan = FAMILIES["skyreels2" if "skyreels2" in model else "wan"].plan_for(transformer)
             engine = ContextParallel(transformer, plan, mesh)
             try:
-                got = transformer(latents, encoder_hidden_states=text, return_dict=False, **extra)[0]
+                got = transformer(**call)[0]
             finally:
                 engine.remove()
         errors.append((got - expected).abs().max().item())

@@ -239,7 +239,8 @@ def test_wan_per_token_timesteps_are_cut_with_the_video(rank_pools, parallel: tu
 @pytest.mark.parametrize("parallel", [(1, 3), (4, 1), (4, 2)], ids=["ring3", "ulysses4", "usp4x2"])
 def test_video_splits_at_a_token_count_3_4_and_8_ranks_do_not_divide(rank_pools, parallel: tuple[int, int]) -> None:
     """50 video tokens over 3, 4 and 8 ranks: Wan's per-token timesteps, VACE's control tokens and
-    hints, SkyReels-V2's per-frame (diffusion forcing) modulation are cut with the video."""
+    hints, SkyReels-V2's per-frame (diffusion forcing) modulation are cut with the video, and Wan
+    Animate's face adapter runs by latent frame."""
     runs = rank_pools(parallel[0] * parallel[1]).run(cases.video_split_errors, *parallel)
     assert max(max(errors) for errors in runs) <= TOLERANCE
 

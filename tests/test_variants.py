@@ -114,9 +114,11 @@ def test_the_video_rule_sees_union_annotations_and_variant_transformers() -> Non
 
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference
 # pictures): tests/test_family_flux2.py splits those.
-# Variants sequence parallelism cannot cut (Flux2KleinKVPipeline, Wan Animate) are tested on their own below.
+# Variants sequence parallelism cannot cut (Flux2KleinKVPipeline) are tested on their own below; Wan
+# Animate's split (its face adapter by latent frame, two segments, replace mode) in its own file.
+OWN_FILE = {"WanAnimatePipeline": "tests/test_family_wan_animate.py"}
 VARIANTS = [(name, variant.pipeline_class) for name in FAMILIES for variant in FAMILIES[name].variants
-            if variant.pipeline_class != FAMILIES[name].pipeline_class and not variant.not_split]
+            if variant.pipeline_class != FAMILIES[name].pipeline_class and not variant.not_split and variant.pipeline_class not in OWN_FILE]
 MODES = {"ulysses2": ({"ulysses": 2}, False, False), "ring3, odd size": ({"ring": 3}, True, False),
          "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, False, True), "ulysses2 + cache": ({"ulysses": 2}, False, True)}
 
@@ -433,33 +435,11 @@ def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_p
     assert generation_kwargs(FAMILIES["wan"], True, recipe)["num_frames"] == 5
 
 
-# -- Wan Animate, from a script ---------------------------------------------------------------------
-ANIMATE = "accel.models.wan:build_tiny_animate"
-
-
+# -- Wan Animate from the command line: its own input files -------------------------------------------
 def animate_call() -> dict:
     """A reference picture, 5 pose frames and 5 16x16 face crops (the tiny motion encoder's size)."""
     return dict(image=cases.picture(), pose_video=cases.clip((64, 64), 5), face_video=cases.clip((16, 16), 5), prompt="a red fox",
                 negative_prompt="blurry", height=64, width=64, segment_frame_length=5, num_inference_steps=6, guidance_scale=5.0)
-
-
-def test_wan_animate_runs_from_a_script_with_the_cache_and_cfg_parallelism(rank_pools) -> None:
-    """accel.apply recognises WanAnimateTransformer3DModel as Wan's: the cache (its face-adapter
-    additions between blocks are part of the cached residual) and CFG 2 equal one process; a token
-    split is refused in one line on every rank (the face adapter reshapes tokens by latent frame)."""
-    import parallel_cases
-
-    call, recipe = animate_call(), {"cache": {"threshold": 0.1}}
-    uncached, _, _ = parallel_cases.tiny_run(ANIMATE, {}, call)
-    expected, _, _ = parallel_cases.tiny_run(ANIMATE, recipe, call)
-    assert np.abs(expected - uncached).max() > 0  # the cache skipped some calls
-    for output, _, bytes_sent in rank_pools(2).run(parallel_cases.tiny_run, ANIMATE, {**recipe, "parallel": {"cfg": 2}}, call):
-        assert bytes_sent > 0
-        assert np.abs(output - expected).max() <= TOLERANCE
-    errors = rank_pools(2).run(parallel_cases.tiny_error, ANIMATE, {"parallel": {"ulysses": 2}}, call)
-    assert errors == ["UserError: [parallel] ulysses × ring = 2: context parallelism cannot split WanAnimatePipeline: its face "
-                      "adapter regroups the video tokens by latent frame, which a token split cuts through; set ulysses = 1 and "
-                      "ring = 1 (the cache, quantization and compile still apply)"] * 2
 
 
 def test_wan_animate_runs_from_the_command_line_with_its_pose_and_face_videos(tmp_path: Path) -> None:

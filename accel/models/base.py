@@ -64,6 +64,36 @@ class SequenceSplit:
 
 
 @dataclass(frozen=True)
+class GroupedTokens:
+    """A module that works on a cut stream's tokens in equal consecutive groups, each group with its
+    own item of another argument: Wan Animate's face adapter attends from each latent frame's tokens
+    to that frame's motion tokens (`value` the video tokens along `dim`, `by` the motion tokens, one
+    item per frame along `by_dim`). Its processor regroups the tokens it is given by position, so a
+    rank's shard alone would be grouped wrongly.
+
+    Each rank runs the module on its own real tokens, cut where groups begin into at most three
+    runs (the end of a group the previous rank began, whole groups, the start of a group the next
+    rank ends), each run with its groups' items of `by`, and joins the outputs. This is exact at any
+    token count and wherever the ranks cut a group, provided the module is token-wise apart from its
+    groups (a token's output depends on that token and its group's `by` items alone: per-token norms
+    and projections, attention from a group's tokens to its `by` items) and takes a group's length
+    from its input (tokens over `by` items), so part of one group is a group of its own. It exchanges
+    nothing and computes no token twice, at the price of at most two extra calls of a small module.
+    The alternatives cost more: gathering the sequence whole before the module is an all-gather of it
+    and the whole module on every rank; padding a rank's tokens to whole groups computes up to two
+    groups of padding per rank, more than a shard at many ranks. The module's attention runs
+    locally: its keys are `by`'s, which every rank holds whole.
+    """
+
+    module: str
+    stream: str
+    value: str = "hidden_states"
+    by: str = "encoder_hidden_states"
+    dim: int = 1
+    by_dim: int = 1
+
+
+@dataclass(frozen=True)
 class ParallelPlan:
     """What context parallelism does to a family's transformer, as data for the generic engine.
 
@@ -93,7 +123,8 @@ class ParallelPlan:
     (glob patterns) whose queries are a replicated stream every rank holds whole while their keys
     are cut (LTX-2's audio attending to the video): each rank attends with all queries to its own
     keys, and the partial results merge by log-sum-exp over the ranks (one all-gather of a
-    query-sized result, no keys exchanged).
+    query-sized result, no keys exchanged). `grouped` lists modules that work on a cut stream's
+    tokens group by group (see GroupedTokens).
     """
 
     splits: tuple[SequenceSplit, ...]
@@ -108,6 +139,7 @@ class ParallelPlan:
     batch_items: tuple[str, ...] = ()
     refuses: tuple[tuple[str, Any, str], ...] = ()
     whole_queries: tuple[str, ...] = ()
+    grouped: tuple[GroupedTokens, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,6 +165,7 @@ class FromDiffusers:
     batch_items: tuple[str, ...] = ()
     whole_queries: tuple[str, ...] = ()
     keep_whole: tuple[str, ...] = ()
+    grouped: tuple[GroupedTokens, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, NamedInput, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
@@ -238,6 +238,21 @@ VACE_PLAN = ParallelPlan(
     local_attention=("blocks.*.attn2", "vace_blocks.*.attn2"),
 )
 
+# Animate: the pose latents are added to the patched tokens before the first block, on every rank's
+# whole copy, so the video is cut as Wan's. After the blocks `inject_face_latents_blocks` picks, a face
+# adapter regroups the video tokens by latent frame (a frame's tokens attend to that frame's motion
+# tokens, which every rank computes whole from the face video): each rank runs it on its own tokens
+# a run of frames at a time, a frame cut between ranks as a frame of its own (GroupedTokens), with no exchange.
+ANIMATE_PLAN = ParallelPlan(
+    splits=_VIDEO_SPLITS,
+    attention_keys=("video",),
+    output_stream="video",
+    output_dim=1,
+    output_module="proj_out",
+    local_attention=("blocks.*.attn2",),
+    grouped=(GroupedTokens("face_adapter.*", "video"),),
+)
+
 
 FAMILY = Family(
     name="wan",
@@ -267,15 +282,13 @@ FAMILY = Family(
                 optional=("image", "video", "mask"), tiny=build_tiny_vace,
                 transformer_class="WanVACETransformer3DModel", parallel=VACE_PLAN),
         Variant("LucyEditPipeline", video="video", tiny=build_tiny_lucy),
-        # Its face adapter attends from each latent frame's tokens to that frame's motion tokens, a
-        # reshape by frames that a token split cuts through: no context-parallel plan yet.
         # The character picture, its driving pose and face videos; "replace" mode also swaps the
         # character into a background video where a mask video is white.
         Variant("WanAnimatePipeline", image="image", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
                 inputs=(NamedInput("pose_video", "video"), NamedInput("face_video", "video"),
                         NamedInput("background_video", "video", when=("mode", "replace")),
                         NamedInput("mask_video", "video", when=("mode", "replace"))),
-                not_split="its face adapter regroups the video tokens by latent frame, which a token split cuts through"),
+                parallel=ANIMATE_PLAN),
     ),
 )
 

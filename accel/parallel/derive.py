@@ -77,6 +77,7 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
         module_keys=spec.module_keys,
         batch_items=spec.batch_items,
         whole_queries=spec.whole_queries,
+        grouped=spec.grouped,
     )
 
 

@@ -53,3 +53,35 @@ class SequenceLayout:
     def join(self, shards: list[Tensor], dim: int) -> Tensor:
         """The full sequence back from every rank's shard, padding dropped."""
         return torch.cat(shards, dim=dim).narrow(dim, 0, self.length)
+
+
+
+@dataclass(frozen=True)
+class GroupRun:
+    """A stretch of a rank's shard that a module working group by group (see `base.GroupedTokens`)
+    can take in one call: `tokens` tokens from shard position `start`, lying in the `groups` groups
+    from group `first` on (whole groups, or part of one group)."""
+
+    start: int
+    tokens: int
+    first: int
+    groups: int
+
+
+def group_runs(layout: SequenceLayout, rank: int, groups: int) -> list[GroupRun]:
+    """Rank `rank`'s real tokens cut where the sequence's `groups` equal consecutive groups begin,
+    into at most three runs: the end of a group the previous rank began, whole groups, the start of
+    a group the next rank ends. Host arithmetic only; no runs for a shard of padding alone."""
+    if groups < 1 or layout.length % groups:
+        raise ValueError(f"context parallelism: {layout.length} tokens do not fall in {groups} equal groups")
+    size = layout.length // groups
+    begin = rank * layout.shard
+    end = begin + layout.real(rank)
+    runs, position = [], begin
+    while position < end:
+        group = position // size
+        whole = (end - position) // size if position % size == 0 else 0
+        stop = position + whole * size if whole else min(end, (group + 1) * size)
+        runs.append(GroupRun(position - begin, stop - position, group, max(whole, 1)))
+        position = stop
+    return runs

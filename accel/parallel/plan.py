@@ -19,11 +19,11 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import Family, FromDiffusers, ParallelPlan, SequenceSplit
+from accel.models.base import Family, FromDiffusers, GroupedTokens, ParallelPlan, SequenceSplit
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
-from accel.parallel.layout import SequenceLayout
+from accel.parallel.layout import SequenceLayout, group_runs
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
 from accel.parallel.outputs import map_sample
@@ -106,6 +106,9 @@ class ContextParallel:
             for module in _matching(modules, pattern, transformer, "(whole queries)"):
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_whole_queries()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_whole_queries(), always_call=True))
+        for grouped in plan.grouped:
+            for module in _matching(modules, grouped.module, transformer, "that the parallel plan runs by token groups"):
+                self._hook_groups(module, grouped)
         for pattern, keys in plan.module_keys:  # may match nothing: SD 3.5 large has no attn2, medium has
             for module in glob_modules(modules, pattern):
                 self._hook(module.register_forward_pre_hook(lambda *_, keys=keys: self._keys.append(keys)))
@@ -151,6 +154,44 @@ class ContextParallel:
             self._hook(module.register_forward_pre_hook(cut_inputs, with_kwargs=True))
         if outputs:
             self._hook(module.register_forward_hook(cut_output))
+
+    def _hook_groups(self, module: torch.nn.Module, grouped: GroupedTokens) -> None:
+        """Run `module` on this rank's tokens a run of groups at a time (see GroupedTokens), locally."""
+        signature = inspect.signature(module.forward)
+        missing = [name for name in (grouped.value, grouped.by) if name not in signature.parameters]
+        if missing:
+            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan groups by")
+
+        def forward(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            if not self._active:
+                return call_next(*args, **kwargs)
+            layout = self._layouts.get(grouped.stream)
+            if layout is None:
+                raise PlanMismatch(
+                    f"context parallelism: {grouped.module} runs by token groups of the {grouped.stream} stream, which nothing has cut yet"
+                )
+            bound = signature.bind(*args, **kwargs)
+            tokens, by = bound.arguments[grouped.value], bound.arguments[grouped.by]
+            groups = by.shape[grouped.by_dim]
+            runs = group_runs(layout, self.rank, groups)
+            outputs = []
+            self._enter_local()
+            try:
+                # A shard of padding alone runs one token of the last group, so there is an output to shape.
+                for start, count, first, many in [(r.start, r.tokens, r.first, r.groups) for r in runs] or [(0, 1, groups - 1, 1)]:
+                    bound.arguments[grouped.value] = tokens.narrow(grouped.dim, start, count)
+                    bound.arguments[grouped.by] = by.narrow(grouped.by_dim, first, many)
+                    outputs.append(call_next(*bound.args, **bound.kwargs))
+            finally:
+                self._leave_local()
+            real = sum(run.tokens for run in runs)
+            if not runs:
+                outputs = [outputs[0].narrow(grouped.dim, 0, 0)]
+            padding = list(outputs[0].shape)
+            padding[grouped.dim] = layout.shard - real
+            return torch.cat([*outputs, outputs[0].new_zeros(padding)], grouped.dim)
+
+        self._undo.append(wrap(module, "forward", "accel.context_parallel.groups", PARALLEL, forward))
 
     # -- the forward call ------------------------------------------------------------------------
     def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
