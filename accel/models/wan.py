@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from accel.models.base import BlockList, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SequenceSplit, Variant
@@ -243,15 +244,7 @@ VACE_PLAN = ParallelPlan(
 # adapter regroups the video tokens by latent frame (a frame's tokens attend to that frame's motion
 # tokens, which every rank computes whole from the face video): each rank runs it on its own tokens
 # a run of frames at a time, a frame cut between ranks as a frame of its own (GroupedTokens), with no exchange.
-ANIMATE_PLAN = ParallelPlan(
-    splits=_VIDEO_SPLITS,
-    attention_keys=("video",),
-    output_stream="video",
-    output_dim=1,
-    output_module="proj_out",
-    local_attention=("blocks.*.attn2",),
-    grouped=(GroupedTokens("face_adapter.*", "video"),),
-)
+ANIMATE_PLAN = dataclasses.replace(PLAN, grouped=(GroupedTokens("face_adapter.*", "video"),))
 
 
 FAMILY = Family(
