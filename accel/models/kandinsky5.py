@@ -127,12 +127,14 @@ def _image_template(pipeline_class: type) -> tuple[str, int]:
 _TINY_IMAGE_SIZES = [(width, height) for width in range(16, 257, 16) for height in range(16, 257, 16)]
 
 
-def _build_tiny_image(pipeline_name: str, seed: int, visual_cond: bool) -> Any:
+def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
     """A tiny Kandinsky-5.0-Image-Lite look-alike for `pipeline_name` (T2I or I2I): Image Lite's
     config scaled down as the video one (2 text and 2 visual blocks of four 16-wide heads; Image Lite
     has 2 and 50 blocks of 20 heads of 128, axes (32, 48, 48)), FLUX.1's VAE narrowed, and the tiny
     Qwen2.5-VL and CLIP text stacks. The tokenizer spends as many tokens on the template's system
-    part as the real one (40 for T2I, 54 for I2I), which the pipeline crops off."""
+    part as the real one (40 for T2I, 54 for I2I), which the pipeline crops off. With an input
+    `picture` (I2I), its latents join the transformer's input (`visual_cond`, Image Lite I2I's channel
+    instruction) and Qwen2.5-VL sees it through a Qwen2-VL processor in the `tokenizer` slot."""
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5Transformer3DModel
 
@@ -159,7 +161,7 @@ def _build_tiny_image(pipeline_name: str, seed: int, visual_cond: bool) -> Any:
                 num_text_blocks=2,
                 num_visual_blocks=2,
                 axes_dims=(4, 6, 6),  # sums to the head width, in Image Lite's (32, 48, 48) proportions
-                visual_cond=visual_cond,
+                visual_cond=picture,
             )
         )
         random_modulation(transformer)
@@ -168,12 +170,11 @@ def _build_tiny_image(pipeline_name: str, seed: int, visual_cond: bool) -> Any:
     pipe = cls(
         transformer=transformer,
         vae=vae,
-        # I2I shows the picture to Qwen2.5-VL: its `tokenizer` is a Qwen2-VL processor (picture and text to tokens).
         text_encoder=text_encoder,
-        tokenizer=parts.qwen2_vl_processor(tokenizer) if visual_cond else tokenizer,
+        tokenizer=parts.qwen2_vl_processor(tokenizer) if picture else tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
-        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),  # the video pipelines' flow shift
     )
     pipe.resolutions = list(_TINY_IMAGE_SIZES)
     return pipe
@@ -181,13 +182,13 @@ def _build_tiny_image(pipeline_name: str, seed: int, visual_cond: bool) -> Any:
 
 def build_tiny_t2i(seed: int = 0) -> Any:
     """Tiny Kandinsky5T2IPipeline: the latents alone go in (no condition channels, as on Image Lite T2I)."""
-    return _build_tiny_image("Kandinsky5T2IPipeline", seed, visual_cond=False)
+    return _build_tiny_image("Kandinsky5T2IPipeline", seed, picture=False)
 
 
 def build_tiny_i2i(seed: int = 0) -> Any:
-    """Tiny Kandinsky5I2IPipeline: the picture's latents and a mask channel join the latents (`visual_cond`,
-    Image Lite I2I's channel instruction), and Qwen2.5-VL sees the picture through a Qwen2-VL processor."""
-    return _build_tiny_image("Kandinsky5I2IPipeline", seed, visual_cond=True)
+    """Tiny Kandinsky5I2IPipeline: the picture's latents and a ones channel join the noise latents, and
+    Qwen2.5-VL sees the picture."""
+    return _build_tiny_image("Kandinsky5I2IPipeline", seed, picture=True)
 
 
 # The image pipelines' own example: 1024x1024, 50 steps, guidance 3.5 (their call's default).
