@@ -185,3 +185,19 @@ def test_image_to_image_from_the_command_line_writes_the_picture(tmp_path: Path)
     expected = variant_cases.variant_run("kandinsky5", I2I, {}, call)[0][0]
     assert Image.open(out).size == (64, 64)
     assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
+
+
+def test_a_saved_image_pipeline_is_known_to_make_pictures_before_loading(tmp_path: Path) -> None:
+    """A folder's model_index.json names its pipeline class: the --out suffix and the settings are
+    checked against the picture it makes before any load, as for the registry's aliases."""
+    from accel.errors import UserError
+    from accel.models.loading import resolve_model
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs, run
+
+    variant_cases.variant_pipeline("kandinsky5", T2I).save_pretrained(tmp_path / "t2i")
+    ref = resolve_model(str(tmp_path / "t2i"))
+    assert (ref.family, ref.pipeline) == (FAMILY, T2I)
+    assert "num_frames" not in generation_kwargs(FAMILY, False, Recipe.from_dict({}), loads_as=ref.pipeline)
+    with pytest.raises(UserError, match=r"^--out .*x\.mp4: Kandinsky5T2IPipeline makes images, so the name must end in \.png$"):
+        run(Recipe.from_dict({"model": {"name": str(tmp_path / "t2i")}}), out=tmp_path / "x.mp4")
