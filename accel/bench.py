@@ -193,7 +193,7 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
 
     try:
         if ref.family is not None:
-            generation_kwargs(ref.family, ref.tiny, variant)
+            generation_kwargs(ref.family, ref.tiny, variant, loads_as=ref.pipeline)
             if variant.world_size > 1:
                 plan_of(ref.family, "[parallel]")
         if variant.world_size > 1:
@@ -276,6 +276,7 @@ def _run_variants(
 
     from accel.models.loading import resolve_model
     from accel.models.registry import family_of
+    from accel.models.variants import variant_of_class
     from accel.runner import generation_kwargs, measure_recipe, peak_memory_kind, step_progress
 
     recipe = plan.recipe
@@ -283,6 +284,7 @@ def _run_variants(
     pipelines = _Pipelines(recipe.model.name, device, recipe.model.pipeline)
     pipe = pipelines.get(plan.baseline.recipe)
     family = family_of(pipe)
+    kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)  # a variant may make another kind
     ref = resolve_model(recipe.model.name)
 
     results: list[VariantResult] = []
@@ -313,8 +315,8 @@ def _run_variants(
                 f"[{index}/{count}] {planned.name}",
             )
             if lead:
-                baseline = _record(row, measured, variant, index == 1, baseline, folder, index, family)
-                tiles.append(_tile(planned.name, _caption(row, index == 1), measured.measurement.output, family))
+                baseline = _record(row, measured, variant, index == 1, baseline, folder, index, family, kind)
+                tiles.append(_tile(planned.name, _caption(row, index == 1), measured.measurement.output, kind))
                 say(f"[{index}/{count}] {planned.name}: {_summary(row)}")
             if variant.compile.enabled:
                 torch.compiler.reset()  # the next variant compiles afresh, within dynamo's recompile limit
@@ -325,7 +327,7 @@ def _run_variants(
         recipe=recipe.source,
         model=recipe.model.name,
         family=family.name,
-        output_kind=family.output,
+        output_kind=kind,
         device=str(device),
         dtype=str(pipelines.dtype).removeprefix("torch."),
         world_size=plan.world_size,
@@ -371,6 +373,7 @@ def _record(
     folder: Path | None,
     index: int,
     family: Any,
+    kind: str,
 ) -> tuple[float, np.ndarray] | None:
     """Fill the row from a measurement (rank 0); returns the baseline (median, output) to compare with."""
     from accel.quality import psnr, ssim
@@ -392,15 +395,15 @@ def _record(
             row.psnr_db = psnr(result.output, baseline[1])
             row.ssim = ssim(result.output, baseline[1])
     if folder is not None:
-        row.output_path = str(_save_output(result.output, folder, index, row.name, family, result.audio))
+        row.output_path = str(_save_output(result.output, folder, index, row.name, family, kind, result.audio))
     return baseline
 
 
-def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any, audio: Any = None) -> Path:
+def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any, kind: str, audio: Any = None) -> Path:
     from accel.media import save_image, save_video
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
-    if family.output == "video":  # written whole (with its sound, where it has one), never over an existing file
+    if kind == "video":  # written whole (with its sound, where it has one), never over an existing file
         return save_video(output, folder / f"{index:02d}-{slug}.mp4", family.fps, audio=audio, hint=BENCH_HINT)
     return save_image(output, folder / f"{index:02d}-{slug}.png", hint=BENCH_HINT)
 
@@ -417,8 +420,8 @@ def _layout(planned: PlannedVariant, pipe: Any) -> str:
         return f"{planned.world_size} processes"
 
 
-def _tile(name: str, caption: str, output: np.ndarray, family: Any) -> Tile:
-    if family.output != "video":
+def _tile(name: str, caption: str, output: np.ndarray, kind: str) -> Tile:
+    if kind != "video":
         return Tile(name, caption, output)
     frames, numbers = shown_frames(output)
     return Tile(name, caption, frames, numbers)

@@ -158,9 +158,8 @@ def family_features(family: Family) -> list[str]:
     if family.parallel is not None and family.cfg is not None:
         features.append(f"cfg: {'batched' if family.cfg == 'batch' else 'two calls'}")
     features.append("vae-tiling")
-    plan = vae_plan(family.vae) if family.vae else None
-    if plan is not None:
-        features.append(f"vae: {plan.method}-parallel")
+    methods = dict.fromkeys(plan.method for plan in map(vae_plan, family.vaes) if plan is not None)  # its variants' VAEs too
+    features += [f"vae: {method}-parallel" for method in methods]
     if family.blocks:
         features += ["quant", "compile"]
     return features
@@ -178,7 +177,7 @@ def models_table(families: list[Family]) -> Table:
             family.tiny_alias or "—",
             "\n".join(family.pipeline_classes),
             family.repo,
-            family.output + ("\n+ audio" if family.audio is not None else ""),
+            "\n".join(family.outputs) + ("\n+ audio" if family.audio is not None else ""),
             "\n".join(family_features(family)),
         )
     return table

@@ -21,7 +21,7 @@ from accel.compose import apply
 from accel.errors import UserError
 from accel.files import claim, write_file, write_fresh
 from accel.media import Audio, image_writer, video_writer
-from accel.models.base import Family, GenerationDefaults
+from accel.models.base import Family, GenerationDefaults, OutputKind
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
@@ -127,11 +127,19 @@ class Metrics:
         return data
 
 
-def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = None) -> dict[str, Any]:
+def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = None, loads_as: str | None = None) -> dict[str, Any]:
     """The pipeline call's keyword arguments: recipe values over the family's (or tiny) defaults, and
-    the input files the pipeline variant needs (`[model] pipeline`, else the loaded `pipe`'s class)."""
-    defaults: GenerationDefaults = (family.tiny_defaults if tiny else None) or family.defaults
+    the input files the pipeline variant needs (`[model] pipeline`, else the loaded `pipe`'s class, else
+    `loads_as`: the class a saved folder names, known before loading)."""
     settings = recipe.generate
+    if recipe.model.pipeline:
+        variant = variant_of(family, recipe.model.pipeline)
+    elif pipe is not None:
+        variant = variant_of_class(family, type(pipe))
+    else:
+        variant = variant_of(family, loads_as if loads_as in family.pipeline_classes else family.pipeline_class)
+    defaults: GenerationDefaults = (family.tiny_defaults if tiny else None) or variant.defaults or family.defaults
+    maker, kind = made_by(family, variant.pipeline_class)
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(settings, name)
@@ -154,19 +162,16 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     true_cfg = pick("true_cfg_scale", defaults.true_cfg_scale)
     if true_cfg is not None:
         kwargs["true_cfg_scale"] = true_cfg
-    if family.frames_arg is not None:
+    video = family.frames_arg is not None and kind == "video"
+    if video:
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
-        raise UserError(f"[generate] frames: {family.title} makes images; remove frames")
-    if recipe.model.pipeline:
-        variant = variant_of(family, recipe.model.pipeline)
-    else:
-        variant = variant_of_class(family, type(pipe)) if pipe is not None else variant_of(family, family.pipeline_class)
+        raise UserError(f"[generate] frames: {maker} makes images; remove frames")
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
-    if family.frames_arg is not None and settings.frames is None and variant.video in inputs:
+    if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
@@ -237,6 +242,22 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
         guider.guidance_scale = previous
 
 
+def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
+    """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
+    the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
+    kind = family.output_of(pipeline_class)
+    return (family.title if kind == family.output else pipeline_class), kind
+
+
+def output_array(result: Any) -> Any:
+    """What a pipeline result holds as its output: video frames, images, or Kandinsky 5's one `image` field."""
+    for name in ("frames", "images", "image"):
+        value = getattr(result, name, None)
+        if value is not None:
+            return value
+    raise TypeError(f"{type(result).__name__} holds no frames, images or image")
+
+
 def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
     return generate_with_audio(pipe, kwargs, seed)[0]
@@ -248,9 +269,7 @@ def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int) -> tuple[n
     call = open_inputs(kwargs)
     with _guider_scale(pipe, call):
         result = pipe(**call, generator=generator, output_type="np")
-    frames = getattr(result, "frames", None)
-    output = frames if frames is not None else result.images
-    return np.asarray(output)[0], audio_of(pipe, result)
+    return np.asarray(output_array(result))[0], audio_of(pipe, result)
 
 
 def audio_of(pipe: Any, result: Any) -> Audio | None:
@@ -359,9 +378,10 @@ def run(
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     ref = resolve_model(recipe.model.name)
-    _check_out(out, overwrite, ref.family)
+    planned = made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
+    _check_out(out, overwrite, planned)
     if ref.family is not None:
-        generation_kwargs(ref.family, ref.tiny, recipe)  # refuse bad settings before a long load
+        generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
 
     device = resolve_device(recipe.model.device)
     check_hardware(recipe.quant.type, device, resolve_dtype(recipe.model.dtype, ref))
@@ -371,11 +391,12 @@ def run(
     # The writing rank claims --out now, so a second run aiming at it is refused before its load.
     with claim(out) if lead and out is not None else nullcontext():
         if lead:
-            _check_out(out, overwrite, ref.family)  # again, now that it is ours: it may have appeared meanwhile
+            _check_out(out, overwrite, planned)  # again, now that it is ours: it may have appeared meanwhile
         start = time.perf_counter()
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None)
         load_s = time.perf_counter() - start
         family = family_of(pipe)
+        made = made_by(family, variant_of_class(family, type(pipe)).pipeline_class)
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
         seed = recipe.generate.seed
@@ -390,8 +411,8 @@ def run(
 
         out_path = None
         if lead:  # every rank holds the output; one writes it
-            _check_out(out, True, family)  # a hub id or folder reveals its family (image or video) only now
-            out_path = _write_output(ref.name, family, out, overwrite, result.output, result.audio)
+            _check_out(out, True, made)  # a hub id or folder reveals its family (image or video) only now
+            out_path = _write_output(ref.name, family, made[1], out, overwrite, result.output, result.audio)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -403,7 +424,7 @@ def run(
     return Metrics(
         model=recipe.model.name,
         family=family.name,
-        output_kind=family.output,
+        output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
         settings=dict(kwargs, seed=seed),
@@ -456,29 +477,30 @@ class _BarListener(StepListener):
         self.bar.advance()
 
 
-def _suffix(family: Family) -> str:
-    return ".mp4" if family.output == "video" else ".png"
+def _suffix(kind: OutputKind) -> str:
+    return ".mp4" if kind == "video" else ".png"
 
 
-def _check_out(out: Path | None, overwrite: bool, family: Family | None) -> None:
-    """Refuse a bad --out before the (possibly long) load, not after the generation."""
+def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None) -> None:
+    """Refuse a bad --out before the (possibly long) load, not after the generation; `made` is
+    `made_by`'s (maker, kind), None while the model's family is not known yet."""
     if out is None:
         return
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    if family is not None and out.suffix.lower() != _suffix(family):
-        raise UserError(f"--out {out}: {family.title} makes {family.output}s, so the name must end in {_suffix(family)}")
+    if made is not None and out.suffix.lower() != _suffix(made[1]):
+        raise UserError(f"--out {out}: {made[0]} makes {made[1]}s, so the name must end in {_suffix(made[1])}")
 
 
 def _write_output(
-    name: str, family: Family, out: Path | None, overwrite: bool, output: np.ndarray, audio: Audio | None = None
+    name: str, family: Family, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray, audio: Audio | None = None
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
     (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively. Returns the path written."""
-    write = video_writer(output, family.fps, audio) if family.output == "video" else image_writer(output)
+    write = video_writer(output, family.fps, audio) if kind == "video" else image_writer(output)
     if out is not None:
         return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
-    return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(family), write)
+    return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(kind), write)
 
 
 def first_free(folder: Path, stem: str, suffix: str = "") -> Path:

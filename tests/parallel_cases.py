@@ -209,8 +209,9 @@ def output_of(result: Any) -> Any:
     where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
     import numpy as np
 
-    frames = getattr(result, "frames", None)
-    output = np.asarray(frames if frames is not None else result.images)
+    from accel.runner import output_array
+
+    output = np.asarray(output_array(result))
     audio = getattr(result, "audio", None)
     if audio is None:
         return output

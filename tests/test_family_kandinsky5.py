@@ -113,3 +113,91 @@ def test_image_to_video_from_the_command_line(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     frames = read_video(out)
     assert frames.shape == (17, 64, 64, 3) and frames.std() > 1
+
+
+# -- the Image Lite pipelines: a video family's variants that make pictures ---------------------------
+T2I, I2I = "Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline"
+
+
+def test_image_lite_heads_follow_the_width_over_the_head_width() -> None:
+    """Image Lite states no head count either: 2560 wide over heads of 32 + 48 + 48 is 20 (the tiny: 4)."""
+    assert FAMILY.heads_in({"model_dim": 2560, "axes_dims": [32, 48, 48]}) == 20
+    for pipeline_class in (T2I, I2I):
+        transformer = variant_cases.variant_pipeline("kandinsky5", pipeline_class).transformer
+        assert FAMILY.heads_in(transformer.config) == FAMILY.tiny_heads == 4
+
+
+@pytest.mark.parametrize("pipeline_class, crop, rest", [(T2I, 40, "a red fox<|im_end|>"),
+                                                        (I2I, 54, "a red fox<|vision_start|><|image_pad|><|vision_end|><|im_end|>")])
+def test_the_image_pipelines_crop_exactly_their_template_prefix(pipeline_class: str, crop: int, rest: str) -> None:
+    """The tiny tokenizers spend on each template's system part as many tokens as the pipeline crops."""
+    pipe = variant_cases.variant_pipeline("kandinsky5", pipeline_class)
+    tokenizer = getattr(pipe.tokenizer, "tokenizer", pipe.tokenizer)  # I2I's is a Qwen2-VL processor
+    ids = tokenizer(pipe.prompt_template.format("a red fox")).input_ids
+    assert pipe.prompt_template_encode_start_idx == crop
+    assert tokenizer.decode(ids[crop:]) == rest
+
+
+def test_image_variants_make_pictures_without_a_frame_count() -> None:
+    """The variant's output kind, not the family's: no num_frames in the call, a frame count or an
+    .mp4 refused in one line naming the pipeline, and the pipelines' own 1024² example as real defaults."""
+    from accel.errors import UserError
+    from accel.recipe import Recipe
+    from accel.runner import _check_out, generation_kwargs, made_by
+
+    recipe = Recipe.from_dict({"model": {"pipeline": T2I}})
+    assert generation_kwargs(FAMILY, False, recipe) == {"prompt": "a red fox in the snow, photograph", "num_inference_steps": 50,
+                                                        "height": 1024, "width": 1024, "guidance_scale": 3.5}
+    assert "num_frames" not in generation_kwargs(FAMILY, True, recipe)
+    with pytest.raises(UserError, match=r"^\[generate\] frames: Kandinsky5T2IPipeline makes images; remove frames$"):
+        generation_kwargs(FAMILY, True, Recipe.from_dict({"model": {"pipeline": T2I}, "generate": {"frames": 5}}))
+    assert made_by(FAMILY, I2I) == (I2I, "image") and made_by(FAMILY, "Kandinsky5I2VPipeline") == ("Kandinsky 5.0 Video", "video")
+    with pytest.raises(UserError, match=r"^--out x.mp4: Kandinsky5I2IPipeline makes images, so the name must end in .png$"):
+        _check_out(Path("x.mp4"), False, made_by(FAMILY, I2I))
+
+
+def test_image_variants_decode_with_flux_vae_split_over_ranks(rank_pools: Any) -> None:
+    """The parallel decode picks AutoencoderKL's plan (FLUX.1's) from the variant's VAE; split over 2
+    ranks, the picture (rank 0's) equals one process."""
+    from accel.models.vaes import VAE_PLANS
+
+    assert "vae: patch-parallel" in __import__("accel.report", fromlist=["family_features"]).family_features(FAMILY)
+    assert FAMILY.vaes == ("AutoencoderKLHunyuanVideo", "AutoencoderKL") and "AutoencoderKL" in VAE_PLANS
+    call = dict(CASE.call, width=80, num_inference_steps=2)
+    expected, _, _ = variant_cases.variant_run("kandinsky5", T2I, {}, call)
+    lead, _ = (run[0] for run in rank_pools(2).run(variant_cases.variant_run, "kandinsky5", T2I, {"vae": {"parallel": True}}, call))
+    assert lead.shape == expected.shape == (1, 64, 80, 3)
+    assert np.abs(lead - expected).max() <= TOLERANCE
+
+
+def test_image_to_image_from_the_command_line_writes_the_picture(tmp_path: Path) -> None:
+    """`accel run tiny-kandinsky5 --pipeline Kandinsky5I2IPipeline --image …` writes a PNG equal to
+    the library call on the same picture."""
+    from PIL import Image
+
+    image = tmp_path / "in.png"
+    variant_cases.picture((64, 64)).save(image)
+    out = tmp_path / "picture.png"
+    done = subprocess.run([ACCEL, "run", "tiny-kandinsky5", "--pipeline", I2I, "--image", str(image), "--steps", "2", "--warmup", "0",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0)  # tiny defaults
+    expected = variant_cases.variant_run("kandinsky5", I2I, {}, call)[0][0]
+    assert Image.open(out).size == (64, 64)
+    assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
+
+
+def test_a_saved_image_pipeline_is_known_to_make_pictures_before_loading(tmp_path: Path) -> None:
+    """A folder's model_index.json names its pipeline class: the --out suffix and the settings are
+    checked against the picture it makes before any load, as for the registry's aliases."""
+    from accel.errors import UserError
+    from accel.models.loading import resolve_model
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs, run
+
+    variant_cases.variant_pipeline("kandinsky5", T2I).save_pretrained(tmp_path / "t2i")
+    ref = resolve_model(str(tmp_path / "t2i"))
+    assert (ref.family, ref.pipeline) == (FAMILY, T2I)
+    assert "num_frames" not in generation_kwargs(FAMILY, False, Recipe.from_dict({}), loads_as=ref.pipeline)
+    with pytest.raises(UserError, match=r"^--out .*x\.mp4: Kandinsky5T2IPipeline makes images, so the name must end in \.png$"):
+        run(Recipe.from_dict({"model": {"name": str(tmp_path / "t2i")}}), out=tmp_path / "x.mp4")

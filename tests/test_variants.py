@@ -63,11 +63,6 @@ NEEDS_MORE = {
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
-    # Kandinsky 5's image pipelines run the video family's transformer class (Kandinsky 5.0 Image
-    # Lite checkpoints) but make pictures with FLUX.1's AutoencoderKL: a Variant has no output kind
-    # or VAE of its own yet, and I2I also shows the picture to Qwen2.5-VL through a Qwen2-VL processor.
-    "Kandinsky5T2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
-    "Kandinsky5I2IPipeline": "an image output and AutoencoderKL in a video family (Variant has no output kind of its own yet)",
 }
 
 
@@ -163,7 +158,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "LTX2ConditionPipeline": dict(height=160, width=224, num_frames=25),
        # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
-       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
+       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
+       # Kandinsky 5's image pipelines: one latent frame of 5x7 patches at 80x112, 35 tokens.
+       "Kandinsky5T2IPipeline": dict(height=80, width=112), "Kandinsky5I2IPipeline": dict(height=80, width=112)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
 # SkyReels-V2's video extension continues the clip's last `overlap_history` frames, which must be
@@ -217,7 +214,8 @@ def test_kontext_reference_tokens_join_the_split_image_sequence() -> None:
     assert set(seen) == {2 * 15}  # 3x5 generated tokens, then the 3x5 of the reference picture
 
 
-# The video variants whose cases above include the odd size (HunyuanVideo 1.5's image-to-video runs one mode).
+# The video families' variants whose cases above include the odd size (HunyuanVideo 1.5's image-to-video
+# runs one mode), Kandinsky 5's image pipelines among them.
 VIDEO_VARIANTS = [(family, pipeline_class) for family, pipeline_class in VARIANTS
                   if FAMILIES[family].output == "video" and "ring3, odd size" in modes_of(family, pipeline_class)]
 

@@ -81,6 +81,7 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     """(output, calls the cache skipped, bytes this rank sent) of the variant under `recipe`."""
     import accel
     from accel.parallel.comm import TRAFFIC
+    from accel.runner import output_array
 
     pipe = variant_pipeline(family, pipeline_class)
     handle = accel.apply(pipe, recipe)
@@ -91,5 +92,4 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     finally:
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
-    frames = getattr(result, "frames", None)  # a video variant (image-to-video, Kandinsky 5 I2V)
-    return np.asarray(frames if frames is not None else result.images), skipped, TRAFFIC.total_bytes
+    return np.asarray(output_array(result)), skipped, TRAFFIC.total_bytes  # frames, images or Kandinsky 5's `image`

@@ -239,7 +239,11 @@ class Variant:
     `not_split` says why sequence
     parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
-    accelerator still applies.
+    accelerator still applies. `output` is what the pipeline makes where it differs from the
+    family's (Kandinsky 5's text-to-image pipeline makes pictures with a video family's transformer):
+    accel then writes that kind of file and passes no frame count; `vae` names its VAE class where it
+    differs from the family's (its parallel decode: accel/models/vaes.py), and `defaults` the settings
+    to start from where the family's do not fit it (None: the family's).
     """
 
     pipeline_class: str
@@ -262,6 +266,9 @@ class Variant:
     transformer_class: str | None = None
     parallel: ParallelPlan | FromDiffusers | None = None
     not_split: str | None = None
+    output: OutputKind | None = None
+    vae: str | None = None
+    defaults: GenerationDefaults | None = None
 
 
 @dataclass(frozen=True)
@@ -355,6 +362,21 @@ class Family:
             if variant.transformer_class in names:
                 return variant.parallel
         return self.parallel
+
+    def output_of(self, pipeline_class: str) -> OutputKind:
+        """What `pipeline_class` makes: its variant's own output kind where it says one, else the family's."""
+        kinds = [variant.output for variant in self.variants if variant.pipeline_class == pipeline_class and variant.output]
+        return kinds[0] if kinds else self.output
+
+    @property
+    def outputs(self) -> tuple[OutputKind, ...]:
+        """The family's output kind, then any other its variants make."""
+        return tuple(dict.fromkeys((self.output, *(variant.output for variant in self.variants if variant.output))))
+
+    @property
+    def vaes(self) -> tuple[str, ...]:
+        """The family's VAE class, then its variants' own ones."""
+        return tuple(dict.fromkeys(name for name in (self.vae, *(variant.vae for variant in self.variants)) if name))
 
     @property
     def pipeline_classes(self) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """Kandinsky 5.0 Video family: text blocks refine the Qwen2.5-VL prompt, then visual blocks run
-self-attention over the video tokens and cross-attention to that text; HunyuanVideo's VAE.
+self-attention over the video tokens and cross-attention to that text; HunyuanVideo's VAE. The
+Image Lite pipelines (T2I, I2I) run the same transformer class on one frame and decode with FLUX.1's VAE.
 
-`build_tiny` makes a seeded, random-weight Kandinsky-5.0-T2V-Lite-shaped pipeline offline for tests.
+`build_tiny` makes a seeded, random-weight Kandinsky-5.0-T2V-Lite-shaped pipeline offline for tests;
+`build_tiny_t2i` and `build_tiny_i2i` the Image Lite-shaped ones.
 """
 
 from __future__ import annotations
@@ -110,6 +112,88 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
     return pipe
 
 
+
+def _image_template(pipeline_class: type) -> tuple[str, int]:
+    """An image pipeline's prompt template and the tokens it crops off the front, as the installed
+    diffusers sets them in `__init__` (read from an instance holding no components)."""
+    empty = pipeline_class(*([None] * 7))
+    return empty.prompt_template, empty.prompt_template_encode_start_idx
+
+
+# The sizes the tiny image pipelines make as asked: every side a multiple of 16 (8x the VAE's
+# downsampling, times the 2x2 patches) up to 256. The real pipelines snap any other size to the
+# closest aspect ratio of seven near-megapixel resolutions (`resolutions`, set per instance in
+# `__init__`); the tiny ones keep that snapping for sizes off this grid.
+_TINY_IMAGE_SIZES = [(width, height) for width in range(16, 257, 16) for height in range(16, 257, 16)]
+
+
+def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
+    """A tiny Kandinsky-5.0-Image-Lite look-alike for `pipeline_name` (T2I or I2I): Image Lite's
+    config scaled down as the video one (2 text and 2 visual blocks of four 16-wide heads; Image Lite
+    has 2 and 50 blocks of 20 heads of 128, axes (32, 48, 48)), FLUX.1's VAE narrowed, and the tiny
+    Qwen2.5-VL and CLIP text stacks. The tokenizer spends as many tokens on the template's system
+    part as the real one (40 for T2I, 54 for I2I), which the pipeline crops off. With an input
+    `picture` (I2I), its latents join the transformer's input (`visual_cond`, Image Lite I2I's channel
+    instruction) and Qwen2.5-VL sees it through a Qwen2-VL processor in the `tokenizer` slot."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5Transformer3DModel
+
+    from accel.models import _tiny_parts as parts
+
+    cls = getattr(diffusers, pipeline_name)
+    template, crop = _image_template(cls)
+    base = seed * 8
+    tokenizer = parts.qwen2_tokenizer(template, prefix_tokens=crop)
+    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
+    tokenizer_2 = parts.clip_tokenizer()
+    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
+    with parts.seeded(base + 3):
+        transformer = parts.finish(
+            Kandinsky5Transformer3DModel(
+                in_visual_dim=_Z_DIM,
+                out_visual_dim=_Z_DIM,
+                in_text_dim=text_encoder.config.text_config.hidden_size,
+                in_text_dim2=text_encoder_2.config.hidden_size,
+                time_dim=32,
+                patch_size=(1, 2, 2),
+                model_dim=64,
+                ff_dim=128,
+                num_text_blocks=2,
+                num_visual_blocks=2,
+                axes_dims=(4, 6, 6),  # sums to the head width, in Image Lite's (32, 48, 48) proportions
+                visual_cond=picture,
+            )
+        )
+        random_modulation(transformer)
+    with parts.seeded(base + 4):
+        vae = parts.finish(parts.flux1_vae())
+    pipe = cls(
+        transformer=transformer,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=parts.qwen2_vl_processor(tokenizer) if picture else tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),  # the video pipelines' flow shift
+    )
+    pipe.resolutions = list(_TINY_IMAGE_SIZES)
+    return pipe
+
+
+def build_tiny_t2i(seed: int = 0) -> Any:
+    """Tiny Kandinsky5T2IPipeline: the latents alone go in (no condition channels, as on Image Lite T2I)."""
+    return _build_tiny_image("Kandinsky5T2IPipeline", seed, picture=False)
+
+
+def build_tiny_i2i(seed: int = 0) -> Any:
+    """Tiny Kandinsky5I2IPipeline: the picture's latents and a ones channel join the noise latents, and
+    Qwen2.5-VL sees the picture."""
+    return _build_tiny_image("Kandinsky5I2IPipeline", seed, picture=True)
+
+
+# The image pipelines' own example: 1024x1024, 50 steps, guidance 3.5 (their call's default).
+_IMAGE_DEFAULTS = GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=3.5)
+
 FAMILY = Family(
     name="kandinsky5",
     title="Kandinsky 5.0 Video",
@@ -154,7 +238,15 @@ FAMILY = Family(
     # Image to video: the picture's latents replace the first latent frame (and its condition
     # channels), so the tokens and the plan are the text-to-video ones. It needs 17 frames or more:
     # the pipeline renormalises the first 4 latent frames against those after them (NaN without).
-    # Kandinsky5T2IPipeline and Kandinsky5I2IPipeline run this transformer class too, but make
-    # pictures through FLUX.1's AutoencoderKL: not listed until a variant can have its own output kind.
-    variants=(Variant("Kandinsky5I2VPipeline", image="image"),),
+    # Text- and image-to-image (Kandinsky 5.0 Image Lite checkpoints): the same transformer class on
+    # one latent frame, so the video plan cuts the picture's tokens; they make pictures through
+    # FLUX.1's AutoencoderKL (its parallel decode is FLUX's). I2I's picture joins the latents as
+    # condition channels, as I2V's first frame does, and Qwen2.5-VL sees it too. The pipelines snap the
+    # size asked to the closest aspect ratio of seven near-megapixel resolutions (their example: 1024²).
+    variants=(
+        Variant("Kandinsky5I2VPipeline", image="image"),
+        Variant("Kandinsky5T2IPipeline", output="image", vae="AutoencoderKL", defaults=_IMAGE_DEFAULTS, tiny=build_tiny_t2i),
+        Variant("Kandinsky5I2IPipeline", image="image", output="image", vae="AutoencoderKL", defaults=_IMAGE_DEFAULTS,
+                tiny=build_tiny_i2i),
+    ),
 )

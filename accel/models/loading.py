@@ -26,6 +26,8 @@ class ModelRef:
     family: Family | None
     tiny: bool
     source: str  # hub repo id or folder; "" for tiny variants
+    # The pipeline class a saved folder names (its model_index.json); None: the family's own, or unknown.
+    pipeline: str | None = None
 
 
 def resolve_model(name: str) -> ModelRef:
@@ -37,7 +39,7 @@ def resolve_model(name: str) -> ModelRef:
         return ModelRef(name, family, tiny, "" if tiny else family.repo)
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return ModelRef(name, _family_of_folder(folder), False, str(folder))
+        return ModelRef(name, _family_of_folder(folder), False, str(folder), _pipeline_of_folder(folder))
     if _looks_like_repo_id(name):
         return ModelRef(name, None, False, name)
     raise ModelError(unknown_model_message(name))
@@ -173,6 +175,12 @@ def _family_of_folder(folder: Path) -> Family | None:
         return None
     pipeline = index.get("_class_name")
     return family_of_classes(str(entry[-1]), pipeline if isinstance(pipeline, str) else None)
+
+
+def _pipeline_of_folder(folder: Path) -> str | None:
+    """The pipeline class a saved pipeline's model_index.json names (None: it names none)."""
+    pipeline = read_index(folder).get("_class_name")
+    return pipeline if isinstance(pipeline, str) else None
 
 
 def _looks_like_repo_id(name: str) -> bool:
