@@ -54,7 +54,6 @@ NEEDS_MORE = {
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
-    "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     # Both take reference videos appended as extra tokens with no position (not --condition) and are meant
     # to run with a LoRA, which accel does not load yet; IC-LoRA's conditioning_attention_strength < 1 is
@@ -156,6 +155,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
        # Its keyframe at the last latent frame joins as 5x7 extra tokens: 25 frames, (4 + 1) x 35 = 175.
        "LTX2ConditionPipeline": dict(height=160, width=224, num_frames=25),
+       # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
+       # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
+       "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),
        # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
@@ -166,7 +168,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
 # SkyReels-V2's video extension continues the clip's last `overlap_history` frames, which must be
 # fewer latent frames than it generates: 5 frames (2 latent) before 9 new ones (3 latent).
 VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17),
-                "SkyReelsV2DiffusionForcingVideoToVideoPipeline": dict(num_frames=9, overlap_history=5)}
+                "SkyReelsV2DiffusionForcingVideoToVideoPipeline": dict(num_frames=9, overlap_history=5),
+                # LTX's condition pipeline: the picture (no clip, no condition objects) at frame 8, so its tokens join the sequence.
+                "LTXConditionPipeline": dict(conditions=None, video=None, frame_index=8, strength=0.9)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
@@ -368,15 +372,16 @@ def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, 
     assert_mp4_is_the_call(out, "wan", pipeline_class, call, tmp_path)
 
 
-def assert_mp4_is_the_call(out: Path, family: str, pipeline_class: str, call: dict, folder: Path) -> None:
+def assert_mp4_is_the_call(out: Path, family: str, pipeline_class: str, call: dict, folder: Path,
+                           shape: tuple[int, ...] = (5, 64, 64, 3)) -> None:
     """The MP4 a CLI run wrote shows what the library call makes from a seed-0 generator."""
     from accel.media import read_video, save_video
 
     pipe = cases.variant_pipeline(family, pipeline_class)
     expected = pipe(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
-    save_video(expected, folder / "expected.mp4", fps=16)
+    save_video(expected, folder / "expected.mp4", fps=FAMILIES[family].fps)  # the CLI's rate: the encoder's choices follow it
     got, want = read_video(out), read_video(folder / "expected.mp4")
-    assert got.shape == want.shape == (5, 64, 64, 3)
+    assert got.shape == want.shape == shape
     # As in tests/test_launch.py: equal outputs encode alike on average; a wrong run is off by tens.
     assert np.abs(got.astype(np.int16) - want.astype(np.int16)).mean() < 0.5
 
@@ -431,6 +436,62 @@ def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_p
         assert opened["mask"][0].size == opened["video"][0].size == (64, 64)
     recipe = Recipe.from_dict({"model": {"pipeline": "LucyEditPipeline"}, "generate": {"video": str(clip), "frames": 5}})
     assert generation_kwargs(FAMILIES["wan"], True, recipe)["num_frames"] == 5
+
+
+# -- LTX-Video's condition pipeline ---------------------------------------------------------------
+CONDITION = "LTXConditionPipeline"
+
+
+@pytest.mark.parametrize(
+    "given, size, tokens, timestep",
+    [
+        # No condition: one timestep per sample, (batch, 1), which every rank keeps whole.
+        (dict(image=None, video=None), dict(num_frames=9), 70, (2, 1)),
+        # A clip at frame 8: its first 9 frames' 2 latent frames join the 3 of the video, (2 + 3) x 5x7.
+        (dict(image=None, frame_index=8), dict(num_frames=17), 175, (2, 175)),
+    ],
+    ids=["text-to-video", "clip at frame 8"],
+)
+def test_ltx_condition_text_to_video_and_a_clip_at_a_frame_equal_one_process_on_ring3(
+        rank_pools, given: dict, size: dict, tokens: int, timestep: tuple[int, int]) -> None:
+    """The matrix above runs a picture at frame 8; these are the condition pipeline's other calls,
+    at token counts 3 ranks do not divide: its per-sample timestep stays whole, a clip's conditioning
+    tokens (timestep 0 where the strength is 1) are cut with the video's."""
+    call = {**FAMILY_CASES["ltx"].call, "height": 160, "width": 224, **size, **given}
+    seen: list[tuple] = []
+    pipe = cases.variant_pipeline("ltx", CONDITION)
+    hook = pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append((kw["hidden_states"].shape[1], tuple(kw["timestep"].shape))), with_kwargs=True)
+    try:
+        expected, _, _ = cases.variant_run("ltx", CONDITION, {}, call)
+    finally:
+        hook.remove()
+    assert set(seen) == {(tokens, timestep)}
+    for output, _, bytes_sent in rank_pools(3).run(cases.variant_run, "ltx", CONDITION, {"parallel": {"ring": 3}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_ltx_condition_runs_from_the_command_line_with_a_picture_at_a_frame(tmp_path: Path) -> None:
+    """`--image` conditions the video and `--arg` places it: the MP4 equals the library call."""
+    image, _ = write_inputs(tmp_path)
+    out = tmp_path / "out.mp4"
+    done = subprocess.run([ACCEL, "run", "tiny-ltx", "--pipeline", CONDITION, "--image", str(image), "--arg", "frame_index=8",
+                           "--arg", "strength=0.9", "--steps", "2", "--warmup", "0", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    call = dict(prompt="a red fox in the snow, photograph", height=96, width=128, num_frames=9, num_inference_steps=2,
+                guidance_scale=3.0, image=Image.open(image).convert("RGB"), frame_index=8, strength=0.9)
+    assert_mp4_is_the_call(out, "ltx", CONDITION, call, tmp_path, shape=(9, 96, 128, 3))
+
+
+def test_ltx_condition_takes_a_picture_or_a_clip_not_both(tmp_path: Path) -> None:
+    image, _ = write_inputs(tmp_path)
+    clip = write_clip(tmp_path / "clip.mp4")
+    result = CliRunner().invoke(app, ["run", "tiny-ltx", "--pipeline", CONDITION, "--image", str(image), "--video", str(clip),
+                                      "-o", str(tmp_path / "o.mp4")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: [generate] video: LTXConditionPipeline takes --image or --video, not both; remove one"
 
 
 # -- Wan Animate from the command line: its own input files -------------------------------------------

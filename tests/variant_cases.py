@@ -49,13 +49,17 @@ def variant_pipeline(family: str, pipeline_class: str) -> Any:
 
 
 def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict[str, Any]:
-    """`call` plus the variant's input pictures at the call's size, under the variant's keywords."""
+    """`call` plus the variant's input pictures at the call's size, under the variant's keywords
+    the call does not set itself."""
     variant = variant_of(FAMILIES[family], pipeline_class)
     size = (call.get("width", 64), call.get("height", 64))
     frames = call.get("num_frames", 5)
     masks = [mask(size)] * frames if variant.mask_frames else mask(size)
-    inputs = {variant.image: picture(size), variant.mask: masks, variant.video: clip(size, frames)}
-    arguments = {keyword: value for keyword, value in inputs.items() if keyword is not None}
+    video = [clip(size, frames)] if "video" in variant.in_list else clip(size, frames)
+    inputs = {variant.image: picture(size), variant.mask: masks, variant.video: video}
+    # An input keyword the call sets itself stays as set (None leaves it out: LTX's condition pipeline
+    # takes an image or a video, and the matrix gives it the image).
+    arguments = {keyword: value for keyword, value in inputs.items() if keyword is not None and keyword not in call}
     if variant.area is not None:
         arguments[variant.area] = size[0] * size[1]
     taken = call_parameters(pipeline_class)

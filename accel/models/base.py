@@ -43,8 +43,10 @@ class SequenceSplit:
     mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
     per-token timesteps are cut, its per-sample ones are not). With `element` set, only that item
     of a returned (or passed) tuple is cut, so one tuple can hold several streams (Qwen-Image's
-    rotary module returns the image table and the text table together). A list, tuple or mapping
-    is cut item by item (a ControlNet's per-block residuals). `at` defers the cut of a transformer
+    rotary module returns the image table and the text table together). With `broadcast`, a tensor
+    of one entry along `dim` is one value for every token and stays whole (LTX-Video's condition
+    pipeline passes (batch, 1) timesteps without conditions, (batch, tokens) with them). A list,
+    tuple or mapping is cut item by item (a ControlNet's per-block residuals). `at` defers the cut of a transformer
     argument (module "") to just before the modules it names start, for a stream that only exists
     inside the forward (Z-Image's unified sequence is built there); the list or mapping the
     transformer holds is then filled in place.
@@ -57,6 +59,7 @@ class SequenceSplit:
     ndim: int | None = None
     element: int | None = None
     at: str = ""
+    broadcast: bool = False
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -223,8 +226,12 @@ class Variant:
     `image`, `mask` and `video` are the call's keywords that `--image`, `--mask` and `--video` fill
     (None: the pipeline takes none; a video arrives as a list of PIL frames, as diffusers' video
     pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
-    reference pictures). `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a
-    picture used for every frame of `--video`, or a video of masks. A family lists its own
+    reference pictures). `one_of` names inputs of which a call takes at most one (LTX's condition
+    pipeline conditions on a picture or a clip; given both, it would drop the clip). `in_list`
+    names inputs the call takes inside a list, one item per condition (that pipeline reads `video`
+    as a list of clips, and a bare list of frames as that many one-frame clips).
+    `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a picture used for every
+    frame of `--video`, or a video of masks. A family lists its own
     pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
@@ -258,6 +265,8 @@ class Variant:
     tiny_fixed: tuple[tuple[str, Any], ...] = ()
     tiny: Callable[[], DiffusionPipeline] | None = None
     optional: tuple[str, ...] = ()
+    one_of: tuple[str, ...] = ()
+    in_list: tuple[str, ...] = ()
     inputs: tuple[NamedInput, ...] = ()
     conditions: Conditions | None = None
     # Call arguments the variant needs a value for, with the one accel gives unless `[generate]

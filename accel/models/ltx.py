@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import LTXPipeline
+    from diffusers import LTXConditionPipeline, LTXPipeline
 
 
 def build_tiny(seed: int = 0) -> "LTXPipeline":
@@ -106,6 +106,20 @@ def build_tiny(seed: int = 0) -> "LTXPipeline":
     )
 
 
+def build_tiny_condition(seed: int = 0) -> "LTXConditionPipeline":
+    """build_tiny's parts as an LTXConditionPipeline, whose scheduler shifts no sigmas by token count.
+
+    The condition pipeline hands the scheduler its own timestep schedule and no `mu`, as the
+    LTX-Video 0.9.5+ checkpoints it was written for expect (their schedulers set
+    `use_dynamic_shifting` off); the family's tiny scheduler shifts dynamically and would refuse it.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTXConditionPipeline
+
+    base = build_tiny(seed)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False)
+    return LTXConditionPipeline.from_pipe(base, scheduler=scheduler)
+
+
 FAMILY = Family(
     name="ltx",
     title="LTX-Video",
@@ -129,18 +143,29 @@ FAMILY = Family(
         splits=(
             SequenceSplit("hidden_states", "video", dim=1),
             SequenceSplit("output", "video", dim=1, module="rope"),
-            # Image-to-video: one timestep per video token (the conditioning frame's are 0), cut
-            # with the tokens; text-to-video's one per sample stays whole.
-            SequenceSplit("timestep", "video", dim=1, ndim=2),
+            # Image-to-video and the condition pipeline: one timestep per video token (the
+            # conditioning tokens' are 0), cut with the tokens; text-to-video's one per sample
+            # (batch,) or (batch, 1) stays whole.
+            SequenceSplit("timestep", "video", dim=1, ndim=2, broadcast=True),
         ),
         attention_keys=("video",),
         output_stream="video",
         output_dim=1,
         output_module="proj_out",
         local_attention=("transformer_blocks.*.attn2",),
-        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
+        # The condition pipeline's `video_coords` (batch, 3, tokens) place every token for the
+        # rotary embedding, the conditioning tokens it puts before the video's included: the rope
+        # module reads them whole on every rank and its output is cut, so CFG only halves them.
+        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
     ),
     cfg="batch",
-    # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
-    variants=(Variant("LTXImageToVideoPipeline", image="image"),),
+    variants=(
+        # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
+        Variant("LTXImageToVideoPipeline", image="image"),
+        # A picture or a clip at `frame_index` (--arg frame_index=8 --arg strength=0.9), or neither
+        # (text-to-video): at index 0 its latents replace the first latent frames, elsewhere its
+        # tokens join the sequence before the video's and are dropped after the last step.
+        Variant("LTXConditionPipeline", image="image", video="video", optional=("image", "video"), one_of=("image", "video"),
+                in_list=("video",), tiny=build_tiny_condition),
+    ),
 )

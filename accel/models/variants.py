@@ -30,6 +30,10 @@ class InputVideo(str):
     """A path the pipeline call receives as a list of RGB PIL frames (diffusers' video input)."""
 
 
+class InputVideos(InputVideo):
+    """A clip the call receives as the only item of a list of clips (LTX's conditioning videos)."""
+
+
 class FrameMask(str):
     """A picture the call receives once per frame of its input video (VACE's per-frame mask)."""
 
@@ -71,6 +75,11 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""
     arguments: dict[str, str] = {}
+    given = {"image": image, "mask": mask, "video": video}
+    both = [name for name in variant.one_of if given[name] is not None]
+    if len(both) > 1:
+        flags = " or ".join(f"--{name}" for name in variant.one_of)
+        raise UserError(f"[generate] {both[-1]}: {variant.pipeline_class} takes {flags}, not both; remove one")
     for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
         if keyword is None and path is not None:
             raise UserError(f"[generate] {name}: {variant.pipeline_class} takes no {name}; remove --{name}")
@@ -79,7 +88,7 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
         if keyword is None or path is None:
             continue
         if name == "video":
-            arguments[keyword] = InputVideo(_readable_video(name, path))
+            arguments[keyword] = (InputVideos if name in variant.in_list else InputVideo)(_readable_video(name, path))
         elif name == "mask" and variant.mask_frames:
             arguments[keyword] = _frame_mask(variant, path, video)
         else:
@@ -266,8 +275,8 @@ def read_clip(path: str) -> list[Any]:
 
 def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments with every input file opened as the pipelines take it: an InputImage as
-    an RGB PIL image, an InputVideo as a list of them, a FrameMask as its picture once per frame of
-    the call's input video."""
+    an RGB PIL image, an InputVideo as a list of them (InputVideos: that list inside a list), a
+    FrameMask as its picture once per frame of the call's input video."""
     from PIL import Image
 
     opened = dict(kwargs)
@@ -283,6 +292,8 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     for key, value in kwargs.items():
         if isinstance(value, FrameMask):
             opened[key] = [opened[key]] * frames
+        elif isinstance(value, InputVideos):
+            opened[key] = [opened[key]]
     return opened
 
 

@@ -289,6 +289,8 @@ class ContextParallel:
             return {key: self._cut(split, item) for key, item in value.items()}
         if not isinstance(value, Tensor) or (split.ndim is not None and value.dim() != split.ndim):
             return value
+        if split.broadcast and value.shape[split.dim] == 1:  # one value for every token: every rank keeps it
+            return value
         return self._cuts.get(value, lambda: self._cut_tensor(split, value))
 
     def _cut_tensor(self, split: SequenceSplit, value: Tensor) -> Tensor:
