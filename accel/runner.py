@@ -175,6 +175,8 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
+    if variant.seed is not None:  # the call seeds generators of its own from it: the run's seed, on every rank
+        kwargs[variant.seed] = settings.seed
     kwargs.update(variant.fixed)
     if tiny:
         kwargs.update(variant.tiny_fixed)
@@ -184,7 +186,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if settings.arguments:
         sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
                                                                              ("mask", variant.mask), ("video", variant.video)) if keyword},
-                   **{spec.keyword: "inputs" for spec in variant.inputs}}
+                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {})}
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         taken = {keyword: value for keyword, value in kwargs.items() if keyword not in dict(variant.arguments)}
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))

@@ -54,7 +54,6 @@ NEEDS_MORE = {
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
-    "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
     # Both take reference videos appended as extra tokens with no position (not --condition) and are meant
     # to run with a LoRA, which accel does not load yet; IC-LoRA's conditioning_attention_strength < 1 is
     # an (L, L) attention mask, which Ulysses and Ring route only as a per-key mask today.
@@ -158,6 +157,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
        # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
        "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),
+       # Two windows of 175 tokens: 6 latent frames in windows of 4 overlapping by 1; the first is 4 frames and
+       # the picture's, the second 3, the first window's tail and the picture's: 5 x 5x7 each.
+       "LTXI2VLongMultiPromptPipeline": dict(height=160, width=224, num_frames=41),
        # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
@@ -170,7 +172,12 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
 VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17),
                 "SkyReelsV2DiffusionForcingVideoToVideoPipeline": dict(num_frames=9, overlap_history=5),
                 # LTX's condition pipeline: the picture (no clip, no condition objects) at frame 8, so its tokens join the sequence.
-                "LTXConditionPipeline": dict(conditions=None, video=None, frame_index=8, strength=0.9)}
+                "LTXConditionPipeline": dict(conditions=None, video=None, frame_index=8, strength=0.9),
+                # The long multi-prompt pipeline: two windows (of 32 frames overlapping by 8), a prompt each;
+                # one decode tile (its default 4 x 4 tiles of a 3x4 latent overlap wholly).
+                "LTXI2VLongMultiPromptPipeline": dict(prompt="a red fox in the snow | a white owl in a tree", num_frames=41,
+                                                      temporal_tile_size=32, temporal_overlap=8, decode_horizontal_tiles=1,
+                                                      decode_vertical_tiles=1)}
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
@@ -492,6 +499,30 @@ def test_ltx_condition_takes_a_picture_or_a_clip_not_both(tmp_path: Path) -> Non
                                       "-o", str(tmp_path / "o.mp4")])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: [generate] video: LTXConditionPipeline takes --image or --video, not both; remove one"
+
+
+# -- LTX-Video's long multi-prompt pipeline ---------------------------------------------------------
+LONG = "LTXI2VLongMultiPromptPipeline"
+
+
+def test_ltx_long_multi_prompt_windows_are_seeded_from_the_run_seed(tmp_path: Path) -> None:
+    """The pipeline seeds each window's generator from its own `seed` (0 unless given), not from the
+    generator accel passes: accel gives it the run's seed, so --seed changes the video (and every
+    rank, seeded alike, agrees with one process); `--arg seed` is refused as a setting accel fills."""
+    from accel.recipe import Recipe
+    from accel.runner import generate, generation_kwargs
+
+    recipe = Recipe.from_dict({"model": {"pipeline": LONG}, "generate": {"seed": 7, "image": str(write_inputs(tmp_path)[0])}})
+    assert generation_kwargs(FAMILIES["ltx"], True, recipe)["seed"] == 7
+    result = CliRunner().invoke(app, ["run", "tiny-ltx", "--pipeline", LONG, "--arg", "seed=3", "-o", str(tmp_path / "o.mp4")])
+    assert result.stderr.strip() == "error: [generate] arguments: seed is one accel fills itself; set it with [generate] seed"
+    pipe = cases.variant_pipeline("ltx", LONG)
+    call = dict(prompt="a red fox | a white owl", height=96, width=128, num_frames=9, num_inference_steps=2, guidance_scale=3.0,
+                decode_horizontal_tiles=1, decode_vertical_tiles=1)
+    unseeded = [generate(pipe, call, seed) for seed in (0, 1)]
+    assert np.array_equal(*unseeded)  # the generator alone does not reach the windows
+    seeded = [generate(pipe, dict(call, seed=seed), seed) for seed in (0, 1)]
+    assert np.array_equal(seeded[0], unseeded[0]) and np.abs(seeded[0] - seeded[1]).max() > 0.1
 
 
 # -- Wan Animate from the command line: its own input files -------------------------------------------

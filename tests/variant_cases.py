@@ -62,6 +62,8 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     arguments = {keyword: value for keyword, value in inputs.items() if keyword is not None and keyword not in call}
     if variant.area is not None:
         arguments[variant.area] = size[0] * size[1]
+    if variant.seed is not None:
+        arguments[variant.seed] = 0  # variant_run's generator seed
     taken = call_parameters(pipeline_class)
     if "_auto_resize" in taken:
         arguments["_auto_resize"] = False  # Kontext: keep the reference at the call's size, not ~1 megapixel

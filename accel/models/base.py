@@ -229,7 +229,9 @@ class Variant:
     reference pictures). `one_of` names inputs of which a call takes at most one (LTX's condition
     pipeline conditions on a picture or a clip; given both, it would drop the clip). `in_list`
     names inputs the call takes inside a list, one item per condition (that pipeline reads `video`
-    as a list of clips, and a bare list of frames as that many one-frame clips).
+    as a list of clips, and a bare list of frames as that many one-frame clips). `seed` is the
+    call's own seed keyword, which accel gives the run's seed besides the generator (LTX's long
+    multi-prompt pipeline seeds every temporal window's generator from it, 0 unless told).
     `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a picture used for every
     frame of `--video`, or a video of masks. A family lists its own
     pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
@@ -267,6 +269,7 @@ class Variant:
     optional: tuple[str, ...] = ()
     one_of: tuple[str, ...] = ()
     in_list: tuple[str, ...] = ()
+    seed: str | None = None
     inputs: tuple[NamedInput, ...] = ()
     conditions: Conditions | None = None
     # Call arguments the variant needs a value for, with the one accel gives unless `[generate]

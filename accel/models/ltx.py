@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import LTXConditionPipeline, LTXPipeline
+    from diffusers import LTXConditionPipeline, LTXI2VLongMultiPromptPipeline, LTXPipeline
 
 
 def build_tiny(seed: int = 0) -> "LTXPipeline":
@@ -120,6 +120,19 @@ def build_tiny_condition(seed: int = 0) -> "LTXConditionPipeline":
     return LTXConditionPipeline.from_pipe(base, scheduler=scheduler)
 
 
+def build_tiny_long(seed: int = 0) -> "LTXI2VLongMultiPromptPipeline":
+    """build_tiny's parts as an LTXI2VLongMultiPromptPipeline, whose scheduler shifts no sigmas by
+    token count: it sets each window's schedule from the step count alone, with no `mu`. The
+    scheduler class stays the checkpoints' (the pipeline logs that ComfyUI runs it with
+    LTXEulerAncestralRFScheduler; under that schedule the tiny's block-0 residual changes too much
+    per step for the cache test to skip a call)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTXI2VLongMultiPromptPipeline
+
+    base = build_tiny(seed)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False)
+    return LTXI2VLongMultiPromptPipeline.from_pipe(base, scheduler=scheduler)
+
+
 FAMILY = Family(
     name="ltx",
     title="LTX-Video",
@@ -147,6 +160,8 @@ FAMILY = Family(
             # conditioning tokens' are 0), cut with the tokens; text-to-video's one per sample
             # (batch,) or (batch, 1) stays whole.
             SequenceSplit("timestep", "video", dim=1, ndim=2, broadcast=True),
+            # The long multi-prompt pipeline's: (batch, tokens, 1).
+            SequenceSplit("timestep", "video", dim=1, ndim=3),
         ),
         attention_keys=("video",),
         output_stream="video",
@@ -167,5 +182,10 @@ FAMILY = Family(
         # tokens join the sequence before the video's and are dropped after the last step.
         Variant("LTXConditionPipeline", image="image", video="video", optional=("image", "video"), one_of=("image", "video"),
                 in_list=("video",), tiny=build_tiny_condition),
+        # A long video in temporal windows (`temporal_tile_size`, `temporal_overlap` frames), one
+        # prompt per window ("a fox runs | the fox sleeps"), each window a generation of its own
+        # whose tokens end with the previous window's tail and the picture's latent frame; every
+        # window's generator is seeded from `seed` plus its first frame.
+        Variant("LTXI2VLongMultiPromptPipeline", image="cond_image", optional=("image",), seed="seed", tiny=build_tiny_long),
     ),
 )
