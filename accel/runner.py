@@ -29,7 +29,7 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split,
+from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split, refuse_together,
                                    variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
@@ -167,6 +167,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
         raise UserError(f"[generate] frames: {maker} makes images; remove frames")
+    refuse_together(variant, {"image": settings.image, "mask": settings.mask, "video": settings.video, "conditions": settings.conditions})
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))

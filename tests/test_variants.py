@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from accel.cli import app
 from accel.media import read_video
 from accel.models.registry import FAMILIES
+from accel.models.variants import condition_object, variant_of
 from accel.runner import guided_by_guider
 
 TOLERANCE = 1e-4
@@ -453,18 +454,25 @@ CONDITION = "LTXConditionPipeline"
     "given, size, tokens, timestep",
     [
         # No condition: one timestep per sample, (batch, 1), which every rank keeps whole.
-        (dict(image=None, video=None), dict(num_frames=9), 70, (2, 1)),
+        (dict(image=None, video=None, conditions=None), dict(num_frames=9), 70, (2, 1)),
         # A clip at frame 8: its first 9 frames' 2 latent frames join the 3 of the video, (2 + 3) x 5x7.
-        (dict(image=None, frame_index=8), dict(num_frames=17), 175, (2, 175)),
+        (dict(image=None, conditions=None, frame_index=8), dict(num_frames=17), 175, (2, 175)),
+        # Condition objects (--condition): a picture blended into latent frame 0, one at frame 16 joining as
+        # extra tokens, (1 + 4) x 5x7.
+        (dict(image=None, video=None, conditions=[(0, 1.0), (16, 0.8)]), dict(num_frames=25), 175, (2, 175)),
     ],
-    ids=["text-to-video", "clip at frame 8"],
+    ids=["text-to-video", "clip at frame 8", "conditions"],
 )
-def test_ltx_condition_text_to_video_and_a_clip_at_a_frame_equal_one_process_on_ring3(
-        rank_pools, given: dict, size: dict, tokens: int, timestep: tuple[int, int]) -> None:
+def test_ltx_condition_calls_equal_one_process_on_ring3(rank_pools, given: dict, size: dict, tokens: int,
+                                                       timestep: tuple[int, int]) -> None:
     """The matrix above runs a picture at frame 8; these are the condition pipeline's other calls,
-    at token counts 3 ranks do not divide: its per-sample timestep stays whole, a clip's conditioning
-    tokens (timestep 0 where the strength is 1) are cut with the video's."""
+    at token counts 3 ranks do not divide: its per-sample timestep stays whole, a clip's or a
+    condition's tokens (timestep 0 where the strength is 1) are cut with the video's."""
     call = {**FAMILY_CASES["ltx"].call, "height": 160, "width": 224, **size, **given}
+    if given["conditions"]:  # (frame, strength) of each picture
+        spec = variant_of(FAMILIES["ltx"], CONDITION).conditions
+        call["conditions"] = [condition_object(spec, cases.picture((224, 160)), frame, strength, tiny=True)
+                              for frame, strength in given["conditions"]]
     seen: list[tuple] = []
     pipe = cases.variant_pipeline("ltx", CONDITION)
     hook = pipe.transformer.register_forward_pre_hook(
@@ -492,13 +500,37 @@ def test_ltx_condition_runs_from_the_command_line_with_a_picture_at_a_frame(tmp_
     assert_mp4_is_the_call(out, "ltx", CONDITION, call, tmp_path, shape=(9, 96, 128, 3))
 
 
-def test_ltx_condition_takes_a_picture_or_a_clip_not_both(tmp_path: Path) -> None:
+def test_ltx_condition_takes_a_picture_a_clip_or_conditions_not_several(tmp_path: Path) -> None:
+    """Given a picture and a clip the pipeline would drop the clip, and it refuses conditions beside
+    either only once loaded: one line before start instead."""
     image, _ = write_inputs(tmp_path)
     clip = write_clip(tmp_path / "clip.mp4")
-    result = CliRunner().invoke(app, ["run", "tiny-ltx", "--pipeline", CONDITION, "--image", str(image), "--video", str(clip),
-                                      "-o", str(tmp_path / "o.mp4")])
-    assert result.exit_code == 2
-    assert result.stderr.strip() == "error: [generate] video: LTXConditionPipeline takes --image or --video, not both; remove one"
+    for given, last in ([["--image", str(image), "--video", str(clip)], "video"], [["--video", str(clip), "--condition", str(image)], "conditions"]):
+        result = CliRunner().invoke(app, ["run", "tiny-ltx", "--pipeline", CONDITION, *given, "-o", str(tmp_path / "o.mp4")])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == (f"error: [generate] {last}: LTXConditionPipeline takes one of --image, --video, --condition, "
+                                         "not several; keep one")
+
+
+def test_ltx_conditions_become_ltx_video_conditions(tmp_path: Path) -> None:
+    """`--condition PATH@FRAME:STRENGTH`: a picture under `image`, a clip under `video`, at the video
+    frame and strength given; a clip given by --video arrives as a list of one clip."""
+    from diffusers.pipelines.ltx.pipeline_ltx_condition import LTXVideoCondition
+
+    from accel.models.variants import open_inputs
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    image, _ = write_inputs(tmp_path)
+    clip = write_clip(tmp_path / "clip.mp4", frames=9)
+    recipe = Recipe.from_dict({"model": {"pipeline": CONDITION}, "generate": {"conditions": [str(image), f"{clip}@16:0.5"]}})
+    first, last = open_inputs(generation_kwargs(FAMILIES["ltx"], True, recipe))["conditions"]
+    assert isinstance(first, LTXVideoCondition) and isinstance(last, LTXVideoCondition)
+    assert (first.frame_index, first.strength, first.image.size, first.video) == (0, 1.0, (64, 64), None)
+    assert (last.frame_index, last.strength, last.image, len(last.video)) == (16, 0.5, None, 9)
+    recipe = Recipe.from_dict({"model": {"pipeline": CONDITION}, "generate": {"video": str(clip)}})
+    opened = open_inputs(generation_kwargs(FAMILIES["ltx"], True, recipe))
+    assert len(opened["video"]) == 1 and len(opened["video"][0]) == 9 and opened["num_frames"] == 9
 
 
 # -- LTX-Video's long multi-prompt pipeline ---------------------------------------------------------

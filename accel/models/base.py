@@ -226,8 +226,9 @@ class Variant:
     `image`, `mask` and `video` are the call's keywords that `--image`, `--mask` and `--video` fill
     (None: the pipeline takes none; a video arrives as a list of PIL frames, as diffusers' video
     pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
-    reference pictures). `one_of` names inputs of which a call takes at most one (LTX's condition
-    pipeline conditions on a picture or a clip; given both, it would drop the clip). `in_list`
+    reference pictures). `one_of` names inputs of which a call takes at most one ("image", "mask",
+    "video", "conditions": LTX's condition pipeline takes a picture, a clip or condition objects;
+    given a picture and a clip, it would drop the clip). `in_list`
     names inputs the call takes inside a list, one item per condition (that pipeline reads `video`
     as a list of clips, and a bare list of frames as that many one-frame clips). `seed` is the
     call's own seed keyword, which accel gives the run's seed besides the generator (LTX's long

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import BlockList, Conditions, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import LTXConditionPipeline, LTXI2VLongMultiPromptPipeline, LTXPipeline
@@ -177,11 +177,15 @@ FAMILY = Family(
     variants=(
         # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
         Variant("LTXImageToVideoPipeline", image="image"),
-        # A picture or a clip at `frame_index` (--arg frame_index=8 --arg strength=0.9), or neither
-        # (text-to-video): at index 0 its latents replace the first latent frames, elsewhere its
-        # tokens join the sequence before the video's and are dropped after the last step.
-        Variant("LTXConditionPipeline", image="image", video="video", optional=("image", "video"), one_of=("image", "video"),
-                in_list=("video",), tiny=build_tiny_condition),
+        # A picture or a clip at `frame_index` (--arg frame_index=8 --arg strength=0.9), several of
+        # them (--condition PATH@FRAME:STRENGTH, repeatable), or none (text-to-video): at frame 0 its
+        # latents blend into the first latent frames, elsewhere its tokens join the sequence before
+        # the video's and are dropped after the last step.
+        Variant("LTXConditionPipeline", image="image", video="video", optional=("image", "video"),
+                one_of=("image", "video", "conditions"), in_list=("video",), tiny=build_tiny_condition,
+                conditions=Conditions("diffusers.pipelines.ltx.pipeline_ltx_condition.LTXVideoCondition",
+                                      units="video frames; 0 blends into the first latent frames, a later one adds tokens",
+                                      frames="image", video="video", index="frame_index")),
         # A long video in temporal windows (`temporal_tile_size`, `temporal_overlap` frames), one
         # prompt per window ("a fox runs | the fox sleeps"), each window a generation of its own
         # whose tokens end with the previous window's tail and the picture's latent frame; every

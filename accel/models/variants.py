@@ -75,11 +75,6 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""
     arguments: dict[str, str] = {}
-    given = {"image": image, "mask": mask, "video": video}
-    both = [name for name in variant.one_of if given[name] is not None]
-    if len(both) > 1:
-        flags = " or ".join(f"--{name}" for name in variant.one_of)
-        raise UserError(f"[generate] {both[-1]}: {variant.pipeline_class} takes {flags}, not both; remove one")
     for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
         if keyword is None and path is not None:
             raise UserError(f"[generate] {name}: {variant.pipeline_class} takes no {name}; remove --{name}")
@@ -94,6 +89,19 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
         else:
             arguments[keyword] = InputImage(_readable_image(name, path))
     return arguments
+
+
+# The flag of each input a variant may take only one of (`Variant.one_of`), by its recipe key.
+_ONE_OF_FLAGS = {"image": "--image", "mask": "--mask", "video": "--video", "conditions": "--condition"}
+
+
+def refuse_together(variant: Variant, given: Mapping[str, Any]) -> None:
+    """One line where a call gets two of the inputs a variant takes only one of (LTX's condition
+    pipeline: a picture, a clip or condition objects), rather than the pipeline dropping one."""
+    both = [name for name in variant.one_of if given.get(name)]
+    if len(both) > 1:
+        flags = ", ".join(_ONE_OF_FLAGS[name] for name in variant.one_of)
+        raise UserError(f"[generate] {both[-1]}: {variant.pipeline_class} takes one of {flags}, not several; keep one")
 
 
 def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments: Mapping[str, Any]) -> dict[str, str]:
