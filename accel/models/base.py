@@ -46,10 +46,10 @@ class SequenceSplit:
     rotary module returns the image table and the text table together). With `broadcast`, a tensor
     of one entry along `dim` is one value for every token and stays whole (LTX-Video's condition
     pipeline passes (batch, 1) timesteps without conditions, (batch, tokens) with them). A list,
-    tuple or mapping is cut item by item (a ControlNet's per-block residuals). `at` defers the cut of a transformer
-    argument (module "") to just before the modules it names start, for a stream that only exists
-    inside the forward (Z-Image's unified sequence is built there); the list or mapping the
-    transformer holds is then filled in place.
+    tuple or mapping is cut item by item (a ControlNet's per-block residuals). `at` defers the cut
+    of a transformer argument (module "") to just before the modules it names start, for a stream
+    that only exists inside the forward (Z-Image's unified sequence is built there); the list or
+    mapping the transformer holds is then filled in place.
     """
 
     value: str
@@ -228,14 +228,13 @@ class Variant:
     pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
     reference pictures). `one_of` names inputs of which a call takes at most one ("image", "mask",
     "video", "conditions": LTX's condition pipeline takes a picture, a clip or condition objects;
-    given a picture and a clip, it would drop the clip). `in_list`
-    names inputs the call takes inside a list, one item per condition (that pipeline reads `video`
-    as a list of clips, and a bare list of frames as that many one-frame clips). `seed` is the
-    call's own seed keyword, which accel gives the run's seed besides the generator (LTX's long
-    multi-prompt pipeline seeds every temporal window's generator from it, 0 unless told).
-    `mask_frames`: the mask is one per video frame (VACE), so `--mask` is a picture used for every
-    frame of `--video`, or a video of masks. A family lists its own
-    pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
+    given a picture and a clip, it would drop the clip). `in_list` names inputs the call takes
+    inside a list, one item per condition (that pipeline reads `video` as a list of clips, and a
+    bare list of frames as that many one-frame clips). `seed` is the call's own seed keyword, which
+    accel gives the run's seed besides the generator (LTX's long multi-prompt pipeline seeds every
+    temporal window's generator from it, 0 unless told). `mask_frames`: the mask is one per video
+    frame (VACE), so `--mask` is a picture used for every frame of `--video`, or a video of masks.
+    A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
     call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer

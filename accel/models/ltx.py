@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accel.models.base import BlockList, Conditions, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
@@ -106,31 +106,27 @@ def build_tiny(seed: int = 0) -> "LTXPipeline":
     )
 
 
-def build_tiny_condition(seed: int = 0) -> "LTXConditionPipeline":
-    """build_tiny's parts as an LTXConditionPipeline, whose scheduler shifts no sigmas by token count.
-
-    The condition pipeline hands the scheduler its own timestep schedule and no `mu`, as the
-    LTX-Video 0.9.5+ checkpoints it was written for expect (their schedulers set
-    `use_dynamic_shifting` off); the family's tiny scheduler shifts dynamically and would refuse it.
-    """
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTXConditionPipeline
+def _tiny_unshifted(pipeline: str, seed: int) -> Any:
+    """build_tiny's parts as `pipeline`, with a scheduler that does not shift its sigmas by token
+    count: the condition and long multi-prompt pipelines set their own schedules and pass no `mu`,
+    which the family's dynamically shifting tiny scheduler (like the default repo's) refuses."""
+    import diffusers
 
     base = build_tiny(seed)
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False)
-    return LTXConditionPipeline.from_pipe(base, scheduler=scheduler)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False)
+    return getattr(diffusers, pipeline).from_pipe(base, scheduler=scheduler)
+
+
+def build_tiny_condition(seed: int = 0) -> "LTXConditionPipeline":
+    """The tiny LTXConditionPipeline (diffusers' example runs it on LTX-Video 0.9.5)."""
+    return _tiny_unshifted("LTXConditionPipeline", seed)
 
 
 def build_tiny_long(seed: int = 0) -> "LTXI2VLongMultiPromptPipeline":
-    """build_tiny's parts as an LTXI2VLongMultiPromptPipeline, whose scheduler shifts no sigmas by
-    token count: it sets each window's schedule from the step count alone, with no `mu`. The
-    scheduler class stays the checkpoints' (the pipeline logs that ComfyUI runs it with
-    LTXEulerAncestralRFScheduler; under that schedule the tiny's block-0 residual changes too much
-    per step for the cache test to skip a call)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTXI2VLongMultiPromptPipeline
-
-    base = build_tiny(seed)
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False)
-    return LTXI2VLongMultiPromptPipeline.from_pipe(base, scheduler=scheduler)
+    """The tiny LTXI2VLongMultiPromptPipeline. Its scheduler class stays the checkpoints' flow-match
+    one (the pipeline logs that ComfyUI runs it with LTXEulerAncestralRFScheduler; under that
+    schedule the tiny's block-0 residual changes too much per step for the cache test to skip a call)."""
+    return _tiny_unshifted("LTXI2VLongMultiPromptPipeline", seed)
 
 
 FAMILY = Family(
