@@ -53,7 +53,6 @@ NEEDS_MORE = {
     # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
     # each needs a tiny transformer of its own config and an equality run before it is listed.
     "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
-    "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     "CogVideoXFunControlPipeline": "a control video besides the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
@@ -154,7 +153,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
        # CogVideoX 1.5 patches latent frames in pairs: 9 frames make 3 latent frames, padded to 4 by the
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
-       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9)}
+       "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
+       # HunyuanVideo's VAE compresses as Wan's, 2x2 patches: 5 frames make 2 latent frames of 5x7 = 70 tokens.
+       "HunyuanSkyreelsImageToVideoPipeline": dict(height=80, width=112, num_frames=5)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
 VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17)}

@@ -1,16 +1,47 @@
 """HunyuanVideo family: double-stream then single-stream blocks, both returning (video, text).
 
-`build_tiny` makes a seeded, random-weight HunyuanVideo-shaped pipeline offline for tests.
+`build_tiny` makes a seeded, random-weight HunyuanVideo-shaped pipeline offline for tests;
+`build_tiny_skyreels` its SkyReels-V1 image-to-video twin.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import HunyuanVideoPipeline
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoPipeline
+
+_LATENT_CHANNELS = 16  # HunyuanVideo's latent width
+
+
+def _tiny_transformer(seed: int, text_dim: int, pooled_dim: int, **config: Any) -> Any:
+    """HunyuanVideo's transformer scaled down to two double and two single blocks of four 16-wide
+    heads; `config` overrides (an image-to-video model's input channels)."""
+    from accel.models import _tiny_parts as parts
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    settings: dict[str, Any] = dict(
+        in_channels=_LATENT_CHANNELS,
+        out_channels=_LATENT_CHANNELS,
+        num_attention_heads=4,
+        attention_head_dim=16,
+        num_layers=2,
+        num_single_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=4.0,
+        patch_size=2,
+        patch_size_t=1,
+        qk_norm="rms_norm",
+        guidance_embeds=True,  # HunyuanVideo is guidance-distilled
+        text_embed_dim=text_dim,
+        pooled_projection_dim=pooled_dim,
+        rope_theta=256.0,
+        rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
+    )
+    with parts.seeded(seed):
+        return parts.finish(HunyuanVideoTransformer3DModel(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
@@ -22,14 +53,11 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     pipeline pads to `max_sequence_length` after cropping its prompt template's prefix).
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        HunyuanVideoPipeline,
-        HunyuanVideoTransformer3DModel,
-    )
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5 build_tiny_skyreels' transformer.
     base = seed * 8
     # The pipeline encodes `template.format(prompt)` and drops a fixed `crop_start` tokens (the
     # system prompt and headers): the tokenizer gives the template's words one token each, as
@@ -46,28 +74,9 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     text_encoder = parts.llama_model(tokenizer, seed=base + 1)
     text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
 
-    latent_channels = 16  # HunyuanVideo's latent width
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
-            HunyuanVideoTransformer3DModel(
-                in_channels=latent_channels,
-                out_channels=latent_channels,
-                num_attention_heads=4,
-                attention_head_dim=16,
-                num_layers=2,
-                num_single_layers=2,
-                num_refiner_layers=1,
-                mlp_ratio=4.0,
-                patch_size=2,
-                patch_size_t=1,
-                qk_norm="rms_norm",
-                guidance_embeds=True,  # HunyuanVideo is guidance-distilled
-                text_embed_dim=text_encoder.config.hidden_size,
-                pooled_projection_dim=text_encoder_2.config.hidden_size,
-                rope_theta=256.0,
-                rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
-            )
-        )
+    transformer = _tiny_transformer(
+        base + 3, text_dim=text_encoder.config.hidden_size, pooled_dim=text_encoder_2.config.hidden_size
+    )
     with parts.seeded(base + 4):
         vae = parts.finish(parts.hunyuan_video_vae())
     # HunyuanVideo's scheduler config: flow matching with a fixed shift of 7.
@@ -80,6 +89,27 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
         scheduler=scheduler,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
+    )
+
+
+def build_tiny_skyreels(seed: int = 0) -> "HunyuanSkyreelsImageToVideoPipeline":
+    """A tiny SkyReels-V1-Hunyuan-I2V look-alike: build_tiny's text stacks, VAE and scheduler, another transformer.
+
+    As SkyReels' I2V transformer, it reads 32 channels (the 16 noise latents, then the picture's
+    latents followed by zero frames) and predicts 16: the token count is the text-to-video one.
+    """
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline
+
+    pipe = build_tiny(seed)
+    transformer = _tiny_transformer(
+        seed * 8 + 5,
+        text_dim=pipe.text_encoder.config.hidden_size,
+        pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        in_channels=2 * _LATENT_CHANNELS,  # noise + picture latents
+    )
+    return HunyuanSkyreelsImageToVideoPipeline(
+        text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, transformer=transformer, vae=pipe.vae,
+        scheduler=pipe.scheduler, text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
     )
 
 
@@ -126,4 +156,9 @@ FAMILY = Family(
     cfg="calls",
     cfg_scale="true_cfg_scale",
     cfg_needs_negative=True,
+    variants=(
+        # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
+        # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.
+        Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels),
+    ),
 )
