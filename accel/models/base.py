@@ -64,6 +64,23 @@ class SequenceSplit:
 
 
 @dataclass(frozen=True)
+class LeadingCount:
+    """An integer argument `value` of `module` (a dotted pattern, as in SequenceSplit; "" is the
+    transformer itself) that counts the leading tokens of `stream` which the module treats apart:
+    HunyuanVideo I2V's blocks modulate the first latent frame (the clean picture) with their own
+    shift, scale and gate. Under a token split each rank gets how many of its own shard's real
+    tokens are among them (0 past them), so the same tokens are treated apart as on one process.
+    The stream must be cut by the time the module runs. `when` (config key, value) limits it to
+    transformers of that config (the same class's text-to-video blocks take no such argument).
+    """
+
+    value: str
+    stream: str
+    module: str = ""
+    when: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ParallelPlan:
     """What context parallelism does to a family's transformer, as data for the generic engine.
 
@@ -108,6 +125,7 @@ class ParallelPlan:
     batch_items: tuple[str, ...] = ()
     refuses: tuple[tuple[str, Any, str], ...] = ()
     whole_queries: tuple[str, ...] = ()
+    leading_counts: tuple[LeadingCount, ...] = ()
 
 
 @dataclass(frozen=True)
