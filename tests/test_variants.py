@@ -52,7 +52,6 @@ NEEDS_MORE = {
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
     # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
     # each needs a tiny transformer of its own config and an equality run before it is listed.
-    "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
     "CogVideoXFunControlPipeline": "a control video besides the video",
     "LTXConditionPipeline": "conditions (images or videos at frame indices) beyond --image / --video",
     "LTXI2VLongMultiPromptPipeline": "several prompts over a long video, one per window",
@@ -155,10 +154,14 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
        # HunyuanVideo's VAE compresses as Wan's, 2x2 patches: 5 frames make 2 latent frames of 5x7 = 70 tokens.
-       "HunyuanSkyreelsImageToVideoPipeline": dict(height=80, width=112, num_frames=5)}
+       "HunyuanSkyreelsImageToVideoPipeline": dict(height=80, width=112, num_frames=5),
+       "HunyuanVideoImageToVideoPipeline": dict(height=80, width=112, num_frames=5)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
 VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17)}
+
+
+HY_I2V = "HunyuanVideoImageToVideoPipeline"
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
@@ -289,16 +292,29 @@ def test_fill_runs_from_the_command_line_with_image_and_mask(tmp_path: Path) -> 
     assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
 
 
-def test_image_to_video_runs_from_the_command_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family, pipeline_class", [("hunyuan15", "HunyuanVideo15ImageToVideoPipeline"),
+                                                    ("hunyuan", "HunyuanVideoImageToVideoPipeline")])
+def test_image_to_video_runs_from_the_command_line(tmp_path: Path, family: str, pipeline_class: str) -> None:
     """HunyuanVideo 1.5's image-to-video pipeline sizes its video from the picture (it takes no
-    height or width) and guides through its guider, whose scale accel sets."""
+    height or width) and guides through its guider, whose scale accel sets; HunyuanVideo-I2V shows
+    the picture to its LLaVA text encoder and puts its latents in the first frame."""
     image = tmp_path / "in.png"
     cases.picture((64, 64)).save(image)
     out = tmp_path / "video.mp4"
-    done = subprocess.run([ACCEL, "run", "tiny-hunyuan15", "--pipeline", "HunyuanVideo15ImageToVideoPipeline", "--image", str(image),
+    done = subprocess.run([ACCEL, "run", f"tiny-{family}", "--pipeline", pipeline_class, "--image", str(image),
                            "--steps", "2", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_video(out).shape == (5, 64, 64, 3)  # the tiny defaults' 5 frames, at the picture's size
+
+
+def test_hunyuan_i2v_first_frame_tokens_are_counted_within_each_rank_shard(rank_pools) -> None:
+    """HunyuanVideo-I2V's token-replace blocks modulate the first latent frame's tokens apart, by
+    a count of leading video tokens. At the odd size that is 35 of 70; Ring 3 cuts shards of 24, so
+    the ranks hold 24, 11 and none of them (the equality runs above depend on it)."""
+    call = dict(odd_call("hunyuan", HY_I2V), num_inference_steps=1)  # true CFG: two calls
+    assert cases.block_argument("hunyuan", HY_I2V, {}, call, "single_transformer_blocks.1", "num_tokens") == [35, 35]
+    seen = rank_pools(3).run(cases.block_argument, "hunyuan", HY_I2V, {"parallel": {"ring": 3}}, call, "transformer_blocks.0", "num_tokens")
+    assert seen == [[24, 24], [11, 11], [0, 0]]
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, GenerationDefaults, LeadingCount, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoPipeline
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoImageToVideoPipeline, HunyuanVideoPipeline
 
 _LATENT_CHANNELS = 16  # HunyuanVideo's latent width
 
@@ -57,7 +57,8 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
-    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5 build_tiny_skyreels' transformer.
+    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5 build_tiny_skyreels' transformer,
+    # 6-7 build_tiny_i2v's LLaVA and transformer.
     base = seed * 8
     # The pipeline encodes `template.format(prompt)` and drops a fixed `crop_start` tokens (the
     # system prompt and headers): the tokenizer gives the template's words one token each, as
@@ -113,6 +114,48 @@ def build_tiny_skyreels(seed: int = 0) -> "HunyuanSkyreelsImageToVideoPipeline":
     )
 
 
+def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
+    """A tiny HunyuanVideo-I2V look-alike (its default, 16-channel "token_replace" model): build_tiny's
+    CLIP text tower, VAE and scheduler, a LLaVA image-text encoder and another transformer.
+
+    The picture conditions twice. LLaVA reads the prompt template's "<image>" placeholder as the
+    picture's 576 CLIP patch tokens (a 336 px CLIP tower of 14 px patches, as llava-llama-3-8b's),
+    every fourth of which joins the text stream ahead of the prompt: 144 + 252 = 396 text tokens.
+    And the picture's latents replace the first latent frame, whose tokens the transformer
+    modulates as a clean frame (timestep 0) in every block: the plan rebases that token count
+    to each rank's shard (LeadingTokens).
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import HunyuanVideoImageToVideoPipeline
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
+
+    base = seed * 8
+    pipe = build_tiny(seed)
+    # As build_tiny's: the template's words one token each, so the fixed crop lands at the prompt,
+    # and "<image>" one token at the template's `image_emb_start`.
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    tokenizer = parts.llama_tokenizer(template, extra_specials=("<image>",))
+    ids = tokenizer(template.split("{}")[0]).input_ids
+    image_at = ids.index(tokenizer.convert_tokens_to_ids("<image>"))
+    if (len(ids), image_at) != (DEFAULT_PROMPT_TEMPLATE["crop_start"], DEFAULT_PROMPT_TEMPLATE["image_emb_start"]):
+        raise RuntimeError(
+            f"tiny HunyuanVideo I2V tokenizer: the prompt template's prefix is {len(ids)} tokens with <image> at {image_at}, "
+            f"but the pipeline crops {DEFAULT_PROMPT_TEMPLATE['crop_start']} with it at {DEFAULT_PROMPT_TEMPLATE['image_emb_start']}"
+        )
+    text_encoder = parts.llava_model(tokenizer, seed=base + 6)
+    transformer = _tiny_transformer(
+        base + 7,
+        text_dim=text_encoder.config.text_config.hidden_size,
+        pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        image_condition_type="token_replace",  # HunyuanVideo-I2V's; its 33-channel sibling concatenates latents
+    )
+    return HunyuanVideoImageToVideoPipeline(
+        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=pipe.vae, scheduler=pipe.scheduler,
+        text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
+        image_processor=parts.clip_image_processor(parts.LLAVA_IMAGE_SIZE),
+    )
+
+
 FAMILY = Family(
     name="hunyuan",
     title="HunyuanVideo",
@@ -135,7 +178,9 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
     # Video and text are both cut where the blocks start (the token refiner before them runs whole
     # on every rank); the joint mask over video then text that the forward hands every block is cut
-    # stream by stream, and the rotary embedding with the video.
+    # stream by stream, and the rotary embedding with the video. The image-to-video model's
+    # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
+    # each rank gets the count within its own shard.
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=0, module="rope"),
@@ -149,6 +194,10 @@ FAMILY = Family(
         output_dim=1,
         output_module="proj_out",
         local_attention=("context_embedder",),
+        leading_counts=tuple(
+            LeadingCount("num_tokens", "video", module=blocks, when=("image_condition_type", "token_replace"))
+            for blocks in ("transformer_blocks.*", "single_transformer_blocks.*")
+        ),
     ),
     # HunyuanVideo is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
     # prompt, as a second transformer call per step.
@@ -160,5 +209,8 @@ FAMILY = Family(
         # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
         # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.
         Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels),
+        # HunyuanVideo-I2V: the picture through LLaVA into the text stream and as the first latent
+        # frame (token replace; the 33-channel checkpoint concatenates its latents instead).
+        Variant("HunyuanVideoImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
     ),
 )
