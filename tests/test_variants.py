@@ -484,3 +484,19 @@ def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_pat
     assert str(refused.value) == ("[model] pipeline: WanVACEPipeline needs a WanVACETransformer3DModel checkpoint, and this model's "
                                   "transformer is WanTransformer3DModel; load a checkpoint made for WanVACEPipeline")
     assert family_of(cases.variant_pipeline("wan", "WanVACEPipeline")).name == "wan"
+
+
+def test_a_checkpoint_of_another_config_is_refused_as_a_variant(tmp_path: Path) -> None:
+    """SkyReels-V1 image-to-video reads 32 input channels: HunyuanVideo's 16-channel text-to-video
+    checkpoint cannot run as it (it would fail on a shape mid-run); its own checkpoint loads."""
+    import accel
+    from accel.errors import ModelError
+    from accel.models.hunyuan import build_tiny, build_tiny_skyreels
+
+    build_tiny().save_pretrained(tmp_path / "t2v")
+    with pytest.raises(ModelError) as refused:
+        accel.load_pipeline(str(tmp_path / "t2v"), pipeline="HunyuanSkyreelsImageToVideoPipeline")
+    assert str(refused.value) == ("[model] pipeline: HunyuanSkyreelsImageToVideoPipeline needs a transformer with in_channels = 32, "
+                                  "and this model's has 16; load a checkpoint made for HunyuanSkyreelsImageToVideoPipeline")
+    build_tiny_skyreels().save_pretrained(tmp_path / "skyreels")
+    assert type(accel.load_pipeline(str(tmp_path / "skyreels"))).__name__ == "HunyuanSkyreelsImageToVideoPipeline"

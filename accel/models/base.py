@@ -189,7 +189,9 @@ class Variant:
     face videos): the CLI refuses it in one line, and a script builds the call and calls accel.apply. `not_split` says why sequence
     parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
-    accelerator still applies.
+    accelerator still applies. `transformer_config` are (config key, value) pairs the variant's
+    transformer must have (SkyReels-V1 image-to-video reads 32 input channels): loading another
+    checkpoint as this variant is refused in one line, not a shape error mid-run.
     """
 
     pipeline_class: str
@@ -208,6 +210,7 @@ class Variant:
     parallel: ParallelPlan | FromDiffusers | None = None
     script_only: str | None = None
     not_split: str | None = None
+    transformer_config: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

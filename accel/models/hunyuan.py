@@ -208,7 +208,8 @@ FAMILY = Family(
     variants=(
         # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
         # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.
-        Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels),
+        Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels,
+                transformer_config=(("in_channels", 2 * _LATENT_CHANNELS),)),
         # HunyuanVideo-I2V: the picture through LLaVA into the text stream and as the first latent
         # frame (token replace; the 33-channel checkpoint concatenates its latents instead).
         Variant("HunyuanVideoImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
