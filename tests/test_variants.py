@@ -321,6 +321,21 @@ def test_hunyuan_i2v_first_frame_tokens_are_counted_within_each_rank_shard(rank_
     assert seen == [[24, 24], [11, 11], [0, 0]]
 
 
+def test_hunyuan_i2v_33_channel_checkpoint_equals_one_process_on_ring_3(rank_pools) -> None:
+    """HunyuanVideo-I2V-33ch concatenates the picture's latents and a mask in channels: its blocks
+    count no first-frame tokens, so the plan's rebase stays off (it applies to token-replace
+    configs only) and Ring 3 at 70 video tokens equals one process."""
+    import parallel_cases
+
+    builder = "parallel_cases:tiny_hunyuan_i2v_33ch"
+    call = cases.variant_call("hunyuan", HY_I2V, dict(odd_call("hunyuan", HY_I2V), num_inference_steps=2))
+    expected, _, _ = parallel_cases.tiny_run(builder, {}, call)
+    assert expected.shape == (1, 1, 80, 112, 3)  # the pipeline drops the decoded video's first 4 frames
+    for output, _, bytes_sent in rank_pools(3).run(parallel_cases.tiny_run, builder, {"parallel": {"ring": 3}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
