@@ -123,7 +123,7 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
     every fourth of which joins the text stream ahead of the prompt: 144 + 252 = 396 text tokens.
     And the picture's latents replace the first latent frame, whose tokens the transformer
     modulates as a clean frame (timestep 0) in every block: the plan rebases that token count
-    to each rank's shard (LeadingTokens).
+    to each rank's shard (LeadingCount).
     """
     from accel.models import _tiny_parts as parts
     from diffusers import HunyuanVideoImageToVideoPipeline
