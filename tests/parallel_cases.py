@@ -182,6 +182,19 @@ def tiny_ltx2_i2v() -> Any:
     return LTX2ImageToVideoPipeline.from_pipe(tiny_pipeline("tiny-ltx2"))
 
 
+def tiny_hunyuan_i2v_33ch() -> Any:
+    """tiny HunyuanVideo-I2V with the 33-channel checkpoint's transformer config: the picture's
+    latents and a mask concatenated in channels (latent_concat), no guidance embedding."""
+    from accel.models import hunyuan
+
+    pipe = hunyuan.build_tiny_i2v()
+    pipe.transformer = hunyuan._tiny_transformer(
+        9, text_dim=pipe.text_encoder.config.text_config.hidden_size, pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        in_channels=2 * 16 + 1, guidance_embeds=False, image_condition_type="latent_concat",
+    )
+    return pipe
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]

@@ -53,8 +53,6 @@ NEEDS_MORE = {
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
     # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
     # each needs a tiny transformer of its own config and an equality run before it is listed.
-    "HunyuanVideoImageToVideoPipeline": "not a variant yet: a tiny transformer with image-conditioned input channels and a LLaVA image-text encoder",
-    "HunyuanSkyreelsImageToVideoPipeline": "not a variant yet: a tiny transformer with 32 input channels (noise + image latents)",
     # Both take reference videos appended as extra tokens with no position (not --condition) and are meant
     # to run with a LoRA, which accel does not load yet; IC-LoRA's conditioning_attention_strength < 1 is
     # an (L, L) attention mask, which Ulysses and Ring route only as a per-key mask today.
@@ -165,7 +163,10 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # pipeline (the picture's frame repeated, dropped before decoding): 2 x 5x7 = 70 tokens.
        "CogVideoXImageToVideoPipeline": dict(_ODD_VIDEO, num_frames=9),
        # Kandinsky 5's image pipelines: one latent frame of 5x7 patches at 80x112, 35 tokens.
-       "Kandinsky5T2IPipeline": dict(height=80, width=112), "Kandinsky5I2IPipeline": dict(height=80, width=112)}
+       "Kandinsky5T2IPipeline": dict(height=80, width=112), "Kandinsky5I2IPipeline": dict(height=80, width=112),
+       # HunyuanVideo's VAE compresses as Wan's, 2x2 patches: 5 frames make 2 latent frames of 5x7 = 70 tokens.
+       "HunyuanSkyreelsImageToVideoPipeline": dict(height=80, width=112, num_frames=5),
+       "HunyuanVideoImageToVideoPipeline": dict(height=80, width=112, num_frames=5)}
 # Calls a variant needs beyond its family's: Kandinsky 5's image-to-video renormalises its first
 # four latent frames against later ones, so it needs 17 frames (5 latent frames) or more.
 # SkyReels-V2's video extension continues the clip's last `overlap_history` frames, which must be
@@ -179,6 +180,13 @@ VARIANT_CALL = {"Kandinsky5I2VPipeline": dict(num_frames=17),
                 "LTXI2VLongMultiPromptPipeline": dict(prompt="a red fox in the snow | a white owl in a tree", num_frames=41,
                                                       temporal_tile_size=32, temporal_overlap=8, decode_horizontal_tiles=1,
                                                       decode_vertical_tiles=1)}
+# Cache thresholds a variant needs instead of its family's, so that its cached run skips some calls
+# (SkyReels-V1's 32-channel transformer changes block 0's residual by over 0.3 a step: 6 of 8 calls
+# cached at 0.5, none at 0.3).
+VARIANT_THRESHOLD = {"HunyuanSkyreelsImageToVideoPipeline": 0.5}
+
+
+HY_I2V = "HunyuanVideoImageToVideoPipeline"
 
 
 def odd_call(family: str, pipeline_class: str) -> dict:
@@ -189,7 +197,7 @@ def odd_call(family: str, pipeline_class: str) -> dict:
 def reference(family: str, pipeline_class: str, odd: bool, cache: bool) -> tuple[dict, dict, np.ndarray, int]:
     case = FAMILY_CASES[family]
     call = odd_call(family, pipeline_class) if odd else {**case.call, **VARIANT_CALL.get(pipeline_class, {})}
-    recipe = {"cache": {"threshold": case.threshold}} if cache else {}
+    recipe = {"cache": {"threshold": VARIANT_THRESHOLD.get(pipeline_class, case.threshold)}} if cache else {}
     key = (family, pipeline_class, odd, cache)
     if key not in _references:
         _references[key] = cases.variant_run(family, pipeline_class, recipe, call)[:2]
@@ -310,16 +318,44 @@ def test_fill_runs_from_the_command_line_with_image_and_mask(tmp_path: Path) -> 
     assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
 
 
-def test_image_to_video_runs_from_the_command_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family, pipeline_class", [("hunyuan15", "HunyuanVideo15ImageToVideoPipeline"),
+                                                    ("hunyuan", "HunyuanVideoImageToVideoPipeline")])
+def test_image_to_video_runs_from_the_command_line(tmp_path: Path, family: str, pipeline_class: str) -> None:
     """HunyuanVideo 1.5's image-to-video pipeline sizes its video from the picture (it takes no
-    height or width) and guides through its guider, whose scale accel sets."""
+    height or width) and guides through its guider, whose scale accel sets; HunyuanVideo-I2V shows
+    the picture to its LLaVA text encoder and puts its latents in the first frame."""
     image = tmp_path / "in.png"
     cases.picture((64, 64)).save(image)
     out = tmp_path / "video.mp4"
-    done = subprocess.run([ACCEL, "run", "tiny-hunyuan15", "--pipeline", "HunyuanVideo15ImageToVideoPipeline", "--image", str(image),
+    done = subprocess.run([ACCEL, "run", f"tiny-{family}", "--pipeline", pipeline_class, "--image", str(image),
                            "--steps", "2", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_video(out).shape == (5, 64, 64, 3)  # the tiny defaults' 5 frames, at the picture's size
+
+
+def test_hunyuan_i2v_first_frame_tokens_are_counted_within_each_rank_shard(rank_pools) -> None:
+    """HunyuanVideo-I2V's token-replace blocks modulate the first latent frame's tokens apart, by
+    a count of leading video tokens. At the odd size that is 35 of 70; Ring 3 cuts shards of 24, so
+    the ranks hold 24, 11 and none of them (the equality runs above depend on it)."""
+    call = dict(odd_call("hunyuan", HY_I2V), num_inference_steps=1)  # true CFG: two calls
+    assert cases.block_argument("hunyuan", HY_I2V, {}, call, "single_transformer_blocks.1", "num_tokens") == [35, 35]
+    seen = rank_pools(3).run(cases.block_argument, "hunyuan", HY_I2V, {"parallel": {"ring": 3}}, call, "transformer_blocks.0", "num_tokens")
+    assert seen == [[24, 24], [11, 11], [0, 0]]
+
+
+def test_hunyuan_i2v_33_channel_checkpoint_equals_one_process_on_ring_3(rank_pools) -> None:
+    """HunyuanVideo-I2V-33ch concatenates the picture's latents and a mask in channels: its blocks
+    count no first-frame tokens, so the plan's rebase stays off (it applies to token-replace
+    configs only) and Ring 3 at 70 video tokens equals one process."""
+    import parallel_cases
+
+    builder = "parallel_cases:tiny_hunyuan_i2v_33ch"
+    call = cases.variant_call("hunyuan", HY_I2V, dict(odd_call("hunyuan", HY_I2V), num_inference_steps=2))
+    expected, _, _ = parallel_cases.tiny_run(builder, {}, call)
+    assert expected.shape == (1, 1, 80, 112, 3)  # the pipeline drops the decoded video's first 4 frames
+    for output, _, bytes_sent in rank_pools(3).run(parallel_cases.tiny_run, builder, {"parallel": {"ring": 3}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize(
@@ -702,3 +738,19 @@ def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_pat
     assert str(refused.value) == ("[model] pipeline: WanVACEPipeline needs a WanVACETransformer3DModel checkpoint, and this model's "
                                   "transformer is WanTransformer3DModel; load a checkpoint made for WanVACEPipeline")
     assert family_of(cases.variant_pipeline("wan", "WanVACEPipeline")).name == "wan"
+
+
+def test_a_checkpoint_of_another_config_is_refused_as_a_variant(tmp_path: Path) -> None:
+    """SkyReels-V1 image-to-video reads 32 input channels: HunyuanVideo's 16-channel text-to-video
+    checkpoint cannot run as it (it would fail on a shape mid-run); its own checkpoint loads."""
+    import accel
+    from accel.errors import ModelError
+    from accel.models.hunyuan import build_tiny, build_tiny_skyreels
+
+    build_tiny().save_pretrained(tmp_path / "t2v")
+    with pytest.raises(ModelError) as refused:
+        accel.load_pipeline(str(tmp_path / "t2v"), pipeline="HunyuanSkyreelsImageToVideoPipeline")
+    assert str(refused.value) == ("[model] pipeline: HunyuanSkyreelsImageToVideoPipeline needs a transformer with in_channels = 32, "
+                                  "and this model's has 16; load a checkpoint made for HunyuanSkyreelsImageToVideoPipeline")
+    build_tiny_skyreels().save_pretrained(tmp_path / "skyreels")
+    assert type(accel.load_pipeline(str(tmp_path / "skyreels"))).__name__ == "HunyuanSkyreelsImageToVideoPipeline"

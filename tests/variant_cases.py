@@ -99,3 +99,23 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
     return np.asarray(output_array(result)), skipped, TRAFFIC.total_bytes  # frames, images or Kandinsky 5's `image`
+
+
+def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], block: str, argument: str) -> list[Any]:
+    """The values `argument` of the transformer's module `block` (a dotted name) took in each call
+    of the variant under `recipe`, as the block received them (after accel's hooks)."""
+    import accel
+
+    pipe = variant_pipeline(family, pipeline_class)
+    handle = accel.apply(pipe, recipe)
+    module = pipe.transformer.get_submodule(block)
+    signature = inspect.signature(module.forward)
+    seen: list[Any] = []
+    hook = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(signature.bind(*args, **kwargs).arguments[argument]),
+                                            with_kwargs=True)
+    try:
+        pipe(**variant_call(family, pipeline_class, call), generator=torch.Generator().manual_seed(0), output_type="np")
+    finally:
+        hook.remove()
+        handle.remove()
+    return seen

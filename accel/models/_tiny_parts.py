@@ -297,16 +297,17 @@ def _run_merges(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str
     return merges
 
 
-def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH) -> LlamaTokenizerFast:
+def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH, extra_specials: tuple[str, ...] = ()) -> LlamaTokenizerFast:
     """Llama-3-style tokenizer: byte-fallback BPE where each word of `template` is one token.
 
     Any other text goes one token per ASCII character (other bytes via `<0xNN>` tokens), so any
     text encodes. Merges build exactly the words, numbers and punctuation runs of `template`
     (split as Llama 3 splits them), so a prompt template's prefix spends as many tokens as with
     the real tokenizer and a pipeline's fixed `crop_start` cuts it off exactly. Pads to the right:
-    pipelines crop the template from the start of the sequence.
+    pipelines crop the template from the start of the sequence. `extra_specials` are further
+    single tokens (LLaVA's "<image>" placeholder).
     """
-    vocab, merges = _byte_fallback_bpe(("<unk>", "<pad>", *LLAMA_SPECIAL_TOKENS), template)
+    vocab, merges = _byte_fallback_bpe(("<unk>", "<pad>", *LLAMA_SPECIAL_TOKENS, *extra_specials), template)
     return LlamaTokenizerFast(
         vocab=vocab,
         merges=merges,
@@ -316,7 +317,7 @@ def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH
         unk_token="<unk>",
         add_bos_token=True,
         add_eos_token=False,
-        extra_special_tokens=list(LLAMA_SPECIAL_TOKENS[2:]),
+        extra_special_tokens=[*LLAMA_SPECIAL_TOKENS[2:], *extra_specials],
         padding_side="right",
         model_max_length=model_max_length,
         legacy=False,
@@ -343,6 +344,37 @@ def llama_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HI
     )
     with seeded(seed):
         return finish(LlamaModel(config))
+
+
+# LLaVA-1.5's CLIP ViT-L/14 at 336 px: 24x24 = 576 patch tokens, the count image-text prompt
+# templates (HunyuanVideo I2V's) reserve for the picture.
+LLAVA_IMAGE_SIZE = 336
+LLAVA_PATCH_SIZE = 14
+
+
+def llava_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HIDDEN) -> Any:
+    """LLaVA (LlavaForConditionalGeneration): a two-layer, 16-wide CLIP vision tower at LLaVA-1.5's
+    336 px / 14 px patches (576 picture tokens, as the real one gives) projected into a three-layer
+    Llama; the stand-in for llava-llama-3-8b. The tokenizer needs an "<image>" token."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    pad = tokenizer.pad_token_id
+    config = LlavaConfig(
+        vision_config=dict(
+            model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            image_size=LLAVA_IMAGE_SIZE, patch_size=LLAVA_PATCH_SIZE, projection_dim=16,
+        ),
+        text_config=dict(
+            model_type="llama", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+        ),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_seq_length=(LLAVA_IMAGE_SIZE // LLAVA_PATCH_SIZE) ** 2,
+        pad_token_id=pad,  # image-text pipelines read it here to pad the expanded ids
+    )
+    with seeded(seed):
+        return finish(LlavaForConditionalGeneration(config))
 
 
 def qwen2_tokenizer(template: str = "", runs: bool = False, prefix_tokens: int | None = None) -> Qwen2Tokenizer:

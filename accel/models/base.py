@@ -97,6 +97,23 @@ class GroupedTokens:
 
 
 @dataclass(frozen=True)
+class LeadingCount:
+    """An integer argument `value` of `module` (a dotted pattern, as in SequenceSplit; "" is the
+    transformer itself) that counts the leading tokens of `stream` which the module treats apart:
+    HunyuanVideo I2V's blocks modulate the first latent frame (the clean picture) with their own
+    shift, scale and gate. Under a token split each rank gets how many of its own shard's real
+    tokens are among them (0 past them), so the same tokens are treated apart as on one process.
+    The stream must be cut by the time the module runs. `when` (config key, value) limits it to
+    transformers of that config (the same class's text-to-video blocks take no such argument).
+    """
+
+    value: str
+    stream: str
+    module: str = ""
+    when: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ParallelPlan:
     """What context parallelism does to a family's transformer, as data for the generic engine.
 
@@ -143,6 +160,7 @@ class ParallelPlan:
     refuses: tuple[tuple[str, Any, str], ...] = ()
     whole_queries: tuple[str, ...] = ()
     grouped: tuple[GroupedTokens, ...] = ()
+    leading_counts: tuple[LeadingCount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -252,7 +270,10 @@ class Variant:
     family's (Kandinsky 5's text-to-image pipeline makes pictures with a video family's transformer):
     accel then writes that kind of file and passes no frame count; `vae` names its VAE class where it
     differs from the family's (its parallel decode: accel/models/vaes.py), and `defaults` the settings
-    to start from where the family's do not fit it (None: the family's).
+    to start from where the family's do not fit it (None: the family's). `transformer_config` are
+    (config key, value) pairs the variant's transformer must have (SkyReels-V1 image-to-video reads
+    32 input channels): loading another checkpoint as this variant is refused in one line, not a
+    shape error mid-run.
     """
 
     pipeline_class: str
@@ -281,6 +302,7 @@ class Variant:
     output: OutputKind | None = None
     vae: str | None = None
     defaults: GenerationDefaults | None = None
+    transformer_config: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,47 @@
 """HunyuanVideo family: double-stream then single-stream blocks, both returning (video, text).
 
-`build_tiny` makes a seeded, random-weight HunyuanVideo-shaped pipeline offline for tests.
+`build_tiny` makes a seeded, random-weight HunyuanVideo-shaped pipeline offline for tests;
+`build_tiny_skyreels` its SkyReels-V1 image-to-video twin.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, Family, GenerationDefaults, LeadingCount, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import HunyuanVideoPipeline
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoImageToVideoPipeline, HunyuanVideoPipeline
+
+_LATENT_CHANNELS = 16  # HunyuanVideo's latent width
+
+
+def _tiny_transformer(seed: int, text_dim: int, pooled_dim: int, **config: Any) -> Any:
+    """HunyuanVideo's transformer scaled down to two double and two single blocks of four 16-wide
+    heads; `config` overrides (an image-to-video model's input channels)."""
+    from accel.models import _tiny_parts as parts
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    settings: dict[str, Any] = dict(
+        in_channels=_LATENT_CHANNELS,
+        out_channels=_LATENT_CHANNELS,
+        num_attention_heads=4,
+        attention_head_dim=16,
+        num_layers=2,
+        num_single_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=4.0,
+        patch_size=2,
+        patch_size_t=1,
+        qk_norm="rms_norm",
+        guidance_embeds=True,  # HunyuanVideo is guidance-distilled
+        text_embed_dim=text_dim,
+        pooled_projection_dim=pooled_dim,
+        rope_theta=256.0,
+        rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
+    )
+    with parts.seeded(seed):
+        return parts.finish(HunyuanVideoTransformer3DModel(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
@@ -22,14 +53,12 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     pipeline pads to `max_sequence_length` after cropping its prompt template's prefix).
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        HunyuanVideoPipeline,
-        HunyuanVideoTransformer3DModel,
-    )
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
+    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5 build_tiny_skyreels' transformer,
+    # 6-7 build_tiny_i2v's LLaVA and transformer.
     base = seed * 8
     # The pipeline encodes `template.format(prompt)` and drops a fixed `crop_start` tokens (the
     # system prompt and headers): the tokenizer gives the template's words one token each, as
@@ -46,28 +75,9 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     text_encoder = parts.llama_model(tokenizer, seed=base + 1)
     text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
 
-    latent_channels = 16  # HunyuanVideo's latent width
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
-            HunyuanVideoTransformer3DModel(
-                in_channels=latent_channels,
-                out_channels=latent_channels,
-                num_attention_heads=4,
-                attention_head_dim=16,
-                num_layers=2,
-                num_single_layers=2,
-                num_refiner_layers=1,
-                mlp_ratio=4.0,
-                patch_size=2,
-                patch_size_t=1,
-                qk_norm="rms_norm",
-                guidance_embeds=True,  # HunyuanVideo is guidance-distilled
-                text_embed_dim=text_encoder.config.hidden_size,
-                pooled_projection_dim=text_encoder_2.config.hidden_size,
-                rope_theta=256.0,
-                rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
-            )
-        )
+    transformer = _tiny_transformer(
+        base + 3, text_dim=text_encoder.config.hidden_size, pooled_dim=text_encoder_2.config.hidden_size
+    )
     with parts.seeded(base + 4):
         vae = parts.finish(parts.hunyuan_video_vae())
     # HunyuanVideo's scheduler config: flow matching with a fixed shift of 7.
@@ -80,6 +90,69 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
         scheduler=scheduler,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
+    )
+
+
+def build_tiny_skyreels(seed: int = 0) -> "HunyuanSkyreelsImageToVideoPipeline":
+    """A tiny SkyReels-V1-Hunyuan-I2V look-alike: build_tiny's text stacks, VAE and scheduler, another transformer.
+
+    As SkyReels' I2V transformer, it reads 32 channels (the 16 noise latents, then the picture's
+    latents followed by zero frames) and predicts 16: the token count is the text-to-video one.
+    """
+    from diffusers import HunyuanSkyreelsImageToVideoPipeline
+
+    pipe = build_tiny(seed)
+    transformer = _tiny_transformer(
+        seed * 8 + 5,
+        text_dim=pipe.text_encoder.config.hidden_size,
+        pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        in_channels=2 * _LATENT_CHANNELS,  # noise + picture latents
+    )
+    return HunyuanSkyreelsImageToVideoPipeline(
+        text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, transformer=transformer, vae=pipe.vae,
+        scheduler=pipe.scheduler, text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
+    )
+
+
+def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
+    """A tiny HunyuanVideo-I2V look-alike (its default, 16-channel "token_replace" model): build_tiny's
+    CLIP text tower, VAE and scheduler, a LLaVA image-text encoder and another transformer.
+
+    The picture conditions twice. LLaVA reads the prompt template's "<image>" placeholder as the
+    picture's 576 CLIP patch tokens (a 336 px CLIP tower of 14 px patches, as llava-llama-3-8b's),
+    every fourth of which joins the text stream ahead of the prompt: 144 + 252 = 396 text tokens.
+    And the picture's latents replace the first latent frame, whose tokens the transformer
+    modulates as a clean frame (timestep 0) in every block: the plan rebases that token count
+    to each rank's shard (LeadingCount).
+    """
+    from accel.models import _tiny_parts as parts
+    from diffusers import HunyuanVideoImageToVideoPipeline
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
+
+    base = seed * 8
+    pipe = build_tiny(seed)
+    # As build_tiny's: the template's words one token each, so the fixed crop lands at the prompt,
+    # and "<image>" one token at the template's `image_emb_start`.
+    template = DEFAULT_PROMPT_TEMPLATE["template"]
+    tokenizer = parts.llama_tokenizer(template, extra_specials=("<image>",))
+    ids = tokenizer(template.split("{}")[0]).input_ids
+    image_at = ids.index(tokenizer.convert_tokens_to_ids("<image>"))
+    if (len(ids), image_at) != (DEFAULT_PROMPT_TEMPLATE["crop_start"], DEFAULT_PROMPT_TEMPLATE["image_emb_start"]):
+        raise RuntimeError(
+            f"tiny HunyuanVideo I2V tokenizer: the prompt template's prefix is {len(ids)} tokens with <image> at {image_at}, "
+            f"but the pipeline crops {DEFAULT_PROMPT_TEMPLATE['crop_start']} with it at {DEFAULT_PROMPT_TEMPLATE['image_emb_start']}"
+        )
+    text_encoder = parts.llava_model(tokenizer, seed=base + 6)
+    transformer = _tiny_transformer(
+        base + 7,
+        text_dim=text_encoder.config.text_config.hidden_size,
+        pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        image_condition_type="token_replace",  # HunyuanVideo-I2V's; its 33-channel sibling concatenates latents
+    )
+    return HunyuanVideoImageToVideoPipeline(
+        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=pipe.vae, scheduler=pipe.scheduler,
+        text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
+        image_processor=parts.clip_image_processor(parts.LLAVA_IMAGE_SIZE),
     )
 
 
@@ -105,7 +178,9 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
     # Video and text are both cut where the blocks start (the token refiner before them runs whole
     # on every rank); the joint mask over video then text that the forward hands every block is cut
-    # stream by stream, and the rotary embedding with the video.
+    # stream by stream, and the rotary embedding with the video. The image-to-video model's
+    # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
+    # each rank gets the count within its own shard.
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=0, module="rope"),
@@ -119,6 +194,10 @@ FAMILY = Family(
         output_dim=1,
         output_module="proj_out",
         local_attention=("context_embedder",),
+        leading_counts=tuple(
+            LeadingCount("num_tokens", "video", module=blocks, when=("image_condition_type", "token_replace"))
+            for blocks in ("transformer_blocks.*", "single_transformer_blocks.*")
+        ),
     ),
     # HunyuanVideo is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
     # prompt, as a second transformer call per step.
@@ -126,4 +205,13 @@ FAMILY = Family(
     cfg="calls",
     cfg_scale="true_cfg_scale",
     cfg_needs_negative=True,
+    variants=(
+        # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
+        # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.
+        Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels,
+                transformer_config=(("in_channels", 2 * _LATENT_CHANNELS),)),
+        # HunyuanVideo-I2V: the picture through LLaVA into the text stream and as the first latent
+        # frame (token replace; the 33-channel checkpoint concatenates its latents instead).
+        Variant("HunyuanVideoImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
+    ),
 )

@@ -13,7 +13,7 @@ from accel.errors import ModelError, UserError
 from accel.models.base import Family
 from accel.models.folder_check import check_folder, read_index, read_json
 from accel.models.registry import family_of, family_of_classes, lookup, unknown_model_message
-from accel.models.variants import variant_of
+from accel.models.variants import variant_of, variant_of_class
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -111,7 +111,10 @@ def load_pipeline(
     if pipeline and type(pipe).__name__ != pipeline:
         variant = variant_of(family, pipeline)
         _refuse_other_transformer(pipe, family, variant)
+        _refuse_other_config(pipe, variant)
         pipe = _as_pipeline(pipe, variant.pipeline_class)
+    else:
+        _refuse_other_config(pipe, variant_of_class(family, type(pipe)))
     pipe.to(target)
     return pipe
 
@@ -128,6 +131,18 @@ def _refuse_other_transformer(pipe: Any, family: Family, variant: Any) -> None:
             f"[model] pipeline: {variant.pipeline_class} needs a {expected} checkpoint, and this model's "
             f"transformer is {type(transformer).__name__}; load a checkpoint made for {variant.pipeline_class}"
         )
+
+
+def _refuse_other_config(pipe: Any, variant: Any) -> None:
+    """A variant whose transformer needs another config than this checkpoint's (SkyReels-V1 I2V's
+    32 input channels on a 16-channel text-to-video model): one line, not a shape error mid-run."""
+    config = getattr(getattr(pipe, "transformer", None), "config", {})
+    for key, value in variant.transformer_config:
+        if config.get(key) != value:
+            raise ModelError(
+                f"[model] pipeline: {variant.pipeline_class} needs a transformer with {key} = {value!r}, and this "
+                f"model's has {config.get(key)!r}; load a checkpoint made for {variant.pipeline_class}"
+            )
 
 
 def _as_pipeline(pipe: Any, pipeline_class: str) -> Any:

@@ -9,7 +9,7 @@ rank returns the full result. Hooks are registered on this transformer's modules
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import Family, FromDiffusers, GroupedTokens, ParallelPlan, SequenceSplit
+from accel.models.base import Family, FromDiffusers, GroupedTokens, LeadingCount, ParallelPlan, SequenceSplit
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
@@ -82,12 +82,19 @@ class ContextParallel:
         by_module: dict[str, list[SequenceSplit]] = {}
         for split in plan.splits:
             by_module.setdefault(split.module, []).append(split)
-        for pattern, splits in by_module.items():
+        config = getattr(transformer, "config", {})
+        counts_by_module: dict[str, list[LeadingCount]] = {}
+        for count in plan.leading_counts:
+            if count.when is None or config.get(count.when[0]) == count.when[1]:
+                counts_by_module.setdefault(count.module, []).append(count)
+        self._counts = counts_by_module.get("", [])
+        for pattern in dict.fromkeys([*by_module, *counts_by_module]):
+            splits, counts = by_module.get(pattern, []), counts_by_module.get(pattern, [])
             if not pattern:
-                self._check_arguments(transformer, splits)  # cut in `forward` itself
+                self._check_arguments(transformer, splits, counts)  # cut in `forward` itself
                 continue
             for module in _matching(modules, pattern, transformer, "that the parallel plan splits at"):
-                self._hook_splits(module, splits)
+                self._hook_splits(module, splits, counts)
         for split in plan.splits:  # after the splits above: a module's own cuts lay its streams out first
             if not split.at:
                 continue
@@ -124,23 +131,29 @@ class ContextParallel:
     def _hook(self, handle: Any) -> None:
         self._undo.append(handle.remove)
 
-    def _check_arguments(self, module: torch.nn.Module, splits: list[SequenceSplit]) -> inspect.Signature:
+    def _check_arguments(
+        self, module: torch.nn.Module, splits: list[SequenceSplit], counts: Sequence[LeadingCount] = ()
+    ) -> inspect.Signature:
         signature = inspect.signature(module.forward)
         missing = [split.value for split in splits if split.value != "output" and split.value not in signature.parameters]
         if missing:
             raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits")
+        missing = [count.value for count in counts if count.value not in signature.parameters]
+        if missing:
+            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan rebases")
         return signature
 
-    def _hook_splits(self, module: torch.nn.Module, splits: list[SequenceSplit]) -> None:
+    def _hook_splits(self, module: torch.nn.Module, splits: list[SequenceSplit], counts: list[LeadingCount]) -> None:
         inputs = [split for split in splits if split.value != "output"]
         outputs = [split for split in splits if split.value == "output"]
-        signature = self._check_arguments(module, splits)
+        signature = self._check_arguments(module, splits, counts)
 
         def cut_inputs(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if not self._active:
                 return None
             bound = signature.bind(*args, **kwargs)
             self._cut_arguments(bound.arguments, inputs)
+            self._rebase_counts(bound.arguments, counts)  # after the cuts: they may lay the stream out
             return bound.args, bound.kwargs
 
         def cut_output(_module: Any, _args: Any, output: Any) -> Any:
@@ -150,7 +163,7 @@ class ContextParallel:
                 output = self._cut(split, output)
             return output
 
-        if inputs:
+        if inputs or counts:
             self._hook(module.register_forward_pre_hook(cut_inputs, with_kwargs=True))
         if outputs:
             self._hook(module.register_forward_hook(cut_output))
@@ -198,6 +211,7 @@ class ContextParallel:
         """The transformer's forward (`call_next`) on this rank's shard, the full output returned."""
         bound = self._signature.bind(*args, **kwargs)
         self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module and not split.at])
+        self._rebase_counts(bound.arguments, self._counts)
         for split in self.plan.splits:
             if split.at and bound.arguments.get(split.value) is not None:
                 bound.arguments[split.value] = self._defer(split, bound.arguments[split.value])
@@ -252,6 +266,19 @@ class ContextParallel:
         for split in splits:
             if split.value in arguments:
                 arguments[split.value] = self._cut(split, arguments[split.value])
+
+    def _rebase_counts(self, arguments: dict[str, Any], counts: list[LeadingCount]) -> None:
+        """Each count of a stream's leading tokens becomes how many of them this rank's shard holds."""
+        for count in counts:
+            total = arguments.get(count.value)
+            if total is None:
+                continue
+            layout = self._layouts.get(count.stream)
+            if layout is None:
+                raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, which nothing has cut yet")
+            if isinstance(total, bool) or not isinstance(total, (int, torch.SymInt)):
+                raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, so it must be an int, not {type(total).__name__}")
+            arguments[count.value] = max(0, min(total - self.rank * layout.shard, layout.real(self.rank)))
 
     def _defer(self, split: SequenceSplit, value: Any) -> Any:
         """The copy of a list or mapping argument that the transformer gets, filled with the cut
