@@ -175,7 +175,7 @@ def _chosen_variants(recipe: Recipe, only: list[str] | None) -> list[tuple[str, 
 
 def _variant_recipe(recipe: Recipe, name: str) -> Recipe:
     variant = recipe.variant(name)
-    for key in ("name", "device"):
+    for key in ("name", "device", "pipeline", "lora"):
         if getattr(variant.model, key) != getattr(recipe.model, key):
             raise RecipeError(
                 f"{recipe.source}: [bench] variant {name!r} changes [model] {key}; every variant runs on the "
@@ -187,11 +187,13 @@ def _variant_recipe(recipe: Recipe, name: str) -> Recipe:
 def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
     """The checks `accel run` makes before start-up, naming the variant."""
     from accel.models.loading import heads_before_start
+    from accel.models.lora import parse_loras
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of
     from accel.runner import generation_kwargs
 
     try:
+        parse_loras(variant.model.lora)
         if ref.family is not None:
             generation_kwargs(ref.family, ref.tiny, variant, loads_as=ref.pipeline)
             if variant.world_size > 1:
@@ -281,7 +283,7 @@ def _run_variants(
 
     recipe = plan.recipe
     lead = rank == 0
-    pipelines = _Pipelines(recipe.model.name, device, recipe.model.pipeline)
+    pipelines = _Pipelines(recipe.model.name, device, recipe.model.pipeline, recipe.model.lora)
     pipe = pipelines.get(plan.baseline.recipe)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)  # a variant may make another kind
@@ -447,9 +449,10 @@ class _Pipelines:
     """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization): a variant
     that needs another state gets a fresh load."""
 
-    def __init__(self, name: str, device: Any, pipeline: str = "") -> None:
+    def __init__(self, name: str, device: Any, pipeline: str = "", lora: tuple[str, ...] | None = None) -> None:
         self.name = name
         self.pipeline = pipeline
+        self.lora = lora
         self.device = device
         self.pipe: Any = None
         self.model_dtype = ""
@@ -479,6 +482,6 @@ class _Pipelines:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.pipe = load_pipeline(self.name, dtype, self.device, self.pipeline or None)
+        self.pipe = load_pipeline(self.name, dtype, self.device, self.pipeline or None, self.lora)
         self.pipe.set_progress_bar_config(disable=True)
         self.model_dtype = dtype

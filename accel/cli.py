@@ -63,6 +63,7 @@ def run(
     conditions: Annotated[list[str] | None, Opt("--condition", metavar="PATH@INDEX:STRENGTH", help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.")] = None,
     inputs: Annotated[list[str] | None, Opt("--input", metavar="KEYWORD=PATH", help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.")] = None,
     arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.")] = None,
+    lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.")] = None,
     pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
@@ -89,7 +90,7 @@ def run(
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
-        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline},
+        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None},
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
@@ -191,11 +192,13 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
 def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
     from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
+    from accel.models.lora import parse_loras
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of
 
     ref = resolve_model(settings.model.name)
+    parse_loras(settings.model.lora)  # a missing LoRA file: one line before any rank starts
     check_hardware(settings.quant.type, resolve_device(settings.model.device), resolve_dtype(settings.model.dtype, ref))
     if ref.family is not None:
         from accel.runner import generation_kwargs

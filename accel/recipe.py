@@ -62,6 +62,10 @@ class ModelSection:
     pipeline: str = _key(
         "", "Pipeline class to run the model as (FluxKontextPipeline, QwenImageEditPipeline, …); empty: the model's own."
     )
+    lora: tuple[str, ...] | None = _key(
+        None, "LoRA weights fused into the model before it is accelerated: \"PATH@SCALE\", a .safetensors file, a folder or a hub "
+        "repo id, SCALE 1 when left out; several are fused together."
+    )
 
 
 @dataclass(frozen=True)

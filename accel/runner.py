@@ -396,7 +396,7 @@ def run(
         if lead:
             _check_out(out, overwrite, planned)  # again, now that it is ours: it may have appeared meanwhile
         start = time.perf_counter()
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None)
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora)
         load_s = time.perf_counter() - start
         family = family_of(pipe)
         made = made_by(family, variant_of_class(family, type(pipe)).pipeline_class)

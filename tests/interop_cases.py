@@ -183,6 +183,17 @@ def make_lora(directory: str) -> None:
     FluxPipeline.save_lora_weights(directory, transformer_lora_layers=get_peft_model_state_dict(transformer))
 
 
+def fused_lora_run(lora: str, recipe: dict[str, Any]) -> np.ndarray:
+    """The image of tiny-flux loaded with `[model] lora` fused in, under `recipe`."""
+    pipe = accel.load_pipeline("tiny-flux", lora=[lora])
+    pipe.set_progress_bar_config(disable=True)
+    handle = accel.apply(pipe, recipe)
+    try:
+        return generate(pipe)
+    finally:
+        handle.remove()
+
+
 def lora_after_apply(lora_dir: str, recipe: dict[str, Any] | None) -> list[np.ndarray]:
     """Images of a LoRA loaded after `apply(recipe)` (None: no accel at all), then fused, then unfused
     and unloaded."""

@@ -228,6 +228,7 @@ def _write(tmp_path: Path, variants: str) -> Path:
     ('{ name = "x", parallel = { ulysses = 8 } }',
      "[bench] variant 'x': [parallel] ulysses = 8 is more than the 4 attention heads of tiny-flux"),
     ('{ name = "x", model = { name = "tiny-wan" } }', "[bench] variant 'x' changes [model] name"),
+    ('{ name = "x", model = { lora = ["style.safetensors"] } }', "[bench] variant 'x' changes [model] lora"),
     ('{ name = "x", generate = { frames = 3 } }', "[bench] variant 'x': [generate] frames: FLUX.1 makes images; remove frames"),
     ('{ name = "baseline" }', "[bench] variant name 'baseline' is used twice"),
 ])

@@ -4,11 +4,13 @@ without quantization), step callbacks that draw from the global RNG, and the pip
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import accel
 import interop_cases as cases
@@ -143,6 +145,72 @@ def test_lora_reference_is_meaningful(lora_reference: list[np.ndarray], flux_ref
     loaded, fused, unloaded = lora_reference
     assert np.abs(loaded - flux_reference).max() > 1e-2, "the LoRA changes the image"
     assert np.abs(fused - loaded).max() <= TOLERANCE and np.abs(unloaded - flux_reference).max() <= TOLERANCE
+
+
+def test_a_recipe_lora_is_fused_at_its_scale_before_accelerating(rank_pools, lora_dir: str, lora_reference: list[np.ndarray]) -> None:
+    """`[model] lora`: the transformer holds plain weights W + scale * B A (no adapter layers left), so
+    Ulysses 2 and int8 quantization see an ordinary checkpoint; at scale 1 it makes the fused image."""
+    from safetensors.torch import load_file
+
+    half = accel.load_pipeline("tiny-flux", lora=[f"{lora_dir}@0.5"])
+    plain = cases.fresh_flux()
+    assert not [name for name, _ in half.transformer.named_modules() if "lora" in name]
+    lora = load_file(f"{lora_dir}/pytorch_lora_weights.safetensors")
+    down, up = (lora[f"transformer.transformer_blocks.0.attn.to_k.lora_{part}.weight"] for part in "AB")
+    expected = plain.transformer.transformer_blocks[0].attn.to_k.weight + 0.5 * (up @ down)  # alpha = rank: no extra factor
+    assert torch.allclose(half.transformer.transformer_blocks[0].attn.to_k.weight, expected, atol=1e-6)
+    assert np.abs(cases.fused_lora_run(lora_dir, {}) - lora_reference[1]).max() <= TOLERANCE
+    for output in rank_pools(2).run(cases.fused_lora_run, lora_dir, {"parallel": {"ulysses": 2}}):
+        assert np.abs(output - lora_reference[1]).max() <= TOLERANCE
+    quantized = cases.fused_lora_run(lora_dir, {"quant": {"type": "int8wo"}})
+    assert 0 < np.abs(quantized - lora_reference[1]).max() < 5e-3  # int8 error only
+
+
+def test_accel_run_fuses_the_lora_flag(tmp_path: Path, lora_dir: str, lora_reference: list[np.ndarray]) -> None:
+    """`accel run --lora` writes the fused LoRA's image (the reference call is the recipe's)."""
+    from PIL import Image
+
+    from accel.cli import app
+
+    out = tmp_path / "lora.png"
+    call = cases.FLUX_CALL
+    result = CliRunner().invoke(app, ["run", "tiny-flux", "--lora", lora_dir, "--prompt", call["prompt"], "--steps",
+                                      str(call["num_inference_steps"]), "--height", str(call["height"]), "--width", str(call["width"]),
+                                      "--guidance", str(call["guidance_scale"]), "--warmup", "0", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    written = np.asarray(Image.open(out), dtype=np.float32) / 255
+    assert np.abs(written - lora_reference[1][0]).max() <= 1 / 255 + 1e-6
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{missing}", "[model] lora: {missing} does not exist; pass a LoRA .safetensors file, its folder, or a hub repo id"),
+    ("{lora}@half", "[model] lora: {lora}@half: write PATH@SCALE (a .safetensors file, a folder, or a hub repo id; SCALE 1 when "
+                    "left out), e.g. style.safetensors@0.8"),
+], ids=["missing", "scale"])
+def test_a_bad_lora_flag_is_one_line_before_loading(tmp_path: Path, lora_dir: str, value: str, message: str) -> None:
+    from accel.cli import app
+
+    paths = {"missing": str(tmp_path / "nope.safetensors"), "lora": lora_dir}
+    for gpus in ([], ["--gpus", "2"]):  # before any rank starts
+        result = CliRunner().invoke(app, ["run", "tiny-flux", "--lora", value.format(**paths), *gpus, "-o", str(tmp_path / "o.png")])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == "error: " + message.format(**paths)
+
+
+def test_a_file_that_is_not_a_lora_for_the_model_is_one_line(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    pytest.importorskip("peft")
+    save_file({"foo.weight": torch.zeros(2, 2)}, tmp_path / "foo.safetensors")
+    save_file({"transformer.nowhere.lora_A.weight": torch.zeros(4, 8), "transformer.nowhere.lora_B.weight": torch.zeros(8, 4)},
+              tmp_path / "other.safetensors")
+    with pytest.raises(UserError) as refused:
+        accel.load_pipeline("tiny-flux", lora=[str(tmp_path / "foo.safetensors")])
+    assert str(refused.value) == (f"[model] lora: {tmp_path / 'foo.safetensors'} is not a LoRA FluxPipeline can load (Invalid LoRA "
+                                  "checkpoint. Make sure all LoRA param names contain `'lora'` substring.)")
+    with pytest.raises(UserError) as refused:
+        accel.load_pipeline("tiny-flux", lora=[str(tmp_path / "other.safetensors")])
+    assert str(refused.value).startswith(f"[model] lora: {tmp_path / 'other.safetensors'} ")
 
 
 def test_lora_after_apply_equals_lora_without_accel(rank_pools, lora_dir: str, lora_reference: list[np.ndarray]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from accel.errors import ModelError, UserError
 from accel.models.base import Family
 from accel.models.folder_check import check_folder, read_index, read_json
+from accel.models.lora import fuse_loras, parse_loras
 from accel.models.registry import family_of, family_of_classes, lookup, unknown_model_message
 from accel.models.variants import variant_of, variant_of_class
 
@@ -93,9 +95,12 @@ def load_pipeline(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     pipeline: str | None = None,
+    lora: Sequence[str] | None = None,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
-    `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline)."""
+    `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
+    `lora` lists LoRA weights ("PATH@SCALE") fused into its weights."""
+    loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
     target = resolve_device(device)
@@ -116,6 +121,7 @@ def load_pipeline(
     else:
         _refuse_other_config(pipe, variant_of_class(family, type(pipe)))
     pipe.to(target)
+    fuse_loras(pipe, loras)
     return pipe
 
 
