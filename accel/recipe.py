@@ -88,6 +88,10 @@ class GenerateSection:
         None, "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
         "\"PATH@INDEX:STRENGTH\", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts."
     )
+    references: tuple[str, ...] | None = _key(
+        None, "Reference pictures or clips without a position, for in-context pipelines (LTX-2 IC-LoRA): \"PATH@STRENGTH\", "
+        "STRENGTH optional (1)."
+    )
     inputs: Mapping[str, str] = _table(
         "Other input files, by the pipeline's keyword: pose_video = \"pose.mp4\" (Wan Animate), control_video (CogVideoX Fun); "
         "the pipeline variant says which it takes."

@@ -172,6 +172,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
+    kwargs.update(condition_arguments(variant, settings.references or (), tiny, key="references"))
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
     if variant.area is not None:

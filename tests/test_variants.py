@@ -53,10 +53,8 @@ NEEDS_MORE = {
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
     # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
     # each needs a tiny transformer of its own config and an equality run before it is listed.
-    # Both take reference videos appended as extra tokens with no position (not --condition) and are meant
-    # to run with a LoRA, which accel does not load yet; IC-LoRA's conditioning_attention_strength < 1 is
-    # an (L, L) attention mask, which Ulysses and Ring route only as a per-key mask today.
-    "LTX2InContextPipeline": "an IC-LoRA and reference videos without positions beyond --condition; a pairwise attention mask below full strength",
+    # Meant to run with an HDR LoRA (--lora) on a reference SDR video, and makes linear HDR frames, not
+    # the 0-1 frames an MP4 holds: accel writes no HDR video yet.
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
@@ -125,7 +123,7 @@ ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPl
             # CogVideoX I2V's channel-concatenated condition, batched for CFG): the odd size on Ring 3.
             "SkyReelsV2DiffusionForcingVideoToVideoPipeline": "ring3, odd size", "CogVideoXFunControlPipeline": "ring3, odd size",
             # LTX-2's keyframes: a first-frame one and an appended one, in the odd-size case.
-            "LTX2ConditionPipeline": "ring3, odd size"}
+            "LTX2ConditionPipeline": "ring3, odd size", "LTX2InContextPipeline": "ring3, odd size"}
 
 
 def modes_of(family: str, pipeline_class: str) -> list[str]:
@@ -153,6 +151,8 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "LTX2ImageToVideoPipeline": dict(height=160, width=224, num_frames=9),
        # Its keyframe at the last latent frame joins as 5x7 extra tokens: 25 frames, (4 + 1) x 35 = 175.
        "LTX2ConditionPipeline": dict(height=160, width=224, num_frames=25),
+       # IC-LoRA: 2 latent frames of video, the last one's keyframe and a 2-frame reference clip, 70 + 35 + 70 = 175.
+       "LTX2InContextPipeline": dict(height=160, width=224, num_frames=9),
        # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
        # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
        "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),
@@ -702,6 +702,15 @@ def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> No
     assert (first.index, first.strength, first.crf, first.frames.size) == (0, 1.0, 0, (64, 64))
     assert (last.index, last.strength, len(last.frames)) == (-1, 0.5, 9)
     assert generation_kwargs(FAMILIES["ltx2"], False, recipe)["conditions"].tiny is False  # real weights: the model's CRF
+    # IC-LoRA's references have no position: PATH@STRENGTH, beside keyframes.
+    from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
+
+    recipe = Recipe.from_dict({"model": {"pipeline": "LTX2InContextPipeline"},
+                               "generate": {"conditions": [str(image)], "references": [f"{clip}@0.5"]}})
+    opened = open_inputs(generation_kwargs(FAMILIES["ltx2"], True, recipe))
+    (reference,), (keyframe,) = opened["reference_conditions"], opened["conditions"]
+    assert type(reference) is LTX2ReferenceCondition and (reference.strength, len(reference.frames)) == (0.5, 9)
+    assert (keyframe.index, keyframe.strength) == (0, 1.0)
 
 
 @pytest.mark.parametrize(
@@ -712,8 +721,11 @@ def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> No
         (["--condition", "{image}@1:1.5"], "[generate] conditions: {image}@1:1.5: the strength must be from 0 to 1, got 1.5"),
         (["--condition", "{missing}@1"], "[generate] conditions: {missing} does not exist; pass a picture or a video"),
         (["--pipeline", "LTX2Pipeline", "--condition", "{image}"], "[generate] conditions: LTX2Pipeline takes no conditions; remove --condition"),
+        (["--reference", "{image}"], "[generate] references: LTX2ConditionPipeline takes no references; remove --reference"),
+        (["--pipeline", "LTX2InContextPipeline", "--reference", "{image}@1:0.5"],
+         "[generate] references: {image}@1:0.5: write PATH@STRENGTH, STRENGTH from 0 to 1, e.g. depth.mp4@0.9"),
     ],
-    ids=["index", "strength", "missing file", "no conditions"],
+    ids=["index", "strength", "missing file", "no conditions", "no references", "reference with an index"],
 )
 def test_a_bad_condition_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
     image, _ = write_inputs(tmp_path)

@@ -71,6 +71,8 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     # A variant's own input files (Animate's pose video), unless the call brings its own (a face crop).
     named = {spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
              for spec in variant.inputs if spec.required and spec.when is None}
+    if variant.references is not None:  # a reference clip of the call's length (IC-LoRA's depth or pose video)
+        named[variant.references.keyword] = [condition_object(variant.references, clip(size, frames), 0, 1.0, tiny=True)]
     if variant.conditions is not None:  # one that replaces the first latent frame, one appended as extra tokens
         named[variant.conditions.keyword] = [condition_object(variant.conditions, picture(size), 0, 1.0, tiny=True),
                                              condition_object(variant.conditions, picture(size), -1, 0.8, tiny=True)]

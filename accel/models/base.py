@@ -223,8 +223,9 @@ class Conditions:
     (`--condition PATH@INDEX:STRENGTH`, `[generate] conditions`): the call gets a list under
     `keyword` of diffusers' `cls` objects (a dotted path), each built with the file (one RGB PIL
     image, or a clip as a list of them) under `frames` (under `video` for a clip where the class
-    keeps the two apart), the position under `index`, the strength under `strength`. `units` says
-    what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
+    keeps the two apart), the position under `index` (None: the class has none, as IC-LoRA's
+    reference videos, given as `--reference PATH@STRENGTH`), the strength under `strength`. `units`
+    says what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
     conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode)."""
 
     cls: str
@@ -232,7 +233,7 @@ class Conditions:
     keyword: str = "conditions"
     frames: str = "frames"
     video: str | None = None
-    index: str = "index"
+    index: str | None = "index"
     strength: str = "strength"
     tiny: tuple[tuple[str, Any], ...] = ()
 
@@ -262,7 +263,8 @@ class Variant:
     same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
     class's plan (None: that class runs on one process, or with CFG parallelism alone). `inputs` are
     the call's other input files, each under its own keyword (`NamedInput`); `conditions` how it takes
-    pictures and clips at chosen frames (`Conditions`).
+    pictures and clips at chosen frames (`Conditions`), `references` its reference videos without a
+    position (`--reference`).
     `not_split` says why sequence
     parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
     sequence by position): Ulysses and Ring are then refused with that reason, every other
@@ -293,6 +295,7 @@ class Variant:
     seed: str | None = None
     inputs: tuple[NamedInput, ...] = ()
     conditions: Conditions | None = None
+    references: Conditions | None = None
     # Call arguments the variant needs a value for, with the one accel gives unless `[generate]
     # arguments` (`--arg`) says otherwise: SkyReels-V2 video extension's `overlap_history`.
     arguments: tuple[tuple[str, Any], ...] = ()

@@ -137,6 +137,10 @@ def build_tiny(seed: int = 0) -> "LTX2Pipeline":
 # whole on every rank, the video keys cut.
 _BLOCK = "transformer_blocks.*."
 
+# Keyframes at latent frames: one at 0 replaces that frame's latents, one later joins the video tokens.
+_KEYFRAMES = Conditions("diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
+                        units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))
+
 FAMILY = Family(
     name="ltx2",
     title="LTX-2",
@@ -195,9 +199,14 @@ FAMILY = Family(
         # Keyframes: a condition at latent frame 0 replaces that frame's latents (timestep 0 on its
         # tokens, as image-to-video); one elsewhere joins the video tokens as extra tokens with its
         # own positions, cut with them.
-        Variant("LTX2ConditionPipeline", conditions=Conditions(
-            "diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
-            units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))),
+        Variant("LTX2ConditionPipeline", conditions=_KEYFRAMES),
+        # IC-LoRA (with `--lora`): reference videos (depth, pose, …) join the tokens after the video's
+        # and the keyframes', with their own positions: cut with them. `--arg
+        # conditioning_attention_strength` below 1 makes an (L, L) attention mask, which the split
+        # refuses in one line.
+        Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
+            "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
+            index=None)),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

@@ -142,38 +142,41 @@ class InputConditions(tuple):  # type: ignore[type-arg]
         return made
 
 
-def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool) -> dict[str, InputConditions]:
-    """`--condition PATH@INDEX:STRENGTH` as the call's conditions: a pipeline that takes none, a bad
-    index or strength, or an unreadable file is one line naming the flag."""
-    spec = variant.conditions
+def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, key: str = "conditions") -> dict[str, InputConditions]:
+    """`--condition PATH@INDEX:STRENGTH` (`key` "conditions") or `--reference PATH@STRENGTH` ("references")
+    as the call's condition objects: a pipeline that takes none, a bad index or strength, or an
+    unreadable file is one line naming the key."""
+    spec = variant.conditions if key == "conditions" else variant.references
     if not given:
         return {}
     if spec is None:
-        raise UserError(f"[generate] conditions: {variant.pipeline_class} takes no conditions; remove --condition")
+        raise UserError(f"[generate] {key}: {variant.pipeline_class} takes no {key}; remove --{key.removesuffix('s')}")
     items = []
     for text in given:
-        path, index, strength = _parse_condition(text, spec)
+        path, index, strength = _parse_condition(text, spec, key)
         file = Path(path).expanduser()
         if file.is_file() and _is_picture(file):
             items.append((str(file), index, strength))
         else:
-            items.append((str(InputVideo(_readable_video("conditions", path, "a picture or a video"))), index, strength))
+            items.append((str(InputVideo(_readable_video(key, path, "a picture or a video"))), index, strength))
     return {spec.keyword: InputConditions(items, spec, tiny)}
 
 
-def _parse_condition(text: str, spec: Conditions) -> tuple[str, int, float]:
+def _parse_condition(text: str, spec: Conditions, key: str) -> tuple[str, int, float]:
+    """PATH@INDEX:STRENGTH, or PATH@STRENGTH where the class has no position (IC-LoRA's references)."""
     path, at, position = text.rpartition("@")
     if not at:
         return text, 0, 1.0
-    index_text, colon, strength_text = position.partition(":")
+    index_text, colon, strength_text = position.partition(":") if spec.index else ("0", ":", position)
+    form = (f"PATH@INDEX:STRENGTH, INDEX a whole number ({spec.units}), STRENGTH from 0 to 1, e.g. end.png@-1:0.8" if spec.index
+            else "PATH@STRENGTH, STRENGTH from 0 to 1, e.g. depth.mp4@0.9")
     try:
         index = int(index_text)
         strength = float(strength_text) if colon else 1.0
     except ValueError:
-        raise UserError(f"[generate] conditions: {text}: write PATH@INDEX:STRENGTH, INDEX a whole number ({spec.units}), "
-                        "STRENGTH from 0 to 1, e.g. end.png@-1:0.8") from None
+        raise UserError(f"[generate] {key}: {text}: write {form}") from None
     if not 0 <= strength <= 1:
-        raise UserError(f"[generate] conditions: {text}: the strength must be from 0 to 1, got {strength_text}")
+        raise UserError(f"[generate] {key}: {text}: the strength must be from 0 to 1, got {strength_text}")
     return path, index, strength
 
 
@@ -323,4 +326,5 @@ def condition_object(spec: Conditions, content: Any, index: int, strength: float
     module, _, name = spec.cls.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     field = spec.video if isinstance(content, list) and spec.video else spec.frames
-    return cls(**{field: content, spec.index: index, spec.strength: strength}, **dict(spec.tiny if tiny else ()))
+    position = {spec.index: index} if spec.index else {}
+    return cls(**{field: content, **position, spec.strength: strength}, **dict(spec.tiny if tiny else ()))
