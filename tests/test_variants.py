@@ -255,6 +255,26 @@ def test_video_variants_odd_size_makes_a_token_count_three_ranks_do_not_divide(f
     assert seen and all(tokens % 3 and tokens % 4 and tokens % 8 for tokens in seen), seen
 
 
+# -- SkyReels-V2 diffusion forcing's asynchronous mode ---------------------------------------------
+DF = "SkyReelsV2DiffusionForcingPipeline"
+
+
+def test_asynchronous_diffusion_forcing_splits_and_its_causal_blocks_are_refused(rank_pools) -> None:
+    """`ar_step` > 0 staggers the latent frames' timesteps (per-frame timesteps, cut with the tokens):
+    equal to one process on Ring 3 at 175 tokens. `causal_block_size` > 1 adds a block-causal (L, L)
+    attention mask, which the engine routes only as a per-key mask: one line on every rank, no hang."""
+    call = dict(odd_call("skyreels2", DF), ar_step=1, causal_block_size=1)
+    expected, _, _ = cases.variant_run("skyreels2", DF, {}, call)
+    synchronous, _, _ = cases.variant_run("skyreels2", DF, {}, odd_call("skyreels2", DF))
+    assert np.abs(expected - synchronous).max() > 1e-3  # the staggered schedule makes another video
+    for output, _, _ in rank_pools(3).run(cases.variant_run, "skyreels2", DF, {"parallel": {"ring": 3}}, call):
+        assert np.abs(output - expected).max() <= TOLERANCE
+    # (The transformer builds its mask over whole blocks: 2 blocks of 2 latent frames, 4 x 35 tokens.)
+    errors = rank_pools(2).run(cases.diffusion_forcing_error, {"parallel": {"ulysses": 2}}, dict(call, causal_block_size=2))
+    assert errors == ["NotAvailableError: context parallelism: this transformer's attention mask is not a boolean per-key mask "
+                      "(shape (1, 1, 140, 140), torch.bool); run it without [parallel]"] * 2
+
+
 # -- a variant context parallelism cannot cut ----------------------------------------------------
 KV = "Flux2KleinKVPipeline"
 KV_REFUSAL = ("[parallel] ulysses × ring = 2: context parallelism cannot split Flux2KleinKVPipeline: its attention processors "
