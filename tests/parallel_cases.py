@@ -52,6 +52,27 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
 
 
+def pair_mask_error(ulysses: int, ring: int, tokens: int, block: int) -> float:
+    """Max-abs error of this rank's self-attention under a whole-sequence block-causal pair mask
+    (tokens in blocks of `block`; a block sees itself and earlier ones, and the first query of a
+    block sees nothing but its own block) against SDPA with that mask on the full tensors."""
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    world, rank = ulysses * ring, mesh.sequence_rank
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 4, tokens, 16, generator=generator) for _ in range(3))
+    blocks = torch.arange(tokens) // block
+    allowed = blocks[None, :] <= blocks[:, None]  # (queries, keys)
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=allowed)
+    layout = SequenceLayout(tokens, world)
+    pairs = F.pad(allowed, (0, layout.pad, 0, layout.pad))[None]
+    pairs[:, tokens:, :] = True
+    shard = lambda x: layout.split(x, 2, rank)  # noqa: E731
+    out = usp_attention(shard(q), shard(k), shard(v), mesh.ulysses_group if ulysses > 1 else None,
+                        mesh.ring_group if ring > 1 else None, layout.valid()[:, None, :] if layout.pad else None, None, None, pairs)
+    rows = min(layout.shard, tokens - rank * layout.shard)
+    return (out[:, :, :rows].double() - shard(reference)[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
+
+
 def whole_query_error(world: int, q_len: int, k_len: int, masked: bool, host_hint: bool) -> float:
     """Max-abs error of `whole_query_attention` (every rank all queries, its shard of the keys) against
     SDPA on the full tensors, with the keys' padding (and a per-row key mask) applied."""

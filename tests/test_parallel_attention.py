@@ -61,6 +61,14 @@ def test_padding_known_on_the_host_equals_sdpa(rank_pools, ulysses: int, ring: i
     assert max(errors) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("ulysses,ring,tokens", [(2, 1, 37), (1, 3, 37), (2, 2, 37), (1, 4, 5)], ids=str)
+def test_a_whole_sequence_pair_mask_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int) -> None:
+    """A block-causal (L, L) mask: each rank's rows, each key block's columns; ring blocks a query may
+    not see at all (later frames) drop out of the merge; padding as usual (37 on 2, 3, 4; 5 on 4)."""
+    errors = rank_pools(ulysses * ring).run(cases.pair_mask_error, ulysses, ring, tokens, 6 if tokens > 5 else 2)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
 # (ulysses, ring, heads): head counts the Ulysses degree does not divide, Ulysses alone and USP.
 UNEVEN_HEADS = [(2, 1, 3), (3, 1, 4), (4, 1, 5), (4, 1, 7), (2, 2, 3), (2, 2, 5)]
 

@@ -123,17 +123,12 @@ def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], cal
     return seen
 
 
-def diffusion_forcing_error(recipe: dict[str, Any], call: dict[str, Any]) -> str:
-    """The one-line error SkyReels-V2 diffusion forcing stops with under `recipe` ("no error": none);
-    its `causal_block_size` is written into the transformer's config, which is put back after."""
-    from accel.errors import UserError
-
+def diffusion_forcing_run(recipe: dict[str, Any], call: dict[str, Any]) -> np.ndarray:
+    """SkyReels-V2 diffusion forcing's output under `recipe`; its `causal_block_size` is written into
+    the transformer's config, which is put back after, so later runs of this process see none."""
     transformer = variant_pipeline("skyreels2", "SkyReelsV2DiffusionForcingPipeline").transformer
     before = transformer.config.num_frame_per_block
     try:
-        variant_run("skyreels2", "SkyReelsV2DiffusionForcingPipeline", recipe, call)
-    except UserError as error:
-        return f"{type(error).__name__}: {error}"
+        return variant_run("skyreels2", "SkyReelsV2DiffusionForcingPipeline", recipe, call)[0]
     finally:
         transformer.register_to_config(num_frame_per_block=before)
-    return "no error"

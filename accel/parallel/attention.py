@@ -55,8 +55,14 @@ def usp_attention(
     key_valid: Tensor | None = None,
     scale: float | None = None,
     real_keys: RealKeys | None = None,
+    pair_mask: Tensor | None = None,
 ) -> Tensor:
-    """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1)."""
+    """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1).
+
+    `pair_mask`, when given, is a bool (B|1, N, N) over the whole padded sequence in shard order
+    (shard p's tokens at [p * shard, (p + 1) * shard)), which query may see which key (SkyReels-V2's
+    block-causal frames); every rank passes the same tensor and takes its own rows and each key
+    block's columns from it."""
     ulysses = group_size(ulysses_group) if ulysses_group is not None else 1
     ring = group_size(ring_group) if ring_group is not None else 1
     _check(q, k, v, ulysses, ring, key_valid, real_keys)
@@ -73,6 +79,11 @@ def usp_attention(
             _BlockKeys(masks[r], leading_real(real_keys[r * ulysses : (r + 1) * ulysses], [shard] * ulysses) if real_keys is not None else None)
             for r in range(ring)
         ]
+    if pair_mask is not None:
+        # After the all-to-all, ring rank r's queries (and keys) are shards r*U .. r*U + U - 1: one stretch.
+        width = ulysses * shard
+        rows = pair_mask.narrow(1, group_rank(ring_group) * width, width) if ring > 1 else pair_mask
+        blocks = [_BlockKeys(block.valid, block.prefix, rows.narrow(2, r * width, width)) for r, block in enumerate(blocks)]
     if ring > 1:
         out = _ring(q, k, v, ring_group, ring, blocks, scale)
     else:
@@ -103,6 +114,7 @@ class _BlockKeys:
 
     valid: Tensor | None
     prefix: int | None
+    pair: Tensor | None = None  # (B|1, queries, keys): which of them may meet, beside `valid`
 
 
 def leading_real(counts: Sequence[int | None], sizes: Sequence[int]) -> int | None:
@@ -186,16 +198,24 @@ def _block(q: Tensor, k: Tensor, v: Tensor, keys: _BlockKeys, scale: float | Non
 
     Which path runs is decided on the host (no sync, and the same graph under compile): all keys
     real, or real up to a known point (cut there, unmasked kernel), or a mask."""
-    if keys.valid is None or keys.prefix == k.shape[-2]:
-        return attention_with_lse(q, k, v, None, scale)
     if keys.prefix == 0:  # only padding here: contributes nothing to the merge
         return q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=torch.float32)
+    if keys.pair is not None:  # (B|1, 1, queries, keys)
+        allowed = keys.pair if keys.valid is None else keys.pair & keys.valid[:, None, :]
+        return _masked(q, k, v, allowed[:, None], scale)
+    if keys.valid is None or keys.prefix == k.shape[-2]:
+        return attention_with_lse(q, k, v, None, scale)
     if keys.prefix is not None:
         return attention_with_lse(q, k[..., : keys.prefix, :], v[..., : keys.prefix, :], None, scale)
-    valid = keys.valid
-    bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
-    out, lse = attention_with_lse(q, k, v, bias[:, None, None, :], scale)
-    has_key = valid.any(-1).view(-1, 1, 1)
+    return _masked(q, k, v, keys.valid[:, None, None, :], scale)
+
+
+def _masked(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float | None) -> tuple[Tensor, Tensor]:
+    """Attention where `allowed` (broadcastable to (B, H, queries, keys)) says which keys each query
+    sees; a query that sees none gets lse -inf and out 0, so the merge ignores it."""
+    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    out, lse = attention_with_lse(q, k, v, bias, scale)
+    has_key = allowed.any(-1)
     lse = torch.where(has_key, lse, float("-inf"))
     out = torch.where(has_key.unsqueeze(-1), out, 0.0)
     return out, lse

@@ -57,7 +57,7 @@ class AttentionRouter(TorchFunctionMode):
             )
         if self.pairwise and attn_mask is not None and _is_pairwise(attn_mask, query.shape[-2]):
             attn_mask = attn_mask.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)  # (B, 1, 1, L): a view, no copy
-        if attn_mask is not None and not _is_key_mask(attn_mask):
+        if attn_mask is not None and not _is_key_mask(attn_mask) and not is_whole_pairwise(attn_mask, query.shape[-2]):
             raise NotAvailableError(
                 "context parallelism: this transformer's attention mask is not a boolean per-key mask "
                 f"(shape {tuple(attn_mask.shape)}, {attn_mask.dtype}); run it without [parallel]"
@@ -107,6 +107,12 @@ def _is_key_mask(mask: Tensor) -> bool:
 def _is_pairwise(mask: Tensor, queries: int) -> bool:
     """A boolean (B|1, 1, L, L) mask over a self-attention's `queries` tokens."""
     return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2] == mask.shape[-1] == queries
+
+
+def is_whole_pairwise(mask: Tensor, queries: int) -> bool:
+    """A boolean (B|1, 1, N, N) mask over more tokens than this rank's `queries`: one the model built
+    for the whole sequence before the plan cut it (SkyReels-V2's block-causal frames)."""
+    return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2] == mask.shape[-1] > queries
 
 
 def key_mask(mask: Tensor) -> Tensor:

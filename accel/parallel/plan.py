@@ -25,7 +25,7 @@ from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
 from accel.parallel.layout import SequenceLayout, group_runs
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.mode import AttentionRouter, bypassing_backend, key_mask
+from accel.parallel.mode import AttentionRouter, bypassing_backend, is_whole_pairwise, key_mask
 from accel.parallel.outputs import map_sample
 
 
@@ -356,6 +356,8 @@ class ContextParallel:
     def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
         self._routed = True
         segments = self._segments(key.shape[-2])
+        if mask is not None and is_whole_pairwise(mask, query.shape[-2]):
+            return self._attend_pairs(query, key, value, mask, scale, segments)
         if self._whole_query_depth > 0:
             return self._attend_whole_queries(query, key, value, mask, scale, segments)
         replicated = next((i for i, segment in enumerate(segments) if segment.layout is None), None)
@@ -376,6 +378,29 @@ class ContextParallel:
         ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
         out = usp_attention(query, key, value, ulysses, ring, key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
+
+    def _attend_pairs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float | None,
+                      segments: list[_Segment]) -> Tensor:
+        """Self-attention of one cut stream under a mask the model built for every token pair of the
+        whole stream: padded in shard order once per mask tensor and forward, then sliced per block."""
+        layout = segments[0].layout if len(segments) == 1 else None
+        if layout is None or self._whole_query_depth > 0 or query.shape[-2] != key.shape[-2] or mask.shape[-1] != layout.length:
+            raise NotAvailableError(
+                f"context parallelism: this transformer's attention mask relates every token pair (shape {tuple(mask.shape)}), "
+                "which the engine handles for the self-attention of one cut stream only; run it without [parallel]"
+            )
+
+        def pad() -> Tensor:
+            padded = torch.nn.functional.pad(mask[:, 0], (0, layout.pad, 0, layout.pad), value=False)
+            if layout.pad:  # padding queries see every key: finite, and dropped with the padding
+                padded[:, layout.length :, :] = True
+            return padded
+
+        pairs = self._gathered_masks.get(mask, pad)
+        ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
+        ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
+        key_valid = self._pad_valid(segments, key.device)
+        return usp_attention(query, key, value, ulysses, ring, key_valid, scale, pair_mask=pairs)
 
     def _attend_whole_queries(
         self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None, segments: list[_Segment]
