@@ -22,12 +22,13 @@ import inspect
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from accel.cache import CacheStats, FirstBlockCache
 from accel.errors import NotAvailableError, UserError
-from accel.instance import LORA, wrap
+from accel.instance import CACHE_CALL, LORA, wrap
 from accel.models.base import Family, ParallelPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
@@ -328,6 +329,17 @@ def _apply_cache(handle: AccelHandle) -> None:
         )
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
+    # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
+    # cover the whole call, however many schedules it runs (Wan Animate's segments); a pipeline
+    # without the method restarts them with each schedule.
+    if handle.caches and callable(getattr(handle.pipe, "check_inputs", None)):
+        handle._undo.append(wrap(handle.pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, handle.caches)))
+
+
+def _call_starts(caches: list[FirstBlockCache], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    for cache in caches:
+        cache.begin_call()
+    return call_next(*args, **kwargs)
 
 
 def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], int | None] | None:

@@ -37,6 +37,7 @@ VAE = 500  # vae.decoder.forward: patch-parallel decode
 NOISE = 600  # pipe.prepare_latents: every rank the same noise
 STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
 LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized
+CACHE_CALL = 850  # pipe.check_inputs: a call starts; the cache's statistics span it (Wan Animate's segments)
 CALL = 900  # pipe(...): every rank called with the same arguments (outermost: before any collective)
 
 Wrapper = Callable[..., Any]  # wrapper(call_next, *args, **kwargs)

@@ -40,7 +40,7 @@ def test_animate_split_equals_one_process(rank_pools, mode: str) -> None:
     parallel, shape, recipe = MODES[mode]
     call = animate_call(**shape)
     expected, _, _ = parallel_cases.tiny_run(ANIMATE, recipe, call)
-    if recipe:  # the cache skipped some calls (its statistics cover the last segment's scheduler reset: none)
+    if recipe:  # the cache skipped some calls
         assert np.abs(expected - parallel_cases.tiny_run(ANIMATE, {}, call)[0]).max() > 0
     world = parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1)
     runs = rank_pools(world).run(parallel_cases.tiny_run, ANIMATE, {**recipe, "parallel": parallel}, call)
@@ -64,6 +64,9 @@ def test_animate_two_segments_in_replace_mode_equal_one_process(rank_pools) -> N
         hook.remove()
     assert len(calls) == 2 * 2 * 2  # segments x steps x CFG branches
     assert expected.shape == (1, 9, 64, 64, 3)
+    # The cache's statistics cover the whole call, though the pipeline restarts its schedule per segment.
+    _, decisions, _ = parallel_cases.tiny_run(ANIMATE, {"cache": {"threshold": 0.1}}, call)
+    assert decisions is not None and [(step, branch) for step, branch, _, _ in decisions] == [(0, 0), (0, 1), (1, 0), (1, 1)] * 2
     for output, _, _ in rank_pools(2).run(parallel_cases.tiny_run, ANIMATE, {"parallel": {"ring": 2}}, call):
         assert np.abs(output - expected).max() <= TOLERANCE
 

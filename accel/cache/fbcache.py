@@ -111,6 +111,7 @@ class FirstBlockCache(StepListener):
         self.group = group
         self.real_tokens = real_tokens
         self.stats = CacheStats()
+        self._calls_marked = False  # begin_call marks where each pipeline call starts
         self._states: dict[int, _BranchState] = {}
         self._calls_in_step = 0
         self._branch = 0
@@ -139,8 +140,14 @@ class FirstBlockCache(StepListener):
     # -- step events -------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
         self._states.clear()
-        self.stats = CacheStats()
+        if not self._calls_marked:  # else a schedule restarted within one call (segments) keeps its statistics
+            self.stats = CacheStats()
         self._calls_in_step = 0
+
+    def begin_call(self) -> None:
+        """A pipeline call starts: statistics start afresh here, and cover every schedule it runs."""
+        self.stats = CacheStats()
+        self._calls_marked = True
 
     def _count_call(self) -> None:
         self._branch = self._calls_in_step
