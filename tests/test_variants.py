@@ -51,10 +51,10 @@ NEEDS_MORE = {
     "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
     "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
-    # Video families' image- and video-to-video pipelines not yet checked under context parallelism:
-    # each needs a tiny transformer of its own config and an equality run before it is listed.
-    # Meant to run with an HDR LoRA (--lora) on a reference SDR video, and makes linear HDR frames, not
-    # the 0-1 frames an MP4 holds: accel writes no HDR video yet.
+    # LTX-2's last pipelines are not one call that makes a video: HDR's output is linear light, DFR's
+    # are passes of a multi-pass workflow. LTX2HDRPipeline is meant to run with an HDR LoRA (--lora) on
+    # a reference SDR video, and makes linear HDR frames, not the 0-1 frames an MP4 holds: accel
+    # writes no HDR video yet.
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
     "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
