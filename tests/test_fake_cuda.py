@@ -520,6 +520,16 @@ def test_heads_the_ulysses_degree_does_not_divide_on_fake_cuda(case: str, rank_o
     run_layout(name, tiny_configs[name][0], config, layout, 0 if rank_of == "first" else layout.world - 1, overrides={})
 
 
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+def test_token_replace_first_frame_count_on_fake_cuda(rank_of: str, tiny_configs: Any) -> None:
+    """HunyuanVideo-I2V's token-replace transformer: each rank's blocks get the count of first-frame
+    tokens its own shard holds (LeadingCount, host arithmetic), with no sync: 2 latent frames of 5x7 on
+    Ring 3 put 24, 11 and 0 of the first frame's 35 tokens on the three ranks."""
+    cls, config, _, _ = tiny_configs["hunyuan"]
+    layout = Layout(world=3, ring=3, grid=Grid(frames=2, rows=5, cols=7, text=37))
+    run_layout("hunyuan", cls, {**config, "image_condition_type": "token_replace"}, layout, 0 if rank_of == "first" else layout.world - 1)
+
+
 def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:
     """With the capability known to be 9.0 the unmasked blocks run cuDNN (flash where it is unknown)."""
     import accel.parallel.kernels as kernels
