@@ -62,34 +62,13 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
     torchvision-only video processor); it spends as many tokens on the prompt template's system
     part as the real one, which the pipeline crops off. CLIP gives the pooled vector.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline, Kandinsky5Transformer3DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline
 
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
 
-    # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.qwen2_tokenizer(_TEMPLATE, prefix_tokens=_CROP)
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
-    tokenizer_2 = parts.clip_tokenizer()
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
-            Kandinsky5Transformer3DModel(
-                in_visual_dim=_Z_DIM,
-                out_visual_dim=_Z_DIM,
-                in_text_dim=text_encoder.config.text_config.hidden_size,
-                in_text_dim2=text_encoder_2.config.hidden_size,
-                time_dim=32,
-                patch_size=(1, 2, 2),
-                model_dim=64,
-                ff_dim=128,
-                num_text_blocks=2,
-                num_visual_blocks=2,
-                axes_dims=(4, 6, 6),  # sums to the head width, as (16, 24, 24) does to 64
-                visual_cond=True,
-            )
-        )
-        random_modulation(transformer)
+    tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
+        _TEMPLATE, _CROP, base, visual_cond=True)
     with parts.seeded(base + 4):
         vae = parts.finish(parts.hunyuan_video_vae())
     # Kandinsky 5's scheduler config: flow matching with a fixed shift of 5.
@@ -111,6 +90,39 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
         )
     return pipe
 
+
+def _tiny_text_and_transformer(template: str, crop: int, base: int, visual_cond: bool) -> tuple[Any, ...]:
+    """The tiny Qwen2.5-VL and CLIP text stacks (a tokenizer spending `crop` tokens on the template's
+    system part, as the real one does) and the transformer over them: two text and two visual blocks
+    of four 16-wide heads, axes (4, 6, 6) summing to the head width in the real (16, 24, 24) and Image
+    Lite (32, 48, 48) proportions. One seed per component from `base`, so each part is reproducible alone."""
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from accel.models import _tiny_parts as parts
+
+    tokenizer = parts.qwen2_tokenizer(template, prefix_tokens=crop)
+    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
+    tokenizer_2 = parts.clip_tokenizer()
+    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
+    with parts.seeded(base + 3):
+        transformer = parts.finish(
+            Kandinsky5Transformer3DModel(
+                in_visual_dim=_Z_DIM,
+                out_visual_dim=_Z_DIM,
+                in_text_dim=text_encoder.config.text_config.hidden_size,
+                in_text_dim2=text_encoder_2.config.hidden_size,
+                time_dim=32,
+                patch_size=(1, 2, 2),
+                model_dim=64,
+                ff_dim=128,
+                num_text_blocks=2,
+                num_visual_blocks=2,
+                axes_dims=(4, 6, 6),
+                visual_cond=visual_cond,
+            )
+        )
+        random_modulation(transformer)
+    return tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer
 
 
 def _image_template(pipeline_class: type) -> tuple[str, int]:
@@ -136,35 +148,15 @@ def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
     `picture` (I2I), its latents join the transformer's input (`visual_cond`, Image Lite I2I's channel
     instruction) and Qwen2.5-VL sees it through a Qwen2-VL processor in the `tokenizer` slot."""
     import diffusers
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5Transformer3DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     from accel.models import _tiny_parts as parts
 
     cls = getattr(diffusers, pipeline_name)
     template, crop = _image_template(cls)
     base = seed * 8
-    tokenizer = parts.qwen2_tokenizer(template, prefix_tokens=crop)
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
-    tokenizer_2 = parts.clip_tokenizer()
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
-            Kandinsky5Transformer3DModel(
-                in_visual_dim=_Z_DIM,
-                out_visual_dim=_Z_DIM,
-                in_text_dim=text_encoder.config.text_config.hidden_size,
-                in_text_dim2=text_encoder_2.config.hidden_size,
-                time_dim=32,
-                patch_size=(1, 2, 2),
-                model_dim=64,
-                ff_dim=128,
-                num_text_blocks=2,
-                num_visual_blocks=2,
-                axes_dims=(4, 6, 6),  # sums to the head width, in Image Lite's (32, 48, 48) proportions
-                visual_cond=picture,
-            )
-        )
-        random_modulation(transformer)
+    tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
+        template, crop, base, visual_cond=picture)
     with parts.seeded(base + 4):
         vae = parts.finish(parts.flux1_vae())
     pipe = cls(
