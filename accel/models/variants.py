@@ -130,13 +130,14 @@ def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments:
 
 
 class InputConditions(tuple):  # type: ignore[type-arg]
-    """(path, index, strength) per condition: plain data (JSON, rank agreement) until the call, when
-    `open_inputs` builds the pipeline's condition objects as `spec` says."""
+    """(file, index, strength) per condition, the file an InputImage or an InputVideo: plain data (JSON,
+    rank agreement) until the call, when `open_inputs` builds the pipeline's condition objects as
+    `spec` says."""
 
     spec: Conditions
     tiny: bool
 
-    def __new__(cls, items: list[tuple[str, int, float]], spec: Conditions, tiny: bool) -> InputConditions:
+    def __new__(cls, items: list[tuple[InputImage | InputVideo, int, float]], spec: Conditions, tiny: bool) -> InputConditions:
         made = super().__new__(cls, items)
         made.spec, made.tiny = spec, tiny
         return made
@@ -154,11 +155,7 @@ def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, ke
     items = []
     for text in given:
         path, index, strength = _parse_condition(text, spec, key)
-        file = Path(path).expanduser()
-        if file.is_file() and _is_picture(file):
-            items.append((str(file), index, strength))
-        else:
-            items.append((str(InputVideo(_readable_video(key, path, "a picture or a video"))), index, strength))
+        items.append((_picture_or_clip(key, path), index, strength))
     return {spec.keyword: InputConditions(items, spec, tiny)}
 
 
@@ -216,10 +213,16 @@ def _frame_mask(variant: Variant, path: str, video: str | None) -> str:
     """A per-frame mask: a picture for every frame, or a video of masks; it needs the input video."""
     if video is None:
         raise UserError(f"[generate] mask: {variant.pipeline_class} takes a mask only with an input video; pass {FLAGS['video']}")
+    found = _picture_or_clip("mask", path)
+    return FrameMask(found) if isinstance(found, InputImage) else found
+
+
+def _picture_or_clip(name: str, path: str) -> InputImage | InputVideo:
+    """A file that is a picture, else a video ffmpeg can read; anything else is one line naming `name`."""
     file = Path(path).expanduser()
     if file.is_file() and _is_picture(file):
-        return FrameMask(str(file))
-    return InputVideo(_readable_video("mask", path, "a picture or a video"))
+        return InputImage(str(file))
+    return InputVideo(_readable_video(name, path, "a picture or a video"))
 
 
 def _is_picture(file: Path) -> bool:
@@ -298,7 +301,7 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, InputVideo):
             opened[key] = read_clip(value)
         elif isinstance(value, InputConditions):
-            opened[key] = [_condition(value.spec, path, index, strength, value.tiny) for path, index, strength in value]
+            opened[key] = [_condition(value.spec, file, index, strength, value.tiny) for file, index, strength in value]
     frames = max((len(opened[key]) for key, value in kwargs.items() if isinstance(value, InputVideo)), default=1)
     for key, value in kwargs.items():
         if isinstance(value, FrameMask):
@@ -308,13 +311,12 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return opened
 
 
-def _condition(spec: Conditions, path: str, index: int, strength: float, tiny: bool) -> Any:
+def _condition(spec: Conditions, file: InputImage | InputVideo, index: int, strength: float, tiny: bool) -> Any:
     """One condition of the pipeline's class from a picture file (an RGB image) or a clip (its frames)."""
     from PIL import Image
 
-    file = Path(path)
-    if not _is_picture(file):
-        return condition_object(spec, read_clip(path), index, strength, tiny)
+    if isinstance(file, InputVideo):
+        return condition_object(spec, read_clip(file), index, strength, tiny)
     with Image.open(file) as picture:
         return condition_object(spec, picture.convert("RGB"), index, strength, tiny)
 
