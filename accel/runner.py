@@ -184,13 +184,13 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs.update(variant.tiny_fixed)
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
-    kwargs.update({keyword: value for keyword, value in variant.arguments if keyword not in settings.arguments})
+    taken = dict(kwargs)  # what accel fills: `[generate] arguments` may not replace it, the variant's defaults it may
+    kwargs.update(variant.arguments)
     if settings.arguments:
         sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
                                                                              ("mask", variant.mask), ("video", variant.video)) if keyword},
                    **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {})}
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
-        taken = {keyword: value for keyword, value in kwargs.items() if keyword not in dict(variant.arguments)}
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
