@@ -374,9 +374,7 @@ class ContextParallel:
         if mask is not None:
             masks = self._every_rank_mask(mask, share)
             key_valid = masks if key_valid is None else key_valid & masks
-        ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
-        ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
-        out = usp_attention(query, key, value, ulysses, ring, key_valid, scale, real_keys)
+        out = usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
 
     def _attend_pairs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float | None,
@@ -397,10 +395,13 @@ class ContextParallel:
             return padded
 
         pairs = self._gathered_masks.get(mask, pad)
-        ulysses = self.mesh.ulysses_group if self.mesh.degrees.ulysses > 1 else None
-        ring = self.mesh.ring_group if self.mesh.degrees.ring > 1 else None
         key_valid = self._pad_valid(segments, key.device)
-        return usp_attention(query, key, value, ulysses, ring, key_valid, scale, pair_mask=pairs)
+        return usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, pair_mask=pairs)
+
+    def _usp_groups(self) -> tuple[Any, Any]:
+        """The Ulysses and Ring groups usp_attention takes (None where the degree is 1)."""
+        degrees = self.mesh.degrees
+        return (self.mesh.ulysses_group if degrees.ulysses > 1 else None, self.mesh.ring_group if degrees.ring > 1 else None)
 
     def _attend_whole_queries(
         self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None, segments: list[_Segment]
