@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from accel.cache import CacheStats, FirstBlockCache
+from accel.cache import BlockCache, CacheStats
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
 from accel.models.base import Family, ParallelPlan
@@ -62,7 +62,7 @@ class AccelHandle:
     pipe: Any
     recipe: Recipe
     family: Family
-    caches: list[FirstBlockCache] = field(default_factory=list)
+    caches: list[BlockCache] = field(default_factory=list)
     # The process groups in use (None: one process) and the engine on each transformer attribute.
     mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
@@ -107,6 +107,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
     _refuse_two_caches(handle)
+    _check_cache_blocks(handle)
     _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
     try:
         _apply_quant(handle)
@@ -316,12 +317,17 @@ def _apply_cache(handle: AccelHandle) -> None:
         transformer = getattr(handle.pipe, attr, None)
         if transformer is None:
             continue
-        cache = FirstBlockCache(
+        cache = BlockCache(
             transformer,
             handle.family.blocks,
             threshold=settings.threshold,
+            first_blocks=settings.first_blocks,
+            last_blocks=settings.last_blocks,
+            calibrator=settings.calibrator,
+            taylor_order=settings.taylor_order,
             warmup_steps=settings.warmup_steps,
             max_consecutive_cached=settings.max_consecutive_cached,
+            max_cached_steps=settings.max_cached_steps,
             primary_stream=handle.family.primary_stream,
             events=events,
             group=_cache_group(handle),
@@ -336,7 +342,22 @@ def _apply_cache(handle: AccelHandle) -> None:
         handle._undo.append(wrap(handle.pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, handle.caches)))
 
 
-def _call_starts(caches: list[FirstBlockCache], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _check_cache_blocks(handle: AccelHandle) -> None:
+    """A user's first_blocks / last_blocks must leave the model blocks to cache: one line, before
+    quantization (which cannot be undone) or any other change."""
+    settings = handle.recipe.cache
+    if settings.threshold <= 0:
+        return
+    for transformer in _transformers(handle).values():
+        count = sum(len(getattr(transformer, spec.attr)) for spec in handle.family.blocks)
+        if settings.first_blocks + settings.last_blocks >= count:
+            raise UserError(
+                f"[cache] first_blocks ({settings.first_blocks}) + last_blocks ({settings.last_blocks}) leave none of "
+                f"{type(transformer).__name__}'s {count} blocks to cache; make their sum at most {count - 1}"
+            )
+
+
+def _call_starts(caches: list[BlockCache], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     for cache in caches:
         cache.begin_call()
     return call_next(*args, **kwargs)

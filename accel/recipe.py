@@ -104,13 +104,26 @@ class GenerateSection:
 
 @dataclass(frozen=True)
 class CacheSection:
-    """First Block Cache: skip the remaining blocks when the first block's output barely changed."""
+    """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed."""
 
     threshold: float = _key(
-        0.0, "Skip the later blocks while block 0's residual changes less than this (relative mean absolute difference); 0 is off.", min=0
+        0.0, "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
+        "difference); 0 is off.", min=0
     )
+    method: Literal["fbcache", "dbcache"] = _key(
+        "fbcache", "fbcache: block 0 decides, every later block is cached; dbcache: the first first_blocks decide and "
+        "always run, the last last_blocks always run, the blocks between are cached."
+    )
+    first_blocks: int = _key(1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1)
+    last_blocks: int = _key(0, "dbcache: blocks always computed at the end, on the cached middle's output.", min=0)
+    calibrator: Literal["none", "taylorseer"] = _key(
+        "none", "What a cached call adds for the skipped blocks: none reuses their last computed residual, taylorseer "
+        "extrapolates it from the last computed ones (finite differences over the steps)."
+    )
+    taylor_order: Literal[1, 2] = _key(1, "taylorseer: order of the extrapolation (1 linear, 2 quadratic).")
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
+    max_cached_steps: int = _key(0, "Most cached calls per generation (per CFG branch); 0 means no limit.", min=0)
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,7 @@ class Recipe:
         bench = values.pop("bench", {})
         raw_variants = bench.pop("variants", ())
         sections = {name: SECTIONS[name](**values.get(name, {})) for name in SECTIONS if name != "bench"}
+        _check_cache(source, sections["cache"])
         variants = _check_variants(source, raw_variants)
         return cls(**sections, bench=BenchSection(variants=variants, **bench), source=source)
 
@@ -288,6 +302,15 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
 
 
 # --- validation -----------------------------------------------------------------------------
+
+
+def _check_cache(source: str, cache: CacheSection) -> None:
+    """First Block Cache is DBCache's one-head-block, no-tail case: other counts mean dbcache."""
+    if cache.method == "fbcache" and (cache.first_blocks, cache.last_blocks) != (1, 0):
+        raise RecipeError(
+            f'{source}: [cache] first_blocks / last_blocks are for method = "dbcache" (fbcache is first_blocks = 1, '
+            f'last_blocks = 0); set method = "dbcache" or remove them'
+        )
 
 
 def _check_sections(

@@ -317,12 +317,13 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tu
 def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh: bool = False) -> tuple[Any, Any, list[int]]:
     """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
     graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
-    one for good), else the process's shared one."""
+    one for good) compiled afresh, else the process's shared one."""
     import accel
     from accel.optimize.compile import compiled_graphs
 
     if fresh:
         _pipelines.pop(model, None)
+        torch._dynamo.reset()  # graphs an earlier test built for the same block classes would serve these blocks too
     pipe = tiny_pipeline(model)
     handle = accel.apply(pipe, recipe)
     graphs = []

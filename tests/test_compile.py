@@ -60,12 +60,18 @@ def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses:
         assert graphs == 0
 
 
-def test_compile_cache_ulysses_equals_eager_cache_ulysses(rank_pools) -> None:
-    eager_recipe = {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.5}}
+# First Block Cache, and DBCache with its head in FLUX's double blocks, its tail in the single ones
+# and the TaylorSeer calibrator: the cache wraps the compiled blocks from outside, so neither recompiles.
+@pytest.mark.parametrize("cache", [{"threshold": 0.5},
+                                   {"threshold": 0.5, "method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer"}],
+                         ids=["fbcache", "dbcache-taylorseer"])
+def test_compile_cache_ulysses_equals_eager_cache_ulysses(rank_pools, cache: dict[str, Any]) -> None:
+    eager_recipe = {"parallel": {"ulysses": 2}, "cache": cache}
     compiled_recipe = dict(eager_recipe, compile={"enabled": True})
     call = dict(FLUX_CALL, num_inference_steps=6)
     eager = rank_pools(2).run(cases.counted_run, "tiny-flux", eager_recipe, call)
-    compiled = rank_pools(2).run(cases.counted_run, "tiny-flux", compiled_recipe, call)
+    # A fresh pipeline: the pool's shared one may hold blocks an earlier test compiled already.
+    compiled = rank_pools(2).run(cases.counted_run, "tiny-flux", compiled_recipe, call, True)
     for (eager_out, eager_calls, _), (out, calls, graphs) in zip(eager, compiled):
         assert np.abs(out - eager_out).max() <= TOLERANCE
         assert calls == eager_calls and any(cached for *_, cached in calls)  # same decisions, some cached

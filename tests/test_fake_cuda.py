@@ -627,3 +627,47 @@ def test_vae_decode_on_fake_cuda(name: str, rank_of: str, tiny_configs: Any, mon
     assert tuple(split.shape) == whole_shape and split.dtype == DTYPE and split.device.type == "cuda"
     assert probe.collectives and not probe.non_cuda_collectives(), probe.non_cuda_collectives()
     assert not probe.syncs, "host sync in the decode: " + "; ".join(map(str, probe.syncs))
+
+
+def test_dbcache_with_taylorseer_on_fake_cuda(tiny_configs: Any) -> None:
+    """DBCache on FLUX's 2 + 2 blocks, head two (the double list), tail one (the last single block),
+    TaylorSeer of order 2, on Ulysses 2 at an uneven token count: a cached call runs the head and
+    the tail and not the middle; the extrapolation from three computed calls stays on the device,
+    so the cache's decision is still the only host sync of a call."""
+    from accel.cache import BlockCache
+
+    cls, config, _, _ = tiny_configs["flux"]
+    config = {**config, **tiny_overrides("flux", config), "num_layers": 2, "num_single_layers": 2}
+    transformer = fake_transformer(cls, config)
+    family, layout = FAMILIES["flux"], Layout(world=2, ulysses=2, cache=True, grid=UNEVEN)
+    assert family.parallel is not None
+    blocks = [block for spec in family.blocks for block in getattr(transformer, spec.attr)]
+    ran: Counter[int] = Counter()
+    hooks = [block.attn.register_forward_pre_hook(lambda *_, index=index: ran.update([index])) for index, block in enumerate(blocks)]
+    try:
+        with fake_rank(1, 2):
+            mesh = fake_mesh(layout.degrees)
+            with fake_cuda(_MODE):
+                engine = ContextParallel(transformer, family.parallel, mesh)
+                cache = BlockCache(transformer, family.blocks, threshold=0.1, first_blocks=2, last_blocks=1, calibrator="taylorseer",
+                                   taylor_order=2, primary_stream=family.primary_stream, group=mesh.sequence_group,
+                                   real_tokens=_real_tokens(engine, family.primary_stream))
+                try:
+                    # Call 0 has nothing to compare with; calls 1 and 2 are scripted "changed", call 3 "unchanged".
+                    for call, answer in enumerate((None, 1.0, 1.0, 0.0)):
+                        ran.clear()
+                        output, probe = run_probed(lambda: transformer(**inputs("flux", config, UNEVEN, 1)),
+                                                   scalars=[] if answer is None else [answer])
+                        sample = sample_of(output)
+                        assert sample.shape == expected_shape("flux", config, UNEVEN, 1) and sample.device.type == "cuda"
+                        syncs = [s for s in probe.syncs if not s.where.startswith("diffusers/")]
+                        assert [s.where.startswith("accel/cache/") for s in syncs] == ([] if answer is None else [True]), syncs
+                        assert not probe.non_cuda_collectives()
+                        assert sorted(ran) == ([0, 1, 3] if call == 3 else [0, 1, 2, 3])
+                finally:
+                    cache.remove()
+                    engine.remove()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert [record.cached for record in cache.stats.records] == [False, False, False, True]

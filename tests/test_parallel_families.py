@@ -133,11 +133,12 @@ def world_of(parallel: dict[str, int]) -> int:
 _references: dict[tuple[str, str], Any] = {}
 
 
-def reference(family: str, call: dict[str, Any], cache: float = 0.0) -> tuple[np.ndarray, Any]:
-    """The single-process output (and cache records) in this process, computed once per case."""
+def reference(family: str, call: dict[str, Any], cache: float | dict[str, Any] = 0.0) -> tuple[np.ndarray, Any]:
+    """The single-process output (and cache records) in this process, computed once per case;
+    `cache` is a threshold or a whole [cache] table."""
     key = (family, repr(sorted(call.items())) + repr(cache))
     if key not in _references:
-        recipe = {"cache": {"threshold": cache}} if cache else {}
+        recipe = {"cache": cache if isinstance(cache, dict) else {"threshold": cache}} if cache else {}
         output, records, _ = cases.tiny_run(f"tiny-{family}", recipe, call)
         _references[key] = (output, records)
     return _references[key]
@@ -174,14 +175,31 @@ def test_token_counts_three_ranks_do_not_divide(rank_pools, family: str) -> None
 def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
     the calls of its own branch), with the same block-0 change, and the outputs agree."""
-    case, parallel = FAMILY_CASES[family], CACHE_MODES[mode]
+    check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold})
+
+
+# DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double
+# list) and a tail of one (in its single list), extrapolating to order 2; Wan (two-call CFG) and
+# LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers.
+CACHE_METHODS = {
+    "flux": {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2},
+    "wan": {"calibrator": "taylorseer"},
+    "ltx": {"calibrator": "taylorseer"},
+}
+
+
+@pytest.mark.parametrize("family, mode", [(family, mode) for family in CACHE_METHODS for mode in ("ulysses2", "ring3", "cfg2xulysses2")])
+def test_dbcache_and_taylorseer_decide_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
+    check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold, **CACHE_METHODS[family]})
+
+
+def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any]) -> None:
+    case = FAMILY_CASES[family]
     call = dict(case.call, num_inference_steps=8)
-    expected, records = reference(family, call, case.threshold)
+    expected, records = reference(family, call, cache)
     assert 0 < sum(r[3] for r in records) < len(records)  # a run that caches some calls, not all
     world = world_of(parallel)
-    runs = rank_pools(world).run(
-        cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": {"threshold": case.threshold}}, call
-    )
+    runs = rank_pools(world).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": cache}, call)
     split_calls = parallel.get("cfg", 1) > 1 and FAMILIES[family].cfg == "calls"
     for rank, (output, got, _) in enumerate(runs):
         half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses)

@@ -41,7 +41,8 @@ FULL: dict[str, Any] = {
         "inputs": {"pose_video": "pose.mp4"},
         "arguments": {"mode": "replace", "sizes": [1, 2]},
     },
-    "cache": {"threshold": 0.12, "warmup_steps": 2, "max_consecutive_cached": 3},
+    "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
+              "taylor_order": 2, "warmup_steps": 2, "max_consecutive_cached": 3, "max_cached_steps": 10},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
@@ -178,7 +179,8 @@ def test_every_key_has_help() -> None:
 def test_with_overrides_deep_merges() -> None:
     base = Recipe.from_dict(FULL, source="r.toml")
     r = base.with_overrides({"cache": {"threshold": 0.3}, "parallel": {"cfg": 1, "gpus": 0}})
-    assert r.cache == CacheSection(threshold=0.3, warmup_steps=2, max_consecutive_cached=3)
+    assert r.cache == CacheSection(threshold=0.3, method="dbcache", first_blocks=4, last_blocks=2, calibrator="taylorseer",
+                                   taylor_order=2, warmup_steps=2, max_consecutive_cached=3, max_cached_steps=10)
     assert r.parallel.world_size == 4
     assert r.model == base.model and r.variants == base.variants
     assert r.source == "r.toml"
@@ -243,7 +245,8 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": 3}, "[cache] must be a table, got 3"),
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
-    ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, warmup_steps, max_consecutive_cached)"),
+    ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
+                               "warmup_steps, max_consecutive_cached, max_cached_steps)"),
     ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora)"),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
@@ -252,6 +255,14 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": {"threshold": "0.1"}}, "[cache] threshold must be a number >= 0, got '0.1'"),
     ({"cache": {"warmup_steps": -1}}, "[cache] warmup_steps must be an integer >= 0, got -1"),
     ({"cache": {"max_consecutive_cached": 1.5}}, "[cache] max_consecutive_cached must be an integer >= 0, got 1.5"),
+    ({"cache": {"method": "magic"}}, "[cache] method must be fbcache or dbcache, got 'magic'"),
+    ({"cache": {"first_blocks": 0, "method": "dbcache"}}, "[cache] first_blocks must be an integer >= 1, got 0"),
+    ({"cache": {"taylor_order": 3}}, "[cache] taylor_order must be 1 or 2, got 3"),
+    ({"cache": {"calibrator": "taylor"}}, "[cache] calibrator must be none or taylorseer, got 'taylor'"),
+    ({"cache": {"first_blocks": 4}}, '[cache] first_blocks / last_blocks are for method = "dbcache" (fbcache is first_blocks = 1, '
+                                     'last_blocks = 0); set method = "dbcache" or remove them'),
+    ({"cache": {"last_blocks": 1, "method": "fbcache"}}, '[cache] first_blocks / last_blocks are for method = "dbcache" (fbcache is '
+                                                         'first_blocks = 1, last_blocks = 0); set method = "dbcache" or remove them'),
     ({"generate": {"steps": "ten"}}, "[generate] steps must be an integer >= 1, got 'ten'"),
     ({"generate": {"steps": 0}}, "[generate] steps must be an integer >= 1, got 0"),
     ({"generate": {"steps": 10.0}}, "[generate] steps must be an integer >= 1, got 10.0"),
