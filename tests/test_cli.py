@@ -39,6 +39,16 @@ def test_run_tiny_flux_writes_a_png_and_json(tmp_path: Path) -> None:
         assert label in result.stdout
 
 
+def test_run_with_dbcache_and_taylorseer_caches_every_call_after_the_first(tmp_path: Path) -> None:
+    report = tmp_path / "m.json"
+    result = invoke("run", "tiny-flux", "--steps", "4", "-o", str(tmp_path / "a.png"), "--json", str(report), "--warmup", "0",
+                    "--cache", "1e9", "--cache-method", "dbcache", "--first-blocks", "2", "--last-blocks", "1", "--calibrator", "taylorseer",
+                    "--taylor-order", "2", "--max-cached-steps", "2")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(report.read_text())
+    assert [call["cached"] for call in metrics["cache"]["calls"]] == [False, True, True, False]  # two at most
+
+
 def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     report = tmp_path / "m.json"
     assert invoke("run", "tiny-flux", "--steps", "1", "-o", str(tmp_path / "a.png"), "--json", str(report), "--warmup", "0").exit_code == 0
@@ -135,6 +145,11 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
         (["run", "tiny-flux", "-o", "x.mp4"], "--out x.mp4: FLUX.1 makes images, so the name must end in .png"),
         (["run", "tiny-flux", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["run", "tiny-flux", "--first-blocks", "2"], 'command line: [cache] first_blocks / last_blocks are for method = "dbcache" '
+                                                      '(fbcache is first_blocks = 1, last_blocks = 0); set method = "dbcache" or remove them'),
+        (["run", "tiny-flux", "--calibrator", "taylor"], "command line: [cache] calibrator must be none or taylorseer, got 'taylor'"),
+        (["run", "tiny-flux", "--cache", "0.3", "--cache-method", "dbcache", "--first-blocks", "3", "--last-blocks", "1"],
+         "[cache] first_blocks (3) + last_blocks (1) leave none of FluxTransformer2DModel's 4 blocks to cache; make their sum at most 3"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
