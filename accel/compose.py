@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from accel.cache import BlockCache, CacheStats
+from accel.cache import BlockCache, CacheStats, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
 from accel.models.base import Family, ParallelPlan
@@ -62,7 +62,7 @@ class AccelHandle:
     pipe: Any
     recipe: Recipe
     family: Family
-    caches: list[BlockCache] = field(default_factory=list)
+    caches: list[StepCache[Any]] = field(default_factory=list)
     # The process groups in use (None: one process) and the engine on each transformer attribute.
     mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
@@ -288,7 +288,7 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
     share a forward with accel's cache; refused before anything is changed or any collective."""
     recipe = handle.recipe
     enabled = [attr for attr, t in _transformers(handle).items() if getattr(t, "is_cache_enabled", False)]
-    asked = [name for name, on in (("[cache] threshold", recipe.cache.threshold > 0), ("[parallel]", recipe.parallel.world_size > 1)) if on]
+    asked = [name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on]
     if enabled and asked:
         raise UserError(
             f"{' and '.join(asked)}: pipe.{enabled[0]} already has diffusers' own cache enabled (enable_cache), which "
@@ -310,29 +310,31 @@ def _cache_group(handle: AccelHandle) -> Any:
 
 def _apply_cache(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
-    if settings.threshold <= 0:
+    if not settings.enabled:
         return
     events = StepEvents.of(handle.pipe)
-    for attr in handle.family.transformer_attrs:
-        transformer = getattr(handle.pipe, attr, None)
-        if transformer is None:
-            continue
-        cache = BlockCache(
-            transformer,
-            handle.family.blocks,
-            threshold=settings.threshold,
-            first_blocks=settings.first_blocks,
-            last_blocks=settings.last_blocks,
-            calibrator=settings.calibrator,
-            taylor_order=settings.taylor_order,
-            warmup_steps=settings.warmup_steps,
-            max_consecutive_cached=settings.max_consecutive_cached,
-            max_cached_steps=settings.max_cached_steps,
-            primary_stream=handle.family.primary_stream,
-            events=events,
-            group=_cache_group(handle),
-            real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
-        )
+    for attr, transformer in _transformers(handle).items():
+        cache: StepCache[Any]
+        if settings.method == "taylorseer":
+            cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
+                                    disable_before=settings.disable_before, disable_after=settings.disable_after, events=events)
+        else:
+            cache = BlockCache(
+                transformer,
+                handle.family.blocks,
+                threshold=settings.threshold,
+                first_blocks=settings.first_blocks,
+                last_blocks=settings.last_blocks,
+                calibrator=settings.calibrator,
+                taylor_order=settings.taylor_order,
+                warmup_steps=settings.warmup_steps,
+                max_consecutive_cached=settings.max_consecutive_cached,
+                max_cached_steps=settings.max_cached_steps,
+                primary_stream=handle.family.primary_stream,
+                events=events,
+                group=_cache_group(handle),
+                real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
+            )
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
@@ -346,7 +348,7 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     """A user's first_blocks / last_blocks must leave the model blocks to cache: one line, before
     quantization (which cannot be undone) or any other change."""
     settings = handle.recipe.cache
-    if settings.threshold <= 0:
+    if not settings.enabled or settings.method == "taylorseer":
         return
     for transformer in _transformers(handle).values():
         count = sum(len(getattr(transformer, spec.attr)) for spec in handle.family.blocks)
@@ -357,7 +359,7 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
             )
 
 
-def _call_starts(caches: list[BlockCache], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _call_starts(caches: list[StepCache[Any]], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     for cache in caches:
         cache.begin_call()
     return call_next(*args, **kwargs)

@@ -104,23 +104,33 @@ class GenerateSection:
 
 @dataclass(frozen=True)
 class CacheSection:
-    """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed."""
+    """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed, or
+    extrapolate attention and feed-forward outputs between computed steps."""
+
+    @property
+    def enabled(self) -> bool:
+        """taylorseer runs when named; the other methods from a threshold above 0."""
+        return self.method == "taylorseer" or self.threshold > 0
 
     threshold: float = _key(
         0.0, "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
         "difference); 0 is off.", min=0
     )
-    method: Literal["fbcache", "dbcache"] = _key(
+    method: Literal["fbcache", "dbcache", "taylorseer"] = _key(
         "fbcache", "fbcache: block 0 decides, every later block is cached; dbcache: the first first_blocks decide and "
-        "always run, the last last_blocks always run, the blocks between are cached."
+        "always run, the last last_blocks always run, the blocks between are cached; taylorseer: inside every block, "
+        "attention and feed-forward outputs are computed every interval steps and extrapolated between (no threshold)."
     )
     first_blocks: int = _key(1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1)
     last_blocks: int = _key(0, "dbcache: blocks always computed at the end, on the cached middle's output.", min=0)
     calibrator: Literal["none", "taylorseer"] = _key(
-        "none", "What a cached call adds for the skipped blocks: none reuses their last computed residual, taylorseer "
-        "extrapolates it from the last computed ones (finite differences over the steps)."
+        "none", "fbcache / dbcache: what a cached call adds for the skipped blocks: none reuses their last computed "
+        "residual, taylorseer extrapolates it from the last computed ones (finite differences over the steps)."
     )
-    taylor_order: Literal[1, 2] = _key(1, "taylorseer: order of the extrapolation (1 linear, 2 quadratic).")
+    taylor_order: Literal[1, 2] = _key(1, "taylorseer (method or calibrator): order of the extrapolation (1 linear, 2 quadratic).")
+    interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
+    disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
+    disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
     max_cached_steps: int = _key(0, "Most cached calls per generation (per CFG branch); 0 means no limit.", min=0)
@@ -304,12 +314,28 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
 # --- validation -----------------------------------------------------------------------------
 
 
+# The methods that read each [cache] key; one another method would ignore is refused, not ignored.
+_CACHE_KEY_METHODS = {
+    "threshold": ("fbcache", "dbcache"), "first_blocks": ("dbcache",), "last_blocks": ("dbcache",),
+    "calibrator": ("fbcache", "dbcache"), "warmup_steps": ("fbcache", "dbcache"), "max_consecutive_cached": ("fbcache", "dbcache"),
+    "max_cached_steps": ("fbcache", "dbcache"), "interval": ("taylorseer",), "disable_before": ("taylorseer",),
+    "disable_after": ("taylorseer",),
+}
+
+
 def _check_cache(source: str, cache: CacheSection) -> None:
-    """First Block Cache is DBCache's one-head-block, no-tail case: other counts mean dbcache."""
-    if cache.method == "fbcache" and (cache.first_blocks, cache.last_blocks) != (1, 0):
+    defaults = CacheSection()
+    for key, methods in _CACHE_KEY_METHODS.items():
+        if cache.method not in methods and getattr(cache, key) != getattr(defaults, key):
+            named = " or ".join(f'"{m}"' for m in methods)
+            raise RecipeError(f'{source}: [cache] {key} is for method = {named}, not "{cache.method}"; set method = "{methods[0]}" or remove {key}')
+    if cache.taylor_order != defaults.taylor_order and "taylorseer" not in (cache.method, cache.calibrator):
         raise RecipeError(
-            f'{source}: [cache] first_blocks / last_blocks are for method = "dbcache" (fbcache is first_blocks = 1, '
-            f'last_blocks = 0); set method = "dbcache" or remove them'
+            f'{source}: [cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; set one of them or remove taylor_order'
+        )
+    if cache.disable_after and cache.disable_after <= cache.disable_before:
+        raise RecipeError(
+            f"{source}: [cache] disable_after ({cache.disable_after}) must be above disable_before ({cache.disable_before}), or 0 for none"
         )
 
 

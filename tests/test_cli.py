@@ -145,8 +145,8 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
         (["run", "tiny-flux", "-o", "x.mp4"], "--out x.mp4: FLUX.1 makes images, so the name must end in .png"),
         (["run", "tiny-flux", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
-        (["run", "tiny-flux", "--first-blocks", "2"], 'command line: [cache] first_blocks / last_blocks are for method = "dbcache" '
-                                                      '(fbcache is first_blocks = 1, last_blocks = 0); set method = "dbcache" or remove them'),
+        (["run", "tiny-flux", "--first-blocks", "2"], 'command line: [cache] first_blocks is for method = "dbcache", not "fbcache"; '
+                                                      'set method = "dbcache" or remove first_blocks'),
         (["run", "tiny-flux", "--calibrator", "taylor"], "command line: [cache] calibrator must be none or taylorseer, got 'taylor'"),
         (["run", "tiny-flux", "--cache", "0.3", "--cache-method", "dbcache", "--first-blocks", "3", "--last-blocks", "1"],
          "[cache] first_blocks (3) + last_blocks (1) leave none of FluxTransformer2DModel's 4 blocks to cache; make their sum at most 3"),

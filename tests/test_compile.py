@@ -61,10 +61,13 @@ def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses:
 
 
 # First Block Cache, and DBCache with its head in FLUX's double blocks, its tail in the single ones
-# and the TaylorSeer calibrator: the cache wraps the compiled blocks from outside, so neither recompiles.
+# and the TaylorSeer calibrator: the cache wraps the compiled blocks from outside, so neither
+# recompiles. TaylorSeer inside the blocks: its modules run outside the compiled graphs (a graph
+# break each), so the step schedule is never a guard either.
 @pytest.mark.parametrize("cache", [{"threshold": 0.5},
-                                   {"threshold": 0.5, "method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer"}],
-                         ids=["fbcache", "dbcache-taylorseer"])
+                                   {"threshold": 0.5, "method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer"},
+                                   {"method": "taylorseer", "interval": 2}],
+                         ids=["fbcache", "dbcache-taylorseer", "taylorseer"])
 def test_compile_cache_ulysses_equals_eager_cache_ulysses(rank_pools, cache: dict[str, Any]) -> None:
     eager_recipe = {"parallel": {"ulysses": 2}, "cache": cache}
     compiled_recipe = dict(eager_recipe, compile={"enabled": True})

@@ -671,3 +671,41 @@ def test_dbcache_with_taylorseer_on_fake_cuda(tiny_configs: Any) -> None:
         for hook in hooks:
             hook.remove()
     assert [record.cached for record in cache.stats.records] == [False, False, False, True]
+
+
+def test_taylorseer_inside_the_blocks_on_fake_cuda(tiny_configs: Any) -> None:
+    """method = "taylorseer" on Wan (two-call CFG halves on separate ranks, Ulysses 2 in each, as
+    the last rank): the extrapolated call runs no attention kernel and none of attention's
+    collectives (what is left is the output's gather), and neither kind of call makes a host sync
+    (the schedule is host arithmetic on the step)."""
+    from accel.cache import TaylorSeerCache
+
+    cls, config, _, _ = tiny_configs["wan"]
+    config = {**config, **tiny_overrides("wan", config)}
+    transformer = fake_transformer(cls, config)
+    family, layout = FAMILIES["wan"], Layout(world=4, ulysses=2, cfg=2, grid=UNEVEN)
+    with fake_rank(3, 4):
+        mesh = fake_mesh(layout.degrees)
+        with fake_cuda(_MODE):
+            accelerated = accelerate(transformer, family, layout, mesh)
+            cache = TaylorSeerCache(transformer, family.blocks, interval=3, events=accelerated.events)
+            collectives = {}
+            try:
+                accelerated.events.scheduler.set_timesteps(4)
+                for step in range(4):  # computed, computed (a second point), extrapolated, computed (step 3)
+                    for half in range(2):
+                        output, probe = run_probed(lambda: transformer(**inputs("wan", config, UNEVEN, 1)))
+                        if half == 1:  # this rank's half
+                            extrapolated = step == 2
+                            assert cache.stats.records[-1].cached == extrapolated
+                            assert bool(probe.fused()) != extrapolated
+                            collectives[step] = len(probe.collectives)
+                            assert not probe.non_cuda_collectives()
+                            assert not [s for s in probe.syncs if not s.where.startswith("diffusers/")], probe.syncs
+                            assert sample_of(output).device.type == "cuda"
+                    accelerated.events.scheduler.step()
+                assert collectives[2] < collectives[1] == collectives[3]
+            finally:
+                cache.remove()
+                accelerated.remove()
+    assert [(record.step, record.branch) for record in cache.stats.records] == [(step, 1) for step in range(4)]

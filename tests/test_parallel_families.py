@@ -180,17 +180,23 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
 
 # DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double
 # list) and a tail of one (in its single list), extrapolating to order 2; Wan (two-call CFG) and
-# LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers.
+# LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers. TaylorSeer inside
+# the blocks (method = "taylorseer": its schedule needs no exchange) on the same three.
 CACHE_METHODS = {
-    "flux": {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2},
-    "wan": {"calibrator": "taylorseer"},
-    "ltx": {"calibrator": "taylorseer"},
+    "flux-dbcache": ("flux", {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2}),
+    "wan-calibrator": ("wan", {"calibrator": "taylorseer"}),
+    "ltx-calibrator": ("ltx", {"calibrator": "taylorseer"}),
+    "flux-taylorseer": ("flux", {"method": "taylorseer", "interval": 3, "taylor_order": 2}),
+    "wan-taylorseer": ("wan", {"method": "taylorseer", "interval": 3}),
+    "ltx-taylorseer": ("ltx", {"method": "taylorseer", "interval": 3}),
 }
 
 
-@pytest.mark.parametrize("family, mode", [(family, mode) for family in CACHE_METHODS for mode in ("ulysses2", "ring3", "cfg2xulysses2")])
-def test_dbcache_and_taylorseer_decide_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
-    check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold, **CACHE_METHODS[family]})
+@pytest.mark.parametrize("case, mode", [(case, mode) for case in CACHE_METHODS for mode in ("ulysses2", "ring3", "cfg2xulysses2")])
+def test_cache_methods_decide_on_every_rank_as_one_process(rank_pools, case: str, mode: str) -> None:
+    family, cache = CACHE_METHODS[case]
+    threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
+    check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {**threshold, **cache})
 
 
 def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any]) -> None:

@@ -34,10 +34,11 @@ import torch.distributed as dist
 from torch import nn
 
 from accel.cache.calibrate import Calibrator, Reuse, TaylorSeer
-from accel.cache.stats import CacheStats, CallRecord
+from accel.cache.calls import StepCache
+from accel.cache.stats import CallRecord
 from accel.instance import CACHE, wrap
 from accel.models.base import BlockList
-from accel.steps import StepEvents, StepListener
+from accel.steps import StepEvents
 
 
 @dataclass
@@ -70,7 +71,7 @@ class _Call:
     start_spec: BlockList | None = None
 
 
-class BlockCache(StepListener):
+class BlockCache(StepCache[_BranchState]):
     """Installs itself on one transformer's blocks; `remove()` puts the original forwards back."""
 
     def __init__(
@@ -91,36 +92,6 @@ class BlockCache(StepListener):
         group: dist.ProcessGroup | None = None,
         real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
-        self.threshold = threshold
-        self.first_blocks = first_blocks
-        self.last_blocks = last_blocks
-        self.warmup_steps = warmup_steps
-        self.max_consecutive_cached = max_consecutive_cached
-        self.max_cached_steps = max_cached_steps
-        self.primary_stream = primary_stream
-        self.events = events
-        # Ranks that share one sequence (None: decide alone), and how many of this rank's tokens of
-        # the primary stream are real (they lead; padding follows), so a parallel run sums what one
-        # process would.
-        self.group = group
-        self.real_tokens = real_tokens
-        self.stats = CacheStats()
-        if calibrator not in ("none", "taylorseer"):
-            raise ValueError(f"calibrator must be 'none' or 'taylorseer', got {calibrator!r}")
-        self._new_calibrator: Callable[[], Calibrator] = (
-            Reuse if calibrator == "none" else lambda: TaylorSeer(taylor_order)
-        )
-        if calibrator == "taylorseer":
-            TaylorSeer(taylor_order)  # an order it cannot use fails here, not at the first cached call
-        self._calls_marked = False  # begin_call marks where each pipeline call starts
-        self._states: dict[int, _BranchState] = {}
-        self._calls_in_step = 0
-        self._branch = 0
-        self._call = _Call()
-        self._state = self._new_state()
-        self._step = 0
-        self._undo: list[Callable[[], None]] = []
-
         blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
         if first_blocks < 1:
             raise ValueError(f"first_blocks must be at least 1 (the decision reads their residual), got {first_blocks}")
@@ -137,38 +108,35 @@ class BlockCache(StepListener):
                 f"block lists {[s.attr for s in block_lists]}: the first must return "
                 f"'{primary_stream}' and every stream the last one returns"
             )
+        if calibrator not in ("none", "taylorseer"):
+            raise ValueError(f"calibrator must be 'none' or 'taylorseer', got {calibrator!r}")
+        if calibrator == "taylorseer":
+            TaylorSeer(taylor_order)  # an order it cannot use fails here, not at the first cached call
+        self._new_calibrator: Callable[[], Calibrator] = Reuse if calibrator == "none" else lambda: TaylorSeer(taylor_order)
+        self.threshold = threshold
+        self.first_blocks = first_blocks
+        self.last_blocks = last_blocks
+        self.warmup_steps = warmup_steps
+        self.max_consecutive_cached = max_consecutive_cached
+        self.max_cached_steps = max_cached_steps
+        self.primary_stream = primary_stream
+        # Ranks that share one sequence (None: decide alone), and how many of this rank's tokens of
+        # the primary stream are real (they lead; padding follows), so a parallel run sums what one
+        # process would.
+        self.group = group
+        self.real_tokens = real_tokens
+        self._call = _Call()
+        self._state = self.new_state()
+        self._step = 0
+        super().__init__(transformer, events)
         middle_end = len(blocks) - last_blocks - 1
         for index, (spec, block) in enumerate(blocks):
             role = "head" if index < first_blocks else "middle" if index <= middle_end else "tail"
             slot = _Slot(spec, inspect.signature(block.forward), role, index == 0, index == first_blocks - 1, index == middle_end)
             self._wrap(block, slot)
-        # Branches are counted per transformer call, not per block-0 run: under CFG parallelism a
-        # rank skips the other half's call, and its calls must keep their single-process index.
-        self._undo.append(transformer.register_forward_pre_hook(lambda *_: self._count_call()).remove)
-        if events is not None:
-            events.add(self)
 
-    def _new_state(self) -> _BranchState:
+    def new_state(self) -> _BranchState:
         return _BranchState(self._new_calibrator())
-
-    # -- step events -------------------------------------------------------------------------
-    def on_generation_start(self, num_steps: int) -> None:
-        self._states.clear()
-        if not self._calls_marked:  # else a schedule restarted within one call (segments) keeps its statistics
-            self.stats = CacheStats()
-        self._calls_in_step = 0
-
-    def begin_call(self) -> None:
-        """A pipeline call starts: statistics start afresh here, and cover every schedule it runs."""
-        self.stats = CacheStats()
-        self._calls_marked = True
-
-    def _count_call(self) -> None:
-        self._branch = self._calls_in_step
-        self._calls_in_step += 1
-
-    def on_step_end(self, step_index: int) -> None:
-        self._calls_in_step = 0
 
     # -- install / remove --------------------------------------------------------------------
     def _wrap(self, block: nn.Module, slot: _Slot) -> None:
@@ -181,13 +149,6 @@ class BlockCache(StepListener):
 
         # This block only, not its class; outside any compiled forward (CACHE wraps COMPILE).
         self._undo.append(wrap(block, "forward", "accel.cache", CACHE, forward))
-
-    def remove(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-        if self.events is not None:
-            self.events.remove(self)
-            self.events = None
 
     # -- the roles ---------------------------------------------------------------------------
     def _head_block(self, original: Callable[..., Any], slot: _Slot, args: Any, kwargs: Any) -> Any:
@@ -220,10 +181,7 @@ class BlockCache(StepListener):
     def _decide(self, residual: torch.Tensor) -> bool:
         """Skip the middle blocks this call? Kept out of compiled code (whole-transformer compile):
         it reads tensor values and step counters, which a graph would have to guard on."""
-        branch = self._branch if self.events is not None else 0
-        state = self._states.get(branch)
-        if state is None:
-            state = self._states[branch] = self._new_state()
+        branch, state = self.branch_state()
         step = self.events.step_index if self.events is not None else state.calls
         state.calls += 1
         change = None

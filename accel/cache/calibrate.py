@@ -51,6 +51,11 @@ class TaylorSeer:
         self.order = order
         self._history: list[tuple[int, Residuals]] = []
 
+    @property
+    def computed(self) -> int:
+        """How many computed values it extrapolates from (at most order + 1)."""
+        return len(self._history)
+
     def record(self, step: int, residuals: Residuals) -> None:
         if self._history and self._history[-1][0] == step:  # a recomputation of the same step replaces it
             self._history.pop()

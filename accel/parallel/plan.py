@@ -75,6 +75,10 @@ class ContextParallel:
         # Whether the forward in progress sent any attention through `_attend`: a flag that compiled
         # blocks may set but never read (a counter would be a guarded value, recompiling each call).
         self._routed = False
+        # Whether a forward has routed attention yet: that proves the processors reach the engine,
+        # so a later forward with no attention at all is a cache's (TaylorSeer extrapolates every
+        # attention output of a call), not a processor that bypasses it.
+        self._proven = False
         self._transformer = transformer
 
         self._signature = inspect.signature(transformer.forward)
@@ -220,8 +224,9 @@ class ContextParallel:
         try:
             with AttentionRouter(self._attend, lambda: self._local_depth > 0, self.plan.pairwise_mask):
                 output = call_next(*bound.args, **bound.kwargs)
-            if not self._routed:  # every rank ran the same code, so every rank raises here alike
+            if not self._routed and not self._proven:  # every rank ran the same code, so every rank raises here alike
                 raise NotAvailableError(self._unrouted())
+            self._proven = True
             if not self.plan.output_module:
                 output = self._gather(output)
         finally:  # the per-call state starts empty for the next call, however this one ended
