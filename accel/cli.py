@@ -355,6 +355,32 @@ def _fresh_folder(out: Path | None, recipe: Path) -> Path:
     return out if out is not None else fresh_folder(Path("outputs"), f"bench-{recipe.stem}")
 
 
+@app.command()
+def tune(
+    recipe: Annotated[Path, typer.Argument(help="TOML recipe of the pipeline to tune (e.g. recipes/tiny-flux.toml).")],
+    calibrate: Annotated[bool, Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.")] = False,
+    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write (default: <recipe>-magcache.toml beside it); never overwritten.")] = None,
+) -> None:
+    """Measure what a cache method needs on this pipeline and write it into a new recipe."""
+    try:
+        if not calibrate:
+            raise UserError("accel tune: pass --calibrate (it measures MagCache's curve on this pipeline); the search for a quality target is not built yet")
+        from accel.recipe import load_recipe
+        from accel.tune import calibrate as run_calibration
+        from accel.tune import fresh_recipe_path
+
+        settings = load_recipe(recipe)
+        path = out if out is not None else fresh_recipe_path(recipe, "magcache")
+        calibrated = run_calibration(settings, path)
+    except UserError as error:
+        _fail(str(error))
+        return
+    ratios = calibrated.cache.mag_ratios
+    console.print(f"wrote {path}: [cache] method = \"magcache\", threshold = {calibrated.cache.threshold}, "
+                  f"{len(ratios[0])} ratios (one a step) for {len(ratios)} CFG branch{'es' if len(ratios) > 1 else ''}",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def launch(
     ctx: typer.Context,

@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from accel.cache import BlockCache, CacheStats, StepCache, TaylorSeerCache
+from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
 from accel.models.base import Family, ParallelPlan
@@ -318,6 +318,11 @@ def _apply_cache(handle: AccelHandle) -> None:
         if settings.method == "taylorseer":
             cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
                                     disable_before=settings.disable_before, disable_after=settings.disable_after, events=events)
+        elif settings.method == "magcache":
+            cache = MagCache(transformer, handle.family.blocks, threshold=settings.threshold, mag_ratios=settings.mag_ratios,
+                             warmup_steps=settings.warmup_steps, max_consecutive_cached=settings.max_consecutive_cached,
+                             max_cached_steps=settings.max_cached_steps, primary_stream=handle.family.primary_stream, events=events,
+                             group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream))
         else:
             cache = BlockCache(
                 transformer,
@@ -348,7 +353,7 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     """A user's first_blocks / last_blocks must leave the model blocks to cache: one line, before
     quantization (which cannot be undone) or any other change."""
     settings = handle.recipe.cache
-    if not settings.enabled or settings.method == "taylorseer":
+    if not settings.enabled or settings.method in ("taylorseer", "magcache"):
         return
     for transformer in _transformers(handle).values():
         count = sum(len(getattr(transformer, spec.attr)) for spec in handle.family.blocks)

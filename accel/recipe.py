@@ -104,8 +104,8 @@ class GenerateSection:
 
 @dataclass(frozen=True)
 class CacheSection:
-    """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed, or
-    extrapolate attention and feed-forward outputs between computed steps."""
+    """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed,
+    extrapolate attention and feed-forward outputs between computed steps, or skip whole calls along a calibrated curve."""
 
     @property
     def enabled(self) -> bool:
@@ -116,10 +116,12 @@ class CacheSection:
         0.0, "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
         "difference); 0 is off.", min=0
     )
-    method: Literal["fbcache", "dbcache", "taylorseer"] = _key(
+    method: Literal["fbcache", "dbcache", "taylorseer", "magcache"] = _key(
         "fbcache", "fbcache: block 0 decides, every later block is cached; dbcache: the first first_blocks decide and "
         "always run, the last last_blocks always run, the blocks between are cached; taylorseer: inside every block, "
-        "attention and feed-forward outputs are computed every interval steps and extrapolated between (no threshold)."
+        "attention and feed-forward outputs are computed every interval steps and extrapolated between (no threshold); "
+        "magcache: whole calls are skipped while the calibrated residual-magnitude curve's accumulated error stays "
+        "under the threshold."
     )
     first_blocks: int = _key(1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1)
     last_blocks: int = _key(0, "dbcache: blocks always computed at the end, on the cached middle's output.", min=0)
@@ -131,6 +133,10 @@ class CacheSection:
     interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
     disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
     disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
+    mag_ratios: tuple[tuple[float, ...], ...] = _key(
+        (), "magcache: the pipeline's residual-magnitude ratio per step, one list per CFG branch; accel tune RECIPE "
+        "--calibrate measures them and writes them here."
+    )
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
     max_cached_steps: int = _key(0, "Most cached calls per generation (per CFG branch); 0 means no limit.", min=0)
@@ -315,11 +321,11 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
 
 
 # The methods that read each [cache] key; one another method would ignore is refused, not ignored.
+_DECIDING = ("fbcache", "dbcache", "magcache")
 _CACHE_KEY_METHODS = {
-    "threshold": ("fbcache", "dbcache"), "first_blocks": ("dbcache",), "last_blocks": ("dbcache",),
-    "calibrator": ("fbcache", "dbcache"), "warmup_steps": ("fbcache", "dbcache"), "max_consecutive_cached": ("fbcache", "dbcache"),
-    "max_cached_steps": ("fbcache", "dbcache"), "interval": ("taylorseer",), "disable_before": ("taylorseer",),
-    "disable_after": ("taylorseer",),
+    "threshold": _DECIDING, "first_blocks": ("dbcache",), "last_blocks": ("dbcache",), "calibrator": ("fbcache", "dbcache"),
+    "warmup_steps": _DECIDING, "max_consecutive_cached": _DECIDING, "max_cached_steps": _DECIDING,
+    "interval": ("taylorseer",), "disable_before": ("taylorseer",), "disable_after": ("taylorseer",), "mag_ratios": ("magcache",),
 }
 
 
@@ -327,11 +333,17 @@ def _check_cache(source: str, cache: CacheSection) -> None:
     defaults = CacheSection()
     for key, methods in _CACHE_KEY_METHODS.items():
         if cache.method not in methods and getattr(cache, key) != getattr(defaults, key):
-            named = " or ".join(f'"{m}"' for m in methods)
+            quoted = [f'"{m}"' for m in methods]
+            named = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
             raise RecipeError(f'{source}: [cache] {key} is for method = {named}, not "{cache.method}"; set method = "{methods[0]}" or remove {key}')
     if cache.taylor_order != defaults.taylor_order and "taylorseer" not in (cache.method, cache.calibrator):
         raise RecipeError(
             f'{source}: [cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; set one of them or remove taylor_order'
+        )
+    if cache.method == "magcache" and cache.threshold > 0 and not any(cache.mag_ratios):
+        raise RecipeError(
+            f'{source}: [cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude ratios of this pipeline; '
+            f"measure them with accel tune RECIPE --calibrate"
         )
     if cache.disable_after and cache.disable_after <= cache.disable_before:
         raise RecipeError(
@@ -446,6 +458,11 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
         return isinstance(value, str), value
     if get_origin(hint) is Literal:
         return any(type(value) is type(c) and value == c for c in get_args(hint)), value
+    if hint == tuple[tuple[float, ...], ...]:
+        ok = isinstance(value, list | tuple) and all(
+            isinstance(row, list | tuple) and all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in row) for row in value
+        )
+        return ok, tuple(tuple(float(v) for v in row) for row in value) if ok else value
     if hint == tuple[str, ...]:
         ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
         return ok, tuple(value) if ok else value
@@ -485,6 +502,8 @@ def _requirement(hint: Any, meta: Mapping[str, Any]) -> str:
         return "a table of keyword = \"file path\""
     if hint == Mapping[str, Any]:
         return "a table of keyword = value (numbers, strings, booleans or lists of them)"
+    if hint == tuple[tuple[float, ...], ...]:
+        return "a list of lists of positive numbers"
     return "a list of strings"
 
 

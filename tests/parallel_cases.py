@@ -238,6 +238,25 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     return output_of(result), decisions, TRAFFIC.total_bytes
 
 
+_curves: dict[str, Any] = {}
+
+
+def magcache_curve(model: str, call: dict[str, Any]) -> list[list[float]]:
+    """MagCache's calibrated curve of the tiny pipeline for `call`, measured once in this process."""
+    import accel
+    from accel.tune import calibrate_magcache
+
+    key = model + repr(sorted(call.items()))
+    if key not in _curves:
+        pipe = tiny_pipeline(model)
+        handle = accel.apply(pipe, {})
+        try:
+            _curves[key] = [list(curve) for curve in calibrate_magcache(pipe, handle, call, 0)]
+        finally:
+            handle.remove()
+    return _curves[key]
+
+
 def output_of(result: Any) -> Any:
     """A pipeline result as one array: frames or images, with the audio samples appended (flattened)
     where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
@@ -317,13 +336,12 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tu
 def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh: bool = False) -> tuple[Any, Any, list[int]]:
     """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
     graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
-    one for good) compiled afresh, else the process's shared one."""
+    one for good), else the process's shared one."""
     import accel
     from accel.optimize.compile import compiled_graphs
 
     if fresh:
         _pipelines.pop(model, None)
-        torch._dynamo.reset()  # graphs an earlier test built for the same block classes would serve these blocks too
     pipe = tiny_pipeline(model)
     handle = accel.apply(pipe, recipe)
     graphs = []

@@ -709,3 +709,31 @@ def test_taylorseer_inside_the_blocks_on_fake_cuda(tiny_configs: Any) -> None:
                 cache.remove()
                 accelerated.remove()
     assert [(record.step, record.branch) for record in cache.stats.records] == [(step, 1) for step in range(4)]
+
+
+def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
+    """MagCache on FLUX, Ulysses 2 at an uneven token count, as the last rank: a skipped call runs no
+    block (no attention kernel), and no call makes a host sync (the rule reads the curve only)."""
+    from accel.cache import MagCache
+
+    cls, config, _, _ = tiny_configs["flux"]
+    config = {**config, **tiny_overrides("flux", config)}
+    transformer = fake_transformer(cls, config)
+    family, layout = FAMILIES["flux"], Layout(world=2, ulysses=2, cache=True, grid=UNEVEN)
+    assert family.parallel is not None
+    with fake_rank(1, 2):
+        mesh = fake_mesh(layout.degrees)
+        with fake_cuda(_MODE):
+            engine = ContextParallel(transformer, family.parallel, mesh)
+            cache = MagCache(transformer, family.blocks, threshold=0.5, mag_ratios=[[1.0, 0.9, 0.9, 0.9]], primary_stream=family.primary_stream,
+                             group=mesh.sequence_group, real_tokens=_real_tokens(engine, family.primary_stream))
+            try:
+                for call in range(4):  # accumulated errors 0, 0.1, 0.29, 0.561: computed, skipped, skipped, computed
+                    output, probe = run_probed(lambda: transformer(**inputs("flux", config, UNEVEN, 1)))
+                    assert sample_of(output).shape == expected_shape("flux", config, UNEVEN, 1) and sample_of(output).device.type == "cuda"
+                    assert not [s for s in probe.syncs if not s.where.startswith("diffusers/")], probe.syncs
+                    assert bool(probe.fused()) == (call in (0, 3))
+            finally:
+                cache.remove()
+                engine.remove()
+    assert [record.cached for record in cache.stats.records] == [False, True, True, False]

@@ -181,7 +181,7 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
 # DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double
 # list) and a tail of one (in its single list), extrapolating to order 2; Wan (two-call CFG) and
 # LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers. TaylorSeer inside
-# the blocks (method = "taylorseer": its schedule needs no exchange) on the same three.
+# the blocks (method = "taylorseer": its schedule needs no exchange) and MagCache (its curve's) on the same three.
 CACHE_METHODS = {
     "flux-dbcache": ("flux", {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2}),
     "wan-calibrator": ("wan", {"calibrator": "taylorseer"}),
@@ -189,13 +189,28 @@ CACHE_METHODS = {
     "flux-taylorseer": ("flux", {"method": "taylorseer", "interval": 3, "taylor_order": 2}),
     "wan-taylorseer": ("wan", {"method": "taylorseer", "interval": 3}),
     "ltx-taylorseer": ("ltx", {"method": "taylorseer", "interval": 3}),
+    # MagCache on the curve a calibration run measures on one process (accel tune --calibrate's).
+    "flux-magcache": ("flux", {"method": "magcache", "threshold": 0.1}),
+    "wan-magcache": ("wan", {"method": "magcache", "threshold": 0.02}),
+    "ltx-magcache": ("ltx", {"method": "magcache", "threshold": 0.02}),
 }
 
 
-@pytest.mark.parametrize("case, mode", [(case, mode) for case in CACHE_METHODS for mode in ("ulysses2", "ring3", "cfg2xulysses2")])
+# Each method on each of the three families once, the modes rotated so that every family and every
+# method meets all three (Ulysses, Ring at a token count 3 does not divide, CFG halves x Ulysses).
+METHOD_MODES = {
+    "flux-dbcache": "ulysses2", "wan-calibrator": "ring3", "ltx-calibrator": "cfg2xulysses2",
+    "flux-taylorseer": "ring3", "wan-taylorseer": "cfg2xulysses2", "ltx-taylorseer": "ulysses2",
+    "flux-magcache": "cfg2xulysses2", "wan-magcache": "ulysses2", "ltx-magcache": "ring3",
+}
+
+
+@pytest.mark.parametrize("case, mode", list(METHOD_MODES.items()))
 def test_cache_methods_decide_on_every_rank_as_one_process(rank_pools, case: str, mode: str) -> None:
     family, cache = CACHE_METHODS[case]
     threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
+    if cache.get("method") == "magcache":
+        cache = dict(cache, mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)))
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {**threshold, **cache})
 
 

@@ -42,7 +42,7 @@ FULL: dict[str, Any] = {
         "arguments": {"mode": "replace", "sizes": [1, 2]},
     },
     "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
-              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "warmup_steps": 2, "max_consecutive_cached": 3,
+              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
               "max_cached_steps": 10},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
@@ -247,7 +247,8 @@ ERRORS: list[tuple[Any, str]] = [
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
-                               "interval, disable_before, disable_after, warmup_steps, max_consecutive_cached, max_cached_steps)"),
+                               "interval, disable_before, disable_after, mag_ratios, warmup_steps, max_consecutive_cached, "
+                               "max_cached_steps)"),
     ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora)"),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
@@ -256,19 +257,23 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": {"threshold": "0.1"}}, "[cache] threshold must be a number >= 0, got '0.1'"),
     ({"cache": {"warmup_steps": -1}}, "[cache] warmup_steps must be an integer >= 0, got -1"),
     ({"cache": {"max_consecutive_cached": 1.5}}, "[cache] max_consecutive_cached must be an integer >= 0, got 1.5"),
-    ({"cache": {"method": "magic"}}, "[cache] method must be one of fbcache, dbcache, taylorseer, got 'magic'"),
+    ({"cache": {"method": "magic"}}, "[cache] method must be one of fbcache, dbcache, taylorseer, magcache, got 'magic'"),
     ({"cache": {"first_blocks": 0, "method": "dbcache"}}, "[cache] first_blocks must be an integer >= 1, got 0"),
     ({"cache": {"taylor_order": 3}}, "[cache] taylor_order must be 1 or 2, got 3"),
     ({"cache": {"calibrator": "taylor"}}, "[cache] calibrator must be none or taylorseer, got 'taylor'"),
     ({"cache": {"first_blocks": 4}}, '[cache] first_blocks is for method = "dbcache", not "fbcache"; set method = "dbcache" or remove first_blocks'),
     ({"cache": {"last_blocks": 1, "method": "taylorseer"}}, '[cache] last_blocks is for method = "dbcache", not "taylorseer"; '
                                                             'set method = "dbcache" or remove last_blocks'),
-    ({"cache": {"threshold": 0.1, "method": "taylorseer"}}, '[cache] threshold is for method = "fbcache" or "dbcache", not "taylorseer"; '
-                                                            'set method = "fbcache" or remove threshold'),
+    ({"cache": {"threshold": 0.1, "method": "taylorseer"}}, '[cache] threshold is for method = "fbcache", "dbcache" or "magcache", not '
+                                                            '"taylorseer"; set method = "fbcache" or remove threshold'),
     ({"cache": {"interval": 4}}, '[cache] interval is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove interval'),
     ({"cache": {"interval": 1, "method": "taylorseer"}}, "[cache] interval must be an integer >= 2, got 1"),
     ({"cache": {"taylor_order": 2, "method": "dbcache"}}, '[cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; '
                                                           'set one of them or remove taylor_order'),
+    ({"cache": {"method": "magcache", "threshold": 0.1}}, '[cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude '
+                                                          'ratios of this pipeline; measure them with accel tune RECIPE --calibrate'),
+    ({"cache": {"mag_ratios": [[1.0, 0.9]]}}, '[cache] mag_ratios is for method = "magcache", not "fbcache"; set method = "magcache" or remove mag_ratios'),
+    ({"cache": {"method": "magcache", "mag_ratios": [[1.0, -0.5]]}}, "[cache] mag_ratios must be a list of lists of positive numbers, got [[1.0, -0.5]]"),
     ({"cache": {"method": "taylorseer", "disable_before": 3, "disable_after": 3}},
      "[cache] disable_after (3) must be above disable_before (3), or 0 for none"),
     ({"generate": {"steps": "ten"}}, "[generate] steps must be an integer >= 1, got 'ten'"),

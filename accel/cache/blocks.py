@@ -72,7 +72,12 @@ class _Call:
 
 
 class BlockCache(StepCache[_BranchState]):
-    """Installs itself on one transformer's blocks; `remove()` puts the original forwards back."""
+    """Installs itself on one transformer's blocks; `remove()` puts the original forwards back.
+
+    A subclass that decides before any block runs (MagCache, from a calibrated curve) sets
+    `least_first_blocks = 0` and overrides `_decide_at_start`."""
+
+    least_first_blocks = 1
 
     def __init__(
         self,
@@ -93,8 +98,8 @@ class BlockCache(StepCache[_BranchState]):
         real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
         blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
-        if first_blocks < 1:
-            raise ValueError(f"first_blocks must be at least 1 (the decision reads their residual), got {first_blocks}")
+        if first_blocks < self.least_first_blocks:
+            raise ValueError(f"first_blocks must be at least {self.least_first_blocks} (the decision reads their residual), got {first_blocks}")
         if last_blocks < 0:
             raise ValueError(f"last_blocks must be 0 or more, got {last_blocks}")
         if first_blocks + last_blocks >= len(blocks):
@@ -144,6 +149,8 @@ class BlockCache(StepCache[_BranchState]):
             if slot.role == "head":
                 return self._head_block(call_next, slot, args, kwargs)
             if slot.role == "middle":
+                if slot.first:  # no head: the call is decided before block 0
+                    self._start_call(slot, args, kwargs)
                 return self._middle_block(call_next, slot, args, kwargs)
             return call_next(*args, **kwargs)
 
@@ -162,6 +169,18 @@ class BlockCache(StepCache[_BranchState]):
             before = self._call.before[self.primary_stream]
             self._call.skipping = self._decide(self._primary(slot.spec, after) - before)
         return output
+
+    def _start_call(self, slot: _Slot, args: Any, kwargs: Any) -> None:
+        bound = slot.signature.bind(*args, **kwargs).arguments
+        before = {name: bound[name] for name in slot.spec.returns}
+        self._call = _Call(before=before, start=before, start_spec=slot.spec)
+        self._call.skipping = self._decide_at_start()
+
+    def _decide_at_start(self) -> bool:
+        raise NotImplementedError("a cache without head blocks decides before block 0")
+
+    def _computed(self, spec: BlockList, final: dict[str, Any], start: dict[str, Any]) -> None:
+        """A computed call's middle ended with `final` from `start`, both `spec`'s streams (a subclass may measure it)."""
 
     def _primary(self, spec: BlockList, streams: dict[str, Any]) -> torch.Tensor:
         """The primary stream out of `spec`'s streams: its own tensor, or its stretch of a joined
@@ -217,6 +236,7 @@ class BlockCache(StepCache[_BranchState]):
                     if isinstance(final[name], torch.Tensor) and isinstance(start.get(name), torch.Tensor)
                 })
                 self._state.computed = True
+                self._computed(slot.spec, final, start)
             return output
         inputs = slot.signature.bind(*args, **kwargs).arguments
         values = [inputs[name] for name in slot.spec.returns]
