@@ -757,8 +757,14 @@ def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> No
         (["--reference", "{image}"], "[generate] references: LTX2ConditionPipeline takes no references; remove --reference"),
         (["--pipeline", "LTX2InContextPipeline", "--reference", "{image}@1:0.5"],
          "[generate] references: {image}@1:0.5: write PATH@STRENGTH, STRENGTH from 0 to 1, e.g. depth.mp4@0.9"),
+        # HDR converts its reference clip: without one there is nothing to convert, on one process or before ranks start.
+        (["--pipeline", "LTX2HDRPipeline"], "LTX2HDRPipeline needs a reference video: pass --reference PATH@STRENGTH ([generate] references)"),
+        (["--pipeline", "LTX2HDRPipeline", "--gpus", "2"],
+         "LTX2HDRPipeline needs a reference video: pass --reference PATH@STRENGTH ([generate] references)"),
+        (["--pipeline", "LTX2HDRPipeline", "--reference", "{missing}@1.0"], "[generate] references: {missing} does not exist; pass a picture or a video"),
     ],
-    ids=["index", "strength", "missing file", "no conditions", "no references", "reference with an index"],
+    ids=["index", "strength", "missing file", "no conditions", "no references", "reference with an index", "HDR without a reference",
+         "HDR without a reference on 2 ranks", "HDR reference missing"],
 )
 def test_a_bad_condition_is_one_line_before_loading(tmp_path: Path, args: list[str], message: str) -> None:
     image, _ = write_inputs(tmp_path)
@@ -767,6 +773,15 @@ def test_a_bad_condition_is_one_line_before_loading(tmp_path: Path, args: list[s
     result = CliRunner().invoke(app, ["run", "tiny-ltx2", *pipeline, "-o", str(tmp_path / "o.mp4"), *(arg.format(**paths) for arg in args)])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: " + message.format(**paths)
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_an_hdr_reference_that_is_not_a_video_is_refused(tmp_path: Path) -> None:
+    text = tmp_path / "notes.mp4"
+    text.write_text("not a video")
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", "LTX2HDRPipeline", "--reference", str(text), "-o", str(tmp_path / "o.npy")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: [generate] references: {text} is not a video ffmpeg can read (")
 
 
 def test_a_checkpoint_of_another_wan_transformer_is_refused_as_a_variant(tmp_path: Path) -> None:
