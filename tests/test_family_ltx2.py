@@ -180,3 +180,17 @@ def test_the_sdr_preview_and_the_npy_writer() -> None:
     array_writer(frames)(path)
     assert sorted(p.name for p in path.parent.iterdir()) == ["frames.tmp"]
     assert np.array_equal(np.load(path), frames)
+
+
+def test_bench_keeps_and_shows_an_hdr_video_as_its_sdr_preview(tmp_path: Path) -> None:
+    """A bench variant's file is the preview MP4, its grid tile the preview's frames in [0, 1]."""
+    from accel.bench import _save_output, _tile
+    from accel.media import save_video
+
+    linear = np.random.default_rng(0).exponential(0.5, (9, 64, 96, 3)).astype(np.float32)
+    written = _save_output(linear, tmp_path, 1, "cache", FAMILY, "hdr-video")
+    assert written == tmp_path / "01-cache.mp4"
+    save_video(srgb(linear), tmp_path / "want.mp4", fps=FAMILY.fps)
+    assert np.array_equal(read_video(written), read_video(tmp_path / "want.mp4"))
+    tile = _tile("cache", "", linear, "hdr-video")
+    assert tile.frame_numbers == (0, 4, 8) and np.allclose(tile.output, srgb(linear[[0, 4, 8]]), atol=1e-6)
