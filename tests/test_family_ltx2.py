@@ -194,3 +194,32 @@ def test_bench_keeps_and_shows_an_hdr_video_as_its_sdr_preview(tmp_path: Path) -
     assert np.array_equal(read_video(written), read_video(tmp_path / "want.mp4"))
     tile = _tile("cache", "", linear, "hdr-video")
     assert tile.frame_numbers == (0, 4, 8) and np.allclose(tile.output, srgb(linear[[0, 4, 8]]), atol=1e-6)
+
+
+def hdr_connector_embeds() -> tuple[torch.Tensor, torch.Tensor]:
+    """Connector outputs precomputed from a prompt, as the HDR LoRA ships them (one sample, no mask)."""
+    import accel
+
+    pipe = accel.load_pipeline("tiny-ltx2", pipeline=HDR)
+    embeds, mask, _, _ = pipe.encode_prompt("a white owl", do_classifier_free_guidance=False, device="cpu")
+    with torch.no_grad():
+        video, audio, _ = pipe.connectors(embeds, mask, padding_side=pipe.tokenizer_padding_side)
+    return video, audio
+
+
+def test_hdr_with_precomputed_connector_embeds_equals_one_process(rank_pools: Any) -> None:
+    """The pipeline's optional `connector_video_embeds` / `connector_audio_embeds` (tensors, so from a
+    script with accel.apply, not the CLI) replace the prompt: the text the transformer attends is
+    theirs, kept whole on every rank like the prompt's; Ulysses 2 with the cache equals one process."""
+    import variant_cases
+
+    video, audio = hdr_connector_embeds()
+    call = dict(CALL, num_inference_steps=3, guidance_scale=1.0, connector_video_embeds=video, connector_audio_embeds=audio)
+    expected, _, _ = variant_cases.variant_run("ltx2", HDR, {}, call)
+    prompted, _, _ = variant_cases.variant_run("ltx2", HDR, {}, dict(call, connector_video_embeds=None, connector_audio_embeds=None))
+    assert np.abs(expected - prompted).max() > 1e-2  # the embeds (of another prompt), not the call's prompt, made it
+    recipe = {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.3}}
+    reference, _, _ = variant_cases.variant_run("ltx2", HDR, {"cache": {"threshold": 0.3}}, call)
+    for output, _, bytes_sent in rank_pools(2).run(variant_cases.variant_run, "ltx2", HDR, recipe, call):
+        assert bytes_sent > 0
+        assert np.abs(variant_cases.as_decoded(output, "ltx2", HDR) - variant_cases.as_decoded(reference, "ltx2", HDR)).max() <= 1e-4

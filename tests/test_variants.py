@@ -218,20 +218,7 @@ def test_variant_equals_one_process(rank_pools, family: str, pipeline_class: str
     for output, _, bytes_sent in runs:
         assert bytes_sent > 0
         assert output.shape == expected.shape
-        assert np.abs(as_decoded(output, family, pipeline_class) - as_decoded(expected, family, pipeline_class)).max() <= TOLERANCE
-
-
-def as_decoded(output: np.ndarray, family: str, pipeline_class: str) -> np.ndarray:
-    """The output in the VAE's [0, 1] range, where 1e-4 means the same for every variant: a linear
-    HDR video (LTX-2 HDR) goes back through LogC3, the exact inverse of the pipeline's last step.
-    Compared linear, values up to 55 would turn a float32 rounding of the code into 3e-4."""
-    if FAMILIES[family].output_of(pipeline_class) != "hdr-video":
-        return output
-    from diffusers.pipelines.ltx2.image_processor import LTX2VideoHDRProcessor as LogC3
-
-    linear = output.astype(np.float64)
-    logarithmic = LogC3._LOGC3_C * np.log10(np.maximum(LogC3._LOGC3_A * linear + LogC3._LOGC3_B, 1e-30)) + LogC3._LOGC3_D
-    return np.where(linear >= LogC3._LOGC3_CUT, logarithmic, LogC3._LOGC3_E * linear + LogC3._LOGC3_F)
+        assert np.abs(cases.as_decoded(output, family, pipeline_class) - cases.as_decoded(expected, family, pipeline_class)).max() <= TOLERANCE
 
 
 def test_kontext_reference_tokens_join_the_split_image_sequence() -> None:
