@@ -29,8 +29,8 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, check_out_suffix, clip_frames, condition_arguments, input_arguments, made_by, named_input_arguments,
-                                   open_inputs, refuse_split, refuse_together, variant_of, variant_of_class)
+from accel.models.variants import (InputVideo, call_arguments, check_out_suffix, clip_frames, condition_arguments, input_arguments, made_by,
+                                   named_input_arguments, open_inputs, refuse_split, refuse_together, variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -172,9 +172,14 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
-    kwargs.update(condition_arguments(variant, settings.references or (), tiny, key="references"))
+    references = condition_arguments(variant, settings.references or (), tiny, key="references")
+    kwargs.update(references)
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
+    elif video and settings.frames is None and variant.references is not None and variant.references.sets_frames and references:
+        first = next(iter(references.values()))[0][0]  # (file, index, strength) of the first reference
+        if isinstance(first, InputVideo):
+            kwargs[family.frames_arg] = clip_frames(first)  # HDR converts the whole clip, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     if variant.seed is not None:  # the call seeds generators of its own from it: the run's seed, on every rank

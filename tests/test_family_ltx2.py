@@ -223,3 +223,17 @@ def test_hdr_with_precomputed_connector_embeds_equals_one_process(rank_pools: An
     for output, _, bytes_sent in rank_pools(2).run(variant_cases.variant_run, "ltx2", HDR, recipe, call):
         assert bytes_sent > 0
         assert np.abs(variant_cases.as_decoded(output, "ltx2", HDR) - variant_cases.as_decoded(reference, "ltx2", HDR)).max() <= 1e-4
+
+
+def test_hdr_converts_the_whole_reference_clip_unless_frames_say_otherwise(tmp_path: Path) -> None:
+    """The reference clip's length is the call's frame count; `[generate] frames` wins; a picture sets none."""
+    from accel.media import save_video
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    clip, picture = tmp_path / "clip.mp4", tmp_path / "still.png"
+    save_video(np.zeros((17, 64, 64, 3), dtype=np.float32), clip, fps=24)
+    cases.gradient_image().save(picture)
+    for references, frames, expected in (([f"{clip}@0.9"], None, 17), ([str(clip)], 9, 9), ([str(picture), str(clip)], None, 9)):
+        recipe = Recipe.from_dict({"model": {"pipeline": HDR}, "generate": {"references": references, "frames": frames}})
+        assert generation_kwargs(FAMILY, True, recipe)["num_frames"] == expected

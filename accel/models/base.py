@@ -238,7 +238,9 @@ class Conditions:
     says what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
     conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode). `required`: a call needs at least
     one (LTX-2 HDR makes an HDR version of its reference clip; without one there is nothing to
-    convert), refused in one line before start instead of a run of a video of nothing asked for."""
+    convert), refused in one line before start instead of a run of a video of nothing asked for.
+    `sets_frames`: the first one, where it is a clip, gives the call its frame count unless `[generate]
+    frames` says otherwise (HDR's output is the clip converted, frame for frame)."""
 
     cls: str
     units: str
@@ -249,6 +251,7 @@ class Conditions:
     strength: str = "strength"
     tiny: tuple[tuple[str, Any], ...] = ()
     required: bool = False
+    sets_frames: bool = False
 
 
 @dataclass(frozen=True)
