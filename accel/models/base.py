@@ -15,7 +15,7 @@ OutputKind = Literal["image", "video", "hdr-video"]
 # How each kind is named in messages, and the files accel writes it as: (suffix, what that file holds),
 # the first one for a name accel picks itself. An HDR video's .mp4 is an SDR preview (linear values
 # clipped to [0, 1], then the sRGB transfer function), its .npy the linear float32 frames (frames, H, W, 3).
-OUTPUT_FILES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+OUTPUT_FILES: dict[OutputKind, tuple[str, tuple[tuple[str, str], ...]]] = {
     "image": ("images", ((".png", "a PNG picture"),)),
     "video": ("videos", ((".mp4", "an H.264 video"),)),
     "hdr-video": ("linear HDR videos", ((".mp4", "an SDR preview"), (".npy", "the linear float32 frames"))),
