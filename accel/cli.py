@@ -69,7 +69,7 @@ def run(
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
     cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="First Block Cache threshold (0 = off).")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4 (default: a fresh name under outputs/).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview (default: a fresh name under outputs/).")] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.")] = False,
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
@@ -112,12 +112,14 @@ def run(
 
     lead = rank() == 0
     try:
-        # Model-free checks first: before torch loads (seconds) and before any rank starts.
+        # Checks before torch loads (seconds) and before any rank starts: an alias names its family,
+        # whose pipeline says which --out suffixes it is written as; any model is refused the others.
+        settings = _recipe(recipe, overrides)
+        _check_out_for_alias(out, settings.model)
         preflight.check_out(out, overwrite or not lead)  # a rank > 0 leaves existing files to rank 0
         preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
-        settings = _recipe(recipe, overrides)
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -145,6 +147,19 @@ def run(
     except UserError as error:
         _fail(str(error))
         return
+
+
+def _check_out_for_alias(out: Path | None, model: Any) -> None:
+    """--out's suffix against what the asked pipeline makes, where the model (`[model]`) is an alias
+    (no torch: a folder's or repo's family is known later, and runner.run checks it then)."""
+    if out is None:
+        return
+    from accel.models.registry import lookup
+    from accel.models.variants import check_out_suffix, planned_output
+
+    found = lookup(model.name)
+    if found is not None:
+        check_out_suffix(out, *planned_output(found[0], model.pipeline or None))
 
 
 def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: bool) -> None:

@@ -73,7 +73,7 @@ def _size(settings: dict[str, Any], output_kind: str) -> str:
     """'64×48' or '64×48, 5 frames' from a pipeline call's arguments (the frames key varies by family);
     a pipeline that takes no size (HunyuanVideo 1.5 image-to-video) makes the input picture's."""
     size = f"{settings['width']}×{settings['height']}" if "width" in settings else "input picture's size"
-    if output_kind == "video":
+    if output_kind != "image":
         frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
         size += f", {frames} frames"
     return size

@@ -20,8 +20,8 @@ import torch
 from accel.compose import apply
 from accel.errors import UserError
 from accel.files import claim, write_file, write_fresh
-from accel.media import Audio, image_writer, video_writer
-from accel.models.base import Family, GenerationDefaults, OutputKind
+from accel.media import Audio, output_writer, viewable
+from accel.models.base import OUTPUT_FILES, Family, GenerationDefaults, OutputKind
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
@@ -29,8 +29,8 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split, refuse_together,
-                                   variant_of, variant_of_class)
+from accel.models.variants import (InputVideo, call_arguments, check_out_suffix, clip_frames, condition_arguments, input_arguments, made_by,
+                                   named_input_arguments, open_inputs, refuse_split, refuse_together, variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -162,7 +162,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     true_cfg = pick("true_cfg_scale", defaults.true_cfg_scale)
     if true_cfg is not None:
         kwargs["true_cfg_scale"] = true_cfg
-    video = family.frames_arg is not None and kind == "video"
+    video = family.frames_arg is not None and kind != "image"  # videos, HDR ones too, take a frame count
     if video:
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
@@ -172,9 +172,14 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(inputs)
     kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
-    kwargs.update(condition_arguments(variant, settings.references or (), tiny, key="references"))
+    references = condition_arguments(variant, settings.references or (), tiny, key="references")
+    kwargs.update(references)
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
+    elif video and settings.frames is None and variant.references is not None and variant.references.sets_frames and references:
+        first = next(iter(references.values()))[0][0]  # (file, index, strength) of the first reference
+        if isinstance(first, InputVideo):
+            kwargs[family.frames_arg] = clip_frames(first)  # HDR converts the whole clip, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     if variant.seed is not None:  # the call seeds generators of its own from it: the run's seed, on every rank
@@ -244,13 +249,6 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         guider.guidance_scale = previous
-
-
-def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
-    """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
-    the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
-    kind = family.output_of(pipeline_class)
-    return (family.title if kind == family.output else pipeline_class), kind
 
 
 def output_array(result: Any) -> Any:
@@ -445,8 +443,8 @@ def run(
         quant=accelerated.quant,
         compile=accelerated.compile,
         baseline_s=baseline.seconds if baseline else None,
-        psnr_db=psnr(result.output, baseline.output) if baseline else None,
-        ssim=ssim(result.output, baseline.output) if baseline else None,
+        psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
+        ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
     )
 
 
@@ -482,7 +480,8 @@ class _BarListener(StepListener):
 
 
 def _suffix(kind: OutputKind) -> str:
-    return ".mp4" if kind == "video" else ".png"
+    """The suffix of a name accel picks itself for this kind of output."""
+    return OUTPUT_FILES[kind][1][0][0]
 
 
 def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None) -> None:
@@ -492,8 +491,8 @@ def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] |
         return
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    if made is not None and out.suffix.lower() != _suffix(made[1]):
-        raise UserError(f"--out {out}: {made[0]} makes {made[1]}s, so the name must end in {_suffix(made[1])}")
+    if made is not None:
+        check_out_suffix(out, *made)
 
 
 def _write_output(
@@ -501,10 +500,11 @@ def _write_output(
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
     (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively. Returns the path written."""
-    write = video_writer(output, family.fps, audio) if kind == "video" else image_writer(output)
+    suffix = out.suffix if out is not None else _suffix(kind)  # an HDR video: its .npy frames or .mp4 preview
+    write = output_writer(output, kind, suffix, family.fps, audio)
     if out is not None:
         return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
-    return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(kind), write)
+    return write_fresh(Path("outputs"), Path(name).name or "output", suffix, write)
 
 
 def first_free(folder: Path, stem: str, suffix: str = "") -> Path:

@@ -103,6 +103,19 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     return np.asarray(output_array(result)), skipped, TRAFFIC.total_bytes  # frames, images or Kandinsky 5's `image`
 
 
+def as_decoded(output: np.ndarray, family: str, pipeline_class: str) -> np.ndarray:
+    """The output in the VAE's [0, 1] range, where 1e-4 means the same for every variant: a linear
+    HDR video (LTX-2 HDR) goes back through LogC3, the exact inverse of the pipeline's last step.
+    Compared linear, values up to 55 would turn a float32 rounding of the code into 3e-4."""
+    if FAMILIES[family].output_of(pipeline_class) != "hdr-video":
+        return output
+    from diffusers.pipelines.ltx2.image_processor import LTX2VideoHDRProcessor as LogC3
+
+    linear = output.astype(np.float64)
+    logarithmic = LogC3._LOGC3_C * np.log10(np.maximum(LogC3._LOGC3_A * linear + LogC3._LOGC3_B, 1e-30)) + LogC3._LOGC3_D
+    return np.where(linear >= LogC3._LOGC3_CUT, logarithmic, LogC3._LOGC3_E * linear + LogC3._LOGC3_F)
+
+
 def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], block: str, argument: str) -> list[Any]:
     """The values `argument` of the transformer's module `block` (a dotted name) took in each call
     of the variant under `recipe`, as the block received them (after accel's hooks)."""

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
 
-OutputKind = Literal["image", "video"]
+# What a pipeline makes: pictures, videos with frames in [0, 1], or videos of linear light in [0, inf)
+# (LTX-2's HDR IC-LoRA pipeline), which no 8-bit file holds whole.
+OutputKind = Literal["image", "video", "hdr-video"]
+# How each kind is named in messages, and the files accel writes it as: (suffix, what that file holds),
+# the first one for a name accel picks itself. An HDR video's .mp4 is an SDR preview (linear values
+# clipped to [0, 1], then the sRGB transfer function), its .npy the linear float32 frames (frames, H, W, 3).
+OUTPUT_FILES: dict[OutputKind, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "image": ("images", ((".png", "a PNG picture"),)),
+    "video": ("videos", ((".mp4", "an H.264 video"),)),
+    "hdr-video": ("linear HDR videos", ((".mp4", "an SDR preview"), (".npy", "the linear float32 frames"))),
+}
 # How a pipeline runs classifier-free guidance: both branches batched into one transformer call,
 # or one transformer call per branch per step.
 CfgStyle = Literal["batch", "calls"]
@@ -226,7 +236,11 @@ class Conditions:
     keeps the two apart), the position under `index` (None: the class has none, as IC-LoRA's
     reference videos, given as `--reference PATH@STRENGTH`), the strength under `strength`. `units`
     says what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
-    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode)."""
+    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode). `required`: a call needs at least
+    one (LTX-2 HDR makes an HDR version of its reference clip; without one there is nothing to
+    convert), refused in one line before start instead of a run of a video of nothing asked for.
+    `sets_frames`: the first one, where it is a clip, gives the call its frame count unless `[generate]
+    frames` says otherwise (HDR's output is the clip converted, frame for frame)."""
 
     cls: str
     units: str
@@ -236,6 +250,8 @@ class Conditions:
     index: str | None = "index"
     strength: str = "strength"
     tiny: tuple[tuple[str, Any], ...] = ()
+    required: bool = False
+    sets_frames: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,7 +286,9 @@ class Variant:
     sequence by position): Ulysses and Ring are then refused with that reason, every other
     accelerator still applies. `output` is what the pipeline makes where it differs from the
     family's (Kandinsky 5's text-to-image pipeline makes pictures with a video family's transformer):
-    accel then writes that kind of file and passes no frame count; `vae` names its VAE class where it
+    accel then writes that kind of file (OUTPUT_FILES) and passes a frame count only to videos; an
+    "hdr-video" pipeline (LTX-2 HDR) is called with output_type "np" for its linear float32 frames,
+    written as `--out X.npy` whole or `--out X.mp4` as an SDR preview; `vae` names its VAE class where it
     differs from the family's (its parallel decode: accel/models/vaes.py), and `defaults` the settings
     to start from where the family's do not fit it (None: the family's). `transformer_config` are
     (config key, value) pairs the variant's transformer must have (SkyReels-V1 image-to-video reads

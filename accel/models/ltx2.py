@@ -207,6 +207,17 @@ FAMILY = Family(
         Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
             "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
             index=None)),
+        # HDR IC-LoRA (with `--lora`): the SDR clip to convert (`--reference`, required; its length is
+        # the video's unless `--frames` says otherwise; the pipeline cuts a longer one) joins the tokens
+        # after the video's, as IC-LoRA's references, cut with them. It makes linear light in [0, inf)
+        # (the VAE's LogC3 output inverted), no audio: `--out X.npy` keeps the float32 frames, `--out
+        # X.mp4` is an SDR preview. `--arg reference_downscale_factor=N` for a LoRA trained on smaller
+        # references. Guidance runs batched above guidance_scale 1 (the distilled model's 1: none).
+        # Precomputed `connector_video_embeds` / `connector_audio_embeds` (tensors: a script's, with
+        # accel.apply) replace the prompt's text, kept whole on every rank as it is.
+        Variant("LTX2HDRPipeline", output="hdr-video", references=Conditions(
+            "diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora.LTX2HDRReferenceCondition", units="", keyword="reference_conditions",
+            index=None, required=True, sets_frames=True)),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import Conditions, Family, NamedInput, Variant
+from accel.models.base import OUTPUT_FILES, Conditions, Family, NamedInput, OutputKind, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
@@ -60,6 +60,27 @@ def variant_of_class(family: Family, cls: type) -> Variant:
         if name in family.pipeline_classes:
             return variant_of(family, name)
     return Variant(cls.__name__)
+
+
+def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
+    """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
+    the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
+    kind = family.output_of(pipeline_class)
+    return (family.title if kind == family.output else pipeline_class), kind
+
+
+def planned_output(family: Family, pipeline: str | None) -> tuple[str, OutputKind]:
+    """`made_by` for the pipeline a run asks for (`[model] pipeline`, else the family's own)."""
+    return made_by(family, variant_of(family, pipeline or family.pipeline_class).pipeline_class)
+
+
+def check_out_suffix(out: Path, maker: str, kind: OutputKind) -> None:
+    """`--out` must end in a suffix accel writes this kind of output as (OUTPUT_FILES); else one line
+    naming each accepted one (an HDR video's two: the .npy frames, the .mp4 preview)."""
+    noun, files = OUTPUT_FILES[kind]
+    if out.suffix.lower() not in [suffix for suffix, _ in files]:
+        endings = files[0][0] if len(files) == 1 else " or ".join(f"{suffix} ({what})" for suffix, what in files)
+        raise UserError(f"--out {out}: {maker} makes {noun}, so the name must end in {endings}")
 
 
 def refuse_split(variant: Variant, sequence: int) -> None:
@@ -149,6 +170,10 @@ def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, ke
     unreadable file is one line naming the key."""
     spec = variant.conditions if key == "conditions" else variant.references
     if not given:
+        if spec is not None and spec.required:
+            form = "PATH@INDEX:STRENGTH" if spec.index else "PATH@STRENGTH"
+            raise UserError(f"{variant.pipeline_class} needs {'a condition' if key == 'conditions' else 'a reference video'}: "
+                            f"pass --{key.removesuffix('s')} {form} ([generate] {key})")
         return {}
     if spec is None:
         raise UserError(f"[generate] {key}: {variant.pipeline_class} takes no {key}; remove --{key.removesuffix('s')}")
