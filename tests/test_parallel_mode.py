@@ -72,6 +72,22 @@ def test_a_pairwise_mask_reaches_the_engine_as_its_key_mask_where_the_plan_says_
         F.scaled_dot_product_attention(q, q, q, attn_mask=square)
 
 
+def test_a_whole_sequence_float_mask_reaches_the_engine_without_diffusers_padding() -> None:
+    """LTX-2 IC-LoRA's (B, L, L) bias on a cut sequence of s tokens: diffusers' prepare_attention_mask
+    appends s zero columns and repeats it per head, (B, H, L, L + s); the engine gets the (B, H, L, L)
+    view, a whole-sequence pair mask."""
+    from accel.parallel.mode import is_whole_pairwise
+
+    seen: list[torch.Tensor] = []
+    q = torch.randn(2, 4, 3, 8)  # 3 of the sequence's 7 tokens on this rank
+    bias = torch.randn(2, 4, 7, 7)
+    padded = F.pad(bias, (0, 3))
+    with AttentionRouter(lambda q, k, v, m, s: seen.append(m) or q):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=padded)
+    assert seen[0].shape == (2, 4, 7, 7) and seen[0].data_ptr() == padded.data_ptr() and torch.equal(seen[0], bias)
+    assert is_whole_pairwise(seen[0], 3) and not is_whole_pairwise(seen[0], 7)
+
+
 def test_local_calls_keep_plain_sdpa_masks_included() -> None:
     q, mask = torch.randn(1, 2, 3, 4), torch.zeros(1, 1, 3, 3)  # a float mask the engine would refuse
     with AttentionRouter(lambda *a: pytest.fail("routed"), is_local=lambda: True):

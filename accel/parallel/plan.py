@@ -389,9 +389,13 @@ class ContextParallel:
             )
 
         def pad() -> Tensor:
-            padded = torch.nn.functional.pad(mask[:, 0], (0, layout.pad, 0, layout.pad), value=False)
-            if layout.pad:  # padding queries see every key: finite, and dropped with the padding
-                padded[:, layout.length :, :] = True
+            if not layout.pad:
+                return mask
+            # Padding queries see every key (True, or bias 0): finite, and dropped with the padding;
+            # padding keys are excluded by key_valid.
+            padded = torch.nn.functional.pad(mask, (0, layout.pad, 0, layout.pad), value=0)
+            if mask.dtype == torch.bool:
+                padded[..., layout.length :, :] = True
             return padded
 
         pairs = self._gathered_masks.get(mask, pad)
