@@ -111,3 +111,16 @@ def test_the_router_is_left_even_when_the_forward_fails() -> None:
     assert torch.allclose(F.scaled_dot_product_attention(q, q, q), F.softmax(q @ q.transpose(-1, -2) / 2, -1) @ q, atol=1e-6)
     engine.remove()
     assert "forward" not in vars(module)
+
+
+def test_per_tensor_results_keep_the_latest_where_bounded() -> None:
+    """Pair masks are cached with keep=1: one mask every block shares is computed once; masks a model
+    makes anew per block (LTX-2's, repeated per head by diffusers) are not all held until the forward ends."""
+    from accel.parallel.plan import _PerTensor
+
+    computed: list[int] = []
+    cache = _PerTensor(keep=1)
+    shared, fresh = torch.zeros(2), [torch.zeros(2) for _ in range(3)]
+    for tensor in (shared, shared, *fresh):
+        cache.get(tensor, lambda: computed.append(1) or torch.ones(1))
+    assert len(computed) == 4 and len(cache._entries) == 1
