@@ -305,9 +305,10 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     return (got - expected).abs().max().item()
 
 
-def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tuple[float, int | None]:
+def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4, pairs: bool = False) -> tuple[float, int | None]:
     """(max-abs difference of `usp_attention` compiled with fullgraph=True from eager, graphs built by
-    a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys)."""
+    a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys);
+    `pairs`: under a causal additive (1, heads, N, N) pair mask (-inf above the diagonal)."""
     from accel.optimize.compile import compiled_graphs
 
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
@@ -316,11 +317,15 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tu
     q, k, v = (torch.randn(2, heads, layout.shard, 16, generator=generator) for _ in range(3))
     key_valid = layout.valid()[:, None, :] if layout.pad else None
     groups = (mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
-    eager = usp_attention(q, k, v, *groups, key_valid)
+    tokens = layout.shard * ulysses * ring
+    causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+    mask = torch.randn(1, heads, tokens, tokens, generator=generator).masked_fill(~causal, float("-inf")) if pairs else None
+    extra = (None, None, mask)  # scale, real_keys, pair_mask
+    eager = usp_attention(q, k, v, *groups, key_valid, *extra)
     compiled = torch.compile(usp_attention, fullgraph=True)  # any graph break raises
-    compiled(q, k, v, *groups, key_valid)
+    compiled(q, k, v, *groups, key_valid, *extra)
     before = compiled_graphs()
-    out = compiled(q, k, v, *groups, key_valid)
+    out = compiled(q, k, v, *groups, key_valid, *extra)
     after = compiled_graphs()
     return (out - eager).abs().max().item(), (after - before) if after is not None and before is not None else None
 
