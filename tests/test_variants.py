@@ -260,6 +260,28 @@ def test_video_variants_odd_size_makes_a_token_count_three_ranks_do_not_divide(f
     assert seen and all(tokens % 3 and tokens % 4 and tokens % 8 for tokens in seen), seen
 
 
+# -- LTX-2 IC-LoRA below full strength: an additive pair mask over the video tokens ------------------
+IC = "LTX2InContextPipeline"
+IC_MODES = {"ring3, odd size": MODES["ring3, odd size"], "ulysses2 + cache": MODES["ulysses2 + cache"],
+            "usp2x2 + cache": ({"ulysses": 2, "ring": 2}, False, True)}
+
+
+@pytest.mark.parametrize("mode", IC_MODES)
+def test_ic_lora_below_full_strength_equals_one_process(rank_pools, mode: str) -> None:
+    """`conditioning_attention_strength` < 1 makes the transformer an (L, L) float bias between the
+    video and reference tokens, which diffusers' attention pads and repeats per head: each rank takes
+    its rows, heads and key blocks of it (padded keys excluded; 175 tokens on Ring 3, 30 on USP 2x2)."""
+    parallel, odd, cache = IC_MODES[mode]
+    call, recipe, full_strength, _ = reference("ltx2", IC, odd, cache)
+    call = dict(call, conditioning_attention_strength=0.5)
+    expected, skipped, _ = cases.variant_run("ltx2", IC, recipe, call)
+    assert np.abs(expected - full_strength).max() > 1e-3  # the mask changes the video
+    world = parallel.get("ulysses", 1) * parallel.get("ring", 1)
+    for output, cached, _ in rank_pools(world).run(cases.variant_run, "ltx2", IC, {**recipe, "parallel": parallel}, call):
+        assert cached == skipped and (not cache or skipped > 0)
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
 # -- SkyReels-V2 diffusion forcing's asynchronous mode ---------------------------------------------
 DF = "SkyReelsV2DiffusionForcingPipeline"
 

@@ -185,7 +185,7 @@ FAMILY = Family(
         batch_args=(
             "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
             "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
-            "video_coords", "audio_coords",
+            "video_coords", "audio_coords", "video_self_attention_mask",
         ),
     ),
     cfg="batch",
@@ -202,8 +202,9 @@ FAMILY = Family(
         Variant("LTX2ConditionPipeline", conditions=_KEYFRAMES),
         # IC-LoRA (with `--lora`): reference videos (depth, pose, …) join the tokens after the video's
         # and the keyframes', with their own positions: cut with them. `--arg
-        # conditioning_attention_strength` below 1 makes an (L, L) attention mask, which the split
-        # refuses in one line.
+        # conditioning_attention_strength` below 1 makes an (L, L) mask over the video tokens (an
+        # additive bias in the transformer, repeated per head by diffusers' attention): the engine
+        # slices it per rank and key block as any whole-sequence pair mask; CFG halves split its batch.
         Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
             "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
             index=None)),
