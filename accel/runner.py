@@ -246,6 +246,18 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
         guider.guidance_scale = previous
 
 
+def call_steps(pipe: Any, kwargs: dict[str, Any]) -> int:
+    """Denoising steps of one call: its step count, or, for a pipeline that takes none (a distilled
+    schedule, LTX-2.5 DFR's), the length of the `sigmas` it is given or defaults to."""
+    if "num_inference_steps" in kwargs:
+        return int(kwargs["num_inference_steps"])
+    sigmas = kwargs.get("sigmas")
+    if sigmas is None:
+        parameter = inspect.signature(type(pipe).__call__).parameters.get("sigmas")
+        sigmas = parameter.default if parameter is not None and parameter.default is not inspect.Parameter.empty else None
+    return len(sigmas) if sigmas is not None else 0
+
+
 def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
     """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
     the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
@@ -323,7 +335,7 @@ def measure(
                 times.append(time.perf_counter() - start)
     graphs_after = compiled_graphs()
     return Measurement(
-        output, times, warmup_seconds, kwargs["num_inference_steps"], memory.peak, dict(TRAFFIC.bytes_sent),
+        output, times, warmup_seconds, call_steps(pipe, kwargs), memory.peak, dict(TRAFFIC.bytes_sent),
         _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed), audio,
     )
 
@@ -431,7 +443,8 @@ def run(
         output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        settings=dict(kwargs, seed=seed),
+        # Plain data: dataclasses.asdict rebuilds a tuple subclass from its items alone (InputConditions).
+        settings={key: list(value) if isinstance(value, tuple) else value for key, value in dict(kwargs, seed=seed).items()},
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,

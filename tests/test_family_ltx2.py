@@ -37,6 +37,7 @@ def test_the_plan_follows_diffusers_and_keeps_text_and_audio_whole() -> None:
     assert cut[("", "hidden_states", None, 3)] == cut[("rope", "output", 0, 3)] == cut[("rope", "output", 1, 3)] == "video"
     assert cut[("rope", "output", None, 4)] == cut[("cross_attn_rope", "output", None, 4)] == "video"
     assert cut[("", "timestep", None, 2)] == "video"
+    assert cut[("", "video_keyframes_mask", None, None)] == "video"  # LTX-2.5 DFR's marker of single-frame latents
     # nothing of the text or the audio is cut
     assert not any("encoder" in value or "audio" in value or module.startswith("audio") for module, value, _, _ in cut)
     assert plan.output_module == "proj_out" and plan.output_dim == 1
@@ -114,3 +115,23 @@ def test_image_to_video_equals_one_process(rank_pools: Any, parallel: dict[str, 
     for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, "parallel_cases:tiny_ltx2_i2v", {"parallel": parallel}, I2V):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= 1e-4
+
+
+def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sound(tmp_path: Path) -> None:
+    """LTX2DFRPipeline pads 9 frames to a 25-frame canvas with a keyframe slot and, with --condition,
+    an appended keyframe; the MP4 holds the 9 frames asked for and their 0.375 s of sound. It takes
+    no step count: its distilled schedule (8 sigmas) is the steps."""
+    picture, out = tmp_path / "last.png", tmp_path / "dfr.mp4"
+    cases.gradient_image().save(picture)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "accel"), "run", "tiny-ltx2", "--pipeline", "LTX2DFRPipeline", "--condition",
+         f"{picture}@-1:0.8", "--warmup", "0", "--out", str(out), "--json", str(tmp_path / "run.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_video(out).shape == (9, 64, 96, 3)
+    sound = read_audio(out)
+    assert sound is not None and sound.samples.shape == (2, 9000)  # trimmed to 9 frames at 24 fps, 24 kHz
+    import json
+
+    assert json.loads((tmp_path / "run.json").read_text())["steps"] == 8

@@ -56,7 +56,6 @@ NEEDS_MORE = {
     # a reference SDR video, and makes linear HDR frames, not the 0-1 frames an MP4 holds: accel
     # writes no HDR video yet.
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
-    "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
     "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
 }
 
@@ -153,6 +152,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        "LTX2ConditionPipeline": dict(height=160, width=224, num_frames=25),
        # IC-LoRA: 2 latent frames of video, the last one's keyframe and a 2-frame reference clip, 70 + 35 + 70 = 175.
        "LTX2InContextPipeline": dict(height=160, width=224, num_frames=9),
+       # LTX-2.5 DFR pads 33 frames to no more (one 32-frame segment): 5 latent frames, the last one's keyframe
+       # and one generated slot, (5 + 1 + 1) x 35 = 245 tokens.
+       "LTX2DFRPipeline": dict(height=160, width=224, num_frames=33),
        # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
        # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
        "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),

@@ -13,15 +13,17 @@ from typing import TYPE_CHECKING, Any
 from accel.models.base import AudioOutput, BlockList, Conditions, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
 
 if TYPE_CHECKING:
-    from diffusers import LTX2Pipeline
+    from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
 
 _LATENT_CHANNELS = 16
 _AUDIO_LATENT_CHANNELS = 2
 _MEL_BINS = 16  # the audio VAE compresses them 4x: 4 latent bins, 2 x 4 = 8 channels per audio token
 
 
-def _components(seed: int) -> dict[str, Any]:
-    """Every component of the tiny pipeline, each from its own seed."""
+def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
+    """Every component of the tiny pipeline, each from its own seed. `keyframes`: LTX-2.5's learned
+    marker of single-pixel-frame tokens (DFR's keyframe slots), seeded apart so the other weights
+    stay those of the plain tiny transformer."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -53,8 +55,12 @@ def _components(seed: int) -> dict[str, Any]:
                 num_layers=2,
                 caption_channels=text.hidden_size,
                 rope_type="split",  # LTX-2's: per-head (cos, sin) tables, tokens on dim 2
+                use_keyframes_abs_pos_embedding=keyframes,
             )
         )
+    if keyframes:
+        with parts.seeded(base + 7):  # built as zeros: random, so the marked tokens differ from the rest
+            transformer.keyframes_abs_pos_embedding.data.normal_(std=0.5)
     with parts.seeded(base + 3):
         # The text encoder's every hidden state (embeddings + 2 layers) is stacked and projected.
         connectors = parts.finish(
@@ -132,6 +138,35 @@ def build_tiny(seed: int = 0) -> "LTX2Pipeline":
     return LTX2Pipeline(**_components(seed))
 
 
+def build_tiny_dfr(seed: int = 0) -> "LTX2DFRPipeline":
+    """The tiny pipeline as LTX-2.5's DFR pass: a transformer with the keyframe marker, and a
+    scheduler that takes the distilled sigmas as given (DFR passes no shift `mu`)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2DFRPipeline
+
+    return LTX2DFRPipeline(**dict(_components(seed, keyframes=True), scheduler=FlowMatchEulerDiscreteScheduler()))
+
+
+def tiny_temporal_upsampler(seed: int = 0) -> Any:
+    """A seeded LTX2LatentUpsamplerModel doubling the latent frames (2F - 1), at the tiny channels."""
+    from diffusers.pipelines.ltx2 import LTX2LatentUpsamplerModel
+
+    from accel.models import _tiny_parts as parts
+
+    with parts.seeded(seed * 8 + 8):
+        return parts.finish(LTX2LatentUpsamplerModel(
+            in_channels=_LATENT_CHANNELS, mid_channels=32, num_blocks_per_stage=1, dims=3, spatial_upsample=False,
+            temporal_upsample=True))
+
+
+def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
+    """The DFR pass's components as its temporal refine round: a tiny temporal upsampler and the
+    ancestral scheduler the round requires (eta 0.5, as diffusers' example builds it)."""
+    from diffusers import LTX2DFRTemporalRefinePipeline, LTXEulerAncestralRFScheduler
+
+    components = dict(_components(seed, keyframes=True), scheduler=LTXEulerAncestralRFScheduler(eta=0.5))
+    return LTX2DFRTemporalRefinePipeline(**components, temporal_latent_upsampler=tiny_temporal_upsampler(seed))
+
+
 # The blocks' per-module attention: the audio attends itself and the text whole on every rank, the
 # video attends the text (left whole) and the audio locally; the audio's queries to the video are
 # whole on every rank, the video keys cut.
@@ -181,6 +216,8 @@ FAMILY = Family(
             SequenceSplit("output", "video", dim=1, module="cross_attn_rope", ndim=3),
             SequenceSplit("output", "video", dim=2, module="cross_attn_rope", ndim=4),
             SequenceSplit("timestep", "video", dim=1, ndim=2),  # image-to-video: one timestep per video token
+            # LTX-2.5 DFR: (batch, tokens, 1), 1 on the tokens of single-pixel-frame latents (first frame, slots).
+            SequenceSplit("video_keyframes_mask", "video", dim=1),
         ),
         batch_args=(
             "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
@@ -207,6 +244,13 @@ FAMILY = Family(
         Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
             "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
             index=None)),
+        # LTX-2.5 DFR, one pass: the video canvas padded to whole keyframe segments, then appended
+        # keyframes (--condition) and one latent frame of generated keyframe-slot tokens per segment,
+        # all one video stream cut over the ranks (their per-token timesteps and keyframe marker with
+        # them). A distilled schedule without guidance: `sigmas` (--arg) sets the steps, not --steps.
+        Variant("LTX2DFRPipeline", conditions=_KEYFRAMES, tiny=build_tiny_dfr,
+                transformer_config=(("use_keyframes_abs_pos_embedding", True),),
+                defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121)),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )
