@@ -8,7 +8,7 @@ import resource
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,8 +29,9 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split, refuse_together,
-                                   variant_of, variant_of_class)
+from accel.models.variants import (LATENTS_MARK, InputLatents, call_arguments, clip_frames, component_folders, condition_arguments, input_arguments,
+                                   latent_settings, named_input_arguments, open_inputs, refuse_split, refuse_together, variant_of,
+                                   variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -38,9 +39,9 @@ from accel.steps import StepEvents, StepListener
 
 @dataclass
 class Measurement:
-    """Timed generations after their warm-up runs."""
+    """Timed generations after their warm-up runs (`output`: a latent pass's saved fields where asked)."""
 
-    output: np.ndarray
+    output: np.ndarray | dict[str, Any]
     times: list[float]
     warmup_seconds: float
     steps: int
@@ -108,6 +109,8 @@ class Metrics:
     baseline_s: float | None = None
     psnr_db: float | None = None
     ssim: float | None = None
+    # Frames of the video written (DFR's refine round makes twice its input's); None for pictures and latents.
+    output_frames: int | None = None
 
     @property
     def per_step_s(self) -> float:
@@ -170,7 +173,13 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     refuse_together(variant, {"image": settings.image, "mask": settings.mask, "video": settings.video, "conditions": settings.conditions})
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
-    kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
+    # A missing component: one line before a long load (a tiny variant's builder, a folder saved as the variant, hold theirs).
+    component_folders(variant, recipe.model.components, not tiny and variant.pipeline_class != (loads_as or _class_of(pipe)))
+    named = named_input_arguments(variant, settings.inputs, settings.arguments)
+    kwargs.update(named)
+    for path in named.values():  # a latent pass fixes the canvas the call works on
+        if isinstance(path, InputLatents):
+            _take_settings(kwargs, latent_settings(path), path, settings, family.frames_arg)
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
     kwargs.update(condition_arguments(variant, settings.references or (), tiny, key="references"))
     if video and settings.frames is None and variant.video in inputs:
@@ -185,11 +194,13 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     taken = dict(kwargs)  # what accel fills: `[generate] arguments` may not replace it, the variant's defaults it may
+    taken.update({keyword: None for spec in variant.inputs for _, keyword in spec.fields})  # filled from a latent pass
     kwargs.update(variant.arguments)
     if settings.arguments:
         sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
                                                                              ("mask", variant.mask), ("video", variant.video)) if keyword},
-                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {})}
+                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {}),
+                   **{keyword: "inputs" for spec in variant.inputs for _, keyword in spec.fields}}
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
@@ -198,6 +209,21 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs
+
+
+def _class_of(pipe: Any) -> str | None:
+    return type(pipe).__name__ if pipe is not None else None
+
+
+def _take_settings(kwargs: dict[str, Any], fixed: Mapping[str, Any], path: str, settings: Any, frames_arg: str | None) -> None:
+    """The call keywords a latent pass fixes replace the defaults; a recipe value that differs is one line."""
+    for keyword, value in fixed.items():
+        key = "frames" if keyword == frames_arg else _RECIPE_KEYS.get(keyword, keyword)
+        asked = getattr(settings, key, None)
+        if asked is not None and asked != value:
+            raise UserError(f"[generate] {key}: the latent pass {path} holds {keyword} = {value}, not {asked}; remove {key} "
+                            "(the pass sets it)")
+        kwargs[keyword] = value
 
 
 # The recipe key each call keyword comes from (frames: any family's frame keyword).
@@ -279,13 +305,22 @@ def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     return generate_with_audio(pipe, kwargs, seed)[0]
 
 
-def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int) -> tuple[np.ndarray, Audio | None]:
-    """`generate`, and the sound the pipeline made with the video where its family says it makes some."""
+def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: tuple[str, ...] = ()) -> tuple[Any, Audio | None]:
+    """`generate`, and the sound the pipeline made with the video where its family says it makes some.
+    With `latents` (a variant's `latent_output`), the call returns latents and the output is what
+    `--out NAME.pt` saves: those fields, on the CPU, marked with the pipeline that made them."""
     generator = torch.Generator("cpu").manual_seed(seed)
     call = open_inputs(kwargs)
     with _guider_scale(pipe, call):
-        result = pipe(**call, generator=generator, output_type="np")
+        result = pipe(**call, generator=generator, output_type="latent" if latents else "np")
+    if latents:
+        fields = {name: _on_cpu(getattr(result, name)) for name in latents}
+        return {"kind": LATENTS_MARK, "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class, "fields": fields}, None
     return np.asarray(output_array(result))[0], audio_of(pipe, result)
+
+
+def _on_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def audio_of(pipe: Any, result: Any) -> Audio | None:
@@ -308,6 +343,7 @@ def measure(
     progress: Callable[[str], AbstractContextManager[Any]] | None = None,
     label: str = "generating",
     repeats: int = 1,
+    latents: tuple[str, ...] = (),
 ) -> Measurement:
     """Warm-up runs, then `repeats` timed runs (the output is the last one's).
 
@@ -317,7 +353,7 @@ def measure(
     start = time.perf_counter()
     for index in range(warmup):
         with show(f"{label}: warm-up {index + 1}/{warmup}"):
-            generate_with_audio(pipe, kwargs, seed)
+            generate_with_audio(pipe, kwargs, seed, latents)
     warmup_seconds = time.perf_counter() - start
     graphs_warmed = compiled_graphs()
     device = _device_of(pipe)
@@ -329,7 +365,7 @@ def measure(
         for index in range(repeats):
             with show(label if repeats == 1 else f"{label}: run {index + 1}/{repeats}"):
                 start = time.perf_counter()
-                output, audio = generate_with_audio(pipe, kwargs, seed)
+                output, audio = generate_with_audio(pipe, kwargs, seed, latents)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - start)
@@ -348,11 +384,12 @@ def measure_recipe(
     repeats: int = 1,
     progress: Callable[[str], AbstractContextManager[Any]] | None = None,
     label: str = "generating",
+    latents: tuple[str, ...] = (),
 ) -> Measured:
     """Apply the recipe, measure it, undo it: every measured row of `run` and `bench` comes from here."""
     handle = apply(pipe, recipe)
     try:
-        result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats)
+        result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats, latents)
         stats = handle.cache_stats
         compiled = None
         if recipe.compile.enabled:
@@ -395,7 +432,10 @@ def run(
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     ref = resolve_model(recipe.model.name)
     planned = made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
-    _check_out(out, overwrite, planned)
+    planned_variant = variant_of(ref.family, planned_class(ref, recipe)) if ref.family else None
+    _check_out(out, overwrite, planned, planned_variant)
+    if compare and _latent(out):
+        raise UserError(f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare")
     if ref.family is not None:
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
 
@@ -407,12 +447,15 @@ def run(
     # The writing rank claims --out now, so a second run aiming at it is refused before its load.
     with claim(out) if lead and out is not None else nullcontext():
         if lead:
-            _check_out(out, overwrite, planned)  # again, now that it is ours: it may have appeared meanwhile
+            _check_out(out, overwrite, planned, planned_variant)  # again, now that it is ours: it may have appeared meanwhile
         start = time.perf_counter()
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora)
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
+                             recipe.model.components)
         load_s = time.perf_counter() - start
         family = family_of(pipe)
-        made = made_by(family, variant_of_class(family, type(pipe)).pipeline_class)
+        variant = variant_of_class(family, type(pipe))
+        made = made_by(family, variant.pipeline_class)
+        latents = variant.latent_output if _latent(out) else ()
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
         seed = recipe.generate.seed
@@ -422,13 +465,13 @@ def run(
         baseline = None
         if compare:  # the same measuring code as each bench variant, with every accelerator off
             baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
-        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating")
+        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating", latents)
         result, degrees = accelerated.measurement, accelerated.degrees
 
         out_path = None
         if lead:  # every rank holds the output; one writes it
-            _check_out(out, True, made)  # a hub id or folder reveals its family (image or video) only now
-            out_path = _write_output(ref.name, family, made[1], out, overwrite, result.output, result.audio)
+            _check_out(out, True, made, variant)  # a hub id or folder reveals its family (image or video) only now
+            out_path = _write_output(ref.name, variant.fps or family.fps, made[1], out, overwrite, result.output, result.audio)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -460,6 +503,7 @@ def run(
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(result.output, baseline.output) if baseline else None,
         ssim=ssim(result.output, baseline.output) if baseline else None,
+        output_frames=len(result.output) if made[1] == "video" and isinstance(result.output, np.ndarray) else None,
     )
 
 
@@ -494,27 +538,47 @@ class _BarListener(StepListener):
         self.bar.advance()
 
 
+LATENT_SUFFIX = ".pt"
+
+
 def _suffix(kind: OutputKind) -> str:
     return ".mp4" if kind == "video" else ".png"
 
 
-def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None) -> None:
+def planned_class(ref: Any, recipe: Recipe) -> str:
+    """The pipeline class a run will make, known before loading (a folder's own class, else the family's)."""
+    return recipe.model.pipeline or (ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class)
+
+
+def _latent(out: Path | None) -> bool:
+    return out is not None and out.suffix.lower() == LATENT_SUFFIX
+
+
+def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None, variant: Any = None) -> None:
     """Refuse a bad --out before the (possibly long) load, not after the generation; `made` is
-    `made_by`'s (maker, kind), None while the model's family is not known yet."""
+    `made_by`'s (maker, kind), None while the model's family is not known yet. A .pt name saves
+    the latents of a variant that hands them on (its `latent_output`)."""
     if out is None:
         return
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    if made is not None and out.suffix.lower() != _suffix(made[1]):
+    if _latent(out) and made is not None and not (variant is not None and variant.latent_output):
+        raise UserError(f"--out {out}: {variant.pipeline_class if variant else made[0]} hands on no latents, so the name must end in "
+                        f"{_suffix(made[1])}")
+    if made is not None and not _latent(out) and out.suffix.lower() != _suffix(made[1]):
         raise UserError(f"--out {out}: {made[0]} makes {made[1]}s, so the name must end in {_suffix(made[1])}")
 
 
 def _write_output(
-    name: str, family: Family, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray, audio: Audio | None = None
+    name: str, fps: int, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray | dict[str, Any], audio: Audio | None = None
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
-    (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively. Returns the path written."""
-    write = video_writer(output, family.fps, audio) if kind == "video" else image_writer(output)
+    (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively; a latent
+    pass's fields with torch.save. Returns the path written."""
+    if isinstance(output, dict):
+        write = functools.partial(torch.save, output)
+    else:
+        write = video_writer(output, fps, audio) if kind == "video" else image_writer(output)
     if out is not None:
         return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
     return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(kind), write)

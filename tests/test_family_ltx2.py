@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from accel.cli import app
 from accel.media import read_audio, read_video
 from accel.models.registry import FAMILIES
+from accel.models.variants import variant_of
 from accel.parallel.derive import resolve_plan
 
 FAMILY = FAMILIES["ltx2"]
@@ -135,3 +136,111 @@ def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sou
     import json
 
     assert json.loads((tmp_path / "run.json").read_text())["steps"] == 8
+
+
+# -- DFR's two passes: a pass's latents saved with --out NAME.pt, its temporal refine round reading them --------------
+ACCEL = str(Path(sys.executable).parent / "accel")
+DFR, REFINE = "LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"
+
+
+def test_a_dfr_pass_then_its_temporal_refine_round_through_the_command_line(tmp_path: Path) -> None:
+    """The pass saves its canvas (25 frames for 9 asked), audio, keyframe slots and their positions;
+    the refine round, on 2 ranks, reads them, doubles the canvas in time (49 frames) and writes them
+    at twice the frame rate with the pass's sound."""
+    saved, out = tmp_path / "pass.pt", tmp_path / "refined.mp4"
+    first = subprocess.run([ACCEL, "run", "tiny-ltx2", "--pipeline", DFR, "--warmup", "0", "--out", str(saved)],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    payload = torch.load(saved, weights_only=True)
+    assert payload["pipeline"] == DFR and payload["fields"]["keyframe_positions"] == [24]
+    assert payload["fields"]["frames"].shape == (1, 16, 4, 2, 3) and payload["fields"]["keyframes"].shape == (1, 16, 1, 2, 3)
+    second = subprocess.run([ACCEL, "run", "tiny-ltx2", "--pipeline", REFINE, "--input", f"latents={saved}", "--gpus", "2",
+                             "--oversubscribe", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert read_video(out).shape == (49, 64, 96, 3)
+    sound = read_audio(out)
+    assert sound is not None and sound.samples.shape[0] == 2 and sound.seconds == pytest.approx(49 / 48, abs=0.05)
+    import imageio_ffmpeg
+
+    assert imageio_ffmpeg.count_frames_and_secs(str(out)) == (49, pytest.approx(49 / 48, abs=0.05))  # played at 48 fps
+
+
+@pytest.fixture(scope="module")
+def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A DFR pass's .pt as --out writes it (the runner's own writer, no subprocess)."""
+    from accel.runner import _write_output, generate_with_audio
+
+    import accel
+
+    pipe = accel.load_pipeline("tiny-ltx2", pipeline=DFR)
+    pipe.set_progress_bar_config(disable=True)
+    fields, _ = generate_with_audio(pipe, dict(prompt="a red fox", height=64, width=96, num_frames=9, sigmas=[1.0, 0.5]), 0,
+                                    variant_of(FAMILY, DFR).latent_output)
+    return _write_output("pass", 24, "video", tmp_path_factory.mktemp("dfr") / "pass.pt", False, fields)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], f"{REFINE} needs an input latents: pass --input latents=PATH ([generate] inputs), the .pt file "
+             f"`accel run --pipeline {DFR} --out NAME.pt` wrote"),
+        (["--input", "latents={other}"], f"[generate] inputs latents: {{other}} is not the latent output of a {DFR} or {REFINE} pass; "
+                                         f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
+        (["--input", "latents={clip}"], f"[generate] inputs latents: {{clip}} is not a latent pass (.pt); "
+                                        f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
+        (["--input", "latents={missing}"], f"[generate] inputs latents: {{missing}} does not exist; "
+                                           f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
+        (["--input", "latents={pass}", "--frames", "9"],
+         "[generate] frames: the latent pass {pass} holds num_frames = 25, not 9; remove frames (the pass sets it)"),
+        (["--input", "latents={pass}", "--arg", "keyframe_positions=[8]"],
+         "[generate] arguments: keyframe_positions is one accel fills itself; set it with [generate] inputs"),
+        (["--input", "latents={pass}", "--component", "upsampler={folder}"],
+         f"[model] components: {REFINE} takes no component upsampler (it takes temporal_latent_upsampler, scheduler)"),
+        (["--input", "latents={pass}", "--component", "temporal_latent_upsampler={missing}"],
+         "[model] components: temporal_latent_upsampler: {missing} is not a folder; pass the folder a LTX2LatentUpsamplerModel "
+         "was saved to (save_pretrained)"),
+    ],
+    ids=["missing", "not a pass", "wrong suffix", "missing file", "frames against the pass", "argument the pass fills",
+         "unknown component", "component folder missing"],
+)
+def test_a_bad_latent_input_is_one_line_before_any_rank_starts(tmp_path: Path, dfr_pass: Path, args: list[str], message: str) -> None:
+    other, clip = tmp_path / "other.pt", tmp_path / "clip.mp4"
+    torch.save({"frames": torch.zeros(1, 16, 4, 2, 3)}, other)
+    clip.write_bytes(b"")
+    paths = {"other": str(other), "clip": str(clip), "missing": str(tmp_path / "nope.pt"), "pass": str(dfr_pass), "folder": str(tmp_path)}
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", REFINE, "--gpus", "2", "-o", str(tmp_path / "o.mp4"),
+                                      *(arg.format(**paths) for arg in args)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == "error: " + message.format(**paths)
+
+
+def test_latents_are_written_only_by_a_pipeline_that_hands_them_on(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "-o", str(tmp_path / "o.pt")])
+    assert result.stderr.strip() == f"error: --out {tmp_path / 'o.pt'}: LTX2Pipeline hands on no latents, so the name must end in .mp4"
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", DFR, "--compare", "-o", str(tmp_path / "o.pt")])
+    assert result.stderr.strip() == (f"error: --compare measures the picture against the baseline's; --out {tmp_path / 'o.pt'} saves "
+                                     "latents, so drop --compare")
+
+
+def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_its_scheduler(tmp_path: Path) -> None:
+    """A DFR checkpoint (saved as LTX2DFRPipeline, as LTX-2.5's is) runs as the refine round with the
+    temporal upsampler from --component's folder and the ancestral scheduler the round requires;
+    without the folder, one line before loading."""
+    import accel
+    from accel.errors import UserError
+    from accel.models.ltx2 import build_tiny_dfr, tiny_temporal_upsampler
+    from accel.recipe import Recipe
+    from accel.runner import generation_kwargs
+
+    build_tiny_dfr().save_pretrained(tmp_path / "dfr")
+    tiny_temporal_upsampler(seed=3).save_pretrained(tmp_path / "upsampler")
+    recipe = Recipe.from_dict({"model": {"name": str(tmp_path / "dfr"), "pipeline": REFINE}})
+    with pytest.raises(UserError) as refused:
+        generation_kwargs(FAMILY, False, recipe, loads_as=DFR)
+    assert str(refused.value) == (f"{REFINE} needs a temporal_latent_upsampler (LTX2LatentUpsamplerModel) the model does not hold: "
+                                  "pass --component temporal_latent_upsampler=FOLDER ([model] components), the folder it was saved to")
+    pipe = accel.load_pipeline(str(tmp_path / "dfr"), "float32", pipeline=REFINE,
+                               components={"temporal_latent_upsampler": str(tmp_path / "upsampler")})
+    assert type(pipe).__name__ == REFINE and type(pipe.scheduler).__name__ == "LTXEulerAncestralRFScheduler"
+    expected = tiny_temporal_upsampler(seed=3).state_dict()
+    assert all(torch.equal(value, expected[name]) for name, value in pipe.temporal_latent_upsampler.state_dict().items())

@@ -67,7 +67,7 @@ def tree(tmp_path: Path) -> Path:
     [
         (["run", "tiny-flux", "--out", "adir.png", "--overwrite"], "--out adir.png is a directory; give a file name such as adir.png/out.png"),
         (["run", "tiny-flux", "--out", "adir.png", "--gpus", "2"], "--out adir.png is a directory; give a file name such as adir.png/out.png"),
-        (["run", "tiny-flux", "--out", "x.jpg"], "--out x.jpg: accel writes .png images and .mp4 videos; end the name in .png or .mp4"),
+        (["run", "tiny-flux", "--out", "x.jpg"], "--out x.jpg: accel writes .png images, .mp4 videos and .pt latents (of a multi-pass pipeline); end the name in .png, .mp4 or .pt"),
         (["run", "tiny-flux", "--out", "afile/x.png"], "--out afile/x.png: afile is a file, not a folder; choose another --out"),
         (["run", "tiny-flux", "--out", "taken.png"], "taken.png already exists; pass --overwrite to replace it or choose another --out"),
         (["run", "tiny-flux", "--out", "taken.png", "--gpus", "2"], "taken.png already exists; pass --overwrite to replace it or choose another --out"),

@@ -51,12 +51,9 @@ NEEDS_MORE = {
     "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
     "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
-    # LTX-2's last pipelines are not one call that makes a video: HDR's output is linear light, DFR's
-    # are passes of a multi-pass workflow. LTX2HDRPipeline is meant to run with an HDR LoRA (--lora) on
-    # a reference SDR video, and makes linear HDR frames, not the 0-1 frames an MP4 holds: accel
-    # writes no HDR video yet.
+    # LTX2HDRPipeline is meant to run with an HDR LoRA (--lora) on a reference SDR video, and makes
+    # linear HDR frames, not the 0-1 frames an MP4 holds: accel writes no HDR video yet.
     "LTX2HDRPipeline": "an HDR LoRA and a reference SDR video; its output is linear HDR, not an MP4 frame range",
-    "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
 }
 
 
@@ -155,6 +152,9 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # LTX-2.5 DFR pads 33 frames to no more (one 32-frame segment): 5 latent frames, the last one's keyframe
        # and one generated slot, (5 + 1 + 1) x 35 = 245 tokens.
        "LTX2DFRPipeline": dict(height=160, width=224, num_frames=33),
+       # Its refine round on that pass: 65 frames, one tile of 9 latent frames, its seam keyframe and a new
+       # slot, (9 + 1 + 1) x 35 = 385 tokens.
+       "LTX2DFRTemporalRefinePipeline": dict(height=160, width=224, num_frames=33),
        # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
        # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
        "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),

@@ -8,9 +8,11 @@ AutoencoderKLLTX2Audio (a mel spectrogram) and a vocoder (the waveform).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import AudioOutput, BlockList, Conditions, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+from accel.models.base import (AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers, GenerationDefaults, NamedInput,
+                               SequenceSplit, Variant)
 
 if TYPE_CHECKING:
     from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
@@ -161,9 +163,9 @@ def tiny_temporal_upsampler(seed: int = 0) -> Any:
 def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
     """The DFR pass's components as its temporal refine round: a tiny temporal upsampler and the
     ancestral scheduler the round requires (eta 0.5, as diffusers' example builds it)."""
-    from diffusers import LTX2DFRTemporalRefinePipeline, LTXEulerAncestralRFScheduler
+    from diffusers import LTX2DFRTemporalRefinePipeline
 
-    components = dict(_components(seed, keyframes=True), scheduler=LTXEulerAncestralRFScheduler(eta=0.5))
+    components = dict(_components(seed, keyframes=True), scheduler=_ancestral_scheduler())
     return LTX2DFRTemporalRefinePipeline(**components, temporal_latent_upsampler=tiny_temporal_upsampler(seed))
 
 
@@ -175,6 +177,28 @@ _BLOCK = "transformer_blocks.*."
 # Keyframes at latent frames: one at 0 replaces that frame's latents, one later joins the video tokens.
 _KEYFRAMES = Conditions("diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
                         units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))
+
+# DFR's transformer: LTX-2.5's learned marker of single-pixel-frame tokens.
+_KEYFRAME_MARKER = (("use_keyframes_abs_pos_embedding", True),)
+# What a DFR pass (or refine round) hands on with --out NAME.pt, and the refine round's keywords for it.
+_DFR_PASS = ("frames", "audio", "keyframes", "keyframe_positions")
+_REFINE_TAKES = ("latents", "audio_latents", "keyframes_latents", "keyframe_positions")
+# LTX-2's video VAE: 32x in space, 8x in time (k + 1 latent frames hold 8k + 1 frames).
+_SPACE, _TIME = 32, 8
+
+
+def _canvas_of(fields: Mapping[str, Any]) -> dict[str, int]:
+    """The refine round's input canvas, as the pass's latents (batch, channels, frames, height, width) hold it."""
+    _, _, frames, height, width = fields["frames"].shape
+    return {"num_frames": (frames - 1) * _TIME + 1, "height": height * _SPACE, "width": width * _SPACE}
+
+
+def _ancestral_scheduler() -> Any:
+    """The refine round's scheduler, which it refuses to run without (diffusers' example: eta 0.5)."""
+    from diffusers import LTXEulerAncestralRFScheduler
+
+    return LTXEulerAncestralRFScheduler(eta=0.5)
+
 
 FAMILY = Family(
     name="ltx2",
@@ -248,9 +272,18 @@ FAMILY = Family(
         # keyframes (--condition) and one latent frame of generated keyframe-slot tokens per segment,
         # all one video stream cut over the ranks (their per-token timesteps and keyframe marker with
         # them). A distilled schedule without guidance: `sigmas` (--arg) sets the steps, not --steps.
-        Variant("LTX2DFRPipeline", conditions=_KEYFRAMES, tiny=build_tiny_dfr,
-                transformer_config=(("use_keyframes_abs_pos_embedding", True),),
-                defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121)),
+        Variant("LTX2DFRPipeline", conditions=_KEYFRAMES, tiny=build_tiny_dfr, transformer_config=_KEYFRAME_MARKER,
+                defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121), latent_output=_DFR_PASS),
+        # A temporal refine round of a DFR pass's latents (--input latents=pass.pt): the canvas doubled
+        # in time by the temporal latent upsampler, cut into tiles on the keyframe seams, each tile
+        # (its video, its seam keyframe and a new slot, one stream) denoised under the plan with
+        # the stage-1 audio frozen; twice the frames at twice the frame rate.
+        Variant("LTX2DFRTemporalRefinePipeline", tiny=build_tiny_dfr_refine, transformer_config=_KEYFRAME_MARKER,
+                inputs=(NamedInput("latents", "latents", fields=tuple(zip(_DFR_PASS, _REFINE_TAKES, strict=True)),
+                                   made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"), settings=_canvas_of),),
+                components=(Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
+                            Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler)),
+                defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121), latent_output=_DFR_PASS, fps=48),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )
