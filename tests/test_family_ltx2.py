@@ -1,6 +1,7 @@
 """LTX-2 specifics the shared matrices do not show by themselves: the plan derived from diffusers'
-`_cp_plan` with the audio stream replicated, the audio in every comparison and in the MP4, and
-image-to-video through the command line.
+`_cp_plan` with the audio stream replicated, the audio in every comparison and in the MP4,
+image-to-video through the command line, and LTX-2.5 DFR's two passes (a pass's latents saved with
+`--out NAME.pt`, its temporal refine round reading them with `--input latents=NAME.pt`).
 
 The shared cases (tests/test_parallel_families.py) compare `parallel_cases.output_of`, which for
 LTX-2 is the frames with the audio samples appended, so every mode there checks the sound too.
@@ -244,3 +245,41 @@ def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_
     assert type(pipe).__name__ == REFINE and type(pipe.scheduler).__name__ == "LTXEulerAncestralRFScheduler"
     expected = tiny_temporal_upsampler(seed=3).state_dict()
     assert all(torch.equal(value, expected[name]) for name, value in pipe.temporal_latent_upsampler.state_dict().items())
+
+
+def test_a_refine_round_of_two_tiles_equals_one_process_on_usp_with_the_cache(rank_pools: Any) -> None:
+    """A pass of 49 frames has two keyframe segments, so its refine round runs two tiles, each its own
+    denoising (its schedule restarted): 9 and 17 latent frames with their keyframes, 54 and 102
+    tokens, which 4 ranks do not divide. The cache decides per call on every rank alike."""
+    import variant_cases
+
+    call, recipe = dict(prompt="a red fox", height=64, width=96, num_frames=49), {"cache": {"threshold": 0.3}}
+    seen: list[int] = []
+    pipe = variant_cases.variant_pipeline("ltx2", REFINE)
+    hook = pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, _a, kwargs: seen.append(kwargs["hidden_states"].shape[1]), with_kwargs=True)
+    try:
+        expected, skipped, _ = variant_cases.variant_run("ltx2", REFINE, recipe, call)
+    finally:
+        hook.remove()
+    assert sorted(set(seen)) == [54, 102] and expected.shape == (1, 97, 64, 96, 3) and 0 < skipped < 8
+    runs = rank_pools(4).run(variant_cases.variant_run, "ltx2", REFINE, {**recipe, "parallel": {"ulysses": 2, "ring": 2}}, call)
+    for output, cached, bytes_sent in runs:
+        assert bytes_sent > 0 and cached == skipped
+        assert np.abs(output - expected).max() <= 1e-4
+
+
+def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> None:
+    """The DFR transformer is tiny-ltx2's plus a seeded, non-zero keyframe marker; the refine round's
+    components are the pass's plus a seeded temporal upsampler; building leaves the caller's RNG alone."""
+    from accel.models.ltx2 import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
+
+    state = torch.random.get_rng_state()
+    plain, dfr, refine = build_tiny().transformer.state_dict(), build_tiny_dfr().transformer.state_dict(), build_tiny_dfr_refine()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    marker = dfr.pop("keyframes_abs_pos_embedding")
+    assert marker.abs().min() > 0 and dfr.keys() == plain.keys() and all(torch.equal(dfr[name], plain[name]) for name in plain)
+    again = build_tiny_dfr_refine()
+    for module in ("transformer", "temporal_latent_upsampler"):
+        first, second = getattr(refine, module).state_dict(), getattr(again, module).state_dict()
+        assert all(torch.equal(first[name], second[name]) for name in first)
