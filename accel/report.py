@@ -282,9 +282,11 @@ def _bench_title(result: BenchResult) -> str:
 
 def _bench_context(result: BenchResult) -> str:
     settings = result.settings
+    # A pipeline without a step count (LTX-2.5 DFR's distilled sigmas) has the steps its variants ran.
+    steps = settings.get("num_inference_steps") or next((row.steps for row in result.variants if row.steps), "?")
     return (
         f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
-        f"{settings['num_inference_steps']} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
+        f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
     )
 
