@@ -471,7 +471,8 @@ def run(
         out_path = None
         if lead:  # every rank holds the output; one writes it
             _check_out(out, True, made, variant)  # a hub id or folder reveals its family (image or video) only now
-            out_path = _write_output(ref.name, variant.fps or family.fps, made[1], out, overwrite, result.output, result.audio)
+            fps = variant.fps(kwargs) if variant.fps is not None else family.fps
+            out_path = _write_output(ref.name, fps, made[1], out, overwrite, result.output, result.audio)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -570,7 +571,7 @@ def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] |
 
 
 def _write_output(
-    name: str, fps: int, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray | dict[str, Any], audio: Audio | None = None
+    name: str, fps: float, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray | dict[str, Any], audio: Audio | None = None
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
     (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively; a latent

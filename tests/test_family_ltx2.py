@@ -191,6 +191,8 @@ def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                         f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
         (["--input", "latents={missing}"], f"[generate] inputs latents: {{missing}} does not exist; "
                                            f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
+        (["--input", "latents={garbage}"], f"[generate] inputs latents: {{garbage}} is not a file of tensors torch can load safely "
+                                           f"(weights only); pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
         (["--input", "latents={pass}", "--frames", "9"],
          "[generate] frames: the latent pass {pass} holds num_frames = 25, not 9; remove frames (the pass sets it)"),
         (["--input", "latents={pass}", "--arg", "keyframe_positions=[8]"],
@@ -201,14 +203,16 @@ def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "[model] components: temporal_latent_upsampler: {missing} is not a folder; pass the folder a LTX2LatentUpsamplerModel "
          "was saved to (save_pretrained)"),
     ],
-    ids=["missing", "not a pass", "wrong suffix", "missing file", "frames against the pass", "argument the pass fills",
+    ids=["missing", "not a pass", "wrong suffix", "missing file", "not a torch file", "frames against the pass", "argument the pass fills",
          "unknown component", "component folder missing"],
 )
 def test_a_bad_latent_input_is_one_line_before_any_rank_starts(tmp_path: Path, dfr_pass: Path, args: list[str], message: str) -> None:
     other, clip = tmp_path / "other.pt", tmp_path / "clip.mp4"
     torch.save({"frames": torch.zeros(1, 16, 4, 2, 3)}, other)
     clip.write_bytes(b"")
-    paths = {"other": str(other), "clip": str(clip), "missing": str(tmp_path / "nope.pt"), "pass": str(dfr_pass), "folder": str(tmp_path)}
+    (tmp_path / "garbage.pt").write_text("not a checkpoint")
+    paths = {"other": str(other), "clip": str(clip), "missing": str(tmp_path / "nope.pt"), "pass": str(dfr_pass), "folder": str(tmp_path),
+             "garbage": str(tmp_path / "garbage.pt")}
     result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", REFINE, "--gpus", "2", "-o", str(tmp_path / "o.mp4"),
                                       *(arg.format(**paths) for arg in args)])
     assert result.exit_code == 2, result.output

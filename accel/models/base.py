@@ -300,8 +300,8 @@ class Variant:
     shape error mid-run. `latent_output` are the fields of its output that `--out NAME.pt` saves
     (the call then returns latents, `output_type="latent"`), for a later pass's "latents" input
     (`NamedInput`); empty: it hands on no latents. `components` are the components it needs beyond
-    the family's checkpoint (`Component`); `fps` the rate its videos play at where it differs from
-    the family's (DFR's temporal refine doubles the frame rate).
+    the family's checkpoint (`Component`); `fps` the rate its videos play at, from the call's
+    arguments, where it differs from the family's (DFR's refine round plays at twice its input's).
     """
 
     pipeline_class: str
@@ -334,7 +334,7 @@ class Variant:
     transformer_config: tuple[tuple[str, Any], ...] = ()
     latent_output: tuple[str, ...] = ()
     components: tuple[Component, ...] = ()
-    fps: int | None = None
+    fps: Callable[[Mapping[str, Any]], float] | None = None
 
 
 @dataclass(frozen=True)

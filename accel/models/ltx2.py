@@ -193,6 +193,11 @@ def _canvas_of(fields: Mapping[str, Any]) -> dict[str, int]:
     return {"num_frames": (frames - 1) * _TIME + 1, "height": height * _SPACE, "width": width * _SPACE}
 
 
+def _doubled_rate(call: Mapping[str, Any]) -> float:
+    """A refine round plays at twice its input's frame rate (the call's `frame_rate`, 24 unless given)."""
+    return 2 * float(call.get("frame_rate", 24.0))
+
+
 def _ancestral_scheduler() -> Any:
     """The refine round's scheduler, which it refuses to run without (diffusers' example: eta 0.5)."""
     from diffusers import LTXEulerAncestralRFScheduler
@@ -283,7 +288,7 @@ FAMILY = Family(
                                    made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"), settings=_canvas_of),),
                 components=(Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
                             Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler)),
-                defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121), latent_output=_DFR_PASS, fps=48),
+                defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121), latent_output=_DFR_PASS, fps=_doubled_rate),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

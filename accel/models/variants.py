@@ -3,7 +3,8 @@
 A family is its transformer class, so FluxKontextPipeline or QwenImageEditPipeline get every
 accelerator the base pipeline has; what differs is the call: an input image, a mask, a video. This module
 picks the variant (`[model] pipeline`, or the class a repo loads as), checks the inputs before
-any rank starts, and opens them for the call. No torch here: it runs in the launcher's preflight.
+any rank starts, and opens them for the call. No torch at import: it runs in the launcher's preflight
+(only a latent pass's .pt file is read with torch, when one is given).
 """
 
 from __future__ import annotations
@@ -198,10 +199,8 @@ def _readable_latents(name: str, path: str, spec: NamedInput) -> str:
         raise UserError(f"[generate] {name}: {path} does not exist; pass {expected}")
     try:
         saved = load_latents(str(file))
-    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a file that is no checkpoint
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise UserError(f"[generate] {name}: {path} is not a file torch can load ({lines[0] if lines else type(error).__name__}); "
-                        f"pass {expected}") from None
+    except Exception:  # noqa: BLE001 - torch raises many kinds for a file that is no checkpoint; its text suggests unpickling
+        raise UserError(f"[generate] {name}: {path} is not a file of tensors torch can load safely (weights only); pass {expected}") from None
     fields = saved.get("fields") if isinstance(saved, dict) and saved.get("kind") == LATENTS_MARK else None
     missing = [field for field, _ in spec.fields if not isinstance(fields, dict) or field not in fields]
     if missing or saved.get("pipeline") not in spec.made_by:
