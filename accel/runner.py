@@ -206,9 +206,20 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))
+    if recipe.parallel.cfg > 1 and (pipe is not None or recipe.model.pipeline) and not _takes_guidance(family, pipe, variant):
+        raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {variant.pipeline_class} runs none "
+                        f"(its call takes no {family.cfg_scale}); set cfg = 1")
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs
+
+
+def _takes_guidance(family: Family, pipe: Any, variant: Any) -> bool:
+    """Whether the pipeline's call (or its guider) takes the family's guidance scale: a distilled one (DFR) does not."""
+    pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
+    parameters = inspect.signature(pipeline.__call__).parameters
+    return family.cfg_scale in parameters or guided_by_guider(pipeline) or any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
 
 
 def _class_of(pipe: Any) -> str | None:
@@ -247,7 +258,9 @@ def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
     for keyword in [keyword for keyword in kwargs if keyword not in taken]:
         key = _RECIPE_KEYS.get(keyword, "frames")
         if getattr(settings, key, None) is not None:
-            raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it")
+            # A distilled schedule (LTX-2.5 DFR) is its steps: say where they are set.
+            hint = " (its steps are its schedule: --arg sigmas=[…])" if keyword == "num_inference_steps" and "sigmas" in parameters else ""
+            raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it{hint}")
         del kwargs[keyword]
 
 

@@ -287,3 +287,18 @@ def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> 
     for module in ("transformer", "temporal_latent_upsampler"):
         first, second = getattr(refine, module).state_dict(), getattr(again, module).state_dict()
         assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "4"], f"[generate] steps: {DFR} takes no num_inference_steps; remove it (its steps are its schedule: --arg sigmas=[…])"),
+        (["--gpus", "2", "--cfg-parallel"], f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {DFR} runs none "
+                                            "(its call takes no guidance_scale); set cfg = 1"),
+    ],
+    ids=["steps", "cfg"],
+)
+def test_the_dfr_pass_says_where_its_steps_are_and_that_it_runs_no_guidance(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", DFR, "-o", str(tmp_path / "o.mp4"), *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines()[-1] == "error: " + message  # after torch's import-time warnings, when first
