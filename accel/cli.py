@@ -66,10 +66,11 @@ def run(
     arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.")] = None,
     lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.")] = None,
     pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
+    components: Annotated[list[str] | None, Opt("--component", metavar="NAME=FOLDER", help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER (LTX2DFRTemporalRefinePipeline); repeatable.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
     cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="First Block Cache threshold (0 = off).")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview (default: a fresh name under outputs/).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview (default: a fresh name under outputs/), or .pt: the latents a multi-pass pipeline hands on.")] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.")] = False,
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
@@ -91,7 +92,8 @@ def run(
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
-        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None},
+        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None,
+                  "components": _pairs("--component", components, "temporal_latent_upsampler=upsampler", parse=False)},
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
@@ -220,7 +222,7 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
         from accel.runner import generation_kwargs
 
         plan_of(ref.family, "--gpus / [parallel]")
-        generation_kwargs(ref.family, ref.tiny, settings)  # CFG on where cfg = 2
+        generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
     return _rerun_on_ranks(ctx, spec)
 

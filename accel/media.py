@@ -86,7 +86,7 @@ def image_writer(image: np.ndarray) -> Write:
     return lambda path: Image.fromarray(pixels).save(path)
 
 
-def video_writer(frames: np.ndarray, fps: int, audio: Audio | None = None) -> Write:
+def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> Write:
     """Writes frames (F, H, W, 3) in [0, 1] as H.264 to the path it is given, with `audio` muxed in
     as AAC. H and W are padded to even sizes, which H.264 requires."""
     pixels = to_uint8(frames)

@@ -149,12 +149,12 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
     if name == "ltx2":  # packed video tokens and LTX2_AUDIO audio tokens, each with its own text
         mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
-        return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+        return {**dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
                     audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
                     encoder_hidden_states=randn(batch, text, config["caption_channels"]),
                     audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]), timestep=t,
                     encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w,
-                    audio_num_frames=LTX2_AUDIO, return_dict=False)
+                    audio_num_frames=LTX2_AUDIO, return_dict=False), **dfr_inputs(config, grid, batch, t)}
     if name == "sd3":  # latents before patching (2x2)
         return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
@@ -377,6 +377,15 @@ def fake_transformer(cls: type, config: dict[str, Any]) -> torch.nn.Module:
 
 
 Arguments = Callable[[dict[str, Any], Grid, int], dict[str, Any]]  # (config, grid, batch) -> the transformer's arguments
+def dfr_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """LTX-2.5 DFR's transformer: a per-token keyframe marker (the first latent frame's tokens, 1) and
+    per-token timesteps (its conditioning lowers some), both cut with the video tokens."""
+    if not config.get("use_keyframes_abs_pos_embedding"):
+        return {}
+    first = torch.arange(grid.tokens, device="cuda") < grid.rows * grid.cols
+    scalar = t.reshape(-1)[:1].expand(batch)  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
+    return dict(video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1), timestep=scalar[:, None] * (~first).to(DTYPE),
+                sigma=scalar, audio_timestep=scalar, audio_sigma=scalar, use_cross_timestep=True)
 
 
 def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, rank: int,
@@ -654,6 +663,14 @@ def test_additive_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_conf
     masks = run_layout("ltx2", cls, config, layout, rank, arguments=ltx2_reference_mask_inputs)
     heads = tiny_overrides("ltx2", config)["num_attention_heads"]  # a CFG half's batch of 1, its padding columns dropped
     assert set(masks) == {None, ((1, heads, UNEVEN.tokens, UNEVEN.tokens), torch.bfloat16)}
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+def test_dfr_keyframe_marker_on_fake_cuda(rank_of: str, tiny_configs: Any) -> None:
+    """LTX-2.5 DFR's transformer on Ring 3 at 7 latent frames of 5x7 (a DFR canvas with an appended
+    keyframe and a slot, 245 tokens): its keyframe marker and per-token timesteps are cut with the
+    tokens, on the device, with no host sync."""
+    cls, config, _, _ = tiny_configs["ltx2"]
+    layout = Layout(world=3, ring=3, grid=Grid(frames=7, rows=5, cols=7, text=37))
+    run_layout("ltx2", cls, {**config, "use_keyframes_abs_pos_embedding": True}, layout, 0 if rank_of == "first" else layout.world - 1)
 
 
 def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:

@@ -244,7 +244,7 @@ ERRORS: list[tuple[Any, str]] = [
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, warmup_steps, max_consecutive_cached)"),
-    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora)"),
+    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)"),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
     ({"cache": {"threshold": float("nan")}}, "[cache] threshold must be a number >= 0, got nan"),

@@ -51,9 +51,6 @@ NEEDS_MORE = {
     "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
     "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
     "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
-    # LTX-2's DFR pipelines are not one call that makes a video: they are passes of a multi-pass workflow.
-    "LTX2DFRPipeline": "LTX-2.5 keyframe-slot latents of a DFR pass (a multi-pass workflow, not one call)",
-    "LTX2DFRTemporalRefinePipeline": "the canvas and keyframes of a previous DFR pass",
 }
 
 
@@ -153,6 +150,12 @@ ODD = {"WanImageToVideoPipeline": _ODD_VIDEO, "WanVideoToVideoPipeline": _ODD_VI
        # the video's length, so the reference is the shorter), (3 + 2) x 5x7 = 175 tokens.
        "LTX2HDRPipeline": dict(height=160, width=224, num_frames=17, reference_conditions=[condition_object(
            variant_of(FAMILIES["ltx2"], "LTX2HDRPipeline").references, cases.clip((224, 160), 9), 0, 1.0, tiny=True)]),
+       # LTX-2.5 DFR pads 33 frames to no more (one 32-frame segment): 5 latent frames, the last one's keyframe
+       # and one generated slot, (5 + 1 + 1) x 35 = 245 tokens.
+       "LTX2DFRPipeline": dict(height=160, width=224, num_frames=33),
+       # Its refine round on that pass: 65 frames, one tile of 9 latent frames, its seam keyframe and a new
+       # slot, (9 + 1 + 1) x 35 = 385 tokens.
+       "LTX2DFRTemporalRefinePipeline": dict(height=160, width=224, num_frames=33),
        # LTX's condition pipeline puts the picture's latent frame (at frame_index 8) before the video's:
        # 25 frames make 4 latent frames, so (1 + 4) x 5x7 = 175 tokens.
        "LTXConditionPipeline": dict(height=160, width=224, num_frames=25),

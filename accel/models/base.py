@@ -219,12 +219,34 @@ class NamedInput:
     (`[generate] inputs`) fills: Wan Animate's pose and face videos, CogVideoX Fun's control video.
     The call receives a "video" as a list of RGB PIL frames, an "image" as one RGB PIL image.
     `when` = (argument, value) makes a required input required only for calls with that argument
-    (Animate's background video, needed when `mode` is "replace")."""
+    (Animate's background video, needed when `mode` is "replace").
+
+    A "latents" input is the latent output an earlier pass saved (`--out NAME.pt` on a variant with
+    `latent_output`), for a multi-pass workflow: `fields` says which saved output field goes to which
+    call keyword, `made_by` names the pipelines whose output it takes (for the error a wrong file
+    gets), and `settings` gives the call keywords the fields fix (the size of the canvas they hold),
+    which accel passes and a recipe may not contradict."""
 
     keyword: str
-    kind: Literal["image", "video"]
+    kind: Literal["image", "video", "latents"]
     required: bool = True
     when: tuple[str, Any] | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    made_by: tuple[str, ...] = ()
+    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Component:
+    """A component a variant's pipeline needs that the family's checkpoints do not hold: `name` is its
+    keyword in the pipeline, `cls` its class (a dotted path), loaded with `from_pretrained` from the
+    folder `[model] components` (`--component NAME=FOLDER`) names. `build` makes it without weights
+    instead (a scheduler of another class), so no folder is needed. The variant's tiny builder makes
+    every one of them itself; a folder given replaces its tiny one."""
+
+    name: str
+    cls: str
+    build: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -293,7 +315,11 @@ class Variant:
     to start from where the family's do not fit it (None: the family's). `transformer_config` are
     (config key, value) pairs the variant's transformer must have (SkyReels-V1 image-to-video reads
     32 input channels): loading another checkpoint as this variant is refused in one line, not a
-    shape error mid-run.
+    shape error mid-run. `latent_output` are the fields of its output that `--out NAME.pt` saves
+    (the call then returns latents, `output_type="latent"`), for a later pass's "latents" input
+    (`NamedInput`); empty: it hands on no latents. `components` are the components it needs beyond
+    the family's checkpoint (`Component`); `fps` the rate its videos play at, from the call's
+    arguments, where it differs from the family's (DFR's refine round plays at twice its input's).
     """
 
     pipeline_class: str
@@ -324,6 +350,9 @@ class Variant:
     vae: str | None = None
     defaults: GenerationDefaults | None = None
     transformer_config: tuple[tuple[str, Any], ...] = ()
+    latent_output: tuple[str, ...] = ()
+    components: tuple[Component, ...] = ()
+    fps: Callable[[Mapping[str, Any]], float] | None = None
 
 
 @dataclass(frozen=True)
