@@ -153,8 +153,9 @@ def run(
 
 def _check_out_for_alias(out: Path | None, model: Any) -> None:
     """--out's suffix against what the asked pipeline makes, where the model (`[model]`) is an alias
-    (no torch: a folder's or repo's family is known later, and runner.run checks it then)."""
-    if out is None:
+    (no torch: a folder's or repo's family is known later, and runner.run checks it then). A .pt
+    name (a pass's latents, runner.LATENT_SUFFIX) is the runner's to check: it knows which variants hand latents on."""
+    if out is None or out.suffix.lower() == ".pt":
         return
     from accel.models.registry import lookup
     from accel.models.variants import check_out_suffix, planned_output
