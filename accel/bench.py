@@ -378,6 +378,7 @@ def _record(
     kind: str,
 ) -> tuple[float, np.ndarray] | None:
     """Fill the row from a measurement (rank 0); returns the baseline (median, output) to compare with."""
+    from accel.media import viewable
     from accel.quality import psnr, ssim
 
     result = measured.measurement
@@ -393,21 +394,25 @@ def _record(
         baseline = (result.seconds, result.output)
     if baseline is not None:
         row.speedup = baseline[0] / result.seconds if result.seconds > 0 else None
-        if not is_baseline and baseline[1].shape == result.output.shape:
-            row.psnr_db = psnr(result.output, baseline[1])
-            row.ssim = ssim(result.output, baseline[1])
+        if not is_baseline and baseline[1].shape == result.output.shape:  # as shown: an HDR video's SDR preview
+            row.psnr_db = psnr(viewable(result.output, kind), viewable(baseline[1], kind))
+            row.ssim = ssim(viewable(result.output, kind), viewable(baseline[1], kind))
     if folder is not None:
         row.output_path = str(_save_output(result.output, folder, index, row.name, family, kind, result.audio))
     return baseline
 
 
 def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any, kind: str, audio: Any = None) -> Path:
-    from accel.media import save_image, save_video
+    """Written whole (with its sound, where it has one), never over an existing file; an HDR video as
+    its SDR preview, the viewable form (accel run --out X.npy keeps the linear frames)."""
+    from accel.files import write_file
+    from accel.media import output_writer
+    from accel.models.base import OUTPUT_FILES
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
-    if kind == "video":  # written whole (with its sound, where it has one), never over an existing file
-        return save_video(output, folder / f"{index:02d}-{slug}.mp4", family.fps, audio=audio, hint=BENCH_HINT)
-    return save_image(output, folder / f"{index:02d}-{slug}.png", hint=BENCH_HINT)
+    suffix = OUTPUT_FILES[kind][1][0][0]
+    return write_file(folder / f"{index:02d}-{slug}{suffix}", output_writer(output, kind, suffix, family.fps, audio), replace=False,
+                      hint=BENCH_HINT)
 
 
 def _layout(planned: PlannedVariant, pipe: Any) -> str:
@@ -423,9 +428,11 @@ def _layout(planned: PlannedVariant, pipe: Any) -> str:
 
 
 def _tile(name: str, caption: str, output: np.ndarray, kind: str) -> Tile:
-    if kind != "video":
+    from accel.media import viewable
+
+    if kind == "image":
         return Tile(name, caption, output)
-    frames, numbers = shown_frames(output)
+    frames, numbers = shown_frames(viewable(output, kind))
     return Tile(name, caption, frames, numbers)
 
 

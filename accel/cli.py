@@ -66,17 +66,18 @@ def run(
     arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.")] = None,
     lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.")] = None,
     pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
+    components: Annotated[list[str] | None, Opt("--component", metavar="NAME=FOLDER", help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER (LTX2DFRTemporalRefinePipeline); repeatable.")] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
     cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).")] = None,
-    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache (default), dbcache or taylorseer.")] = None,
+    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache (default), dbcache, taylorseer or magcache.")] = None,
     first_blocks: Annotated[int | None, Opt("--first-blocks", metavar="N", help="dbcache: blocks always computed first; they decide.")] = None,
     last_blocks: Annotated[int | None, Opt("--last-blocks", metavar="N", help="dbcache: blocks always computed last.")] = None,
     calibrator: Annotated[str | None, Opt("--calibrator", metavar="NAME", help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it).")] = None,
     taylor_order: Annotated[int | None, Opt("--taylor-order", metavar="N", help="taylorseer: 1 or 2.")] = None,
     max_cached_steps: Annotated[int | None, Opt("--max-cached-steps", metavar="N", help="Most cached calls per generation (0 = no limit).")] = None,
     interval: Annotated[int | None, Opt("--interval", metavar="N", help="taylorseer: compute every N-th step, extrapolate between.")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4 (default: a fresh name under outputs/).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview (default: a fresh name under outputs/), or .pt: the latents a multi-pass pipeline hands on.")] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.")] = False,
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
@@ -98,7 +99,8 @@ def run(
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
-        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None},
+        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None,
+                  "components": _pairs("--component", components, "temporal_latent_upsampler=upsampler", parse=False)},
         "generate": {
             "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
             "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
@@ -120,12 +122,14 @@ def run(
 
     lead = rank() == 0
     try:
-        # Model-free checks first: before torch loads (seconds) and before any rank starts.
+        # Checks before torch loads (seconds) and before any rank starts: an alias names its family,
+        # whose pipeline says which --out suffixes it is written as; any model is refused the others.
+        settings = _recipe(recipe, overrides)
+        _check_out_for_alias(out, settings.model)
         preflight.check_out(out, overwrite or not lead)  # a rank > 0 leaves existing files to rank 0
         preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
-        settings = _recipe(recipe, overrides)
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -153,6 +157,20 @@ def run(
     except UserError as error:
         _fail(str(error))
         return
+
+
+def _check_out_for_alias(out: Path | None, model: Any) -> None:
+    """--out's suffix against what the asked pipeline makes, where the model (`[model]`) is an alias
+    (no torch: a folder's or repo's family is known later, and runner.run checks it then). A .pt
+    name (a pass's latents, runner.LATENT_SUFFIX) is the runner's to check: it knows which variants hand latents on."""
+    if out is None or out.suffix.lower() == ".pt":
+        return
+    from accel.models.registry import lookup
+    from accel.models.variants import check_out_suffix, planned_output
+
+    found = lookup(model.name)
+    if found is not None:
+        check_out_suffix(out, *planned_output(found[0], model.pipeline or None))
 
 
 def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: bool) -> None:
@@ -213,7 +231,7 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
         from accel.runner import generation_kwargs
 
         plan_of(ref.family, "--gpus / [parallel]")
-        generation_kwargs(ref.family, ref.tiny, settings)  # CFG on where cfg = 2
+        generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
     return _rerun_on_ranks(ctx, spec)
 

@@ -1,4 +1,5 @@
-"""Writing generated images (PNG) and videos (MP4 through imageio-ffmpeg's bundled ffmpeg).
+"""Writing generated images (PNG), videos (MP4 through imageio-ffmpeg's bundled ffmpeg) and linear
+HDR videos (their float32 frames as .npy, or an SDR preview MP4).
 
 Both go through `accel.files.write_file`: a temporary name first, the final one only when whole."""
 
@@ -44,6 +45,39 @@ def save_video(
     return write_file(path, video_writer(frames, fps, audio), replace=replace, hint=hint)
 
 
+def sdr_preview(linear: np.ndarray) -> np.ndarray:
+    """Linear light in [0, inf) → the [0, 1] values an sRGB display shows: clipped to [0, 1] (no tone
+    curve: what the reference LTX-2 HDR code does by default), then the sRGB transfer function."""
+    clipped = np.clip(np.asarray(linear, dtype=np.float32), 0.0, 1.0)
+    return np.where(clipped <= 0.0031308, clipped * 12.92, 1.055 * np.power(clipped, 1.0 / 2.4) - 0.055).astype(np.float32)
+
+
+def viewable(output: np.ndarray, kind: str) -> np.ndarray:
+    """The output as [0, 1] values, as shown and as quality is measured: an HDR video's SDR preview."""
+    return sdr_preview(output) if kind == "hdr-video" else output
+
+
+def output_writer(output: np.ndarray, kind: str, suffix: str, fps: int, audio: Audio | None = None) -> Write:
+    """The writer of a pipeline's output of `kind` ("image", "video", "hdr-video") to a file ending in
+    `suffix`, one of those accel.models.base.OUTPUT_FILES lists for the kind."""
+    if kind == "image":
+        return image_writer(output)
+    if kind == "hdr-video" and suffix.lower() == ".npy":
+        return array_writer(output)
+    return video_writer(viewable(output, kind), fps, audio)
+
+
+def array_writer(frames: np.ndarray) -> Write:
+    """Writes `frames` as float32 .npy, losslessly (linear HDR frames for grading tools)."""
+    data = np.ascontiguousarray(frames, dtype=np.float32)
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as file:  # a file object: np.save would add .npy to the temporary name
+            np.save(file, data, allow_pickle=False)
+
+    return write
+
+
 def image_writer(image: np.ndarray) -> Write:
     """Writes `image` (H, W, 3) in [0, 1] to the path it is given, format from its suffix."""
     from PIL import Image
@@ -52,7 +86,7 @@ def image_writer(image: np.ndarray) -> Write:
     return lambda path: Image.fromarray(pixels).save(path)
 
 
-def video_writer(frames: np.ndarray, fps: int, audio: Audio | None = None) -> Write:
+def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> Write:
     """Writes frames (F, H, W, 3) in [0, 1] as H.264 to the path it is given, with `audio` muxed in
     as AAC. H and W are padded to even sizes, which H.264 requires."""
     pixels = to_uint8(frames)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from accel.errors import UserError
 
-OUTPUT_SUFFIXES = (".png", ".mp4")  # what some family writes; runner._check_out matches the family
+OUTPUT_SUFFIXES = (".png", ".mp4", ".npy", ".pt")  # what some pipeline writes (accel.models.base.OUTPUT_FILES; .pt: a pass's latents); runner._check_out matches it
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"})
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU where the NVIDIA driver is loaded
 
@@ -32,7 +32,8 @@ def check_out(out: Path | None, overwrite: bool) -> None:
         return
     _check_file_target(out, "--out", "out.png")
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise UserError(f"--out {out}: accel writes .png images and .mp4 videos; end the name in .png or .mp4")
+        raise UserError(f"--out {out}: accel writes .png images, .mp4 videos, .npy linear HDR frames and .pt latents (of a multi-pass "
+                        "pipeline); end the name in .png, .mp4, .npy or .pt")
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
 

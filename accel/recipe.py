@@ -66,6 +66,10 @@ class ModelSection:
         None, "LoRA weights fused into the model before it is accelerated: \"PATH@SCALE\", a .safetensors file, a folder or a hub "
         "repo id, SCALE 1 when left out; several are fused together."
     )
+    components: Mapping[str, str] = _table(
+        "Components the pipeline variant needs beyond the model's, by name: the folder each was saved to, e.g. "
+        "temporal_latent_upsampler = \"ltx-2.5-temporal-upsampler\" (LTX2DFRTemporalRefinePipeline); the variant says which."
+    )
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def run_table(metrics: Metrics) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     settings = metrics.settings
-    size = _size(settings, metrics.output_kind)
+    size = _size(dict(settings, frames=metrics.output_frames) if metrics.output_frames else settings, metrics.output_kind)
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
@@ -73,8 +73,8 @@ def _size(settings: dict[str, Any], output_kind: str) -> str:
     """'64×48' or '64×48, 5 frames' from a pipeline call's arguments (the frames key varies by family);
     a pipeline that takes no size (HunyuanVideo 1.5 image-to-video) makes the input picture's."""
     size = f"{settings['width']}×{settings['height']}" if "width" in settings else "input picture's size"
-    if output_kind == "video":
-        frames = next((v for k, v in settings.items() if k.endswith("frames")), None)
+    if output_kind != "image":
+        frames = settings.get("frames") or next((v for k, v in settings.items() if k.endswith("frames")), None)
         size += f", {frames} frames"
     return size
 
@@ -282,9 +282,11 @@ def _bench_title(result: BenchResult) -> str:
 
 def _bench_context(result: BenchResult) -> str:
     settings = result.settings
+    # A pipeline without a step count (LTX-2.5 DFR's distilled sigmas) has the steps its variants ran.
+    steps = settings.get("num_inference_steps") or next((row.steps for row in result.variants if row.steps), "?")
     return (
         f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
-        f"{settings['num_inference_steps']} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
+        f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
     )
 

@@ -8,7 +8,7 @@ import resource
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,8 +20,8 @@ import torch
 from accel.compose import apply
 from accel.errors import UserError
 from accel.files import claim, write_file, write_fresh
-from accel.media import Audio, image_writer, video_writer
-from accel.models.base import Family, GenerationDefaults, OutputKind
+from accel.media import Audio, output_writer, viewable
+from accel.models.base import OUTPUT_FILES, Family, GenerationDefaults, OutputKind
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
@@ -29,8 +29,9 @@ from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.mesh import Degrees, init_distributed
 from accel.models.registry import family_of
-from accel.models.variants import (call_arguments, clip_frames, condition_arguments, input_arguments, named_input_arguments, open_inputs, refuse_split, refuse_together,
-                                   variant_of, variant_of_class)
+from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
+                                   condition_arguments, input_arguments, latent_settings, made_by, named_input_arguments, open_inputs,
+                                   refuse_split, refuse_together, variant_of, variant_of_class)
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -38,9 +39,9 @@ from accel.steps import StepEvents, StepListener
 
 @dataclass
 class Measurement:
-    """Timed generations after their warm-up runs."""
+    """Timed generations after their warm-up runs (`output`: a latent pass's saved fields where asked)."""
 
-    output: np.ndarray
+    output: np.ndarray | dict[str, Any]
     times: list[float]
     warmup_seconds: float
     steps: int
@@ -108,6 +109,8 @@ class Metrics:
     baseline_s: float | None = None
     psnr_db: float | None = None
     ssim: float | None = None
+    # Frames of the video written (DFR's refine round makes twice its input's); None for pictures and latents.
+    output_frames: int | None = None
 
     @property
     def per_step_s(self) -> float:
@@ -162,7 +165,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     true_cfg = pick("true_cfg_scale", defaults.true_cfg_scale)
     if true_cfg is not None:
         kwargs["true_cfg_scale"] = true_cfg
-    video = family.frames_arg is not None and kind == "video"
+    video = family.frames_arg is not None and kind != "image"  # videos, HDR ones too, take a frame count
     if video:
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
@@ -170,11 +173,22 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     refuse_together(variant, {"image": settings.image, "mask": settings.mask, "video": settings.video, "conditions": settings.conditions})
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
-    kwargs.update(named_input_arguments(variant, settings.inputs, settings.arguments))
+    # A missing component: one line before a long load (a tiny variant's builder, a folder saved as the variant, hold theirs).
+    component_folders(variant, recipe.model.components, not tiny and variant.pipeline_class != (loads_as or _class_of(pipe)))
+    named = named_input_arguments(variant, settings.inputs, settings.arguments)
+    kwargs.update(named)
+    for path in named.values():  # a latent pass fixes the canvas the call works on
+        if isinstance(path, InputLatents):
+            _take_settings(kwargs, latent_settings(path), path, settings, family.frames_arg)
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
-    kwargs.update(condition_arguments(variant, settings.references or (), tiny, key="references"))
+    references = condition_arguments(variant, settings.references or (), tiny, key="references")
+    kwargs.update(references)
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
+    elif video and settings.frames is None and variant.references is not None and variant.references.sets_frames and references:
+        first = next(iter(references.values()))[0][0]  # (file, index, strength) of the first reference
+        if isinstance(first, InputVideo):
+            kwargs[family.frames_arg] = clip_frames(first)  # HDR converts the whole clip, unless asked otherwise
     if variant.area is not None:
         kwargs[variant.area] = kwargs["height"] * kwargs["width"]
     if variant.seed is not None:  # the call seeds generators of its own from it: the run's seed, on every rank
@@ -185,19 +199,47 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     taken = dict(kwargs)  # what accel fills: `[generate] arguments` may not replace it, the variant's defaults it may
+    taken.update({keyword: None for spec in variant.inputs for _, keyword in spec.fields})  # filled from a latent pass
     kwargs.update(variant.arguments)
     if settings.arguments:
         sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
                                                                              ("mask", variant.mask), ("video", variant.video)) if keyword},
-                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {})}
+                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {}),
+                   **{keyword: "inputs" for spec in variant.inputs for _, keyword in spec.fields}}
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
     refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))
+    if recipe.parallel.cfg > 1 and (pipe is not None or recipe.model.pipeline) and not _takes_guidance(family, pipe, variant):
+        raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {variant.pipeline_class} runs none "
+                        f"(its call takes no {family.cfg_scale}); set cfg = 1")
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
     return kwargs
+
+
+def _takes_guidance(family: Family, pipe: Any, variant: Any) -> bool:
+    """Whether the pipeline's call (or its guider) takes the family's guidance scale: a distilled one (DFR) does not."""
+    pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
+    parameters = inspect.signature(pipeline.__call__).parameters
+    return family.cfg_scale in parameters or guided_by_guider(pipeline) or any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+
+
+def _class_of(pipe: Any) -> str | None:
+    return type(pipe).__name__ if pipe is not None else None
+
+
+def _take_settings(kwargs: dict[str, Any], fixed: Mapping[str, Any], path: str, settings: Any, frames_arg: str | None) -> None:
+    """The call keywords a latent pass fixes replace the defaults; a recipe value that differs is one line."""
+    for keyword, value in fixed.items():
+        key = "frames" if keyword == frames_arg else _RECIPE_KEYS.get(keyword, keyword)
+        asked = getattr(settings, key, None)
+        if asked is not None and asked != value:
+            raise UserError(f"[generate] {key}: the latent pass {path} holds {keyword} = {value}, not {asked}; remove {key} "
+                            "(the pass sets it)")
+        kwargs[keyword] = value
 
 
 # The recipe key each call keyword comes from (frames: any family's frame keyword).
@@ -221,7 +263,9 @@ def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
     for keyword in [keyword for keyword in kwargs if keyword not in taken]:
         key = _RECIPE_KEYS.get(keyword, "frames")
         if getattr(settings, key, None) is not None:
-            raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it")
+            # A distilled schedule (LTX-2.5 DFR) is its steps: say where they are set.
+            hint = " (its steps are its schedule: --arg sigmas=[…])" if keyword == "num_inference_steps" and "sigmas" in parameters else ""
+            raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it{hint}")
         del kwargs[keyword]
 
 
@@ -246,11 +290,16 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
         guider.guidance_scale = previous
 
 
-def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
-    """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
-    the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
-    kind = family.output_of(pipeline_class)
-    return (family.title if kind == family.output else pipeline_class), kind
+def call_steps(pipe: Any, kwargs: dict[str, Any]) -> int:
+    """Denoising steps of one call: its step count, or, for a pipeline that takes none (a distilled
+    schedule, LTX-2.5 DFR's), the length of the `sigmas` it is given or defaults to."""
+    if "num_inference_steps" in kwargs:
+        return int(kwargs["num_inference_steps"])
+    sigmas = kwargs.get("sigmas")
+    if sigmas is None:
+        parameter = inspect.signature(type(pipe).__call__).parameters.get("sigmas")
+        sigmas = parameter.default if parameter is not None and parameter.default is not inspect.Parameter.empty else None
+    return len(sigmas) if sigmas is not None else 0
 
 
 def output_array(result: Any) -> Any:
@@ -267,13 +316,22 @@ def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     return generate_with_audio(pipe, kwargs, seed)[0]
 
 
-def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int) -> tuple[np.ndarray, Audio | None]:
-    """`generate`, and the sound the pipeline made with the video where its family says it makes some."""
+def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: tuple[str, ...] = ()) -> tuple[Any, Audio | None]:
+    """`generate`, and the sound the pipeline made with the video where its family says it makes some.
+    With `latents` (a variant's `latent_output`), the call returns latents and the output is what
+    `--out NAME.pt` saves: those fields, on the CPU, marked with the pipeline that made them."""
     generator = torch.Generator("cpu").manual_seed(seed)
     call = open_inputs(kwargs)
     with _guider_scale(pipe, call):
-        result = pipe(**call, generator=generator, output_type="np")
+        result = pipe(**call, generator=generator, output_type="latent" if latents else "np")
+    if latents:
+        fields = {name: _on_cpu(getattr(result, name)) for name in latents}
+        return {"kind": LATENTS_MARK, "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class, "fields": fields}, None
     return np.asarray(output_array(result))[0], audio_of(pipe, result)
+
+
+def _on_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def audio_of(pipe: Any, result: Any) -> Audio | None:
@@ -296,6 +354,7 @@ def measure(
     progress: Callable[[str], AbstractContextManager[Any]] | None = None,
     label: str = "generating",
     repeats: int = 1,
+    latents: tuple[str, ...] = (),
 ) -> Measurement:
     """Warm-up runs, then `repeats` timed runs (the output is the last one's).
 
@@ -305,7 +364,7 @@ def measure(
     start = time.perf_counter()
     for index in range(warmup):
         with show(f"{label}: warm-up {index + 1}/{warmup}"):
-            generate_with_audio(pipe, kwargs, seed)
+            generate_with_audio(pipe, kwargs, seed, latents)
     warmup_seconds = time.perf_counter() - start
     graphs_warmed = compiled_graphs()
     device = _device_of(pipe)
@@ -317,13 +376,13 @@ def measure(
         for index in range(repeats):
             with show(label if repeats == 1 else f"{label}: run {index + 1}/{repeats}"):
                 start = time.perf_counter()
-                output, audio = generate_with_audio(pipe, kwargs, seed)
+                output, audio = generate_with_audio(pipe, kwargs, seed, latents)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - start)
     graphs_after = compiled_graphs()
     return Measurement(
-        output, times, warmup_seconds, kwargs["num_inference_steps"], memory.peak, dict(TRAFFIC.bytes_sent),
+        output, times, warmup_seconds, call_steps(pipe, kwargs), memory.peak, dict(TRAFFIC.bytes_sent),
         _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed), audio,
     )
 
@@ -336,11 +395,12 @@ def measure_recipe(
     repeats: int = 1,
     progress: Callable[[str], AbstractContextManager[Any]] | None = None,
     label: str = "generating",
+    latents: tuple[str, ...] = (),
 ) -> Measured:
     """Apply the recipe, measure it, undo it: every measured row of `run` and `bench` comes from here."""
     handle = apply(pipe, recipe)
     try:
-        result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats)
+        result = measure(pipe, kwargs, recipe.generate.seed, warmup, progress, label, repeats, latents)
         stats = handle.cache_stats
         compiled = None
         if recipe.compile.enabled:
@@ -383,7 +443,10 @@ def run(
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     ref = resolve_model(recipe.model.name)
     planned = made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
-    _check_out(out, overwrite, planned)
+    planned_variant = variant_of(ref.family, planned_class(ref, recipe)) if ref.family else None
+    _check_out(out, overwrite, planned, planned_variant)
+    if compare and _latent(out):
+        raise UserError(f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare")
     if ref.family is not None:
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
 
@@ -395,12 +458,15 @@ def run(
     # The writing rank claims --out now, so a second run aiming at it is refused before its load.
     with claim(out) if lead and out is not None else nullcontext():
         if lead:
-            _check_out(out, overwrite, planned)  # again, now that it is ours: it may have appeared meanwhile
+            _check_out(out, overwrite, planned, planned_variant)  # again, now that it is ours: it may have appeared meanwhile
         start = time.perf_counter()
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora)
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
+                             recipe.model.components)
         load_s = time.perf_counter() - start
         family = family_of(pipe)
-        made = made_by(family, variant_of_class(family, type(pipe)).pipeline_class)
+        variant = variant_of_class(family, type(pipe))
+        made = made_by(family, variant.pipeline_class)
+        latents = variant.latent_output if _latent(out) else ()
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
         seed = recipe.generate.seed
@@ -410,13 +476,14 @@ def run(
         baseline = None
         if compare:  # the same measuring code as each bench variant, with every accelerator off
             baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
-        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating")
+        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating", latents)
         result, degrees = accelerated.measurement, accelerated.degrees
 
         out_path = None
         if lead:  # every rank holds the output; one writes it
-            _check_out(out, True, made)  # a hub id or folder reveals its family (image or video) only now
-            out_path = _write_output(ref.name, family, made[1], out, overwrite, result.output, result.audio)
+            _check_out(out, True, made, variant)  # a hub id or folder reveals its family (image or video) only now
+            fps = variant.fps(kwargs) if variant.fps is not None else family.fps
+            out_path = _write_output(ref.name, fps, made[1], out, overwrite, result.output, result.audio)
     parallel = None
     if degrees is not None:
         parallel = {
@@ -431,7 +498,8 @@ def run(
         output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        settings=dict(kwargs, seed=seed),
+        # Plain data: dataclasses.asdict rebuilds a tuple subclass from its items alone (InputConditions).
+        settings={key: list(value) if isinstance(value, tuple) else value for key, value in dict(kwargs, seed=seed).items()},
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,
@@ -445,8 +513,9 @@ def run(
         quant=accelerated.quant,
         compile=accelerated.compile,
         baseline_s=baseline.seconds if baseline else None,
-        psnr_db=psnr(result.output, baseline.output) if baseline else None,
-        ssim=ssim(result.output, baseline.output) if baseline else None,
+        psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
+        ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
+        output_frames=len(result.output) if made[1] != "image" and isinstance(result.output, np.ndarray) else None,
     )
 
 
@@ -481,30 +550,52 @@ class _BarListener(StepListener):
         self.bar.advance()
 
 
+LATENT_SUFFIX = ".pt"
+
+
 def _suffix(kind: OutputKind) -> str:
-    return ".mp4" if kind == "video" else ".png"
+    """The suffix of a name accel picks itself for this kind of output."""
+    return OUTPUT_FILES[kind][1][0][0]
 
 
-def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None) -> None:
+def planned_class(ref: Any, recipe: Recipe) -> str:
+    """The pipeline class a run will make, known before loading (a folder's own class, else the family's)."""
+    return recipe.model.pipeline or (ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class)
+
+
+def _latent(out: Path | None) -> bool:
+    return out is not None and out.suffix.lower() == LATENT_SUFFIX
+
+
+def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] | None, variant: Any = None) -> None:
     """Refuse a bad --out before the (possibly long) load, not after the generation; `made` is
-    `made_by`'s (maker, kind), None while the model's family is not known yet."""
+    `made_by`'s (maker, kind), None while the model's family is not known yet. A .pt name saves
+    the latents of a variant that hands them on (its `latent_output`)."""
     if out is None:
         return
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    if made is not None and out.suffix.lower() != _suffix(made[1]):
-        raise UserError(f"--out {out}: {made[0]} makes {made[1]}s, so the name must end in {_suffix(made[1])}")
+    if _latent(out) and made is not None and not (variant is not None and variant.latent_output):
+        raise UserError(f"--out {out}: {variant.pipeline_class if variant else made[0]} hands on no latents, so the name must end in "
+                        f"{_suffix(made[1])}")
+    if made is not None and not _latent(out):
+        check_out_suffix(out, *made)
 
 
 def _write_output(
-    name: str, family: Family, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray, audio: Audio | None = None
+    name: str, fps: float, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray | dict[str, Any], audio: Audio | None = None
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
-    (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively. Returns the path written."""
-    write = video_writer(output, family.fps, audio) if kind == "video" else image_writer(output)
+    (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively; a latent
+    pass's fields with torch.save. Returns the path written."""
+    suffix = out.suffix if out is not None else _suffix(kind)  # an HDR video: its .npy frames or .mp4 preview
+    if isinstance(output, dict):
+        write = functools.partial(torch.save, output)
+    else:
+        write = output_writer(output, kind, suffix, fps, audio)
     if out is not None:
         return write_file(out, write, replace=overwrite, hint="pass --overwrite to replace it or choose another --out")
-    return write_fresh(Path("outputs"), Path(name).name or "output", _suffix(kind), write)
+    return write_fresh(Path("outputs"), Path(name).name or "output", suffix, write)
 
 
 def first_free(folder: Path, stem: str, suffix: str = "") -> Path:

@@ -52,24 +52,35 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
 
 
-def pair_mask_error(ulysses: int, ring: int, tokens: int, block: int) -> float:
+def pair_mask_error(ulysses: int, ring: int, tokens: int, block: int, additive: bool = False, heads: int = 4) -> float:
     """Max-abs error of this rank's self-attention under a whole-sequence block-causal pair mask
     (tokens in blocks of `block`; a block sees itself and earlier ones, and the first query of a
-    block sees nothing but its own block) against SDPA with that mask on the full tensors."""
+    block sees nothing but its own block) against SDPA with that mask on the full tensors.
+
+    `additive`: the mask is a float bias per head instead, as LTX-2 IC-LoRA's: -inf where the bool
+    one is False (so ring blocks a query sees nothing of), beside it random finite values and -10000
+    on every fourth key (large negative, ordinary attention)."""
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     world, rank = ulysses * ring, mesh.sequence_rank
     generator = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, 4, tokens, 16, generator=generator) for _ in range(3))
+    q, k, v = (torch.randn(2, heads, tokens, 16, generator=generator) for _ in range(3))
     blocks = torch.arange(tokens) // block
     allowed = blocks[None, :] <= blocks[:, None]  # (queries, keys)
-    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=allowed)
+    mask: torch.Tensor = allowed
+    if additive:
+        mask = -torch.rand(1, heads, tokens, tokens, generator=generator) * 3
+        mask[..., ::4] = -10000.0
+        mask = mask.masked_fill(~allowed, float("-inf"))
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double() if additive else mask)
     layout = SequenceLayout(tokens, world)
-    pairs = F.pad(allowed, (0, layout.pad, 0, layout.pad))[None]
-    pairs[:, tokens:, :] = True
+    pairs = F.pad(mask if additive else mask[None, None], (0, layout.pad, 0, layout.pad), value=0)
+    if not additive:
+        pairs[..., tokens:, :] = True
     shard = lambda x: layout.split(x, 2, rank)  # noqa: E731
     out = usp_attention(shard(q), shard(k), shard(v), mesh.ulysses_group if ulysses > 1 else None,
                         mesh.ring_group if ring > 1 else None, layout.valid()[:, None, :] if layout.pad else None, None, None, pairs)
     rows = min(layout.shard, tokens - rank * layout.shard)
+    assert not out.isnan().any()
     return (out[:, :, :rows].double() - shard(reference)[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
 
 
@@ -313,9 +324,10 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     return (got - expected).abs().max().item()
 
 
-def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tuple[float, int | None]:
+def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4, pairs: bool = False) -> tuple[float, int | None]:
     """(max-abs difference of `usp_attention` compiled with fullgraph=True from eager, graphs built by
-    a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys)."""
+    a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys);
+    `pairs`: under a causal additive (1, heads, N, N) pair mask (-inf above the diagonal)."""
     from accel.optimize.compile import compiled_graphs
 
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
@@ -324,11 +336,15 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4) -> tu
     q, k, v = (torch.randn(2, heads, layout.shard, 16, generator=generator) for _ in range(3))
     key_valid = layout.valid()[:, None, :] if layout.pad else None
     groups = (mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
-    eager = usp_attention(q, k, v, *groups, key_valid)
+    tokens = layout.shard * ulysses * ring
+    causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+    mask = torch.randn(1, heads, tokens, tokens, generator=generator).masked_fill(~causal, float("-inf")) if pairs else None
+    extra = (None, None, mask)  # scale, real_keys, pair_mask
+    eager = usp_attention(q, k, v, *groups, key_valid, *extra)
     compiled = torch.compile(usp_attention, fullgraph=True)  # any graph break raises
-    compiled(q, k, v, *groups, key_valid)
+    compiled(q, k, v, *groups, key_valid, *extra)
     before = compiled_graphs()
-    out = compiled(q, k, v, *groups, key_valid)
+    out = compiled(q, k, v, *groups, key_valid, *extra)
     after = compiled_graphs()
     return (out - eager).abs().max().item(), (after - before) if after is not None and before is not None else None
 

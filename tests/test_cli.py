@@ -57,7 +57,8 @@ def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     fields = set(json.loads(report.read_text()))
     assert fields == {"model", "family", "output_kind", "device", "dtype", "settings", "load_s", "warmup_s", "generate_s",
                       "times_s", "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind",
-                      "output_path", "cache", "parallel", "quant", "compile", "baseline_s", "speedup", "psnr_db", "ssim"}
+                      "output_path", "cache", "parallel", "quant", "compile", "baseline_s", "speedup", "psnr_db", "ssim",
+                      "output_frames"}
     assert all(f"`{name}`" in documented for name in fields)
 
 

@@ -51,11 +51,14 @@ def test_whole_transformer_scope_equals_eager(tiny_flux: Any, flux_reference: np
     assert np.abs(output - flux_reference).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("ulysses, ring, keys, heads", [(2, 1, 16, 4), (1, 2, 16, 4), (2, 1, 15, 4), (1, 2, 13, 4), (2, 1, 15, 3)])
-def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int, heads: int) -> None:
+@pytest.mark.parametrize("ulysses, ring, keys, heads, pairs", [(2, 1, 16, 4, False), (1, 2, 16, 4, False), (2, 1, 15, 4, False),
+                                                              (1, 2, 13, 4, False), (2, 1, 15, 3, False), (2, 1, 15, 3, True),
+                                                              (1, 2, 13, 4, True)])
+def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int, heads: int, pairs: bool) -> None:
     """fullgraph=True raises on any graph break: Ulysses' all-to-all, the ring's shift, the pad-key
-    mask and the zero heads padding 3 heads to 4 all stay inside one graph, which a second call reuses."""
-    for error, graphs in rank_pools(2).run(cases.compiled_attention, ulysses, ring, keys, heads):
+    mask, the zero heads padding 3 heads to 4 and a per-head additive pair mask (its heads padded
+    likewise, a ring block all -inf for some queries) all stay inside one graph, which a second call reuses."""
+    for error, graphs in rank_pools(2).run(cases.compiled_attention, ulysses, ring, keys, heads, pairs):
         assert error <= 1e-5
         assert graphs == 0
 

@@ -11,7 +11,8 @@ show is checked instead:
 - each context-parallel attention block ran the intended kernel: flash with no mask wherever the
   real keys are a prefix of the block (nothing padded, or padding only at its end, sliced off on
   the host), the masked efficient kernel only where padding sits inside the block (two padded
-  streams side by side) or the model passes an attention mask;
+  streams side by side) or the model hands its attention a mask (a key mask, or a whole-sequence
+  pair mask, bool or additive: every block of keys, padding alone included), as the engine saw it;
 - every collective got `cuda` tensors;
 - zero host synchronisations inside the forward, except (a) the cache's one decision per call
   once it has a previous residual to compare with, (b) Mochi's own diffusers attention
@@ -27,6 +28,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
 
 from collections import Counter  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 from typing import Any  # noqa: E402
@@ -42,7 +44,7 @@ from accel.compose import _cache_group, _real_tokens  # noqa: E402
 from accel.models.base import Family  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from accel.parallel.cfg import CfgParallel  # noqa: E402
-from accel.parallel.layout import SequenceLayout  # noqa: E402
+from accel.parallel.layout import SequenceLayout, group_runs  # noqa: E402
 from accel.parallel.mesh import Degrees, ParallelMesh  # noqa: E402
 from accel.parallel.outputs import sample_of  # noqa: E402
 from accel.parallel.plan import ContextParallel  # noqa: E402
@@ -147,12 +149,12 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
                     num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
     if name == "ltx2":  # packed video tokens and LTX2_AUDIO audio tokens, each with its own text
         mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
-        return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+        return {**dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
                     audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
                     encoder_hidden_states=randn(batch, text, config["caption_channels"]),
                     audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]), timestep=t,
                     encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w,
-                    audio_num_frames=LTX2_AUDIO, return_dict=False)
+                    audio_num_frames=LTX2_AUDIO, return_dict=False), **dfr_inputs(config, grid, batch, t)}
     if name == "sd3":  # latents before patching (2x2)
         return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
@@ -216,21 +218,21 @@ def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     return [SequenceLayout(lengths[stream], world) for stream in family.parallel.attention_keys]
 
 
-def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int) -> Counter[Kernel]:
+def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int, masked: bool) -> Counter[Kernel]:
     """The kernel of every ring block of `calls` attention calls, by the rule in the module docstring
-    (a block holding only padding runs none). Plain Python: this runs under fake mode."""
+    (a block holding only padding runs none, unless the model's mask (`masked`) makes every block
+    masked). Plain Python: this runs under fake mode."""
     layouts = key_layouts(family, grid, degrees.sequence)
 
     def valid(shard: int) -> list[bool]:  # which of shard p's key slots are real, stream after stream
         return [p * layout.shard + i < layout.length for layout in layouts for i in range(layout.shard) for p in [shard]]
 
-    masked_model = family.name in ("hunyuan", "hunyuan15")  # their forwards always build a joint attention mask
     kernels: Counter[Kernel] = Counter()
     for source in range(degrees.ring):  # ring rank `source` holds Ulysses shards source*U .. source*U+U-1
         block = [slot for u in range(degrees.ulysses) for slot in valid(source * degrees.ulysses + u)]
         real = sum(block)
         prefix = block == [i < real for i in range(len(block))]
-        if masked_model or not prefix:
+        if masked or not prefix:
             kernels[Kernel("efficient", True)] += calls
         elif real:
             kernels[Kernel("flash", False)] += calls
@@ -252,6 +254,10 @@ def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool)
     a call the cache skips runs block 0 alone."""
     blocks = 1 if cached else config.get("num_layers", config.get("n_layers", config.get("num_visual_blocks"))) + config.get("num_single_layers", 0)
     return blocks * batch if name == "mochi" else blocks
+
+
+# Families whose forwards always hand their attention a mask (a joint text mask), whatever the call.
+MASKING = {"hunyuan", "hunyuan15"}
 
 
 def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
@@ -286,12 +292,14 @@ class Layout:
 
 @dataclass
 class Accelerated:
-    """A transformer under the engines as `accel.apply` installs them, and how to undo that."""
+    """A transformer under the engines as `accel.apply` installs them, and how to undo that;
+    `masks`: (shape, dtype) of each attention mask the engine was handed (None: no mask)."""
 
     transformer: torch.nn.Module
     events: StepEvents
     cache: FirstBlockCache | None
     undo: list[Any]
+    masks: list[tuple[tuple[int, ...], torch.dtype] | None]
 
     def remove(self) -> None:
         while self.undo:
@@ -304,10 +312,18 @@ def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mes
     assert family.parallel is not None
     events = StepEvents(ToyScheduler())
     undo: list[Any] = []
+    masks: list[tuple[tuple[int, ...], torch.dtype] | None] = []
     engine = None
     if layout.degrees.sequence > 1:
         engine = ContextParallel(transformer, family.parallel, mesh)
         undo.append(engine.remove)
+        attend = engine._attend
+
+        def seeing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+            masks.append(None if mask is None else (tuple(mask.shape), mask.dtype))
+            return attend(q, k, v, mask, scale)
+
+        engine._attend = seeing  # type: ignore[method-assign]  # this instance's router is made from it at each forward
     if layout.cfg > 1:
         assert family.cfg is not None
         cfg = CfgParallel({"transformer": transformer}, family.cfg, family.parallel.batch_args, mesh, events)
@@ -318,7 +334,7 @@ def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mes
         cache = cache_class(transformer, family.blocks, threshold=0.1, primary_stream=family.primary_stream, events=events,
                             group=_cache_group(handle), real_tokens=_real_tokens(engine, family.primary_stream))
         undo.append(cache.remove)
-    return Accelerated(transformer, events, cache, undo)
+    return Accelerated(transformer, events, cache, undo, masks)
 
 
 class PlainPending:
@@ -360,11 +376,25 @@ def fake_transformer(cls: type, config: dict[str, Any]) -> torch.nn.Module:
     return _BUILT[key]
 
 
+Arguments = Callable[[dict[str, Any], Grid, int], dict[str, Any]]  # (config, grid, batch) -> the transformer's arguments
+def dfr_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """LTX-2.5 DFR's transformer: a per-token keyframe marker (the first latent frame's tokens, 1) and
+    per-token timesteps (its conditioning lowers some), both cut with the video tokens."""
+    if not config.get("use_keyframes_abs_pos_embedding"):
+        return {}
+    first = torch.arange(grid.tokens, device="cuda") < grid.rows * grid.cols
+    scalar = t.reshape(-1)[:1].expand(batch)  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
+    return dict(video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1), timestep=scalar[:, None] * (~first).to(DTYPE),
+                sigma=scalar, audio_timestep=scalar, audio_sigma=scalar, use_cross_timestep=True)
+
+
 def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, rank: int,
-               cache_class: type[FirstBlockCache] = FirstBlockCache, overrides: dict[str, Any] | None = None) -> None:
+               cache_class: type[FirstBlockCache] = FirstBlockCache, overrides: dict[str, Any] | None = None,
+               family: Family | None = None, arguments: Arguments | None = None) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
     """Denoising steps of `layout` as `rank` (two with the cache: the second is its first comparison),
-    every check of the module docstring on each call this rank computes."""
-    family = FAMILIES[name]
+    every check of the module docstring on each call this rank computes. `family` (a variant's plan)
+    and `arguments` replace the family's and `inputs`; returns the masks the engine was handed."""
+    family = family or FAMILIES[name]
     config = {**config, **(tiny_overrides(name, config) if overrides is None else overrides)}
     transformer = fake_transformer(cls, config)
     with fake_rank(rank, layout.world):
@@ -372,12 +402,14 @@ def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, ran
         with fake_cuda(_MODE):
             accelerated = accelerate(transformer, family, layout, mesh, cache_class)
             try:
-                run_steps(name, family, config, layout, rank, accelerated)
+                run_steps(name, family, config, layout, rank, accelerated, arguments)
             finally:
                 accelerated.remove()
+    return accelerated.masks
 
 
-def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout, rank: int, accelerated: Accelerated) -> None:
+def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout, rank: int, accelerated: Accelerated,
+              arguments: Arguments | None = None) -> None:
     # Batched CFG: both branches in one call; CFG in two calls: two calls per step, one per half.
     batch = 2 if family.cfg == "batch" and layout.cfg > 1 else 1
     calls = 2 if family.cfg == "calls" and layout.cfg > 1 else 1
@@ -387,14 +419,16 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
     for step in range(steps):
         outputs = []
         for call in range(calls):
-            arguments = inputs(name, config, layout.grid, batch)
+            call_arguments = arguments(config, layout.grid, batch) if arguments else inputs(name, config, layout.grid, batch)
+            seen = len(accelerated.masks)
             # The cache's scalar read is scripted "no change", so the second step skips.
-            output, probe = run_probed(lambda: accelerated.transformer(**arguments), scalars=[0.0])
+            output, probe = run_probed(lambda: accelerated.transformer(**call_arguments), scalars=[0.0])
+            masked = any(mask is not None for mask in accelerated.masks[seen:])
             sample = sample_of(output)
             outputs.append(torch.stack(sample) if isinstance(sample, list) else sample)  # Z-Image: one tensor per sample
             if call == mine:
                 compared = layout.cache and step == 1
-                check_call(name, family, config, layout, probe, batch, compared, rank)
+                check_call(name, family, config, layout, probe, batch, compared, rank, masked)
                 if compared:
                     assert accelerated.cache is not None and accelerated.cache.stats.records[-1].cached
         accelerated.events.scheduler.step()
@@ -404,13 +438,14 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
 
 
 def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout, probe: Probe, batch: int, compared: bool,
-               rank: int = 0) -> None:
+               rank: int = 0, masked: bool = False) -> None:
     """Kernels, collectives and syncs of one transformer call this rank computed (`compared`: the
-    cache compared this call with the last and, as scripted, skipped the later blocks)."""
+    cache compared this call with the last and, as scripted, skipped the later blocks; `masked`: the
+    model handed the engine an attention mask in it)."""
     local_batch = batch // layout.cfg if family.cfg == "batch" else batch
     if layout.degrees.sequence > 1:
         calls = attention_calls(name, config, local_batch, compared)
-        expected = expected_kernels(family, layout.grid, layout.degrees, calls)
+        expected = expected_kernels(family, layout.grid, layout.degrees, calls, masked)
         expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
         assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
     assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
@@ -442,7 +477,9 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
     cls, config, _, _ = tiny_configs[name]
     if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens
         layout = replace(layout, ulysses=layout.ulysses * layout.cfg, cfg=1)
-    run_layout(name, cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
+    masks = run_layout(name, cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
+    if layout.degrees.sequence > 1:
+        assert any(masks) == (name in MASKING), masks
 
 
 # -- real widths ------------------------------------------------------------------------------------------
@@ -528,6 +565,112 @@ def test_token_replace_first_frame_count_on_fake_cuda(rank_of: str, tiny_configs
     cls, config, _, _ = tiny_configs["hunyuan"]
     layout = Layout(world=3, ring=3, grid=Grid(frames=2, rows=5, cols=7, text=37))
     run_layout("hunyuan", cls, {**config, "image_condition_type": "token_replace"}, layout, 0 if rank_of == "first" else layout.world - 1)
+
+
+# -- plan features one rank at a time: grouped tokens, whole-sequence pair masks ----------------------------
+@pytest.fixture(scope="session")
+def animate_config() -> dict[str, Any]:
+    """Wan Animate's tiny transformer config (build_tiny_animate), built once on the CPU."""
+    from accel.models.wan import build_tiny_animate
+
+    return dict(build_tiny_animate().transformer.config)
+
+
+def animate_inputs(config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
+    """What WanAnimatePipeline hands its transformer: the reference frame and `grid.frames` - 1 latent
+    frames (noise, condition latents and mask: 2C + 4 channels), the pose latents, the CLIP picture
+    features and 4 (F - 1) - 3 face crops, which the face encoder turns into one motion item per frame
+    after the reference's (the transformer prepends a zero item for it)."""
+    f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
+    latent = config["latent_channels"]
+    return dict(hidden_states=randn(batch, 2 * latent + 4, f, h, w), pose_hidden_states=randn(batch, latent, f - 1, h, w),
+                timestep=torch.full((batch,), 500.0, device="cuda", dtype=DTYPE),
+                encoder_hidden_states=randn(batch, grid.text, config["text_dim"]),
+                encoder_hidden_states_image=randn(batch, 5, config["image_dim"]),
+                face_pixel_values=randn(batch, 3, 4 * (f - 1) - 3, config["motion_encoder_size"], config["motion_encoder_size"]),
+                return_dict=False)
+
+
+# 5 latent frames of 3x5 patches, 75 tokens: Ulysses 2's shards of 38 end mid-frame 2, Ring 3's of 25 mid-frames 1 and 3.
+ANIMATE_GRID = Grid(frames=5, rows=3, cols=5, text=37)
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("layout", [Layout(world=2, ulysses=2, grid=ANIMATE_GRID), Layout(world=3, ring=3, grid=ANIMATE_GRID)], ids=str)
+def test_grouped_tokens_on_fake_cuda(layout: Layout, rank_of: str, animate_config: dict[str, Any]) -> None:
+    """Wan Animate's face adapter (GroupedTokens) on each rank's own frames, a frame the ranks cut run
+    as a frame of its own: the runs are host arithmetic on the layout, so no sync; every slice, the
+    padding it appends and the adapter's local attention stay on the device; the blocks' attention
+    runs flash (padding only at the end of the last shard, cut on the host)."""
+    from diffusers import WanAnimateTransformer3DModel
+
+    from accel.models.variants import variant_of
+
+    wan = FAMILIES["wan"]
+    family = replace(wan, parallel=variant_of(wan, "WanAnimatePipeline").parallel)
+    rank = 0 if rank_of == "first" else layout.world - 1
+    runs: list[int] = []  # tokens of each face adapter call
+    adapters = fake_transformer(WanAnimateTransformer3DModel, animate_config).face_adapter
+    hooks = [adapter.to_q.register_forward_pre_hook(lambda _m, args: runs.append(args[0].shape[1])) for adapter in adapters]
+    try:
+        masks = run_layout("wan", WanAnimateTransformer3DModel, animate_config, layout, rank, overrides={}, family=family,
+                           arguments=animate_inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert masks and not any(masks)
+    own = [run.tokens for run in group_runs(SequenceLayout(ANIMATE_GRID.tokens, layout.world), rank, ANIMATE_GRID.frames)]
+    assert len(own) == 2 and runs == own * len(adapters)  # a part of a cut frame and whole frames, per adapter
+
+
+# SkyReels-V2 diffusion forcing with causal blocks of 2 latent frames: 4 frames of 5x7 (140 tokens) on Ring 3,
+# 6 of them (210) on CFG-free USP 2x2 with the cache; neither divides.
+CAUSAL_BLOCKS = [Layout(world=3, ring=3, grid=Grid(frames=4, rows=5, cols=7, text=37)),
+                 Layout(world=4, ulysses=2, ring=2, cache=True, grid=Grid(frames=6, rows=5, cols=7, text=37))]
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("layout", CAUSAL_BLOCKS, ids=str)
+def test_block_causal_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_configs: Any) -> None:
+    """The (1, 1, L, L) bool mask SkyReels-V2's forward builds when `num_frame_per_block` > 1 reaches
+    the engine whole; each rank pads it once, slices its rows and each key block's columns on the
+    device (no sync), and every ring block runs the masked efficient kernel."""
+    cls, config, _, _ = tiny_configs["skyreels2"]
+    tokens = layout.grid.tokens
+    # As the pipeline's causal_block_size sets it; out of _use_default_values, which from_config would reset.
+    config = {**{key: value for key, value in config.items() if key != "_use_default_values"}, "num_frame_per_block": 2}
+    masks = run_layout("skyreels2", cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
+    assert set(masks) == {((1, 1, tokens, tokens), torch.bool)}
+
+
+def ltx2_reference_mask_inputs(config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
+    """LTX-2's inputs with LTX2InContextPipeline's (B, L, L) float self-attention mask over the video
+    tokens (multiplicative strengths in [0, 1], made an additive bias by the transformer)."""
+    return dict(inputs("ltx2", config, grid, batch), video_self_attention_mask=torch.rand(batch, grid.tokens, grid.tokens, device="cuda"))
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("layout", [Layout(world=3, ring=3, grid=UNEVEN),
+                                    Layout(world=8, ulysses=2, ring=2, cfg=2, cache=True, grid=UNEVEN)], ids=str)
+def test_additive_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_configs: Any) -> None:
+    """LTX-2 IC-LoRA's reference-strength mask: diffusers' attention pads it with the cut key count and
+    repeats it per head, (B, H, L, L + keys); the engine drops those columns, takes its rows, Ulysses
+    heads and key blocks, excludes padded keys, all on the device with no sync; CFG halves take their
+    batch of it; every ring block of the video self-attention runs the masked efficient kernel (the
+    audio's attention to the video stays flash)."""
+    cls, config, _, _ = tiny_configs["ltx2"]
+    rank = 0 if rank_of == "first" else layout.world - 1
+    masks = run_layout("ltx2", cls, config, layout, rank, arguments=ltx2_reference_mask_inputs)
+    heads = tiny_overrides("ltx2", config)["num_attention_heads"]  # a CFG half's batch of 1, its padding columns dropped
+    assert set(masks) == {None, ((1, heads, UNEVEN.tokens, UNEVEN.tokens), torch.bfloat16)}
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+def test_dfr_keyframe_marker_on_fake_cuda(rank_of: str, tiny_configs: Any) -> None:
+    """LTX-2.5 DFR's transformer on Ring 3 at 7 latent frames of 5x7 (a DFR canvas with an appended
+    keyframe and a slot, 245 tokens): its keyframe marker and per-token timesteps are cut with the
+    tokens, on the device, with no host sync."""
+    cls, config, _, _ = tiny_configs["ltx2"]
+    layout = Layout(world=3, ring=3, grid=Grid(frames=7, rows=5, cols=7, text=37))
+    run_layout("ltx2", cls, {**config, "use_keyframes_abs_pos_embedding": True}, layout, 0 if rank_of == "first" else layout.world - 1)
 
 
 def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:

@@ -59,7 +59,11 @@ def test_under_torchrun_the_command_uses_the_jobs_ranks(tmp_path: Path) -> None:
 
 
 def test_an_error_every_rank_hits_is_shown_once(tmp_path: Path) -> None:
-    result = _accel("run", "tiny-flux", "--gpus", "2", "--height", "48", "--width", "48", "--steps", "1",
+    """A saved folder's family is known only on the ranks (an alias's --out is checked before they start)."""
+    import accel
+
+    accel.load_pipeline("tiny-flux").save_pretrained(tmp_path / "saved-flux")
+    result = _accel("run", "saved-flux", "--gpus", "2", "--height", "48", "--width", "48", "--steps", "1",
                     "--out", "x.mp4", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png"

@@ -69,6 +69,15 @@ def test_a_whole_sequence_pair_mask_equals_sdpa(rank_pools, ulysses: int, ring: 
     assert max(errors) <= TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("ulysses,ring,tokens,heads", [(2, 1, 37, 4), (1, 3, 37, 4), (2, 2, 37, 4), (2, 1, 37, 3)], ids=str)
+def test_an_additive_pair_mask_per_head_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int, heads: int) -> None:
+    """A float (1, H, L, L) bias (LTX-2 IC-LoRA's reference strength): each rank's rows, its Ulysses
+    heads (3 heads on 2 ranks: padded as q's), each key block's columns; -inf blocks drop out of the
+    merge without NaN, -10000 counts as on one process; padded keys stay excluded (37 on 2, 3, 4)."""
+    errors = rank_pools(ulysses * ring).run(cases.pair_mask_error, ulysses, ring, tokens, 6, True, heads)
+    assert max(errors) <= TOLERANCE["float32"]
+
+
 # (ulysses, ring, heads): head counts the Ulysses degree does not divide, Ulysses alone and USP.
 UNEVEN_HEADS = [(2, 1, 3), (3, 1, 4), (4, 1, 5), (4, 1, 7), (2, 2, 3), (2, 2, 5)]
 

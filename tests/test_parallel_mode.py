@@ -72,6 +72,22 @@ def test_a_pairwise_mask_reaches_the_engine_as_its_key_mask_where_the_plan_says_
         F.scaled_dot_product_attention(q, q, q, attn_mask=square)
 
 
+def test_a_whole_sequence_float_mask_reaches_the_engine_without_diffusers_padding() -> None:
+    """LTX-2 IC-LoRA's (B, L, L) bias on a cut sequence of s tokens: diffusers' prepare_attention_mask
+    appends s zero columns and repeats it per head, (B, H, L, L + s); the engine gets the (B, H, L, L)
+    view, a whole-sequence pair mask."""
+    from accel.parallel.mode import is_whole_pairwise
+
+    seen: list[torch.Tensor] = []
+    q = torch.randn(2, 4, 3, 8)  # 3 of the sequence's 7 tokens on this rank
+    bias = torch.randn(2, 4, 7, 7)
+    padded = F.pad(bias, (0, 3))
+    with AttentionRouter(lambda q, k, v, m, s: seen.append(m) or q):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=padded)
+    assert seen[0].shape == (2, 4, 7, 7) and seen[0].data_ptr() == padded.data_ptr() and torch.equal(seen[0], bias)
+    assert is_whole_pairwise(seen[0], 3) and not is_whole_pairwise(seen[0], 7)
+
+
 def test_local_calls_keep_plain_sdpa_masks_included() -> None:
     q, mask = torch.randn(1, 2, 3, 4), torch.zeros(1, 1, 3, 3)  # a float mask the engine would refuse
     with AttentionRouter(lambda *a: pytest.fail("routed"), is_local=lambda: True):
@@ -95,3 +111,16 @@ def test_the_router_is_left_even_when_the_forward_fails() -> None:
     assert torch.allclose(F.scaled_dot_product_attention(q, q, q), F.softmax(q @ q.transpose(-1, -2) / 2, -1) @ q, atol=1e-6)
     engine.remove()
     assert "forward" not in vars(module)
+
+
+def test_per_tensor_results_keep_the_latest_where_bounded() -> None:
+    """Pair masks are cached with keep=1: one mask every block shares is computed once; masks a model
+    makes anew per block (LTX-2's, repeated per head by diffusers) are not all held until the forward ends."""
+    from accel.parallel.plan import _PerTensor
+
+    computed: list[int] = []
+    cache = _PerTensor(keep=1)
+    shared, fresh = torch.zeros(2), [torch.zeros(2) for _ in range(3)]
+    for tensor in (shared, shared, *fresh):
+        cache.get(tensor, lambda: computed.append(1) or torch.ones(1))
+    assert len(computed) == 4 and len(cache._entries) == 1

@@ -67,7 +67,13 @@ def tree(tmp_path: Path) -> Path:
     [
         (["run", "tiny-flux", "--out", "adir.png", "--overwrite"], "--out adir.png is a directory; give a file name such as adir.png/out.png"),
         (["run", "tiny-flux", "--out", "adir.png", "--gpus", "2"], "--out adir.png is a directory; give a file name such as adir.png/out.png"),
-        (["run", "tiny-flux", "--out", "x.jpg"], "--out x.jpg: accel writes .png images and .mp4 videos; end the name in .png or .mp4"),
+        (["run", "tiny-flux", "--out", "x.jpg"], "--out x.jpg: FLUX.1 makes images, so the name must end in .png"),
+        (["run", "tiny-ltx2", "--pipeline", "LTX2HDRPipeline", "--out", "x.exr"],
+         "--out x.exr: LTX2HDRPipeline makes linear HDR videos, so the name must end in .mp4 (an SDR preview) or .npy (the linear float32 frames)"),
+        (["run", "tiny-ltx2", "--out", "x.npy"], "--out x.npy: LTX-2 makes videos, so the name must end in .mp4"),
+        (["run", "org/model", "--out", "x.jpg"],  # a hub repo's family is known only once it loads
+         "--out x.jpg: accel writes .png images, .mp4 videos, .npy linear HDR frames and .pt latents (of a multi-pass pipeline); "
+         "end the name in .png, .mp4, .npy or .pt"),
         (["run", "tiny-flux", "--out", "afile/x.png"], "--out afile/x.png: afile is a file, not a folder; choose another --out"),
         (["run", "tiny-flux", "--out", "taken.png"], "taken.png already exists; pass --overwrite to replace it or choose another --out"),
         (["run", "tiny-flux", "--out", "taken.png", "--gpus", "2"], "taken.png already exists; pass --overwrite to replace it or choose another --out"),

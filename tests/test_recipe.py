@@ -249,7 +249,7 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
                                "interval, disable_before, disable_after, mag_ratios, warmup_steps, max_consecutive_cached, "
                                "max_cached_steps)"),
-    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora)"),
+    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)"),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
     ({"cache": {"threshold": float("nan")}}, "[cache] threshold must be a number >= 0, got nan"),

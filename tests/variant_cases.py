@@ -70,13 +70,31 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
     common = {key: value for key, value in call.items() if key in taken}  # Fill has no negative prompt
     # A variant's own input files (Animate's pose video), unless the call brings its own (a face crop).
     named = {spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
-             for spec in variant.inputs if spec.required and spec.when is None}
+             for spec in variant.inputs if spec.required and spec.when is None and spec.kind != "latents"}
+    fixed: dict[str, Any] = {}  # a latent input's fields, from a pass of the pipeline that makes them at the call's size
+    for spec in (spec for spec in variant.inputs if spec.kind == "latents"):
+        fields = latent_pass(family, spec.made_by[0], call.get("prompt", "a red fox"), size, frames)
+        named.update({keyword: fields[field] for field, keyword in spec.fields})
+        fixed.update(spec.settings(fields) if spec.settings else {})
     if variant.references is not None:  # a reference clip of the call's length (IC-LoRA's depth or pose video)
         named[variant.references.keyword] = [condition_object(variant.references, clip(size, frames), 0, 1.0, tiny=True)]
     if variant.conditions is not None:  # one that replaces the first latent frame, one appended as extra tokens
         named[variant.conditions.keyword] = [condition_object(variant.conditions, picture(size), 0, 1.0, tiny=True),
                                              condition_object(variant.conditions, picture(size), -1, 0.8, tiny=True)]
-    return {**named, **dict(variant.arguments), **common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed)}
+    return {**named, **dict(variant.arguments), **common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed), **fixed}
+
+
+_passes: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def latent_pass(family: str, pipeline_class: str, prompt: str, size: tuple[int, int], frames: int) -> dict[str, Any]:
+    """The latent output fields of one seed-0 pass of `pipeline_class` (what `--out NAME.pt` saves), once per process."""
+    key = (family, pipeline_class, prompt, size, frames)
+    if key not in _passes:
+        result = variant_pipeline(family, pipeline_class)(prompt=prompt, width=size[0], height=size[1], num_frames=frames,
+                                                          generator=torch.Generator().manual_seed(0), output_type="latent")
+        _passes[key] = {name: getattr(result, name) for name in variant_of(FAMILIES[family], pipeline_class).latent_output}
+    return _passes[key]
 
 
 def call_parameters(pipeline_class: str) -> set[str]:
@@ -101,6 +119,19 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
         handle.remove()
     skipped = sum(record.cached for record in stats.records) if stats is not None else 0
     return np.asarray(output_array(result)), skipped, TRAFFIC.total_bytes  # frames, images or Kandinsky 5's `image`
+
+
+def as_decoded(output: np.ndarray, family: str, pipeline_class: str) -> np.ndarray:
+    """The output in the VAE's [0, 1] range, where 1e-4 means the same for every variant: a linear
+    HDR video (LTX-2 HDR) goes back through LogC3, the exact inverse of the pipeline's last step.
+    Compared linear, values up to 55 would turn a float32 rounding of the code into 3e-4."""
+    if FAMILIES[family].output_of(pipeline_class) != "hdr-video":
+        return output
+    from diffusers.pipelines.ltx2.image_processor import LTX2VideoHDRProcessor as LogC3
+
+    linear = output.astype(np.float64)
+    logarithmic = LogC3._LOGC3_C * np.log10(np.maximum(LogC3._LOGC3_A * linear + LogC3._LOGC3_B, 1e-30)) + LogC3._LOGC3_D
+    return np.where(linear >= LogC3._LOGC3_CUT, logarithmic, LogC3._LOGC3_E * linear + LogC3._LOGC3_F)
 
 
 def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], block: str, argument: str) -> list[Any]:

@@ -9,7 +9,17 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
 
-OutputKind = Literal["image", "video"]
+# What a pipeline makes: pictures, videos with frames in [0, 1], or videos of linear light in [0, inf)
+# (LTX-2's HDR IC-LoRA pipeline), which no 8-bit file holds whole.
+OutputKind = Literal["image", "video", "hdr-video"]
+# How each kind is named in messages, and the files accel writes it as: (suffix, what that file holds),
+# the first one for a name accel picks itself. An HDR video's .mp4 is an SDR preview (linear values
+# clipped to [0, 1], then the sRGB transfer function), its .npy the linear float32 frames (frames, H, W, 3).
+OUTPUT_FILES: dict[OutputKind, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "image": ("images", ((".png", "a PNG picture"),)),
+    "video": ("videos", ((".mp4", "an H.264 video"),)),
+    "hdr-video": ("linear HDR videos", ((".mp4", "an SDR preview"), (".npy", "the linear float32 frames"))),
+}
 # How a pipeline runs classifier-free guidance: both branches batched into one transformer call,
 # or one transformer call per branch per step.
 CfgStyle = Literal["batch", "calls"]
@@ -209,12 +219,34 @@ class NamedInput:
     (`[generate] inputs`) fills: Wan Animate's pose and face videos, CogVideoX Fun's control video.
     The call receives a "video" as a list of RGB PIL frames, an "image" as one RGB PIL image.
     `when` = (argument, value) makes a required input required only for calls with that argument
-    (Animate's background video, needed when `mode` is "replace")."""
+    (Animate's background video, needed when `mode` is "replace").
+
+    A "latents" input is the latent output an earlier pass saved (`--out NAME.pt` on a variant with
+    `latent_output`), for a multi-pass workflow: `fields` says which saved output field goes to which
+    call keyword, `made_by` names the pipelines whose output it takes (for the error a wrong file
+    gets), and `settings` gives the call keywords the fields fix (the size of the canvas they hold),
+    which accel passes and a recipe may not contradict."""
 
     keyword: str
-    kind: Literal["image", "video"]
+    kind: Literal["image", "video", "latents"]
     required: bool = True
     when: tuple[str, Any] | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    made_by: tuple[str, ...] = ()
+    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Component:
+    """A component a variant's pipeline needs that the family's checkpoints do not hold: `name` is its
+    keyword in the pipeline, `cls` its class (a dotted path), loaded with `from_pretrained` from the
+    folder `[model] components` (`--component NAME=FOLDER`) names. `build` makes it without weights
+    instead (a scheduler of another class), so no folder is needed. The variant's tiny builder makes
+    every one of them itself; a folder given replaces its tiny one."""
+
+    name: str
+    cls: str
+    build: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,7 +258,11 @@ class Conditions:
     keeps the two apart), the position under `index` (None: the class has none, as IC-LoRA's
     reference videos, given as `--reference PATH@STRENGTH`), the strength under `strength`. `units`
     says what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
-    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode)."""
+    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode). `required`: a call needs at least
+    one (LTX-2 HDR makes an HDR version of its reference clip; without one there is nothing to
+    convert), refused in one line before start instead of a run of a video of nothing asked for.
+    `sets_frames`: the first one, where it is a clip, gives the call its frame count unless `[generate]
+    frames` says otherwise (HDR's output is the clip converted, frame for frame)."""
 
     cls: str
     units: str
@@ -236,6 +272,8 @@ class Conditions:
     index: str | None = "index"
     strength: str = "strength"
     tiny: tuple[tuple[str, Any], ...] = ()
+    required: bool = False
+    sets_frames: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,12 +308,18 @@ class Variant:
     sequence by position): Ulysses and Ring are then refused with that reason, every other
     accelerator still applies. `output` is what the pipeline makes where it differs from the
     family's (Kandinsky 5's text-to-image pipeline makes pictures with a video family's transformer):
-    accel then writes that kind of file and passes no frame count; `vae` names its VAE class where it
+    accel then writes that kind of file (OUTPUT_FILES) and passes a frame count only to videos; an
+    "hdr-video" pipeline (LTX-2 HDR) is called with output_type "np" for its linear float32 frames,
+    written as `--out X.npy` whole or `--out X.mp4` as an SDR preview; `vae` names its VAE class where it
     differs from the family's (its parallel decode: accel/models/vaes.py), and `defaults` the settings
     to start from where the family's do not fit it (None: the family's). `transformer_config` are
     (config key, value) pairs the variant's transformer must have (SkyReels-V1 image-to-video reads
     32 input channels): loading another checkpoint as this variant is refused in one line, not a
-    shape error mid-run.
+    shape error mid-run. `latent_output` are the fields of its output that `--out NAME.pt` saves
+    (the call then returns latents, `output_type="latent"`), for a later pass's "latents" input
+    (`NamedInput`); empty: it hands on no latents. `components` are the components it needs beyond
+    the family's checkpoint (`Component`); `fps` the rate its videos play at, from the call's
+    arguments, where it differs from the family's (DFR's refine round plays at twice its input's).
     """
 
     pipeline_class: str
@@ -306,6 +350,9 @@ class Variant:
     vae: str | None = None
     defaults: GenerationDefaults | None = None
     transformer_config: tuple[tuple[str, Any], ...] = ()
+    latent_output: tuple[str, ...] = ()
+    components: tuple[Component, ...] = ()
+    fps: Callable[[Mapping[str, Any]], float] | None = None
 
 
 @dataclass(frozen=True)

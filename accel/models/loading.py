@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from accel.models.base import Family
 from accel.models.folder_check import check_folder, read_index, read_json
 from accel.models.lora import fuse_loras, parse_loras
 from accel.models.registry import family_of, family_of_classes, lookup, unknown_model_message
-from accel.models.variants import variant_of, variant_of_class
+from accel.models.variants import component_folders, variant_of, variant_of_class
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -96,10 +96,12 @@ def load_pipeline(
     device: str | torch.device | None = None,
     pipeline: str | None = None,
     lora: Sequence[str] | None = None,
+    components: Mapping[str, str] | None = None,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
-    `lora` lists LoRA weights ("PATH@SCALE") fused into its weights."""
+    `lora` lists LoRA weights ("PATH@SCALE") fused into its weights; `components` the folders of
+    components the variant needs beyond the model's (`Variant.components`), by name."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -113,13 +115,16 @@ def load_pipeline(
     else:
         pipe = _from_pretrained(ref, torch_dtype)
     family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
-    if pipeline and type(pipe).__name__ != pipeline:
-        variant = variant_of(family, pipeline)
+    variant = variant_of(family, pipeline) if pipeline else variant_of_class(family, type(pipe))
+    converted = bool(pipeline) and type(pipe).__name__ != pipeline
+    extra = _components(variant, component_folders(variant, components or {}, converted), torch_dtype, converted)
+    if converted:
         _refuse_other_transformer(pipe, family, variant)
         _refuse_other_config(pipe, variant)
-        pipe = _as_pipeline(pipe, variant.pipeline_class)
+        pipe = _as_pipeline(pipe, variant.pipeline_class, extra)
     else:
-        _refuse_other_config(pipe, variant_of_class(family, type(pipe)))
+        _refuse_other_config(pipe, variant)
+        pipe.register_modules(**extra)
     pipe.to(target)
     fuse_loras(pipe, loras)
     return pipe
@@ -151,13 +156,35 @@ def _refuse_other_config(pipe: Any, variant: Any) -> None:
             )
 
 
-def _as_pipeline(pipe: Any, pipeline_class: str) -> Any:
-    """The same components under another pipeline class; a component it lacks is one line."""
+def _components(variant: Any, folders: Mapping[str, str], torch_dtype: torch.dtype, converted: bool) -> dict[str, Any]:
+    """The variant's own components: each loaded from its folder where one is given, else, where the
+    model is `converted` to the variant, built without weights where it can be (a scheduler); the
+    rest the model holds (a tiny variant's builder made them)."""
+    import importlib
+
+    made: dict[str, Any] = {}
+    for component in variant.components:
+        if component.name in folders:
+            module, _, name = component.cls.rpartition(".")
+            cls = getattr(importlib.import_module(module), name)
+            try:
+                made[component.name] = cls.from_pretrained(folders[component.name], torch_dtype=torch_dtype)
+            except (OSError, ValueError) as error:
+                raise ModelError(f"[model] components: {component.name}: {folders[component.name]} could not be loaded as {name} "
+                                 f"({_first_line(error)})") from None
+        elif component.build is not None and converted:
+            made[component.name] = component.build()
+    return made
+
+
+def _as_pipeline(pipe: Any, pipeline_class: str, components: Mapping[str, Any] | None = None) -> Any:
+    """The same components under another pipeline class (with `components` added or replaced); a
+    component it lacks is one line."""
     import diffusers
 
     cls = getattr(diffusers, pipeline_class)
     try:
-        return cls.from_pipe(pipe)
+        return cls.from_pipe(pipe, **(components or {}))
     except ValueError as error:
         raise ModelError(f"[model] pipeline: {pipeline_class} cannot run this model's components ({_first_line(error)})") from None
 

@@ -8,20 +8,24 @@ AutoencoderKLLTX2Audio (a mel spectrogram) and a vocoder (the waveform).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import AudioOutput, BlockList, Conditions, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+from accel.models.base import (AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers, GenerationDefaults, NamedInput,
+                               SequenceSplit, Variant)
 
 if TYPE_CHECKING:
-    from diffusers import LTX2Pipeline
+    from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
 
 _LATENT_CHANNELS = 16
 _AUDIO_LATENT_CHANNELS = 2
 _MEL_BINS = 16  # the audio VAE compresses them 4x: 4 latent bins, 2 x 4 = 8 channels per audio token
 
 
-def _components(seed: int) -> dict[str, Any]:
-    """Every component of the tiny pipeline, each from its own seed."""
+def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
+    """Every component of the tiny pipeline, each from its own seed. `keyframes`: LTX-2.5's learned
+    marker of single-pixel-frame tokens (DFR's keyframe slots), seeded apart so the other weights
+    stay those of the plain tiny transformer."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -53,8 +57,12 @@ def _components(seed: int) -> dict[str, Any]:
                 num_layers=2,
                 caption_channels=text.hidden_size,
                 rope_type="split",  # LTX-2's: per-head (cos, sin) tables, tokens on dim 2
+                use_keyframes_abs_pos_embedding=keyframes,
             )
         )
+    if keyframes:
+        with parts.seeded(base + 7):  # built as zeros: random, so the marked tokens differ from the rest
+            transformer.keyframes_abs_pos_embedding.data.normal_(std=0.5)
     with parts.seeded(base + 3):
         # The text encoder's every hidden state (embeddings + 2 layers) is stacked and projected.
         connectors = parts.finish(
@@ -132,6 +140,35 @@ def build_tiny(seed: int = 0) -> "LTX2Pipeline":
     return LTX2Pipeline(**_components(seed))
 
 
+def build_tiny_dfr(seed: int = 0) -> "LTX2DFRPipeline":
+    """The tiny pipeline as LTX-2.5's DFR pass: a transformer with the keyframe marker, and a
+    scheduler that takes the distilled sigmas as given (DFR passes no shift `mu`)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2DFRPipeline
+
+    return LTX2DFRPipeline(**dict(_components(seed, keyframes=True), scheduler=FlowMatchEulerDiscreteScheduler()))
+
+
+def tiny_temporal_upsampler(seed: int = 0) -> Any:
+    """A seeded LTX2LatentUpsamplerModel doubling the latent frames (2F - 1), at the tiny channels."""
+    from diffusers.pipelines.ltx2 import LTX2LatentUpsamplerModel
+
+    from accel.models import _tiny_parts as parts
+
+    with parts.seeded(seed * 8 + 8):
+        return parts.finish(LTX2LatentUpsamplerModel(
+            in_channels=_LATENT_CHANNELS, mid_channels=32, num_blocks_per_stage=1, dims=3, spatial_upsample=False,
+            temporal_upsample=True))
+
+
+def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
+    """The DFR pass's components as its temporal refine round: a tiny temporal upsampler and the
+    ancestral scheduler the round requires (eta 0.5, as diffusers' example builds it)."""
+    from diffusers import LTX2DFRTemporalRefinePipeline
+
+    components = dict(_components(seed, keyframes=True), scheduler=_ancestral_scheduler())
+    return LTX2DFRTemporalRefinePipeline(**components, temporal_latent_upsampler=tiny_temporal_upsampler(seed))
+
+
 # The blocks' per-module attention: the audio attends itself and the text whole on every rank, the
 # video attends the text (left whole) and the audio locally; the audio's queries to the video are
 # whole on every rank, the video keys cut.
@@ -140,6 +177,33 @@ _BLOCK = "transformer_blocks.*."
 # Keyframes at latent frames: one at 0 replaces that frame's latents, one later joins the video tokens.
 _KEYFRAMES = Conditions("diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
                         units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))
+
+# DFR's transformer: LTX-2.5's learned marker of single-pixel-frame tokens.
+_KEYFRAME_MARKER = (("use_keyframes_abs_pos_embedding", True),)
+# What a DFR pass (or refine round) hands on with --out NAME.pt, and the refine round's keywords for it.
+_DFR_PASS = ("frames", "audio", "keyframes", "keyframe_positions")
+_REFINE_TAKES = ("latents", "audio_latents", "keyframes_latents", "keyframe_positions")
+# LTX-2's video VAE: 32x in space, 8x in time (k + 1 latent frames hold 8k + 1 frames).
+_SPACE, _TIME = 32, 8
+
+
+def _canvas_of(fields: Mapping[str, Any]) -> dict[str, int]:
+    """The refine round's input canvas, as the pass's latents (batch, channels, frames, height, width) hold it."""
+    _, _, frames, height, width = fields["frames"].shape
+    return {"num_frames": (frames - 1) * _TIME + 1, "height": height * _SPACE, "width": width * _SPACE}
+
+
+def _doubled_rate(call: Mapping[str, Any]) -> float:
+    """A refine round plays at twice its input's frame rate (the call's `frame_rate`, 24 unless given)."""
+    return 2 * float(call.get("frame_rate", 24.0))
+
+
+def _ancestral_scheduler() -> Any:
+    """The refine round's scheduler, which it refuses to run without (diffusers' example: eta 0.5)."""
+    from diffusers import LTXEulerAncestralRFScheduler
+
+    return LTXEulerAncestralRFScheduler(eta=0.5)
+
 
 FAMILY = Family(
     name="ltx2",
@@ -181,11 +245,13 @@ FAMILY = Family(
             SequenceSplit("output", "video", dim=1, module="cross_attn_rope", ndim=3),
             SequenceSplit("output", "video", dim=2, module="cross_attn_rope", ndim=4),
             SequenceSplit("timestep", "video", dim=1, ndim=2),  # image-to-video: one timestep per video token
+            # LTX-2.5 DFR: (batch, tokens, 1), 1 on the tokens of single-pixel-frame latents (first frame, slots).
+            SequenceSplit("video_keyframes_mask", "video", dim=1),
         ),
         batch_args=(
             "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
             "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
-            "video_coords", "audio_coords",
+            "video_coords", "audio_coords", "video_self_attention_mask",
         ),
     ),
     cfg="batch",
@@ -202,11 +268,39 @@ FAMILY = Family(
         Variant("LTX2ConditionPipeline", conditions=_KEYFRAMES),
         # IC-LoRA (with `--lora`): reference videos (depth, pose, …) join the tokens after the video's
         # and the keyframes', with their own positions: cut with them. `--arg
-        # conditioning_attention_strength` below 1 makes an (L, L) attention mask, which the split
-        # refuses in one line.
+        # conditioning_attention_strength` below 1 makes an (L, L) mask over the video tokens (an
+        # additive bias in the transformer, repeated per head by diffusers' attention): the engine
+        # slices it per rank and key block as any whole-sequence pair mask; CFG halves split its batch.
         Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
             "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
             index=None)),
+        # HDR IC-LoRA (with `--lora`): the SDR clip to convert (`--reference`, required; its length is
+        # the video's unless `--frames` says otherwise; the pipeline cuts a longer one) joins the tokens
+        # after the video's, as IC-LoRA's references, cut with them. It makes linear light in [0, inf)
+        # (the VAE's LogC3 output inverted), no audio: `--out X.npy` keeps the float32 frames, `--out
+        # X.mp4` is an SDR preview. `--arg reference_downscale_factor=N` for a LoRA trained on smaller
+        # references. Guidance runs batched above guidance_scale 1 (the distilled model's 1: none).
+        # Precomputed `connector_video_embeds` / `connector_audio_embeds` (tensors: a script's, with
+        # accel.apply) replace the prompt's text, kept whole on every rank as it is.
+        Variant("LTX2HDRPipeline", output="hdr-video", references=Conditions(
+            "diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora.LTX2HDRReferenceCondition", units="", keyword="reference_conditions",
+            index=None, required=True, sets_frames=True)),
+        # LTX-2.5 DFR, one pass: the video canvas padded to whole keyframe segments, then appended
+        # keyframes (--condition) and one latent frame of generated keyframe-slot tokens per segment,
+        # all one video stream cut over the ranks (their per-token timesteps and keyframe marker with
+        # them). A distilled schedule without guidance: `sigmas` (--arg) sets the steps, not --steps.
+        Variant("LTX2DFRPipeline", conditions=_KEYFRAMES, tiny=build_tiny_dfr, transformer_config=_KEYFRAME_MARKER,
+                defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121), latent_output=_DFR_PASS),
+        # A temporal refine round of a DFR pass's latents (--input latents=pass.pt): the canvas doubled
+        # in time by the temporal latent upsampler, cut into tiles on the keyframe seams, each tile
+        # (its video, its seam keyframe and a new slot, one stream) denoised under the plan with
+        # the stage-1 audio frozen; twice the frames at twice the frame rate.
+        Variant("LTX2DFRTemporalRefinePipeline", tiny=build_tiny_dfr_refine, transformer_config=_KEYFRAME_MARKER,
+                inputs=(NamedInput("latents", "latents", fields=tuple(zip(_DFR_PASS, _REFINE_TAKES, strict=True)),
+                                   made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"), settings=_canvas_of),),
+                components=(Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
+                            Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler)),
+                defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121), latent_output=_DFR_PASS, fps=_doubled_rate),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

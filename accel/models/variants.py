@@ -3,7 +3,8 @@
 A family is its transformer class, so FluxKontextPipeline or QwenImageEditPipeline get every
 accelerator the base pipeline has; what differs is the call: an input image, a mask, a video. This module
 picks the variant (`[model] pipeline`, or the class a repo loads as), checks the inputs before
-any rank starts, and opens them for the call. No torch here: it runs in the launcher's preflight.
+any rank starts, and opens them for the call. No torch at import: it runs in the launcher's preflight
+(only a latent pass's .pt file is read with torch, when one is given).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import Conditions, Family, NamedInput, Variant
+from accel.models.base import OUTPUT_FILES, Conditions, Family, NamedInput, OutputKind, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
@@ -32,6 +33,36 @@ class InputVideo(str):
 
 class InputVideos(InputVideo):
     """A clip the call receives as the only item of a list of clips (LTX's conditioning videos)."""
+
+
+class InputLatents(str):
+    """A latent .pt file an earlier pass saved: plain data (a path) until the call, when `open_inputs`
+    puts its fields under the call keywords `spec` names."""
+
+    spec: NamedInput
+
+
+def latents_input(path: str, spec: NamedInput) -> InputLatents:
+    made = InputLatents(path)
+    made.spec = spec
+    return made
+
+
+# What `--out NAME.pt` writes: the fields of a pipeline's latent output, marked as accel's, with the pipeline that made them.
+LATENTS_MARK = "accel latents"
+
+
+def load_latents(path: str) -> dict[str, Any]:
+    """A latent .pt file as saved (torch.load with weights only: tensors and plain values, no code)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def latent_settings(path: InputLatents) -> dict[str, Any]:
+    """The call keywords the saved fields fix (the canvas they hold), as the input's spec says."""
+    spec = path.spec
+    return dict(spec.settings(load_latents(path)["fields"])) if spec.settings is not None else {}
 
 
 class FrameMask(str):
@@ -60,6 +91,46 @@ def variant_of_class(family: Family, cls: type) -> Variant:
         if name in family.pipeline_classes:
             return variant_of(family, name)
     return Variant(cls.__name__)
+
+
+def made_by(family: Family, pipeline_class: str) -> tuple[str, OutputKind]:
+    """What `pipeline_class` makes, and the name a message gives its maker: the family's title, or
+    the pipeline class where it makes another kind than the family (Kandinsky 5's image pipelines)."""
+    kind = family.output_of(pipeline_class)
+    return (family.title if kind == family.output else pipeline_class), kind
+
+
+def planned_output(family: Family, pipeline: str | None) -> tuple[str, OutputKind]:
+    """`made_by` for the pipeline a run asks for (`[model] pipeline`, else the family's own)."""
+    return made_by(family, variant_of(family, pipeline or family.pipeline_class).pipeline_class)
+
+
+def check_out_suffix(out: Path, maker: str, kind: OutputKind) -> None:
+    """`--out` must end in a suffix accel writes this kind of output as (OUTPUT_FILES); else one line
+    naming each accepted one (an HDR video's two: the .npy frames, the .mp4 preview)."""
+    noun, files = OUTPUT_FILES[kind]
+    if out.suffix.lower() not in [suffix for suffix, _ in files]:
+        endings = files[0][0] if len(files) == 1 else " or ".join(f"{suffix} ({what})" for suffix, what in files)
+        raise UserError(f"--out {out}: {maker} makes {noun}, so the name must end in {endings}")
+def component_folders(variant: Variant, given: Mapping[str, str], converted: bool) -> dict[str, str]:
+    """`[model] components` checked against what the variant needs beyond the family's checkpoint:
+    a name it does not take, a folder that is not there, or, where the model is `converted` to the
+    variant (not saved as it, nor its tiny builder), a missing one that cannot be built without
+    weights, is one line before loading."""
+    declared = {component.name: component for component in variant.components}
+    for name, folder in given.items():
+        if name not in declared:
+            takes = f"it takes {', '.join(declared)}" if declared else "it needs none besides the model's"
+            raise UserError(f"[model] components: {variant.pipeline_class} takes no component {name} ({takes})")
+        if not Path(folder).expanduser().is_dir():
+            raise UserError(f"[model] components: {name}: {folder} is not a folder; pass the folder a {declared[name].cls.rpartition('.')[2]} "
+                            "was saved to (save_pretrained)")
+    for component in variant.components:
+        if converted and component.build is None and component.name not in given:
+            cls = component.cls.rpartition(".")[2]
+            raise UserError(f"{variant.pipeline_class} needs a {component.name} ({cls}) the model does not hold: pass --component "
+                            f"{component.name}=FOLDER ([model] components), the folder it was saved to")
+    return {name: str(Path(folder).expanduser()) for name, folder in given.items()}
 
 
 def refuse_split(variant: Variant, sequence: int) -> None:
@@ -122,11 +193,39 @@ def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments:
             if _required(spec, arguments):
                 condition = f" when {spec.when[0]} is {spec.when[1]!r}" if spec.when else ""
                 raise UserError(f"{variant.pipeline_class} needs an input {spec.keyword}{condition}: pass --input {spec.keyword}=PATH "
-                                f"([generate] inputs), {'a video' if spec.kind == 'video' else 'an image'} file")
+                                f"([generate] inputs), {_KINDS[spec.kind](spec)}")
             continue
         name = f"inputs {spec.keyword}"
-        opened[spec.keyword] = InputVideo(_readable_video(name, path)) if spec.kind == "video" else InputImage(_readable_image(name, path))
+        if spec.kind == "latents":
+            opened[spec.keyword] = latents_input(_readable_latents(name, path, spec), spec)
+        else:
+            opened[spec.keyword] = InputVideo(_readable_video(name, path)) if spec.kind == "video" else InputImage(_readable_image(name, path))
     return opened
+
+
+# What each kind of named input is, for the line a missing or wrong one gets.
+_KINDS = {"image": lambda _spec: "an image file", "video": lambda _spec: "a video file",
+          "latents": lambda spec: f"the .pt file `accel run --pipeline {spec.made_by[0]} --out NAME.pt` wrote"}
+
+
+def _readable_latents(name: str, path: str, spec: NamedInput) -> str:
+    """A .pt file `--out NAME.pt` wrote, holding every field the input takes; anything else is one line."""
+    file = Path(path).expanduser()
+    expected = _KINDS["latents"](spec)
+    if file.suffix.lower() != ".pt":
+        raise UserError(f"[generate] {name}: {path} is not a latent pass (.pt); pass {expected}")
+    if not file.is_file():
+        raise UserError(f"[generate] {name}: {path} does not exist; pass {expected}")
+    try:
+        saved = load_latents(str(file))
+    except Exception:  # noqa: BLE001 - torch raises many kinds for a file that is no checkpoint; its text suggests unpickling
+        raise UserError(f"[generate] {name}: {path} is not a file of tensors torch can load safely (weights only); pass {expected}") from None
+    fields = saved.get("fields") if isinstance(saved, dict) and saved.get("kind") == LATENTS_MARK else None
+    missing = [field for field, _ in spec.fields if not isinstance(fields, dict) or field not in fields]
+    if missing or saved.get("pipeline") not in spec.made_by:
+        made = " or ".join(spec.made_by)
+        raise UserError(f"[generate] {name}: {path} is not the latent output of a {made} pass; pass {expected}")
+    return str(file)
 
 
 class InputConditions(tuple):  # type: ignore[type-arg]
@@ -149,6 +248,10 @@ def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, ke
     unreadable file is one line naming the key."""
     spec = variant.conditions if key == "conditions" else variant.references
     if not given:
+        if spec is not None and spec.required:
+            form = "PATH@INDEX:STRENGTH" if spec.index else "PATH@STRENGTH"
+            raise UserError(f"{variant.pipeline_class} needs {'a condition' if key == 'conditions' else 'a reference video'}: "
+                            f"pass --{key.removesuffix('s')} {form} ([generate] {key})")
         return {}
     if spec is None:
         raise UserError(f"[generate] {key}: {variant.pipeline_class} takes no {key}; remove --{key.removesuffix('s')}")
@@ -302,6 +405,10 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
             opened[key] = read_clip(value)
         elif isinstance(value, InputConditions):
             opened[key] = [_condition(value.spec, file, index, strength, value.tiny) for file, index, strength in value]
+        elif isinstance(value, InputLatents):
+            fields = load_latents(value)["fields"]
+            del opened[key]
+            opened.update({keyword: fields[field] for field, keyword in value.spec.fields})
     frames = max((len(opened[key]) for key, value in kwargs.items() if isinstance(value, InputVideo)), default=1)
     for key, value in kwargs.items():
         if isinstance(value, FrameMask):

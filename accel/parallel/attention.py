@@ -59,13 +59,14 @@ def usp_attention(
 ) -> Tensor:
     """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1).
 
-    `pair_mask`, when given, is a bool (B|1, N, N) over the whole padded sequence in shard order
-    (shard p's tokens at [p * shard, (p + 1) * shard)), which query may see which key (SkyReels-V2's
-    block-causal frames); every rank passes the same tensor and takes its own rows and each key
-    block's columns from it."""
+    `pair_mask`, when given, is a (B|1, H|1, N, N) mask over the whole padded sequence in shard
+    order (shard p's tokens at [p * shard, (p + 1) * shard)) relating every query to every key: a
+    bool (True: may attend; SkyReels-V2's block-causal frames) or an additive float bias (LTX-2
+    IC-LoRA's reference strength); every rank passes the same tensor and takes its own rows, its
+    Ulysses heads (when per head) and each key block's columns from it. Padded keys stay excluded."""
     ulysses = group_size(ulysses_group) if ulysses_group is not None else 1
     ring = group_size(ring_group) if ring_group is not None else 1
-    _check(q, k, v, ulysses, ring, key_valid, real_keys)
+    _check(q, k, v, ulysses, ring, key_valid, real_keys, pair_mask)
     shard, heads = k.shape[2], q.shape[1]
     if ulysses > 1:
         q, k, v = _sequence_to_heads(q, k, v, ulysses_group, ulysses)
@@ -82,8 +83,10 @@ def usp_attention(
     if pair_mask is not None:
         # After the all-to-all, ring rank r's queries (and keys) are shards r*U .. r*U + U - 1: one stretch.
         width = ulysses * shard
-        rows = pair_mask.narrow(1, group_rank(ring_group) * width, width) if ring > 1 else pair_mask
-        blocks = [_BlockKeys(block.valid, block.prefix, rows.narrow(2, r * width, width)) for r, block in enumerate(blocks)]
+        if ulysses > 1 and pair_mask.shape[1] > 1:  # a mask per head: this rank's head slots, padded as q's
+            pair_mask = _own_heads(pair_mask, ulysses_group, ulysses)
+        rows = pair_mask.narrow(2, group_rank(ring_group) * width, width) if ring > 1 else pair_mask
+        blocks = [_BlockKeys(block.valid, block.prefix, rows.narrow(3, r * width, width)) for r, block in enumerate(blocks)]
     if ring > 1:
         out = _ring(q, k, v, ring_group, ring, blocks, scale)
     else:
@@ -94,7 +97,7 @@ def usp_attention(
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: Tensor | None,
-           real_keys: RealKeys | None) -> None:
+           real_keys: RealKeys | None, pair_mask: Tensor | None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("context-parallel attention takes (batch, heads, tokens, head_dim) tensors")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
@@ -105,6 +108,9 @@ def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: 
         )
     if real_keys is not None and (key_valid is None or len(real_keys) != ulysses * ring):
         raise ValueError(f"real_keys needs key_valid and one entry per shard ({ulysses * ring}), got {len(real_keys)}")
+    tokens = ulysses * ring * k.shape[2]
+    if pair_mask is not None and (pair_mask.dim() != 4 or pair_mask.shape[1] not in (1, q.shape[1]) or pair_mask.shape[2:] != (tokens, tokens)):
+        raise ValueError(f"pair_mask must be (batch or 1, {q.shape[1]} or 1, {tokens}, {tokens}) for this group, got {tuple(pair_mask.shape)}")
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ class _BlockKeys:
 
     valid: Tensor | None
     prefix: int | None
-    pair: Tensor | None = None  # (B|1, queries, keys): which of them may meet, beside `valid`
+    pair: Tensor | None = None  # (B|1, H|1, queries, keys): bool or additive bias, beside `valid`
 
 
 def leading_real(counts: Sequence[int | None], sizes: Sequence[int]) -> int | None:
@@ -156,6 +162,15 @@ def _unpad_heads(x: Tensor, heads: int, world: int) -> Tensor:
     full = x[:, : m * (q + 1)]
     rest = x[:, m * (q + 1) :].unflatten(1, (world - m, q + 1))[:, :, :q].flatten(1, 2)
     return torch.cat([full, rest], dim=1)
+
+
+def _own_heads(mask: Tensor, group: Group, world: int) -> Tensor:
+    """This Ulysses rank's head slots of a per-head (B|1, H, ...) mask: padded and chunked as `_to_heads`
+    lays out q (a padding slot's mask is zeros, and its output is dropped)."""
+    if mask.shape[1] % world:
+        mask = _pad_heads(mask, world)
+    per = mask.shape[1] // world
+    return mask.narrow(1, group_rank(group) * per, per)
 
 
 def _to_heads(x: Tensor, group: Group, world: int) -> Tensor:
@@ -200,20 +215,29 @@ def _block(q: Tensor, k: Tensor, v: Tensor, keys: _BlockKeys, scale: float | Non
     real, or real up to a known point (cut there, unmasked kernel), or a mask."""
     if keys.prefix == 0:  # only padding here: contributes nothing to the merge
         return q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=torch.float32)
-    if keys.pair is not None:  # (B|1, 1, queries, keys)
-        allowed = keys.pair if keys.valid is None else keys.pair & keys.valid[:, None, :]
-        return _masked(q, k, v, allowed[:, None], scale)
+    if keys.pair is not None:
+        return _masked(q, k, v, keys.pair, keys.valid, scale)
     if keys.valid is None or keys.prefix == k.shape[-2]:
         return attention_with_lse(q, k, v, None, scale)
     if keys.prefix is not None:
         return attention_with_lse(q, k[..., : keys.prefix, :], v[..., : keys.prefix, :], None, scale)
-    return _masked(q, k, v, keys.valid[:, None, None, :], scale)
+    return _masked(q, k, v, keys.valid[:, None, None, :], None, scale)
 
 
-def _masked(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float | None) -> tuple[Tensor, Tensor]:
-    """Attention where `allowed` (broadcastable to (B, H, queries, keys)) says which keys each query
-    sees; a query that sees none gets lse -inf and out 0, so the merge ignores it."""
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, valid: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
+    """Attention under `mask` (broadcastable to (B, H, queries, keys)): bool, which keys each query
+    sees, or an additive float bias; `valid` (B|1, keys), when given, excludes padded keys besides.
+    A query that sees no key (all False or -inf) gets lse -inf and out 0, so the merge ignores it
+    (and no NaN); a finite large negative bias is ordinary attention, as on one process."""
+    padded = valid[:, None, None, :] if valid is not None else None
+    if mask.dtype == torch.bool:
+        allowed = mask if padded is None else mask & padded
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, float("-inf"))
+    else:
+        bias = mask.to(q.dtype)
+        if padded is not None:
+            bias = torch.where(padded, bias, float("-inf"))
+        allowed = bias != float("-inf")
     out, lse = attention_with_lse(q, k, v, bias, scale)
     has_key = allowed.any(-1)
     lse = torch.where(has_key, lse, float("-inf"))

@@ -55,6 +55,8 @@ class AttentionRouter(TorchFunctionMode):
                 "context parallelism: this transformer calls attention with a causal flag or dropout, "
                 "which the parallel engine does not handle; run it without [parallel]"
             )
+        if attn_mask is not None:
+            attn_mask = without_diffusers_padding(attn_mask, key.shape[-2])
         if self.pairwise and attn_mask is not None and _is_pairwise(attn_mask, query.shape[-2]):
             attn_mask = attn_mask.diagonal(dim1=-2, dim2=-1).unsqueeze(-2)  # (B, 1, 1, L): a view, no copy
         if attn_mask is not None and not _is_key_mask(attn_mask) and not is_whole_pairwise(attn_mask, query.shape[-2]):
@@ -110,9 +112,21 @@ def _is_pairwise(mask: Tensor, queries: int) -> bool:
 
 
 def is_whole_pairwise(mask: Tensor, queries: int) -> bool:
-    """A boolean (B|1, 1, N, N) mask over more tokens than this rank's `queries`: one the model built
-    for the whole sequence before the plan cut it (SkyReels-V2's block-causal frames)."""
-    return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2] == mask.shape[-1] > queries
+    """A (B|1, H|1, N, N) mask over more tokens than this rank's `queries`: one the model built for
+    the whole sequence before the plan cut it, boolean (SkyReels-V2's block-causal frames) or an
+    additive float bias (LTX-2 IC-LoRA's reference tokens at reduced strength)."""
+    return ((mask.dtype == torch.bool or mask.is_floating_point()) and mask.dim() == 4
+            and mask.shape[-2] == mask.shape[-1] > queries)
+
+
+def without_diffusers_padding(mask: Tensor, keys: int) -> Tensor:
+    """diffusers' `Attention.prepare_attention_mask` pads a mask whose last dim is not the key count
+    with that many columns (zeros): on a cut sequence a whole-sequence (…, N, N) pair mask reaches
+    SDPA as (…, N, N + keys). Those columns are no keys at all: the view without them. Any other
+    mask is returned as it is (decided from shapes alone)."""
+    if mask.dim() == 4 and mask.shape[-2] > keys and mask.shape[-1] == mask.shape[-2] + keys:
+        return mask[..., : mask.shape[-2]]
+    return mask
 
 
 def key_mask(mask: Tensor) -> Tensor:

@@ -69,6 +69,9 @@ class ContextParallel:
         # once per forward, so every block gets the same shard object and no repeated exchange.
         self._cuts = _PerTensor()
         self._gathered_masks = _PerTensor()
+        # A whole-sequence pair mask is (B, H|1, N, N): one shared by every block (SkyReels-V2's) is
+        # padded once; one made anew per block (diffusers repeats LTX-2's per head) is not held past it.
+        self._pair_masks = _PerTensor(keep=1)
         # Deferred cuts of this call: value -> (the argument passed, the copy the transformer holds).
         self._pending: dict[str, tuple[Any, Any]] = {}
         self._undo: list[Callable[[], None]] = []
@@ -235,6 +238,7 @@ class ContextParallel:
             self._pending.clear()
             self._cuts.clear()
             self._gathered_masks.clear()
+            self._pair_masks.clear()
         return output
 
     def _refuse_diffusers_cache(self) -> None:
@@ -394,12 +398,16 @@ class ContextParallel:
             )
 
         def pad() -> Tensor:
-            padded = torch.nn.functional.pad(mask[:, 0], (0, layout.pad, 0, layout.pad), value=False)
-            if layout.pad:  # padding queries see every key: finite, and dropped with the padding
-                padded[:, layout.length :, :] = True
+            if not layout.pad:
+                return mask
+            # Padding queries see every key (True, or bias 0): finite, and dropped with the padding;
+            # padding keys are excluded by key_valid.
+            padded = torch.nn.functional.pad(mask, (0, layout.pad, 0, layout.pad), value=0)
+            if mask.dtype == torch.bool:
+                padded[..., layout.length :, :] = True
             return padded
 
-        pairs = self._gathered_masks.get(mask, pad)
+        pairs = self._pair_masks.get(mask, pad)
         key_valid = self._pad_valid(segments, key.device)
         return usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, pair_mask=pairs)
 
@@ -489,10 +497,12 @@ def _refuse_config(plan: ParallelPlan, transformer: torch.nn.Module) -> None:
 
 class _PerTensor:
     """Results computed once per tensor object within one forward. Each entry holds its tensor, so
-    the id stays unique while cached, and its version, so an in-place change recomputes."""
+    the id stays unique while cached, and its version, so an in-place change recomputes. `keep`:
+    how many entries at most (the latest), for large tensors a model may make anew in every block."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
         self._entries: dict[int, tuple[Tensor, int, Tensor]] = {}
+        self._keep = keep
 
     def get(self, tensor: Tensor, compute: Callable[[], Tensor]) -> Tensor:
         if torch.compiler.is_compiling():  # a graph would guard on the ids held and recompile each call
@@ -501,6 +511,8 @@ class _PerTensor:
         if entry is not None and entry[0] is tensor and entry[1] == tensor._version:
             return entry[2]
         result = compute()
+        if self._keep is not None and len(self._entries) >= self._keep:
+            self._entries.pop(next(iter(self._entries)))
         self._entries[id(tensor)] = (tensor, tensor._version, result)
         return result
 
