@@ -318,28 +318,18 @@ def _apply_cache(handle: AccelHandle) -> None:
         if settings.method == "taylorseer":
             cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
                                     disable_before=settings.disable_before, disable_after=settings.disable_after, events=events)
-        elif settings.method == "magcache":
-            cache = MagCache(transformer, handle.family.blocks, threshold=settings.threshold, mag_ratios=settings.mag_ratios,
-                             warmup_steps=settings.warmup_steps, max_consecutive_cached=settings.max_consecutive_cached,
-                             max_cached_steps=settings.max_cached_steps, primary_stream=handle.family.primary_stream, events=events,
-                             group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream))
         else:
-            cache = BlockCache(
-                transformer,
-                handle.family.blocks,
-                threshold=settings.threshold,
-                first_blocks=settings.first_blocks,
-                last_blocks=settings.last_blocks,
-                calibrator=settings.calibrator,
-                taylor_order=settings.taylor_order,
-                warmup_steps=settings.warmup_steps,
-                max_consecutive_cached=settings.max_consecutive_cached,
-                max_cached_steps=settings.max_cached_steps,
-                primary_stream=handle.family.primary_stream,
-                events=events,
-                group=_cache_group(handle),
-                real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
+            # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
+            deciding = dict(
+                threshold=settings.threshold, warmup_steps=settings.warmup_steps, max_consecutive_cached=settings.max_consecutive_cached,
+                max_cached_steps=settings.max_cached_steps, primary_stream=handle.family.primary_stream, events=events,
+                group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
             )
+            if settings.method == "magcache":
+                cache = MagCache(transformer, handle.family.blocks, mag_ratios=settings.mag_ratios, **deciding)
+            else:
+                cache = BlockCache(transformer, handle.family.blocks, first_blocks=settings.first_blocks, last_blocks=settings.last_blocks,
+                                   calibrator=settings.calibrator, taylor_order=settings.taylor_order, **deciding)
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then

@@ -200,15 +200,27 @@ class BlockCache(StepCache[_BranchState]):
     def _decide(self, residual: torch.Tensor) -> bool:
         """Skip the middle blocks this call? Kept out of compiled code (whole-transformer compile):
         it reads tensor values and step counters, which a graph would have to guard on."""
-        branch, state = self.branch_state()
-        step = self.events.step_index if self.events is not None else state.calls
-        state.calls += 1
+        branch, state, step = self._position()
         change = None
         if state.head_residual is not None and state.head_residual.shape == residual.shape:
             change = self._relative_change(residual, state.head_residual)
+        skipping = self._conclude(branch, state, step, change, change is not None and change < self.threshold)
+        if not skipping:
+            state.head_residual = residual
+        return skipping
+
+    def _position(self) -> tuple[int, _BranchState, int]:
+        """This call's branch, its state and its step (the call count without step events)."""
+        branch, state = self.branch_state()
+        step = self.events.step_index if self.events is not None else state.calls
+        state.calls += 1
+        return branch, state, step
+
+    def _conclude(self, branch: int, state: _BranchState, step: int, change: float | None, below: bool) -> bool:
+        """The decision once the method's own rule says `below`: only with a computed residual to
+        stand in, past the warm-up and within the limits; recorded and counted for the branch."""
         skipping = (
-            change is not None
-            and change < self.threshold
+            below
             and state.computed
             and step >= self.warmup_steps
             and (self.max_consecutive_cached == 0 or state.consecutive_cached < self.max_consecutive_cached)
@@ -220,7 +232,6 @@ class BlockCache(StepCache[_BranchState]):
             state.cached += 1
         else:
             state.consecutive_cached = 0
-            state.head_residual = residual
         self._state, self._step = state, step
         return skipping
 

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 
 from accel.cache.blocks import BlockCache, _BranchState
-from accel.cache.stats import CallRecord
 from accel.models.base import BlockList
 from accel.steps import StepEvents
 
@@ -84,29 +83,15 @@ class MagCache(BlockCache):
         return curve[low] + (curve[low + 1] - curve[low]) * (position - low)
 
     def _decide_at_start(self) -> bool:
-        branch, state = self.branch_state()
+        branch, state, step = self._position()
         assert isinstance(state, _MagState)
-        step = self.events.step_index if self.events is not None else state.calls
-        state.calls += 1
-        skipping = False
-        if not self.calibrate:
-            state.ratio *= self.curve_ratio(branch, step)
-            state.error += abs(1.0 - state.ratio)
-            skipping = (
-                state.computed
-                and step >= self.warmup_steps
-                and state.error < self.threshold
-                and (self.max_consecutive_cached == 0 or state.consecutive_cached < self.max_consecutive_cached)
-                and (self.max_cached_steps == 0 or state.cached < self.max_cached_steps)
-            )
-        self.stats.records.append(CallRecord(step, branch, None if self.calibrate else state.error, skipping))
-        if skipping:
-            state.consecutive_cached += 1
-            state.cached += 1
-        else:
-            state.consecutive_cached = 0
+        if self.calibrate:
+            return self._conclude(branch, state, step, None, False)
+        state.ratio *= self.curve_ratio(branch, step)
+        state.error += abs(1.0 - state.ratio)
+        skipping = self._conclude(branch, state, step, state.error, state.error < self.threshold)
+        if not skipping:
             state.ratio, state.error = 1.0, 0.0
-        self._state, self._step = state, step
         return skipping
 
     def _computed(self, spec: BlockList, final: dict[str, Any], start: dict[str, Any]) -> None:
