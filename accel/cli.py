@@ -216,7 +216,7 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
     return base.with_overrides({section: keys for section, keys in given.items() if keys}, source="command line")
 
 
-def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
+def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[str, ...] = ()) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
     from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
     from accel.models.lora import parse_loras
@@ -233,7 +233,7 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
-    return _rerun_on_ranks(ctx, spec)
+    return _rerun_on_ranks(ctx, spec, extra)
 
 
 def _rerun_on_ranks(ctx: typer.Context | None, spec: Any, extra: tuple[str, ...] = ()) -> int:
@@ -375,28 +375,121 @@ def _fresh_folder(out: Path | None, recipe: Path) -> Path:
 
 @app.command()
 def tune(
+    ctx: typer.Context,
     recipe: Annotated[Path, typer.Argument(help="TOML recipe of the pipeline to tune (e.g. recipes/tiny-flux.toml).")],
+    target: Annotated[str | None, Opt("--target", metavar="METRIC=VALUE", help="Find the fastest cache setting whose worst-prompt quality meets this: psnr=32 (dB) or ssim=0.95, against the uncached output.")] = None,
     calibrate: Annotated[bool, Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.")] = False,
-    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write (default: <recipe>-magcache.toml beside it); never overwritten.")] = None,
+    prompts: Annotated[Path | None, Opt("--prompts", metavar="FILE", help="--target: the prompts to measure quality on, one a line (default: 2 built-in prompts of the family).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write (default: <recipe>-tuned.toml, or -magcache.toml with --calibrate, beside it); never overwritten.")] = None,
+    plot: Annotated[Path | None, Opt("--plot", help="--target: the speedup / PSNR plot to write (default: the written recipe's name, .png); never overwritten.")] = None,
+    gpus: Annotated[int | None, Opt("--gpus", help="--target: processes the whole search runs on (relaunches under torchrun); default the recipe's [parallel].")] = None,
+    repeats: Annotated[int, Opt("--repeats", help="--target: timed generations per setting and prompt; their median counts.")] = 1,
+    warmup: Annotated[int | None, Opt("--warmup", help="--target: untimed generations before each timed one (default 1 with [compile] on, else 0).")] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
 ) -> None:
-    """Measure what a cache method needs on this pipeline and write it into a new recipe."""
+    """Tune the cache on this pipeline: the fastest setting that meets a quality target (--target), or MagCache's curve (--calibrate)."""
+    from accel.launch import rank
+    from accel.parallel.mesh import under_distributed_launcher
+
+    lead = rank() == 0
     try:
-        if not calibrate:
-            raise UserError("accel tune: pass --calibrate (it measures MagCache's curve on this pipeline); the search for a quality target is not built yet")
+        if (target is None) == (not calibrate):
+            raise UserError("accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that "
+                            "meets it, or --calibrate to measure MagCache's curve" + ("; not both" if calibrate else ""))
         from accel.recipe import load_recipe
-        from accel.tune import calibrate as run_calibration
         from accel.tune import fresh_recipe_path
 
         settings = load_recipe(recipe)
-        path = out if out is not None else fresh_recipe_path(recipe, "magcache")
-        calibrated = run_calibration(settings, path)
+        if calibrate:
+            from accel.tune import calibrate as run_calibration
+
+            path = out if out is not None else fresh_recipe_path(recipe, "magcache")
+            calibrated = run_calibration(settings, path)
+            ratios = calibrated.cache.mag_ratios
+            console.print(f"wrote {path}: [cache] method = \"magcache\", threshold = {calibrated.cache.threshold}, "
+                          f"{len(ratios[0])} ratios (one a step) for {len(ratios)} CFG branch{'es' if len(ratios) > 1 else ''}",
+                          markup=False, highlight=False, soft_wrap=True)
+            return
+        assert target is not None
+        from accel import preflight
+        from accel.tune.target import parse_target
+
+        goal = parse_target(target)
+        texts = _read_prompts(prompts) if prompts is not None else None
+        if gpus is not None:
+            if gpus < 1:
+                raise UserError(f"--gpus must be >= 1, got {gpus}")
+            settings = settings.with_overrides({"parallel": {"gpus": gpus}}, source="command line")
+        if repeats < 1:
+            raise UserError(f"--repeats must be >= 1, got {repeats}")
+        if warmup is not None and warmup < 0:
+            raise UserError(f"--warmup must be >= 0, got {warmup}")
+        recipe_out = out if out is not None else fresh_recipe_path(recipe, "tuned")
+        plot_out = plot if plot is not None else recipe_out.with_suffix(".png")
+        for path, flag in ((recipe_out, "--out"), (plot_out, "--plot")):
+            if lead and path.exists():
+                raise UserError(f"{flag} {path} exists: accel tune never overwrites; pass another {flag}")
+            if not path.parent.is_dir():
+                raise UserError(f"{flag} {path}: no folder {path.parent}; create it or pass another {flag}")
+        if settings.world_size > 1 and not under_distributed_launcher():
+            from accel.launch import LaunchSpec
+
+            spec = LaunchSpec.for_world(settings.world_size, timeout_s=settings.parallel.timeout)
+            preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe)
+            pinned = (*(("--out", str(recipe_out)) if out is None else ()), *(("--plot", str(plot_out)) if plot is None else ()))
+            raise typer.Exit(_relaunch(ctx, settings, spec, pinned))
+        settings = _fit_to_job(settings)
+        from accel.tune.job import tune_to_target, write_outputs
+
+        announce = (lambda line: console.print(line, markup=False, highlight=False)) if lead else (lambda _line: None)
+        result = tune_to_target(settings, goal, texts, repeats, warmup, announce)
+        if result is None:
+            return
+        from accel.tune.report import summary, tune_table
+
+        console.print(tune_table(result))
+        console.print(summary(result), markup=False, highlight=False, soft_wrap=True)
+        if result.best is None:
+            raise UserError(_unreachable(result))
+        write_outputs(result, recipe_out, plot_out)
     except UserError as error:
         _fail(str(error))
         return
-    ratios = calibrated.cache.mag_ratios
-    console.print(f"wrote {path}: [cache] method = \"magcache\", threshold = {calibrated.cache.threshold}, "
-                  f"{len(ratios[0])} ratios (one a step) for {len(ratios)} CFG branch{'es' if len(ratios) > 1 else ''}",
-                  markup=False, highlight=False, soft_wrap=True)
+    from accel.tune.search import describe
+
+    best = result.best
+    console.print(f"chosen: {describe(best.cache)}: {best.final_speedup:.2f}× with worst-prompt PSNR "
+                  f"{best.psnr_db:.1f} dB, SSIM {best.ssim:.4f}", markup=False, highlight=False, soft_wrap=True)
+    if best.final_speedup < 1:
+        console.print(f"note: even this setting is slower than the uncached run here ({best.final_speedup:.2f}×): on this machine the "
+                      "cache costs more than the blocks it skips", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {recipe_out} and {plot_out}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _read_prompts(path: Path) -> tuple[str, ...]:
+    """One prompt a line; blank lines and lines starting with # are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise UserError(f"--prompts {path}: cannot read it ({error.strerror})") from None
+    found = tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if not found:
+        raise UserError(f"--prompts {path}: no prompt in it; write one prompt a line")
+    return found
+
+
+def _unreachable(result: Any) -> str:
+    """Why no setting was chosen, with the best quality any caching setting reached."""
+    goal = result.target
+    cached = [t for t in result.trials if t.hit_rate > 0]
+    if not cached:
+        return "accel tune: no setting tried cached any call on this pipeline, so none can be faster than the uncached run"
+    closest = max(cached, key=lambda t: goal.of(t.psnr_db, t.ssim))
+    from accel.tune.search import describe
+
+    reached = f"{closest.psnr_db:.1f} dB" if goal.metric == "psnr" else f"SSIM {closest.ssim:.4f}"
+    return (f"accel tune: no cache setting reaches {goal.describe()} on every prompt; the closest, "
+            f"{describe(closest.cache)}, reached {reached}; lower the target")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -211,6 +211,16 @@ class GenerationDefaults:
     frames: int | None = None
     guidance_scale: float | None = None
     true_cfg_scale: float | None = None
+    # What `accel tune --target` measures quality on when the user gives no --prompts (empty: the
+    # pair for the family's output kind, TUNE_PROMPTS).
+    tune_prompts: tuple[str, ...] = ()
+
+
+# Two prompts of different content: a cache setting must hold its quality on both, not one.
+TUNE_PROMPTS: dict[str, tuple[str, ...]] = {
+    "image": ("a red fox in the snow, photograph", "a lighthouse on a rocky coast at dusk, oil painting"),
+    "video": ("a red fox trotting through the snow, photograph", "waves breaking on a rocky coast at dusk, the camera pans slowly"),
+}
 
 
 @dataclass(frozen=True)
@@ -451,6 +461,11 @@ class Family:
         """What `pipeline_class` makes: its variant's own output kind where it says one, else the family's."""
         kinds = [variant.output for variant in self.variants if variant.pipeline_class == pipeline_class and variant.output]
         return kinds[0] if kinds else self.output
+
+    def tune_prompts(self, pipeline_class: str) -> tuple[str, ...]:
+        """The prompts `accel tune --target` measures on without --prompts: the family's own, else
+        the built-in pair for what `pipeline_class` makes."""
+        return self.defaults.tune_prompts or TUNE_PROMPTS["image" if self.output_of(pipeline_class) == "image" else "video"]
 
     @property
     def outputs(self) -> tuple[OutputKind, ...]:
