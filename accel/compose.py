@@ -297,6 +297,23 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
         )
 
 
+def transformers(handle: AccelHandle) -> dict[str, Any]:
+    """The accelerated pipeline's transformers by attribute (Wan 2.2's two experts: both)."""
+    return _transformers(handle)
+
+
+def transformers_of(pipe: Any, family: Family) -> list[Any]:
+    """The transformers `pipe` holds, in the family's order."""
+    return list(_transformers_of(pipe, family).values())
+
+
+def cache_sums(handle: AccelHandle, attr: str) -> dict[str, Any]:
+    """Where a deciding cache on transformer `attr` measures its change, and over which ranks it
+    sums it (the keywords `BlockCache` and `MagCache` take): one decision per layout, as one process."""
+    stream = handle.family.primary_stream
+    return dict(primary_stream=stream, group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), stream))
+
+
 def _cache_group(handle: AccelHandle) -> Any:
     """The ranks that share one transformer call, whose block-0 change the cache sums: the sequence
     ranks, and with batched CFG split over the halves the whole mesh (one call, one decision)."""
@@ -322,8 +339,7 @@ def _apply_cache(handle: AccelHandle) -> None:
             # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
             deciding = dict(
                 threshold=settings.threshold, warmup_steps=settings.warmup_steps, max_consecutive_cached=settings.max_consecutive_cached,
-                max_cached_steps=settings.max_cached_steps, primary_stream=handle.family.primary_stream, events=events,
-                group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), handle.family.primary_stream),
+                max_cached_steps=settings.max_cached_steps, events=events, **cache_sums(handle, attr),
             )
             if settings.method == "magcache":
                 cache = MagCache(transformer, handle.family.blocks, mag_ratios=settings.mag_ratios, **deciding)

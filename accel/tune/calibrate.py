@@ -25,16 +25,14 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
     every transformer: the ratios per CFG branch, one per step. With several transformers (Wan 2.2's
     experts) each records the steps it runs; the curve is theirs in step order."""
     from accel.cache import MagCache
-    from accel.compose import _cache_group, _real_tokens, _transformers
+    from accel.compose import cache_sums, transformers
     from accel.runner import generate
     from accel.steps import StepEvents
 
-    family = handle.family
     events = StepEvents.of(pipe)
     caches = [
-        MagCache(transformer, family.blocks, threshold=0.0, calibrate=True, primary_stream=family.primary_stream, events=events,
-                 group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), family.primary_stream))
-        for attr, transformer in _transformers(handle).items()
+        MagCache(transformer, handle.family.blocks, threshold=0.0, calibrate=True, events=events, **cache_sums(handle, attr))
+        for attr, transformer in transformers(handle).items()
     ]
     try:
         generate(pipe, kwargs, seed)

@@ -48,6 +48,7 @@ def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | No
                    announce: Callable[[str], None] = lambda _line: None) -> TuneResult | None:
     """Run the search on this rank; rank 0 gets the result, other ranks None."""
     import accel
+    from accel.compose import transformers_of
     from accel.models.loading import load_pipeline, resolve_device, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
@@ -77,8 +78,7 @@ def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | No
         ratios = share(calibrate_magcache(pipe, handle, calls[0][1], recipe.generate.seed))
     finally:
         handle.remove()
-    transformers = [getattr(pipe, attr) for attr in family.transformer_attrs if getattr(pipe, attr, None) is not None]
-    blocks = min(sum(len(getattr(t, spec.attr)) for spec in family.blocks) for t in transformers)
+    blocks = min(sum(len(getattr(t, spec.attr)) for spec in family.blocks) for t in transformers_of(pipe, family))
     steps = call_steps(pipe, calls[0][1])
     search: Search = run_search(target, trials, blocks, steps, ratios, announce)
     chosen = finalists(search)
