@@ -177,6 +177,8 @@ def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: 
     from accel import report
 
     console.print(report.run_table(metrics))
+    for note in metrics.notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if verbose and metrics.cache is not None:
         console.print(report.cache_calls_table(metrics))
     if verbose and metrics.parallel is not None:

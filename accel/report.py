@@ -37,7 +37,8 @@ def run_table(metrics: Metrics) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     settings = metrics.settings
-    size = _size(dict(settings, frames=metrics.output_frames) if metrics.output_frames else settings, metrics.output_kind)
+    written = {"frames": metrics.output_frames, "width": metrics.output_width, "height": metrics.output_height}
+    size = _size(dict(settings, **{key: value for key, value in written.items() if value}), metrics.output_kind)
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),

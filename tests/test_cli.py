@@ -58,7 +58,7 @@ def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     assert fields == {"model", "family", "output_kind", "device", "dtype", "settings", "load_s", "warmup_s", "generate_s",
                       "times_s", "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind",
                       "output_path", "cache", "parallel", "quant", "compile", "baseline_s", "speedup", "psnr_db", "ssim",
-                      "output_frames"}
+                      "output_frames", "output_width", "output_height", "notes"}
     assert all(f"`{name}`" in documented for name in fields)
 
 
@@ -146,6 +146,11 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
         (["run", "tiny-flux", "-o", "x.mp4"], "--out x.mp4: FLUX.1 makes images, so the name must end in .png"),
         (["run", "tiny-flux", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        # Sizes the pipeline would round: refused, naming the sizes it makes (before the model loads).
+        (["run", "tiny-flux", "--height", "50", "--width", "50"], "[generate] height 50: FLUX.1 makes heights in multiples of 16 pixels; use 48 or 64"),
+        (["run", "tiny-flux", "--width", "8"], "command line: [generate] width must be an integer >= 16, got 8"),
+        (["run", "tiny-wan", "--frames", "4"], "[generate] frames 4: Wan 2.1 / 2.2 makes 4k+1 frames (1, 5, 9, …); use 1 or 5"),
+        (["run", "tiny-ltx2", "--width", "100"], "[generate] width 100: LTX-2 makes widths in multiples of 32 pixels; use 96 or 128"),
         (["run", "tiny-flux", "--first-blocks", "2"], 'command line: [cache] first_blocks is for method = "dbcache", not "fbcache"; '
                                                       'set method = "dbcache" or remove first_blocks'),
         (["run", "tiny-flux", "--calibrator", "taylor"], "command line: [cache] calibrator must be none or taylorseer, got 'taylor'"),

@@ -159,6 +159,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=720, width=1280, frames=121, guidance_scale=6.0),
+    size_step=16,
+    frame_step=4,
     blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
     frames_arg="num_frames",
     heads=16,

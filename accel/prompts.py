@@ -1,0 +1,32 @@
+"""How much of a prompt the pipeline's text encoders see: diffusers cuts a long prompt to each
+tokenizer's limit, with at most a logged warning that a CLI run hides, so accel says it."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+# A tokenizer's model_max_length at or above this is transformers' "no limit" placeholder (1e30).
+_NO_LIMIT = 1_000_000
+
+
+def truncation_notes(pipe: Any, call: dict[str, Any]) -> list[str]:
+    """One line per tokenizer of `pipe` that cuts the call's prompt: tokens kept of the prompt's total.
+    A tokenizer keeps at most its model_max_length and the call's `max_sequence_length` (given, or
+    the pipeline's default), whichever is less."""
+    prompt = call.get("prompt")
+    if not isinstance(prompt, str):
+        return []
+    parameter = inspect.signature(type(pipe).__call__).parameters.get("max_sequence_length")
+    sequence = call.get("max_sequence_length", parameter.default if parameter is not None else None)
+    notes = []
+    for name, tokenizer in sorted(getattr(pipe, "components", {}).items()):
+        if not name.startswith("tokenizer") or tokenizer is None or not callable(tokenizer):
+            continue
+        limits = [n for n in (getattr(tokenizer, "model_max_length", None), sequence) if isinstance(n, int) and 0 < n < _NO_LIMIT]
+        if not limits:
+            continue
+        total = len(tokenizer(prompt, truncation=False)["input_ids"])
+        if total > min(limits):
+            notes.append(f"prompt: {min(limits)} of {total} tokens kept ({type(tokenizer).__name__}'s limit, {name})")
+    return notes
