@@ -91,7 +91,9 @@ class Metrics:
     output_kind: str
     device: str
     dtype: str
-    settings: dict[str, Any]
+    # The effective recipe (Recipe.to_dict, recipe key names): the one given, with every [generate]
+    # key the family's defaults filled written out, so that `accel run --recipe` on the JSON rebuilds the run.
+    recipe: dict[str, Any]
     load_s: float
     warmup_s: float
     generate_s: float
@@ -467,7 +469,8 @@ def run(
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
 
     device = resolve_device(recipe.model.device)
-    check_hardware(recipe.quant.type, device, resolve_dtype(recipe.model.dtype, ref))
+    dtype = resolve_dtype(recipe.model.dtype, ref)
+    check_hardware(recipe.quant.type, device, dtype)
     lead = True
     if recipe.parallel.world_size > 1:  # before loading: on CUDA it picks this rank's GPU
         lead = init_distributed(device.type, recipe.parallel.timeout)[0] == 0
@@ -485,7 +488,6 @@ def run(
         latents = variant.latent_output if _latent(out) else ()
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
-        seed = recipe.generate.seed
         notes = truncation_notes(pipe, kwargs)
 
         bar = step_progress(pipe, progress)
@@ -517,8 +519,7 @@ def run(
         output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        # Plain data: dataclasses.asdict rebuilds a tuple subclass from its items alone (InputConditions).
-        settings={key: list(value) if isinstance(value, tuple) else value for key, value in dict(kwargs, seed=seed).items()},
+        recipe=effective_recipe(recipe, kwargs, family.frames_arg, device.type, str(dtype).removeprefix("torch.")).to_dict(),
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,
@@ -539,6 +540,15 @@ def run(
         output_height=written[1] if written is not None else None,
         notes=notes,
     )
+
+
+def effective_recipe(recipe: Recipe, call: Mapping[str, Any], frames_arg: str | None, device: str, dtype: str) -> Recipe:
+    """`recipe` as the run resolved it: the device and dtype "auto" picked, and the [generate] keys
+    it left unset as the call got them (the family's defaults, a clip's frame count), in recipe key names."""
+    keys = {**_RECIPE_KEYS, **({frames_arg: "frames"} if frames_arg else {})}
+    filled = {keys[keyword]: value for keyword, value in call.items()
+              if keyword in keys and getattr(recipe.generate, keys[keyword]) is None and isinstance(value, (int, float, str))}
+    return recipe.with_overrides({"model": {"device": device, "dtype": dtype}, "generate": filled}, source=recipe.source)
 
 
 def _written_size(output: np.ndarray | dict[str, Any]) -> tuple[int, int, int] | None:

@@ -48,9 +48,8 @@ def test_progress_follows_every_denoising_step(tmp_path: Path) -> None:
 def test_run_restores_the_pipeline_and_reports_settings(tmp_path: Path) -> None:
     recipe = Recipe.from_dict({"model": {"name": "tiny-flux"}, "generate": {"steps": 2, "seed": 7, "prompt": "owl"}})
     metrics = run(recipe, out=tmp_path / "a.png", warmup=0)
-    assert metrics.settings == {
-        "prompt": "owl", "num_inference_steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7,
-    }
+    assert metrics.recipe["generate"] == {"prompt": "owl", "steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7}
+    assert Recipe.from_dict(metrics.recipe).generate.steps == 2
     assert metrics.cache is None and metrics.baseline_s is None and metrics.psnr_db is None
     assert np.asarray(Image.open(tmp_path / "a.png")).shape == (64, 64, 3)
 
