@@ -10,10 +10,11 @@ from typing import Any
 _NO_LIMIT = 1_000_000
 
 
-def truncation_notes(pipe: Any, call: dict[str, Any]) -> list[str]:
+def truncation_notes(pipe: Any, call: dict[str, Any], tokenizers: tuple[str, ...] | None = None) -> list[str]:
     """One line per tokenizer of `pipe` that cuts the call's prompt: tokens kept of the prompt's total.
-    A tokenizer keeps at most its model_max_length and the call's `max_sequence_length` (given, or
-    the pipeline's default), whichever is less."""
+    A tokenizer keeps at most the least of its model_max_length, the call's `max_sequence_length`
+    (given, or the pipeline's default) and the pipeline's own `<tokenizer>_max_length` (HunyuanVideo 1.5's).
+    `tokenizers` names those that read the whole prompt (None: every `tokenizer*` component)."""
     prompt = call.get("prompt")
     if not isinstance(prompt, str):
         return []
@@ -21,12 +22,13 @@ def truncation_notes(pipe: Any, call: dict[str, Any]) -> list[str]:
     sequence = call.get("max_sequence_length", parameter.default if parameter is not None else None)
     notes = []
     for name, tokenizer in sorted(getattr(pipe, "components", {}).items()):
-        if not name.startswith("tokenizer") or tokenizer is None or not callable(tokenizer):
+        if not name.startswith("tokenizer") or (tokenizers is not None and name not in tokenizers) or not callable(tokenizer):
             continue
-        limits = [n for n in (getattr(tokenizer, "model_max_length", None), sequence) if isinstance(n, int) and 0 < n < _NO_LIMIT]
+        given = (getattr(tokenizer, "model_max_length", None), sequence, getattr(pipe, f"{name}_max_length", None))
+        limits = [n for n in given if isinstance(n, int) and 0 < n < _NO_LIMIT]
         if not limits:
             continue
-        total = len(tokenizer(prompt, truncation=False)["input_ids"])
+        total = len(tokenizer(prompt, truncation=False, verbose=False)["input_ids"])  # verbose: no "longer than" warning
         if total > min(limits):
             notes.append(f"prompt: {min(limits)} of {total} tokens kept ({type(tokenizer).__name__}'s limit, {name})")
     return notes

@@ -488,7 +488,7 @@ def run(
         latents = variant.latent_output if _latent(out) else ()
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
-        notes = truncation_notes(pipe, kwargs)
+        notes = truncation_notes(pipe, kwargs, family.prompt_tokenizers)
 
         bar = step_progress(pipe, progress)
 

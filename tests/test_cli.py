@@ -69,7 +69,8 @@ def test_the_json_reruns_the_run_to_the_same_bytes(tmp_path: Path) -> None:
     the CLIP tokenizer's 77 tokens (30 words, each of 3 byte tokens, plus 2 specials: 92) is a note."""
     first, again = tmp_path / "first.json", tmp_path / "again.json"
     prompt = " ".join(["fox"] * 30)
-    args = ["run", "tiny-flux", "--steps", "2", "--height", "32", "--width", "48", "--prompt", prompt, "--cache", "0.2", "--warmup", "0"]
+    args = ["run", "tiny-flux", "--device", "cpu", "--steps", "2", "--height", "32", "--width", "48", "--prompt", prompt, "--cache", "0.2",
+            "--warmup", "0"]
     result = invoke(*args, "-o", str(tmp_path / "a.png"), "--json", str(first))
     assert result.exit_code == 0, result.output
     note = "prompt: 77 of 92 tokens kept (CLIPTokenizer's limit, tokenizer)"

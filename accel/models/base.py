@@ -390,6 +390,9 @@ class Family:
     # accel refuses them up front, naming the neighbours; 0: not known, nothing refused.
     size_step: int = 0
     frame_step: int = 0
+    # The pipeline's tokenizers that read the whole prompt, whose cuts accel reports (None: every
+    # `tokenizer*` component; HunyuanVideo 1.5's ByT5 reads only the quoted text to render).
+    prompt_tokenizers: tuple[str, ...] | None = None
     # Whether the pipeline takes `true_cfg_scale` (FLUX runs its negative prompt only when it is > 1).
     true_cfg: bool = False
     # Frame rate the family's videos are meant to play at.

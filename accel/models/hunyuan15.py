@@ -161,6 +161,7 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=720, width=1280, frames=121, guidance_scale=6.0),
     size_step=16,
     frame_step=4,
+    prompt_tokenizers=("tokenizer",),
     blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
     frames_arg="num_frames",
     heads=16,
