@@ -125,3 +125,18 @@ def test_a_size_the_pipeline_changed_anyway_is_a_note() -> None:
         "width: 50 asked, 48 made (the pipeline rounds it)", "frames: 4 asked, 5 made (the pipeline rounds it)"]
     assert _size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []  # DFR doubles its frames
     assert _size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
+
+
+def test_the_effective_recipe_gives_every_family_the_same_call() -> None:
+    """What the run JSON records, read back, makes the very call the run made: defaults written out
+    in recipe key names, and nothing a family refuses (a true CFG scale where it has none)."""
+    from accel.runner import effective_recipe
+
+    for family in FAMILIES.values():
+        for tiny in (True, False):
+            given = Recipe.from_dict({"generate": {"seed": 3}})
+            call = generation_kwargs(family, tiny, given)
+            written = effective_recipe(given, call, family.frames_arg, "cpu", "float32")
+            again = Recipe.from_dict(written.to_dict())
+            assert generation_kwargs(family, tiny, again) == call, (family.name, tiny)
+            assert again.generate.steps == call["num_inference_steps"] and again.model.device == "cpu"
