@@ -47,7 +47,7 @@ OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without G
 def run(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder.")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values.")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe, or the JSON an accel run --json wrote (reruns it); flags override its values.")] = None,
     prompt: Annotated[str | None, Opt("--prompt", "-p")] = None,
     negative_prompt: Annotated[str | None, Opt("--negative-prompt")] = None,
     steps: Annotated[int | None, Opt("--steps", help="Denoising steps.")] = None,
@@ -150,7 +150,7 @@ def run(
         try:
             metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress)
             if lead:
-                _report_run(metrics, verbose, json_path, overwrite)
+                _report_run(metrics, verbose, json_path, overwrite, (ctx.obj or {}).get("argv") or sys.argv[1:])
         finally:
             if json_claim is not None:
                 json_claim.release()
@@ -173,16 +173,18 @@ def _check_out_for_alias(out: Path | None, model: Any) -> None:
         check_out_suffix(out, *planned_output(found[0], model.pipeline or None))
 
 
-def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: bool) -> None:
+def _report_run(metrics: Any, verbose: bool, json_path: Path | None, overwrite: bool, argv: list[str]) -> None:
     from accel import report
 
     console.print(report.run_table(metrics))
+    for note in metrics.notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if verbose and metrics.cache is not None:
         console.print(report.cache_calls_table(metrics))
     if verbose and metrics.parallel is not None:
         console.print(report.traffic_table(metrics))
     if json_path is not None:
-        report.write_json(metrics.as_dict(), json_path, replace=overwrite)
+        report.write_json(report.run_document(metrics, argv), json_path, replace=overwrite)
         console.print(f"wrote {json_path}")
 
 

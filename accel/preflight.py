@@ -12,6 +12,7 @@ import importlib.util
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -72,12 +73,27 @@ def _check_file_target(path: Path, flag: str, example: str) -> None:
 
 
 def _check_parent(path: Path, flag: str) -> None:
-    """The nearest existing ancestor must be a folder (missing ones are created when writing)."""
+    """The nearest existing ancestor must be a folder (missing ones are created when writing) that
+    takes a new file: the write comes after the generation, and its failure would lose the result."""
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise UserError(f"{flag} {path}: {parent} is a file, not a folder; choose another {flag}")
+            _check_writable(path, parent, flag)
             return
+
+
+def _check_writable(path: Path, folder: Path, flag: str) -> None:
+    """Create and remove a hidden file in `folder`, as writing will (files.write_file's temporary
+    name): the only test that tells /proc, a read-only mount or a folder of another user's apart
+    from a writable one, whoever runs it (os.access says yes to root on /proc)."""
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".accel-probe-", dir=folder)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise UserError(f"{flag} {path}: cannot create files in {folder} ({reason.lower()}); choose another {flag}") from None
+    os.close(descriptor)
+    os.unlink(probe)
 
 
 # --- the rendezvous port --------------------------------------------------------------------

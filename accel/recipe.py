@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import tomllib
 import types
@@ -305,19 +306,25 @@ class Recipe:
 
 
 def load_recipe(path: str | PathLike[str]) -> Recipe:
-    """Read and validate a TOML recipe; every failure is a one-line RecipeError naming the file."""
+    """Read and validate a TOML recipe, or a JSON one: the same tables as a JSON object, or the
+    document `accel run --json` wrote, whose `recipe` is the run's effective recipe (so a run is
+    rebuilt from its report). Every failure is a one-line RecipeError naming the file."""
     source = str(path)
+    is_json = str(path).lower().endswith(".json")
+    language = "JSON" if is_json else "TOML"
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            data = json.load(f) if is_json else tomllib.load(f)
     except FileNotFoundError:
         raise RecipeError(f"{source}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise RecipeError(f"{source}: not valid TOML: {e}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise RecipeError(f"{source}: not valid {language}: {e}") from None
     except UnicodeDecodeError:
-        raise RecipeError(f"{source}: not valid TOML: not UTF-8 text") from None
+        raise RecipeError(f"{source}: not valid {language}: not UTF-8 text") from None
     except OSError as e:
         raise RecipeError(f"{source}: cannot read: {e.strerror}") from None
+    if is_json and isinstance(data, Mapping) and isinstance(data.get("recipe"), Mapping):
+        data = data["recipe"]  # an `accel run --json` report (no recipe has a [recipe] section): its effective recipe
     return Recipe.from_dict(data, source)
 
 

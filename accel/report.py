@@ -36,8 +36,8 @@ def run_table(metrics: Metrics) -> Table:
     table = Table(title=f"accel run {metrics.model}", show_header=True, header_style="bold")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    settings = metrics.settings
-    size = _size(dict(settings, frames=metrics.output_frames) if metrics.output_frames else settings, metrics.output_kind)
+    written = {"frames": metrics.output_frames, "width": metrics.output_width, "height": metrics.output_height}
+    size = _size(dict(metrics.recipe["generate"], **{key: value for key, value in written.items() if value}), metrics.output_kind)
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
@@ -77,6 +77,24 @@ def _size(settings: dict[str, Any], output_kind: str) -> str:
         frames = settings.get("frames") or next((v for k, v in settings.items() if k.endswith("frames")), None)
         size += f", {frames} frames"
     return size
+
+
+def run_document(metrics: Metrics, argv: list[str]) -> dict[str, Any]:
+    """The `accel run --json` document: the metrics, the command line that ran and the versions it ran with."""
+    return {**metrics.as_dict(), "command": ["accel", *argv], "versions": versions()}
+
+
+def versions() -> dict[str, str]:
+    """Python's and the stack's versions, as `accel env` and the run JSON give them."""
+    import importlib.metadata as metadata
+
+    found = {"python": platform.python_version()}
+    for package in ("accel", "torch", "diffusers", "transformers", "torchao"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
 
 
 def _parallel(parallel: dict[str, Any] | None) -> str:
@@ -185,22 +203,14 @@ def models_table(families: list[Family]) -> Table:
 
 def environment() -> dict[str, Any]:
     """Versions, devices and attention kernels, as `accel env` prints them."""
-    import importlib.metadata as metadata
-
     import torch
 
-    versions = {"python": platform.python_version()}
-    for package in ("accel", "torch", "diffusers", "transformers", "torchao"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            versions[package] = "not installed"
     devices = [f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             devices.append(f"cuda:{index} {props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor})")
-    return {"versions": versions, "devices": devices, "attention_kernels": attention_kernels()}
+    return {"versions": versions(), "devices": devices, "attention_kernels": attention_kernels()}
 
 
 def attention_kernels() -> dict[str, bool]:

@@ -32,6 +32,7 @@ from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
                                    condition_arguments, input_arguments, latent_settings, made_by, named_input_arguments, open_inputs,
                                    refuse_split, refuse_together, variant_of, variant_of_class)
+from accel.prompts import truncation_notes
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
@@ -90,7 +91,9 @@ class Metrics:
     output_kind: str
     device: str
     dtype: str
-    settings: dict[str, Any]
+    # The effective recipe (Recipe.to_dict, recipe key names): the one given, with every [generate]
+    # key the family's defaults filled written out, so that `accel run --recipe` on the JSON rebuilds the run.
+    recipe: dict[str, Any]
     load_s: float
     warmup_s: float
     generate_s: float
@@ -111,6 +114,11 @@ class Metrics:
     ssim: float | None = None
     # Frames of the video written (DFR's refine round makes twice its input's); None for pictures and latents.
     output_frames: int | None = None
+    # Pixel size of the picture or video written; None for latents.
+    output_width: int | None = None
+    output_height: int | None = None
+    # What the run changed or cut from what was asked (a long prompt, a size the pipeline rounded), one line each.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def per_step_s(self) -> float:
@@ -216,7 +224,17 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
                         f"(its call takes no {family.cfg_scale}); set cfg = 1")
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
         raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
+    _refuse_rounded(family, settings, kwargs)
     return kwargs
+
+
+def _refuse_rounded(family: Family, settings: Any, kwargs: Mapping[str, Any]) -> None:
+    """A height, width or frame count asked that the pipeline would round (or refuse mid-run): one
+    line naming the sizes it makes, so the file written is the size asked."""
+    for key, keyword in (("height", "height"), ("width", "width"), ("frames", family.frames_arg)):
+        value = getattr(settings, key)
+        if value is not None and keyword in kwargs and kwargs[keyword] == value and (problem := family.size_problem(key, value)):
+            raise UserError(problem)
 
 
 def _takes_guidance(family: Family, pipe: Any, variant: Any) -> bool:
@@ -451,7 +469,8 @@ def run(
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
 
     device = resolve_device(recipe.model.device)
-    check_hardware(recipe.quant.type, device, resolve_dtype(recipe.model.dtype, ref))
+    dtype = resolve_dtype(recipe.model.dtype, ref)
+    check_hardware(recipe.quant.type, device, dtype)
     lead = True
     if recipe.parallel.world_size > 1:  # before loading: on CUDA it picks this rank's GPU
         lead = init_distributed(device.type, recipe.parallel.timeout)[0] == 0
@@ -469,7 +488,7 @@ def run(
         latents = variant.latent_output if _latent(out) else ()
         pipe.set_progress_bar_config(disable=True)
         kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
-        seed = recipe.generate.seed
+        notes = truncation_notes(pipe, kwargs, family.prompt_tokenizers)
 
         bar = step_progress(pipe, progress)
 
@@ -492,14 +511,15 @@ def run(
             "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }
     device = _device_of(pipe)
+    written = _written_size(result.output)
+    notes += _size_notes(kwargs, written, family.frames_arg, variant.fps is None)
     return Metrics(
         model=recipe.model.name,
         family=family.name,
         output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        # Plain data: dataclasses.asdict rebuilds a tuple subclass from its items alone (InputConditions).
-        settings={key: list(value) if isinstance(value, tuple) else value for key, value in dict(kwargs, seed=seed).items()},
+        recipe=effective_recipe(recipe, kwargs, family.frames_arg, device.type, str(dtype).removeprefix("torch.")).to_dict(),
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,
@@ -515,8 +535,38 @@ def run(
         baseline_s=baseline.seconds if baseline else None,
         psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
         ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
-        output_frames=len(result.output) if made[1] != "image" and isinstance(result.output, np.ndarray) else None,
+        output_frames=written[2] if written is not None and made[1] != "image" else None,
+        output_width=written[0] if written is not None else None,
+        output_height=written[1] if written is not None else None,
+        notes=notes,
     )
+
+
+def effective_recipe(recipe: Recipe, call: Mapping[str, Any], frames_arg: str | None, device: str, dtype: str) -> Recipe:
+    """`recipe` as the run resolved it: the device and dtype "auto" picked, and the [generate] keys
+    it left unset as the call got them (the family's defaults, a clip's frame count), in recipe key names."""
+    keys = {**_RECIPE_KEYS, **({frames_arg: "frames"} if frames_arg else {})}
+    filled = {keys[keyword]: value for keyword, value in call.items()
+              if keyword in keys and getattr(recipe.generate, keys[keyword]) is None and isinstance(value, (int, float, str))}
+    return recipe.with_overrides({"model": {"device": device, "dtype": dtype}, "generate": filled}, source=recipe.source)
+
+
+def _written_size(output: np.ndarray | dict[str, Any]) -> tuple[int, int, int] | None:
+    """(width, height, frames) of a picture (H, W, C) or video (F, H, W, C) output; None for latents."""
+    if not isinstance(output, np.ndarray):
+        return None
+    return int(output.shape[-2]), int(output.shape[-3]), int(output.shape[0]) if output.ndim == 4 else 1
+
+
+def _size_notes(call: Mapping[str, Any], written: tuple[int, int, int] | None, frames_arg: str | None, frames_as_asked: bool) -> list[str]:
+    """A size the pipeline changed on the way (one Family.size_step does not foresee): said, not silent."""
+    if written is None:
+        return []
+    asked = [("width", call.get("width"), written[0]), ("height", call.get("height"), written[1])]
+    if frames_arg is not None and frames_as_asked:
+        asked.append(("frames", call.get(frames_arg), written[2]))
+    return [f"{key}: {value} asked, {made} made (the pipeline rounds it)" for key, value, made in asked
+            if isinstance(value, int) and value != made]
 
 
 def step_progress(pipe: Any, progress: Callable[[str], Any] | None) -> Callable[[str], Any] | None:

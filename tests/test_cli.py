@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from accel.cli import app
 from accel.media import read_video
+from accel.recipe import SECTIONS
 
 ACCEL = str(Path(sys.executable).parent / "accel")
 runner = CliRunner()
@@ -55,11 +56,37 @@ def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     documented = readme.split("`--json PATH` writes one object:", 1)[1].split("\n\n", 1)[0]
     fields = set(json.loads(report.read_text()))
-    assert fields == {"model", "family", "output_kind", "device", "dtype", "settings", "load_s", "warmup_s", "generate_s",
+    assert fields == {"model", "family", "output_kind", "device", "dtype", "recipe", "command", "versions", "load_s", "warmup_s", "generate_s",
                       "times_s", "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind",
                       "output_path", "cache", "parallel", "quant", "compile", "baseline_s", "speedup", "psnr_db", "ssim",
-                      "output_frames"}
+                      "output_frames", "output_width", "output_height", "notes"}
     assert all(f"`{name}`" in documented for name in fields)
+
+
+def test_the_json_reruns_the_run_to_the_same_bytes(tmp_path: Path) -> None:
+    """`--json` holds the effective recipe (recipe key names), the command line and the versions;
+    `accel run --recipe THAT.json` rebuilds the run: the same PNG, byte for byte. A prompt longer than
+    the CLIP tokenizer's 77 tokens (30 words, each of 3 byte tokens, plus 2 specials: 92) is a note."""
+    first, again = tmp_path / "first.json", tmp_path / "again.json"
+    prompt = " ".join(["fox"] * 30)
+    args = ["run", "tiny-flux", "--device", "cpu", "--steps", "2", "--height", "32", "--width", "48", "--prompt", prompt, "--cache", "0.2",
+            "--warmup", "0"]
+    result = invoke(*args, "-o", str(tmp_path / "a.png"), "--json", str(first))
+    assert result.exit_code == 0, result.output
+    note = "prompt: 77 of 92 tokens kept (CLIPTokenizer's limit, tokenizer)"
+    assert f"note: {note}" in result.stdout
+    document = json.loads(first.read_text())
+    assert document["notes"] == [note]
+    assert document["recipe"]["generate"] == {"prompt": prompt, "steps": 2, "height": 32, "width": 48, "guidance_scale": 3.5, "seed": 0}
+    assert document["recipe"]["model"] == {"name": "tiny-flux", "dtype": "float32", "device": "cpu", "pipeline": ""}
+    assert document["recipe"]["cache"]["threshold"] == 0.2 and set(document["recipe"]) == set(SECTIONS)
+    assert (document["output_width"], document["output_height"], document["device"]) == (48, 32, "cpu")
+    assert set(document["versions"]) == {"python", "accel", "torch", "diffusers", "transformers", "torchao"}
+    assert document["command"][0] == "accel"
+    result = invoke("run", "--recipe", str(first), "-o", str(tmp_path / "b.png"), "--json", str(again), "--warmup", "0")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "b.png").read_bytes() == (tmp_path / "a.png").read_bytes()
+    assert json.loads(again.read_text())["recipe"] == document["recipe"]
 
 
 def test_run_tiny_wan_writes_a_readable_mp4(tmp_path: Path) -> None:
@@ -111,7 +138,9 @@ def test_recipe_file_and_flags_combine(tmp_path: Path) -> None:
     result = invoke("run", "-r", str(recipe), "--height", "32", "-o", str(tmp_path / "a.png"), "--json", str(report))
     assert result.exit_code == 0, result.output
     metrics = json.loads(report.read_text())
-    assert metrics["settings"]["height"] == 32 and metrics["settings"]["width"] == 80 and metrics["steps"] == 3
+    generate = metrics["recipe"]["generate"]
+    assert generate["height"] == 32 and generate["width"] == 80 and generate["steps"] == 3 and metrics["steps"] == 3
+    assert metrics["recipe"]["cache"]["threshold"] == 0.2
     assert Image.open(tmp_path / "a.png").size == (80, 32)
 
 
@@ -146,6 +175,11 @@ def test_default_output_names_never_overwrite(tmp_path: Path, monkeypatch: pytes
         (["run", "tiny-flux", "--frames", "9"], "[generate] frames: FLUX.1 makes images; remove frames"),
         (["run", "tiny-flux", "-o", "x.mp4"], "--out x.mp4: FLUX.1 makes images, so the name must end in .png"),
         (["run", "tiny-flux", "--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        # Sizes the pipeline would round: refused, naming the sizes it makes (before the model loads).
+        (["run", "tiny-flux", "--height", "50", "--width", "50"], "[generate] height 50: FLUX.1 makes heights in multiples of 16 pixels; use 48 or 64"),
+        (["run", "tiny-flux", "--width", "8"], "command line: [generate] width must be an integer >= 16, got 8"),
+        (["run", "tiny-wan", "--frames", "4"], "[generate] frames 4: Wan 2.1 / 2.2 makes 4k+1 frames (1, 5, 9, …); use 1 or 5"),
+        (["run", "tiny-ltx2", "--width", "100"], "[generate] width 100: LTX-2 makes widths in multiples of 32 pixels; use 96 or 128"),
         (["run", "tiny-flux", "--first-blocks", "2"], 'command line: [cache] first_blocks is for method = "dbcache", not "fbcache"; '
                                                       'set method = "dbcache" or remove first_blocks'),
         (["run", "tiny-flux", "--calibrator", "taylor"], "command line: [cache] calibrator must be none or taylorseer, got 'taylor'"),

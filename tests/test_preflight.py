@@ -80,6 +80,13 @@ def tree(tmp_path: Path) -> Path:
         (["run", "tiny-flux", "--json", "reports", "--overwrite"], "--json reports is a directory; give a file name such as reports/metrics.json"),
         (["run", "tiny-flux", "--json", "afile/m.json"], "--json afile/m.json: afile is a file, not a folder; choose another --json"),
         (["run", "tiny-flux", "--json", "taken.json"], "taken.json already exists; pass --overwrite to replace it or choose another --json"),
+        # Unwritable: refused before the model loads, not in a traceback after the generation.
+        (["run", "tiny-flux", "--out", "/proc/x.png"], "--out /proc/x.png: cannot create files in /proc (no such file or directory); choose another --out"),
+        (["run", "tiny-flux", "--out", "/proc/new/x.png"],
+         "--out /proc/new/x.png: cannot create files in /proc (no such file or directory); choose another --out"),
+        (["run", "tiny-flux", "--json", "/proc/x.json", "--gpus", "2"],
+         "--json /proc/x.json: cannot create files in /proc (no such file or directory); choose another --json"),
+        (["bench", RECIPE, "--markdown", "/proc/b.md"], "--markdown /proc/b.md: cannot create files in /proc (no such file or directory); choose another --markdown"),
         (["bench", RECIPE, "--json", "reports"], "--json reports is a directory; give a file name such as reports/bench.json"),
         (["bench", RECIPE, "--markdown", "taken.json"], "taken.json already exists; bench never overwrites, choose another name"),
         (["bench", RECIPE, "--out", "afile/bench"], "--out afile/bench: afile is a file, not a folder; choose another --out"),
@@ -92,6 +99,14 @@ def tree(tmp_path: Path) -> Path:
 def test_bad_paths_and_ports_are_refused_before_torch_loads(args: list[str], message: str, tree: Path) -> None:
     _refused_early(args, message, tree)
     assert (tree / "taken.png").read_bytes() == b"keep me" and (tree / "taken.json").read_text() == "{}"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_folder_is_refused_before_torch_loads(tree: Path) -> None:
+    (tree / "locked").mkdir(mode=0o555)
+    _refused_early(["run", "tiny-flux", "--out", "locked/sub/x.png"],
+                   "--out locked/sub/x.png: cannot create files in locked (permission denied); choose another --out", tree)
+    assert list((tree / "locked").iterdir()) == []
 
 
 def test_more_processes_than_cores_are_refused_without_a_gpu(tree: Path) -> None:

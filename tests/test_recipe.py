@@ -140,6 +140,23 @@ def test_toml_file_round_trip(tmp_path: Path) -> None:
     assert r.source == str(path)
 
 
+def test_json_recipe_and_run_report_load(tmp_path: Path) -> None:
+    """A .json recipe holds the tables, or is an `accel run --json` report whose `recipe` is the run's."""
+    tables, report = tmp_path / "recipe.json", tmp_path / "run.json"
+    tables.write_text(json.dumps(Recipe.from_dict(FULL).to_dict()))
+    report.write_text(json.dumps({"model": "tiny-flux", "steps": 2, "recipe": Recipe.from_dict(FULL).to_dict()}))
+    assert load_recipe(tables) == Recipe.from_dict(FULL) == load_recipe(report)
+    assert load_recipe(report).source == str(report)
+    tables.write_text('{"cache": {"threshold": }}')
+    with pytest.raises(json.JSONDecodeError) as parsed:
+        json.loads(tables.read_text())
+    with raises(f"{tables}: not valid JSON: {parsed.value}"):
+        load_recipe(tables)
+    tables.write_text("[1, 2]")
+    with raises(f"{tables}: a recipe must be a table of sections, got [1, 2]"):
+        load_recipe(tables)
+
+
 def test_hand_written_toml(tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text(

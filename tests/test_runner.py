@@ -48,9 +48,8 @@ def test_progress_follows_every_denoising_step(tmp_path: Path) -> None:
 def test_run_restores_the_pipeline_and_reports_settings(tmp_path: Path) -> None:
     recipe = Recipe.from_dict({"model": {"name": "tiny-flux"}, "generate": {"steps": 2, "seed": 7, "prompt": "owl"}})
     metrics = run(recipe, out=tmp_path / "a.png", warmup=0)
-    assert metrics.settings == {
-        "prompt": "owl", "num_inference_steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7,
-    }
+    assert metrics.recipe["generate"] == {"prompt": "owl", "steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7}
+    assert Recipe.from_dict(metrics.recipe).generate.steps == 2
     assert metrics.cache is None and metrics.baseline_s is None and metrics.psnr_db is None
     assert np.asarray(Image.open(tmp_path / "a.png")).shape == (64, 64, 3)
 
@@ -97,3 +96,47 @@ def test_cpu_peak_memory_is_this_block_s_peak_not_the_process_lifetime_peak() ->
     with _PeakMemory(torch.device("cpu")) as small:
         time.sleep(0.05)
     assert big.peak - small.peak > 200 * 2**20  # the later block does not inherit the earlier peak
+
+
+def test_every_default_size_is_one_the_family_makes_as_asked() -> None:
+    """Family.size_step / frame_step against the defaults accel itself starts from: none is refused."""
+    for family in FAMILIES.values():
+        for defaults in (family.defaults, family.tiny_defaults, *(v.defaults for v in family.variants)):
+            if defaults is None:
+                continue
+            for key in ("height", "width", "frames"):
+                value = getattr(defaults, key)
+                assert value is None or family.size_problem(key, value) is None, (family.name, key, value)
+
+
+def test_size_problem_names_the_neighbours_it_makes() -> None:
+    wan, ltx = FAMILIES["wan"], FAMILIES["ltx"]
+    assert wan.size_problem("height", 64) is None and wan.size_problem("frames", 9) is None
+    assert wan.size_problem("height", 17) == "[generate] height 17: Wan 2.1 / 2.2 makes heights in multiples of 16 pixels; use 16 or 32"
+    assert wan.size_problem("width", 20) == "[generate] width 20: Wan 2.1 / 2.2 makes widths in multiples of 16 pixels; use 16 or 32"
+    assert ltx.size_problem("frames", 12) == "[generate] frames 12: LTX-Video makes 8k+1 frames (1, 9, 17, …); use 9 or 17"
+    assert ltx.size_problem("height", 16) == "[generate] height 16: LTX-Video makes heights in multiples of 32 pixels; use 32"
+
+
+def test_a_size_the_pipeline_changed_anyway_is_a_note() -> None:
+    from accel.runner import _size_notes
+
+    assert _size_notes({"width": 50, "height": 64, "num_frames": 4}, (48, 64, 5), "num_frames", True) == [
+        "width: 50 asked, 48 made (the pipeline rounds it)", "frames: 4 asked, 5 made (the pipeline rounds it)"]
+    assert _size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []  # DFR doubles its frames
+    assert _size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
+
+
+def test_the_effective_recipe_gives_every_family_the_same_call() -> None:
+    """What the run JSON records, read back, makes the very call the run made: defaults written out
+    in recipe key names, and nothing a family refuses (a true CFG scale where it has none)."""
+    from accel.runner import effective_recipe
+
+    for family in FAMILIES.values():
+        for tiny in (True, False):
+            given = Recipe.from_dict({"generate": {"seed": 3}})
+            call = generation_kwargs(family, tiny, given)
+            written = effective_recipe(given, call, family.frames_arg, "cpu", "float32")
+            again = Recipe.from_dict(written.to_dict())
+            assert generation_kwargs(family, tiny, again) == call, (family.name, tiny)
+            assert again.generate.steps == call["num_inference_steps"] and again.model.device == "cpu"

@@ -394,6 +394,15 @@ class Family:
     primary_stream: str = "hidden_states"
     # Keyword the pipeline takes for the frame count (video families).
     frames_arg: str | None = None
+    # Sizes the pipeline makes as asked: heights and widths in multiples of `size_step` pixels (the
+    # VAE's downscale times the latent patch), frame counts of the form frame_step * k + 1 (a causal
+    # video VAE's temporal downscale). Other values diffusers rounds silently or refuses mid-run, so
+    # accel refuses them up front, naming the neighbours; 0: not known, nothing refused.
+    size_step: int = 0
+    frame_step: int = 0
+    # The pipeline's tokenizers that read the whole prompt, whose cuts accel reports (None: every
+    # `tokenizer*` component; HunyuanVideo 1.5's ByT5 reads only the quoted text to render).
+    prompt_tokenizers: tuple[str, ...] | None = None
     # Whether the pipeline takes `true_cfg_scale` (FLUX runs its negative prompt only when it is > 1).
     true_cfg: bool = False
     # Frame rate the family's videos are meant to play at.
@@ -441,6 +450,20 @@ class Family:
             return self.heads_of_config(config)
         heads = config.get(self.heads_key)
         return int(heads) if isinstance(heads, int) else None
+
+    def size_problem(self, key: str, value: int) -> str | None:
+        """Why `[generate] key = value` (height, width or frames) is not a size this family makes
+        as asked, naming the nearest ones it does make (None: it makes it)."""
+        step = self.frame_step if key == "frames" else self.size_step
+        if not step:
+            return None
+        low = (value - 1) // step * step + 1 if key == "frames" else value // step * step
+        if low == value:
+            return None
+        rule = f"{step}k+1 frames (1, {step + 1}, {2 * step + 1}, …)" if key == "frames" else f"{key}s in multiples of {step} pixels"
+        smallest = 1 if key == "frames" else step
+        use = " or ".join(str(n) for n in (low, low + step) if n >= smallest)
+        return f"[generate] {key} {value}: {self.title} makes {rule}; use {use}"
 
     @property
     def transformer_classes(self) -> tuple[str, ...]:

@@ -165,6 +165,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=480, width=720, frames=49, guidance_scale=6.0),
+    size_step=16,
+    frame_step=4,
     blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
     frames_arg="num_frames",
     fps=8,

@@ -100,6 +100,7 @@ FAMILY = Family(
     output="image",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=28, height=1024, width=1024, guidance_scale=3.5),
+    size_step=16,
     blocks=(
         BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
         BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),

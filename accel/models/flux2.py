@@ -146,6 +146,7 @@ FAMILY = Family(
     dtype="bfloat16",
     # The model card's settings: 50 steps, embedded guidance 4.
     defaults=GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=4.0),
+    size_step=16,
     blocks=_BLOCKS,
     heads=48,
     tiny_heads=4,
@@ -171,6 +172,7 @@ KLEIN = Family(
     dtype="bfloat16",
     # The base (undistilled) model: 50 steps, real CFG at guidance 4.
     defaults=GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=4.0),
+    size_step=16,
     blocks=_BLOCKS,
     heads=24,
     tiny_heads=4,

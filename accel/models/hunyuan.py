@@ -166,6 +166,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=720, width=1280, frames=129, guidance_scale=6.0),
+    size_step=16,
+    frame_step=4,
     blocks=(
         BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
         BlockList("single_transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),

@@ -197,6 +197,8 @@ FAMILY = Family(
     dtype="bfloat16",
     # The pipeline's own example: 512x768, 121 frames (5 s at 24 fps), 50 steps, guidance 5.
     defaults=GenerationDefaults(steps=50, height=512, width=768, frames=121, guidance_scale=5.0),
+    size_step=16,
+    frame_step=4,
     # The visual blocks only: the text blocks see no latents, so their residual says nothing about
     # how far the video moved between steps; they run every call (two of 34 blocks on Lite).
     blocks=(BlockList("visual_transformer_blocks", returns=("visual_embed",)),),

@@ -139,6 +139,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=480, width=704, frames=161, guidance_scale=3.0),
+    size_step=32,
+    frame_step=8,
     blocks=(BlockList("transformer_blocks", returns=("hidden_states",)),),
     frames_arg="num_frames",
     fps=24,

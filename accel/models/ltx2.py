@@ -216,6 +216,8 @@ FAMILY = Family(
     dtype="bfloat16",
     # The pipeline docstring's example: 121 frames at 768x512, 24 fps, guidance 3.
     defaults=GenerationDefaults(steps=30, height=512, width=768, frames=121, guidance_scale=3.0),
+    size_step=32,
+    frame_step=8,
     # Each block returns (video, audio): the cache compares the video and skips both streams.
     blocks=(BlockList("transformer_blocks", returns=("hidden_states", "audio_hidden_states")),),
     frames_arg="num_frames",

@@ -112,6 +112,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=64, height=480, width=848, frames=85, guidance_scale=4.5),
+    size_step=16,
+    frame_step=6,
     blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
     frames_arg="num_frames",
     fps=30,

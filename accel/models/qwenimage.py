@@ -95,6 +95,7 @@ FAMILY = Family(
     dtype="bfloat16",
     # Qwen's own examples: 50 steps, true CFG 4 with a blank negative prompt, 1328x1328.
     defaults=GenerationDefaults(steps=50, height=1328, width=1328, negative_prompt=" ", true_cfg_scale=4.0),
+    size_step=16,
     blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),
     true_cfg=True,
     heads=24,

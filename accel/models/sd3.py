@@ -79,6 +79,7 @@ FAMILY = Family(
     output="image",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=28, height=1024, width=1024, guidance_scale=3.5),
+    size_step=16,
     # The last block keeps no text output (context_pre_only): its skipped call passes the text on,
     # which the transformer drops.
     blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),

@@ -60,6 +60,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=544, width=960, frames=97, guidance_scale=6.0),
+    size_step=16,
+    frame_step=4,
     blocks=(BlockList("blocks", returns=("hidden_states",)),),
     frames_arg="num_frames",
     fps=24,

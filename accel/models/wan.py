@@ -257,6 +257,8 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=50, height=480, width=832, frames=81, guidance_scale=5.0),
+    size_step=16,
+    frame_step=4,
     blocks=(BlockList("blocks", returns=("hidden_states",)),),
     transformer_attrs=("transformer", "transformer_2"),  # Wan 2.2: high-noise and low-noise experts
     frames_arg="num_frames",

@@ -68,6 +68,7 @@ FAMILY = Family(
     dtype="bfloat16",
     # Z-Image-Turbo's model card: 9 steps (8 transformer calls), guidance 0 (distilled: no CFG).
     defaults=GenerationDefaults(steps=9, height=1024, width=1024, guidance_scale=0.0),
+    size_step=16,
     # The main layers. The refiners run before them on the image and on the caption apart, so
     # they always run; the cache compares the unified sequence after layers.0.
     blocks=(BlockList("layers", returns=("x",)),),
