@@ -494,6 +494,83 @@ def _unreachable(result: Any) -> str:
             f"{describe(closest.cache)}, reached {reached}; lower the target")
 
 
+@app.command()
+def serve(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values. Its [generate] values are the requests' defaults.")] = None,
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the replicas.")] = None,
+    replicas: Annotated[int, Opt("--replicas", help="Independent copies of the pipeline, each on --gpus / --replicas processes; requests go to a free one.")] = 1,
+    host: Annotated[str, Opt("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, Opt("--port", help="Port to listen on.")] = 8000,
+    max_queue: Annotated[int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")] = 4,
+    drain: Annotated[float, Opt("--drain", help="Seconds in-flight requests may take to finish after SIGINT / SIGTERM.")] = 60.0,
+    steps: Annotated[int | None, Opt("--steps", help="Default denoising steps of a request.")] = None,
+    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
+    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
+    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).")] = None,
+    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache (default), dbcache, taylorseer or magcache.")] = None,
+    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.")] = None,
+    ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.")] = None,
+    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.")] = False,
+    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.")] = False,
+    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.")] = None,
+    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks (compiled during the warm-up).")] = False,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+) -> None:
+    """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, health, metrics)."""
+    from accel import preflight
+    from accel.launch import rank, world_size
+    from accel.parallel.mesh import under_distributed_launcher
+
+    lead = rank() == 0
+    try:
+        if replicas < 1:
+            raise UserError(f"--replicas must be >= 1, got {replicas}")
+        if gpus is not None and (gpus < 1 or gpus % replicas):
+            raise UserError(f"--gpus {gpus}: it must be a multiple of --replicas ({replicas}), each replica gets --gpus / --replicas")
+        if max_queue < 0:
+            raise UserError(f"--max-queue must be >= 0, got {max_queue}")
+        if drain < 0:
+            raise UserError(f"--drain must be >= 0 seconds, got {drain:g}")
+        if not 0 < port < 65536:
+            raise UserError(f"--port must be between 1 and 65535, got {port}")
+        overrides: dict[str, dict[str, Any]] = {
+            "model": {"name": model, "dtype": dtype, "device": device},
+            "generate": {"steps": steps},
+            "cache": {"threshold": cache, "method": cache_method},
+            "parallel": {"gpus": gpus // replicas if gpus is not None else None, "ulysses": ulysses, "ring": ring,
+                         "cfg": 2 if cfg_parallel else None},
+            "vae": {"parallel": True if parallel_vae else None},
+            "quant": {"type": quant},
+            "compile": {"enabled": True if compile_ else None},
+        }
+        settings = _recipe(recipe, overrides)
+        world = settings.world_size * replicas
+        if world > 1 and not under_distributed_launcher():
+            import dataclasses
+
+            from accel.launch import LaunchSpec
+
+            spec = dataclasses.replace(LaunchSpec.for_world(world, timeout_s=settings.parallel.timeout), drain_s=drain)
+            preflight.check_process_count(world, settings.model.device, oversubscribe)
+            raise typer.Exit(_relaunch(ctx, settings, spec))
+        if under_distributed_launcher() and world_size() != world:
+            if world == 1 and replicas == 1:
+                settings = _fit_to_job(settings)
+            else:
+                raise UserError(f"{replicas} replica(s) of {settings.world_size} process(es) need {world}, but this torchrun job has "
+                                f"{world_size()}; make them match")
+        from accel.serve.server import ServeOptions
+        from accel.serve.server import serve as run_server
+
+        announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
+        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain), announce)
+    except UserError as error:
+        _fail(str(error))
+        return
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def launch(
     ctx: typer.Context,

@@ -59,6 +59,9 @@ class LaunchSpec:
     master_addr: str | None = None
     master_port: int | None = None
     timeout_s: float = 600.0
+    # A server's job: on SIGINT / SIGTERM only rank 0 is signalled, and the job gets this many seconds
+    # to finish in-flight work and stop its ranks itself (exit 0) before they are stopped. None: stop at once.
+    drain_s: float | None = None
 
     @classmethod
     def for_world(cls, world: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
@@ -150,8 +153,12 @@ class Supervisor:
 
     def _watch(self, folder: Path) -> int:
         next_look = time.monotonic()
+        draining_until: float | None = None
         while True:
-            if self.signal_received is not None:
+            if self.signal_received is not None and self.spec.drain_s is not None and draining_until is None:
+                draining_until = time.monotonic() + self.spec.drain_s + STOP_GRACE_S
+                _signal_group(self.ranks[0].process.pid, self.signal_received)  # rank 0 drains and stops the others
+            elif self.signal_received is not None and (draining_until is None or time.monotonic() >= draining_until):
                 self._stop()
                 print("interrupted", file=sys.stderr)
                 return 128 + self.signal_received

@@ -207,6 +207,32 @@ def _first_ranks_mesh(degrees: Degrees) -> ParallelMesh | None:
     return ParallelMesh(degrees, None, ulysses, ring, sequence, cfg, dist.get_rank(sequence), everyone)
 
 
+def build_replica_meshes(degrees: Degrees, device_type: str, replicas: int) -> ParallelMesh:
+    """`replicas` copies of one layout side by side (`accel serve --replicas`): a replica dimension
+    outside cfg × ring × ulysses, ranks r·n … r·n + n − 1 in replica r. Every rank creates every
+    replica's groups (new_group is collective) and keeps its own replica's mesh, where `build_mesh`
+    (and so `accel.apply`) finds it."""
+    import torch
+    import torch.distributed as dist
+
+    size = degrees.world_size
+    if dist.get_world_size() != replicas * size:
+        raise UserError(f"{replicas} replicas of {degrees.describe()} need {replicas * size} processes, not {dist.get_world_size()}")
+    grid = torch.arange(replicas * size).reshape(replicas, degrees.cfg, degrees.ring, degrees.ulysses)
+
+    def groups(order: tuple[int, int, int], length: int) -> Any:
+        return dist.new_subgroups_by_enumeration(grid.permute(0, *(o + 1 for o in order)).reshape(-1, length).tolist())[0]
+
+    ulysses = groups((0, 1, 2), degrees.ulysses)
+    ring = groups((0, 2, 1), degrees.ring)
+    cfg = groups((1, 2, 0), degrees.cfg)
+    sequence = groups((0, 1, 2), degrees.sequence)
+    everyone = dist.new_subgroups_by_enumeration(grid.reshape(replicas, size).tolist())[0]
+    mesh = ParallelMesh(degrees, None, ulysses, ring, sequence, cfg, dist.get_rank(sequence), everyone)
+    _meshes[(dist.group.WORLD, device_type, degrees)] = mesh
+    return mesh
+
+
 def flattened_group(mesh: Any, dims: tuple[str, ...]) -> Any:
     """One process group over several mesh dims. DeviceMesh._flatten is private, so it sits behind
     this function with a public fallback (new_subgroups_by_enumeration over the mesh's rank grid)."""

@@ -1,0 +1,132 @@
+"""One replica of the served pipeline: the ranks that run each request together.
+
+Its leader (the replica's first rank) receives a job, broadcasts it to the replica's ranks, every
+rank generates, and the ranks agree on the outcome (all of them, collectively): a failure on any
+rank, say out of memory, is one outcome with that rank's message, and the replica goes on to the
+next job. The job channel is a gloo group with a timeout of a year: waiting for the next request
+is not a stall.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from accel.recipe import Recipe
+from accel.serve.requests import Job
+
+IDLE = timedelta(days=365)
+
+
+@dataclass
+class Outcome:
+    """A job's result on the leader: the files (PNG or MP4 bytes) and their seeds, or the error."""
+
+    ok: bool
+    files: list[bytes] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+    steps: int = 0
+    hit_rate: float | None = None
+
+
+class Replica:
+    """This rank's part in its replica. `group` None: a replica of one process."""
+
+    def __init__(self, pipe: Any, handle: Any, recipe: Recipe, tiny: bool, kind: str, group: Any, leader: int) -> None:
+        self.pipe = pipe
+        self.handle = handle
+        self.recipe = recipe
+        self.tiny = tiny
+        self.kind = kind
+        self.group = group
+        self.leader = leader
+
+    def lead(self, job: Job) -> Outcome:
+        """On the leader: run `job` on every rank of the replica (a stop job ends their loops)."""
+        self._broadcast(job)
+        return self._run(job)
+
+    def follow(self) -> None:
+        """On the other ranks: run the leader's jobs until it sends a stop."""
+        from accel import watchdog
+
+        while True:
+            with watchdog.idle():  # waiting for a request is the plan
+                job = self._broadcast(None)
+            if job.stop:
+                return
+            self._run(job)
+
+    def _broadcast(self, job: Job | None) -> Job:
+        if self.group is None:
+            assert job is not None
+            return job
+        import torch.distributed as dist
+
+        box = [job]
+        dist.broadcast_object_list(box, src=self.leader, group=self.group)
+        return box[0]
+
+    def _run(self, job: Job) -> Outcome:
+        if job.stop:
+            return Outcome(True)
+        start = time.perf_counter()
+        outputs: list[tuple[Any, Any]] = []
+        error: str | None = None
+        try:
+            outputs = self._generate(job)
+        except Exception as failure:  # any rank's failure is the replica's, agreed on below
+            error = f"{type(failure).__name__}: {failure}".strip()
+        errors = self._gather(error)
+        if any(errors):
+            rank, message = next((rank, message) for rank, message in enumerate(errors) if message)
+            where = f"rank {self.leader + rank}: " if len(errors) > 1 else ""
+            return Outcome(False, error=f"{where}{message}".splitlines()[0][:500])
+        seconds = time.perf_counter() - start
+        if self._rank() != self.leader:
+            return Outcome(True)
+        stats = self.handle.cache_stats
+        seed = int(job.generate["seed"])
+        return Outcome(True, [self._encode(output, audio) for output, audio in outputs], [seed + i for i in range(job.count)],
+                       seconds=seconds, steps=int(job.generate.get("steps") or 0), hit_rate=stats.hit_rate if stats is not None else None)
+
+    def _generate(self, job: Job) -> list[tuple[Any, Any]]:
+        from accel.models.registry import family_of
+        from accel.runner import generate_with_audio, generation_kwargs
+
+        settings = self.recipe.with_overrides({"generate": job.generate}, source="request")
+        kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
+        return [generate_with_audio(self.pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
+
+    def _gather(self, error: str | None) -> list[str | None]:
+        if self.group is None:
+            return [error]
+        import torch.distributed as dist
+
+        gathered: list[str | None] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(gathered, error, group=self.group)
+        return gathered
+
+    def _rank(self) -> int:
+        if self.group is None:
+            return self.leader
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    def _encode(self, output: Any, audio: Any) -> bytes:
+        """The file `accel run --out` writes for this output, as bytes."""
+        from accel.media import output_writer
+        from accel.models.registry import family_of
+
+        suffix = ".png" if self.kind == "image" else ".mp4"
+        with tempfile.TemporaryDirectory(prefix="accel-serve-") as folder:
+            path = Path(folder) / f"out{suffix}"
+            output_writer(output, self.kind, suffix, family_of(self.pipe).fps, audio)(path)
+            return path.read_bytes()

@@ -1,0 +1,121 @@
+"""What a client may ask `accel serve` for, checked on the front before any rank sees it.
+
+The image endpoint takes OpenAI's `images.generate` schema (`model`, `prompt`, `n`, `size`,
+`response_format`) plus accel's `seed`, `steps`, `guidance_scale`, `negative_prompt`; the video
+endpoint the same with `frames` and without `n`. Anything else, a wrong type, or a setting the
+pipeline would refuse or silently change is a `BadRequest` naming the field.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Most images one request may ask for: a request holds its replica for all of them.
+MAX_IMAGES = 4
+SEED_LIMIT = 2**31 - 1
+
+
+class BadRequest(Exception):
+    """A request the server refuses: HTTP 400 with `message`, naming `param`."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    prompt: str = Field(min_length=1, description="What to generate.")
+    model: str | None = Field(None, description="The served model's name; another is refused.")
+    size: str | None = Field(None, description='"WIDTHxHEIGHT" in pixels, e.g. "1024x1024".')
+    response_format: str = Field("b64_json", description='"b64_json": the file, base64-encoded, in the JSON.')
+    seed: int | None = Field(None, ge=0, le=SEED_LIMIT, description="Seed (accel): equal seeds give equal outputs.")
+    steps: int | None = Field(None, ge=1, le=1000, description="Denoising steps (accel).")
+    guidance_scale: float | None = Field(None, ge=0, description="Guidance scale (accel).")
+    negative_prompt: str | None = Field(None, description="Negative prompt (accel), for pipelines that take one.")
+
+
+class ImageRequest(_Common):
+    n: int = Field(1, ge=1, le=MAX_IMAGES, description=f"Images, 1 to {MAX_IMAGES}, seeds seed, seed + 1, ….")
+
+
+class VideoRequest(_Common):
+    frames: int | None = Field(None, ge=1, description="Frames of the video.")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request as every rank of a replica runs it: [generate] keys over the server's recipe,
+    `count` outputs at seeds seed, seed + 1, …; picklable, it is broadcast."""
+
+    id: int
+    kind: Literal["image", "video"]
+    generate: dict[str, Any]
+    count: int = 1
+    stop: bool = False
+
+
+@dataclass
+class Served:
+    """What the front knows of the served pipeline to check requests before any rank runs them."""
+
+    name: str
+    family: Any
+    output: str  # "image" or "video"
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
+    kind: Literal["image", "video"] = "video" if isinstance(request, VideoRequest) else "image"
+    if kind != served.output:
+        other = "/v1/videos" if served.output == "video" else "/v1/images/generations"
+        raise BadRequest(None, f"{served.name} makes {served.output}s, not {kind}s: POST {other}")
+    if request.model is not None and request.model != served.name:
+        raise BadRequest("model", f"model: this server serves {served.name!r}, not {request.model!r}")
+    if request.response_format != "b64_json":
+        raise BadRequest("response_format", f'response_format: only "b64_json" is served, not {request.response_format!r} '
+                                            "(a url would need file hosting)")
+    generate: dict[str, Any] = {"prompt": request.prompt}
+    if request.size is not None:
+        width, height = _size(request.size)
+        for key, value in (("width", width), ("height", height)):
+            if (problem := served.family.size_problem(key, value)) is not None:
+                raise BadRequest("size", "size: " + problem.removeprefix(f"[generate] {key} {value}: ") + f" ({key} {value})")
+        generate.update(width=width, height=height)
+    frames = getattr(request, "frames", None)
+    if frames is not None:
+        if (problem := served.family.size_problem("frames", frames)) is not None:
+            raise BadRequest("frames", "frames: " + problem.removeprefix(f"[generate] frames {frames}: "))
+        generate["frames"] = frames
+    for key in ("steps", "guidance_scale", "negative_prompt"):
+        if (value := getattr(request, key)) is not None:
+            generate[key] = value
+    generate["seed"] = request.seed if request.seed is not None else random.randint(0, SEED_LIMIT - MAX_IMAGES)
+    return Job(job_id, kind, generate, getattr(request, "n", 1))
+
+
+def _size(text: str) -> tuple[int, int]:
+    width, sep, height = text.lower().partition("x")
+    if not sep or not width.strip().isdigit() or not height.strip().isdigit() or int(width) < 1 or int(height) < 1:
+        raise BadRequest("size", f'size: write "WIDTHxHEIGHT" in pixels, e.g. "1024x1024", not {text!r}')
+    return int(width), int(height)
+
+
+def validation_message(errors: list[dict[str, Any]]) -> BadRequest:
+    """pydantic's first complaint as one line naming the field."""
+    error = errors[0]
+    location = [str(part) for part in error.get("loc", ()) if part != "body"]
+    name = ".".join(location) or None
+    if error.get("type") == "extra_forbidden":
+        return BadRequest(name, f"{name}: not a field of this endpoint")
+    if error.get("type") == "missing":
+        return BadRequest(name, f"{name}: required")
+    if error.get("type") in ("json_invalid", "model_attributes_type", "dict_type"):
+        return BadRequest(None, "the body must be a JSON object")
+    return BadRequest(name, f"{name}: {error.get('msg', 'invalid')}" if name else str(error.get("msg", "invalid request")))

@@ -1,0 +1,180 @@
+"""`accel serve`: load and accelerate the pipeline once on every rank, warm it up, then answer HTTP
+requests on global rank 0 until SIGINT / SIGTERM.
+
+The job's ranks are `replicas` independent groups of the recipe's layout (a `replica` dimension
+outside cfg × ring × ulysses): rank 0 leads replica 0 and runs the HTTP front, the first rank of
+each other replica leads it and talks to rank 0 over a pair group of their own. On a signal the
+front stops accepting, lets in-flight requests finish (at most `drain_s`), sends every replica a
+stop job, and every rank returns 0.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from accel.errors import UserError
+from accel.recipe import Recipe
+from accel.serve.replica import IDLE, Outcome, Replica
+from accel.serve.requests import Job, Served
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: int = 1
+    max_queue: int = 4
+    drain_s: float = 60.0
+
+
+def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
+    import accel
+    from accel.models.loading import load_pipeline, resolve_device, resolve_model
+    from accel.models.registry import family_of
+    from accel.models.variants import variant_of_class
+
+    device = resolve_device(recipe.model.device)
+    per_replica = recipe.world_size
+    world = per_replica * options.replicas
+    rank = _join(device.type, recipe, world)
+    ref = resolve_model(recipe.model.name)
+    announce(f"loading {recipe.model.name}")
+    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora)
+    pipe.set_progress_bar_config(disable=True)
+    family = family_of(pipe)
+    kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
+    if kind not in ("image", "video"):
+        raise UserError(f"accel serve: {family.title}'s {kind} output is not served yet; serve its image or video pipelines")
+    if per_replica == 1 and recipe.vae.parallel:
+        recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
+    leader = rank // per_replica * per_replica
+    job_group, pairs = _groups(world, per_replica, options.replicas, rank, recipe, pipe, device.type)
+    handle = accel.apply(pipe, recipe)
+    replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader)
+    try:
+        if rank != leader:
+            replica.follow()  # the warm-up is its first job
+        elif rank != 0:
+            _lead_for_front(replica, pairs[rank])
+        else:
+            announce(f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
+                     f"process{'es' if recipe.world_size > 1 else ''}")
+            _front(replica, pairs, Served(recipe.model.name, family, kind), options, world, announce)
+    finally:
+        handle.remove()
+
+
+def _join(device_type: str, recipe: Recipe, world: int) -> int:
+    if world == 1:
+        return 0
+    from accel.parallel.mesh import init_distributed
+
+    rank, size = init_distributed(device_type, recipe.parallel.timeout)
+    if size != world:
+        raise UserError(f"accel serve: this job has {size} processes, but {world // recipe.world_size} replicas of "
+                        f"{recipe.world_size} need {world}; pass --gpus {world}")
+    return rank
+
+
+def _groups(world: int, per_replica: int, replicas: int, rank: int, recipe: Recipe, pipe: Any, device_type: str) -> tuple[Any, dict[int, Any]]:
+    """Every rank creates every group in one order (creation is collective): its replica's job
+    group, the pair groups of rank 0 with each other leader, and with several replicas of a
+    parallel layout, each replica's own mesh (which `accel.apply` then finds)."""
+    if world == 1:
+        return None, {}
+    import torch.distributed as dist
+
+    replica_ranks = [list(range(first, first + per_replica)) for first in range(0, world, per_replica)]
+    job_group, _ = dist.new_subgroups_by_enumeration(replica_ranks, timeout=IDLE, backend="gloo")
+    pairs = {first: dist.new_group([0, first], timeout=IDLE, backend="gloo") for first in range(per_replica, world, per_replica)}
+    if replicas > 1 and per_replica > 1:
+        from accel.compose import parallel_degrees
+        from accel.parallel.mesh import build_replica_meshes
+
+        build_replica_meshes(parallel_degrees(pipe, recipe.parallel), device_type, replicas)
+    return job_group, pairs
+
+
+def _warm_up(replica: Replica) -> Outcome:
+    """One generation at the recipe's own settings: compiles, allocates, fills caches."""
+    return replica.lead(Job(0, replica.kind, {"seed": replica.recipe.generate.seed}))  # type: ignore[arg-type]
+
+
+def _lead_for_front(replica: Replica, pair: Any) -> None:
+    """Another replica's leader: warm up, say so to rank 0, then run its jobs until a stop."""
+    import torch.distributed as dist
+
+    from accel import watchdog
+
+    box: list[Any] = [_warm_up(replica)]
+    dist.send_object_list(box, dst=0, group=pair)
+    while True:
+        with watchdog.idle():
+            dist.recv_object_list(box, src=0, group=pair)
+        job: Job = box[0]
+        outcome = replica.lead(job)
+        if job.stop:
+            return
+        box = [outcome]
+        dist.send_object_list(box, dst=0, group=pair)
+
+
+def _remote(first: int, pair: Any) -> Callable[[Job], Outcome]:
+    """Rank 0's handle on another replica: send the job to its leader, wait for the outcome."""
+    import torch.distributed as dist
+
+    def run(job: Job) -> Outcome:
+        box: list[Any] = [job]
+        dist.send_object_list(box, dst=first, group=pair)
+        if job.stop:
+            return Outcome(True)
+        dist.recv_object_list(box, src=first, group=pair)
+        return box[0]
+
+    return run
+
+
+def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: ServeOptions, world: int,
+           announce: Callable[[str], None]) -> None:
+    import torch.distributed as dist
+    import uvicorn
+
+    from accel import watchdog
+    from accel.serve.dispatch import Dispatcher
+    from accel.serve.front import Metrics, build_app
+
+    warm = [_warm_up(replica)]
+    for first, pair in pairs.items():  # the other replicas warm up at the same time
+        box: list[Any] = [None]
+        with watchdog.idle():
+            dist.recv_object_list(box, src=first, group=pair)
+        warm.append(box[0])
+    failed = [outcome.error for outcome in warm if not outcome.ok]
+    if failed:
+        raise UserError(f"accel serve: the warm-up generation failed: {failed[0]}")
+    dispatcher = Dispatcher([replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue)
+    metrics = Metrics(dispatcher)
+    dispatcher.on_outcome = metrics.record
+    app = build_app(served, dispatcher, metrics, world)
+    dispatcher.start()
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=options.drain_s)
+    server = uvicorn.Server(config)
+    announce(f"serving {served.name} on http://{options.host}:{options.port} (POST /v1/images/generations or /v1/videos, "
+             "GET /v1/models, /health, /metrics); Ctrl-C stops")
+    # uvicorn raises the signal again after its graceful shutdown, with the handlers it found: these
+    # only note it, so a drained server ends with exit 0.
+    previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with watchdog.idle():  # rank 0 waits for clients, not for a stuck collective
+            server.run()
+    finally:
+        dispatcher.stop(options.drain_s)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if not server.started:
+        raise UserError(f"accel serve: could not listen on {options.host}:{options.port} (is the port taken?); pass another --port")
+    announce("stopped")
