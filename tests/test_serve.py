@@ -277,3 +277,13 @@ def test_the_queue_refuses_beyond_its_bound_and_serves_in_order() -> None:
 def test_serve_refusals_are_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", "tiny-flux", *args], catch_exceptions=False)
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}"
+
+
+def test_a_failure_on_one_rank_is_the_replica_s_500_and_the_next_request_runs() -> None:
+    done = subprocess.run([sys.executable, "-m", "accel.cli", "launch", "--gpus", "2", "tests/serve_fault.py"], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "job 1: ok=False files=0 error=rank 1: RuntimeError: CUDA out of memory (injected on rank 1)",
+        "job 2: ok=True files=1 error=None",
+    ]
