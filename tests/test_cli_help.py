@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,16 @@ def test_known_library_noise_is_quiet_in_accel_commands_only() -> None:
     assert "is an Enum subclass" in loud and "transformer_mochi.py:286" in loud
     assert "is an Enum subclass" not in quiet and "transformer_mochi.py" not in quiet
     assert "mine.py:1: UserWarning: In CPU autocast" in quiet
+
+
+def test_piped_run_says_loading_and_prints_a_line_a_block_of_steps(tmp_path: Path) -> None:
+    """Output to a pipe (CliRunner is one) gets plain lines: the load with its time, then a line per
+    quarter of the steps (8 steps: every 2nd), never a bar's redraws."""
+    result = runner.invoke(app, ["run", "tiny-flux", "--steps", "8", "--warmup", "0", "-o", str(tmp_path / "x.png")],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "loading tiny-flux…"
+    assert re.fullmatch(r"loaded tiny-flux in \d+\.\d s", lines[1])
+    assert [re.sub(r", \d+\.\d s$", "", line) for line in lines[2:6]] == [f"generating: step {n}/8" for n in (2, 4, 6, 8)]
+    assert "accel run tiny-flux" in lines[6]
