@@ -187,7 +187,7 @@ def _variant_recipe(recipe: Recipe, name: str) -> Recipe:
 
 def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
     """The checks `accel run` makes before start-up, naming the variant."""
-    from accel.models.loading import heads_before_start
+    from accel.models.refs import heads_before_start
     from accel.models.lora import parse_loras
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of

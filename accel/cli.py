@@ -234,6 +234,7 @@ def run(
     }
     from accel import preflight
     from accel.launch import rank
+    from accel.models.refs import resolve_model
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -241,6 +242,7 @@ def run(
         # Checks before torch loads (seconds) and before any rank starts: an alias names its family,
         # whose pipeline says which --out suffixes it is written as; any model is refused the others.
         settings = _recipe(recipe, overrides)
+        resolve_model(settings.model.name)  # an unknown model: one line, before torch loads
         _check_out_for_alias(out, settings.model)
         preflight.check_out(out, overwrite or not lead)  # a rank > 0 leaves existing files to rank 0
         preflight.check_json(json_path, overwrite or not lead)
@@ -333,7 +335,8 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
 
 def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
-    from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
+    from accel.models.loading import resolve_device, resolve_dtype
+    from accel.models.refs import heads_before_start, resolve_model
     from accel.models.lora import parse_loras
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
@@ -470,9 +473,11 @@ def bench(
         preflight.check_bench_folder(out, check_exists=lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
+        from accel.models.refs import resolve_model
         from accel.recipe import load_recipe
 
         settings = load_recipe(recipe)
+        resolve_model(settings.model.name)  # an unknown model: one line, before plan_bench loads torch
         given = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
         if given:
             settings = settings.with_overrides({"bench": given}, source="command line")

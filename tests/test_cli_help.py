@@ -100,12 +100,14 @@ def test_unknown_option_suggests_real_neighbours(args: list[str], message: str) 
     assert f"│ {message} " in result.output, result.output  # the whole message, nothing after it
 
 
-def test_models_and_help_do_not_import_torch() -> None:
-    """`accel models` and `--help` answer from the registry's data: torch (seconds) never loads."""
+def test_models_help_and_refusals_do_not_import_torch() -> None:
+    """`accel models`, `--help` and the refusal of a bad flag or model name answer from the registry's
+    data and the recipe: torch (seconds) never loads."""
     probe = (
         "import sys\n"
         "from accel.cli import main\n"
-        "for args in (['models'], ['run', '--help'], ['bench', '--help'], ['run', 'tiny-flux', '--cache', '-2']):\n"
+        "for args in (['models'], ['run', '--help'], ['bench', '--help'], ['run', 'tiny-flux', '--cache', '-2'], ['run', 'tiny-flx'],\n"
+        "             ['run', 'tiny-flux', '-o', 'x.mp4']):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit:\n"
@@ -115,6 +117,8 @@ def test_models_and_help_do_not_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"))
     assert "tiny-flux" in result.stdout
+    assert "error: unknown model 'tiny-flx' (did you mean 'tiny-flux'?)" in result.stderr
+    assert "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png" in result.stderr
     assert result.stdout.splitlines()[-1] == "[]"
 
 

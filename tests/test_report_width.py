@@ -111,3 +111,16 @@ def test_models_table_keeps_every_name_whole(width: int) -> None:
 def test_parallel_row_says_only_what_was_chosen(layout: dict[str, object], shown: str) -> None:
     world = 2 * (2 if layout["ulysses"] == 2 and layout["cfg"] == 2 else 1)
     assert report._parallel(dict(layout, world_size=world, vae_split=False)) == shown
+
+
+def test_accel_models_in_an_80_column_terminal() -> None:
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    words = {word for line in lines for word in re.split(r"[\s,·]+", line) if word}
+    assert {name for family in FAMILIES.values() for name in (family.name, family.repo, *family.pipeline_classes)} <= words
