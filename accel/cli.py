@@ -14,7 +14,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from typer.core import TyperCommand, TyperGroup
 
 try:  # typer >= 0.26 carries its own click
@@ -24,6 +23,7 @@ except ImportError:
 
 from accel.errors import UserError
 from accel.launch import DEFAULT_PORT
+
 
 class _Quiet:
     """Help without a `<bool>` placeholder on -h/--help (typer shows one for every flag)."""
@@ -110,8 +110,7 @@ def _accel(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="", show_default=False,
                                           help="Print accel's version and exit.")] = False,
 ) -> None:
-    """Fast diffusion-transformer inference: First Block Cache, context parallelism, parallel VAE,
-    quantization and compile on diffusers pipelines."""
+    """Runs before every command (the app's help text is Typer's `help`): accel's own options."""
     from accel.noise import quiet_library_noise
 
     quiet_library_noise()  # before any command imports torch: also for `app` called in-process
