@@ -5,11 +5,15 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test gpu-check install clean
 
+# The first install downloads torch, diffusers and transformers (a few GB): say so, and let pip show
+# what it fetches rather than sit silent for minutes.
 $(BIN)/accel: pyproject.toml
+	@echo "accel: installing into $(VENV) with torch, diffusers and transformers; a few GB, several minutes the first time"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install --progress-bar on -e '.[test]'
 	touch $(BIN)/accel
+	@echo "accel: installed ($(BIN)/accel)"
 
 install: $(BIN)/accel
 

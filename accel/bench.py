@@ -17,6 +17,7 @@ import gc
 import math
 import re
 import statistics
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -186,7 +187,7 @@ def _variant_recipe(recipe: Recipe, name: str) -> Recipe:
 
 def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
     """The checks `accel run` makes before start-up, naming the variant."""
-    from accel.models.loading import heads_before_start
+    from accel.models.refs import heads_before_start
     from accel.models.lora import parse_loras
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of
@@ -284,7 +285,7 @@ def _run_variants(
     recipe = plan.recipe
     lead = rank == 0
     pipelines = _Pipelines(recipe.model.name, device, recipe.model.pipeline, recipe.model.lora)
-    pipe = pipelines.get(plan.baseline.recipe)
+    pipe = pipelines.get(plan.baseline.recipe, say)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)  # a variant may make another kind
     ref = resolve_model(recipe.model.name)
@@ -474,9 +475,12 @@ class _Pipelines:
         wanted = (quant.type, quant.scope, quant.exclude) if quant.type != "none" else None
         stale = self.quant is not None and self.quant != wanted
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
-            if self.pipe is not None and say is not None:
-                say("  reloading the pipeline (quantization and dtype cannot be undone in place)")
+            tell = say or (lambda _line: None)
+            first = self.pipe is None
+            tell(f"loading {self.name}…" if first else "  reloading the pipeline (quantization and dtype cannot be undone in place)")
+            start = time.perf_counter()
             self._load(recipe.model.dtype)
+            tell(f"{'loaded' if first else '  reloaded'} {self.name} in {time.perf_counter() - start:.1f} s")
         self.quant = wanted
         return self.pipe
 

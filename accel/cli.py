@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,20 +12,108 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand, TyperGroup
+
+try:  # typer >= 0.26 carries its own click
+    from typer._click.exceptions import NoSuchOption
+except ImportError:
+    from click.exceptions import NoSuchOption
 
 from accel.errors import UserError
+from accel.launch import DEFAULT_PORT
+
+
+class _Quiet:
+    """Help without a `<bool>` placeholder on -h/--help (typer shows one for every flag)."""
+
+    def get_help_option(self, ctx: typer.Context) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Group(_Quiet, TyperGroup):
+    pass
+
+
+class _Command(_Quiet, TyperCommand):
+    """A command whose unknown-option error names its real neighbours: click compares with the
+    dashes, so `--model` would suggest `--help` and `--nnodes`."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as error:
+            if error.possibilities is None:  # a short option: nothing to compare with
+                raise
+            raise NoSuchOption(error.option_name, _unknown_option(self, error.option_name), ctx=ctx) from None
+
+
+def _unknown_option(command: Any, given: str) -> str:
+    """'No such option: --x' and what the user may have meant: an argument of that name, a flag
+    for the recipe key they typed, or the options closest by name without their dashes."""
+    bare = given.lstrip("-")
+    if any(p.param_type_name == "argument" and p.name == bare.replace("-", "_") for p in command.params):
+        return f"No such option: {given}; the {bare} is the first argument: accel {command.name} {bare.upper()}"
+    names = [name for p in command.params if p.param_type_name == "option" for name in p.opts if name.startswith("--")]
+    by_bare = {name.lstrip("-"): name for name in names}
+    close = [by_bare[name] for name in difflib.get_close_matches(bare, by_bare, n=3, cutoff=0.6)]
+    close += [name for key, name in by_bare.items() if bare and (key.startswith(bare) or bare.startswith(key))]
+    flag = _FLAG_OF_KEY.get(bare.replace("_", "-"))
+    close = list(dict.fromkeys(([flag] if flag in names else []) + close))[:3]
+    return f"No such option: {given}" + (f"; did you mean {' or '.join(close)}?" if close else "")
+
+
+# Recipe keys (and diffusers' call arguments) users type as flags, and the flag that sets them.
+_FLAG_OF_KEY = {"threshold": "--cache", "guidance-scale": "--guidance", "num-inference-steps": "--steps",
+                "num-frames": "--frames", "true-cfg-scale": "--true-cfg", "output": "--out", "cfg": "--cfg-parallel",
+                "method": "--cache-method"}
+
 
 app = typer.Typer(
     name="accel",
+    cls=_Group,
     help="Fast diffusion-transformer inference: First Block Cache, context parallelism, "
     "parallel VAE, quantization and compile on diffusers pipelines.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 console = Console()
 errors = Console(stderr=True)
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        console.print(f"accel {_installed_version()}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+def _installed_version() -> str:
+    """The installed distribution's version; a source checkout on PYTHONPATH has only the package's."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("accel")
+    except importlib.metadata.PackageNotFoundError:
+        from accel import __version__
+
+        return __version__
+
+
+@app.callback()
+def _accel(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="", show_default=False,
+                                          help="Print accel's version and exit.")] = False,
+) -> None:
+    """Runs before every command (the app's help text is Typer's `help`): accel's own options."""
+    from accel.noise import quiet_library_noise
+
+    quiet_library_noise()  # before any command imports torch: also for `app` called in-process
 
 
 def _fail(message: str, exit_code: int = 2, lost: bool = False) -> None:
@@ -41,61 +131,86 @@ def _fail(message: str, exit_code: int = 2, lost: bool = False) -> None:
 
 Opt = typer.Option
 OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without GPUs (slow; for testing)."
+# A flag takes no value: no `<bool>` placeholder, and off unless given.
+FLAG: dict[str, Any] = {"metavar": "", "show_default": "off"}
+MASTER_PORT_DEFAULT = f"a free port on one node, else {DEFAULT_PORT}"
 
 
-@app.command()
+def _recipe_default(section: str, key: str) -> str:
+    """What `--help` shows for a flag that overrides a recipe key: the recipe's value, else the
+    key's default there (unset there: the model family's own default)."""
+    from accel.recipe import SECTIONS
+
+    default = {f.name: f.default for f in dataclasses.fields(SECTIONS[section])}[key]
+    if default is None or default == "":
+        shown = "the model's"
+    elif isinstance(default, bool):
+        shown = "on" if default else "off"
+    elif isinstance(default, float):
+        shown = f"{default:g}"
+    else:
+        shown = str(default)
+    return f"recipe, else {shown}"
+
+
+def _flag(section: str, key: str) -> dict[str, Any]:
+    """A flag that turns on a recipe key: no placeholder, and the recipe's value unless given."""
+    return {"metavar": "", "show_default": _recipe_default(section, key)}
+
+
+@app.command(cls=_Command)
 def run(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder.")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe, or the JSON an accel run --json wrote (reruns it); flags override its values.")] = None,
-    prompt: Annotated[str | None, Opt("--prompt", "-p")] = None,
-    negative_prompt: Annotated[str | None, Opt("--negative-prompt")] = None,
-    steps: Annotated[int | None, Opt("--steps", help="Denoising steps.")] = None,
-    height: Annotated[int | None, Opt("--height")] = None,
-    width: Annotated[int | None, Opt("--width")] = None,
-    frames: Annotated[int | None, Opt("--frames", help="Frames (video families).")] = None,
-    seed: Annotated[int | None, Opt("--seed")] = None,
-    guidance: Annotated[float | None, Opt("--guidance", help="Guidance scale.")] = None,
-    true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.")] = None,
-    image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).")] = None,
-    mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).")] = None,
-    video: Annotated[str | None, Opt("--video", metavar="PATH", help="Input video (video-to-video, editing, VACE pipelines).")] = None,
-    conditions: Annotated[list[str] | None, Opt("--condition", metavar="PATH@INDEX:STRENGTH", help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.")] = None,
-    references: Annotated[list[str] | None, Opt("--reference", metavar="PATH@STRENGTH", help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.")] = None,
-    inputs: Annotated[list[str] | None, Opt("--input", metavar="KEYWORD=PATH", help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.")] = None,
-    arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.")] = None,
-    lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.")] = None,
-    pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.")] = None,
-    components: Annotated[list[str] | None, Opt("--component", metavar="NAME=FOLDER", help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER (LTX2DFRTemporalRefinePipeline); repeatable.")] = None,
-    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
-    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
-    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).")] = None,
-    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache (default), dbcache, taylorseer or magcache.")] = None,
-    first_blocks: Annotated[int | None, Opt("--first-blocks", metavar="N", help="dbcache: blocks always computed first; they decide.")] = None,
-    last_blocks: Annotated[int | None, Opt("--last-blocks", metavar="N", help="dbcache: blocks always computed last.")] = None,
-    calibrator: Annotated[str | None, Opt("--calibrator", metavar="NAME", help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it).")] = None,
-    taylor_order: Annotated[int | None, Opt("--taylor-order", metavar="N", help="taylorseer: 1 or 2.")] = None,
-    max_cached_steps: Annotated[int | None, Opt("--max-cached-steps", metavar="N", help="Most cached calls per generation (0 = no limit).")] = None,
-    interval: Annotated[int | None, Opt("--interval", metavar="N", help="taylorseer: compute every N-th step, extrapolate between.")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview (default: a fresh name under outputs/), or .pt: the latents a multi-pass pipeline hands on.")] = None,
-    overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.")] = False,
-    json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.")] = None,
-    compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.")] = False,
+    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …; accel models lists them), hub repo id or local folder.", show_default="the recipe's [model] name")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe, or the JSON an accel run --json wrote (reruns it); flags override its values.", show_default="none")] = None,
+    prompt: Annotated[str | None, Opt("--prompt", "-p", help="Text prompt.", show_default=_recipe_default("generate", "prompt"))] = None,
+    negative_prompt: Annotated[str | None, Opt("--negative-prompt", help="Negative prompt (pipelines that take one).", show_default=_recipe_default("generate", "negative_prompt"))] = None,
+    steps: Annotated[int | None, Opt("--steps", help="Denoising steps.", show_default=_recipe_default("generate", "steps"))] = None,
+    height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default=_recipe_default("generate", "height"))] = None,
+    width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default=_recipe_default("generate", "width"))] = None,
+    frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default=_recipe_default("generate", "frames"))] = None,
+    seed: Annotated[int | None, Opt("--seed", help="Random seed, so runs are comparable.", show_default=_recipe_default("generate", "seed"))] = None,
+    guidance: Annotated[float | None, Opt("--guidance", help="Guidance scale.", show_default=_recipe_default("generate", "guidance_scale"))] = None,
+    true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.", show_default=_recipe_default("generate", "true_cfg_scale"))] = None,
+    image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).", show_default="none")] = None,
+    mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).", show_default="none")] = None,
+    video: Annotated[str | None, Opt("--video", metavar="PATH", help="Input video (video-to-video, editing, VACE pipelines).", show_default="none")] = None,
+    conditions: Annotated[list[str] | None, Opt("--condition", metavar="PATH@INDEX:STRENGTH", help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.", show_default="none")] = None,
+    references: Annotated[list[str] | None, Opt("--reference", metavar="PATH@STRENGTH", help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.", show_default="none")] = None,
+    inputs: Annotated[list[str] | None, Opt("--input", metavar="KEYWORD=PATH", help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.", show_default="none")] = None,
+    arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.", show_default="none")] = None,
+    lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.", show_default="none")] = None,
+    pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.", show_default=_recipe_default("model", "pipeline"))] = None,
+    components: Annotated[list[str] | None, Opt("--component", metavar="NAME=FOLDER", help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER (LTX2DFRTemporalRefinePipeline); repeatable.", show_default="none")] = None,
+    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype"))] = None,
+    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))] = None,
+    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).", show_default=_recipe_default("cache", "threshold"))] = None,
+    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache, dbcache, taylorseer or magcache.", show_default=_recipe_default("cache", "method"))] = None,
+    first_blocks: Annotated[int | None, Opt("--first-blocks", metavar="N", help="dbcache: blocks always computed first; they decide.", show_default=_recipe_default("cache", "first_blocks"))] = None,
+    last_blocks: Annotated[int | None, Opt("--last-blocks", metavar="N", help="dbcache: blocks always computed last.", show_default=_recipe_default("cache", "last_blocks"))] = None,
+    calibrator: Annotated[str | None, Opt("--calibrator", metavar="NAME", help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it).", show_default=_recipe_default("cache", "calibrator"))] = None,
+    taylor_order: Annotated[int | None, Opt("--taylor-order", metavar="N", help="taylorseer: 1 or 2.", show_default=_recipe_default("cache", "taylor_order"))] = None,
+    max_cached_steps: Annotated[int | None, Opt("--max-cached-steps", metavar="N", help="Most cached calls per generation (0 = no limit).", show_default=_recipe_default("cache", "max_cached_steps"))] = None,
+    interval: Annotated[int | None, Opt("--interval", metavar="N", help="taylorseer: compute every N-th step, extrapolate between.", show_default=_recipe_default("cache", "interval"))] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview, or .pt: the latents a multi-pass pipeline hands on.", show_default="a fresh name under outputs/")] = None,
+    overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.", **FLAG)] = False,
+    json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.", show_default="none")] = None,
+    compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.", **FLAG)] = False,
     warmup: Annotated[int, Opt("--warmup", help="Untimed warm-up generations before the timed one.")] = 1,
     repeats: Annotated[int, Opt("--repeats", help="Timed generations; the table shows their median.")] = 1,
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.")] = None,
-    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.")] = None,
-    ring: Annotated[int | None, Opt("--ring", help="Ring degree.")] = None,
-    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.")] = False,
-    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.")] = False,
-    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.")] = None,
-    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks.")] = False,
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.", show_default="recipe, else ulysses × ring × cfg")] = None,
+    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
+    ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
+    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
+    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))] = False,
+    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
+    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks.", **_flag("compile", "enabled"))] = False,
     nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
-    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
-    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
-    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.")] = False,
+    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")] = None,
+    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
+    verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.", **FLAG)] = False,
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
@@ -118,6 +233,7 @@ def run(
     }
     from accel import preflight
     from accel.launch import rank
+    from accel.models.refs import resolve_model
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -125,6 +241,7 @@ def run(
         # Checks before torch loads (seconds) and before any rank starts: an alias names its family,
         # whose pipeline says which --out suffixes it is written as; any model is refused the others.
         settings = _recipe(recipe, overrides)
+        resolve_model(settings.model.name)  # an unknown model: one line, before torch loads
         _check_out_for_alias(out, settings.model)
         preflight.check_out(out, overwrite or not lead)  # a rank > 0 leaves existing files to rank 0
         preflight.check_json(json_path, overwrite or not lead)
@@ -145,10 +262,9 @@ def run(
 
         # The JSON is this run's before the long work starts: a concurrent run is refused now, not after.
         json_claim = claim(json_path) if json_path is not None and lead else None
-        # A bar only where someone watches: piped output would collect its redraws as blank lines.
-        progress = _step_bar if console.is_terminal and lead else None
         try:
-            metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress)
+            metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats,
+                                 progress=_progress(lead), announce=_say if lead else None)
             if lead:
                 _report_run(metrics, verbose, json_path, overwrite, (ctx.obj or {}).get("argv") or sys.argv[1:])
         finally:
@@ -220,7 +336,8 @@ def _recipe(recipe_path: Path | None, overrides: dict[str, dict[str, Any]]) -> A
 
 def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[str, ...] = ()) -> int:
     """Check the layout with what is known before start-up, then rerun this command on every rank."""
-    from accel.models.loading import heads_before_start, resolve_device, resolve_dtype, resolve_model
+    from accel.models.loading import resolve_device, resolve_dtype
+    from accel.models.refs import heads_before_start, resolve_model
     from accel.models.lora import parse_loras
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
@@ -263,6 +380,48 @@ def _fit_to_job(settings: Any) -> Any:
     return settings
 
 
+def _say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
+def _progress(lead: bool) -> Any:
+    """Rank 0's step progress: a live bar where someone watches, plain lines where output is piped
+    or logged (a bar's redraws would arrive there as a heap of blank lines)."""
+    if not lead:
+        return None
+    return _step_bar if console.is_terminal else _step_lines
+
+
+@contextmanager
+def _step_lines(label: str) -> Iterator[Any]:
+    yield _Lines(label)
+
+
+class _Lines:
+    """A line a block of steps, about a quarter of the generation each: 'label: step 6/12, 1.2 s'."""
+
+    BLOCKS = 4
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.total = 0
+        self.done = 0
+        self.start_s = 0.0
+
+    def start(self, total: int) -> None:
+        import time
+
+        self.total, self.done, self.start_s = total, 0, time.perf_counter()
+
+    def advance(self) -> None:
+        import time
+
+        self.done += 1
+        block = max(1, -(-self.total // self.BLOCKS))
+        if self.done % block == 0 or self.done == self.total:
+            _say(f"{self.label}: step {self.done}/{self.total}, {time.perf_counter() - self.start_s:.1f} s")
+
+
 @contextmanager
 def _step_bar(label: str) -> Iterator[Any]:
     """A rich bar over denoising steps; the runner starts and advances it from scheduler events."""
@@ -289,20 +448,20 @@ class _Bar:
             self.progress.advance(self.task)
 
 
-@app.command()
+@app.command(cls=_Command)
 def bench(
     ctx: typer.Context,
-    recipe: Annotated[Path, typer.Argument(help="TOML recipe with [bench] variants (e.g. recipes/tiny-flux.toml).")],
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes for the whole bench (default: what the largest variant needs, at most the GPUs here, or CPU cores without one).")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Fresh folder for the outputs and reports (default: a new one under outputs/).")] = None,
-    json_path: Annotated[Path | None, Opt("--json", help="Also write the JSON report here.")] = None,
-    markdown_path: Annotated[Path | None, Opt("--markdown", help="Also write the Markdown report here.")] = None,
-    only: Annotated[list[str] | None, Opt("--only", help="Run only this variant (repeatable); the baseline always runs.")] = None,
-    repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant (overrides [bench] repeats).")] = None,
-    warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant (overrides [bench] warmup).")] = None,
-    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+    recipe: Annotated[Path, typer.Argument(help=escape("TOML recipe with [bench] variants (e.g. recipes/tiny-flux.toml)."))],
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes for the whole bench.", show_default="what the largest variant needs, at most the GPUs here, or CPU cores without one")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Fresh folder for the outputs and reports.", show_default="a new one under outputs/")] = None,
+    json_path: Annotated[Path | None, Opt("--json", help="Also write the JSON report here.", show_default="none")] = None,
+    markdown_path: Annotated[Path | None, Opt("--markdown", help="Also write the Markdown report here.", show_default="none")] = None,
+    only: Annotated[list[str] | None, Opt("--only", metavar="NAME", help="Run only this variant (repeatable); the baseline always runs.", show_default="every variant")] = None,
+    repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant.", show_default=_recipe_default("bench", "repeats"))] = None,
+    warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant.", show_default=_recipe_default("bench", "warmup"))] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
-    """Run a recipe's [bench] variants side by side and compare them with the first (the baseline)."""
+    r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
     from accel import preflight
     from accel.launch import rank
     from accel.parallel.mesh import under_distributed_launcher
@@ -315,9 +474,11 @@ def bench(
         preflight.check_bench_folder(out, check_exists=lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
+        from accel.models.refs import resolve_model
         from accel.recipe import load_recipe
 
         settings = load_recipe(recipe)
+        resolve_model(settings.model.name)  # an unknown model: one line, before plan_bench loads torch
         given = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
         if given:
             settings = settings.with_overrides({"bench": given}, source="command line")
@@ -362,9 +523,7 @@ def bench(
 def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
     from accel.bench import run_bench
 
-    progress = _step_bar if console.is_terminal and lead else None
-    announce = (lambda line: console.print(line, markup=False, highlight=False)) if lead else None
-    return run_bench(plan, folder, progress, announce)
+    return run_bench(plan, folder, _progress(lead), _say if lead else None)
 
 
 def _fresh_folder(out: Path | None, recipe: Path) -> Path:
@@ -375,19 +534,19 @@ def _fresh_folder(out: Path | None, recipe: Path) -> Path:
     return out if out is not None else fresh_folder(Path("outputs"), f"bench-{recipe.stem}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def tune(
     ctx: typer.Context,
     recipe: Annotated[Path, typer.Argument(help="TOML recipe of the pipeline to tune (e.g. recipes/tiny-flux.toml).")],
-    target: Annotated[str | None, Opt("--target", metavar="METRIC=VALUE", help="Find the fastest cache setting whose worst-prompt quality meets this: psnr=32 (dB) or ssim=0.95, against the uncached output.")] = None,
-    calibrate: Annotated[bool, Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.")] = False,
-    prompts: Annotated[Path | None, Opt("--prompts", metavar="FILE", help="--target: the prompts to measure quality on, one a line (default: 2 built-in prompts of the family).")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write (default: <recipe>-tuned.toml, or -magcache.toml with --calibrate, beside it); never overwritten.")] = None,
-    plot: Annotated[Path | None, Opt("--plot", help="--target: the speedup / PSNR plot to write (default: the written recipe's name, .png); never overwritten.")] = None,
-    gpus: Annotated[int | None, Opt("--gpus", help="--target: processes the whole search runs on (relaunches under torchrun); default the recipe's [parallel].")] = None,
+    target: Annotated[str | None, Opt("--target", metavar="METRIC=VALUE", help="Find the fastest cache setting whose worst-prompt quality meets this: psnr=32 (dB) or ssim=0.95, against the uncached output.", show_default="none")] = None,
+    calibrate: Annotated[bool, Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.", **FLAG)] = False,
+    prompts: Annotated[Path | None, Opt("--prompts", metavar="FILE", help="--target: the prompts to measure quality on, one a line.", show_default="2 built-in prompts of the family")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write; never overwritten.", show_default="<recipe>-tuned.toml (-magcache.toml with --calibrate) beside it")] = None,
+    plot: Annotated[Path | None, Opt("--plot", help="--target: the speedup / PSNR plot to write; never overwritten.", show_default="the written recipe's name, .png")] = None,
+    gpus: Annotated[int | None, Opt("--gpus", help="--target: processes the whole search runs on (relaunches under torchrun).", show_default="recipe, else ulysses × ring × cfg")] = None,
     repeats: Annotated[int, Opt("--repeats", help="--target: timed generations per setting and prompt; their median counts.")] = 1,
-    warmup: Annotated[int | None, Opt("--warmup", help="--target: untimed generations before each timed one (default 1 with [compile] on, else 0).")] = None,
-    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+    warmup: Annotated[int | None, Opt("--warmup", help="--target: untimed generations before each timed one.", show_default="1 with [compile] on, else 0")] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
     """Tune the cache on this pipeline: the fastest setting that meets a quality target (--target), or MagCache's curve (--calibrate)."""
     from accel.launch import rank
@@ -494,29 +653,29 @@ def _unreachable(result: Any) -> str:
             f"{describe(closest.cache)}, reached {reached}; lower the target")
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values. Its [generate] values are the requests' defaults.")] = None,
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the replicas.")] = None,
+    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.", show_default="the recipe's [model] name")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values. Its [generate] values are the requests' defaults.", show_default="none")] = None,
+    gpus: Annotated[int | None, Opt("--gpus", help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the replicas.", show_default="recipe, else ulysses × ring × cfg, per replica")] = None,
     replicas: Annotated[int, Opt("--replicas", help="Independent copies of the pipeline, each on --gpus / --replicas processes; requests go to a free one.")] = 1,
     host: Annotated[str, Opt("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, Opt("--port", help="Port to listen on.")] = 8000,
     max_queue: Annotated[int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")] = 4,
     drain: Annotated[float, Opt("--drain", help="Seconds in-flight requests may take to finish after SIGINT / SIGTERM.")] = 60.0,
-    steps: Annotated[int | None, Opt("--steps", help="Default denoising steps of a request.")] = None,
-    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.")] = None,
-    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.")] = None,
-    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).")] = None,
-    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache (default), dbcache, taylorseer or magcache.")] = None,
-    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.")] = None,
-    ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.")] = None,
-    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.")] = False,
-    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.")] = False,
-    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.")] = None,
-    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks (compiled during the warm-up).")] = False,
-    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+    steps: Annotated[int | None, Opt("--steps", help="Default denoising steps of a request.", show_default=_recipe_default("generate", "steps"))] = None,
+    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype"))] = None,
+    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))] = None,
+    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).", show_default=_recipe_default("cache", "threshold"))] = None,
+    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache, dbcache, taylorseer or magcache.", show_default=_recipe_default("cache", "method"))] = None,
+    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
+    ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
+    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
+    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,
+    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
+    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks (compiled during the warm-up).", **_flag("compile", "enabled"))] = False,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
     """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, health, metrics)."""
     from accel import preflight
@@ -571,16 +730,17 @@ def serve(
         return
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+# Everything after SCRIPT is the script's, -h and --help included (torchrun's convention).
+@app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
 def launch(
     ctx: typer.Context,
     script: Annotated[Path, typer.Argument(help="Your Python script (e.g. one that calls accel.apply); its own arguments follow it.")],
     gpus: Annotated[int, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine).")] = 2,
     nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
-    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).")] = None,
-    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).")] = None,
-    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP)] = False,
+    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")] = None,
+    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)] = None,
+    oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
     timeout: Annotated[float, Opt("--timeout", help="Seconds a rank may keep the others waiting in a collective before the job ends, naming it.")] = 600.0,
 ) -> None:
     """Run your own script on N processes (torchrun's environment); a failing or stuck rank is named and ends the job."""
@@ -604,7 +764,7 @@ def launch(
     raise typer.Exit(launch_job(spec, "accel.launch", [str(script), *ctx.args]))
 
 
-@app.command()
+@app.command(cls=_Command)
 def models() -> None:
     """List the model families accel knows and what it can do for each."""
     from accel import report
@@ -613,8 +773,8 @@ def models() -> None:
     console.print(report.models_table(list(FAMILIES.values())))
 
 
-@app.command()
-def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.")] = False) -> None:
+@app.command(cls=_Command)
+def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False) -> None:
     """Versions, devices and attention kernels available here."""
     from accel import report
 
@@ -627,23 +787,10 @@ def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a ta
         console.print(report.environment_table(info))
 
 
-def _quiet_library_noise() -> None:
-    """Import-time notices of the stack (torchao/torch version skew, optional torchvision) are not
-    the user's business in a CLI run; library users keep their own logging untouched."""
-    import logging
-    import os
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> None:
     from accel import interrupts, watchdog
     from accel.launch import exit_code, exit_now, is_peer_loss, world_size
 
-    _quiet_library_noise()
     argv = sys.argv[1:] if argv is None else argv
     on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies
     if not on_rank:  # a rank is stopped by its launcher, at once; a lone process unwinds and cleans up

@@ -412,11 +412,13 @@ def _from_script(trace: TracebackType | None, script: Path) -> TracebackType | N
 def run_script(argv: list[str]) -> int:
     """The rank side of `accel launch`: run a user's script as __main__, reporting its failure."""
     from accel import watchdog
+    from accel.noise import quiet_known_warnings
 
     if not argv:
         print("usage: python -m accel.launch SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     watchdog.start()
+    quiet_known_warnings()  # before the script imports torch
     sys.argv = list(argv)
     try:
         runpy.run_path(argv[0], run_name="__main__")

@@ -1,4 +1,6 @@
-"""What accel shows people: rich tables for a run, the registry and the environment; JSON."""
+"""What accel shows people: rich tables for a run, the registry and the environment; JSON.
+
+Importing it loads neither torch nor the runner: `accel models` must answer in well under a second."""
 
 from __future__ import annotations
 
@@ -6,15 +8,53 @@ import json
 import math
 import platform
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
+from accel.files import OVERWRITE_HINT, write_file
 from accel.models.base import Family
 from accel.models.vaes import vae_plan
-from accel.bench import BENCH_HINT, BenchResult
-from accel.files import OVERWRITE_HINT, write_file
-from accel.runner import Metrics
+
+if TYPE_CHECKING:
+    from accel.bench import BenchResult
+    from accel.runner import Metrics
+
+
+class Fit:
+    """The first of `layouts` (each made for the width there is) whose natural width fits, else the
+    last: a wide table where there is room, the same cells stacked, fewer or as blocks where there
+    is not. A number is never folded or cut, which a squeezed rich table does."""
+
+    def __init__(self, *layouts: Callable[[int], RenderableType]) -> None:
+        self.layouts = layouts
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for make in self.layouts[:-1]:
+            layout = make(width)
+            if Measurement.get(console, options.update_width(10_000), layout).maximum <= width:
+                yield layout
+                return
+        yield self.layouts[-1](width)
+
+
+def _packed(items: Iterable[str], width: int, separator: str) -> str:
+    """`items` joined by `separator`, broken into lines of at most `width` only between items: a
+    pipeline class or a feature name is never split (one longer than `width` gets a line of its own)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(separator) + len(item) <= width:
+            lines[-1] += separator + item
+        else:
+            if lines:
+                lines[-1] += separator.rstrip()
+            lines.append(item)
+    return "\n".join(lines)
 
 
 def _seconds(value: float | None) -> str:
@@ -102,8 +142,12 @@ def _parallel(parallel: dict[str, Any] | None) -> str:
         return "off (1 process)"
     layout = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1)
     vae = ", VAE decode split" if parallel.get("vae_split") else ""
-    if parallel["chosen"]:
+    # Only the sequence degrees are ever chosen: CFG halves are the user's ask (--cfg-parallel).
+    picked = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring") if parallel[name] > 1)
+    if parallel["chosen"] and picked and parallel["cfg"] == 1:
         return f"{layout} (chosen for {parallel['world_size']} processes){vae}"
+    if parallel["chosen"] and picked:
+        return f"{layout} on {parallel['world_size']} processes ({picked} chosen){vae}"
     return f"{layout} on {parallel['world_size']} processes{vae}"
 
 
@@ -183,21 +227,44 @@ def family_features(family: Family) -> list[str]:
     return features
 
 
-def models_table(families: list[Family]) -> Table:
+def models_table(families: list[Family]) -> Fit:
+    """One row a family where the terminal is wide enough for whole names, else a block a family."""
+    return Fit(lambda _width: _models_wide(families), lambda width: _models_blocks(families, width))
+
+
+def _models_wide(families: list[Family]) -> Table:
     table = Table(title="accel models", header_style="bold")
-    # Names fold onto more lines rather than being cut; the accelerator labels stay whole.
-    for column in ("alias", "tiny", "pipeline", "default repo", "kind"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("alias", "tiny", "kind"))
-    table.add_column("accelerators", no_wrap=True, min_width=16)
+    for column in ("alias", "tiny", "pipeline", "default repo", "kind", "accelerators"):
+        table.add_column(column, no_wrap=True)
     for family in families:
         table.add_row(
             family.name,
             family.tiny_alias or "—",
             "\n".join(family.pipeline_classes),
             family.repo,
-            "\n".join(family.outputs) + ("\n+ audio" if family.audio is not None else ""),
+            "\n".join(_kinds(family)),
             "\n".join(family_features(family)),
         )
+    return table
+
+
+def _kinds(family: Family) -> list[str]:
+    return [*family.outputs, *(["+ audio"] if family.audio is not None else [])]
+
+
+def _models_blocks(families: list[Family], width: int) -> Table:
+    """A narrow terminal's registry: the alias, then its tiny alias, outputs and default repo, its
+    pipelines and its accelerators, each list broken only between names."""
+    table = Table.grid(padding=(0, 1, 1, 0))
+    table.title = "accel models"
+    alias_width = max(len(family.name) for family in families)
+    table.add_column("alias", style="bold", no_wrap=True, width=alias_width)
+    rest = max(20, width - alias_width - 1)
+    table.add_column("what", no_wrap=True)
+    for family in families:
+        head = _packed([f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · ")
+        lines = [head, _packed(family.pipeline_classes, rest, ", "), _packed(family_features(family), rest, " · ")]
+        table.add_row(family.name, Text("\n".join(lines)))
     return table
 
 
@@ -301,14 +368,43 @@ def _bench_context(result: BenchResult) -> str:
     )
 
 
-def bench_table(result: BenchResult) -> Table:
+def bench_table(result: BenchResult) -> Fit:
+    """Every column where it fits; else two lines a variant (layout under its name, min–max under the
+    median, cache hits under the speedup, SSIM under PSNR) without the time per step (the median over
+    the caption's steps); else without min–max too. Never a cut number."""
+    return Fit(lambda _width: _bench_wide(result), lambda _width: _bench_stacked(result, spans=True),
+               lambda _width: _bench_stacked(result, spans=False))
+
+
+def _bench_wide(result: BenchResult) -> Table:
     table = Table(title=_bench_title(result), caption=_bench_context(result), header_style="bold")
     for column in BENCH_COLUMNS:
-        # Only the layout may wrap: a squeezed number or name would be misread.
-        table.add_column(column, justify="left" if column in ("variant", "layout") else "right",
-                         overflow="fold", no_wrap=column != "layout")
+        table.add_column(column, justify="left" if column in ("variant", "layout") else "right", no_wrap=True)
     for cells in bench_rows(result):
         table.add_row(*cells)
+    return table
+
+
+def _bench_stacked(result: BenchResult, spans: bool) -> Table:
+    table = Table(title=_bench_title(result), caption=_bench_context(result), header_style="bold",
+                  show_edge=False, pad_edge=False)
+    table.add_column("variant\nlayout")
+    table.add_column("median\nmin–max" if spans else "median", justify="right", no_wrap=True)
+    table.add_column("speedup\ncache", justify="right", no_wrap=True)
+    table.add_column("peak\nmemory", justify="right", no_wrap=True)
+    table.add_column("PSNR\nSSIM", justify="right", no_wrap=True)
+    for row, cells in zip(result.variants, bench_rows(result), strict=True):
+        cell = dict(zip(BENCH_COLUMNS, cells, strict=True))
+        if not row.ran:
+            table.add_row(f"{cell['variant']}\nskipped", "—", "—", "—", "—")
+            continue
+        table.add_row(
+            f"{cell['variant']}\n{cell['layout']}",
+            cell["median"] + (f"\n{cell['min–max']}" if spans else ""),
+            f"{cell['speedup']}\n{cell['cache hits']}",
+            cell["peak memory"],
+            cell["PSNR"] + ("" if cell["SSIM"] == "baseline" else f"\n{cell['SSIM']}"),
+        )
     return table
 
 
@@ -332,6 +428,7 @@ def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None
     """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
     and speedup.png; the paths are recorded in `result.files` (and so in the JSON). Each file is
     written whole, and none replaces an existing one (UserError): bench never overwrites."""
+    from accel.bench import BENCH_HINT
     from accel.figures import save_grid, speedup_chart
 
     hint = BENCH_HINT  # what each refusal says

@@ -452,9 +452,11 @@ def run(
     warmup: int = 1,
     repeats: int = 1,
     progress: Callable[[str], Any] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Metrics:
     """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
-    that shows denoising progress (the CLI passes a rich bar; the API passes nothing)."""
+    that shows denoising progress (the CLI passes a rich bar; the API passes nothing); `announce(line)`
+    says when the load (often the longest wait) starts and how long it took."""
     if warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {warmup}")
     if repeats < 1:
@@ -478,10 +480,13 @@ def run(
     with claim(out) if lead and out is not None else nullcontext():
         if lead:
             _check_out(out, overwrite, planned, planned_variant)  # again, now that it is ours: it may have appeared meanwhile
+        say = announce or (lambda _line: None)
+        say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
                              recipe.model.components)
         load_s = time.perf_counter() - start
+        say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)
         variant = variant_of_class(family, type(pipe))
         made = made_by(family, variant.pipeline_class)
