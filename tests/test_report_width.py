@@ -17,7 +17,7 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?: ?(?:ms|s|GiB|MiB|KiB
 
 METRICS = Metrics(
     model="tiny-flux", family="flux", output_kind="image", device="cpu", dtype="float32",
-    settings={"prompt": "a red fox", "width": 1024, "height": 1024, "num_inference_steps": 28},
+    recipe={"generate": {"prompt": "a red fox", "width": 1024, "height": 1024, "steps": 28}},
     load_s=12.345, warmup_s=3.21, generate_s=0.40412, steps=28, peak_memory_bytes=123456789, peak_memory_kind="process RSS",
     output_path="outputs/tiny-flux-20261124-224016-3.png",
     cache={"hit_rate": 0.4286, "cached_calls": 12, "transformer_calls": 28, "calls": []},
