@@ -83,7 +83,7 @@ def _timed(times: list[float]) -> str:
 
 
 def _speedup(metrics: Metrics) -> str:
-    """'1.52× (1.31–1.80×)': baseline median / median, and the spread the repeats allow (runner.speedup_range)."""
+    """'1.52× (1.31–1.80×, interleaved)': the speedup and its spread over the repeats (Metrics.speedup_spread)."""
     spread = metrics.speedup_spread
     if metrics.speedup is None or spread is None:
         return "—"

@@ -70,13 +70,13 @@ def test_compiling_or_quantizing_recipes_compare_sequentially() -> None:
     assert compare_order(base.with_overrides({"compile": {"enabled": True}})) == "sequential"
 
 
-def _metrics(times: list[float], baseline: list[float] | None) -> Metrics:
+def _metrics(times: list[float], baseline: list[float] | None, order: str = "interleaved") -> Metrics:
     return Metrics(
         model="tiny-flux", family="flux", output_kind="image", device="cpu", dtype="float32",
         recipe={"generate": {"width": 64, "height": 64}}, load_s=1.0, warmup_s=0.5, generate_s=sorted(times)[len(times) // 2],
         steps=12, peak_memory_bytes=1 << 20, peak_memory_kind="process RSS", times_s=times,
         baseline_s=sorted(baseline)[len(baseline) // 2] if baseline else None, baseline_times_s=baseline or [],
-        compare_order="interleaved" if baseline else None, threads={"count": 1, "source": "accel default"},
+        compare_order=order if baseline else None, threads={"count": 1, "source": "accel default"},
         psnr_db=30.0 if baseline else None, ssim=0.9 if baseline else None,
     )
 
@@ -90,18 +90,22 @@ def _cells(table: Any) -> dict[str, str]:
 
 
 def test_the_run_table_shows_median_and_min_max_or_says_single_repeat() -> None:
-    spread = _cells(run_table(_metrics([0.2, 0.25, 0.3], [0.5, 0.6, 0.7])))
+    times, baseline = [0.2, 0.3, 0.25], [0.5, 0.6, 0.9]
+    spread = _cells(run_table(_metrics(times, baseline)))
     assert spread["generation"] == "250.0 ms (200.0–300.0 ms)"
-    assert spread["baseline generation"] == "600.0 ms (500.0–700.0 ms)"
-    # 0.6 / 0.25; fastest baseline / slowest run 0.5 / 0.3, slowest baseline / fastest run 0.7 / 0.2.
-    assert spread["speedup"] == "2.40× (1.67–3.50×, interleaved)"
+    assert spread["baseline generation"] == "600.0 ms (500.0–900.0 ms)"
+    # Alternating runs pair up: 0.5 / 0.2, 0.6 / 0.3, 0.9 / 0.25; their median and min–max.
+    assert spread["speedup"] == "2.50× (2.00–3.60×, interleaved)"
     assert spread["CPU threads"] == "1 (accel default; OMP_NUM_THREADS overrides)"
+    # One side after the other: median over median (0.6 / 0.25); fastest baseline / slowest run up to
+    # slowest baseline / fastest run (0.5 / 0.3, 0.9 / 0.2).
+    assert _cells(run_table(_metrics(times, baseline, "sequential")))["speedup"] == "2.40× (1.67–4.50×, sequential)"
     single = _cells(run_table(_metrics([0.25], [0.6])))
     assert single["generation"] == "250.0 ms (single repeat)"
     assert single["speedup"] == "2.40× (single repeat: noisy, use --repeats 5)"
-    document = _metrics([0.2, 0.25, 0.3], [0.5, 0.6, 0.7]).as_dict()
-    assert (document["min_s"], document["max_s"]) == (0.2, 0.3)
-    assert document["speedup_min"] == pytest.approx(0.5 / 0.3) and document["speedup_max"] == pytest.approx(0.7 / 0.2)
+    document = _metrics(times, baseline).as_dict()
+    assert (document["min_s"], document["max_s"], document["speedup"]) == (0.2, 0.3, 2.5)
+    assert (document["speedup_min"], document["speedup_max"]) == (2.0, pytest.approx(3.6))
 
 
 def _bench(repeats: int) -> BenchResult:
