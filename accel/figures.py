@@ -157,13 +157,16 @@ def speedup_figure(
     axes.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
     reach = [max(value, spread[1]) for _, value, spread in spans] if spans else []
     axes.set_xlim(0.0, max(1.0, *values, *reach) * 1.18)  # room for the value text past the longest bar
+    ends = {row: spread[1] for row, _, spread in spans}  # the value sits past its whisker
     for row, speedup in zip(rows, speedups):
         text = " skipped" if speedup is None else f" {speedup:.2f}×"
-        axes.text(0.0 if speedup is None else speedup, row, text, va="center", color="0.3" if speedup is None else "0")
+        x = 0.0 if speedup is None else max(speedup, ends.get(row, speedup))
+        axes.text(x, row, text, va="center", color="0.3" if speedup is None else "0")
     handles: list[Any] = [Patch(color=FASTER, label=LEGEND_LABELS[0]), Patch(color=SLOWER, label=LEGEND_LABELS[1])]
     if spans:
         handles.append(axes.containers[-1])  # the whiskers' ErrorbarContainer
-    axes.legend(handles=handles, loc="lower right", fontsize="small")
+    # Below the plot, not on it: no bar or value is ever hidden under the legend.
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small", frameon=False)
     axes.set_xlabel("speedup over baseline (median; whiskers: min–max)" if spans else "speedup over baseline")
     axes.set_title(title)
     return figure

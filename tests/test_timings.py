@@ -139,12 +139,12 @@ def test_the_speedup_chart_draws_min_max_whiskers_and_a_legend_for_its_colours()
     figure = speedup_figure(["baseline", "skipped", "cache", "one run"], [1.0, None, 2.4, 0.9], "speedup", spreads)
     axes = figure.axes[0]
     assert _whiskers(axes) == [[(0.8, 0.0), (1.25, 0.0)], [(pytest.approx(2.0), 2.0), (pytest.approx(3.0), 2.0)]]  # rows 0, 2 only
-    assert [text.get_text() for text in axes.get_legend().get_texts()] == list(LEGEND_LABELS)
+    assert [text.get_text() for text in figure.legends[0].get_texts()] == list(LEGEND_LABELS)
     colours = [patch.get_facecolor() for patch in axes.patches]
     assert colours[0] == colours[2] != colours[3]  # faster: one colour, slower: the other
-    plain = speedup_figure(["a", "b"], [1.5, 0.7], "speedup").axes[0]
-    assert [text.get_text() for text in plain.get_legend().get_texts()] == list(LEGEND_LABELS[:2])
-    assert not any(isinstance(c, ErrorbarContainer) for c in plain.containers)
+    plain = speedup_figure(["a", "b"], [1.5, 0.7], "speedup")
+    assert [text.get_text() for text in plain.legends[0].get_texts()] == list(LEGEND_LABELS[:2])
+    assert not any(isinstance(c, ErrorbarContainer) for c in plain.axes[0].containers)
     with pytest.raises(ValueError, match="one speedup per name \\(and one spread, where given\\), got 2 names, 2 speedups and 1 spreads"):
         speedup_figure(["a", "b"], [1.0, 2.0], "speedup", [None])
 
