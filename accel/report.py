@@ -330,7 +330,7 @@ def _bench_context(result: BenchResult) -> str:
         f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
         f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
-        + (f"; {_threads(result.threads)} CPU threads" if result.threads is not None and result.device.startswith("cpu") else "")
+        + (f"; CPU threads: {_threads(result.threads)}" if result.threads is not None and result.device.startswith("cpu") else "")
     )
 
 

@@ -120,11 +120,12 @@ def _bench(repeats: int) -> BenchResult:
 def test_the_bench_table_says_when_each_time_is_a_single_repeat() -> None:
     single = _bench(1)
     assert [row[3] for row in bench_rows(single)] == ["single repeat", "single repeat", "—"]
-    assert bench_notes(single)[-1] == "speedups are from a single repeat per variant and may be noise; pass --repeats 5 for a median and spread"
+    assert bench_notes(single)[-1] == ("speedups are from a single repeat per variant and may be noise; "
+                                       "pass --repeats 5 for a median and spread")
     three = _bench(3)
     assert [row[2:4] for row in bench_rows(three)[:2]] == [["600.0 ms", "500.0–700.0 ms"], ["250.0 ms", "200.0–300.0 ms"]]
     assert bench_notes(three) == ["ulysses skipped: needs 2 processes"]
-    assert "; 2 (OMP_NUM_THREADS) CPU threads" in bench_markdown(three)
+    assert "; CPU threads: 2 (OMP_NUM_THREADS)." in bench_markdown(three)
 
 
 def _whiskers(axes: Any) -> list[list[tuple[float, float]]]:
