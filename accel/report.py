@@ -234,7 +234,13 @@ def environment() -> dict[str, Any]:
     """Versions, devices and attention kernels, as `accel env` prints them."""
     import torch
 
-    devices = [f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"]
+    from accel.preflight import cpu_cores
+    from accel.threads import cpu_threads
+
+    with cpu_threads(torch.device("cpu")) as threads:  # what a CPU run here would use
+        pass
+    plural = "s" if threads.count > 1 else ""
+    devices = [f"cpu ({platform.machine()}, {cpu_cores()} cores; {threads.count} thread{plural} per run: {threads.source})"]
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)

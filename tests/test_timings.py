@@ -185,3 +185,13 @@ def test_the_demo_repeats_its_compared_runs_as_the_readme_says() -> None:
     readme = (ROOT / "README.md").read_text()
     assert f"runs `{command}`" in readme
     assert "$" not in command  # a plain command line: no make variables left in it
+
+
+def test_env_says_how_many_threads_a_cpu_run_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.report import environment
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    count = default_threads(cpu_cores())
+    assert environment()["devices"][0].endswith(f" {cpu_cores()} cores; {count} thread{'s' if count > 1 else ''} per run: accel default)")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert environment()["devices"][0].endswith("thread per run: OMP_NUM_THREADS)")
