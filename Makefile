@@ -18,7 +18,7 @@ $(BIN)/accel: pyproject.toml
 install: $(BIN)/accel
 
 demo: install
-	$(BIN)/accel run tiny-flux --steps 12 --cache 0.4 --compare
+	$(BIN)/accel run tiny-flux --steps 12 --cache 0.4 --compare --repeats 9
 
 test: install
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q

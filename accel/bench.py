@@ -74,6 +74,9 @@ class VariantResult:
     warmup_s: float | None = None
     steps: int | None = None
     speedup: float | None = None
+    # The speedup's spread over the repeats (runner.speedup_range); None when skipped or without a baseline.
+    speedup_min: float | None = None
+    speedup_max: float | None = None
     cache_hit_rate: float | None = None
     peak_memory_bytes: int | None = None
     psnr_db: float | None = None
@@ -127,6 +130,8 @@ class BenchResult:
     variants: list[VariantResult]
     folder: str | None = None
     files: dict[str, str] = field(default_factory=dict)
+    # CPU threads each rank computed with and what chose them (accel.threads.Threads.as_dict).
+    threads: dict[str, Any] | None = None
     # What the comparison grid shows, for each variant that ran (a video's three frames, not all).
     tiles: list[Tile] = field(default_factory=list, repr=False)
 
@@ -242,6 +247,7 @@ def run_bench(
     writes each variant's output there as it finishes. `progress(label)` gives a context whose
     step events drive a bar; `announce(line)` reports each variant as it starts and ends."""
     from accel.models.loading import resolve_device
+    from accel.threads import cpu_threads
 
     device = resolve_device(plan.recipe.model.device)
     rank, barrier = _join(plan, device.type)
@@ -249,7 +255,11 @@ def run_bench(
     # after measuring (the claim ends here; by then the folder holds outputs, so it is not "empty").
     held = _claim_folder(folder) if rank == 0 and folder is not None else None
     try:
-        return _run_variants(plan, folder, device, rank, barrier, progress, announce or (lambda _line: None))
+        with cpu_threads(device) as threads:
+            result = _run_variants(plan, folder, device, rank, barrier, progress, announce or (lambda _line: None))
+        if result is not None:
+            result.threads = threads.as_dict()
+        return result
     finally:
         if held is not None:
             held.release()
@@ -292,7 +302,7 @@ def _run_variants(
 
     results: list[VariantResult] = []
     tiles: list[Tile] = []
-    baseline: tuple[float, np.ndarray] | None = None
+    baseline: tuple[float, np.ndarray, list[float]] | None = None
     count = len(plan.variants)
     for index, planned in enumerate(plan.variants, 1):
         layout = _layout(planned, pipe)
@@ -372,15 +382,16 @@ def _record(
     measured: Any,
     variant: Recipe,
     is_baseline: bool,
-    baseline: tuple[float, np.ndarray] | None,
+    baseline: tuple[float, np.ndarray, list[float]] | None,
     folder: Path | None,
     index: int,
     family: Any,
     kind: str,
-) -> tuple[float, np.ndarray] | None:
-    """Fill the row from a measurement (rank 0); returns the baseline (median, output) to compare with."""
+) -> tuple[float, np.ndarray, list[float]] | None:
+    """Fill the row from a measurement (rank 0); returns the baseline (median, output, times) to compare with."""
     from accel.media import viewable
     from accel.quality import psnr, ssim
+    from accel.runner import speedup_range
 
     result = measured.measurement
     row.times_s = list(result.times)
@@ -392,9 +403,10 @@ def _record(
     row.compile = measured.compile
     row.bytes_sent_per_rank = measured.bytes_sent_per_rank
     if is_baseline:
-        baseline = (result.seconds, result.output)
+        baseline = (result.seconds, result.output, list(result.times))
     if baseline is not None:
         row.speedup = baseline[0] / result.seconds if result.seconds > 0 else None
+        row.speedup_min, row.speedup_max = speedup_range(baseline[2], result.times)
         if not is_baseline and baseline[1].shape == result.output.shape:  # as shown: an HDR video's SDR preview
             row.psnr_db = psnr(viewable(result.output, kind), viewable(baseline[1], kind))
             row.ssim = ssim(viewable(result.output, kind), viewable(baseline[1], kind))

@@ -197,7 +197,7 @@ def run(
     json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.", show_default="none")] = None,
     compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.", **FLAG)] = False,
     warmup: Annotated[int, Opt("--warmup", help="Untimed warm-up generations before the timed one.")] = 1,
-    repeats: Annotated[int, Opt("--repeats", help="Timed generations; the table shows their median.")] = 1,
+    repeats: Annotated[int, Opt("--repeats", help="Timed generations; the table shows their median and min–max (--compare alternates baseline and accelerated runs).")] = 1,
     gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.", show_default="recipe, else ulysses × ring × cfg")] = None,
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,

@@ -27,6 +27,7 @@ import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -103,41 +104,72 @@ def save_grid(tiles: Sequence[Tile], path: Path, *, replace: bool = False, hint:
     write_file(path, lambda temp: grid.save(temp, format="PNG"), replace=replace, hint=hint)
 
 
+FASTER, SLOWER, WHISKER = "tab:blue", "tab:orange", "0.15"  # bar colours and the min–max whiskers
+LEGEND_LABELS = ("faster than baseline", "slower than baseline", "min–max over repeats")
+
+
 def speedup_chart(
     names: Sequence[str], speedups: Sequence[float | None], path: Path, title: str, *, replace: bool = False,
-    hint: str = OVERWRITE_HINT,
+    hint: str = OVERWRITE_HINT, spreads: Sequence[tuple[float, float] | None] | None = None,
 ) -> None:
+    """`speedup_figure` as a PNG, written whole (accel.files); an existing `path` is refused unless `replace`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow imports, only when drawing
+
+    canvas = FigureCanvasAgg(speedup_figure(names, speedups, title, spreads))  # no pyplot: no global figure state
+    # print_png, not savefig: rc settings such as savefig.bbox = tight would change the size
+    write_file(path, canvas.print_png, replace=replace, hint=hint)
+
+
+def speedup_figure(
+    names: Sequence[str], speedups: Sequence[float | None], title: str,
+    spreads: Sequence[tuple[float, float] | None] | None = None,
+) -> Any:
     """Horizontal bars, first variant on top, value at each bar's end; None is drawn as "skipped".
-    Written whole (accel.files); an existing `path` is refused unless `replace`."""
-    if len(names) != len(speedups):
+    `spreads` (low, high) per variant draw min–max whiskers (None: that bar has none); a legend
+    names the colours and, where drawn, the whiskers."""
+    if len(names) != len(speedups) or (spreads is not None and len(spreads) != len(names)):
         raise ValueError(
-            f"speedup chart needs one speedup per name, got {len(names)} names and {len(speedups)} speedups"
+            f"speedup chart needs one speedup per name (and one spread, where given), got {len(names)} names, {len(speedups)} speedups"
+            + (f" and {len(spreads)} spreads" if spreads is not None else "")
         )
     if not names:
         raise ValueError("speedup chart needs at least one variant")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow imports, only when drawing
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     rows = list(range(len(names)))
     height_px = round((CHART_BASE_IN + CHART_ROW_IN * len(names)) * CHART_DPI)
     # A quarter pixel over, since matplotlib truncates the pixel size and 2.55 in * 100 is 254.99...
     figure = Figure(figsize=(CHART_WIDTH_IN, (height_px + 0.25) / CHART_DPI), dpi=CHART_DPI, layout="constrained")
-    canvas = FigureCanvasAgg(figure)  # no pyplot: no global figure state, safe in library code
     axes = figure.add_subplot()
     values = [0.0 if speedup is None else speedup for speedup in speedups]
-    colors = ["tab:blue" if value >= 1.0 else "tab:orange" for value in values]
+    colors = [FASTER if value >= 1.0 else SLOWER for value in values]
     axes.barh(rows, values, color=colors, height=0.6)
+    spans = [(row, value, spread) for row, value, spread in zip(rows, values, spreads or [None] * len(names))
+             if spread is not None and value > 0]
+    if spans:
+        low = [max(0.0, value - spread[0]) for _, value, spread in spans]
+        high = [max(0.0, spread[1] - value) for _, value, spread in spans]
+        axes.errorbar([value for _, value, _ in spans], [row for row, _, _ in spans], xerr=[low, high], fmt="none",
+                      ecolor=WHISKER, elinewidth=1.2, capsize=4, label=LEGEND_LABELS[2])
     axes.set_yticks(rows, labels=list(names))
     axes.invert_yaxis()  # first variant on top, as listed
     axes.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
-    axes.set_xlim(0.0, max(1.0, *values) * 1.18)  # room for the value text past the longest bar
+    reach = [max(value, spread[1]) for _, value, spread in spans] if spans else []
+    axes.set_xlim(0.0, max(1.0, *values, *reach) * 1.18)  # room for the value text past the longest bar
+    ends = {row: spread[1] for row, _, spread in spans}  # the value sits past its whisker
     for row, speedup in zip(rows, speedups):
         text = " skipped" if speedup is None else f" {speedup:.2f}×"
-        axes.text(0.0 if speedup is None else speedup, row, text, va="center", color="0.3" if speedup is None else "0")
-    axes.set_xlabel("speedup over baseline")
+        x = 0.0 if speedup is None else max(speedup, ends.get(row, speedup))
+        axes.text(x, row, text, va="center", color="0.3" if speedup is None else "0")
+    handles: list[Any] = [Patch(color=FASTER, label=LEGEND_LABELS[0]), Patch(color=SLOWER, label=LEGEND_LABELS[1])]
+    if spans:
+        handles.append(axes.containers[-1])  # the whiskers' ErrorbarContainer
+    # Below the plot, not on it: no bar or value is ever hidden under the legend.
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize="small", frameon=False)
+    axes.set_xlabel("speedup over baseline (median; whiskers: min–max)" if spans else "speedup over baseline")
     axes.set_title(title)
-    # print_png, not savefig: rc settings such as savefig.bbox = tight would change the size
-    write_file(path, canvas.print_png, replace=replace, hint=hint)
+    return figure
 
 
 def _common_shape(tiles: Sequence[Tile]) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import statistics
 from pathlib import Path
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,7 @@ def run_table(metrics: Metrics) -> Table:
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
         ("load", _seconds(metrics.load_s)),
         ("warm-up (compile)" if metrics.compile else "warm-up", _seconds(metrics.warmup_s)),
-        ("generation", _seconds(metrics.generate_s)),
+        ("generation", _timed(metrics.times_s)),
         ("per step", _seconds(metrics.per_step_s)),
         ("steps/s", f"{metrics.steps_per_s:.2f}"),
     ]
@@ -99,14 +100,42 @@ def run_table(metrics: Metrics) -> Table:
     rows.append(("compile", _compile(metrics.compile)))
     rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
     if metrics.baseline_s is not None:
-        rows.append(("baseline generation", _seconds(metrics.baseline_s)))
-        rows.append(("speedup", f"{metrics.speedup:.2f}×" if metrics.speedup else "—"))
+        rows.append(("baseline generation", _timed(metrics.baseline_times_s) if metrics.baseline_times_s else _seconds(metrics.baseline_s)))
+        rows.append(("speedup", _speedup(metrics)))
         psnr = metrics.psnr_db
         rows.append(("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB"))
         rows.append(("SSIM vs baseline", f"{metrics.ssim:.4f}" if metrics.ssim is not None else "—"))
+    if metrics.threads is not None and metrics.device.startswith("cpu"):
+        rows.append(("CPU threads", _threads(metrics.threads)))
     for name, value in rows:
         table.add_row(name, value)
     return table
+
+
+SINGLE_REPEAT = "single repeat"
+
+
+def _timed(times: list[float]) -> str:
+    """'52.1 ms (49.0–60.2 ms)': the median and min–max of the timed runs; one run says so."""
+    if len(times) == 1:
+        return f"{_seconds(times[0])} ({SINGLE_REPEAT})"
+    return f"{_seconds(statistics.median(times))} ({_span(min(times), max(times))})"
+
+
+def _speedup(metrics: Metrics) -> str:
+    """'1.52× (1.31–1.80×, interleaved)': the speedup and its spread over the repeats (Metrics.speedup_spread)."""
+    spread = metrics.speedup_spread
+    if metrics.speedup is None or spread is None:
+        return "—"
+    if len(metrics.times_s) == 1 and len(metrics.baseline_times_s) == 1:
+        return f"{metrics.speedup:.2f}× ({SINGLE_REPEAT}: noisy, use --repeats 5)"
+    return f"{metrics.speedup:.2f}× ({spread[0]:.2f}–{spread[1]:.2f}×, {metrics.compare_order})"
+
+
+def _threads(threads: dict[str, Any]) -> str:
+    if threads["source"] == "accel default":
+        return f"{threads['count']} (accel default; OMP_NUM_THREADS overrides)"
+    return f"{threads['count']} ({threads['source']})"
 
 
 def _size(settings: dict[str, Any], output_kind: str) -> str:
@@ -272,7 +301,13 @@ def environment() -> dict[str, Any]:
     """Versions, devices and attention kernels, as `accel env` prints them."""
     import torch
 
-    devices = [f"cpu ({platform.machine()}, {torch.get_num_threads()} threads)"]
+    from accel.preflight import cpu_cores
+    from accel.threads import cpu_threads
+
+    with cpu_threads(torch.device("cpu")) as threads:  # what a CPU run here would use
+        pass
+    plural = "s" if threads.count > 1 else ""
+    devices = [f"cpu ({platform.machine()}, {cpu_cores()} cores; {threads.count} thread{plural} per run: {threads.source})"]
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
@@ -324,7 +359,7 @@ def bench_rows(result: BenchResult) -> list[list[str]]:
             row.name,
             row.layout,
             _seconds(row.median_s),
-            _span(min(row.times_s), max(row.times_s)),
+            _span(min(row.times_s), max(row.times_s)) if len(row.times_s) > 1 else SINGLE_REPEAT,
             _seconds(row.per_step_s),
             f"{row.speedup:.2f}×" if row.speedup is not None else "—",
             f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
@@ -336,8 +371,11 @@ def bench_rows(result: BenchResult) -> list[list[str]]:
 
 
 def bench_notes(result: BenchResult) -> list[str]:
-    """Lines under the table: why each skipped variant did not run."""
-    return [f"{row.name} skipped: {row.skip_reason}" for row in result.variants if not row.ran]
+    """Lines under the table: why each skipped variant did not run; a warning when each time is one run."""
+    notes = [f"{row.name} skipped: {row.skip_reason}" for row in result.variants if not row.ran]
+    if result.repeats == 1:
+        notes.append(f"speedups are from a {SINGLE_REPEAT} per variant and may be noise; pass --repeats 5 for a median and spread")
+    return notes
 
 
 def _span(low: float, high: float) -> str:
@@ -365,6 +403,7 @@ def _bench_context(result: BenchResult) -> str:
         f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
         f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
+        + (f"; CPU threads: {_threads(result.threads)}" if result.threads is not None and result.device.startswith("cpu") else "")
     )
 
 
@@ -441,6 +480,8 @@ def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None
     speedup_chart(
         [row.name for row in result.variants], [row.speedup if row.ran else None for row in result.variants],
         files["chart"], f"{result.model}: speedup vs {result.baseline}", hint=hint,
+        spreads=[(row.speedup_min, row.speedup_max) if row.speedup_min is not None and row.speedup_max is not None
+                 and len(row.times_s) > 1 else None for row in result.variants],
     )
     result.files = {name: str(path) for name, path in files.items()}
     markdown = bench_markdown(result)

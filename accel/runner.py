@@ -36,6 +36,7 @@ from accel.prompts import truncation_notes
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
 from accel.steps import StepEvents, StepListener
+from accel.threads import cpu_threads
 
 
 @dataclass
@@ -119,6 +120,11 @@ class Metrics:
     output_height: int | None = None
     # What the run changed or cut from what was asked (a long prompt, a size the pipeline rounded), one line each.
     notes: list[str] = field(default_factory=list)
+    # Every timed baseline run with --compare (baseline_s is their median); how the two were ordered.
+    baseline_times_s: list[float] = field(default_factory=list)
+    compare_order: str | None = None
+    # CPU threads the run computed with and what chose them (accel.threads.Threads.as_dict).
+    threads: dict[str, Any] | None = None
 
     @property
     def per_step_s(self) -> float:
@@ -130,12 +136,48 @@ class Metrics:
 
     @property
     def speedup(self) -> float | None:
+        """Baseline over accelerated: the median of the per-pair ratios when the runs alternated
+        (`paired_ratios`), else baseline median / median; None without --compare."""
+        if self._paired:
+            return statistics.median(paired_ratios(self.baseline_times_s, self.times_s))
         return self.baseline_s / self.generate_s if self.baseline_s and self.generate_s > 0 else None
+
+    @property
+    def speedup_spread(self) -> tuple[float, float] | None:
+        """The speedup's min–max over the repeats: of the per-pair ratios when the runs alternated,
+        else `speedup_range`; None without --compare."""
+        if self.speedup is None or not self.baseline_times_s or not self.times_s:
+            return None
+        if self._paired:
+            ratios = paired_ratios(self.baseline_times_s, self.times_s)
+            return min(ratios), max(ratios)
+        return speedup_range(self.baseline_times_s, self.times_s)
+
+    @property
+    def _paired(self) -> bool:
+        return self.compare_order == "interleaved" and 0 < len(self.baseline_times_s) == len(self.times_s)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(per_step_s=self.per_step_s, steps_per_s=self.steps_per_s, speedup=self.speedup)
+        spread = self.speedup_spread
+        data.update(per_step_s=self.per_step_s, steps_per_s=self.steps_per_s, speedup=self.speedup,
+                    min_s=min(self.times_s) if self.times_s else None, max_s=max(self.times_s) if self.times_s else None,
+                    speedup_min=spread[0] if spread else None, speedup_max=spread[1] if spread else None)
         return data
+
+
+def paired_ratios(baseline_times: list[float], times: list[float]) -> list[float]:
+    """Baseline run i / accelerated run i: with alternating runs the two of a pair ran side by side,
+    so a machine slowing down meanwhile cancels out of their ratio (measured on a shared 2-core VM:
+    the median of these varied ±2 % between demo runs, the ratio of medians ±6 %)."""
+    return [baseline / time for baseline, time in zip(baseline_times, times) if time > 0]
+
+
+def speedup_range(baseline_times: list[float], times: list[float]) -> tuple[float, float]:
+    """The widest spread the repeats allow: fastest baseline over
+    slowest accelerated run, up to slowest baseline over fastest run. It always holds the ratio of
+    medians, and a single repeat on both sides makes it that one ratio."""
+    return min(baseline_times) / max(times), max(baseline_times) / min(times)
 
 
 def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = None, loads_as: str | None = None) -> dict[str, Any]:
@@ -439,6 +481,51 @@ def measure_recipe(
         handle.remove()
 
 
+def compare_order(recipe: Recipe) -> str:
+    """How --compare orders its timed runs: "interleaved" (baseline, accelerated, baseline, …), so
+    that a machine slowing down or speeding up meanwhile touches both sides alike; "sequential" (all
+    baseline runs, then all accelerated ones) when the recipe compiles or quantizes, which re-applying
+    for every run would redo."""
+    return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" else "interleaved"
+
+
+def measure_compared(
+    pipe: Any,
+    recipe: Recipe,
+    kwargs: dict[str, Any],
+    warmup: int,
+    repeats: int,
+    progress: Callable[[str], AbstractContextManager[Any]] | None,
+    order: str,
+) -> tuple[Measurement, Measured]:
+    """The baseline's and the recipe's measurements for --compare, in `order` (`compare_order`)."""
+    unaccelerated = recipe.unaccelerated()
+    if order == "sequential":
+        return (measure_recipe(pipe, unaccelerated, kwargs, warmup, repeats, progress, "baseline").measurement,
+                measure_recipe(pipe, recipe, kwargs, warmup, repeats, progress, "accelerated"))
+    baselines: list[Measurement] = []
+    rounds: list[Measured] = []
+    for index in range(repeats):
+        label = "" if repeats == 1 else f": run {index + 1}/{repeats}"
+        first = warmup if index == 0 else 0  # each side warms up once, before its first timed run
+        baselines.append(measure_recipe(pipe, unaccelerated, kwargs, first, 1, progress, "baseline" + label).measurement)
+        rounds.append(measure_recipe(pipe, recipe, kwargs, first, 1, progress, "accelerated" + label))
+    last = rounds[-1]
+    return _joined(baselines), Measured(_joined([measured.measurement for measured in rounds]), last.cache, last.degrees,
+                                        last.vae_split, last.quant, last.compile)
+
+
+def _joined(parts: list[Measurement]) -> Measurement:
+    """One-run measurements as one: every time, the first warm-up, the last output, the highest peak, bytes summed."""
+    sent: dict[str, int] = {}
+    for part in parts:
+        for kind, count in part.bytes_sent.items():
+            sent[kind] = sent.get(kind, 0) + count
+    last = parts[-1]
+    return Measurement(last.output, [time for part in parts for time in part.times], parts[0].warmup_seconds, last.steps,
+                       max(part.peak_memory_bytes for part in parts), sent, parts[0].graphs_warmup, last.graphs_timed, last.audio)
+
+
 def _difference(after: int | None, before: int | None) -> int | None:
     return after - before if after is not None and before is not None else None
 
@@ -456,7 +543,26 @@ def run(
 ) -> Metrics:
     """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
     that shows denoising progress (the CLI passes a rich bar; the API passes nothing); `announce(line)`
-    says when the load (often the longest wait) starts and how long it took."""
+    says when the load (often the longest wait) starts and how long it took. On a CPU the run
+    computes with accel.threads' count (restored after)."""
+    with cpu_threads(resolve_device(recipe.model.device)) as threads:
+        metrics = _run(recipe, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress,
+                       announce=announce)
+    metrics.threads = threads.as_dict()
+    return metrics
+
+
+def _run(
+    recipe: Recipe,
+    *,
+    out: Path | None,
+    overwrite: bool,
+    compare: bool,
+    warmup: int,
+    repeats: int,
+    progress: Callable[[str], Any] | None,
+    announce: Callable[[str], None] | None,
+) -> Metrics:
     if warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {warmup}")
     if repeats < 1:
@@ -497,10 +603,12 @@ def run(
 
         bar = step_progress(pipe, progress)
 
-        baseline = None
+        baseline, order = None, None
         if compare:  # the same measuring code as each bench variant, with every accelerator off
-            baseline = measure_recipe(pipe, recipe.unaccelerated(), kwargs, warmup, repeats, bar, "baseline").measurement
-        accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "accelerated" if compare else "generating", latents)
+            order = compare_order(recipe)
+            baseline, accelerated = measure_compared(pipe, recipe, kwargs, warmup, repeats, bar, order)
+        else:
+            accelerated = measure_recipe(pipe, recipe, kwargs, warmup, repeats, bar, "generating", latents)
         result, degrees = accelerated.measurement, accelerated.degrees
 
         out_path = None
@@ -538,6 +646,8 @@ def run(
         quant=accelerated.quant,
         compile=accelerated.compile,
         baseline_s=baseline.seconds if baseline else None,
+        baseline_times_s=baseline.times if baseline else [],
+        compare_order=order,
         psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
         ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
         output_frames=written[2] if written is not None and made[1] != "image" else None,

@@ -37,9 +37,9 @@ def _documented(marker: str) -> set[str]:
 
 
 TOP_FIELDS = {"recipe", "model", "family", "output_kind", "device", "dtype", "world_size", "repeats", "warmup",
-              "settings", "peak_memory_kind", "baseline", "folder", "files", "variants"}
+              "settings", "peak_memory_kind", "threads", "baseline", "folder", "files", "variants"}
 VARIANT_FIELDS = {"name", "overrides", "status", "skip_reason", "world_size", "layout", "times_s", "median_s", "min_s",
-                  "max_s", "warmup_s", "steps", "per_step_s", "speedup", "cache_hit_rate", "peak_memory_bytes",
+                  "max_s", "warmup_s", "steps", "per_step_s", "speedup", "speedup_min", "speedup_max", "cache_hit_rate", "peak_memory_bytes",
                   "psnr_db", "ssim", "output_path", "quant", "compile", "bytes_sent_per_rank"}
 
 
@@ -266,6 +266,10 @@ def test_bench_in_process_writes_a_fresh_folder_each_time_and_copies(tmp_path: P
     copied = json.loads((tmp_path / "copy.json").read_text())
     assert copied == json.loads((tmp_path / "outputs" / "bench-r" / "bench.json").read_text())
     assert copied["repeats"] == 1 and [v["name"] for v in copied["variants"]] == ["baseline", "cache"]
+    assert copied["threads"]["source"] in ("OMP_NUM_THREADS", "accel default") and copied["threads"]["count"] >= 1
+    cache = copied["variants"][1]
+    assert cache["speedup_min"] == cache["speedup_max"] == pytest.approx(cache["speedup"])  # one run each: one ratio
+    assert "single repeat per variant and may be noise" in (tmp_path / "copy.md").read_text()
     assert (tmp_path / "copy.md").read_text() == (tmp_path / "outputs" / "bench-r" / "bench.md").read_text()
     assert np.asarray(Image.open(tmp_path / "outputs" / "bench-r-1" / "grid.png")).ndim == 3
     assert [p.name for p in tmp_path.iterdir() if ".accel" in p.name] == []  # claims released, no temporaries
