@@ -31,12 +31,20 @@ class ServeOptions:
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
+    from accel.models.loading import resolve_device
+    from accel.threads import cpu_threads
+
+    device = resolve_device(recipe.model.device)
+    with cpu_threads(device):  # accel run's thread count on a CPU
+        _serve(recipe, options, announce, device)
+
+
+def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None], device: Any) -> None:
     import accel
-    from accel.models.loading import load_pipeline, resolve_device, resolve_model
+    from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
 
-    device = resolve_device(recipe.model.device)
     per_replica = recipe.world_size
     world = per_replica * options.replicas
     rank = _join(device.type, recipe, world)

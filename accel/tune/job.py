@@ -47,16 +47,26 @@ class TuneResult:
 def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repeats: int, warmup: int | None,
                    announce: Callable[[str], None] = lambda _line: None) -> TuneResult | None:
     """Run the search on this rank; rank 0 gets the result, other ranks None."""
+    from accel.models.loading import resolve_device
+
+    from accel.threads import cpu_threads
+
+    device = resolve_device(recipe.model.device)
+    with cpu_threads(device):  # the thread count accel run times with: steadier timings on a CPU
+        return _tune(recipe, target, prompts, repeats, warmup, announce, device)
+
+
+def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repeats: int, warmup: int | None,
+          announce: Callable[[str], None], device: Any) -> TuneResult | None:
     import accel
     from accel.compose import transformers_of
-    from accel.models.loading import load_pipeline, resolve_device, resolve_model
+    from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
     from accel.runner import call_steps, generation_kwargs
     from accel.tune.calibrate import calibrate_magcache
     from accel.tune.trials import Trials, with_cache
 
-    device = resolve_device(recipe.model.device)
     rank, share = _join(recipe, device.type)
     ref = resolve_model(recipe.model.name)
     announce(f"loading {recipe.model.name}")
