@@ -334,7 +334,8 @@ def _apply_cache(handle: AccelHandle) -> None:
         cache: StepCache[Any]
         if settings.method == "taylorseer":
             cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
-                                    disable_before=settings.disable_before, disable_after=settings.disable_after, events=events)
+                                    disable_before=settings.disable_before, disable_after=settings.disable_after,
+                                    extrapolate_early=settings.extrapolate_early, events=events)
         else:
             # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
             deciding = dict(

@@ -138,6 +138,10 @@ class CacheSection:
     interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
     disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
     disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
+    extrapolate_early: bool = _key(
+        False, "taylorseer: extrapolate once a module has one computed output, at the order its outputs so far allow "
+        "(the first extrapolated step reuses it, as diffusers' TaylorSeer does); false computes the first taylor_order + 1 steps."
+    )
     mag_ratios: tuple[tuple[float, ...], ...] = _key(
         (), "magcache: the pipeline's residual-magnitude ratio per step, one list per CFG branch; accel tune RECIPE "
         "--calibrate measures them and writes them here."
@@ -336,7 +340,8 @@ _DECIDING = ("fbcache", "dbcache", "magcache")
 _CACHE_KEY_METHODS = {
     "threshold": _DECIDING, "first_blocks": ("dbcache",), "last_blocks": ("dbcache",), "calibrator": ("fbcache", "dbcache"),
     "warmup_steps": _DECIDING, "max_consecutive_cached": _DECIDING, "max_cached_steps": _DECIDING,
-    "interval": ("taylorseer",), "disable_before": ("taylorseer",), "disable_after": ("taylorseer",), "mag_ratios": ("magcache",),
+    "interval": ("taylorseer",), "disable_before": ("taylorseer",), "disable_after": ("taylorseer",),
+    "extrapolate_early": ("taylorseer",), "mag_ratios": ("magcache",),
 }
 
 

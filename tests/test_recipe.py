@@ -42,7 +42,7 @@ FULL: dict[str, Any] = {
         "arguments": {"mode": "replace", "sizes": [1, 2]},
     },
     "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
-              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
+              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
               "max_cached_steps": 10},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
@@ -264,7 +264,7 @@ ERRORS: list[tuple[Any, str]] = [
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
-                               "interval, disable_before, disable_after, mag_ratios, warmup_steps, max_consecutive_cached, "
+                               "interval, disable_before, disable_after, extrapolate_early, mag_ratios, warmup_steps, max_consecutive_cached, "
                                "max_cached_steps)"),
     ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)"),
     # numbers

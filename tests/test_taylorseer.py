@@ -89,6 +89,22 @@ def test_outputs_polynomial_in_the_step_are_reproduced_while_extrapolating(order
         torch.testing.assert_close(output, reference, rtol=0, atol=1e-9)
 
 
+def test_extrapolate_early_reuses_the_first_output_then_extrapolates_at_full_order() -> None:
+    """diffusers' schedule: step 0 computed, steps 1-2 reuse its outputs (order 0), 3 computed,
+    4-5 extrapolated linearly from 0 and 3, exact for outputs linear in the step."""
+    model = Model()
+    expected = run(model, 6)
+    for block in model.blocks:
+        block.attn.calls = block.ff.calls = 0
+    cache = TaylorSeerCache(model, model.block_lists, interval=3, extrapolate_early=True)
+    got = run(model, 6)
+    assert [not record.cached for record in cache.stats.records] == [True, False, False, True, False, False]
+    assert all(block.attn.calls == block.ff.calls == 2 for block in model.blocks)
+    for step in (0, 3, 4, 5):
+        torch.testing.assert_close(got[step], expected[step], rtol=0, atol=1e-9)
+    assert not torch.allclose(got[1], expected[1])  # reuse of step 0's outputs, not the step-1 ones
+
+
 def test_disable_before_and_after_compute_the_ends_of_the_schedule() -> None:
     model = Model()
     cache = TaylorSeerCache(model, model.block_lists, interval=4, disable_before=2, disable_after=8)

@@ -79,6 +79,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
         taylor_order: int = 1,
         disable_before: int = 0,
         disable_after: int = 0,
+        extrapolate_early: bool = False,
         events: StepEvents | None = None,
     ) -> None:
         if interval < 2:
@@ -92,6 +93,10 @@ class TaylorSeerCache(StepCache[_BranchState]):
         self.taylor_order = taylor_order
         self.disable_before = disable_before
         self.disable_after = disable_after
+        # How many computed outputs a module needs before it is extrapolated: taylor_order + 1 (the
+        # full order from the first extrapolation), or one (the order drops to what there is, the
+        # first extrapolated call reuses the output: diffusers' TaylorSeer schedule, one call fewer).
+        self._needed = 1 if extrapolate_early else taylor_order + 1
         self._computing = True
         self._armed = False  # a transformer call began; its first cached module decides for the call
         self._step = 0
@@ -109,7 +114,8 @@ class TaylorSeerCache(StepCache[_BranchState]):
     def _decide(self) -> None:
         """Compute this call or extrapolate it? The step alone says, the same on every rank: the
         steps outside [disable_before, disable_after), every `interval`-th step from
-        disable_before, and any call whose modules have too few computed outputs to extrapolate."""
+        disable_before, and any call whose modules have too few computed outputs to extrapolate
+        (fewer than taylor_order + 1, or none with extrapolate_early)."""
         branch, state = self.branch_state()
         step = self.events.step_index if self.events is not None else state.calls
         state.calls += 1
@@ -118,7 +124,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
             step < self.disable_before
             or (self.disable_after > 0 and step >= self.disable_after)
             or (step - self.disable_before) % self.interval == 0
-            or computed < self.taylor_order + 1
+            or computed < self._needed
         )
         self._state, self._step = state, step
         self.stats.records.append(CallRecord(step, branch, None, not self._computing))
