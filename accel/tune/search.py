@@ -121,6 +121,7 @@ def lines(blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | N
     intervals = tuple(i for i in INTERVALS if i < steps)
     if intervals:
         found.append(Line("taylorseer", {"method": "taylorseer"}, "interval", intervals))
+        found.append(Line("taylorseer early", {"method": "taylorseer", "extrapolate_early": True}, "interval", intervals))
     if mag_ratios:
         found.append(Line("magcache", {"method": "magcache", "mag_ratios": mag_ratios}, "threshold", THRESHOLDS))
     return found
@@ -186,7 +187,7 @@ def describe(cache: Mapping[str, Any]) -> str:
     if cache.get("calibrator", "none") != "none":
         words.append(f"+{cache['calibrator']}")
     if cache["method"] == "taylorseer":
-        words.append(f"every {cache['interval']}")
+        words.append(f"every {cache['interval']}" + (" early" if cache.get("extrapolate_early") else ""))
     else:
         words.append(f"t={_value(cache['threshold'])}")
     for key, name in (("warmup_steps", "warm-up"), ("disable_before", "from step")):
