@@ -21,8 +21,15 @@ def truncation_notes(pipe: Any, call: dict[str, Any], tokenizers: tuple[str, ...
     parameter = inspect.signature(type(pipe).__call__).parameters.get("max_sequence_length")
     sequence = call.get("max_sequence_length", parameter.default if parameter is not None else None)
     notes = []
-    for name, tokenizer in sorted(getattr(pipe, "components", {}).items()):
-        if not name.startswith("tokenizer") or (tokenizers is not None and name not in tokenizers) or not callable(tokenizer):
+    from transformers import PreTrainedTokenizerBase
+
+    for name, component in sorted(getattr(pipe, "components", {}).items()):
+        if not name.startswith("tokenizer") or (tokenizers is not None and name not in tokenizers):
+            continue
+        # A processor (Kandinsky 5's image pipelines keep a Qwen2-VL one under "tokenizer") reads
+        # the text through its own tokenizer; anything else is not counted.
+        tokenizer = getattr(component, "tokenizer", component)
+        if not isinstance(tokenizer, PreTrainedTokenizerBase):
             continue
         given = (getattr(tokenizer, "model_max_length", None), sequence, getattr(pipe, f"{name}_max_length", None))
         limits = [n for n in given if isinstance(n, int) and 0 < n < _NO_LIMIT]
