@@ -302,6 +302,11 @@ def transformers(handle: AccelHandle) -> dict[str, Any]:
     return _transformers(handle)
 
 
+def block_count(transformer: Any, family: Family) -> int:
+    """The transformer's blocks over all of the family's block lists: what dbcache's counts run across."""
+    return sum(len(getattr(transformer, spec.attr)) for spec in family.blocks)
+
+
 def transformers_of(pipe: Any, family: Family) -> list[Any]:
     """The transformers `pipe` holds, in the family's order."""
     return list(_transformers_of(pipe, family).values())
@@ -363,7 +368,7 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     if not settings.enabled or settings.method in ("taylorseer", "magcache"):
         return
     for transformer in _transformers(handle).values():
-        count = sum(len(getattr(transformer, spec.attr)) for spec in handle.family.blocks)
+        count = block_count(transformer, handle.family)
         if settings.first_blocks + settings.last_blocks >= count:
             raise UserError(
                 f"[cache] first_blocks ({settings.first_blocks}) + last_blocks ({settings.last_blocks}) leave none of "

@@ -67,11 +67,9 @@ class Replica:
         if self.group is None:
             assert job is not None
             return job
-        import torch.distributed as dist
+        from accel.parallel.agree import rank0_object
 
-        box = [job]
-        dist.broadcast_object_list(box, src=self.leader, group=self.group)
-        return box[0]
+        return rank0_object(job, self.group)  # the leader is the group's first rank
 
     def _run(self, job: Job) -> Outcome:
         if job.stop:

@@ -48,7 +48,6 @@ def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | No
                    announce: Callable[[str], None] = lambda _line: None) -> TuneResult | None:
     """Run the search on this rank; rank 0 gets the result, other ranks None."""
     from accel.models.loading import resolve_device
-
     from accel.threads import cpu_threads
 
     device = resolve_device(recipe.model.device)
@@ -59,7 +58,7 @@ def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | No
 def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repeats: int, warmup: int | None,
           announce: Callable[[str], None], device: Any) -> TuneResult | None:
     import accel
-    from accel.compose import transformers_of
+    from accel.compose import block_count, transformers_of
     from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
@@ -88,7 +87,7 @@ def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repea
         ratios = share(calibrate_magcache(pipe, handle, calls[0][1], recipe.generate.seed))
     finally:
         handle.remove()
-    blocks = min(sum(len(getattr(t, spec.attr)) for spec in family.blocks) for t in transformers_of(pipe, family))
+    blocks = min(block_count(transformer, family) for transformer in transformers_of(pipe, family))
     steps = call_steps(pipe, calls[0][1])
     search: Search = run_search(target, trials, blocks, steps, ratios, announce)
     chosen = finalists(search)
@@ -108,17 +107,12 @@ def _join(recipe: Recipe, device_type: str) -> tuple[int, Callable[[Any], Any]]:
         return 0, lambda value: value
     import torch.distributed as dist
 
+    from accel.parallel.agree import rank0_object
     from accel.parallel.mesh import init_distributed
 
     rank, _world = init_distributed(device_type, recipe.parallel.timeout)
     group = dist.new_group(backend="gloo")  # objects travel on the CPU, whatever the device's backend
-
-    def share(value: Any) -> Any:
-        box = [value]
-        dist.broadcast_object_list(box, src=0, group=group)
-        return box[0]
-
-    return rank, share
+    return rank, lambda value: rank0_object(value, group)
 
 
 def write_outputs(result: TuneResult, recipe_path: Path, plot_path: Path) -> None:
