@@ -812,6 +812,10 @@ def main(argv: list[str] | None = None) -> None:
             code = exit.exit_code
     if code and on_rank:
         exit_now(code)  # a failed rank leaves at once: the launcher ends the job when it is gone
+    if not code:
+        from accel.parallel.mesh import leave_distributed
+
+        leave_distributed()
     sys.exit(code)
 
 

@@ -413,6 +413,7 @@ def run_script(argv: list[str]) -> int:
     """The rank side of `accel launch`: run a user's script as __main__, reporting its failure."""
     from accel import watchdog
     from accel.noise import quiet_known_warnings
+    from accel.parallel.mesh import leave_distributed
 
     if not argv:
         print("usage: python -m accel.launch SCRIPT [ARGS...]", file=sys.stderr)
@@ -426,6 +427,8 @@ def run_script(argv: list[str]) -> int:
         code = exit_code(exit)
         if code:
             report_failure(f"{argv[0]} exited with code {code}", code)
+        else:
+            leave_distributed()
         return code
     except BaseException as error:  # noqa: BLE001 - any failure of the user's script is reported
         lost = is_peer_loss(error)
@@ -435,6 +438,7 @@ def run_script(argv: list[str]) -> int:
         if not report_failure(message, 1, lost=lost):
             print(f"error: rank {rank()}: {message}", file=sys.stderr)
         return 1
+    leave_distributed()
     return 0
 
 

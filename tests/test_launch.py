@@ -157,6 +157,23 @@ def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) 
     assert errors[1].startswith("error: rank 0 stopped with it (") and "Timed out waiting 3000ms" in errors[1]
 
 
+def test_a_finished_rank_closes_its_process_groups_before_interpreter_exit(tmp_path: Path) -> None:
+    """Left open, a gloo group's threads are torn down at interpreter exit, and a rank whose work
+    succeeded can die with SIGABRT; the script's exit hooks run after `accel launch` has closed it."""
+    script = tmp_path / "groups.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, torch.distributed as dist
+        from accel.parallel.mesh import init_distributed
+        init_distributed("cpu", timeout_s=60)
+        dist.new_group([0, 1])
+        dist.barrier()
+        atexit.register(lambda: print(f"rank {dist.get_rank() if dist.is_initialized() else '-'} open={dist.is_initialized()}"))
+    """))
+    result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("rank - open=False") == 2, result.stdout
+
+
 def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
     """`accel run flux --gpus 4 --cache 0.08 --compile`, with the tiny FLUX: it compiles on every
     rank, and the picture equals the one-process eager run with the same cache."""

@@ -128,6 +128,24 @@ def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave_distributed() -> None:
+    """Close this rank's process groups at the end of a finished job, before interpreter exit.
+
+    Left to interpreter shutdown, a gloo group's worker threads can be destroyed while still
+    joinable, and the rank dies with SIGABRT ("terminate called without an active exception")
+    after its work succeeded. Closing a group is local (no collective), so a rank that finished
+    never waits for another here. A failure to close is not the job's failure: it is ignored."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        _meshes.clear()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - teardown after success must not turn it into a failure
+        pass
+
+
 @dataclass
 class ParallelMesh:
     """The process groups one parallel layout needs; all of them exist on every rank of the layout."""
