@@ -340,6 +340,7 @@ def _apply_cache(handle: AccelHandle) -> None:
         if settings.method == "taylorseer":
             cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
                                     disable_before=settings.disable_before, disable_after=settings.disable_after,
+                                    interval_offset=settings.interval_offset,
                                     extrapolate_early=settings.extrapolate_early, events=events)
         else:
             # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.

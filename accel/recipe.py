@@ -138,6 +138,10 @@ class CacheSection:
     interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
     disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
     disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
+    interval_offset: int = _key(
+        0, "taylorseer: the first interval-th step comes this many steps after disable_before, the steps between "
+        "extrapolated (diffusers' TaylorSeer schedule is 1, with extrapolate_early); below interval.", min=0
+    )
     extrapolate_early: bool = _key(
         False, "taylorseer: extrapolate once a module has one computed output, at the order its outputs so far allow "
         "(the first extrapolated step reuses it, as diffusers' TaylorSeer does); false computes the first taylor_order + 1 steps."
@@ -341,7 +345,7 @@ _CACHE_KEY_METHODS = {
     "threshold": _DECIDING, "first_blocks": ("dbcache",), "last_blocks": ("dbcache",), "calibrator": ("fbcache", "dbcache"),
     "warmup_steps": _DECIDING, "max_consecutive_cached": _DECIDING, "max_cached_steps": _DECIDING,
     "interval": ("taylorseer",), "disable_before": ("taylorseer",), "disable_after": ("taylorseer",),
-    "extrapolate_early": ("taylorseer",), "mag_ratios": ("magcache",),
+    "interval_offset": ("taylorseer",), "extrapolate_early": ("taylorseer",), "mag_ratios": ("magcache",),
 }
 
 
@@ -360,6 +364,11 @@ def _check_cache(source: str, cache: CacheSection) -> None:
         raise RecipeError(
             f'{source}: [cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude ratios of this pipeline; '
             f"measure them with accel tune RECIPE --calibrate"
+        )
+    if cache.interval_offset >= cache.interval:
+        raise RecipeError(
+            f"{source}: [cache] interval_offset ({cache.interval_offset}) must be below interval ({cache.interval}); "
+            f"an offset of a whole interval or more is the same schedule as interval_offset = {cache.interval_offset % cache.interval}"
         )
     if cache.disable_after and cache.disable_after <= cache.disable_before:
         raise RecipeError(

@@ -171,6 +171,9 @@ def settings(family: str, curve: list[list[float]], steps: int, peers: tuple[str
     for interval in (2, 3, 4):
         found.append(accel_setting(f"taylorseer every {interval}", {"method": "taylorseer", "interval": interval}))
         found.append(accel_setting(f"taylorseer early every {interval}", {"method": "taylorseer", "interval": interval, "extrapolate_early": True}))
+        # diffusers' own schedule: step 0, one reused step, then every interval-th from step 2.
+        found.append(accel_setting(f"taylorseer early+1 every {interval}", {"method": "taylorseer", "interval": interval, "disable_before": 1,
+                                                                          "interval_offset": 1, "extrapolate_early": True}))
         found.append(diffusers_setting(f"diffusers TaylorSeer every {interval}",
                                        lambda i=interval: TaylorSeerCacheConfig(cache_interval=i, disable_cache_before_step=1, max_order=1,
                                                                                 taylor_factors_dtype=torch.float32, cache_identifiers=attention)))

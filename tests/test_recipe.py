@@ -42,7 +42,7 @@ FULL: dict[str, Any] = {
         "arguments": {"mode": "replace", "sizes": [1, 2]},
     },
     "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
-              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
+              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "interval_offset": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
               "max_cached_steps": 10},
     "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
@@ -264,7 +264,7 @@ ERRORS: list[tuple[Any, str]] = [
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
     ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
-                               "interval, disable_before, disable_after, extrapolate_early, mag_ratios, warmup_steps, max_consecutive_cached, "
+                               "interval, disable_before, disable_after, interval_offset, extrapolate_early, mag_ratios, warmup_steps, max_consecutive_cached, "
                                "max_cached_steps)"),
     ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)"),
     # numbers
@@ -293,6 +293,9 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": {"method": "magcache", "mag_ratios": [[1.0, -0.5]]}}, "[cache] mag_ratios must be a list of lists of positive numbers, got [[1.0, -0.5]]"),
     ({"cache": {"method": "taylorseer", "disable_before": 3, "disable_after": 3}},
      "[cache] disable_after (3) must be above disable_before (3), or 0 for none"),
+    ({"cache": {"method": "taylorseer", "interval": 4, "interval_offset": 5}},
+     "[cache] interval_offset (5) must be below interval (4); an offset of a whole interval or more is the same schedule as interval_offset = 1"),
+    ({"cache": {"interval_offset": 1}}, '[cache] interval_offset is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove interval_offset'),
     ({"generate": {"steps": "ten"}}, "[generate] steps must be an integer >= 1, got 'ten'"),
     ({"generate": {"steps": 0}}, "[generate] steps must be an integer >= 1, got 0"),
     ({"generate": {"steps": 10.0}}, "[generate] steps must be an integer >= 1, got 10.0"),

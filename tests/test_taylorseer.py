@@ -113,6 +113,19 @@ def test_disable_before_and_after_compute_the_ends_of_the_schedule() -> None:
     assert [not record.cached for record in cache.stats.records] == [True, True, True, False, False, False, True, False, True, True]
 
 
+def test_interval_offset_places_the_first_interval_as_diffusers_taylorseer_does() -> None:
+    """diffusers' every-4 schedule with disable_cache_before_step = 1 computes steps 0, 2, 6, 10 of 12
+    (step 1 reuses step 0, the first line runs through 0 and 2); without the offset the first
+    interval starts at disable_before and the same schedule cannot be written."""
+    model = Model()
+    cache = TaylorSeerCache(model, model.block_lists, interval=4, disable_before=1, interval_offset=1, extrapolate_early=True)
+    run(model, 12)
+    assert [step for step, record in enumerate(cache.stats.records) if not record.cached] == [0, 2, 6, 10]
+    cache.remove()
+    with pytest.raises(ValueError, match=r"interval_offset must be in \[0, interval = 4\), got 4"):
+        TaylorSeerCache(model, model.block_lists, interval=4, interval_offset=4)
+
+
 def test_an_interval_longer_than_the_run_extrapolates_every_call_after_warm_up() -> None:
     model = Model()
     cache = TaylorSeerCache(model, model.block_lists, interval=1000, taylor_order=1)

@@ -79,11 +79,14 @@ class TaylorSeerCache(StepCache[_BranchState]):
         taylor_order: int = 1,
         disable_before: int = 0,
         disable_after: int = 0,
+        interval_offset: int = 0,
         extrapolate_early: bool = False,
         events: StepEvents | None = None,
     ) -> None:
         if interval < 2:
             raise ValueError(f"interval must be at least 2 (1 computes every step), got {interval}")
+        if not 0 <= interval_offset < interval:
+            raise ValueError(f"interval_offset must be in [0, interval = {interval}), got {interval_offset}")
         TaylorSeer(taylor_order)  # an order it cannot use fails here
         modules = [child for spec in block_lists for block in getattr(transformer, spec.attr)
                    for child in block.children() if CACHED_MODULE.fullmatch(type(child).__name__)]
@@ -93,6 +96,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
         self.taylor_order = taylor_order
         self.disable_before = disable_before
         self.disable_after = disable_after
+        self.interval_offset = interval_offset
         # How many computed outputs a module needs before it is extrapolated: taylor_order + 1 (the
         # full order from the first extrapolation), or one (the order drops to what there is, the
         # first extrapolated call reuses the output: diffusers' TaylorSeer schedule, one call fewer).
@@ -114,7 +118,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
     def _decide(self) -> None:
         """Compute this call or extrapolate it? The step alone says, the same on every rank: the
         steps outside [disable_before, disable_after), every `interval`-th step from
-        disable_before, and any call whose modules have too few computed outputs to extrapolate
+        disable_before + interval_offset, and any call whose modules have too few computed outputs to extrapolate
         (fewer than taylor_order + 1, or none with extrapolate_early)."""
         branch, state = self.branch_state()
         step = self.events.step_index if self.events is not None else state.calls
@@ -123,7 +127,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
         self._computing = (
             step < self.disable_before
             or (self.disable_after > 0 and step >= self.disable_after)
-            or (step - self.disable_before) % self.interval == 0
+            or (step - self.disable_before - self.interval_offset) % self.interval == 0
             or computed < self._needed
         )
         self._state, self._step = state, step
