@@ -96,13 +96,13 @@ def test_a_setting_that_caches_nothing_is_never_the_choice() -> None:
 def test_the_search_runs_every_line_then_the_winner_with_longer_warm_ups() -> None:
     names = [line.name for line in lines(4, 8, ((1.0, 0.9),))]
     assert names == ["fbcache", "fbcache + taylorseer", "dbcache F2B0", "dbcache F2B0 + taylorseer", "dbcache F1B1",
-                     "dbcache F1B1 + taylorseer", "taylorseer", "taylorseer early", "magcache"]
+                     "dbcache F1B1 + taylorseer", "taylorseer", "taylorseer early", "taylorseer early+1", "magcache"]
     deep = [line.name for line in lines(57, 3, None)]
     assert "dbcache F4B4 + taylorseer" in deep and "magcache" not in deep
     assert next(line for line in lines(57, 3, None) if line.name == "taylorseer").values == (2,), "intervals shorter than the run"
     quality = {line.name: falling(55.0, 2.0) for line in lines(4, 12, None)}
     speed = {name: [1.0 + 0.1 * i for i in range(len(THRESHOLDS))] for name in quality}
-    for name in ("taylorseer", "taylorseer early"):
+    for name in ("taylorseer", "taylorseer early", "taylorseer early+1"):
         quality[name] = falling(55.0, 5.0, 6)
         speed[name] = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
     for line, start in zip(warmup_lines(next(line for line in lines(4, 12, None) if line.name == "fbcache"), 12), (50.0, 52.0, 57.0)):
@@ -135,6 +135,8 @@ def test_describe_names_every_knob() -> None:
         "dbcache F2B1 +taylorseer t=0.226"
     assert describe({"method": "taylorseer", "interval": 4, "disable_before": 2}) == "taylorseer every 4 from step 2"
     assert describe({"method": "taylorseer", "interval": 2, "extrapolate_early": True}) == "taylorseer every 2 early"
+    assert describe({"method": "taylorseer", "interval": 4, "extrapolate_early": True, "disable_before": 1, "interval_offset": 1}) == \
+        "taylorseer every 4 early offset 1 from step 1"
     assert describe({"method": "magcache", "threshold": 0.08, "mag_ratios": ((1.0,),)}) == "magcache t=0.08"
 
 

@@ -122,6 +122,9 @@ def lines(blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | N
     if intervals:
         found.append(Line("taylorseer", {"method": "taylorseer"}, "interval", intervals))
         found.append(Line("taylorseer early", {"method": "taylorseer", "extrapolate_early": True}, "interval", intervals))
+        # diffusers' TaylorSeer schedule: step 0, one reused step, then every interval-th from step 2.
+        found.append(Line("taylorseer early+1", {"method": "taylorseer", "extrapolate_early": True, "disable_before": 1,
+                                                 "interval_offset": 1}, "interval", intervals))
     if mag_ratios:
         found.append(Line("magcache", {"method": "magcache", "mag_ratios": mag_ratios}, "threshold", THRESHOLDS))
     return found
@@ -188,6 +191,8 @@ def describe(cache: Mapping[str, Any]) -> str:
         words.append(f"+{cache['calibrator']}")
     if cache["method"] == "taylorseer":
         words.append(f"every {cache['interval']}" + (" early" if cache.get("extrapolate_early") else ""))
+        if cache.get("interval_offset"):
+            words.append(f"offset {cache['interval_offset']}")
     else:
         words.append(f"t={_value(cache['threshold'])}")
     for key, name in (("warmup_steps", "warm-up"), ("disable_before", "from step")):
