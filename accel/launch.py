@@ -401,6 +401,29 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def exit_finished() -> None:
+    """Leave a rank whose work succeeded as Python would (its other threads joined, then the exit
+    handlers run, process groups closed first) but without interpreter finalization: there, gloo
+    threads still holding tensors can abort a finished rank with SIGABRT ("terminate called without
+    an active exception"), about once per full test run even after destroy_process_group. Returns
+    only where this Python has no way to run the exit handlers; the ordinary exit follows."""
+    import atexit
+    import threading
+
+    from accel.parallel.mesh import leave_distributed
+
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    leave_distributed()
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
+    if run_exit_handlers is None:
+        return
+    run_exit_handlers()
+    exit_now(0)
+
+
 def _from_script(trace: TracebackType | None, script: Path) -> TracebackType | None:
     """The traceback without our runpy frames above the user's script."""
     target, entry = script.resolve(), trace
@@ -446,6 +469,8 @@ if __name__ == "__main__":
     code = run_script(sys.argv[1:])
     from accel import watchdog
 
-    if code and watchdog.active():
-        exit_now(code)
+    if watchdog.active():  # one of our launcher's ranks
+        if code:
+            exit_now(code)
+        exit_finished()
     sys.exit(code)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -135,6 +136,8 @@ def leave_distributed() -> None:
     joinable, and the rank dies with SIGABRT ("terminate called without an active exception")
     after its work succeeded. Closing a group is local (no collective), so a rank that finished
     never waits for another here. A failure to close is not the job's failure: it is ignored."""
+    if "torch.distributed" not in sys.modules:  # nothing imported it (accel models, --help): no group, and torch stays unloaded
+        return
     try:
         import torch.distributed as dist
 
