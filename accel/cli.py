@@ -789,7 +789,7 @@ def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a ta
 
 def main(argv: list[str] | None = None) -> None:
     from accel import interrupts, watchdog
-    from accel.launch import exit_code, exit_finished, exit_now, is_peer_loss, world_size
+    from accel.launch import end_process, exit_code, is_peer_loss, world_size
 
     argv = sys.argv[1:] if argv is None else argv
     on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies
@@ -810,15 +810,7 @@ def main(argv: list[str] | None = None) -> None:
             _fail(f"{type(error).__name__}: {error}", exit_code=1, lost=is_peer_loss(error))
         except typer.Exit as exit:
             code = exit.exit_code
-    if on_rank and code:
-        exit_now(code)  # a failed rank leaves at once: the launcher ends the job when it is gone
-    if on_rank:
-        exit_finished()
-    elif not code:
-        from accel.parallel.mesh import leave_distributed
-
-        leave_distributed()
-    sys.exit(code)
+    end_process(code, on_rank)
 
 
 if __name__ == "__main__":

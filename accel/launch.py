@@ -36,6 +36,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from accel.errors import UserError
 from accel.files import JOB_DIR_ENV, remove_listed_temps
@@ -402,10 +403,10 @@ def exit_now(code: int) -> None:
 
 
 def exit_finished() -> None:
-    """Leave a rank whose work succeeded as Python would (its other threads joined, then the exit
-    handlers run, process groups closed first) but without interpreter finalization: there, gloo
-    threads still holding tensors can abort a finished rank with SIGABRT ("terminate called without
-    an active exception"), about once per full test run even after destroy_process_group. Returns
+    """Leave a rank whose work succeeded in Python's own order (other threads joined, process
+    groups closed, exit handlers run) but without interpreter finalization: there, gloo threads
+    still holding tensors can abort a finished rank with SIGABRT ("terminate called without an
+    active exception"), about once per full test run even after destroy_process_group. Returns
     only where this Python has no way to run the exit handlers; the ordinary exit follows."""
     import atexit
     import threading
@@ -424,6 +425,21 @@ def exit_finished() -> None:
     exit_now(0)
 
 
+def end_process(code: int, on_rank: bool) -> NoReturn:
+    """The end of `accel`'s entry points: a rank our launcher started leaves at once on failure (the
+    launcher ends the job when it is gone) and in order on success; any other process closes its
+    groups after success and exits as usual."""
+    if on_rank:
+        if code:
+            exit_now(code)
+        exit_finished()
+    elif not code:
+        from accel.parallel.mesh import leave_distributed
+
+        leave_distributed()
+    sys.exit(code)
+
+
 def _from_script(trace: TracebackType | None, script: Path) -> TracebackType | None:
     """The traceback without our runpy frames above the user's script."""
     target, entry = script.resolve(), trace
@@ -436,7 +452,6 @@ def run_script(argv: list[str]) -> int:
     """The rank side of `accel launch`: run a user's script as __main__, reporting its failure."""
     from accel import watchdog
     from accel.noise import quiet_known_warnings
-    from accel.parallel.mesh import leave_distributed
 
     if not argv:
         print("usage: python -m accel.launch SCRIPT [ARGS...]", file=sys.stderr)
@@ -450,8 +465,6 @@ def run_script(argv: list[str]) -> int:
         code = exit_code(exit)
         if code:
             report_failure(f"{argv[0]} exited with code {code}", code)
-        else:
-            leave_distributed()
         return code
     except BaseException as error:  # noqa: BLE001 - any failure of the user's script is reported
         lost = is_peer_loss(error)
@@ -461,7 +474,6 @@ def run_script(argv: list[str]) -> int:
         if not report_failure(message, 1, lost=lost):
             print(f"error: rank {rank()}: {message}", file=sys.stderr)
         return 1
-    leave_distributed()
     return 0
 
 
@@ -469,8 +481,4 @@ if __name__ == "__main__":
     code = run_script(sys.argv[1:])
     from accel import watchdog
 
-    if watchdog.active():  # one of our launcher's ranks
-        if code:
-            exit_now(code)
-        exit_finished()
-    sys.exit(code)
+    end_process(code, on_rank=watchdog.active())

@@ -130,12 +130,10 @@ def init_distributed(device_type: str, timeout_s: float) -> tuple[int, int]:
 
 
 def leave_distributed() -> None:
-    """Close this rank's process groups at the end of a finished job, before interpreter exit.
-
-    Left to interpreter shutdown, a gloo group's worker threads can be destroyed while still
-    joinable, and the rank dies with SIGABRT ("terminate called without an active exception")
-    after its work succeeded. Closing a group is local (no collective), so a rank that finished
-    never waits for another here. A failure to close is not the job's failure: it is ignored."""
+    """Close this process's groups at the end of a finished job, as torch asks (NCCL warns about a
+    group left to interpreter shutdown). Closing is local (no collective), so a rank that finished
+    never waits for another here; a failure to close is not the job's failure and is ignored. It
+    does not by itself stop gloo's rare abort at interpreter exit: see launch.exit_finished."""
     if "torch.distributed" not in sys.modules:  # nothing imported it (accel models, --help): no group, and torch stays unloaded
         return
     try:
