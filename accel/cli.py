@@ -789,7 +789,8 @@ def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a ta
 
 def main(argv: list[str] | None = None) -> None:
     from accel import interrupts, watchdog
-    from accel.launch import end_process, exit_code, is_peer_loss, world_size
+    from accel.launch import exit_code, is_peer_loss, world_size
+    from accel.rank_exit import end_process
 
     argv = sys.argv[1:] if argv is None else argv
     on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies

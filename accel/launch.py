@@ -36,7 +36,6 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
 
 from accel.errors import UserError
 from accel.files import JOB_DIR_ENV, remove_listed_temps
@@ -47,6 +46,7 @@ POLL_S = 0.05
 STOP_GRACE_S = 2.0  # SIGTERM first; whatever still runs after this gets SIGKILL
 REPORT_GRACE_S = 0.3  # after a first failure: let simultaneous reports land before judging
 STALE_BEAT_S = 3.0  # a rank whose heartbeat is this old no longer runs Python (stopped, frozen)
+FINISH_GRACE_S = 30.0  # longer than a finished rank's own bounded exit (rank_exit), which should end it first
 DEFAULT_PORT = 29500
 
 
@@ -63,6 +63,9 @@ class LaunchSpec:
     # A server's job: on SIGINT / SIGTERM only rank 0 is signalled, and the job gets this many seconds
     # to finish in-flight work and stop its ranks itself (exit 0) before they are stopped. None: stop at once.
     drain_s: float | None = None
+    # A rank that reported success but is still running this long after is stopped, and counts as
+    # succeeded: the job never hangs on a rank whose exit stuck.
+    finish_grace_s: float = FINISH_GRACE_S
 
     @classmethod
     def for_world(cls, world: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
@@ -170,6 +173,7 @@ class Supervisor:
             if not failed and time.monotonic() >= next_look:  # the job folder is read twice a second, not every poll
                 next_look = time.monotonic() + 0.5
                 failed = self._reported_but_running(folder)
+                self._stop_lingering(folder)
                 stalled = None if failed else stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
                 if stalled is not None:
                     return self._fail(folder, stalled=stalled)
@@ -191,6 +195,19 @@ class Supervisor:
         """A rank that reported its failure exits right after; one that lingers is failed all the same."""
         reported = {report["rank"] for report in read_reports(folder)}
         return any(r.rank in reported and r.exit_code is None for r in self.ranks)
+
+    def _stop_lingering(self, folder: Path) -> None:
+        """End each rank that reported success `finish_grace_s` ago and still runs: it succeeded, so
+        the job goes on to its real outcome; the line says where its exit stuck."""
+        now, beats, finished_at = time.time(), read_beats(folder), read_finished(folder)
+        for rank in self.ranks:
+            finished = finished_at.get(rank.rank)
+            if rank.exit_code is not None or finished is None or now - finished < self.spec.finish_grace_s:
+                continue
+            print(f"warning: {lingering(rank.rank, beats.get(rank.rank), self.spec.finish_grace_s, now)}; stopped it", file=sys.stderr)
+            _signal_group(rank.process.pid, signal.SIGKILL)
+            rank.process.wait()
+            rank.exit_code = 0
 
     def _fail(self, folder: Path, stalled: str | None) -> int:
         self._poll()
@@ -224,25 +241,42 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def read_reports(folder: Path) -> list[dict]:
-    reports = []
-    for path in sorted(folder.glob("rank-*.json")):
+def _rank_documents(folder: Path, kind: str) -> dict[int, dict]:
+    """The ranks' `KIND-<rank>.json` files in the job folder, by rank; one being written is skipped
+    (the next look finds it whole)."""
+    documents = {}
+    for path in folder.glob(f"{kind}-*.json"):
         try:
-            reports.append(json.loads(path.read_text()))
+            document = json.loads(path.read_text())
         except (OSError, ValueError):
-            continue  # being written: the next look finds it whole
-    return sorted(reports, key=lambda report: report["rank"])
+            continue
+        documents[document["rank"]] = document
+    return documents
+
+
+def read_reports(folder: Path) -> list[dict]:
+    """The failures ranks reported (`report_failure`), in rank order."""
+    return [report for _rank, report in sorted(_rank_documents(folder, "rank").items())]
 
 
 def read_beats(folder: Path) -> dict[int, dict]:
-    beats = {}
-    for path in folder.glob("beat-*.json"):
-        try:
-            beat = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        beats[beat["rank"]] = beat
-    return beats
+    return _rank_documents(folder, "beat")
+
+
+def read_finished(folder: Path) -> dict[int, float]:
+    """When each rank that reported success did so (`report_finished`)."""
+    return {rank: document["time"] for rank, document in _rank_documents(folder, "done").items()}
+
+
+def lingering(rank: int, beat: dict | None, grace_s: float, now: float) -> str:
+    """The line for a rank that finished its work but did not exit: where its heartbeat last saw it."""
+    if beat is None:
+        where = "no heartbeat"
+    elif now - beat["time"] < STALE_BEAT_S:
+        where = f"waiting at {beat['where']}"
+    else:
+        where = f"last seen at {beat['where']} {now - beat['time']:.0f} s ago"
+    return f"rank {rank} finished its work but had not exited {grace_s:.0f} s later ({where})"
 
 
 def stall(beats: dict[int, dict], running: set[int], timeout_s: float, now: float) -> str | None:
@@ -362,16 +396,26 @@ def report_failure(message: str, exit_code: int, *, lost: bool = False) -> bool:
     """From a rank `launch` started: leave the message for the launcher and return True (print nothing).
     Elsewhere return False: the caller prints it (prefixed by the rank when there are several).
     `lost`: the failure only follows another rank's (a collective whose peer died or never came)."""
+    document = {"rank": rank(), "message": message, "exit_code": exit_code, "lost": lost, "time": time.time()}
+    return _write_for_launcher(f"rank-{rank()}.json", document)
+
+
+def report_finished() -> bool:
+    """From a rank `launch` started: tell the launcher this rank's work succeeded and it is leaving, so
+    a rank that then never exits is ended after `LaunchSpec.finish_grace_s` as a success, not waited for."""
+    return _write_for_launcher(f"done-{rank()}.json", {"rank": rank(), "time": time.time()})
+
+
+def _write_for_launcher(name: str, document: dict) -> bool:
     from accel import watchdog
 
     folder = os.environ.get(JOB_DIR_ENV)
     if not watchdog.active() or not folder or not Path(folder).is_dir():
         return False
-    document = {"rank": rank(), "message": message, "exit_code": exit_code, "lost": lost, "time": time.time()}
-    path = Path(folder) / f"rank-{rank()}.json"
+    path = Path(folder) / name
     temp = path.with_suffix(".tmp")
     temp.write_text(json.dumps(document))
-    os.replace(temp, path)  # the launcher never reads half a report
+    os.replace(temp, path)  # the launcher never reads half a file
     return True
 
 
@@ -389,55 +433,6 @@ def is_peer_loss(error: BaseException) -> bool:
 def exit_code(exit: SystemExit) -> int:
     """The process exit code a SystemExit stands for (None is 0; a message is 1, as Python does)."""
     return exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-
-
-def exit_now(code: int) -> None:
-    """Leave a failed rank at once: interpreter shutdown (process groups, threads, CUDA) can take
-    seconds, and the launcher ends the job only when the rank is gone."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def exit_finished() -> None:
-    """Leave a rank whose work succeeded in Python's own order (other threads joined, process
-    groups closed, exit handlers run) but without interpreter finalization: there, gloo threads
-    still holding tensors can abort a finished rank with SIGABRT ("terminate called without an
-    active exception"), about once per full test run even after destroy_process_group. Returns
-    only where this Python has no way to run the exit handlers; the ordinary exit follows."""
-    import atexit
-    import threading
-
-    from accel.parallel.mesh import leave_distributed
-
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
-    leave_distributed()
-    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # CPython's own exit step
-    if run_exit_handlers is None:
-        return
-    run_exit_handlers()
-    exit_now(0)
-
-
-def end_process(code: int, on_rank: bool) -> NoReturn:
-    """The end of `accel`'s entry points: a rank our launcher started leaves at once on failure (the
-    launcher ends the job when it is gone) and in order on success; any other process closes its
-    groups after success and exits as usual."""
-    if on_rank:
-        if code:
-            exit_now(code)
-        exit_finished()
-    elif not code:
-        from accel.parallel.mesh import leave_distributed
-
-        leave_distributed()
-    sys.exit(code)
 
 
 def _from_script(trace: TracebackType | None, script: Path) -> TracebackType | None:
@@ -480,5 +475,6 @@ def run_script(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = run_script(sys.argv[1:])
     from accel import watchdog
+    from accel.rank_exit import end_process
 
     end_process(code, on_rank=watchdog.active())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,14 @@ WAN_CALL = dict(
     prompt="a red fox", negative_prompt="blurry", height=64, width=64, num_frames=5,
     num_inference_steps=4, guidance_scale=5.0,
 )
+
+
+def cold_compile_env(folder: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process that compiles as a new user's does: an empty inductor cache of its
+    own (a warm one skips the compile pool, and with it the exits that hang on it) and inductor's
+    default compile threads."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    return {**env, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor-cache"), **extra}
 
 
 def generate(pipe: Any, call: dict[str, Any], seed: int = 0) -> np.ndarray:

@@ -133,7 +133,7 @@ def leave_distributed() -> None:
     """Close this process's groups at the end of a finished job, as torch asks (NCCL warns about a
     group left to interpreter shutdown). Closing is local (no collective), so a rank that finished
     never waits for another here; a failure to close is not the job's failure and is ignored. It
-    does not by itself stop gloo's rare abort at interpreter exit: see launch.exit_finished."""
+    does not by itself stop gloo's rare abort at interpreter exit: see rank_exit.leave_finished."""
     if "torch.distributed" not in sys.modules:  # nothing imported it (accel models, --help): no group, and torch stays unloaded
         return
     try:
