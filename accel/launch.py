@@ -11,7 +11,9 @@ and `accel.apply` work unchanged, and then supervises them (`Supervisor`):
   heartbeats (`accel.watchdog`);
 - Ctrl-C / SIGTERM stop every rank (each runs in its own process group, so its helpers go too),
   print `interrupted`, exit 130 / 143 and leave no job folder and no half-written output;
-- if the launcher itself is killed, each rank's watchdog sees its parent gone and exits.
+- if the launcher itself is killed, each rank's watchdog sees its parent gone and exits;
+- a rank that reported success (`report_finished`, from `accel.rank_exit`) but still runs
+  `finish_grace_s` later is stopped and named with where it was: the job ends with its real outcome.
 
 We do not run torchrun's elastic agent in-process any more: it could not order failures, hid exit
 codes of ranks that left no report, and answered Ctrl-C with its own traceback.

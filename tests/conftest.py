@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+import torch
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
-# The suite compiles from an empty inductor cache of its own, as a new user's first run does, however
-# warm this machine's is (a warm cache hid a hang at exit); it is removed at the end of the session.
-SESSION_INDUCTOR_CACHE = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="accel-tests-inductor-")
-if SESSION_INDUCTOR_CACHE is not None:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = SESSION_INDUCTOR_CACHE
-
-import numpy as np  # noqa: E402 - after the environment above, which torch reads
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if SESSION_INDUCTOR_CACHE is not None:
-        shutil.rmtree(SESSION_INDUCTOR_CACHE, ignore_errors=True)
 
 FLUX_CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=3.5)
 WAN_CALL = dict(
