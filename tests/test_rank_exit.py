@@ -4,7 +4,6 @@ blocking exit handlers."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
