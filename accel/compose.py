@@ -2,18 +2,21 @@
 
 Order (fixed; each step assumes the ones before it):
 
+0. mesh      — join the process group, build the mesh and, with tp > 1, split the blocks' weights
+               over the TP group (before quant: torchao then quantizes each rank's shard)
 1. quant     — torchao on the transformer's Linear layers (weights change first, so every later
                step sees the final modules, and compile traces the quantized kernels)
 2. parallel  — context-parallel attention and the split / gather plan (hooks and a mode that
-               compiled code traces through)
+               compiled code traces through), the CFG halves, agreed arguments and noise
 3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
 4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
                branch stays out of every graph
 5. vae       — VAE tiling / parallel decode
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
-except quantization: it frees the high-precision weights (the point of it), so it stays, and a
-second apply with the same type leaves it as it is.
+except quantization and the tensor-parallel split: they free the weights this rank no longer
+needs (the point of them), so they stay, and a second apply with the same type or degree leaves
+them as they are.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ from typing import Any
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
-from accel.models.base import Family, ParallelPlan
+from accel.models.base import Family, ParallelPlan, TensorPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
 from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
+from accel.parallel.tensor import TensorParallel
 from accel.recipe import ParallelSection, Recipe, load_recipe
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
@@ -68,6 +72,8 @@ class AccelHandle:
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
     # The split VAE decode (None: the decode runs whole on every rank).
     vae_decode: ParallelDecode | None = None
+    # Each transformer's tensor-parallel split (empty: tp = 1).
+    tensor: dict[str, TensorParallel] = field(default_factory=dict)
     quant: QuantSummary | None = None
     compiled: list[CompiledRegions] = field(default_factory=list)
     _undo: list[Callable[[], None]] = field(default_factory=list)
@@ -110,6 +116,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     _check_cache_blocks(handle)
     _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
     try:
+        _join_mesh(handle)
         _apply_quant(handle)
         _apply_parallel(handle)
         _apply_compile(handle)
@@ -198,19 +205,18 @@ def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
     return resolve_degrees(settings, heads, family.title)
 
 
-def _apply_parallel(handle: AccelHandle) -> None:
-    """Join (or start) the process group, build the mesh, put each transformer under the plan, split
-    the CFG branches over the mesh's cfg halves, and make every rank start each call alike: the same
-    arguments (checked first, one message on every rank) and rank 0's noise."""
+def _join_mesh(handle: AccelHandle) -> None:
+    """Join (or start) the process group and build the mesh, after every refusal that numbers and
+    the loaded modules allow (each rank refuses alike, none waits in a collective); then split the
+    blocks' weights over the TP group."""
     settings = handle.recipe.parallel
     if settings.world_size == 1:
         return
-    from accel.parallel.agree import agree_on_arguments, agree_on_noise
     from accel.parallel.mesh import build_mesh, init_distributed
 
     family = handle.family
-    plan = plan_of(family, "[parallel]")
-    refuse_split(variant_of_class(family, type(handle.pipe)), settings.world_size // settings.cfg)
+    plan_of(family, "[parallel]")
+    refuse_split(variant_of_class(family, type(handle.pipe)), settings.sequence_ranks)
     if settings.cfg > 1 and family.cfg is None:
         from accel.parallel.cfg import no_guidance_message
 
@@ -219,21 +225,66 @@ def _apply_parallel(handle: AccelHandle) -> None:
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
-    # A variant's own transformer class has its own plan (VACE, Animate).
-    plans = {attr: family.plan_for(transformer) for attr, transformer in transformers.items()}
-    if degrees.sequence > 1:  # before the mesh's collectives: every rank refuses alike, none waits
+    if degrees.sequence > 1:
         _refuse_bypassing_attention(transformers, degrees)
-        for attr, own in plans.items():
-            if own is None:
+        for attr, transformer in transformers.items():
+            if family.plan_for(transformer) is None:  # a variant's own transformer class has its own plan (VACE, Animate)
                 raise NotAvailableError(
-                    f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformers[attr]).__name__} has no "
+                    f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformer).__name__} has no "
                     "context-parallel plan yet; run it on one process, or with cfg = 2 alone"
                 )
+    tensor_plans = _tensor_plans(handle, degrees.tp)
     mesh = build_mesh(degrees, device.type)
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
+    handle.mesh = mesh
+    for attr, plan in tensor_plans.items():
+        handle.tensor[attr] = TensorParallel(transformers[attr], plan, mesh.tp_group)
+
+
+def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
+    """Each transformer's tensor plan, checked against its widths and state (refused in one line)."""
+    if tp == 1:
+        return {}
+    from accel.optimize.quantize import quantized_as
+    from accel.parallel.tensor import SPLIT_MARK, resolve_tensor_plan, width_problem
+
+    family = handle.family
+    if family.tensor is None:
+        raise NotAvailableError(f"[parallel] tp = {tp}: {family.title} has no tensor-parallel plan; set tp = 1")
+    plans = {}
+    for attr, transformer in _transformers(handle).items():
+        plan = resolve_tensor_plan(family.tensor, transformer)
+        if getattr(transformer, SPLIT_MARK, None) is None:
+            scheme = quantized_as(transformer)
+            if scheme is not None:
+                raise UserError(
+                    f"[parallel] tp = {tp}: pipe.{attr} was quantized ('{scheme}') before it was split; load the pipeline "
+                    "again and apply [quant] and tp together (accel splits first, then quantizes each rank's shard)"
+                )
+            problem = width_problem(transformer, plan, tp, type(transformer).__name__)
+            if problem is not None:
+                raise UserError(problem)
+        plans[attr] = plan
+    return plans
+
+
+def _apply_parallel(handle: AccelHandle) -> None:
+    """Put each transformer under the context-parallel plan, split the CFG branches over the mesh's
+    cfg halves, and make every rank start each call alike: the same arguments (checked first, one
+    message on every rank) and rank 0's noise."""
+    mesh = handle.mesh
+    if mesh is None:
+        return
+    from accel.parallel.agree import agree_on_arguments, agree_on_noise
+
+    family = handle.family
+    plan = plan_of(family, "[parallel]")
+    transformers = _transformers(handle)
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
-            engine = ContextParallel(transformer, plans[attr], mesh)
+            own = family.plan_for(transformer)
+            assert own is not None  # refused in _join_mesh
+            engine = ContextParallel(transformer, own, mesh)
             handle.parallel[attr] = engine
             handle._undo.append(engine.remove)
     if mesh.degrees.cfg > 1:
@@ -246,7 +297,6 @@ def _apply_parallel(handle: AccelHandle) -> None:
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     handle._undo.append(agree_on_arguments(handle.pipe, mesh.group))  # first of every call: one message, no hang
-    handle.mesh = mesh
 
 
 def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:
@@ -321,13 +371,15 @@ def cache_sums(handle: AccelHandle, attr: str) -> dict[str, Any]:
 
 def _cache_group(handle: AccelHandle) -> Any:
     """The ranks that share one transformer call, whose block-0 change the cache sums: the sequence
-    ranks, and with batched CFG split over the halves the whole mesh (one call, one decision)."""
+    ranks (with their TP ranks, which hold the same change whole: the ratio the cache reads is
+    unchanged, and every rank of the call reads the same sum), and with batched CFG split over the
+    halves the whole mesh (one call, one decision)."""
     mesh = handle.mesh
     if mesh is None:
         return None
     if mesh.degrees.cfg > 1 and handle.family.cfg == "batch":
         return mesh.group
-    return mesh.sequence_group
+    return mesh.call_group if mesh.degrees.tp > 1 else mesh.sequence_group
 
 
 def _apply_cache(handle: AccelHandle) -> None:

@@ -157,28 +157,35 @@ class CacheSection:
 
 @dataclass(frozen=True)
 class ParallelSection:
-    """Context parallelism: one process per GPU (gloo ranks on a CPU-only machine)."""
+    """Context and tensor parallelism: one process per GPU (gloo ranks on a CPU-only machine)."""
 
     gpus: int = _key(
-        0, "Processes (GPUs); 0 means ulysses × ring × cfg. With only gpus set, the degrees are chosen: "
-        "Ulysses over all of them when it divides the head count or pads it by at most 25 %, else the largest "
-        "degree dividing both and the rest Ring.", min=0
+        0, "Processes (GPUs); 0 means ulysses × ring × cfg × tp. With gpus set and no ulysses or ring, those two are "
+        "chosen to fill gpus / (cfg × tp): Ulysses over all of them when it divides the head count or pads it by at "
+        "most 25 %, else the largest degree dividing both and the rest Ring.", min=0
     )
     ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree; at most the head count, which it need not "
                         "divide (heads are padded).", min=1)
     ring: int = _key(1, "Ring attention parallel degree.", min=1)
     cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
+    tp: int = _key(1, "Tensor-parallel degree: each block's attention heads and MLP width are split over tp GPUs, "
+                   "which hold 1/tp of those weights each; it must divide the heads and every split width.", min=1)
     timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.", min=1)
 
     @property
     def world_size(self) -> int:
         """Number of processes (GPUs) the parallel layout needs."""
-        return self.gpus or self.ulysses * self.ring * self.cfg
+        return self.gpus or self.ulysses * self.ring * self.cfg * self.tp
 
     @property
     def chooses_degrees(self) -> bool:
-        """Only the process count is given: Ulysses and Ring are picked to fill it."""
+        """The process count is given without Ulysses or Ring: they are picked to fill it."""
         return bool(self.gpus) and self.ulysses == 1 and self.ring == 1
+
+    @property
+    def sequence_ranks(self) -> int:
+        """Ranks that share one sequence (Ulysses × Ring): what is left of the processes after CFG and TP."""
+        return max(1, self.world_size // (self.cfg * self.tp))
 
 
 @dataclass(frozen=True)

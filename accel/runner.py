@@ -258,7 +258,7 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
                    **{keyword: "inputs" for spec in variant.inputs for _, keyword in spec.fields}}
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
-    refuse_split(variant, recipe.parallel.world_size // recipe.parallel.cfg)
+    refuse_split(variant, recipe.parallel.sequence_ranks)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))
     if recipe.parallel.cfg > 1 and (pipe is not None or recipe.model.pipeline) and not _takes_guidance(family, pipe, variant):

@@ -133,9 +133,11 @@ def group_ranks(ulysses: int, ring: int, fallback: bool) -> dict[str, Any]:
 _pipelines: dict[str, Any] = {}
 
 
-def tiny_pipeline(model: str) -> Any:
-    """A tiny pipeline by alias ("tiny-wan") or builder ("accel.models.wan:build_tiny_i2v"), built once per process."""
-    if model not in _pipelines:
+def tiny_pipeline(model: str, key: str | None = None) -> Any:
+    """A tiny pipeline by alias ("tiny-wan") or builder ("accel.models.wan:build_tiny_i2v"), built once
+    per process (per `key` where one is given: another copy of the same model)."""
+    key = key or model
+    if key not in _pipelines:
         import importlib
 
         import accel
@@ -146,8 +148,8 @@ def tiny_pipeline(model: str) -> Any:
         else:
             pipe = accel.load_pipeline(model)
         pipe.set_progress_bar_config(disable=True)
-        _pipelines[model] = pipe
-    return _pipelines[model]
+        _pipelines[key] = pipe
+    return _pipelines[key]
 
 
 def _rotate_in_float32(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -237,7 +239,8 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     tiny pipeline under `recipe`."""
     import accel
 
-    pipe = tiny_pipeline(model)
+    tp = recipe.get("parallel", {}).get("tp", 1)
+    pipe = tiny_pipeline(model) if tp == 1 else tiny_split_pipeline(model, recipe["parallel"])
     handle = accel.apply(pipe, recipe)
     TRAFFIC.reset()
     try:
@@ -247,6 +250,16 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
         handle.remove()
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
     return output_of(result), decisions, TRAFFIC.total_bytes
+
+
+def tiny_split_pipeline(model: str, parallel: dict[str, int]) -> Any:
+    """A pipeline of its own for a tensor-parallel layout: the split outlives `handle.remove()`, so
+    it must not be the one the other layouts of this rank share. One per degree and rank index,
+    which is all the split depends on (a layout's TP group holds consecutive ranks)."""
+    import torch.distributed as dist
+
+    tp = parallel["tp"]
+    return tiny_pipeline(model, key=f"{model}@tp{tp}.{dist.get_rank() % tp}")
 
 
 _curves: dict[str, Any] = {}

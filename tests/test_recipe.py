@@ -44,7 +44,7 @@ FULL: dict[str, Any] = {
     "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
               "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "interval_offset": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
               "max_cached_steps": 10},
-    "parallel": {"gpus": 8, "ulysses": 2, "ring": 2, "cfg": 2, "timeout": 120.0},
+    "parallel": {"gpus": 16, "ulysses": 2, "ring": 2, "cfg": 2, "tp": 2, "timeout": 120.0},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
@@ -199,7 +199,7 @@ def test_with_overrides_deep_merges() -> None:
     r = base.with_overrides({"cache": {"threshold": 0.3}, "parallel": {"cfg": 1, "gpus": 0}})
     assert r.cache == CacheSection(threshold=0.3, method="dbcache", first_blocks=4, last_blocks=2, calibrator="taylorseer",
                                    taylor_order=2, warmup_steps=2, max_consecutive_cached=3, max_cached_steps=10)
-    assert r.parallel.world_size == 4
+    assert r.parallel.world_size == 8  # ulysses 2 × ring 2 × tp 2
     assert r.model == base.model and r.variants == base.variants
     assert r.source == "r.toml"
     assert base.cache.threshold == 0.12  # the original is untouched

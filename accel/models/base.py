@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -197,6 +197,68 @@ class FromDiffusers:
     whole_queries: tuple[str, ...] = ()
     keep_whole: tuple[str, ...] = ()
     grouped: tuple[GroupedTokens, ...] = ()
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A fused layer whose width is several parts side by side (SwiGLU's value and gate, Q K V and
+    the MLP input in one projection): each part is split over the TP ranks on its own, so every
+    rank holds a slice of each. `parts` are proportions ((1, 1): two equal halves); empty reads the
+    absolute sizes diffusers stores on the Linear (`_tp_packed_col_blocks` / `_tp_packed_row_blocks`)."""
+
+    style: Literal["colwise", "rowwise"]
+    parts: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """Rotary embeddings a module takes as keyword `arguments` (tensors, or tuples of them such as
+    (cos, sin)) that span all heads, where a TP rank runs only its own: the rank takes its heads'
+    slice before the module runs. `heads_dim` maps a tensor's number of dims to the dim holding the
+    heads (or the whole width, heads side by side): LTX's (batch, tokens, width) cos is {3: -1},
+    Mochi's (tokens, heads, r) {3: 1}. A tensor of another rank, or of size 1 there, is left whole."""
+
+    module: str
+    arguments: tuple[str, ...]
+    heads_dim: Mapping[int, int]
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """What tensor parallelism splits in a family's transformer, as data for the generic engine
+    (accel/parallel/tensor.py).
+
+    `layers` maps module patterns ("transformer_blocks.*.attn.to_q"; `*` is one list index) to a
+    style: "colwise" keeps each rank's slice of the output features (Q, K, V, an MLP's input),
+    "rowwise" each rank's slice of the input features, the partial outputs summed over the TP
+    group (an attention's output projection, an MLP's output), or `Packed` for fused layers. A
+    pattern matching no module in some block is skipped there (SD3's last block has no context
+    MLP). `from_diffusers`: the layers are the transformer class's own `_tp_plan`, read when
+    applied. `norms` are RMSNorms over a column-split width (Wan's and LTX's query/key norms span
+    all heads): each rank keeps its slice of the weight and the mean square is summed over the
+    group. `per_rank` names module attributes that count heads (or widths) a processor reshapes
+    by (`attn.heads`), which become the rank's own count on every module holding a column-wise layer.
+    `rotary` lists keyword arguments holding rotary embeddings that span all heads (see Rotary).
+    """
+
+    layers: Mapping[str, str | Packed] = field(default_factory=dict)
+    from_diffusers: bool = False
+    norms: tuple[str, ...] = ()
+    per_rank: tuple[str, ...] = ()
+    rotary: tuple[Rotary, ...] = ()
+
+
+# The layers of the usual diffusers attention and MLP, for TensorPlan.layers: projections into the
+# heads (and a joint attention's text-stream ones) column-wise, the output projections row-wise.
+SELF_ATTENTION = (("to_q", "to_k", "to_v"), ("to_out.0",))
+JOINT_ATTENTION = (("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"), ("to_out.0", "to_add_out"))
+DIFFUSERS_MLP = (("net.0.proj",), ("net.2",))
+
+
+def split_layers(prefix: str, layers: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, str]:
+    """TensorPlan.layers for one module: `layers` is (column-wise names, row-wise names) under `prefix`."""
+    columns, rows = layers
+    return {**{f"{prefix}.{name}": "colwise" for name in columns}, **{f"{prefix}.{name}": "rowwise" for name in rows}}
 
 
 @dataclass(frozen=True)
@@ -419,6 +481,8 @@ class Family:
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
     parallel: ParallelPlan | FromDiffusers | None = None
+    # Tensor parallelism; None: the family's weights are not split.
+    tensor: TensorPlan | None = None
     # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
     # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
     cfg: CfgStyle | None = None

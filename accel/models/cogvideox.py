@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, NamedInput, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import CogVideoXFunControlPipeline, CogVideoXImageToVideoPipeline, CogVideoXPipeline
@@ -155,6 +155,12 @@ def build_tiny_fun_control(seed: int = 0) -> "CogVideoXFunControlPipeline":
                                        scheduler=CogVideoXDDIMScheduler.from_config(pipe.scheduler.config))
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={**split_layers("transformer_blocks.*.attn1", SELF_ATTENTION), **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP)},
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="cogvideox",
     title="CogVideoX",
@@ -176,6 +182,7 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=9, guidance_scale=6.0),
     # The patch embedding runs on the whole text + video sequence; both streams are cut where the
     # blocks start, and the pipeline's rotary embedding (video tokens only) with the video.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("image_rotary_emb", "video", dim=0),

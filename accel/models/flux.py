@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -90,6 +90,9 @@ CONTROLNET_SPLITS = (
     SequenceSplit("controlnet_single_block_samples", "image", dim=1),
 )
 
+TENSOR_PLAN = TensorPlan(from_diffusers=True)
+
+
 FAMILY = Family(
     name="flux",
     title="FLUX.1",
@@ -112,6 +115,7 @@ FAMILY = Family(
     # proj_out. Every attention is joint over (text, image), and the transformer builds its rotary
     # embedding from the (cut) ids, so it matches the local tokens. A ControlNet pipeline passes
     # per-block residuals for the image tokens (lists of whole-sequence tensors): cut as the image.
+    tensor=TENSOR_PLAN,
     parallel=FromDiffusers(
         streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
         attention_keys=("text", "image"),

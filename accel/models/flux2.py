@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import Flux2KleinPipeline, Flux2Pipeline
@@ -150,6 +150,7 @@ FAMILY = Family(
     blocks=_BLOCKS,
     heads=48,
     tiny_heads=4,
+    tensor=TensorPlan(from_diffusers=True),
     parallel=_PLAN,
     # None: FLUX.2-dev is guidance-distilled. The pipeline feeds guidance_scale to the transformer's
     # guidance embedding and calls it once per step; it has no negative prompt or second branch.
@@ -176,6 +177,7 @@ KLEIN = Family(
     blocks=_BLOCKS,
     heads=24,
     tiny_heads=4,
+    tensor=TensorPlan(from_diffusers=True),
     parallel=_PLAN,
     # Real CFG when guidance_scale > 1 on a base model: a second call per step on the empty prompt.
     cfg="calls",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, LeadingCount, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, LeadingCount, Packed, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoImageToVideoPipeline, HunyuanVideoPipeline
@@ -156,6 +156,20 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
     )
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("transformer_blocks.*.attn", JOINT_ATTENTION),
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+        **split_layers("transformer_blocks.*.ff_context", DIFFUSERS_MLP),
+        **split_layers("single_transformer_blocks.*.attn", (("to_q", "to_k", "to_v"), ())),
+        "single_transformer_blocks.*.proj_mlp": "colwise",
+        # Its input is the attention output and the MLP's hidden width side by side (mlp_ratio 4).
+        "single_transformer_blocks.*.proj_out": Packed("rowwise", (1, 4)),
+    },
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="hunyuan",
     title="HunyuanVideo",
@@ -183,6 +197,7 @@ FAMILY = Family(
     # stream by stream, and the rotary embedding with the video. The image-to-video model's
     # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
     # each rank gets the count within its own shard.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=0, module="rope"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Pipeline
@@ -149,6 +149,16 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideo15ImageToVideoPipeline":
     ))
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("transformer_blocks.*.attn", JOINT_ATTENTION),
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+        **split_layers("transformer_blocks.*.ff_context", DIFFUSERS_MLP),
+    },
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="hunyuan15",
     title="HunyuanVideo 1.5",
@@ -172,6 +182,7 @@ FAMILY = Family(
     # before them runs whole on every rank); the text mask each block gets is cut with the text,
     # the rotary table with the video. Each block's processor makes its (B, 1, L, L) mask as the
     # text mask (video counted valid) ANDed with itself: the engine reads the key mask off it.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=0, module="rope"),

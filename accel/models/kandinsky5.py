@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import Kandinsky5T2VPipeline
@@ -186,6 +186,16 @@ def build_tiny_i2i(seed: int = 0) -> Any:
 # The image pipelines' own example: 1024x1024, 50 steps, guidance 3.5 (their call's default).
 _IMAGE_DEFAULTS = GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=3.5)
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("visual_transformer_blocks.*.self_attention", (("to_query", "to_key", "to_value"), ("out_layer",))),
+        **split_layers("visual_transformer_blocks.*.cross_attention", (("to_query", "to_key", "to_value"), ("out_layer",))),
+        **split_layers("visual_transformer_blocks.*.feed_forward", (("in_layer",), ("out_layer",))),
+    },
+    per_rank=("num_heads",),
+)
+
+
 FAMILY = Family(
     name="kandinsky5",
     title="Kandinsky 5.0 Video",
@@ -212,6 +222,7 @@ FAMILY = Family(
     # block gets (the same tensor: cut once); the text stays whole on every rank, so the text blocks
     # and the cross-attention run unchanged. The transformer reshapes the tokens to the video grid
     # right after the last visual block, so the output is gathered there.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("visual_embed", "video", dim=1, module="visual_transformer_blocks.0"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Conditions, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, Conditions, DIFFUSERS_MLP, Family, GenerationDefaults, ParallelPlan, Rotary, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import LTXConditionPipeline, LTXI2VLongMultiPromptPipeline, LTXPipeline
@@ -129,6 +129,20 @@ def build_tiny_long(seed: int = 0) -> "LTXI2VLongMultiPromptPipeline":
     return _tiny_unshifted("LTXI2VLongMultiPromptPipeline", seed)
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("transformer_blocks.*.attn1", SELF_ATTENTION),
+        **split_layers("transformer_blocks.*.attn2", SELF_ATTENTION),
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+    },
+    # LTX-Video's query and key norms span all heads.
+    norms=("transformer_blocks.*.attn1.norm_q", "transformer_blocks.*.attn1.norm_k",
+           "transformer_blocks.*.attn2.norm_q", "transformer_blocks.*.attn2.norm_k"),
+    per_rank=("heads",),
+    rotary=(Rotary("transformer_blocks.*", ("image_rotary_emb",), {3: -1}),),  # cos and sin over the whole width
+)
+
+
 FAMILY = Family(
     name="ltx",
     title="LTX-Video",
@@ -150,6 +164,7 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=96, width=128, frames=9, guidance_scale=3.0),
     # Latents arrive packed, one token per row: cut them and the rotary embedding; the text stays
     # whole, so the masked cross-attention (attn2) runs on each rank unchanged.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("hidden_states", "video", dim=1),

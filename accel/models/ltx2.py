@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers, GenerationDefaults, NamedInput,
-                               SequenceSplit, Variant)
+from accel.models.base import (DIFFUSERS_MLP, SELF_ATTENTION, AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers,
+                               GenerationDefaults, NamedInput, Rotary, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
@@ -205,6 +205,23 @@ def _ancestral_scheduler() -> Any:
     return LTXEulerAncestralRFScheduler(eta=0.5)
 
 
+_ATTENTIONS = ("attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **{key: style for name in _ATTENTIONS for key, style in split_layers(f"transformer_blocks.*.{name}", SELF_ATTENTION).items()},
+        # LTX-2.3's per-head output gates: one column per head.
+        **{f"transformer_blocks.*.{name}.to_gate_logits": "colwise" for name in _ATTENTIONS},
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+        **split_layers("transformer_blocks.*.audio_ff", DIFFUSERS_MLP),
+    },
+    # Every attention's query and key norms span all its heads.
+    norms=tuple(f"transformer_blocks.*.{name}.{norm}" for name in _ATTENTIONS for norm in ("norm_q", "norm_k")),
+    per_rank=("heads",),
+    # Per head ("split" rope, (batch, heads, tokens, r)) or over the whole width ("interleaved").
+    rotary=(Rotary("transformer_blocks.*", ("video_rotary_emb", "audio_rotary_emb", "ca_video_rotary_emb", "ca_audio_rotary_emb"), {3: -1, 4: 1}),),
+)
+
+
 FAMILY = Family(
     name="ltx2",
     title="LTX-2",
@@ -232,6 +249,7 @@ FAMILY = Family(
     # attention, its text attention and the video's attention to it stay local; only the audio's
     # attention to the cut video spans ranks (whole queries, merged by log-sum-exp). Splitting the
     # audio would add four exchanges per block to save a few percent of compute.
+    tensor=TENSOR_PLAN,
     parallel=FromDiffusers(
         streams=(("hidden_states", "video"), ("rope[0]", "video"), ("rope[1]", "video")),
         keep_whole=("encoder_hidden_states", "encoder_attention_mask"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit
+from accel.models.base import (BlockList, Family, GenerationDefaults, JOINT_ATTENTION, Packed, ParallelPlan, Rotary, SequenceSplit, TensorPlan, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import MochiPipeline
@@ -18,8 +18,8 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
 
     Two blocks with four heads keep the structure the cache and context-parallel code see on the
     real model (the last block is `context_pre_only`: it updates no text stream). The streams are
-    asymmetric as in Mochi: 64-wide video tokens, 32-wide text tokens, 96-wide T5 features (3072,
-    1536 and 4096 on the real model). 7 frames at 64x64 give 2x8x8 latents, i.e. 32 video tokens
+    asymmetric as in Mochi: 96-wide video tokens, 48-wide text tokens, 128-wide T5 features (3072,
+    1536 and 4096 on the real model); their SwiGLU widths (256 and 128) split over 2 or 4 TP ranks. 7 frames at 64x64 give 2x8x8 latents, i.e. 32 video tokens
     after 2x2 patching, next to the text tokens (256 by default, the pipeline's padding length),
     which the attention processor compacts per sample to the prompt's real tokens.
     """
@@ -37,10 +37,10 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
     base = seed * 8
     tokenizer = parts.t5_tokenizer()
     # Wider than the transformer, as T5-XXL's 4096 is wider than Mochi's 3072.
-    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1, hidden=96)
+    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1, hidden=128)
 
     latent_channels = 12  # the pipeline hard-codes Mochi's 12 latent channels when denormalising
-    heads, head_dim = 4, 16
+    heads, head_dim = 4, 24
     with parts.seeded(base + 2):
         transformer = MochiTransformer3DModel(
             patch_size=2,
@@ -102,6 +102,20 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
     )
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("transformer_blocks.*.attn1", JOINT_ATTENTION),  # the last block has no text output
+        # SwiGLU: the projection holds the value and the gate side by side.
+        "transformer_blocks.*.ff.net.0.proj": Packed("colwise", (1, 1)),
+        "transformer_blocks.*.ff.net.2": "rowwise",
+        "transformer_blocks.*.ff_context.net.0.proj": Packed("colwise", (1, 1)),
+        "transformer_blocks.*.ff_context.net.2": "rowwise",
+    },
+    per_rank=("heads",),
+    rotary=(Rotary("transformer_blocks.*", ("image_rotary_emb",), {3: 1}),),  # (tokens, heads, r) cos and sin
+)
+
+
 FAMILY = Family(
     name="mochi",
     title="Mochi 1",
@@ -124,6 +138,7 @@ FAMILY = Family(
     # Video tokens are cut; the text stays whole on every rank, because Mochi's attention keeps
     # only each sample's real text tokens (a count that would differ between text shards). The
     # engine shares the text part of each joint attention out across the ranks instead.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=0, module="rope"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, Variant
+from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline
@@ -84,6 +84,9 @@ def build_tiny_edit_plus(seed: int = 0) -> Any:
     return build_tiny(seed, "QwenImageEditPlusPipeline", zero_cond_t=True)
 
 
+TENSOR_PLAN = TensorPlan(from_diffusers=True)
+
+
 FAMILY = Family(
     name="qwenimage",
     title="Qwen-Image",
@@ -105,6 +108,7 @@ FAMILY = Family(
     # text); it gathers at proj_out. Every attention is joint over (text, image). The ControlNet
     # pipelines pass per-block residuals for the image tokens (a list of whole-sequence tensors,
     # added after each block): accel cuts them as the image, which diffusers' plan does not.
+    tensor=TENSOR_PLAN,
     parallel=FromDiffusers(
         streams=(
             ("hidden_states", "image"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import StableDiffusion3Pipeline
@@ -69,6 +69,17 @@ def build_tiny_medium(seed: int = 0) -> "StableDiffusion3Pipeline":
     return build_tiny(seed, dual_attention_layers=(0,))
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("transformer_blocks.*.attn", JOINT_ATTENTION),
+        **split_layers("transformer_blocks.*.attn2", SELF_ATTENTION),  # SD 3.5 medium's second attention
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+        **split_layers("transformer_blocks.*.ff_context", DIFFUSERS_MLP),  # not in the last block
+    },
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="sd3",
     title="Stable Diffusion 3.5",
@@ -90,6 +101,7 @@ FAMILY = Family(
     # (image, text); medium's attn2 over the image alone; the output is gathered at proj_out. The
     # ControlNet pipelines pass per-block residuals of the image tokens (a list, added after each
     # block but the last), cut as the image; they carry the batched CFG branches too.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("hidden_states", "image", dim=1, module="transformer_blocks.0"),

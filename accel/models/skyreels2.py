@@ -50,6 +50,7 @@ def build_tiny_i2v(seed: int = 0) -> "SkyReelsV2ImageToVideoPipeline":
                                           image_encoder=image_encoder, transformer=transformer)
 
 
+
 FAMILY = Family(
     name="skyreels2",
     title="SkyReels-V2",
@@ -72,6 +73,7 @@ FAMILY = Family(
     # modulation per token, (batch, 6, tokens, dim), handed to every block: cut on its token dim (a
     # plain call's (batch, 6, dim) is not). The output is gathered at `norm_out`, before the
     # transformer applies the per-token shift and scale of the whole sequence.
+    tensor=wan.TENSOR_PLAN,  # the same block layout as Wan 2.1
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("output", "video", dim=1, module="rope"),

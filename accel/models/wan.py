@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
@@ -247,6 +247,19 @@ VACE_PLAN = ParallelPlan(
 ANIMATE_PLAN = dataclasses.replace(PLAN, grouped=(GroupedTokens("face_adapter.*", "video"),))
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("blocks.*.attn1", SELF_ATTENTION),
+        # Image-to-video models add the image's keys and values to the cross-attention.
+        **split_layers("blocks.*.attn2", (("to_q", "to_k", "to_v", "add_k_proj", "add_v_proj"), ("to_out.0",))),
+        **split_layers("blocks.*.ffn", DIFFUSERS_MLP),
+    },
+    # The query and key norms span all heads (qk_norm = "rms_norm_across_heads").
+    norms=("blocks.*.attn1.norm_q", "blocks.*.attn1.norm_k", "blocks.*.attn2.norm_q", "blocks.*.attn2.norm_k", "blocks.*.attn2.norm_added_k"),
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="wan",
     title="Wan 2.1 / 2.2",
@@ -265,6 +278,7 @@ FAMILY = Family(
     fps=16,
     heads=40,
     tiny_heads=4,
+    tensor=TENSOR_PLAN,
     parallel=PLAN,
     cfg="calls",
     tiny=build_tiny,

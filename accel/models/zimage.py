@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import (BlockList, Family, GenerationDefaults, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import ZImagePipeline
@@ -57,6 +57,16 @@ def build_tiny(seed: int = 0) -> "ZImagePipeline":
     return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
+TENSOR_PLAN = TensorPlan(
+    layers={
+        **split_layers("layers.*.attention", SELF_ATTENTION),
+        # SwiGLU in three layers: w1 and w3 make the hidden width, w2 reads it.
+        **split_layers("layers.*.feed_forward", (("w1", "w3"), ("w2",))),
+    },
+    per_rank=("heads",),
+)
+
+
 FAMILY = Family(
     name="zimage",
     title="Z-Image",
@@ -84,6 +94,7 @@ FAMILY = Family(
     # layer; the sequence exists only inside the forward, so they are cut where layers.0 starts.
     # They carry the batch (the CFG branches), padded to the batch's longest sample as the unified
     # sequence is: a CFG half with shorter samples keeps its own length of them.
+    tensor=TENSOR_PLAN,
     parallel=ParallelPlan(
         splits=(
             SequenceSplit("x", "unified", dim=1, module="layers.0"),

@@ -111,6 +111,11 @@ class QuantSummary:
 _quantized: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 
 
+def quantized_as(transformer: nn.Module) -> str | None:
+    """The scheme `transformer` was quantized with (None: it was not)."""
+    return _quantized.get(transformer)
+
+
 def quantize_transformer(
     transformer: nn.Module,
     summary: QuantSummary,

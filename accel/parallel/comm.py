@@ -67,6 +67,16 @@ def all_to_all(chunks: Tensor, group: Group) -> Tensor:
     return received
 
 
+def all_reduce(tensor: Tensor, group: Group) -> Tensor:
+    """The sum over the group (in place on a contiguous tensor, which is returned); counted as a
+    ring all-reduce sends: 2 (n - 1) / n of the tensor per rank."""
+    world = group_size(group)
+    tensor = tensor.contiguous()
+    dist.all_reduce(tensor, group=group)
+    TRAFFIC.add("all_reduce", _nbytes(tensor) * 2 * (world - 1) // world)
+    return tensor
+
+
 def all_gather(tensor: Tensor, group: Group) -> list[Tensor]:
     """Every group rank's tensor (equal shapes), in group-rank order."""
     world = group_size(group)

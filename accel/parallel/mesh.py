@@ -1,4 +1,10 @@
-"""Parallel degrees (cfg × ring × ulysses), their checks, and the device mesh that carries them.
+"""Parallel degrees (cfg × ring × ulysses × tp), their checks, and the device mesh that carries them.
+
+The nesting, outermost first, is cfg, ring, ulysses, tp: tensor parallelism is innermost because
+it communicates most (an all-reduce of the whole activation after every row-wise layer, twice a
+block), so its ranks are neighbours (one node, the fastest links); Ulysses' all-to-alls come
+next, Ring's overlapped passes next, and the CFG halves, which exchange one output per step, are
+outermost. A Ulysses group holds ranks of one TP index, so it exchanges the TP group's local heads.
 
 Degree problems are user errors: they are found here from numbers alone, so the CLI can refuse
 them before any rank starts.
@@ -16,7 +22,7 @@ from typing import Any
 from accel.errors import UserError
 from accel.recipe import ParallelSection
 
-MESH_DIMS = ("cfg", "ring", "ulysses")
+MESH_DIMS = ("cfg", "ring", "ulysses", "tp")
 
 
 @dataclass(frozen=True)
@@ -24,10 +30,16 @@ class Degrees:
     ulysses: int = 1
     ring: int = 1
     cfg: int = 1
+    tp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.ulysses * self.ring * self.cfg
+        return self.ulysses * self.ring * self.cfg * self.tp
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """The mesh's extent along MESH_DIMS."""
+        return (self.cfg, self.ring, self.ulysses, self.tp)
 
     @property
     def sequence(self) -> int:
@@ -35,7 +47,7 @@ class Degrees:
         return self.ulysses * self.ring
 
     def describe(self) -> str:
-        parts = [f"{name} {getattr(self, name)}" for name in ("ulysses", "ring", "cfg") if getattr(self, name) > 1]
+        parts = [f"{name} {getattr(self, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(self, name) > 1]
         return " × ".join(parts) or "single process"
 
 
@@ -74,34 +86,65 @@ def chosen_ulysses(sequence_ranks: int, heads: int | None) -> int:
 
 
 def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "the model") -> Degrees:
-    """Degrees from a recipe's [parallel]: given ones are checked, and with only `gpus` they are chosen
-    (Ulysses by `chosen_ulysses`, the rest Ring). A given Ulysses degree need not divide the heads
-    (they are padded, see accel.parallel.attention) but may not exceed them: a rank would hold no
-    real head. `heads=None` skips the head check."""
-    ulysses, ring, cfg, gpus = settings.ulysses, settings.ring, settings.cfg, settings.gpus
+    """Degrees from a recipe's [parallel]: given ones are checked, and with `gpus` but no Ulysses or
+    Ring those two are chosen for the ranks left after CFG and TP (Ulysses by `chosen_ulysses` over
+    each TP rank's heads, the rest Ring). TP must divide the heads; a given Ulysses degree need not
+    divide a TP rank's heads (they are padded, see accel.parallel.attention) but may not exceed
+    them: a rank would hold no real head. `heads=None` skips the head checks."""
+    ulysses, ring, cfg, tp, gpus = settings.ulysses, settings.ring, settings.cfg, settings.tp, settings.gpus
+    check_tp(tp, heads, model)
+    local_heads = heads // tp if heads is not None else None
     if settings.chooses_degrees:
-        if gpus % cfg:
-            raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
-        sequence = gpus // cfg
-        best = chosen_ulysses(sequence, heads)
-        return Degrees(ulysses=best, ring=sequence // best, cfg=cfg)
-    degrees = Degrees(ulysses=ulysses, ring=ring, cfg=cfg)
+        if gpus % (cfg * tp):
+            if tp == 1:
+                raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
+            halves = f"cfg = {cfg} halves of " if cfg > 1 else ""
+            raise UserError(f"[parallel] gpus = {gpus} does not split into {halves}tp = {tp} ranks; use a multiple of {cfg * tp} GPUs")
+        sequence = gpus // (cfg * tp)
+        best = chosen_ulysses(sequence, local_heads)
+        return Degrees(ulysses=best, ring=sequence // best, cfg=cfg, tp=tp)
+    degrees = Degrees(ulysses=ulysses, ring=ring, cfg=cfg, tp=tp)
     if gpus and degrees.world_size != gpus:
         raise UserError(
-            f"[parallel] ulysses {ulysses} × ring {ring} × cfg {cfg} = {degrees.world_size} processes, but gpus = {gpus}; "
-            f"make the product {gpus} or leave the degrees out to have them chosen"
+            f"[parallel] ulysses {ulysses} × ring {ring} × cfg {cfg} × tp {tp} = {degrees.world_size} processes, but gpus = {gpus}; "
+            f"make the product {gpus} or leave ulysses and ring out to have them chosen"
         )
     check_heads(degrees, heads, model)
     return degrees
 
 
-def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -> None:
-    """Refuses a Ulysses degree above the head count (some rank would compute padding only)."""
-    if heads is None or degrees.ulysses <= heads:
+def divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def degrees_that_divide(width: int, limit: int = 64) -> str:
+    """'2, 3, 4 or 6': the TP degrees above 1 (up to `limit`) that split `width` evenly."""
+    choices = [str(d) for d in divisors(width) if 1 < d <= limit]
+    if not choices:
+        return "none above 1 (run it with tp = 1)"
+    return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+
+
+def check_tp(tp: int, heads: int | None, model: str = "the model") -> None:
+    """Refuses a TP degree that does not divide the head count: each TP rank holds whole heads."""
+    if tp == 1 or heads is None or heads % tp == 0:
         return
-    best = chosen_ulysses(degrees.sequence, heads)
     raise UserError(
-        f"[parallel] ulysses = {degrees.ulysses} is more than the {heads} attention heads of {model}; "
+        f"[parallel] tp = {tp} does not divide the {heads} attention heads of {model}; use tp = {degrees_that_divide(heads)}"
+    )
+
+
+def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -> None:
+    """Refuses a Ulysses degree above the heads a TP rank holds (some rank would compute padding only)."""
+    if heads is None:
+        return
+    local = heads // degrees.tp
+    if degrees.ulysses <= local:
+        return
+    best = chosen_ulysses(degrees.sequence, local)
+    held = f"the {heads} attention heads of {model}" if degrees.tp == 1 else f"the {local} attention heads each of tp = {degrees.tp} ranks holds of {model}'s {heads}"
+    raise UserError(
+        f"[parallel] ulysses = {degrees.ulysses} is more than {held}; "
         f"use ulysses = {best}, ring = {degrees.sequence // best} for {degrees.sequence} sequence-parallel ranks"
     )
 
@@ -161,15 +204,26 @@ class ParallelMesh:
     sequence_rank: int
     # Every rank of the layout: the whole job (WORLD), or a group of its first ranks.
     group: Any = None
+    # The ranks that split one sequence's weights, and which slice this rank holds.
+    tp_group: Any = None
+    tp_rank: int = 0
+    # The ranks that share one transformer call (sequence × tp): a decision about the call is theirs.
+    call_group: Any = None
 
 
 # None records a layout this rank took part in creating but is not a member of. Keyed by the
 # job's default group too: a process group destroyed and started again needs new meshes.
 _meshes: dict[tuple[Any, str, Degrees], ParallelMesh | None] = {}
 
+# Each group of a layout, as the mesh dims it runs along.
+_GROUP_DIMS = {
+    "ulysses": ("ulysses",), "ring": ("ring",), "cfg": ("cfg",), "tp": ("tp",),
+    "sequence": ("ring", "ulysses"), "call": ("ring", "ulysses", "tp"),
+}
+
 
 def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) -> ParallelMesh | None:
-    """The named (cfg, ring, ulysses) mesh over the current world; built once per layout and reused.
+    """The named (cfg, ring, ulysses, tp) mesh over the current world; built once per layout and reused.
 
     `first_ranks=True` allows a layout smaller than the job, over its first ranks (`accel bench`
     runs a 2-GPU variant inside an 8-GPU job). Creating groups is collective, so every rank of the
@@ -188,47 +242,54 @@ def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) ->
             f"{world}; change the degrees or the number of processes"
         )
     if world == degrees.world_size:
-        mesh = init_device_mesh(device_type, (degrees.cfg, degrees.ring, degrees.ulysses), mesh_dim_names=MESH_DIMS)
-        sequence = flattened_group(mesh, ("ring", "ulysses"))
-        _meshes[key] = ParallelMesh(
-            degrees=degrees,
-            device_mesh=mesh,
-            ulysses_group=mesh.get_group("ulysses"),
-            ring_group=mesh.get_group("ring"),
-            sequence_group=sequence,
-            cfg_group=mesh.get_group("cfg"),
-            sequence_rank=dist.get_rank(sequence),
-            group=dist.group.WORLD,
-        )
+        mesh = init_device_mesh(device_type, degrees.shape, mesh_dim_names=MESH_DIMS)
+        groups = {name: mesh.get_group(dims[0]) if len(dims) == 1 else flattened_group(mesh, dims) for name, dims in _GROUP_DIMS.items()}
+        _meshes[key] = _mesh_of(degrees, mesh, groups, dist.group.WORLD)
     else:
         _meshes[key] = _first_ranks_mesh(degrees)
     return _meshes[key]
 
 
+def _mesh_of(degrees: Degrees, device_mesh: Any, groups: dict[str, Any], everyone: Any) -> ParallelMesh:
+    import torch.distributed as dist
+
+    return ParallelMesh(
+        degrees, device_mesh, groups["ulysses"], groups["ring"], groups["sequence"], groups["cfg"],
+        dist.get_rank(groups["sequence"]), everyone, groups["tp"], dist.get_rank(groups["tp"]), groups["call"],
+    )
+
+
+def _enumerated_groups(grid: Any, leading: int) -> dict[str, Any]:
+    """Every group of a layout from a rank grid whose last four dims are MESH_DIMS (after `leading`
+    dims of replicas), each created in one fixed order on every rank (new_group is collective)."""
+    import math
+
+    import torch.distributed as dist
+
+    groups = {}
+    for name, dims in _GROUP_DIMS.items():
+        along = [leading + MESH_DIMS.index(dim) for dim in dims]
+        others = [d for d in range(grid.dim()) if d not in along]
+        size = math.prod(grid.shape[d] for d in along)
+        groups[name] = dist.new_subgroups_by_enumeration(grid.permute(*others, *along).reshape(-1, size).tolist())[0]
+    return groups
+
+
 def _first_ranks_mesh(degrees: Degrees) -> ParallelMesh | None:
-    """The layout over ranks 0 … n-1 from public group enumerations, created in one fixed order on
-    every rank of the job (new_group is collective); None on the ranks outside it."""
+    """The layout over ranks 0 … n-1 from public group enumerations; None on the ranks outside it."""
     import torch
     import torch.distributed as dist
 
-    grid = torch.arange(degrees.world_size).reshape(degrees.cfg, degrees.ring, degrees.ulysses)
-
-    def groups(order: tuple[int, int, int], size: int) -> Any:
-        return dist.new_subgroups_by_enumeration(grid.permute(*order).reshape(-1, size).tolist())[0]
-
-    ulysses = groups((0, 1, 2), degrees.ulysses)
-    ring = groups((0, 2, 1), degrees.ring)
-    cfg = groups((1, 2, 0), degrees.cfg)
-    sequence = groups((0, 1, 2), degrees.sequence)
+    groups = _enumerated_groups(torch.arange(degrees.world_size).reshape(degrees.shape), 0)
     everyone = dist.new_group(list(range(degrees.world_size)))
     if dist.get_rank() >= degrees.world_size:
         return None
-    return ParallelMesh(degrees, None, ulysses, ring, sequence, cfg, dist.get_rank(sequence), everyone)
+    return _mesh_of(degrees, None, groups, everyone)
 
 
 def build_replica_meshes(degrees: Degrees, device_type: str, replicas: int) -> ParallelMesh:
     """`replicas` copies of one layout side by side (`accel serve --replicas`): a replica dimension
-    outside cfg × ring × ulysses, ranks r·n … r·n + n − 1 in replica r. Every rank creates every
+    outside cfg × ring × ulysses × tp, ranks r·n … r·n + n − 1 in replica r. Every rank creates every
     replica's groups (new_group is collective) and keeps its own replica's mesh, where `build_mesh`
     (and so `accel.apply`) finds it."""
     import torch
@@ -237,17 +298,10 @@ def build_replica_meshes(degrees: Degrees, device_type: str, replicas: int) -> P
     size = degrees.world_size
     if dist.get_world_size() != replicas * size:
         raise UserError(f"{replicas} replicas of {degrees.describe()} need {replicas * size} processes, not {dist.get_world_size()}")
-    grid = torch.arange(replicas * size).reshape(replicas, degrees.cfg, degrees.ring, degrees.ulysses)
-
-    def groups(order: tuple[int, int, int], length: int) -> Any:
-        return dist.new_subgroups_by_enumeration(grid.permute(0, *(o + 1 for o in order)).reshape(-1, length).tolist())[0]
-
-    ulysses = groups((0, 1, 2), degrees.ulysses)
-    ring = groups((0, 2, 1), degrees.ring)
-    cfg = groups((1, 2, 0), degrees.cfg)
-    sequence = groups((0, 1, 2), degrees.sequence)
+    grid = torch.arange(replicas * size).reshape(replicas, *degrees.shape)
+    groups = _enumerated_groups(grid, 1)
     everyone = dist.new_subgroups_by_enumeration(grid.reshape(replicas, size).tolist())[0]
-    mesh = ParallelMesh(degrees, None, ulysses, ring, sequence, cfg, dist.get_rank(sequence), everyone)
+    mesh = _mesh_of(degrees, None, groups, everyone)
     _meshes[(dist.group.WORLD, device_type, degrees)] = mesh
     return mesh
 
