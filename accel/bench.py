@@ -6,8 +6,8 @@ the baseline, for speed and for quality (PSNR, SSIM of its output against the ba
 
 One job runs them all. A variant that needs fewer processes than the job runs on its first ranks
 (the others wait at a barrier); one that needs more, or hardware this machine lacks, is skipped
-with the reason. Quantization cannot be undone, so the pipeline is reloaded when a variant needs
-it unquantized (or quantized differently) after a quantized one.
+with the reason. Quantization and the tensor-parallel split cannot be undone, so the pipeline is
+reloaded when a variant needs it unquantized (or quantized differently), or split otherwise, after one that changed it.
 """
 
 from __future__ import annotations
@@ -466,8 +466,8 @@ def _summary(row: VariantResult) -> str:
 
 
 class _Pipelines:
-    """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization): a variant
-    that needs another state gets a fresh load."""
+    """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization, its TP
+    split): a variant that needs another state gets a fresh load."""
 
     def __init__(self, name: str, device: Any, pipeline: str = "", lora: tuple[str, ...] | None = None) -> None:
         self.name = name
@@ -477,6 +477,7 @@ class _Pipelines:
         self.pipe: Any = None
         self.model_dtype = ""
         self.quant: tuple[Any, ...] | None = None
+        self.split = 1  # the TP degree the transformer is split over
 
     @property
     def dtype(self) -> Any:
@@ -485,15 +486,17 @@ class _Pipelines:
     def get(self, recipe: Recipe, say: Callable[[str], None] | None = None) -> Any:
         quant = recipe.quant
         wanted = (quant.type, quant.scope, quant.exclude) if quant.type != "none" else None
-        stale = self.quant is not None and self.quant != wanted
+        split = recipe.parallel.tp if recipe.parallel.world_size > 1 else 1
+        stale = (self.quant is not None and self.quant != wanted) or (self.split > 1 and self.split != split)
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
             tell = say or (lambda _line: None)
             first = self.pipe is None
-            tell(f"loading {self.name}…" if first else "  reloading the pipeline (quantization and dtype cannot be undone in place)")
+            tell(f"loading {self.name}…" if first else
+                 "  reloading the pipeline (quantization, the tensor-parallel split and dtype cannot be undone in place)")
             start = time.perf_counter()
             self._load(recipe.model.dtype)
             tell(f"{'loaded' if first else '  reloaded'} {self.name} in {time.perf_counter() - start:.1f} s")
-        self.quant = wanted
+        self.quant, self.split = wanted, split
         return self.pipe
 
     def _load(self, dtype: str) -> None:

@@ -169,11 +169,11 @@ def versions() -> dict[str, str]:
 def _parallel(parallel: dict[str, Any] | None) -> str:
     if parallel is None:
         return "off (1 process)"
-    layout = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring", "cfg") if parallel[name] > 1)
+    layout = " × ".join(f"{name} {parallel[name]}" for name in ("tp", "ulysses", "ring", "cfg") if parallel.get(name, 1) > 1)
     vae = ", VAE decode split" if parallel.get("vae_split") else ""
-    # Only the sequence degrees are ever chosen: CFG halves are the user's ask (--cfg-parallel).
+    # Only the sequence degrees are ever chosen: CFG halves and TP are the user's ask (--cfg-parallel, --tp).
     picked = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring") if parallel[name] > 1)
-    if parallel["chosen"] and picked and parallel["cfg"] == 1:
+    if parallel["chosen"] and picked and parallel["cfg"] == 1 and parallel.get("tp", 1) == 1:
         return f"{layout} (chosen for {parallel['world_size']} processes){vae}"
     if parallel["chosen"] and picked:
         return f"{layout} on {parallel['world_size']} processes ({picked} chosen){vae}"

@@ -484,9 +484,10 @@ def measure_recipe(
 def compare_order(recipe: Recipe) -> str:
     """How --compare orders its timed runs: "interleaved" (baseline, accelerated, baseline, …), so
     that a machine slowing down or speeding up meanwhile touches both sides alike; "sequential" (all
-    baseline runs, then all accelerated ones) when the recipe compiles or quantizes, which re-applying
-    for every run would redo."""
-    return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" else "interleaved"
+    baseline runs, then all accelerated ones) when the recipe compiles, quantizes or splits the
+    weights over TP ranks, which re-applying for every run would redo (and the last two cannot be undone)."""
+    split = recipe.parallel.tp > 1 and recipe.parallel.world_size > 1
+    return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" or split else "interleaved"
 
 
 def measure_compared(
@@ -619,7 +620,7 @@ def _run(
     parallel = None
     if degrees is not None:
         parallel = {
-            "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg,
+            "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg, "tp": degrees.tp,
             "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split,
             "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }

@@ -306,6 +306,31 @@ def tiny_error(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> str:
     return "no error"
 
 
+def held_bytes(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> tuple[int, list[int]]:
+    """(bytes of this rank's transformer parameters under `recipe`, the Linear in/out widths of its
+    first block's layers) after one call."""
+    tiny_run(model, recipe, call)
+    tp = recipe.get("parallel", {}).get("tp", 1)
+    pipe = tiny_pipeline(model) if tp == 1 else tiny_split_pipeline(model, recipe["parallel"])
+    transformer = pipe.transformer
+    return sum(p.numel() * p.element_size() for p in transformer.parameters()), [
+        m.weight.shape[0] * 10_000 + m.weight.shape[1] for m in transformer.transformer_blocks[0].modules() if isinstance(m, torch.nn.Linear)]
+
+
+def tp_after_quant_error(model: str, call: dict[str, Any]) -> str:
+    """The error `accel.apply` gives for tp = 2 on a pipeline quantized by an earlier apply."""
+    import accel
+    from accel.errors import UserError
+
+    pipe = tiny_pipeline(model, key=f"{model}@quantized")
+    accel.apply(pipe, {"quant": {"type": "int8wo"}}).remove()  # quantization stays
+    try:
+        accel.apply(pipe, {"parallel": {"tp": 2}})
+    except UserError as error:
+        return str(error)
+    return "no error"
+
+
 def gradient_image(size: int = 64) -> Any:
     """A deterministic RGB test picture for image-to-video pipelines."""
     import numpy as np

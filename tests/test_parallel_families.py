@@ -127,7 +127,7 @@ def family_modes(modes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
 
 
 def world_of(parallel: dict[str, int]) -> int:
-    return parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1)
+    return parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1) * parallel.get("tp", 1)
 
 
 _references: dict[tuple[str, str], Any] = {}
@@ -214,16 +214,18 @@ def test_cache_methods_decide_on_every_rank_as_one_process(rank_pools, case: str
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {**threshold, **cache})
 
 
-def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any]) -> None:
+def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any],
+                         size: dict[str, Any] | None = None) -> None:
+    """`size` replaces the case's size (its `odd` one: token counts the ranks do not divide)."""
     case = FAMILY_CASES[family]
-    call = dict(case.call, num_inference_steps=8)
+    call = dict(case.call, **(size or {}), num_inference_steps=8)
     expected, records = reference(family, call, cache)
     assert 0 < sum(r[3] for r in records) < len(records)  # a run that caches some calls, not all
     world = world_of(parallel)
     runs = rank_pools(world).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": cache}, call)
     split_calls = parallel.get("cfg", 1) > 1 and FAMILIES[family].cfg == "calls"
     for rank, (output, got, _) in enumerate(runs):
-        half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses)
+        half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses, tp)
         mine = [r for r in records if not split_calls or r[1] == half]
         assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in mine]
         changes = [-1.0 if r[2] is None else r[2] for r in got]  # None: no previous residual yet

@@ -320,7 +320,9 @@ def _norm_over(norm: nn.Module, shared: TensorGroup, width: int) -> Any:
 
 def split_bytes(transformer: nn.Module, plan: TensorPlan) -> tuple[int, int]:
     """(bytes of the parameters the plan splits, bytes of the rest) of an unsplit transformer."""
-    split_ids = {id(p) for layer in planned_layers(transformer, plan) for p in (layer.module.weight, layer.module.bias) if p is not None}
+    layers = planned_layers(transformer, plan)
+    split_ids = {id(layer.module.weight) for layer in layers}
+    split_ids |= {id(layer.module.bias) for layer in layers if layer.style == "colwise" and layer.module.bias is not None}
     split_ids |= {id(p) for _, norm in planned_norms(transformer, plan) for p in norm.parameters(recurse=False)}
     total = split = 0
     for parameter in transformer.parameters():
