@@ -40,11 +40,11 @@ def flux_shaped(seed: int = 0) -> Any:
 def inputs(tokens: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1)
     side = int(tokens ** 0.5)
-    image_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side), torch.arange(side), indexing="ij"), -1).reshape(-1, 3)
+    image_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(), indexing="ij"), -1).reshape(-1, 3)
     return dict(hidden_states=torch.randn(1, side * side, 64, generator=generator),
                 encoder_hidden_states=torch.randn(1, TEXT_TOKENS, 256, generator=generator),
                 pooled_projections=torch.randn(1, 128, generator=generator), timestep=torch.tensor([0.5]),
-                img_ids=image_ids.float(), txt_ids=torch.zeros(TEXT_TOKENS, 3), return_dict=False)
+                img_ids=image_ids, txt_ids=torch.zeros(TEXT_TOKENS, 3), return_dict=False)
 
 
 def theoretical_bytes(transformer: Any, tokens: int, tp: int) -> int:
