@@ -48,6 +48,7 @@ from accel.parallel.layout import SequenceLayout, group_runs  # noqa: E402
 from accel.parallel.mesh import Degrees, ParallelMesh  # noqa: E402
 from accel.parallel.outputs import sample_of  # noqa: E402
 from accel.parallel.plan import ContextParallel  # noqa: E402
+from accel.parallel.tensor import TensorParallel, resolve_tensor_plan  # noqa: E402
 from accel.steps import StepEvents  # noqa: E402
 
 # MochiRoPE enters a float32 CPU autocast region, which torch warns about and skips; harmless here.
@@ -280,13 +281,14 @@ class Layout:
     cfg: int = 1
     cache: bool = False
     grid: Grid = DIVIDING
+    tp: int = 1
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg)
+        return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg, tp=self.tp)
 
     def __str__(self) -> str:
-        parts = [f"w{self.world}"] + [f"{k}{getattr(self, k)}" for k in ("ulysses", "ring", "cfg") if getattr(self, k) > 1]
+        parts = [f"w{self.world}"] + [f"{k}{getattr(self, k)}" for k in ("tp", "ulysses", "ring", "cfg") if getattr(self, k) > 1]
         return "-".join(parts + ["cache" if self.cache else "nocache", "even" if self.grid == DIVIDING else "uneven"])
 
 
@@ -308,12 +310,16 @@ class Accelerated:
 
 def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mesh: ParallelMesh,
                cache_class: type[FirstBlockCache] = FirstBlockCache) -> Accelerated:
-    """compose's steps (parallel, CFG, cache) with compose's own cache group and real-token count."""
+    """compose's steps (TP split, parallel, CFG, cache) with compose's own cache group and real-token
+    count. The split is not undone: `fake_transformer` keeps a split copy per TP slice."""
     assert family.parallel is not None
     events = StepEvents(ToyScheduler())
     undo: list[Any] = []
     masks: list[tuple[tuple[int, ...], torch.dtype] | None] = []
     engine = None
+    if layout.tp > 1:
+        assert family.tensor is not None
+        TensorParallel(transformer, resolve_tensor_plan(family.tensor, transformer), mesh.tp_group)
     if layout.degrees.sequence > 1:
         engine = ContextParallel(transformer, family.parallel, mesh)
         undo.append(engine.remove)
@@ -368,8 +374,9 @@ _MODE = new_fake_mode()
 _BUILT: dict[str, torch.nn.Module] = {}
 
 
-def fake_transformer(cls: type, config: dict[str, Any]) -> torch.nn.Module:
-    key = f"{cls.__name__}{sorted(config.items())}"
+def fake_transformer(cls: type, config: dict[str, Any], split: str = "") -> torch.nn.Module:
+    """Built once per class and config (and per TP slice `split`, which outlives the test)."""
+    key = f"{cls.__name__}{sorted(config.items())}{split}"
     if key not in _BUILT:
         with fake_cuda(_MODE):
             _BUILT[key] = on_fake_cuda(cls, config)
@@ -396,7 +403,7 @@ def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, ran
     and `arguments` replace the family's and `inputs`; returns the masks the engine was handed."""
     family = family or FAMILIES[name]
     config = {**config, **(tiny_overrides(name, config) if overrides is None else overrides)}
-    transformer = fake_transformer(cls, config)
+    transformer = fake_transformer(cls, config, f"tp{layout.tp}.{rank % layout.tp}" if layout.tp > 1 else "")
     with fake_rank(rank, layout.world):
         mesh = fake_mesh(layout.degrees)  # outside fake mode: the mesh is built from real rank tensors
         with fake_cuda(_MODE):
@@ -449,6 +456,8 @@ def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout
         expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
         assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
     assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
+    if layout.tp > 1:  # the row-wise layers' sums ran, on the GPU
+        assert any(name.startswith("allreduce") for name, _ in probe.collectives), probe.collectives
     cache_syncs = [s for s in probe.syncs if s.where.startswith("accel/cache/")]
     model = [s for s in probe.syncs if s.where.startswith("diffusers/")]
     other = [s for s in probe.syncs if s not in cache_syncs and s not in model]
@@ -465,6 +474,9 @@ LAYOUTS = [
     Layout(world=3, ring=3, grid=UNEVEN),
     Layout(world=4, ulysses=2, ring=2, cache=True, grid=UNEVEN),
     Layout(world=8, ulysses=2, ring=2, cfg=2, cache=True),
+    # Tensor parallelism inside the others: each TP rank's own heads through Ulysses; CFG halves x Ring.
+    Layout(world=4, ulysses=2, tp=2, cache=True),
+    Layout(world=8, ring=2, cfg=2, tp=2, cache=True, grid=UNEVEN),
 ]
 
 
@@ -539,6 +551,24 @@ def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
     config, layout = REAL[name]
     cls = tiny_configs[name][0]
     run_layout(name, cls, config, layout, layout.world - 1, overrides={})
+
+
+# Tensor parallelism at real widths: FLUX.1-dev's 24 heads as 12 per TP rank through Ulysses 4;
+# FLUX.2-dev's fused QKV + MLP projection split over tp 4; Wan 14B's across-heads norms over CFG
+# halves x tp 2 x Ulysses 2; LTX-2's per-head ("split") rotary tables and audio stream over tp 2 x Ulysses 4.
+REAL_TP = {
+    "flux-tp2-ulysses4": ("flux", FLUX_DEV, Layout(world=8, ulysses=4, tp=2, cache=True, grid=Grid(1, 64, 64, 512))),
+    "flux2-tp4-ulysses2": ("flux2", FLUX2_DEV, Layout(world=8, ulysses=2, tp=4, cache=True, grid=Grid(1, 64, 64, 512))),
+    "wan-cfg2-tp2-ulysses2": ("wan", WAN_14B, Layout(world=8, ulysses=2, cfg=2, tp=2, cache=True, grid=Grid(21, 30, 52, 512))),
+    "ltx2-tp2-ulysses4": ("ltx2", LTX2, Layout(world=8, ulysses=4, tp=2, grid=Grid(16, 16, 24, 1024))),
+}
+
+
+@pytest.mark.parametrize("rank_of", ["first", "last"])
+@pytest.mark.parametrize("case", list(REAL_TP))
+def test_tensor_parallel_at_real_width_on_fake_cuda(case: str, rank_of: str, tiny_configs: Any) -> None:
+    name, config, layout = REAL_TP[case]
+    run_layout(name, tiny_configs[name][0], config, layout, 0 if rank_of == "first" else layout.world - 1, overrides={})
 
 
 # Ulysses degrees that do not divide the heads (padded to a multiple in the all-to-all), as the first
