@@ -27,7 +27,7 @@ from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
-from accel.parallel.mesh import Degrees, init_distributed
+from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
                                    condition_arguments, input_arguments, latent_settings, made_by, named_input_arguments, open_inputs,
@@ -590,8 +590,9 @@ def _run(
         say = announce or (lambda _line: None)
         say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
+        # Each rank reads only its TP slice, unless --compare needs the whole model for its baseline.
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
-                             recipe.model.components)
+                             recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel))
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)

@@ -317,6 +317,23 @@ def held_bytes(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> tupl
         m.weight.shape[0] * 10_000 + m.weight.shape[1] for m in transformer.transformer_blocks[0].modules() if isinstance(m, torch.nn.Linear)]
 
 
+def split_load_run(folder: str, tp: int, call: dict[str, Any]) -> tuple[Any, int, bool]:
+    """(output, bytes of this rank's transformer parameters, whether it came split from the loader)
+    of the pipeline saved in `folder`, loaded as this rank's TP slice and run under tp."""
+    import torch.distributed as dist
+
+    import accel
+    from accel.parallel.tensor import SPLIT_MARK
+
+    pipe = accel.load_pipeline(folder, "float32", tp_slice=(tp, dist.get_rank() % tp))
+    pipe.set_progress_bar_config(disable=True)
+    came_split = getattr(pipe.transformer, SPLIT_MARK, None) is not None
+    held = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
+    accel.apply(pipe, {"parallel": {"tp": tp}})
+    result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    return output_of(result), held, came_split
+
+
 def tp_after_quant_error(model: str, call: dict[str, Any]) -> str:
     """The error `accel.apply` gives for tp = 2 on a pipeline quantized by an earlier apply."""
     import accel

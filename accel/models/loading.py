@@ -55,11 +55,15 @@ def load_pipeline(
     pipeline: str | None = None,
     lora: Sequence[str] | None = None,
     components: Mapping[str, str] | None = None,
+    tp_slice: tuple[int, int] | None = None,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
     `lora` lists LoRA weights ("PATH@SCALE") fused into its weights; `components` the folders of
-    components the variant needs beyond the model's (`Variant.components`), by name."""
+    components the variant needs beyond the model's (`Variant.components`), by name. `tp_slice`
+    (degree, index): read only that tensor-parallel slice of the transformer's split weights
+    (accel/models/split_load.py) where the checkpoint allows it (safetensors of a family with a
+    TensorPlan, no LoRA to fuse); otherwise the whole model loads and `accel.apply` splits it."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -71,7 +75,8 @@ def load_pipeline(
         if torch_dtype != torch.float32:
             pipe.to(torch_dtype)
     else:
-        pipe = _from_pretrained(ref, torch_dtype)
+        split = tp_slice if tp_slice is not None and tp_slice[0] > 1 and not loras else None
+        pipe = _from_pretrained(ref, torch_dtype, split, target)
     family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
     variant = variant_of(family, pipeline) if pipeline else variant_of_class(family, type(pipe))
     converted = bool(pipeline) and type(pipe).__name__ != pipeline
@@ -147,7 +152,8 @@ def _as_pipeline(pipe: Any, pipeline_class: str, components: Mapping[str, Any] |
         raise ModelError(f"[model] pipeline: {pipeline_class} cannot run this model's components ({_first_line(error)})") from None
 
 
-def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
+def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int] | None = None,
+                     device: torch.device | None = None) -> Any:
     from diffusers import DiffusionPipeline
     from diffusers.utils import deprecation_utils
     from safetensors import SafetensorError
@@ -158,8 +164,12 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
     # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
+        made = _split_transformers(ref, torch_dtype, split, device or torch.device("cpu")) if split else {}
+        if made and _optional(ref, made):
+            root = folder if folder.is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
+            return _assembled(root, made, torch_dtype, dtype_arg)
         # use_safetensors: never unpickle a checkpoint (it can run code); the folder check names the file.
-        return DiffusionPipeline.from_pretrained(ref.source, use_safetensors=True, **{dtype_arg: torch_dtype})
+        return DiffusionPipeline.from_pretrained(ref.source, use_safetensors=True, **made, **{dtype_arg: torch_dtype})
     except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as error:
         if folder.is_dir():
             raise ModelError(
@@ -170,6 +180,66 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype) -> Any:
             f"({_reason(error)}); fetch it with `hf download {ref.source}` (log in with "
             "`hf auth login` and accept the licence on its model page if it is gated) or pass a local folder"
         ) from None
+
+
+def _split_transformers(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int], device: torch.device) -> dict[str, Any]:
+    """Each transformer of the model as its TP slice `split`, by attribute (empty: load it whole)."""
+    from diffusers import DiffusionPipeline
+
+    from accel.models.split_load import load_split_transformer, transformer_folders
+
+    family = ref.family
+    if family is None or family.tensor is None:
+        return {}
+    root = Path(ref.source) if Path(ref.source).is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
+    return {attr: load_split_transformer(cls, folder, family.tensor, torch_dtype, device, *split)
+            for attr, (cls, folder) in transformer_folders(root, family.transformer_attrs).items()}
+
+
+def _optional(ref: ModelRef, made: Mapping[str, Any]) -> bool:
+    """Whether any of `made` is an optional component of the model's pipeline class, which diffusers'
+    from_pretrained loads from the folder even when it is passed in (Wan's transformer, optional for
+    Wan 2.2's two experts): then the pipeline is assembled here instead of loading it whole first."""
+    import diffusers
+
+    cls = getattr(diffusers, ref.family.pipeline_class, None) if ref.family is not None else None
+    return cls is None or bool(set(made) & set(getattr(cls, "_optional_components", ())))
+
+
+def _assembled(root: Path, made: Mapping[str, Any], torch_dtype: torch.dtype, dtype_arg: str) -> Any:
+    """The pipeline of `root`'s model_index.json from `made` and each other component's own
+    from_pretrained (its folder, in `torch_dtype` where it is a model), plus the pipeline's settings."""
+    import importlib
+    import inspect
+    import json
+
+    import diffusers
+
+    index = json.loads((root / "model_index.json").read_text())
+    pipeline_class = getattr(diffusers, index["_class_name"])
+    accepted = inspect.signature(pipeline_class.__init__).parameters
+    kwargs: dict[str, Any] = {}
+    for name, value in index.items():
+        if name.startswith("_") or name not in accepted:
+            continue
+        if not (isinstance(value, list) and len(value) == 2):
+            kwargs[name] = value  # a pipeline setting (Wan 2.2's boundary_ratio)
+        elif name in made or value[0] is None:
+            kwargs[name] = made.get(name)
+        else:
+            cls = getattr(importlib.import_module(value[0]), value[1])
+            model = isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+            # transformers took torch_dtype before 4.56; diffusers' name is dtype_arg.
+            key = dtype_arg if value[0] == "diffusers" else ("dtype" if _transformers_take_dtype() else "torch_dtype")
+            kwargs[name] = cls.from_pretrained(root / name, **({key: torch_dtype} if model else {}))
+    return pipeline_class(**kwargs)
+
+
+def _transformers_take_dtype() -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version("4.56")
 
 
 def _reason(error: BaseException) -> str:

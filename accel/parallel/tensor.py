@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -182,16 +182,6 @@ def _per_rank_owners(transformer: nn.Module, layers: list[SplitLayer], plan: Ten
     return list(owners.items())
 
 
-def _slice(tensor: torch.Tensor, dim: int, parts: tuple[int, ...], tp: int, rank: int) -> torch.Tensor:
-    """This rank's slice of each part along `dim`, side by side, in storage of its own (the whole is freed)."""
-    pieces, offset = [], 0
-    for part in parts:
-        chunk = part // tp
-        pieces.append(tensor.narrow(dim, offset + rank * chunk, chunk))
-        offset += part
-    return torch.cat(pieces, dim).clone() if len(pieces) > 1 else pieces[0].clone()
-
-
 @dataclass
 class TensorGroup:
     """The group a split transformer's sums run over, read by its hooks at each call."""
@@ -203,67 +193,103 @@ class TensorGroup:
 
 @dataclass
 class TensorParallel:
-    """The transformer's planned layers split over `group`; `held_bytes` counts this rank's parameters."""
+    """The transformer's planned layers split over `group` (or, split already when it was loaded
+    slice by slice, its sums pointed at `group`)."""
 
     transformer: nn.Module
     plan: TensorPlan
     group: Any
-    layers: list[SplitLayer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         tp, rank = group_size(self.group), group_rank(self.group)
         mark = getattr(self.transformer, SPLIT_MARK, None)
-        if mark is not None:
-            if (mark.degree, mark.rank) != (tp, rank):
-                raise UserError(
-                    f"[parallel] tp = {tp}: {type(self.transformer).__name__} is already split as slice {mark.rank} of "
-                    f"tp = {mark.degree} (the other slices were freed); load the pipeline again to change the layout"
-                )
-            mark.group = self.group
-            return
-        shared = TensorGroup(tp, rank, self.group)
-        self.layers = planned_layers(self.transformer, self.plan)
-        for layer in self.layers:
-            self._split_layer(layer, tp, rank, shared)
-        for _, norm in planned_norms(self.transformer, self.plan):
-            self._split_norm(norm, tp, rank, shared)
-        for rotary in self.plan.rotary:
-            for _, _, module in _matches(self.transformer, [rotary.module]):
-                module.register_forward_pre_hook(_rotary_slices(rotary, shared), with_kwargs=True)
-        for _, owner in _per_rank_owners(self.transformer, self.layers, self.plan):
-            for attr in self.plan.per_rank:
-                if isinstance(value := getattr(owner, attr, None), int):
-                    setattr(owner, attr, value // tp)
-        setattr(self.transformer, SPLIT_MARK, shared)
+        if mark is None:
+            mark = split_module(self.transformer, self.plan, tp, rank)
+        elif (mark.degree, mark.rank) != (tp, rank):
+            raise UserError(
+                f"[parallel] tp = {tp}: {type(self.transformer).__name__} is already split as slice {mark.rank} of "
+                f"tp = {mark.degree} (the other slices were freed); load the pipeline again to change the layout"
+            )
+        mark.group = self.group
 
-    def _split_layer(self, layer: SplitLayer, tp: int, rank: int, shared: TensorGroup) -> None:
-        module = layer.module
+
+def split_module(transformer: nn.Module, plan: TensorPlan, tp: int, rank: int,
+                 layers: list[SplitLayer] | None = None, sliced: bool = False) -> TensorGroup:
+    """Split `transformer` in place as slice `rank` of `tp` and mark it; the sums run over the
+    returned TensorGroup's group, set when a layout applies it. `sliced`: the planned weights hold
+    their slices already (loaded so); `layers` must then come from the whole model's shapes."""
+    shared = TensorGroup(tp, rank, None)
+    layers = layers if layers is not None else planned_layers(transformer, plan)
+    for layer in layers:
+        _split_layer(layer, tp, rank, shared, sliced)
+    for _, norm in planned_norms(transformer, plan):
+        _split_norm(norm, tp, rank, shared, sliced)
+    for rotary in plan.rotary:
+        for _, _, module in _matches(transformer, [rotary.module]):
+            module.register_forward_pre_hook(_rotary_slices(rotary, shared), with_kwargs=True)
+    for _, owner in _per_rank_owners(transformer, layers, plan):
+        for attr in plan.per_rank:
+            if isinstance(value := getattr(owner, attr, None), int):
+                setattr(owner, attr, value // tp)
+    setattr(transformer, SPLIT_MARK, shared)
+    return shared
+
+
+def slices_of(transformer: nn.Module, plan: TensorPlan, layers: list[SplitLayer]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Each split parameter's name → (dim, parts) on the whole model: what a loader reads of it."""
+    slices: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for layer in layers:
+        slices[f"{layer.path}.weight"] = (layer.dim, layer.parts)
+        if layer.style == "colwise" and layer.module.bias is not None:
+            slices[f"{layer.path}.bias"] = (0, layer.parts)
+    for name, norm in planned_norms(transformer, plan):
+        for leaf in ("weight", "bias"):
+            if isinstance(getattr(norm, leaf, None), nn.Parameter):
+                slices[f"{name}.{leaf}"] = (0, (norm.weight.shape[0],))
+    return slices
+
+
+def rank_slice(tensor: Any, dim: int, parts: tuple[int, ...], tp: int, rank: int) -> torch.Tensor:
+    """This rank's slice of each part along `dim`, side by side, in storage of its own. `tensor` is
+    a tensor or a safetensors slice (`get_slice`), of which only those bytes are read."""
+    ndim = tensor.dim() if isinstance(tensor, torch.Tensor) else len(tensor.get_shape())
+    pieces, offset = [], 0
+    for part in parts:
+        chunk = part // tp
+        index = [slice(None)] * ndim
+        index[dim] = slice(offset + rank * chunk, offset + (rank + 1) * chunk)
+        pieces.append(tensor[tuple(index)])
+        offset += part
+    return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0].clone()
+
+
+def _split_layer(layer: SplitLayer, tp: int, rank: int, shared: TensorGroup, sliced: bool) -> None:
+    module = layer.module
+    if not sliced:
         if module.weight.is_meta:
             raise TensorPlanError(f"{layer.path}: its weight is not loaded (meta); load the pipeline before splitting it")
-        module.weight = nn.Parameter(_slice(module.weight.data, layer.dim, layer.parts, tp, rank), requires_grad=False)
-        if layer.style == "colwise":
-            module.out_features = module.weight.shape[0]
-            if module.bias is not None:
-                module.bias = nn.Parameter(_slice(module.bias.data, 0, layer.parts, tp, rank), requires_grad=False)
-            return
-        module.in_features = module.weight.shape[1]
-        bias = module.bias
-        module.register_parameter("bias", None)
-        if bias is not None:
-            module.register_parameter(SUMMED_BIAS, nn.Parameter(bias.data, requires_grad=False))
-        module.register_forward_hook(_sum_over(shared))
+        module.weight = nn.Parameter(rank_slice(module.weight.data, layer.dim, layer.parts, tp, rank), requires_grad=False)
+        if layer.style == "colwise" and module.bias is not None:
+            module.bias = nn.Parameter(rank_slice(module.bias.data, 0, layer.parts, tp, rank), requires_grad=False)
+    if layer.style == "colwise":
+        module.out_features = module.weight.shape[0]
+        return
+    module.in_features = module.weight.shape[1]
+    bias = module.bias
+    module.register_parameter("bias", None)
+    if bias is not None:
+        module.register_parameter(SUMMED_BIAS, nn.Parameter(bias.data, requires_grad=False))
+    module.register_forward_hook(_sum_over(shared))
 
-    def _split_norm(self, norm: nn.Module, tp: int, rank: int, shared: TensorGroup) -> None:
-        width = norm.weight.shape[0]
+
+def _split_norm(norm: nn.Module, tp: int, rank: int, shared: TensorGroup, sliced: bool) -> None:
+    width = norm.weight.shape[0] * (tp if sliced else 1)
+    if not sliced:
         for name in ("weight", "bias"):
             value = getattr(norm, name, None)
             if isinstance(value, nn.Parameter):
-                setattr(norm, name, nn.Parameter(_slice(value.data, 0, (width,), tp, rank), requires_grad=False))
-        wrap(norm, "forward", "accel.tensor_parallel.norm", PARALLEL, _norm_over(norm, shared, width))
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.transformer.parameters())
+                setattr(norm, name, nn.Parameter(rank_slice(value.data, 0, (width,), tp, rank), requires_grad=False))
+    wrap(norm, "forward", "accel.tensor_parallel.norm", PARALLEL, _norm_over(norm, shared, width))
 
 
 def _sum_over(shared: TensorGroup) -> Any:
@@ -316,19 +342,3 @@ def _norm_over(norm: nn.Module, shared: TensorGroup, width: int) -> Any:
         return normed.to(hidden_states.dtype)
 
     return forward
-
-
-def split_bytes(transformer: nn.Module, plan: TensorPlan) -> tuple[int, int]:
-    """(bytes of the parameters the plan splits, bytes of the rest) of an unsplit transformer."""
-    layers = planned_layers(transformer, plan)
-    split_ids = {id(layer.module.weight) for layer in layers}
-    split_ids |= {id(layer.module.bias) for layer in layers if layer.style == "colwise" and layer.module.bias is not None}
-    split_ids |= {id(p) for _, norm in planned_norms(transformer, plan) for p in norm.parameters(recurse=False)}
-    total = split = 0
-    for parameter in transformer.parameters():
-        size = parameter.numel() * parameter.element_size()
-        total += size
-        if id(parameter) in split_ids:
-            split += size
-    return split, total - split
-
