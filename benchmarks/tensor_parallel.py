@@ -9,6 +9,9 @@ Ratios measured side by side in one run, on gloo CPU ranks (one thread each):
    against tp 2, each against one process (same run). On CPU, TP pays an all-reduce of the whole
    activation after every row-wise layer where Ulysses moves a quarter of Q, K, V and the output:
    the ratio says what TP costs in exchange for holding 1/tp of the block weights.
+3. Host memory of loading: a pipeline with a FLUX.1-shaped transformer (1024 wide, 4 double and
+   8 single blocks, float32, about 1.2 GB) saved to disk, loaded by 2 ranks whole and as tp = 2
+   slices: each rank's peak resident memory and its transformer's parameter bytes.
 
     python benchmarks/tensor_parallel.py [--tokens 1024] [--repeats 3]
 """
@@ -101,10 +104,75 @@ def run_layouts(world: int, layouts: dict[str, dict[str, int]], tokens: int, rep
     return dict(results)
 
 
+def _anonymous_bytes() -> int:
+    """This process's private resident memory (RssAnon): what it allocated itself. Pages of a
+    memory-mapped checkpoint are the page cache's, shared by every rank of the node, so the whole
+    resident size (VmRSS) would count them once per rank."""
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _load_rank(rank: int, world: int, port: int, folder: str, sliced: bool, results: Any) -> None:
+    import threading
+    import time
+
+    import accel
+
+    join_gloo(rank, world, port)
+    peak, done = [_anonymous_bytes()], threading.Event()
+    before = peak[0]
+
+    def sample() -> None:  # the peak while loading, every 5 ms
+        while not done.is_set():
+            peak[0] = max(peak[0], _anonymous_bytes())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    pipe = accel.load_pipeline(folder, "float32", tp_slice=(world, rank) if sliced else None)
+    done.set()
+    sampler.join()
+    held = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
+    results[(sliced, rank)] = (max(peak[0], _anonymous_bytes()) - before, held)
+
+
+def memory_section() -> None:
+    import tempfile
+
+    import accel
+    from diffusers import FluxTransformer2DModel
+
+    with tempfile.TemporaryDirectory() as folder:
+        pipe = accel.load_pipeline("tiny-flux")
+        torch.manual_seed(0)
+        tiny = pipe.transformer.config
+        pipe.transformer = FluxTransformer2DModel(in_channels=tiny.in_channels, num_layers=4, num_single_layers=8, attention_head_dim=128,
+                                                  num_attention_heads=8, joint_attention_dim=tiny.joint_attention_dim,
+                                                  pooled_projection_dim=tiny.pooled_projection_dim, axes_dims_rope=(16, 56, 56))
+        whole = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
+        pipe.save_pretrained(folder)
+        del pipe
+        results = mp.Manager().dict()
+        for sliced in (False, True):
+            mp.spawn(_load_rank, args=(2, free_port(), folder, sliced, results), nprocs=2)
+    print(f"\n3. host memory of loading, 2 ranks, transformer {whole / 2**30:.2f} GiB float32: each rank's peak private memory")
+    print("   (RssAnon, sampled every 5 ms) while loading, and its transformer's parameters")
+    print(f"   {'load':<14}{'rank':>5}{'loading peak':>14}{'transformer':>14}{'both ranks':>12}")
+    for sliced in (False, True):
+        node = sum(results[(sliced, rank)][0] for rank in range(2))
+        for rank in range(2):
+            peak, held = results[(sliced, rank)]
+            label = "tp 2 slices" if sliced else "whole"
+            print(f"   {label:<14}{rank:>5}{peak / 2**30:>13.2f}G{held / 2**30:>13.2f}G{node / 2**30:>11.2f}G")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square number)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-memory", action="store_true", help="leave out section 3 (writes about 1.2 GB to a temporary folder)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores; FLUX.1-shaped transformer, 8 heads x 64, "
           f"{args.tokens} image + {TEXT_TOKENS} text tokens, float32, 1 thread per rank")
@@ -125,6 +193,8 @@ def main() -> None:
     for results, baseline in ((two, "ulysses 2"), (four, "ulysses 4")):
         for name, (sent, seconds) in results.items():
             print(f"   {name:<18}{seconds * 1000:>8.0f}{single / seconds:>13.2f}x{results[baseline][1] / seconds:>17.2f}x{sent:>14,}")
+    if not args.skip_memory:
+        memory_section()
 
 
 if __name__ == "__main__":
