@@ -467,7 +467,7 @@ def _summary(row: VariantResult) -> str:
 
 class _Pipelines:
     """The loaded pipeline and what `remove()` cannot undo (its dtype, its quantization, its TP
-    split): a variant that needs another state gets a fresh load."""
+    split, text encoders dropped by "rank0" placement): a variant that needs another state gets a fresh load."""
 
     def __init__(self, name: str, device: Any, pipeline: str = "", lora: tuple[str, ...] | None = None) -> None:
         self.name = name
@@ -478,6 +478,7 @@ class _Pipelines:
         self.model_dtype = ""
         self.quant: tuple[Any, ...] | None = None
         self.split = 1  # the TP degree the transformer is split over
+        self.dropped = False  # the text encoders were dropped on the ranks that do not encode
 
     @property
     def dtype(self) -> Any:
@@ -487,16 +488,17 @@ class _Pipelines:
         quant = recipe.quant
         wanted = (quant.type, quant.scope, quant.exclude) if quant.type != "none" else None
         split = recipe.parallel.tp if recipe.parallel.world_size > 1 else 1
-        stale = (self.quant is not None and self.quant != wanted) or (self.split > 1 and self.split != split)
+        dropped = recipe.memory.text_encoder == "rank0" and recipe.parallel.world_size > 1
+        stale = (self.quant is not None and self.quant != wanted) or (self.split > 1 and self.split != split) or (self.dropped and not dropped)
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
             tell = say or (lambda _line: None)
             first = self.pipe is None
             tell(f"loading {self.name}…" if first else
-                 "  reloading the pipeline (quantization, the tensor-parallel split and dtype cannot be undone in place)")
+                 "  reloading the pipeline (quantization, the tensor-parallel split, dropped text encoders and dtype cannot be undone in place)")
             start = time.perf_counter()
             self._load(recipe.model.dtype)
             tell(f"{'loaded' if first else '  reloaded'} {self.name} in {time.perf_counter() - start:.1f} s")
-        self.quant, self.split = wanted, split
+        self.quant, self.split, self.dropped = wanted, split, dropped
         return self.pipe
 
     def _load(self, dtype: str) -> None:

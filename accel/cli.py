@@ -202,6 +202,7 @@ def run(
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
+    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated, or rank0: only the first rank holds the text encoders and sends the embeddings.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
@@ -231,6 +232,7 @@ def run(
         "vae": {"parallel": True if parallel_vae else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
+        "memory": {"text_encoder": text_encoder},
     }
     from accel import preflight
     from accel.launch import rank
@@ -673,6 +675,7 @@ def serve(
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp"))] = None,
+    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated, or rank0: only each replica's first rank holds the text encoders.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
@@ -705,6 +708,7 @@ def serve(
             "vae": {"parallel": True if parallel_vae else None},
             "quant": {"type": quant},
             "compile": {"enabled": True if compile_ else None},
+            "memory": {"text_encoder": text_encoder},
         }
         settings = _recipe(recipe, overrides)
         world = settings.world_size * replicas

@@ -7,16 +7,17 @@ Order (fixed; each step assumes the ones before it):
 1. quant     — torchao on the transformer's Linear layers (weights change first, so every later
                step sees the final modules, and compile traces the quantized kernels)
 2. parallel  — context-parallel attention and the split / gather plan (hooks and a mode that
-               compiled code traces through), the CFG halves, agreed arguments and noise
+               compiled code traces through), the CFG halves, agreed arguments and noise;
+               [memory] text_encoder = "rank0": one rank encodes, the others drop their encoders
 3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
 4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
                branch stays out of every graph
 5. vae       — VAE tiling / parallel decode
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
-except quantization and the tensor-parallel split: they free the weights this rank no longer
-needs (the point of them), so they stay, and a second apply with the same type or degree leaves
-them as they are.
+except quantization, the tensor-parallel split and text encoders dropped by "rank0" placement:
+they free the weights this rank no longer needs (the point of them), so they stay, and a second
+apply with the same type or degree leaves them as they are.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         _join_mesh(handle)
         _apply_quant(handle)
         _apply_parallel(handle)
+        _apply_memory(handle)
         _apply_compile(handle)
         _apply_cache(handle)
         _apply_vae(handle)
@@ -297,6 +299,17 @@ def _apply_parallel(handle: AccelHandle) -> None:
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     handle._undo.append(agree_on_arguments(handle.pipe, mesh.group))  # first of every call: one message, no hang
+
+
+def _apply_memory(handle: AccelHandle) -> None:
+    """[memory] placement: with text_encoder = "rank0" the layout's first rank encodes for all (one
+    process holds its encoders anyway: nothing to place)."""
+    if handle.recipe.memory.text_encoder != "rank0" or handle.mesh is None:
+        return
+    from accel.parallel.encoders import FirstRankEncodes
+
+    device = execution_device(handle.pipe, next(iter(_transformers(handle).values())))
+    handle._undo.append(FirstRankEncodes(handle.pipe, handle.mesh.group, device).remove)
 
 
 def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:

@@ -224,6 +224,16 @@ class CompileSection:
 
 
 @dataclass(frozen=True)
+class MemorySection:
+    """Where the large components live, so that a model fits the GPUs there are."""
+
+    text_encoder: Literal["replicated", "rank0"] = _key(
+        "replicated", "replicated: every rank holds the text encoders and encodes; rank0: only the first rank of the layout "
+        "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them."
+    )
+
+
+@dataclass(frozen=True)
 class Variant:
     """One benchmark variant: a name plus a validated partial override of the other sections."""
 
@@ -249,12 +259,13 @@ SECTIONS: dict[str, type] = {
     "vae": VaeSection,
     "quant": QuantSection,
     "compile": CompileSection,
+    "memory": MemorySection,
     "bench": BenchSection,
 }
 
 
 # The sections that change how a run is accelerated (not what it generates).
-ACCELERATORS = ("cache", "parallel", "vae", "quant", "compile")
+ACCELERATORS = ("cache", "parallel", "vae", "quant", "compile", "memory")
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,7 @@ class Recipe:
     vae: VaeSection = field(default_factory=VaeSection)
     quant: QuantSection = field(default_factory=QuantSection)
     compile: CompileSection = field(default_factory=CompileSection)
+    memory: MemorySection = field(default_factory=MemorySection)
     bench: BenchSection = field(default_factory=BenchSection)
     # Where the recipe came from, for later messages; not part of its identity.
     source: str = field(default="<dict>", compare=False)

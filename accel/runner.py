@@ -27,6 +27,7 @@ from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
+from accel.parallel.encoders import loads_text_encoders
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
@@ -484,10 +485,12 @@ def measure_recipe(
 def compare_order(recipe: Recipe) -> str:
     """How --compare orders its timed runs: "interleaved" (baseline, accelerated, baseline, …), so
     that a machine slowing down or speeding up meanwhile touches both sides alike; "sequential" (all
-    baseline runs, then all accelerated ones) when the recipe compiles, quantizes or splits the
-    weights over TP ranks, which re-applying for every run would redo (and the last two cannot be undone)."""
+    baseline runs, then all accelerated ones) when the recipe compiles, quantizes, splits the
+    weights over TP ranks or drops the text encoders of ranks that do not encode, which re-applying
+    for every run would redo (and the last three cannot be undone)."""
     split = recipe.parallel.tp > 1 and recipe.parallel.world_size > 1
-    return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" or split else "interleaved"
+    dropped = recipe.memory.text_encoder == "rank0" and recipe.parallel.world_size > 1
+    return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" or split or dropped else "interleaved"
 
 
 def measure_compared(
@@ -590,9 +593,11 @@ def _run(
         say = announce or (lambda _line: None)
         say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
-        # Each rank reads only its TP slice, unless --compare needs the whole model for its baseline.
+        # Each rank reads only its TP slice and the text encoders only where it encodes, unless
+        # --compare needs the whole pipeline on every rank for its baseline.
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
-                             recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel))
+                             recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
+                             text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size))
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)

@@ -493,3 +493,34 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
                 engine.remove()
         errors.append((got - expected).abs().max().item())
     return errors
+
+
+def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any]) -> tuple[Any, list[str]]:
+    """(output, the text encoders this rank still holds) of the tiny pipeline with [memory]
+    text_encoder = "rank0" under `parallel`, on a copy of its own (the dropped encoders stay dropped)."""
+    import torch.distributed as dist
+
+    import accel
+    from accel.parallel.encoders import text_encoder_names
+
+    pipe = tiny_pipeline(model, key=f"{model}@rank0-encodes.{dist.get_rank()}.{sorted(parallel.items())}")
+    handle = accel.apply(pipe, {"parallel": parallel, "memory": {"text_encoder": "rank0"}})
+    try:
+        result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    finally:
+        handle.remove()
+    return output_of(result), text_encoder_names(pipe)
+
+
+def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
+    """(output, whether this rank loaded a text encoder) of the pipeline saved in `folder`, loaded as
+    `accel run` loads it under [memory] text_encoder = "rank0" on ulysses 2, and run so."""
+    import accel
+    from accel.parallel.encoders import loads_text_encoders
+
+    pipe = accel.load_pipeline(folder, "float32", text_encoders=loads_text_encoders("rank0", 2))
+    pipe.set_progress_bar_config(disable=True)
+    loaded = pipe.text_encoder is not None
+    accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "rank0"}})
+    result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    return output_of(result), loaded

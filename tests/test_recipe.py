@@ -48,6 +48,7 @@ FULL: dict[str, Any] = {
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
+    "memory": {"text_encoder": "rank0"},
     "bench": {
         "variants": [
             {"name": "cache", "cache": {"threshold": 0.08}},
@@ -258,7 +259,7 @@ ERRORS: list[tuple[Any, str]] = [
     # structure
     ([1, 2], "a recipe must be a table of sections, got [1, 2]"),
     ({"cahce": {}}, "unknown section [cahce] (did you mean [cache]?)"),
-    ({"xyz": {}}, "unknown section [xyz] (valid sections: model, generate, cache, parallel, vae, quant, compile, bench)"),
+    ({"xyz": {}}, "unknown section [xyz] (valid sections: model, generate, cache, parallel, vae, quant, compile, memory, bench)"),
     ({"steps": 4}, "key 'steps' is not in a section (did you mean [generate] steps?)"),
     ({"cache": 3}, "[cache] must be a table, got 3"),
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),

@@ -56,6 +56,7 @@ def load_pipeline(
     lora: Sequence[str] | None = None,
     components: Mapping[str, str] | None = None,
     tp_slice: tuple[int, int] | None = None,
+    text_encoders: bool = True,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
@@ -63,7 +64,9 @@ def load_pipeline(
     components the variant needs beyond the model's (`Variant.components`), by name. `tp_slice`
     (degree, index): read only that tensor-parallel slice of the transformer's split weights
     (accel/models/split_load.py) where the checkpoint allows it (safetensors of a family with a
-    TensorPlan, no LoRA to fuse); otherwise the whole model loads and `accel.apply` splits it."""
+    TensorPlan, no LoRA to fuse); otherwise the whole model loads and `accel.apply` splits it.
+    `text_encoders=False`: leave the text encoders out (a rank that receives its embeddings from
+    the rank that encodes, [memory] text_encoder = "rank0")."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -72,11 +75,15 @@ def load_pipeline(
         assert ref.family is not None and ref.family.tiny is not None
         variant = variant_of(ref.family, pipeline) if pipeline else None
         pipe = (variant.tiny if variant is not None and variant.tiny else ref.family.tiny)()  # built in float32
+        if not text_encoders:
+            from accel.parallel.encoders import text_encoder_names
+
+            pipe.register_modules(**{name: None for name in text_encoder_names(pipe)})
         if torch_dtype != torch.float32:
             pipe.to(torch_dtype)
     else:
         split = tp_slice if tp_slice is not None and tp_slice[0] > 1 and not loras else None
-        pipe = _from_pretrained(ref, torch_dtype, split, target)
+        pipe = _from_pretrained(ref, torch_dtype, split, target, text_encoders)
     family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
     variant = variant_of(family, pipeline) if pipeline else variant_of_class(family, type(pipe))
     converted = bool(pipeline) and type(pipe).__name__ != pipeline
@@ -153,7 +160,7 @@ def _as_pipeline(pipe: Any, pipeline_class: str, components: Mapping[str, Any] |
 
 
 def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int] | None = None,
-                     device: torch.device | None = None) -> Any:
+                     device: torch.device | None = None, text_encoders: bool = True) -> Any:
     from diffusers import DiffusionPipeline
     from diffusers.utils import deprecation_utils
     from safetensors import SafetensorError
@@ -164,10 +171,14 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
     # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
-        made = _split_transformers(ref, torch_dtype, split, device or torch.device("cpu")) if split else {}
-        if made and _optional(ref, made):
+        made: dict[str, Any] = {}
+        if split or not text_encoders:  # a hub model's folder in the local cache, downloaded if need be
             root = folder if folder.is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
-            return _assembled(root, made, torch_dtype, dtype_arg)
+            made = _split_transformers(ref, root, torch_dtype, split, device or torch.device("cpu")) if split else {}
+            if not text_encoders:  # passed as None: diffusers does not load them
+                made.update({name: None for name in _text_encoders_of(root)})
+            if _optional(ref, made):
+                return _assembled(root, made, torch_dtype, dtype_arg)
         # use_safetensors: never unpickle a checkpoint (it can run code); the folder check names the file.
         return DiffusionPipeline.from_pretrained(ref.source, use_safetensors=True, **made, **{dtype_arg: torch_dtype})
     except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as error:
@@ -182,16 +193,13 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
         ) from None
 
 
-def _split_transformers(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int], device: torch.device) -> dict[str, Any]:
-    """Each transformer of the model as its TP slice `split`, by attribute (empty: load it whole)."""
-    from diffusers import DiffusionPipeline
-
+def _split_transformers(ref: ModelRef, root: Path, torch_dtype: torch.dtype, split: tuple[int, int], device: torch.device) -> dict[str, Any]:
+    """Each transformer of the model in `root` as its TP slice `split`, by attribute (empty: load it whole)."""
     from accel.models.split_load import load_split_transformer, transformer_folders
 
     family = ref.family
     if family is None or family.tensor is None:
         return {}
-    root = Path(ref.source) if Path(ref.source).is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
     return {attr: load_split_transformer(cls, folder, family.tensor, torch_dtype, device, *split)
             for attr, (cls, folder) in transformer_folders(root, family.transformer_attrs).items()}
 
@@ -203,7 +211,17 @@ def _optional(ref: ModelRef, made: Mapping[str, Any]) -> bool:
     import diffusers
 
     cls = getattr(diffusers, ref.family.pipeline_class, None) if ref.family is not None else None
-    return cls is None or bool(set(made) & set(getattr(cls, "_optional_components", ())))
+    loaded = {name for name, model in made.items() if model is not None}
+    return bool(loaded) and (cls is None or bool(loaded & set(getattr(cls, "_optional_components", ()))))
+
+
+def _text_encoders_of(root: Path) -> list[str]:
+    """The text encoder components model_index.json names (text_encoder, text_encoder_2, …)."""
+    import json
+
+    index = json.loads((root / "model_index.json").read_text())
+    return [name for name, value in index.items()
+            if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None]
 
 
 def _assembled(root: Path, made: Mapping[str, Any], torch_dtype: torch.dtype, dtype_arg: str) -> Any:

@@ -105,9 +105,11 @@ def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "
         return Degrees(ulysses=best, ring=sequence // best, cfg=cfg, tp=tp)
     degrees = Degrees(ulysses=ulysses, ring=ring, cfg=cfg, tp=tp)
     if gpus and degrees.world_size != gpus:
+        product = f"ulysses {ulysses} × ring {ring} × cfg {cfg}" + (f" × tp {tp}" if tp > 1 else "")
+        leave = "ulysses and ring" if tp > 1 else "the degrees"
         raise UserError(
-            f"[parallel] ulysses {ulysses} × ring {ring} × cfg {cfg} × tp {tp} = {degrees.world_size} processes, but gpus = {gpus}; "
-            f"make the product {gpus} or leave ulysses and ring out to have them chosen"
+            f"[parallel] {product} = {degrees.world_size} processes, but gpus = {gpus}; make the product {gpus} or leave {leave} "
+            "out to have them chosen"
         )
     check_heads(degrees, heads, model)
     return degrees

@@ -44,6 +44,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
+    from accel.parallel.encoders import loads_text_encoders
     from accel.parallel.mesh import tp_slice
 
     per_replica = recipe.world_size
@@ -52,7 +53,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     ref = resolve_model(recipe.model.name)
     announce(f"loading {recipe.model.name}")
     pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
-                         tp_slice=tp_slice(recipe.parallel))
+                         tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica))
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)

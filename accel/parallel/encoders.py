@@ -1,0 +1,115 @@
+"""Text encoders on one rank ([memory] text_encoder = "rank0"): the layout's first rank encodes each
+prompt once and sends the embeddings to the others, which hold no text encoder at all.
+
+Every family's pipeline encodes through `encode_prompt`, so that one method is wrapped: on the
+first rank it runs and its result is broadcast over the layout's group (its structure as a
+picklable skeleton, then each tensor on the device); on the others the same call returns the
+received copy, built on the device and in the dtype the first rank's had. Dropping the encoders
+stays when the rest of `accel.apply` is undone, like the TP split: the memory was given back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accel.errors import NotAvailableError
+from accel.instance import ENCODE, wrap
+
+METHOD = "encode_prompt"
+
+
+def loads_text_encoders(placement: str, layout_size: int) -> bool:
+    """Whether this rank loads the text encoders under [memory] text_encoder = `placement` in a
+    layout of `layout_size` ranks (replicas of it side by side: each one's first rank encodes)."""
+    from accel.launch import rank
+
+    return placement != "rank0" or layout_size == 1 or rank() % layout_size == 0
+
+
+def text_encoder_names(pipe: Any) -> list[str]:
+    """The pipeline's text encoder components that it holds (text_encoder, text_encoder_2, …)."""
+    return [name for name in getattr(pipe, "components", {}) if name.startswith("text_encoder") and getattr(pipe, name, None) is not None]
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor of the result was: its index among the tensors sent, shape, dtype and device kind."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    on_cpu: bool
+
+
+def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, value.device.type == "cpu")
+    if isinstance(value, (list, tuple)):
+        items = [_skeleton(item, tensors) for item in value]
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    if isinstance(value, dict):
+        return {key: _skeleton(item, tensors) for key, item in value.items()}
+    return value
+
+
+def _filled(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(skeleton, _Slot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, (list, tuple)):
+        items = [_filled(item, tensors) for item in skeleton]
+        return type(skeleton)(items) if not hasattr(skeleton, "_fields") else type(skeleton)(*items)
+    if isinstance(skeleton, dict):
+        return {key: _filled(item, tensors) for key, item in skeleton.items()}
+    return skeleton
+
+
+class FirstRankEncodes:
+    """`pipe.encode_prompt` run by the first rank of `group` only, its result shared with the rest."""
+
+    def __init__(self, pipe: Any, group: Any, device: torch.device) -> None:
+        if not callable(getattr(pipe, METHOD, None)):
+            raise NotAvailableError(
+                f'[memory] text_encoder = "rank0": {type(pipe).__name__} has no {METHOD}() to run on one rank; set text_encoder = "replicated"'
+            )
+        self.group, self.device = group, device
+        self.source = dist.get_global_rank(group, 0) if group is not None and group != dist.group.WORLD else 0
+        self.leads = dist.get_rank() == self.source
+        if not self.leads:
+            pipe.register_modules(**{name: None for name in text_encoder_names(pipe)})
+        self.remove = wrap(pipe, METHOD, "accel.encoders.first_rank", ENCODE, self._encode)
+
+    def _encode(self, call_next: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.leads:
+            result = call_next(*args, **kwargs)
+            tensors: list[torch.Tensor] = []
+            skeleton = _skeleton(result, tensors)
+            dist.broadcast_object_list([skeleton], src=self.source, group=self.group)
+            for tensor in tensors:
+                dist.broadcast(tensor.to(self.device).contiguous(), src=self.source, group=self.group)
+            return result
+        received: list[Any] = [None]
+        dist.broadcast_object_list(received, src=self.source, group=self.group)
+        slots: list[_Slot] = []
+        _collect(received[0], slots)
+        tensors = []
+        for slot in sorted(slots, key=lambda s: s.index):
+            tensor = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
+            dist.broadcast(tensor, src=self.source, group=self.group)
+            tensors.append(tensor.cpu() if slot.on_cpu else tensor)
+        return _filled(received[0], tensors)
+
+
+def _collect(skeleton: Any, slots: list[_Slot]) -> None:
+    if isinstance(skeleton, _Slot):
+        slots.append(skeleton)
+    elif isinstance(skeleton, (list, tuple)):
+        for item in skeleton:
+            _collect(item, slots)
+    elif isinstance(skeleton, dict):
+        for item in skeleton.values():
+            _collect(item, slots)
