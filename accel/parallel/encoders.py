@@ -45,27 +45,26 @@ class _Slot:
     on_cpu: bool
 
 
-def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype, value.device.type == "cpu")
+def _mapped(value: Any, leaf: type, fn: Any) -> Any:
+    """`value` with every `leaf` inside its lists, tuples (named ones too) and dicts replaced by fn(leaf)."""
+    if isinstance(value, leaf):
+        return fn(value)
     if isinstance(value, (list, tuple)):
-        items = [_skeleton(item, tensors) for item in value]
-        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+        items = [_mapped(item, leaf, fn) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, dict):
-        return {key: _skeleton(item, tensors) for key, item in value.items()}
+        return {key: _mapped(item, leaf, fn) for key, item in value.items()}
     return value
 
 
-def _filled(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(skeleton, _Slot):
-        return tensors[skeleton.index]
-    if isinstance(skeleton, (list, tuple)):
-        items = [_filled(item, tensors) for item in skeleton]
-        return type(skeleton)(items) if not hasattr(skeleton, "_fields") else type(skeleton)(*items)
-    if isinstance(skeleton, dict):
-        return {key: _filled(item, tensors) for key, item in skeleton.items()}
-    return skeleton
+def _skeleton(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each tensor replaced by its _Slot, the tensors appended to `tensors` in order."""
+
+    def slot(tensor: torch.Tensor) -> _Slot:
+        tensors.append(tensor)
+        return _Slot(len(tensors) - 1, tuple(tensor.shape), tensor.dtype, tensor.device.type == "cpu")
+
+    return _mapped(value, torch.Tensor, slot)
 
 
 class FirstRankEncodes:
@@ -94,22 +93,10 @@ class FirstRankEncodes:
             return result
         received: list[Any] = [None]
         dist.broadcast_object_list(received, src=self.source, group=self.group)
-        slots: list[_Slot] = []
-        _collect(received[0], slots)
-        tensors = []
-        for slot in sorted(slots, key=lambda s: s.index):
-            tensor = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
-            dist.broadcast(tensor, src=self.source, group=self.group)
-            tensors.append(tensor.cpu() if slot.on_cpu else tensor)
-        return _filled(received[0], tensors)
+        return _mapped(received[0], _Slot, self._receive)  # in the order the first rank sent them
 
+    def _receive(self, slot: _Slot) -> torch.Tensor:
+        tensor = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
+        dist.broadcast(tensor, src=self.source, group=self.group)
+        return tensor.cpu() if slot.on_cpu else tensor
 
-def _collect(skeleton: Any, slots: list[_Slot]) -> None:
-    if isinstance(skeleton, _Slot):
-        slots.append(skeleton)
-    elif isinstance(skeleton, (list, tuple)):
-        for item in skeleton:
-            _collect(item, slots)
-    elif isinstance(skeleton, dict):
-        for item in skeleton.values():
-            _collect(item, slots)
