@@ -209,6 +209,15 @@ def tiny_wan_three_heads() -> Any:
     return pipe
 
 
+def tiny_wan_six_heads() -> Any:
+    """tiny-wan with a six-head transformer: under tp 2 each rank holds three, which Ulysses 2 pads."""
+    from accel.models import wan
+
+    pipe = wan.build_tiny()
+    pipe.transformer = wan._tiny_transformer(2, text_dim=pipe.text_encoder.config.d_model, num_attention_heads=6)
+    return pipe
+
+
 def tiny_ltx2_i2v() -> Any:
     """tiny-ltx2's components as LTX2ImageToVideoPipeline (the variant accel builds with from_pipe)."""
     from diffusers import LTX2ImageToVideoPipeline

@@ -288,3 +288,22 @@ def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(t
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: held.json is being written by another accel run (pid {os.getpid()}); choose another name or wait for it"
     assert not (tmp_path / "outputs").exists()  # refused before any measuring
+
+
+def test_tensor_parallel_variants_and_a_fresh_pipeline_after_them(rank_pools: Any) -> None:
+    """TP on the first two ranks and on all four (with Ulysses), text encoders on rank 0 only; the
+    split and the dropped encoders cannot be undone, so the last variant gets a fresh pipeline and
+    equals the first to the bit."""
+    recipe = {
+        "model": {"name": "tiny-flux"}, "generate": {"steps": 2},
+        "bench": {"repeats": 1, "warmup": 0, "variants": [
+            {"name": "one"}, {"name": "tp", "parallel": {"tp": 2}},
+            {"name": "tp-usp", "parallel": {"tp": 2, "ulysses": 2}, "memory": {"text_encoder": "rank0"}},
+            {"name": "one again"},
+        ]},
+    }
+    lead, *others = rank_pools(4).run(_bench_on_rank, recipe)
+    assert others == [None, None, None]
+    assert lead["tp"][0] == "tp 2" and lead["tp-usp"][0] == "tp 2 × ulysses 2"
+    assert lead["tp"][1] > 80 and lead["tp-usp"][1] > 80, lead
+    assert lead["one again"][1] == math.inf

@@ -191,3 +191,12 @@ def test_each_rank_loads_only_its_slice_of_the_checkpoint(rank_pools, saved_wan:
         assert came_split
         assert held == total - split + split // tp
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_ulysses_pads_the_heads_each_tp_rank_holds(rank_pools) -> None:
+    """Six heads over tp 2 leave three a rank, which Ulysses 2 pads to four slots: still one process's output."""
+    builder, call = "parallel_cases:tiny_wan_six_heads", FAMILY_CASES["wan"].call
+    expected, _, _ = cases.tiny_run(builder, {}, call)
+    for output, _, bytes_sent in rank_pools(4).run(cases.tiny_run, builder, {"parallel": {"tp": 2, "ulysses": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
