@@ -171,7 +171,9 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(flux_server: Ser
 
 
 def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() -> None:
-    server = start("tiny-wan", "--gpus", "4", "--replicas", "2", "--oversubscribe", "--max-queue", "32", "--steps", "2")
+    """Each replica splits its weights over tp 2 and keeps the text encoder on its first rank only."""
+    server = start("tiny-wan", "--gpus", "4", "--replicas", "2", "--tp", "2", "--text-encoder", "rank0", "--oversubscribe",
+                   "--max-queue", "32", "--steps", "2")
     try:
         health = httpx.get(f"{server.url}/health", timeout=30).json()
         assert health == {"status": "ok", "model": "tiny-wan", "replicas": 2, "processes": 4}

@@ -16,7 +16,7 @@ from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe import ParallelSection
-from test_parallel_families import FAMILY_CASES, TOLERANCE, check_cache_on_ranks, reference, world_of
+from test_parallel_families import CACHE_METHODS, FAMILY_CASES, TOLERANCE, check_cache_on_ranks, reference, world_of
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -199,4 +199,29 @@ def test_ulysses_pads_the_heads_each_tp_rank_holds(rank_pools) -> None:
     expected, _, _ = cases.tiny_run(builder, {}, call)
     for output, _, bytes_sent in rank_pools(4).run(cases.tiny_run, builder, {"parallel": {"tp": 2, "ulysses": 2}}, call):
         assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+# Every cache method under TP, each method on FLUX, Wan and LTX-Video, the layouts rotated.
+METHOD_LAYOUTS = {
+    "flux-dbcache": "tp2", "wan-calibrator": "tp2xulysses2", "ltx-calibrator": "cfg2xtp2",
+    "flux-taylorseer": "cfg2xtp2", "wan-taylorseer": "tp2", "ltx-taylorseer": "tp2xulysses2",
+    "flux-magcache": "tp2xulysses2", "wan-magcache": "cfg2xtp2", "ltx-magcache": "tp2",
+}
+
+
+@pytest.mark.parametrize("case, layout", list(METHOD_LAYOUTS.items()))
+def test_every_cache_method_with_tensor_parallel_decides_as_one_process(rank_pools, case: str, layout: str) -> None:
+    family, cache = CACHE_METHODS[case]
+    threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
+    if cache.get("method") == "magcache":
+        cache = dict(cache, mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)))
+    check_cache_on_ranks(rank_pools, family, LAYOUTS[layout], {**threshold, **cache})
+
+
+def test_parallel_vae_with_tensor_parallel_equals_single_process(rank_pools) -> None:
+    call = FAMILY_CASES["flux"].call
+    expected, _ = reference("flux", call)
+    recipe = {"parallel": {"tp": 2, "ulysses": 2}, "vae": {"parallel": True, "all_ranks": True}}
+    for output, _, _ in rank_pools(4).run(cases.tiny_run, "tiny-flux", recipe, call):
         assert np.abs(output - expected).max() <= TOLERANCE
