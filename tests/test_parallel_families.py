@@ -207,11 +207,16 @@ METHOD_MODES = {
 
 @pytest.mark.parametrize("case, mode", list(METHOD_MODES.items()))
 def test_cache_methods_decide_on_every_rank_as_one_process(rank_pools, case: str, mode: str) -> None:
+    check_cache_method_on_ranks(rank_pools, case, CACHE_MODES[mode])
+
+
+def check_cache_method_on_ranks(rank_pools: Any, case: str, parallel: dict[str, int]) -> None:
+    """CACHE_METHODS[case] under `parallel`, with the family's threshold (MagCache: on its calibrated curve)."""
     family, cache = CACHE_METHODS[case]
     threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
     if cache.get("method") == "magcache":
         cache = dict(cache, mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)))
-    check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {**threshold, **cache})
+    check_cache_on_ranks(rank_pools, family, parallel, {**threshold, **cache})
 
 
 def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any],

@@ -16,7 +16,7 @@ from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe import ParallelSection
-from test_parallel_families import CACHE_METHODS, FAMILY_CASES, TOLERANCE, check_cache_on_ranks, reference, world_of
+from test_parallel_families import FAMILY_CASES, TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, world_of
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -212,11 +212,7 @@ METHOD_LAYOUTS = {
 
 @pytest.mark.parametrize("case, layout", list(METHOD_LAYOUTS.items()))
 def test_every_cache_method_with_tensor_parallel_decides_as_one_process(rank_pools, case: str, layout: str) -> None:
-    family, cache = CACHE_METHODS[case]
-    threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
-    if cache.get("method") == "magcache":
-        cache = dict(cache, mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)))
-    check_cache_on_ranks(rank_pools, family, LAYOUTS[layout], {**threshold, **cache})
+    check_cache_method_on_ranks(rank_pools, case, LAYOUTS[layout])
 
 
 def test_parallel_vae_with_tensor_parallel_equals_single_process(rank_pools) -> None:
