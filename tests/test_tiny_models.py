@@ -142,7 +142,7 @@ CASES = {
         block_lists=("transformer_blocks",),
         transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
         latent_shape=(2, 12, 2, 8, 8),  # 7 frames -> 2 latent frames, 64x64 -> 8x8, 12 channels
-        text_shape=(2, 256, 96),  # T5 padded to the pipeline's default max_sequence_length (256)
+        text_shape=(2, 256, 128),  # T5 padded to the pipeline's default max_sequence_length (256)
         components=("text_encoder", "transformer", "vae"),
     ),
     "ltx": Case(
