@@ -248,8 +248,7 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     tiny pipeline under `recipe`."""
     import accel
 
-    tp = recipe.get("parallel", {}).get("tp", 1)
-    pipe = tiny_pipeline(model) if tp == 1 else tiny_split_pipeline(model, recipe["parallel"])
+    pipe = pipeline_for(model, recipe)
     handle = accel.apply(pipe, recipe)
     TRAFFIC.reset()
     try:
@@ -259,6 +258,12 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
         handle.remove()
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
     return output_of(result), decisions, TRAFFIC.total_bytes
+
+
+def pipeline_for(model: str, recipe: dict[str, Any]) -> Any:
+    """The tiny pipeline `recipe` runs on: the shared one, or under tp a split copy of its own."""
+    tp = recipe.get("parallel", {}).get("tp", 1)
+    return tiny_pipeline(model) if tp == 1 else tiny_split_pipeline(model, recipe["parallel"])
 
 
 def tiny_split_pipeline(model: str, parallel: dict[str, int]) -> Any:
@@ -319,8 +324,7 @@ def held_bytes(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> tupl
     """(bytes of this rank's transformer parameters under `recipe`, the Linear in/out widths of its
     first block's layers) after one call."""
     tiny_run(model, recipe, call)
-    tp = recipe.get("parallel", {}).get("tp", 1)
-    pipe = tiny_pipeline(model) if tp == 1 else tiny_split_pipeline(model, recipe["parallel"])
+    pipe = pipeline_for(model, recipe)
     transformer = pipe.transformer
     return sum(p.numel() * p.element_size() for p in transformer.parameters()), [
         m.weight.shape[0] * 10_000 + m.weight.shape[1] for m in transformer.transformer_blocks[0].modules() if isinstance(m, torch.nn.Linear)]
