@@ -103,42 +103,38 @@ def speed_section(shape: tuple[int, int, int, int], repeats: int) -> None:
 # --- 3. per-rank time with the fake process group -------------------------------------------------
 
 
-def _fake_rank(_index: int, world: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
-               repeats: int, results: Any) -> None:
+def _fake_ranks(_index: int, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, repeats: int) -> None:
+    """One process plays rank 0 of each N in turn (the fake group re-made per N), printing each line
+    as soon as it is measured, so a run stopped at a time budget keeps what it measured."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from accel.parallel.attention import usp_attention
+    from accel.parallel.kernels import attention_with_lse
 
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     batch, heads, tokens, dim = shape
-    shard = -(-tokens // world)
-    q, k, v = (torch.randn(batch, heads, shard, dim, dtype=dtype, device=device) for _ in range(3))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for name, (ulysses, ring) in (("ulysses", (world, 1)), ("ring", (1, world))):
-        if heads % ulysses:
-            continue
-        groups = _groups(ulysses, ring, device)
-        results[(world, name)] = median_time(lambda: usp_attention(q, k, v, *groups), repeats, sync, warmup=1)
+    q, k, v = (torch.randn(*shape, dtype=dtype, device=device) for _ in range(3))
+    single = median_time(lambda: attention_with_lse(q, k, v), repeats, sync, warmup=1)
+    print(f"\n3. per-rank attention time, fake process group, shape {shape} {str(dtype).removeprefix('torch.')} on {device}")
+    print(f"   one device, whole sequence: {single * 1000:.1f} ms", flush=True)
+    for world in (2, 4, 8):
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        shard = -(-tokens // world)
+        q, k, v = (torch.randn(batch, heads, shard, dim, dtype=dtype, device=device) for _ in range(3))
+        cells = []
+        for name, (ulysses, ring) in (("ulysses", (world, 1)), ("ring", (1, world))):
+            if heads % ulysses:
+                continue
+            groups = _groups(ulysses, ring, device)
+            seconds = median_time(lambda: usp_attention(q, k, v, *groups), repeats, sync, warmup=1)
+            cells.append(f"{name} {seconds * 1000:.1f} ms ({single / seconds:.2f}x, ideal {world}x)")
+        dist.destroy_process_group()
+        print(f"   N={world}: " + ";  ".join(cells), flush=True)
 
 
 def fake_section(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, repeats: int) -> None:
-    from accel.parallel.kernels import attention_with_lse
-
-    q, k, v = (torch.randn(*shape, dtype=dtype, device=device) for _ in range(3))
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    single = median_time(lambda: attention_with_lse(q, k, v), repeats, sync, warmup=1)
-    results = mp.Manager().dict()
-    for world in (2, 4, 8):
-        mp.spawn(_fake_rank, args=(world, shape, dtype, device, repeats, results), nprocs=1)
-    print(f"\n3. per-rank attention time, fake process group, shape {shape} {str(dtype).removeprefix('torch.')} on {device}")
-    print(f"   one device, whole sequence: {single * 1000:.1f} ms")
-    for world in (2, 4, 8):
-        cells = [
-            f"{name} {results[(world, name)] * 1000:.1f} ms ({single / results[(world, name)]:.2f}x, ideal {world}x)"
-            for name in ("ulysses", "ring") if (world, name) in results
-        ]
-        print(f"   N={world}: " + ";  ".join(cells))
+    mp.spawn(_fake_ranks, args=(shape, dtype, device, repeats), nprocs=1)
 
 
 def main() -> None:
@@ -146,10 +142,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, default=8192, help="sequence length of section 2")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-cpu-ranks", action="store_true", help="only section 3 (gpu_check.py: sections 1-2 are CPU figures)")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}")
-    bytes_section((1, 24, 4608, 128))
-    speed_section((1, 8, args.tokens, 64), args.repeats)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}", flush=True)
+    if not args.skip_cpu_ranks:
+        bytes_section((1, 24, 4608, 128))
+        speed_section((1, 8, args.tokens, 64), args.repeats)
     if args.device == "cuda":
         fake_section((1, 24, 4608, 128), torch.bfloat16, "cuda", args.repeats)
     else:

@@ -241,18 +241,30 @@ def _defaults(cls: str) -> set[str]:
 
 
 def _transformer(family: str, spec: dict[str, Any], smoke: bool, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """Built directly in `dtype` on `device` (default dtype switched while constructing): a 12-14 B model
+    built in float32 and cast afterwards would need 1.5x its bf16 size on the GPU, and the time to cast."""
     import diffusers
 
     config = dict(spec["config"])
     if smoke:
         config.update({k: v for k, v in SMOKE.items() if k in config or k in _defaults(spec["cls"])})
         config.update(spec.get("smoke", {}))
-    with torch.device(device):
-        model = getattr(diffusers, spec["cls"])(**config)
-    return (model if dtype == torch.float32 else model.to(dtype)).eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = getattr(diffusers, spec["cls"])(**config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
 
 
-def _fake_rank(_index: int, world: int, family: str, device: str, repeats: int, results: Any) -> None:
+WORLDS = (1, 2, 4, 8)
+
+
+def _fake_family(_index: int, family: str, device: str, repeats: int) -> None:
+    """One process per family: the model is built once, then timed as rank 0 of each N in turn (the fake
+    group re-made for each N), each line printed as soon as it is measured."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -263,43 +275,39 @@ def _fake_rank(_index: int, world: int, family: str, device: str, repeats: int, 
     smoke = device != "cuda"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     spec = REAL[family]
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     transformer = _transformer(family, spec, smoke, dtype, device)
     inputs = _inputs(family, spec, 4 if smoke else 1, dtype, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    heads = int(transformer.config.num_attention_heads)
+    single = None
+    print(f"   {family}:", flush=True)
     with torch.no_grad():
-        if world == 1:
-            try:
-                results[(family, 1)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
-            except torch.OutOfMemoryError:  # HunyuanVideo 1.5's (L, L) masks at 720p: the parallel rows still print
-                results[(family, 1)] = None
-            return
-        heads = int(transformer.config.num_attention_heads)
-        for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
-            if heads % degrees.ulysses:
+        for world in WORLDS:
+            if world == 1:
+                try:
+                    single = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+                    print(f"     one device {single * 1000:.1f} ms", flush=True)
+                except torch.OutOfMemoryError:  # HunyuanVideo 1.5's (L, L) masks at 720p: the parallel rows still print
+                    print("     one device: out of memory", flush=True)
                 continue
-            engine = ContextParallel(transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device))
-            results[(family, world, name)] = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
-            engine.remove()
+            dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+            cells = []
+            for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
+                if heads % degrees.ulysses:
+                    continue
+                engine = ContextParallel(transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device))
+                seconds = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
+                engine.remove()
+                cells.append(f"{name} {seconds * 1000:.1f} ms" + (f" ({single / seconds:.2f}x, ideal {world}x)" if single else ""))
+            dist.destroy_process_group()
+            print(f"     N={world}: " + ";  ".join(cells), flush=True)
 
 
 def fake_section(families: list[str], device: str, repeats: int) -> None:
-    results = mp.Manager().dict()
-    for family in families:
-        for world in (1, 2, 4, 8):
-            mp.spawn(_fake_rank, args=(world, family, device, repeats, results), nprocs=1)
     what = "real-size configs, bf16" if device == "cuda" else "CPU smoke test: 1-layer configs at 1/4 of the size, float32"
-    print(f"\n2. per-rank transformer forward time, fake process group, {what}, on {device}")
+    print(f"\n2. per-rank transformer forward time, fake process group, {what}, on {device}", flush=True)
     for family in families:
-        single = results[(family, 1)]
-        print(f"   {family}: one device " + (f"{single * 1000:.1f} ms" if single is not None else "out of memory"))
-        for world in (2, 4, 8):
-            cells = [
-                f"{name} {results[(family, world, name)] * 1000:.1f} ms"
-                + (f" ({single / results[(family, world, name)]:.2f}x, ideal {world}x)" if single is not None else "")
-                for name in ("ulysses", "ring") if (family, world, name) in results
-            ]
-            print(f"     N={world}: " + ";  ".join(cells))
+        mp.spawn(_fake_family, args=(family, device, repeats), nprocs=1)
 
 
 def main() -> None:
