@@ -771,6 +771,48 @@ def launch(
 
 
 @app.command(cls=_Command)
+def plan(
+    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (flux, flux2, wan).", show_default=False)],
+    gpus: Annotated[int, Opt("--gpus", help="GPUs to lay the model over.")] = 1,
+    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU.", show_default="the visible GPU's, else 80")] = None,
+    width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
+    height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")] = None,
+    frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")] = None,
+    json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False,
+) -> None:
+    """Which layouts fit your GPUs, measured on fake CUDA before any weight is read, and the fastest that does."""
+    import json
+
+    from accel.memory import report as plan_report
+    from accel.memory.plan import flagship_of, make_plan
+    from accel.models.flagships import Size
+
+    try:
+        _, flagship = flagship_of(model)
+        if gpu_memory is None:
+            gpu_memory = _visible_gpu_gib()
+        base = flagship.size
+        size = Size(width or base.width, height or base.height, frames or base.frames)
+        result = make_plan(model, gpus, gpu_memory, size)
+    except UserError as error:
+        _fail(str(error))
+        return
+    if json_out:
+        print(json.dumps(plan_report.as_json(result), indent=2))
+        return
+    console.print(plan_report.table(result))
+    console.print(plan_report.headline(result), highlight=False)
+
+
+def _visible_gpu_gib() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return 80.0
+
+
+@app.command(cls=_Command)
 def models() -> None:
     """List the model families accel knows and what it can do for each."""
     from accel import report

@@ -19,7 +19,7 @@ from accel.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["run", "bench", "tune", "serve", "launch", "models", "env"]
+COMMANDS = ["run", "bench", "tune", "serve", "launch", "plan", "models", "env"]
 
 
 def _help(*args: str) -> str:

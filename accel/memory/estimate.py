@@ -1,0 +1,172 @@
+"""Per-rank GPU memory of a layout, measured before any weight is read.
+
+Every component is built from its config on the meta device to count its weights exactly (after the
+TP split where the layout splits it); the transformer's forward and the VAE's decode run on fake
+`cuda` at the requested size under the tracker (accel/memory/tracker.py) to measure the working
+memory they add. The transformer is cut to one block of each kind for that: under no_grad a block's
+activations are freed before the next block runs, so the working peak does not grow with depth.
+Attention runs through accel's own kernels (flash-style: no L x L matrix), as on a real GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.memory.tracker import tracked_peak
+from accel.models.base import Family
+from accel.models.flagships import Component, Flagship, Size
+from accel.parallel.mesh import Degrees
+
+DTYPE = torch.bfloat16
+# Config keys that set a transformer's depth: one block of each kind measures its working peak.
+DEPTH_KEYS = ("num_layers", "num_single_layers", "num_refiner_layers", "n_layers", "n_refiner_layers")
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """What the busiest rank (rank 0) of a layout holds: weights per component, and the working memory
+    of the largest phase on top of them."""
+
+    weights: dict[str, int]
+    working: dict[str, int] = field(default_factory=dict)  # phase ("transformer forward", "VAE decode") → bytes
+
+    @property
+    def peak(self) -> int:
+        return sum(self.weights.values()) + max(self.working.values(), default=0)
+
+
+@contextmanager
+def _built_as(device: str) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPE)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build(component: Component, device: str = "meta", config: dict[str, Any] | None = None) -> nn.Module:
+    """`component` from its config in bfloat16 on `device` ("meta": no memory; "cuda" inside a fake mode)."""
+    config = dict(component.config if config is None else config)
+    with _built_as(device):
+        if component.library == "diffusers":
+            import diffusers
+
+            return getattr(diffusers, component.cls).from_config(config).eval()
+        import transformers
+
+        made = transformers.AutoConfig.for_model(component.model_type, **config)
+        return getattr(transformers, component.cls)._from_config(made, dtype=DTYPE).eval()
+
+
+def weight_bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
+def transformer_weights(family: Family, component: Component, tp: int) -> int:
+    """The transformer's bytes on one rank: whole, or with each split parameter cut to its 1/tp slice
+    (the parameters the split loader reads in part, accel/models/split_load.py)."""
+    model = build(component)
+    whole = weight_bytes(model)
+    if tp == 1:
+        return whole
+    from accel.parallel.tensor import planned_layers, resolve_tensor_plan, slices_of
+
+    assert family.tensor is not None
+    plan = resolve_tensor_plan(family.tensor, model)
+    named = dict(model.named_parameters())
+    split = sum(named[name].numel() * named[name].element_size() for name in slices_of(model, plan, planned_layers(model, plan)))
+    return whole - split + split // tp
+
+
+def tp_problem(family: Family, component: Component, tp: int) -> str | None:
+    """Why `tp` cannot split this transformer (None: it can)."""
+    if tp == 1:
+        return None
+    if family.tensor is None:
+        return f"{family.title} has no tensor-parallel plan"
+    from accel.parallel.tensor import resolve_tensor_plan, width_problem
+
+    model = build(component)
+    return width_problem(model, resolve_tensor_plan(family.tensor, model), tp, family.title)
+
+
+def cut_config(component: Component) -> dict[str, Any]:
+    import diffusers
+
+    accepted = set(inspect.signature(getattr(diffusers, component.cls).__init__).parameters)
+    return {**component.config, **{key: 1 for key in DEPTH_KEYS if key in accepted}}
+
+
+def _on_device(inputs: Any, device: str) -> Any:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device, DTYPE if inputs.is_floating_point() else inputs.dtype)
+    if isinstance(inputs, dict):
+        return {key: _on_device(value, device) for key, value in inputs.items()}
+    return inputs
+
+
+@contextmanager
+def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
+    """Fake tensors for "cuda" (no GPU needed, no memory used); real ones for "cpu", or for "cuda"
+    with `fake` off (the checks against a real run)."""
+    if device != "cuda" or not fake:
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        yield
+
+
+def transformer_working(family: Family, flagship: Flagship, size: Size, degrees: Degrees, device: str = "cuda",
+                        fake: bool = True) -> int:
+    """Bytes the transformer's forward adds on rank 0 of `degrees` (its sequence and TP degrees; CFG
+    ranks each run one half, which is the one-process call). `device` "cpu" runs it for real."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from accel.parallel.mesh import build_mesh
+    from accel.parallel.plan import ContextParallel
+    from accel.parallel.tensor import TensorParallel, resolve_tensor_plan
+
+    inner = Degrees(ulysses=degrees.ulysses, ring=degrees.ring, tp=degrees.tp)
+    component = flagship.of_kind("transformer")[0]
+    was_initialized = dist.is_initialized()
+    if not was_initialized:
+        dist.init_process_group("fake", rank=0, world_size=inner.world_size, store=FakeStore())
+    try:
+        mesh = build_mesh(inner, device)
+        assert mesh is not None
+        with _fake_or_real(device, fake):
+            model = build(component, device, cut_config(component))
+            if inner.tp > 1:
+                assert family.tensor is not None
+                TensorParallel(model, resolve_tensor_plan(family.tensor, model), mesh.tp_group)
+            assert family.parallel is not None
+            ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
+            with torch.device(device):
+                inputs = _on_device(flagship.inputs(size), device)
+            peak = tracked_peak(lambda: model(**inputs), model, device=str(torch.device(device, 0)) if device == "cuda" else device)
+    finally:
+        if not was_initialized:
+            dist.destroy_process_group()
+    return peak.working if peak is not None else 0
+
+
+def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True) -> int:
+    """Bytes the VAE's decode of one output adds (the whole decode on one rank); "cpu" runs it for real."""
+    component = flagship.of_kind("vae")[0]
+    with _fake_or_real(device, fake):
+        vae = build(component, device)
+        latents = torch.randn(*flagship.latents(size), device=device, dtype=DTYPE)
+        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device="cuda:0" if device == "cuda" else device)
+    return peak.working if peak is not None else 0

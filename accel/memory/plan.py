@@ -1,0 +1,116 @@
+"""`accel plan`: which layouts of a model fit N GPUs of a given memory, and the fastest that does.
+
+Each candidate is a set of degrees over all N GPUs: CFG halves (families that run guidance), then a
+TP degree that splits every planned width, then the largest Ulysses degree the TP rank's heads allow
+with Ring for the rest (accel's own preference for sequence ranks). Its busiest rank's peak is
+measured by accel/memory/estimate.py; it fits when that peak plus RESERVED is within the card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from accel.errors import UserError
+from accel.memory.estimate import RankEstimate, build, transformer_weights, transformer_working, tp_problem, vae_working, weight_bytes
+from accel.models.base import Family
+from accel.models.flagships import FLAGSHIPS, Flagship, Size
+from accel.models.registry import FAMILIES
+from accel.parallel.mesh import Degrees, largest_ulysses
+
+GiB = 2**30
+# Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
+# buffers and the caching allocator's slack (about 1 GiB each of context and slack on an H100).
+RESERVED = 2 * GiB
+# Step-time efficiency of each parallel dimension per doubling, for ordering layouts that fit: from
+# this repo's measurements (BENCHMARKS.md: Ulysses 0.97-1.0 and Ring 0.83-0.95 of ideal per rank on
+# H100 at video lengths; TP 0.84-1.06x of Ulysses on CPU ranks; CFG halves independent).
+EFFICIENCY = {"cfg": 0.98, "ulysses": 0.95, "ring": 0.85, "tp": 0.85}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    degrees: Degrees
+    estimate: RankEstimate
+    fits: bool
+    speedup: float  # expected step speedup over one GPU
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    flagship: Flagship
+    size: Size
+    gpus: int
+    gpu_memory: int  # bytes per GPU
+    candidates: tuple[Candidate, ...]
+    refused: tuple[str, ...]  # degrees considered and not possible, with the reason
+
+    @property
+    def chosen(self) -> Candidate | None:
+        fitting = [c for c in self.candidates if c.fits]
+        return max(fitting, key=lambda c: (c.speedup, -c.estimate.peak)) if fitting else None
+
+    @property
+    def smallest(self) -> Candidate:
+        return min(self.candidates, key=lambda c: c.estimate.peak)
+
+
+def expected_speedup(degrees: Degrees) -> float:
+    value = 1.0
+    for name in EFFICIENCY:
+        degree = getattr(degrees, name)
+        value *= degree * EFFICIENCY[name] ** math.log2(degree)
+    return value
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _runs_guidance(family: Family) -> bool:
+    """Whether the family's default call runs classifier-free guidance (only then do CFG ranks help)."""
+    defaults = dataclasses.asdict(family.defaults)
+    return family.cfg_off({key: value for key, value in defaults.items() if value is not None}) is None
+
+
+def flagship_of(model: str) -> tuple[str, Flagship]:
+    if model not in FLAGSHIPS:
+        known = ", ".join(sorted(FLAGSHIPS))
+        raise UserError(f"accel plan: no flagship config for {model!r}; plan knows: {known}")
+    return model, FLAGSHIPS[model]
+
+
+def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None) -> MemoryPlan:
+    """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`."""
+    if not gpu_memory_gib > 0:
+        raise UserError(f"accel plan: --gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
+    if gpus < 1:
+        raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
+    name, flagship = flagship_of(model)
+    family = FAMILIES[name]
+    size = size or flagship.size
+    transformers = flagship.of_kind("transformer")
+    others = {c.attr: weight_bytes(build(c)) for c in flagship.components if not c.attr.startswith("transformer")}
+    heads = family.heads
+    vae = vae_working(flagship, size)
+    working: dict[tuple[int, int, int], int] = {}
+    candidates, refused = [], []
+    for cfg in (1, 2) if _runs_guidance(family) else (1,):
+        for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
+            problem = tp_problem(family, transformers[0], tp)
+            if problem:
+                refused.append(f"cfg {cfg} x tp {tp}: {problem}")
+                continue
+            sequence = gpus // (cfg * tp)
+            ulysses = largest_ulysses(sequence, heads // tp if heads else None)
+            degrees = Degrees(cfg=cfg, tp=tp, ulysses=ulysses, ring=sequence // ulysses)
+            key = (tp, degrees.ulysses, degrees.ring)
+            if key not in working:
+                working[key] = transformer_working(family, flagship, size, degrees)
+            weights = {c.attr: transformer_weights(family, c, tp) for c in transformers} | others
+            estimate = RankEstimate(weights, {"transformer forward": working[key], "VAE decode": vae})
+            fits = estimate.peak + RESERVED <= gpu_memory_gib * GiB
+            candidates.append(Candidate(degrees, estimate, fits, expected_speedup(degrees)))
+    return MemoryPlan(name, flagship, size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))

@@ -1,0 +1,62 @@
+"""`accel plan`'s table and JSON: every candidate layout's busiest rank, and the one chosen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from accel.memory.plan import RESERVED, Candidate, GiB, MemoryPlan
+
+
+def _gib(value: int) -> str:
+    return f"{value / GiB:.2f}"
+
+
+def headline(plan: MemoryPlan) -> str:
+    chosen = plan.chosen
+    where = f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} of {plan.gpu_memory / GiB:g} GiB"
+    if chosen is None:
+        smallest = plan.smallest
+        return (f"no layout of {plan.flagship.title} at {plan.size.describe()} fits {where}: the smallest peak is "
+                f"{_gib(smallest.estimate.peak + RESERVED)} GiB ({smallest.degrees.describe()}); use more or larger GPUs")
+    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.degrees.describe()}, "
+            f"peak {_gib(chosen.estimate.peak + RESERVED)} GiB per GPU, about {chosen.speedup:.1f}x one GPU's step speed")
+
+
+def table(plan: MemoryPlan) -> Table:
+    attrs = list(plan.candidates[0].estimate.weights) if plan.candidates else []
+    result = Table(title=f"accel plan {plan.model}: {plan.flagship.title} ({plan.flagship.repo}), {plan.size.describe()}, "
+                         f"bf16, GiB on the busiest rank")
+    result.add_column("layout")
+    for attr in attrs:
+        result.add_column(attr, justify="right")
+    result.add_column("forward", justify="right")
+    result.add_column("VAE decode", justify="right")
+    result.add_column("peak", justify="right")
+    result.add_column("verdict")
+    chosen = plan.chosen
+    for candidate in plan.candidates:
+        estimate = candidate.estimate
+        verdict = ("chosen" if candidate is chosen else "fits") if candidate.fits else "does not fit"
+        result.add_row(candidate.degrees.describe(), *(_gib(estimate.weights[a]) for a in attrs),
+                       _gib(estimate.working["transformer forward"]), _gib(estimate.working["VAE decode"]),
+                       _gib(estimate.peak + RESERVED), verdict)
+    result.caption = (f"peak = weights + the larger working phase + {RESERVED / GiB:g} GiB reserved (CUDA context, "
+                      f"workspaces, NCCL); limit {plan.gpu_memory / GiB:g} GiB")
+    return result
+
+
+def _candidate_json(candidate: Candidate) -> dict[str, Any]:
+    degrees = candidate.degrees
+    return {"cfg": degrees.cfg, "tp": degrees.tp, "ulysses": degrees.ulysses, "ring": degrees.ring,
+            "weights_bytes": candidate.estimate.weights, "working_bytes": candidate.estimate.working,
+            "peak_bytes": candidate.estimate.peak + RESERVED, "fits": candidate.fits, "expected_speedup": round(candidate.speedup, 3)}
+
+
+def as_json(plan: MemoryPlan) -> dict[str, Any]:
+    chosen = plan.chosen
+    return {"model": plan.model, "checkpoint": plan.flagship.repo, "size": plan.size.describe(), "gpus": plan.gpus,
+            "gpu_memory_bytes": plan.gpu_memory, "reserved_bytes": RESERVED,
+            "candidates": [_candidate_json(c) for c in plan.candidates], "refused": list(plan.refused),
+            "chosen": _candidate_json(chosen) if chosen else None}

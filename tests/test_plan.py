@@ -1,0 +1,119 @@
+"""`accel plan`: the estimate on fake CUDA against the same tracker on real CPU tensors, per-rank
+weight bytes against a real TP split, the plan's verdicts on the flagships, and its refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from accel.cli import app
+from accel.memory.estimate import build, transformer_weights, transformer_working, vae_working, weight_bytes
+from accel.memory.plan import RESERVED, make_plan
+from accel.memory.tracker import tracked_peak
+from accel.models.flagships import FLAGSHIPS, Component, Size
+from accel.models.registry import FAMILIES
+from accel.parallel.mesh import Degrees
+from accel.parallel.tensor import resolve_tensor_plan, split_module
+
+# FLUX.1-dev's widths of its inputs (4096-wide T5 features) into a mid-size transformer: 4 heads of 64,
+# two blocks of each kind; small enough to run for real on the CPU.
+MID_FLUX = dict(guidance_embeds=True, num_attention_heads=4, attention_head_dim=64, num_layers=2, num_single_layers=2,
+                axes_dims_rope=(8, 28, 28))
+SMALL_VAE = dict(FLAGSHIPS["flux"].components[3].config, block_out_channels=(32, 64, 64, 64), norm_num_groups=32)
+
+
+def run_cli(argv: list[str]) -> object:
+    return CliRunner().invoke(app, argv, catch_exceptions=False)
+
+
+def mid_flagship(transformer: dict, vae: dict | None = None) -> object:
+    flux = FLAGSHIPS["flux"]
+    return dataclasses.replace(flux, components=(Component("transformer", "diffusers", "FluxTransformer2DModel", transformer),
+                                                 Component("vae", "diffusers", "AutoencoderKL", vae or SMALL_VAE)))
+
+
+@pytest.mark.parametrize("degrees", [Degrees(), Degrees(ulysses=2), Degrees(tp=2)], ids=lambda d: d.describe())
+@pytest.mark.parametrize("side", [256, 512])
+def test_fake_cuda_estimate_equals_the_real_cpu_peak(side: int, degrees: Degrees) -> None:
+    """The working memory measured on fake CUDA within 10 % of the same forward on real CPU tensors."""
+    flagship = mid_flagship(MID_FLUX)
+    size = Size(side, side)
+    estimate = transformer_working(FAMILIES["flux"], flagship, size, degrees, "cuda")
+    real = transformer_working(FAMILIES["flux"], flagship, size, degrees, "cpu")
+    assert real > 1_000_000
+    assert abs(estimate - real) <= 0.10 * real, (estimate, real)
+
+
+def test_vae_decode_estimate_equals_the_real_cpu_peak() -> None:
+    flagship = mid_flagship(MID_FLUX)
+    estimate = vae_working(flagship, Size(256, 256), "cuda")
+    real = vae_working(flagship, Size(256, 256), "cpu")
+    assert real > 10_000_000
+    assert abs(estimate - real) <= 0.10 * real, (estimate, real)
+
+
+def test_tracker_sees_what_a_forward_holds() -> None:
+    """On real tensors: weights are the parameters' bytes; the working peak at least the widest activation."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    x = torch.randn(128, 256)
+    peak = tracked_peak(lambda: model(x), model)
+    assert peak is not None
+    assert peak.weights == sum(p.numel() * 4 for p in model.parameters())
+    assert peak.working >= 128 * 1024 * 4 * 2  # the hidden layer and its GELU live together
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_weight_bytes_equal_a_real_split(tp: int) -> None:
+    """Per-rank transformer bytes counted on meta equal those of a real transformer split by the engine."""
+    family = FAMILIES["flux"]
+    component = Component("transformer", "diffusers", "FluxTransformer2DModel", MID_FLUX)
+    real = build(component, "cpu")
+    whole = weight_bytes(real)
+    split_module(real, resolve_tensor_plan(family.tensor, real), tp, 0)
+    assert transformer_weights(family, component, tp) == weight_bytes(real) < whole
+    assert transformer_weights(family, component, 1) == whole
+
+
+def test_flagship_weights_are_the_published_sizes() -> None:
+    """Counts from the configs: FLUX.1-dev's 11.9 B transformer, T5-XXL's 4.76 B encoder, CLIP-L's 123 M."""
+    flux = {c.attr: sum(p.numel() for p in build(c).parameters()) for c in FLAGSHIPS["flux"].components}
+    assert round(flux["transformer"] / 1e9, 1) == 11.9
+    assert round(flux["text_encoder_2"] / 1e9, 2) == 4.76
+    assert round(flux["text_encoder"] / 1e6) == 123
+
+
+def test_flux2_dev_fits_four_80_gb_gpus_and_not_one() -> None:
+    four = make_plan("flux2", 4, 80)
+    assert four.chosen is not None and four.chosen.estimate.peak + RESERVED <= 80 * 2**30
+    assert {c.degrees.tp for c in four.candidates} == {1, 2, 4}
+    one = make_plan("flux2", 1, 80)
+    assert one.chosen is None and not one.candidates[0].fits  # 60 GiB of transformer + 43 GiB of Mistral
+
+
+def test_plan_json_and_table(tmp_path) -> None:
+    result = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["size"] == "512x512" and data["gpus"] == 2 and data["gpu_memory_bytes"] == 32 * 2**30
+    layouts = {(c["tp"], c["ulysses"]) for c in data["candidates"]}
+    assert layouts == {(1, 2), (2, 1)}  # FLUX.1-dev runs no CFG by default: no CFG ranks offered
+    chosen = data["chosen"]
+    assert chosen is not None and chosen["tp"] == 2 and chosen["peak_bytes"] <= 32 * 2**30  # 22 + 9 GiB of transformer and T5 need the split
+    text = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512"])
+    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: tp 2" in " ".join(text.output.split())
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
+    (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, wan"),
+    (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
+])
+def test_refusals_are_one_line(argv: list[str], line: str) -> None:
+    result = run_cli(argv)
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == f"error: {line}" and not result.stdout
