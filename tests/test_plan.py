@@ -117,3 +117,19 @@ def test_refusals_are_one_line(argv: list[str], line: str) -> None:
     result = run_cli(argv)
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == f"error: {line}" and not result.stdout
+
+
+def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
+    """No GPU here, so torch's SDPA on fake `cuda` would take the math path and count an (L, L)
+    score matrix; the estimate counts the fused kernel a GPU runs (output and log-sum-exp only)."""
+    from accel.memory.estimate import _fake_or_real
+
+    heads, tokens, dim = 8, 4096, 64
+    with _fake_or_real("cuda"):
+        q = torch.randn(1, heads, tokens, dim, device="cuda", dtype=torch.bfloat16)
+        mask = torch.ones(1, 1, 1, tokens, device="cuda", dtype=torch.bool)
+        plain = tracked_peak(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
+        masked = tracked_peak(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    scores = heads * tokens * tokens * 2
+    for peak in (plain, masked):
+        assert peak is not None and peak.working < scores / 8, peak

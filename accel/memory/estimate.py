@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from accel.memory.tracker import tracked_peak
 from accel.models.base import Family
@@ -114,6 +115,29 @@ def _on_device(inputs: Any, device: str) -> Any:
     return inputs
 
 
+_SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+class _FusedAttention(TorchFunctionMode):
+    """torch's SDPA on fake `cuda` tensors, on a machine without a GPU, falls back to the math kernel
+    and its full score matrix (Wan 14B's cross-attention at 720p: 10 GiB that no GPU allocates); a GPU
+    runs a fused kernel. Under this mode SDPA calls go to accel's kernel choice, as on the GPU."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        call = dict(zip(_SDPA_ARGUMENTS, args)) | kwargs
+        query, key, value, mask = call["query"], call["key"], call["value"], call.get("attn_mask")
+        if call.get("is_causal") or call.get("enable_gqa") or query.dim() != 4 or key.shape[-3] != query.shape[-3]:
+            return func(*args, **kwargs)
+        from accel.parallel.kernels import attention_with_lse
+
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
+        return attention_with_lse(query, key, value, mask, call.get("scale"))[0]
+
+
 @contextmanager
 def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
     """Fake tensors for "cuda" (no GPU needed, no memory used); real ones for "cpu", or for "cuda"
@@ -123,7 +147,7 @@ def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=False):
+    with FakeTensorMode(allow_non_fake_inputs=False), _FusedAttention():
         yield
 
 
