@@ -86,6 +86,26 @@ def test_flagship_weights_are_the_published_sizes() -> None:
     assert round(flux["text_encoder"] / 1e6) == 123
 
 
+# The published sizes of the flagships' transformers, in billions of parameters, to their precision.
+PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1)}
+
+
+@pytest.mark.parametrize("name", sorted(FLAGSHIPS))
+def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
+    """Each flagship's transformer has its published size; its forward and VAE decode measure on fake
+    CUDA at half its default side (9 frames for video), single process and Ulysses 2."""
+    flagship, family = FLAGSHIPS[name], FAMILIES[name]
+    billions, digits = PUBLISHED_BILLIONS[name]
+    transformer = flagship.of_kind("transformer")[0]
+    assert round(sum(p.numel() for p in build(transformer).parameters()) / 1e9, digits) == billions
+    base = flagship.size
+    size = Size(base.width // 2, base.height // 2, 9 if base.frames else None)
+    single = transformer_working(family, flagship, size, Degrees())
+    halved = transformer_working(family, flagship, size, Degrees(ulysses=2))
+    assert 0 < halved < single
+    assert vae_working(flagship, size) > 0
+
+
 def test_flux2_dev_fits_four_80_gb_gpus_and_not_one() -> None:
     four = make_plan("flux2", 4, 80)
     assert four.chosen is not None and four.chosen.estimate.peak + RESERVED <= 80 * 2**30
@@ -110,7 +130,7 @@ def test_plan_json_and_table(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, wan"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, ltx2, qwenimage, sd3, wan"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
 ])
 def test_refusals_are_one_line(argv: list[str], line: str) -> None:

@@ -5,6 +5,11 @@ read them); only the widths, depths and vocabularies matter here, since the plan
 component on the meta device to count its weights and on fake `cuda` to measure its working
 memory. `inputs` makes the transformer's call at a size (batch 1: a CFG pipeline calls it once per
 half, or once per rank under CFG parallel), in the current default dtype and device.
+
+Not yet here: HunyuanVideo 1.5 (its forward selects its text tokens with boolean masks, whose
+data-dependent shapes fake tensors cannot answer without a shape environment), Kandinsky 5 Pro,
+Z-Image, and the families whose flagships are below 14 B (CogVideoX, Mochi, LTX-Video,
+HunyuanVideo, SkyReels-V2, FLUX.2 klein).
 """
 
 from __future__ import annotations
@@ -74,9 +79,24 @@ MISTRAL_SMALL_3 = dict(
     vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        patch_size=14, image_size=1540),
 )
+# Qwen2.5-VL 7B (Qwen-Image's text encoder), Gemma 3 12B (LTX-2's) and CLIP-G (SD 3.5's).
+QWEN25_VL_7B = dict(
+    text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                     vocab_size=152064),
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14),
+)
+GEMMA3_12B = dict(
+    text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+                     head_dim=256, vocab_size=262208),
+    vision_config=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16, image_size=896, patch_size=14),
+)
+CLIP_G = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20, vocab_size=49408,
+              max_position_embeddings=77, projection_dim=1280)
 FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
                 down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
                 use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)
+SD35_LARGE = dict(in_channels=16, out_channels=16, patch_size=2, sample_size=128, num_layers=38, num_attention_heads=38, attention_head_dim=64,
+                  joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048, pos_embed_max_size=192, qk_norm="rms_norm")
 WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
 
@@ -101,6 +121,31 @@ def _wan_inputs(size: Size) -> dict[str, Any]:
                 encoder_hidden_states=_randn(1, 512, 4096), timestep=torch.ones(1), return_dict=False)
 
 
+def _qwenimage_inputs(size: Size) -> dict[str, Any]:
+    h, w, text = size.height // 16, size.width // 16, 256
+    return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, text, 3584),
+                encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool), timestep=torch.ones(1), img_shapes=[[(1, h, w)]],
+                return_dict=False)
+
+
+def _ltx2_inputs(size: Size) -> dict[str, Any]:
+    """Video latents (8x time, 32x space), the audio's 25 latent frames a second at 24 fps, 1024 Gemma tokens."""
+    frames = size.frames or 121
+    f, h, w, text = (frames - 1) // 8 + 1, size.height // 32, size.width // 32, 1024
+    audio = round(frames / 24 * 25)
+    mask = torch.ones(1, text, dtype=torch.long)
+    return dict(hidden_states=_randn(1, f * h * w, 128), audio_hidden_states=_randn(1, audio, 128),
+                encoder_hidden_states=_randn(1, text, 3840), audio_encoder_hidden_states=_randn(1, text, 3840),
+                timestep=torch.full((1,), 500.0), encoder_attention_mask=mask, audio_encoder_attention_mask=mask,
+                num_frames=f, height=h, width=w, audio_num_frames=audio, return_dict=False)
+
+
+def _sd3_inputs(size: Size) -> dict[str, Any]:
+    """77 CLIP tokens and 256 T5 tokens joined, CLIP-L and CLIP-G pooled side by side."""
+    return dict(hidden_states=_randn(1, 16, size.height // 8, size.width // 8), encoder_hidden_states=_randn(1, 333, 4096),
+                pooled_projections=_randn(1, 2048), timestep=torch.ones(1), return_dict=False)
+
+
 FLAGSHIPS: dict[str, Flagship] = {
     "flux": Flagship(
         "FLUX.1-dev", "black-forest-labs/FLUX.1-dev",
@@ -123,4 +168,25 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("vae", "diffusers", "AutoencoderKLWan", {})),
         Size(1280, 720, 81), _wan_inputs,
         lambda s: (1, 16, ((s.frames or 81) - 1) // 4 + 1, s.height // 8, s.width // 8)),
+    "qwenimage": Flagship(
+        "Qwen-Image", "Qwen/Qwen-Image",
+        (Component("transformer", "diffusers", "QwenImageTransformer2DModel", {}),
+         Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
+         Component("vae", "diffusers", "AutoencoderKLQwenImage", {})),
+        Size(1328, 1328), _qwenimage_inputs, lambda s: (1, 16, 1, s.height // 8, s.width // 8)),
+    "ltx2": Flagship(
+        "LTX-2", "Lightricks/LTX-2",
+        (Component("transformer", "diffusers", "LTX2VideoTransformer3DModel", dict(num_layers=48, rope_type="split")),
+         Component("text_encoder", "transformers", "Gemma3ForConditionalGeneration", GEMMA3_12B, "gemma3"),
+         Component("vae", "diffusers", "AutoencoderKLLTX2Video", {})),
+        Size(768, 512, 121), _ltx2_inputs,
+        lambda s: (1, 128, ((s.frames or 121) - 1) // 8 + 1, s.height // 32, s.width // 32)),
+    "sd3": Flagship(
+        "Stable Diffusion 3.5 Large", "stabilityai/stable-diffusion-3.5-large",
+        (Component("transformer", "diffusers", "SD3Transformer2DModel", SD35_LARGE),
+         Component("text_encoder", "transformers", "CLIPTextModelWithProjection", CLIP_L, "clip_text_model"),
+         Component("text_encoder_2", "transformers", "CLIPTextModelWithProjection", CLIP_G, "clip_text_model"),
+         Component("text_encoder_3", "transformers", "T5EncoderModel", T5_XXL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKL", dict(FLUX_VAE, scaling_factor=1.5305, shift_factor=0.0609))),
+        Size(1024, 1024), _sd3_inputs, lambda s: (1, 16, s.height // 8, s.width // 8)),
 }
