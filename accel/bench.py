@@ -488,7 +488,9 @@ class _Pipelines:
         quant = recipe.quant
         wanted = (quant.type, quant.scope, quant.exclude) if quant.type != "none" else None
         split = recipe.parallel.tp if recipe.parallel.world_size > 1 else 1
-        dropped = recipe.memory.text_encoder == "rank0" and recipe.parallel.world_size > 1
+        from accel.parallel.encoders import ONE_RANK_PLACEMENTS
+
+        dropped = recipe.memory.text_encoder in ONE_RANK_PLACEMENTS and recipe.parallel.world_size > 1
         stale = (self.quant is not None and self.quant != wanted) or (self.split > 1 and self.split != split) or (self.dropped and not dropped)
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
             tell = say or (lambda _line: None)

@@ -302,14 +302,21 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
 
 def _apply_memory(handle: AccelHandle) -> None:
-    """[memory] placement: with text_encoder = "rank0" the layout's first rank encodes for all (one
-    process holds its encoders anyway: nothing to place)."""
-    if handle.recipe.memory.text_encoder != "rank0" or handle.mesh is None:
+    """[memory] placement: with text_encoder = "rank0" or "cpu" the layout's first rank encodes for
+    all (one process holds its encoders anyway); with "cpu" that rank encodes in host memory."""
+    placement = handle.recipe.memory.text_encoder
+    if placement == "replicated":
         return
-    from accel.parallel.encoders import FirstRankEncodes
+    from accel.parallel.encoders import EncodesOnCpu, FirstRankEncodes
 
     device = execution_device(handle.pipe, next(iter(_transformers(handle).values())))
-    handle._undo.append(FirstRankEncodes(handle.pipe, handle.mesh.group, device).remove)
+    if handle.mesh is not None:
+        first = FirstRankEncodes(handle.pipe, handle.mesh.group, device)
+        handle._undo.append(first.remove)
+        if not first.leads:
+            return
+    if placement == "cpu":
+        handle._undo.append(EncodesOnCpu(handle.pipe, device).remove)
 
 
 def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:

@@ -35,6 +35,7 @@ COMPILE = 300  # block or transformer forward: torch.compile of what lies inside
 CACHE = 400  # block.forward: First Block Cache
 VAE = 500  # vae.decoder.forward: patch-parallel decode
 NOISE = 600  # pipe.prepare_latents: every rank the same noise
+ENCODE_ON_CPU = 640  # pipe.encode_prompt: the text encoders run in host memory, their outputs moved to the GPU
 ENCODE = 650  # pipe.encode_prompt: the layout's first rank encodes, the others receive the embeddings
 STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
 LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized

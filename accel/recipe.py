@@ -227,9 +227,10 @@ class CompileSection:
 class MemorySection:
     """Where the large components live, so that a model fits the GPUs there are."""
 
-    text_encoder: Literal["replicated", "rank0"] = _key(
+    text_encoder: Literal["replicated", "rank0", "cpu"] = _key(
         "replicated", "replicated: every rank holds the text encoders and encodes; rank0: only the first rank of the layout "
-        "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them."
+        "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them; "
+        "cpu: as rank0, and that rank keeps them in host memory and encodes there (no GPU memory for them)."
     )
 
 

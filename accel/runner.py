@@ -27,7 +27,7 @@ from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
-from accel.parallel.encoders import loads_text_encoders
+from accel.parallel.encoders import ONE_RANK_PLACEMENTS, loads_text_encoders
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
@@ -489,7 +489,7 @@ def compare_order(recipe: Recipe) -> str:
     weights over TP ranks or drops the text encoders of ranks that do not encode, which re-applying
     for every run would redo (and the last three cannot be undone)."""
     split = recipe.parallel.tp > 1 and recipe.parallel.world_size > 1
-    dropped = recipe.memory.text_encoder == "rank0" and recipe.parallel.world_size > 1
+    dropped = recipe.memory.text_encoder in ONE_RANK_PLACEMENTS and recipe.parallel.world_size > 1
     return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" or split or dropped else "interleaved"
 
 
@@ -597,7 +597,8 @@ def _run(
         # --compare needs the whole pipeline on every rank for its baseline.
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
                              recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
-                             text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size))
+                             text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
+                             text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare)
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)

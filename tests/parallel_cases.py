@@ -508,21 +508,24 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
     return errors
 
 
-def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any]) -> tuple[Any, list[str]]:
-    """(output, the text encoders this rank still holds) of the tiny pipeline with [memory]
-    text_encoder = "rank0" under `parallel`, on a copy of its own (the dropped encoders stay dropped)."""
+def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any],
+                           placement: str = "rank0") -> tuple[Any, list[str], list[str]]:
+    """(output, the text encoders this rank still holds, the devices they were on during the call) of
+    the tiny pipeline with [memory] text_encoder = `placement` ("rank0" or "cpu") under `parallel`, on
+    a copy of its own (the dropped encoders stay dropped)."""
     import torch.distributed as dist
 
     import accel
     from accel.parallel.encoders import text_encoder_names
 
-    pipe = tiny_pipeline(model, key=f"{model}@rank0-encodes.{dist.get_rank()}.{sorted(parallel.items())}")
-    handle = accel.apply(pipe, {"parallel": parallel, "memory": {"text_encoder": "rank0"}})
+    pipe = tiny_pipeline(model, key=f"{model}@{placement}-encodes.{dist.get_rank()}.{sorted(parallel.items())}")
+    handle = accel.apply(pipe, {"parallel": parallel, "memory": {"text_encoder": placement}})
     try:
+        during = [str(next(getattr(pipe, name).parameters()).device) for name in text_encoder_names(pipe)]
         result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     finally:
         handle.remove()
-    return output_of(result), text_encoder_names(pipe)
+    return output_of(result), text_encoder_names(pipe), during
 
 
 def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:

@@ -1,5 +1,6 @@
 """Component placement ([memory]): with text_encoder = "rank0" only the layout's first rank holds
-the text encoders and encodes; the others receive the embeddings and equal one process."""
+the text encoders and encodes; the others receive the embeddings and equal one process. With "cpu"
+that rank keeps them in host memory and encodes there, its outputs moved to the transformer's device."""
 
 from __future__ import annotations
 
@@ -18,12 +19,82 @@ from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
 def test_first_rank_encodes_for_every_rank(rank_pools, family: str) -> None:
     case = FAMILY_CASES[family]
     expected, _ = reference(family, case.call)
-    (lead, lead_encoders), (other, other_encoders) = rank_pools(2).run(
+    (lead, lead_encoders, _), (other, other_encoders, _) = rank_pools(2).run(
         cases.first_rank_encodes_run, f"tiny-{family}", {"ulysses": 2}, case.call)
     assert lead_encoders and "text_encoder" in lead_encoders
     assert other_encoders == []  # dropped at apply: the memory is given back
     for output in (lead, other):
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_first_rank_encodes_on_the_cpu_for_every_rank(rank_pools, family: str) -> None:
+    case = FAMILY_CASES[family]
+    expected, _ = reference(family, case.call)
+    (lead, lead_encoders, devices), (other, other_encoders, _) = rank_pools(2).run(
+        cases.first_rank_encodes_run, f"tiny-{family}", {"ulysses": 2}, case.call, "cpu")
+    assert "text_encoder" in lead_encoders and set(devices) == {"cpu"} and other_encoders == []
+    for output in (lead, other):
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+class _Encoding:
+    """A pipeline's encode_prompt as diffusers writes it: embeddings made on the `device` it is given."""
+
+    def __init__(self) -> None:
+        self.text_encoder = torch.nn.Linear(4, 4)
+        self.components = {"text_encoder": self.text_encoder}
+        self.devices: list[torch.device] = []
+
+    def encode_prompt(self, prompt: str, device: torch.device | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self.devices.append(torch.device(device))
+        embeds = self.text_encoder(torch.ones(1, 4, device=device))
+        return embeds, [embeds * 2]
+
+
+def test_cpu_placement_encodes_on_the_cpu_and_hands_the_transformer_its_device() -> None:
+    """The transformer's device is "meta" here (no GPU): the encoder runs on the CPU, every tensor of
+    the result arrives on the transformer's device, and remove() puts the wrapper away."""
+    from accel.parallel.encoders import EncodesOnCpu
+
+    pipe = _Encoding()
+    placed = EncodesOnCpu(pipe, torch.device("meta"))
+    embeds, (pooled,) = pipe.encode_prompt("a fox", device=torch.device("meta"))
+    assert pipe.devices == [torch.device("cpu")]
+    assert embeds.device.type == "meta" and pooled.device.type == "meta" and pooled.shape == (1, 4)
+    placed.remove()
+    assert pipe.encode_prompt("a fox", device=torch.device("cpu"))[0].device.type == "cpu"
+    assert pipe.devices[-1] == torch.device("cpu") and len(pipe.devices) == 2
+
+
+def test_cpu_placement_needs_an_encode_prompt_that_takes_a_device() -> None:
+    from accel.errors import NotAvailableError
+    from accel.parallel.encoders import EncodesOnCpu
+
+    class NoDevice:
+        components: dict = {}
+
+        def encode_prompt(self, prompt: str) -> torch.Tensor:
+            return torch.zeros(1)
+
+    with pytest.raises(NotAvailableError) as refused:
+        EncodesOnCpu(NoDevice(), torch.device("meta"))
+    assert str(refused.value) == ('[memory] text_encoder = "cpu": NoDevice has no encode_prompt(device=...) to run on the CPU; '
+                                  'set text_encoder = "replicated" or "rank0"')
+
+
+def test_text_encoders_loaded_for_the_cpu_never_reach_the_device() -> None:
+    """load_pipeline(..., text_encoders_on_cpu=True) moves everything else to the device ("meta" stands in
+    for the GPU, which load_pipeline's device check would refuse): its last step, on a loaded pipeline."""
+    import accel
+    from accel.models.loading import _place
+
+    pipe = accel.load_pipeline("tiny-flux", "float32", device="cpu")
+    _place(pipe, torch.device("meta"), text_encoders_on_cpu=True)
+    assert next(pipe.transformer.parameters()).device.type == "meta"
+    assert next(pipe.vae.parameters()).device.type == "meta"
+    for name in ("text_encoder", "text_encoder_2"):
+        assert next(getattr(pipe, name).parameters()).device.type == "cpu"
 
 
 def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
@@ -45,4 +116,4 @@ def test_an_unknown_placement_is_one_line() -> None:
     run = subprocess.run([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--text-encoder", "rank1"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be replicated or rank0, got 'rank1'"
+    assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, got 'rank1'"

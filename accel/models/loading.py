@@ -57,6 +57,7 @@ def load_pipeline(
     components: Mapping[str, str] | None = None,
     tp_slice: tuple[int, int] | None = None,
     text_encoders: bool = True,
+    text_encoders_on_cpu: bool = False,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
@@ -66,7 +67,8 @@ def load_pipeline(
     (accel/models/split_load.py) where the checkpoint allows it (safetensors of a family with a
     TensorPlan, no LoRA to fuse); otherwise the whole model loads and `accel.apply` splits it.
     `text_encoders=False`: leave the text encoders out (a rank that receives its embeddings from
-    the rank that encodes, [memory] text_encoder = "rank0")."""
+    the rank that encodes, [memory] text_encoder = "rank0"); `text_encoders_on_cpu`: they stay in host
+    memory while the rest goes to `device` ("cpu"), never passing through the GPU."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -95,9 +97,21 @@ def load_pipeline(
     else:
         _refuse_other_config(pipe, variant)
         pipe.register_modules(**extra)
-    pipe.to(target)
+    _place(pipe, target, text_encoders_on_cpu)
     fuse_loras(pipe, loras)
     return pipe
+
+
+def _place(pipe: Any, target: torch.device, text_encoders_on_cpu: bool) -> None:
+    if not text_encoders_on_cpu:
+        pipe.to(target)
+        return
+    from accel.parallel.encoders import text_encoder_names
+
+    on_cpu = set(text_encoder_names(pipe))
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module) and name not in on_cpu:
+            component.to(target)
 
 
 def _refuse_other_transformer(pipe: Any, family: Family, variant: Any) -> None:

@@ -1,5 +1,6 @@
 """Text encoders on one rank ([memory] text_encoder = "rank0"): the layout's first rank encodes each
-prompt once and sends the embeddings to the others, which hold no text encoder at all.
+prompt once and sends the embeddings to the others, which hold no text encoder at all. With
+text_encoder = "cpu" that rank (or the one process) also keeps them in host memory and encodes there.
 
 Every family's pipeline encodes through `encode_prompt`, so that one method is wrapped: on the
 first rank it runs and its result is broadcast over the layout's group (its structure as a
@@ -17,9 +18,15 @@ import torch
 import torch.distributed as dist
 
 from accel.errors import NotAvailableError
-from accel.instance import ENCODE, wrap
+import inspect
+
+from accel.instance import ENCODE, ENCODE_ON_CPU, wrap
 
 METHOD = "encode_prompt"
+
+
+# Placements under which only the layout's first rank holds the text encoders.
+ONE_RANK_PLACEMENTS = ("rank0", "cpu")
 
 
 def loads_text_encoders(placement: str, layout_size: int) -> bool:
@@ -27,7 +34,7 @@ def loads_text_encoders(placement: str, layout_size: int) -> bool:
     layout of `layout_size` ranks (replicas of it side by side: each one's first rank encodes)."""
     from accel.launch import rank
 
-    return placement != "rank0" or layout_size == 1 or rank() % layout_size == 0
+    return placement not in ONE_RANK_PLACEMENTS or layout_size == 1 or rank() % layout_size == 0
 
 
 def text_encoder_names(pipe: Any) -> list[str]:
@@ -100,3 +107,34 @@ class FirstRankEncodes:
         dist.broadcast(tensor, src=self.source, group=self.group)
         return tensor.cpu() if slot.on_cpu else tensor
 
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    return _mapped(value, torch.Tensor, lambda tensor: tensor.to(device))
+
+
+class EncodesOnCpu:
+    """The pipeline's text encoders kept in host memory: `encode_prompt` runs with device="cpu" and
+    its tensors are moved to `device` (the transformer's). remove() puts the encoders back."""
+
+    def __init__(self, pipe: Any, device: torch.device) -> None:
+        method = getattr(pipe, METHOD, None)
+        if not callable(method) or "device" not in inspect.signature(method).parameters:
+            raise NotAvailableError(
+                f'[memory] text_encoder = "cpu": {type(pipe).__name__} has no {METHOD}(device=...) to run on the CPU; '
+                f'set text_encoder = "replicated" or "rank0"'
+            )
+        self.device = device
+        self.encoders = {name: getattr(pipe, name) for name in text_encoder_names(pipe)}
+        self.devices = {name: next(encoder.parameters()).device for name, encoder in self.encoders.items()}
+        for encoder in self.encoders.values():
+            encoder.to("cpu")
+        self._unwrap = wrap(pipe, METHOD, "accel.encoders.on_cpu", ENCODE_ON_CPU, self._encode)
+
+    def _encode(self, call_next: Any, *args: Any, **kwargs: Any) -> Any:
+        return _moved(call_next(*args, **{**kwargs, "device": torch.device("cpu")}), self.device)
+
+    def remove(self) -> None:
+        self._unwrap()
+        for name, encoder in self.encoders.items():
+            encoder.to(self.devices[name])

@@ -53,7 +53,8 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     ref = resolve_model(recipe.model.name)
     announce(f"loading {recipe.model.name}")
     pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
-                         tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica))
+                         tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
+                         text_encoders_on_cpu=recipe.memory.text_encoder == "cpu")
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
