@@ -106,12 +106,16 @@ def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
     assert vae_working(flagship, size) > 0
 
 
-def test_flux2_dev_fits_four_80_gb_gpus_and_not_one() -> None:
+def test_flux2_dev_fits_one_80_gb_gpu_with_its_encoder_on_the_cpu_and_four_with_it_split() -> None:
+    one = make_plan("flux2", 1, 80)
+    whole = {c.text_encoder: c for c in one.candidates}
+    assert not whole["replicated"].fits  # 60 GiB of transformer + 43 GiB of Mistral
+    assert one.chosen is whole["cpu"] and whole["cpu"].estimate.weights["text_encoder"] == 0
     four = make_plan("flux2", 4, 80)
     assert four.chosen is not None and four.chosen.estimate.peak + RESERVED <= 80 * 2**30
+    on_gpus = [c for c in four.candidates if c.text_encoder == "replicated" and c.fits]
+    assert [c.degrees.tp for c in on_gpus] == [2, 4]  # with Mistral on the GPUs too, the transformer must be split
     assert {c.degrees.tp for c in four.candidates} == {1, 2, 4}
-    one = make_plan("flux2", 1, 80)
-    assert one.chosen is None and not one.candidates[0].fits  # 60 GiB of transformer + 43 GiB of Mistral
 
 
 def test_plan_json_and_table(tmp_path) -> None:
@@ -119,12 +123,14 @@ def test_plan_json_and_table(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["size"] == "512x512" and data["gpus"] == 2 and data["gpu_memory_bytes"] == 32 * 2**30
-    layouts = {(c["tp"], c["ulysses"]) for c in data["candidates"]}
-    assert layouts == {(1, 2), (2, 1)}  # FLUX.1-dev runs no CFG by default: no CFG ranks offered
+    # FLUX.1-dev runs no CFG by default: no CFG ranks offered. 22 GiB of transformer and 9 of T5 need
+    # either the split or T5 in host memory; Ulysses is expected faster than TP, so it wins.
+    verdicts = {(c["tp"], c["ulysses"], c["text_encoder"]): c["fits"] for c in data["candidates"]}
+    assert verdicts == {(1, 2, "replicated"): False, (1, 2, "cpu"): True, (2, 1, "replicated"): True, (2, 1, "cpu"): True}
     chosen = data["chosen"]
-    assert chosen is not None and chosen["tp"] == 2 and chosen["peak_bytes"] <= 32 * 2**30  # 22 + 9 GiB of transformer and T5 need the split
+    assert (chosen["tp"], chosen["ulysses"], chosen["text_encoder"]) == (1, 2, "cpu") and chosen["peak_bytes"] <= 32 * 2**30
     text = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512"])
-    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: tp 2" in " ".join(text.output.split())
+    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--text-encoder cpu)" in " ".join(text.output.split())
 
 
 @pytest.mark.parametrize("argv, line", [

@@ -29,12 +29,21 @@ RESERVED = 2 * GiB
 EFFICIENCY = {"cfg": 0.98, "ulysses": 0.95, "ring": 0.85, "tp": 0.85}
 
 
+# Where the text encoders can live ([memory] text_encoder): on the GPU ("replicated" and "rank0" both
+# put them on the busiest rank), or in host memory ("cpu"), which costs CPU time once per prompt.
+PLACEMENTS = ("replicated", "cpu")
+
+
 @dataclass(frozen=True)
 class Candidate:
     degrees: Degrees
     estimate: RankEstimate
     fits: bool
     speedup: float  # expected step speedup over one GPU
+    text_encoder: str = "replicated"
+
+    def describe(self) -> str:
+        return self.degrees.describe() + (", text encoders on the CPU" if self.text_encoder == "cpu" else "")
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,8 @@ class MemoryPlan:
     @property
     def chosen(self) -> Candidate | None:
         fitting = [c for c in self.candidates if c.fits]
-        return max(fitting, key=lambda c: (c.speedup, -c.estimate.peak)) if fitting else None
+        # The fastest; at equal speed the encoders on the GPU (no CPU encoding), then the lowest peak.
+        return max(fitting, key=lambda c: (round(c.speedup, 6), c.text_encoder != "cpu", -c.estimate.peak)) if fitting else None
 
     @property
     def smallest(self) -> Candidate:
@@ -109,8 +119,10 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
             key = (tp, degrees.ulysses, degrees.ring)
             if key not in working:
                 working[key] = transformer_working(family, flagship, size, degrees)
-            weights = {c.attr: transformer_weights(family, c, tp) for c in transformers} | others
-            estimate = RankEstimate(weights, {"transformer forward": working[key], "VAE decode": vae})
-            fits = estimate.peak + RESERVED <= gpu_memory_gib * GiB
-            candidates.append(Candidate(degrees, estimate, fits, expected_speedup(degrees)))
+            split = {c.attr: transformer_weights(family, c, tp) for c in transformers}
+            for placement in PLACEMENTS:
+                held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in others.items()}
+                estimate = RankEstimate(split | held, {"transformer forward": working[key], "VAE decode": vae})
+                fits = estimate.peak + RESERVED <= gpu_memory_gib * GiB
+                candidates.append(Candidate(degrees, estimate, fits, expected_speedup(degrees), placement))
     return MemoryPlan(name, flagship, size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))

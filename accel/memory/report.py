@@ -19,8 +19,9 @@ def headline(plan: MemoryPlan) -> str:
     if chosen is None:
         smallest = plan.smallest
         return (f"no layout of {plan.flagship.title} at {plan.size.describe()} fits {where}: the smallest peak is "
-                f"{_gib(smallest.estimate.peak + RESERVED)} GiB ({smallest.degrees.describe()}); use more or larger GPUs")
-    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.degrees.describe()}, "
+                f"{_gib(smallest.estimate.peak + RESERVED)} GiB ({smallest.describe()}); use more or larger GPUs")
+    placement = ' --text-encoder cpu' if chosen.text_encoder == "cpu" else ''
+    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.describe()}{placement and ' (' + placement.strip() + ')'}, "
             f"peak {_gib(chosen.estimate.peak + RESERVED)} GiB per GPU, about {chosen.speedup:.1f}x one GPU's step speed")
 
 
@@ -39,7 +40,7 @@ def table(plan: MemoryPlan) -> Table:
     for candidate in plan.candidates:
         estimate = candidate.estimate
         verdict = ("chosen" if candidate is chosen else "fits") if candidate.fits else "does not fit"
-        result.add_row(candidate.degrees.describe(), *(_gib(estimate.weights[a]) for a in attrs),
+        result.add_row(candidate.describe(), *(_gib(estimate.weights[a]) for a in attrs),
                        _gib(estimate.working["transformer forward"]), _gib(estimate.working["VAE decode"]),
                        _gib(estimate.peak + RESERVED), verdict)
     result.caption = (f"peak = weights + the larger working phase + {RESERVED / GiB:g} GiB reserved (CUDA context, "
@@ -49,7 +50,7 @@ def table(plan: MemoryPlan) -> Table:
 
 def _candidate_json(candidate: Candidate) -> dict[str, Any]:
     degrees = candidate.degrees
-    return {"cfg": degrees.cfg, "tp": degrees.tp, "ulysses": degrees.ulysses, "ring": degrees.ring,
+    return {"cfg": degrees.cfg, "tp": degrees.tp, "ulysses": degrees.ulysses, "ring": degrees.ring, "text_encoder": candidate.text_encoder,
             "weights_bytes": candidate.estimate.weights, "working_bytes": candidate.estimate.working,
             "peak_bytes": candidate.estimate.peak + RESERVED, "fits": candidate.fits, "expected_speedup": round(candidate.speedup, 3)}
 
