@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -203,6 +204,7 @@ def run(
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
@@ -250,6 +252,8 @@ def run(
         preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
+        planned, extra = _planned_layout(settings, gpu_memory)
+        settings = planned.recipe
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -258,7 +262,7 @@ def run(
             asked = f"--gpus {settings.world_size}" if gpus is not None else "the [parallel] layout"
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe, spec.nnodes, asked)
             preflight.check_master_port(master_addr, master_port, node_rank)
-            raise typer.Exit(_relaunch(ctx, settings, spec))
+            raise typer.Exit(_relaunch(ctx, settings, spec, extra))
         settings = _fit_to_job(settings)
         from accel.files import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
@@ -267,7 +271,7 @@ def run(
         json_claim = claim(json_path) if json_path is not None and lead else None
         try:
             metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats,
-                                 progress=_progress(lead), announce=_say if lead else None)
+                                 progress=_progress(lead), announce=_say if lead else None, planned_peak=planned.peak)
             if lead:
                 _report_run(metrics, verbose, json_path, overwrite, (ctx.obj or {}).get("argv") or sys.argv[1:])
         finally:
@@ -276,6 +280,21 @@ def run(
     except UserError as error:
         _fail(str(error))
         return
+
+
+def _planned_layout(settings: Any, gpu_memory: float | None) -> tuple[Any, tuple[str, ...]]:
+    """The plan's fit of a flagship checkpoint (accel/memory/fit.py), once, before any rank starts; the
+    ranks get its layout as flags and its estimate from the launcher's environment."""
+    from accel.memory.fit import PLANNED_PEAK, Planned, fitted
+    from accel.parallel.mesh import under_distributed_launcher
+
+    if under_distributed_launcher():
+        peak = os.environ.get(PLANNED_PEAK)
+        return Planned(settings, int(peak) if peak else None, ()), ()
+    planned = fitted(settings, gpu_memory)
+    if planned.peak is not None:
+        os.environ[PLANNED_PEAK] = str(planned.peak)
+    return planned, planned.flags
 
 
 def _check_out_for_alias(out: Path | None, model: Any) -> None:

@@ -99,6 +99,8 @@ def run_table(metrics: Metrics) -> Table:
     rows.append(("quantization", _quant(metrics.quant)))
     rows.append(("compile", _compile(metrics.compile)))
     rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
+    if metrics.planned_peak_bytes is not None:
+        rows.append(("peak memory (accel plan's estimate)", _bytes(metrics.planned_peak_bytes)))
     if metrics.baseline_s is not None:
         rows.append(("baseline generation", _timed(metrics.baseline_times_s) if metrics.baseline_times_s else _seconds(metrics.baseline_s)))
         rows.append(("speedup", _speedup(metrics)))

@@ -102,6 +102,8 @@ class Metrics:
     steps: int
     peak_memory_bytes: int
     peak_memory_kind: str
+    # accel plan's estimate of the peak per GPU (weights, the working phase, the reserve), where one applied.
+    planned_peak_bytes: int | None = None
     output_path: str | None = None
     cache: dict[str, Any] | None = None
     # Context parallelism: degrees, whether they were chosen automatically, bytes this rank sent.
@@ -544,6 +546,7 @@ def run(
     repeats: int = 1,
     progress: Callable[[str], Any] | None = None,
     announce: Callable[[str], None] | None = None,
+    planned_peak: int | None = None,
 ) -> Metrics:
     """Run the recipe's model once as `accel run` does. `progress(label)` returns a context manager
     that shows denoising progress (the CLI passes a rich bar; the API passes nothing); `announce(line)`
@@ -553,6 +556,7 @@ def run(
         metrics = _run(recipe, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress,
                        announce=announce)
     metrics.threads = threads.as_dict()
+    metrics.planned_peak_bytes = planned_peak
     return metrics
 
 

@@ -85,7 +85,7 @@ def test_version_prints_the_installed_version() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["run", "tiny-flux", "--model", "flux"], "No such option: --model; the model is the first argument: accel run MODEL"),
     (["bench", "--recipe", "x.toml"], "No such option: --recipe; the recipe is the first argument: accel bench RECIPE"),
-    (["run", "--gpu", "2"], "No such option: --gpu; did you mean --gpus?"),
+    (["run", "--gpu", "2"], "No such option: --gpu; did you mean --gpus or --gpu-memory?"),
     (["run", "--threshold", "0.2"], "No such option: --threshold; did you mean --cache?"),
     (["run", "--guidance-scale", "3"], "No such option: --guidance-scale; did you mean --guidance?"),
     (["run", "--cfg"], "No such option: --cfg; did you mean --cfg-parallel?"),

@@ -159,3 +159,63 @@ def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
     scores = heads * tokens * tokens * 2
     for peak in (plain, masked):
         assert peak is not None and peak.working < scores / 8, peak
+
+
+# -- accel run on a flagship: the plan's layout, or a refusal before loading ------------------------------
+
+
+def recipe_for(model: str, **parallel: int) -> object:
+    from accel.compose import as_recipe
+
+    return as_recipe({"model": {"name": model, "device": "cpu"}, "parallel": parallel})
+
+
+def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
+    from accel.memory.fit import fitted
+
+    planned = fitted(recipe_for("black-forest-labs/FLUX.2-dev", gpus=4), 80)
+    expected = make_plan("flux2", 4, 80).chosen
+    assert planned.peak == expected.estimate.peak + RESERVED
+    settings = planned.recipe.parallel
+    assert (settings.tp, settings.ulysses, settings.ring, settings.cfg) == (
+        expected.degrees.tp, expected.degrees.ulysses, expected.degrees.ring, expected.degrees.cfg)
+    assert planned.recipe.memory.text_encoder == expected.text_encoder
+    assert planned.flags == ("--ulysses", "4", "--text-encoder", "cpu")  # what the ranks are relaunched with
+
+
+def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:
+    from accel.memory.fit import fitted
+
+    recipe = recipe_for("tiny-flux", gpus=2)
+    planned = fitted(recipe, 80)
+    assert planned.recipe is recipe and planned.peak is None and planned.flags == ()
+
+
+def test_run_refuses_a_layout_that_does_not_fit_before_loading() -> None:
+    """Nothing is downloaded here (no network): the refusal comes before any load is tried."""
+    result = run_cli(["run", "black-forest-labs/FLUX.2-dev", "--gpus", "4", "--ulysses", "4", "--gpu-memory", "80"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each GPU; "
+        "a layout that fits: --ulysses 4 --text-encoder cpu")
+
+
+def test_run_refuses_a_gpu_memory_that_is_not_positive() -> None:
+    result = run_cli(["run", "tiny-flux", "--gpu-memory", "0"])
+    assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+
+
+def test_the_run_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
+    from accel import report
+    from accel.compose import as_recipe
+    from accel.runner import run
+
+    metrics = run(as_recipe({"model": {"name": "tiny-flux"}, "generate": {"steps": 2}}), planned_peak=3 * 2**30)
+    assert metrics.planned_peak_bytes == 3 * 2**30
+    assert report.run_document(metrics, [])["planned_peak_bytes"] == 3 * 2**30
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(report.run_table(metrics))
+    text = console.export_text()
+    assert "peak memory (accel plan's estimate)" in text and "3.0 GiB" in text

@@ -17,7 +17,7 @@ from accel.memory.estimate import RankEstimate, build, transformer_weights, tran
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
-from accel.parallel.mesh import Degrees, largest_ulysses
+from accel.parallel.mesh import Degrees, chosen_ulysses
 
 GiB = 2**30
 # Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
@@ -58,13 +58,18 @@ class MemoryPlan:
 
     @property
     def chosen(self) -> Candidate | None:
-        fitting = [c for c in self.candidates if c.fits]
-        # The fastest; at equal speed the encoders on the GPU (no CPU encoding), then the lowest peak.
-        return max(fitting, key=lambda c: (round(c.speedup, 6), c.text_encoder != "cpu", -c.estimate.peak)) if fitting else None
+        return fastest_fitting(self.candidates, self.gpu_memory)
 
     @property
     def smallest(self) -> Candidate:
         return min(self.candidates, key=lambda c: c.estimate.peak)
+
+
+def fastest_fitting(candidates: tuple[Candidate, ...], gpu_memory: int) -> Candidate | None:
+    """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the encoders on the GPU
+    (no CPU encoding), then the lowest peak. None: none fits."""
+    fitting = [c for c in candidates if c.estimate.peak + RESERVED <= gpu_memory]
+    return max(fitting, key=lambda c: (round(c.speedup, 6), c.text_encoder != "cpu", -c.estimate.peak)) if fitting else None
 
 
 def expected_speedup(degrees: Degrees) -> float:
@@ -100,29 +105,45 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
         raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
     name, flagship = flagship_of(model)
     family = FAMILIES[name]
-    size = size or flagship.size
-    transformers = flagship.of_kind("transformer")
-    others = {c.attr: weight_bytes(build(c)) for c in flagship.components if not c.attr.startswith("transformer")}
-    heads = family.heads
-    vae = vae_working(flagship, size)
-    working: dict[tuple[int, int, int], int] = {}
+    measure = _Measure(name, size or flagship.size)
     candidates, refused = [], []
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
-            problem = tp_problem(family, transformers[0], tp)
+            problem = tp_problem(family, flagship.of_kind("transformer")[0], tp)
             if problem:
                 refused.append(f"cfg {cfg} x tp {tp}: {problem}")
                 continue
             sequence = gpus // (cfg * tp)
-            ulysses = largest_ulysses(sequence, heads // tp if heads else None)
+            ulysses = chosen_ulysses(sequence, family.heads // tp if family.heads else None)
             degrees = Degrees(cfg=cfg, tp=tp, ulysses=ulysses, ring=sequence // ulysses)
-            key = (tp, degrees.ulysses, degrees.ring)
-            if key not in working:
-                working[key] = transformer_working(family, flagship, size, degrees)
-            split = {c.attr: transformer_weights(family, c, tp) for c in transformers}
-            for placement in PLACEMENTS:
-                held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in others.items()}
-                estimate = RankEstimate(split | held, {"transformer forward": working[key], "VAE decode": vae})
-                fits = estimate.peak + RESERVED <= gpu_memory_gib * GiB
-                candidates.append(Candidate(degrees, estimate, fits, expected_speedup(degrees), placement))
-    return MemoryPlan(name, flagship, size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
+            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
+    return MemoryPlan(name, flagship, measure.size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
+
+
+def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None) -> Candidate:
+    """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
+    measure = _Measure(model, size or FLAGSHIPS[model].size)
+    return measure.candidate(degrees, placement, None)
+
+
+class _Measure:
+    """The measures a plan shares across its candidates: weights per component, the VAE decode once,
+    the forward once per (tp, ulysses, ring)."""
+
+    def __init__(self, model: str, size: Size) -> None:
+        self.family, self.flagship, self.size = FAMILIES[model], FLAGSHIPS[model], size
+        self.others = {c.attr: weight_bytes(build(c)) for c in self.flagship.components if not c.attr.startswith("transformer")}
+        self.vae = vae_working(self.flagship, size)
+        self.working: dict[tuple[int, int, int], int] = {}
+        self.split: dict[int, dict[str, int]] = {}
+
+    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None) -> Candidate:
+        key = (degrees.tp, degrees.ulysses, degrees.ring)
+        if key not in self.working:
+            self.working[key] = transformer_working(self.family, self.flagship, self.size, degrees)
+        if degrees.tp not in self.split:
+            self.split[degrees.tp] = {c.attr: transformer_weights(self.family, c, degrees.tp) for c in self.flagship.of_kind("transformer")}
+        held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in self.others.items()}
+        estimate = RankEstimate(self.split[degrees.tp] | held, {"transformer forward": self.working[key], "VAE decode": self.vae})
+        fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
+        return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement)

@@ -1,0 +1,116 @@
+"""`accel run` / `accel serve` on a flagship checkpoint: the plan's layout when none is given, and a
+layout that will not fit refused before any rank starts or any weight is read.
+
+Applies where the model is a flagship the plan knows (its alias or its repo) and the GPU memory is
+known: `--gpu-memory`, else the visible GPU's. `--gpus N` with no degrees and the default placement
+lets the plan choose degrees and placement; anything else given is checked as given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from accel.errors import UserError
+from accel.recipe import Recipe
+
+GIB = 2**30
+# The plan's peak per GPU, handed from the launcher to the ranks it starts (the table shows it).
+PLANNED_PEAK = "ACCEL_PLANNED_PEAK"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The recipe to run, the plan's peak per GPU in bytes (None: no plan applies), and the flags that
+    give the ranks the plan's layout."""
+
+    recipe: Recipe
+    peak: int | None
+    flags: tuple[str, ...] = ()
+
+
+def flagship_key(model: str) -> str | None:
+    """The flagship a model name stands for: the family alias ("flux2") or the checkpoint's repo."""
+    from accel.models.flagships import FLAGSHIPS
+
+    if model in FLAGSHIPS:
+        return model
+    return next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == model.lower()), None)
+
+
+def _gpu_memory_gib(given: float | None, device: str) -> float | None:
+    if given is not None:
+        if not given > 0:
+            raise UserError(f"--gpu-memory must be a positive number of GiB, got {given:g}")
+        return given
+    if device not in ("cuda", "auto"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+
+
+def layout_flags(candidate: object) -> tuple[str, ...]:
+    """The `accel run` flags that give a layout: degrees above 1, CFG parallel, the encoders' place."""
+    degrees = candidate.degrees  # type: ignore[attr-defined]
+    parts = [part for name in ("tp", "ulysses", "ring") if getattr(degrees, name) > 1 for part in (f"--{name}", str(getattr(degrees, name)))]
+    parts += ["--cfg-parallel"] if degrees.cfg > 1 else []
+    parts += ["--text-encoder", "cpu"] if candidate.text_encoder == "cpu" else []  # type: ignore[attr-defined]
+    return tuple(parts)
+
+
+def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
+    """`recipe` with the plan's layout where it leaves the choice to accel, with the plan's peak per GPU;
+    an explicit layout that does not fit is refused in one line."""
+    key = flagship_key(recipe.model.name)
+    limit = _gpu_memory_gib(gpu_memory, recipe.model.device)
+    if key is None or limit is None:
+        return Planned(recipe, None)
+    from accel.memory.estimate import RankEstimate
+    from accel.memory.plan import RESERVED, Candidate, estimate_of, make_plan
+    from accel.models.flagships import FLAGSHIPS, Size
+    from accel.parallel.mesh import Degrees
+
+    flagship, settings = FLAGSHIPS[key], recipe.parallel
+    generate = recipe.generate
+    size = Size(generate.width or flagship.size.width, generate.height or flagship.size.height,
+                (generate.frames or flagship.size.frames) if flagship.size.frames else None)
+    plan = make_plan(key, recipe.world_size, limit, size)
+    chosen = plan.chosen
+    where = f"{recipe.world_size} GPU{'s' if recipe.world_size > 1 else ''} of {limit:g} GiB"
+    leaves_choice = settings.chooses_degrees or recipe.world_size == 1
+    if leaves_choice and settings.tp == 1 and settings.cfg == 1 and recipe.memory.text_encoder == "replicated":
+        if chosen is None:
+            smallest = plan.smallest
+            raise UserError(f"{flagship.title} at {size.describe()} fits no layout of {where}: the smallest needs "
+                            f"{(smallest.estimate.peak + RESERVED) / GIB:.1f} GiB per GPU ({smallest.describe()}); "
+                            f"use more GPUs or larger ones")
+        degrees = chosen.degrees
+        parallel = dataclasses.replace(settings, ulysses=degrees.ulysses, ring=degrees.ring, cfg=degrees.cfg, tp=degrees.tp,
+                                       gpus=recipe.world_size)
+        memory = dataclasses.replace(recipe.memory, text_encoder=chosen.text_encoder)
+        return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
+    from accel.parallel.mesh import chosen_ulysses
+
+    sequence = settings.sequence_ranks
+    ulysses = settings.ulysses if not settings.chooses_degrees else chosen_ulysses(sequence, flagship_heads(key) // settings.tp)
+    ring = settings.ring if not settings.chooses_degrees else sequence // ulysses
+    degrees = Degrees(cfg=settings.cfg, tp=settings.tp, ulysses=ulysses, ring=ring)
+    placement = "cpu" if recipe.memory.text_encoder == "cpu" else "replicated"  # rank0's busiest rank holds them too
+    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement), None) or \
+        estimate_of(key, degrees, placement, size)
+    peak = asked.estimate.peak + RESERVED
+    if peak > limit * GIB:
+        fits = f"a layout that fits: {' '.join(layout_flags(chosen)) or 'one process'}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"
+        raise UserError(f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
+                        f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}")
+    assert isinstance(asked.estimate, RankEstimate)
+    return Planned(recipe, peak)
+
+
+def flagship_heads(key: str) -> int:
+    from accel.models.registry import FAMILIES
+
+    heads = FAMILIES[key].heads
+    assert heads is not None
+    return heads
