@@ -205,6 +205,7 @@ def run(
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
+    offload: Annotated[str | None, Opt("--offload", metavar="MODE", help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks streamed (diffusers' offloading).", show_default=_recipe_default("memory", "offload"))] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
@@ -234,7 +235,7 @@ def run(
         "vae": {"parallel": True if parallel_vae else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
-        "memory": {"text_encoder": text_encoder},
+        "memory": {"text_encoder": text_encoder, "offload": offload},
     }
     from accel import preflight
     from accel.launch import rank
@@ -252,6 +253,10 @@ def run(
         preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
+        from accel.recipe import offload_refusal
+
+        if (refusal := offload_refusal(settings)) is not None:
+            raise UserError(refusal)
         planned, extra = _planned_layout(settings, gpu_memory)
         settings = planned.recipe
         if settings.world_size > 1 and not under_distributed_launcher():

@@ -8,16 +8,17 @@ Order (fixed; each step assumes the ones before it):
                step sees the final modules, and compile traces the quantized kernels)
 2. parallel  — context-parallel attention and the split / gather plan (hooks and a mode that
                compiled code traces through), the CFG halves, agreed arguments and noise;
-               [memory] text_encoder = "rank0": one rank encodes, the others drop their encoders
+               [memory] text_encoder = "rank0" / "cpu": one rank encodes (in host memory with "cpu"),
+               the others drop their encoders; [memory] offload: diffusers' model or group offload
 3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
 4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
                branch stays out of every graph
 5. vae       — VAE tiling / parallel decode
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
-except quantization, the tensor-parallel split and text encoders dropped by "rank0" placement:
-they free the weights this rank no longer needs (the point of them), so they stay, and a second
-apply with the same type or degree leaves them as they are.
+except quantization, the tensor-parallel split, text encoders dropped by "rank0" placement and
+group offload: they free the weights this rank no longer needs (the point of them), so they stay,
+and a second apply with the same type or degree leaves them as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
@@ -41,7 +44,7 @@ from accel.optimize.quantize import QuantSummary, check_hardware, quantize_trans
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.parallel.tensor import TensorParallel
-from accel.recipe import ParallelSection, Recipe, load_recipe
+from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 
@@ -121,6 +124,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         _apply_quant(handle)
         _apply_parallel(handle)
         _apply_memory(handle)
+        _apply_offload(handle)
         _apply_compile(handle)
         _apply_cache(handle)
         _apply_vae(handle)
@@ -317,6 +321,32 @@ def _apply_memory(handle: AccelHandle) -> None:
             return
     if placement == "cpu":
         handle._undo.append(EncodesOnCpu(handle.pipe, device).remove)
+
+
+def _apply_offload(handle: AccelHandle) -> None:
+    """[memory] offload through diffusers' own hooks, onto the recipe's device. Model offload is undone by
+    remove(); group offload stays (diffusers has no public way to take it off), like the TP split."""
+    mode = handle.recipe.memory.offload
+    if mode == "none":
+        return
+    refusal = offload_refusal(handle.recipe)
+    if refusal is not None:
+        raise UserError(refusal)
+    from accel.models.loading import resolve_device
+
+    device = resolve_device(handle.recipe.model.device)
+    pipe = handle.pipe
+    if mode == "model":
+        pipe.enable_model_cpu_offload(device=device)
+
+        def undo() -> None:
+            pipe.remove_all_hooks()
+            pipe.to(device)
+
+        handle._undo.append(undo)
+        return
+    pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
+                              num_blocks_per_group=1, use_stream=device.type == "cuda")
 
 
 def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:

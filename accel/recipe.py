@@ -232,6 +232,24 @@ class MemorySection:
         "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them; "
         "cpu: as rank0, and that rank keeps them in host memory and encodes there (no GPU memory for them)."
     )
+    offload: Literal["none", "model", "group"] = _key(
+        "none", "none: every component stays on the GPU; model: diffusers' model offload, each whole component moved to the "
+        "GPU while it runs (the transformer must fit); group: diffusers' group offload, the transformer's blocks streamed "
+        "one at a time with prefetch on a side stream (slowest; the least GPU memory). One process only, without compile."
+    )
+
+
+def offload_refusal(recipe: "Recipe") -> str | None:
+    """Why [memory] offload cannot run with the rest of `recipe` (None: it can): one process, no compile."""
+    mode = recipe.memory.offload
+    if mode == "none":
+        return None
+    if recipe.world_size > 1:
+        return (f'[memory] offload = "{mode}" runs one process: each rank would stream its own whole copy; '
+                f'set offload = "none" with a parallel layout, or run one process')
+    if recipe.compile.enabled:
+        return f'[memory] offload = "{mode}" and [compile] do not compose: compiled graphs would capture weights that offloading moves; turn one of them off'
+    return None
 
 
 @dataclass(frozen=True)

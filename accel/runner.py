@@ -579,6 +579,9 @@ def _run(
     planned = made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
     planned_variant = variant_of(ref.family, planned_class(ref, recipe)) if ref.family else None
     _check_out(out, overwrite, planned, planned_variant)
+    if compare and recipe.memory.offload != "none":
+        raise UserError(f'--compare with [memory] offload = "{recipe.memory.offload}": the baseline would run from host memory on '
+                        f'the CPU, which says nothing of the speedup; drop one of them')
     if compare and _latent(out):
         raise UserError(f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare")
     if ref.family is not None:
@@ -599,7 +602,9 @@ def _run(
         start = time.perf_counter()
         # Each rank reads only its TP slice and the text encoders only where it encodes, unless
         # --compare needs the whole pipeline on every rank for its baseline.
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
+        # Offloaded, the pipeline loads into host memory and accel.apply streams it to the device.
+        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, "cpu" if recipe.memory.offload != "none" else device,
+                             recipe.model.pipeline or None, recipe.model.lora,
                              recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
                              text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
                              text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare)

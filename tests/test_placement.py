@@ -117,3 +117,68 @@ def test_an_unknown_placement_is_one_line() -> None:
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, got 'rank1'"
+
+
+# -- [memory] offload ----------------------------------------------------------------------------------
+# On the CPU both modes move weights from host memory to host memory: what is checked here is that
+# diffusers' hooks compose with accel's (the cache's block wrappers) and change no number; the GPU
+# memory they save is BENCHMARKS.md's (make gpu-check).
+
+OFFLOAD_CALL = dict(prompt="a fox", num_inference_steps=4, height=64, width=64, output_type="np")
+
+
+def _offload_output(pipe, recipe: dict) -> tuple[np.ndarray, object]:
+    import accel
+
+    handle = accel.apply(pipe, recipe)
+    output = pipe(**OFFLOAD_CALL, generator=torch.Generator().manual_seed(0)).images
+    return output, handle
+
+
+@pytest.mark.parametrize("mode", ["model", "group"])
+def test_offload_changes_no_number_with_or_without_the_cache(mode: str) -> None:
+    import accel
+
+    plain = accel.load_pipeline("tiny-flux", "float32", "cpu")
+    plain.set_progress_bar_config(disable=True)
+    expected, handle = _offload_output(plain, {})
+    handle.remove()
+    cached, cache_handle = _offload_output(plain, {"cache": {"threshold": 0.6, "warmup_steps": 1}})
+    cache_handle.remove()
+    offloaded = accel.load_pipeline("tiny-flux", "float32", "cpu")
+    offloaded.set_progress_bar_config(disable=True)
+    output, handle = _offload_output(offloaded, {"memory": {"offload": mode}})
+    if mode == "model":  # accelerate's hooks move each component in and out
+        assert hasattr(offloaded.transformer, "_hf_hook") and hasattr(offloaded.vae, "_hf_hook")
+    else:  # diffusers' hook registry streams the blocks
+        assert getattr(offloaded.transformer.transformer_blocks[0], "_diffusers_hook", None) is not None
+    np.testing.assert_array_equal(output, expected)
+    handle.remove()
+    both, handle = _offload_output(offloaded, {"memory": {"offload": mode}, "cache": {"threshold": 0.6, "warmup_steps": 1}})
+    assert any(record.cached for record in handle.cache_stats.records)  # the cache skipped blocks under the offload hooks
+    np.testing.assert_array_equal(both, cached)
+    handle.remove()
+    if mode == "model":  # undone by remove(): no accelerate hook left; group offload stays, like the TP split
+        assert [name for name, part in offloaded.components.items() if hasattr(part, "_hf_hook")] == []
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["run", "tiny-flux", "--gpus", "2", "--offload", "model"],
+     '[memory] offload = "model" runs one process: each rank would stream its own whole copy; set offload = "none" with a '
+     'parallel layout, or run one process'),
+    (["run", "tiny-flux", "--offload", "group", "--compile"],
+     '[memory] offload = "group" and [compile] do not compose: compiled graphs would capture weights that offloading moves; '
+     'turn one of them off'),
+    (["run", "tiny-flux", "--offload", "model", "--compare"],
+     '--compare with [memory] offload = "model": the baseline would run from host memory on the CPU, which says nothing of '
+     'the speedup; drop one of them'),
+    (["run", "tiny-flux", "--offload", "disk"], "command line: [memory] offload must be one of none, model, group, got 'disk'"),
+])
+def test_offload_refusals_are_one_line(argv: list[str], line: str) -> None:
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+
+    result = CliRunner().invoke(app, argv, catch_exceptions=False)
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == f"error: {line}"

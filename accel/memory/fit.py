@@ -64,7 +64,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     an explicit layout that does not fit is refused in one line."""
     key = flagship_key(recipe.model.name)
     limit = _gpu_memory_gib(gpu_memory, recipe.model.device)
-    if key is None or limit is None:
+    if key is None or limit is None or recipe.memory.offload != "none":  # the plan has no offloaded layouts yet
         return Planned(recipe, None)
     from accel.memory.estimate import RankEstimate
     from accel.memory.plan import RESERVED, Candidate, estimate_of, make_plan
