@@ -57,6 +57,8 @@ PLAN: tuple[Step, ...] = (
          "FLUX.1-dev step: eager, regional compile, cached step, fp8dq (+ compile)"),
     Step("plan_check", ("benchmarks/plan_check.py",), 90,
          "accel plan's fake-CUDA estimate against torch.cuda.max_memory_allocated: FLUX.1-dev and Wan 14B forward, VAE decodes"),
+    Step("offload", ("benchmarks/offload.py", "--device", "cuda"), 60,
+         "[memory] offload none / model / group: GPU peak and time, a 5 GB FLUX-class transformer in bf16"),
     Step("tiny-flux-2gpus", ("-m", "accel.cli", "run", "tiny-flux", "--device", "cuda", "--gpus", "2", "--ulysses", "2",
                                  "--parallel-vae", "--compare", "--out", "outputs/gpu-check/tiny-flux-ulysses2.png",
                                  "--overwrite"), 60,
