@@ -808,13 +808,14 @@ def plan(
     import json
 
     from accel.memory import report as plan_report
+    from accel.memory.fit import visible_gpu_gib
     from accel.memory.plan import flagship_of, make_plan
     from accel.models.flagships import Size
 
     try:
         _, flagship = flagship_of(model)
         if gpu_memory is None:
-            gpu_memory = _visible_gpu_gib()
+            gpu_memory = visible_gpu_gib("auto") or 80.0
         base = flagship.size
         size = Size(width or base.width, height or base.height, frames or base.frames)
         result = make_plan(model, gpus, gpu_memory, size)
@@ -826,14 +827,6 @@ def plan(
         return
     console.print(plan_report.table(result))
     console.print(plan_report.headline(result), highlight=False)
-
-
-def _visible_gpu_gib() -> float:
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory / 2**30
-    return 80.0
 
 
 @app.command(cls=_Command)

@@ -219,3 +219,19 @@ def test_the_run_table_and_json_show_the_plans_estimate_beside_the_measured_peak
     console.print(report.run_table(metrics))
     text = console.export_text()
     assert "peak memory (accel plan's estimate)" in text and "3.0 GiB" in text
+
+
+def test_the_visible_gpus_memory_comes_from_nvidia_smi_not_a_cuda_context(tmp_path, monkeypatch) -> None:
+    """The launcher must not create a CUDA context (it would hold memory on rank 0's GPU all job long)."""
+    from accel.memory.fit import visible_gpu_gib
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\necho 81559\necho 81559\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert visible_gpu_gib("auto") == pytest.approx(81559 / 1024)
+    assert (tmp_path / "args").read_text().split() == ["--query-gpu=memory.total", "--format=csv,noheader,nounits", "--id=3"]
+    assert visible_gpu_gib("cpu") is None
+    smi.unlink()
+    assert visible_gpu_gib("cuda") is None  # no nvidia-smi: no plan rather than a guess

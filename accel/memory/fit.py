@@ -38,16 +38,27 @@ def flagship_key(model: str) -> str | None:
     return next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == model.lower()), None)
 
 
-def _gpu_memory_gib(given: float | None, device: str) -> float | None:
-    if given is not None:
-        if not given > 0:
-            raise UserError(f"--gpu-memory must be a positive number of GiB, got {given:g}")
-        return given
+def _checked_gpu_memory(given: float | None) -> float | None:
+    if given is not None and not given > 0:
+        raise UserError(f"--gpu-memory must be a positive number of GiB, got {given:g}")
+    return given
+
+
+def visible_gpu_gib(device: str) -> float | None:
+    """The first visible GPU's memory, from nvidia-smi: asking torch would create a CUDA context in the
+    launcher, which then holds GPU memory on rank 0's card for the whole job."""
+    import os
+    import subprocess
+
     if device not in ("cuda", "auto"):
         return None
-    import torch
-
-    return torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    command = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"] + ([f"--id={visible}"] if visible else [])
+    try:
+        lines = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout.split()
+        return float(lines[0]) / 1024 if lines else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
 
 
 def layout_flags(candidate: object) -> tuple[str, ...]:
@@ -62,9 +73,12 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
 def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     """`recipe` with the plan's layout where it leaves the choice to accel, with the plan's peak per GPU;
     an explicit layout that does not fit is refused in one line."""
+    given = _checked_gpu_memory(gpu_memory)
     key = flagship_key(recipe.model.name)
-    limit = _gpu_memory_gib(gpu_memory, recipe.model.device)
-    if key is None or limit is None or recipe.memory.offload != "none":  # the plan has no offloaded layouts yet
+    if key is None or recipe.memory.offload != "none":  # the plan has no offloaded layouts yet
+        return Planned(recipe, None)
+    limit = given if given is not None else visible_gpu_gib(recipe.model.device)
+    if limit is None:
         return Planned(recipe, None)
     from accel.memory.estimate import RankEstimate
     from accel.memory.plan import RESERVED, Candidate, estimate_of, make_plan
