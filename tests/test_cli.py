@@ -57,7 +57,7 @@ def test_json_has_exactly_the_documented_fields(tmp_path: Path) -> None:
     documented = readme.split("`--json PATH` writes one object:", 1)[1].split("\n\n", 1)[0]
     fields = set(json.loads(report.read_text()))
     assert fields == {"model", "family", "output_kind", "device", "dtype", "recipe", "command", "versions", "load_s", "warmup_s", "generate_s",
-                      "times_s", "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind",
+                      "times_s", "per_step_s", "steps_per_s", "steps", "peak_memory_bytes", "peak_memory_kind", "planned_peak_bytes",
                       "output_path", "cache", "parallel", "quant", "compile", "baseline_s", "speedup", "psnr_db", "ssim",
                       "output_frames", "output_width", "output_height", "notes", "min_s", "max_s", "threads", "speedup_min",
                       "speedup_max", "baseline_times_s", "compare_order"}
