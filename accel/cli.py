@@ -257,8 +257,6 @@ def run(
 
         if (refusal := offload_refusal(settings)) is not None:
             raise UserError(refusal)
-        planned, extra = _planned_layout(settings, gpu_memory)
-        settings = planned.recipe
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -267,8 +265,10 @@ def run(
             asked = f"--gpus {settings.world_size}" if gpus is not None else "the [parallel] layout"
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe, spec.nnodes, asked)
             preflight.check_master_port(master_addr, master_port, node_rank)
-            raise typer.Exit(_relaunch(ctx, settings, spec, extra))
-        settings = _fit_to_job(settings)
+            planned, extra = _planned_layout(settings, gpu_memory)  # a flagship's plan: seconds, so after the checks
+            raise typer.Exit(_relaunch(ctx, planned.recipe, spec, extra))
+        planned, _ = _planned_layout(settings, gpu_memory)
+        settings = _fit_to_job(planned.recipe)
         from accel.files import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads only when a plan measures: `accel run` asks for a flagship's name before torch loads
+    import torch
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,15 @@ class Flagship:
 
 
 def _randn(*shape: int) -> torch.Tensor:
+    import torch
+
     return torch.randn(*shape)
 
 
 def _grid_ids(axes: int, *sizes: int) -> torch.Tensor:
     """FLUX-style position ids: zeros then the grid coordinates, one row per token."""
+    import torch
+
     grids = torch.meshgrid(*(torch.arange(float(n)) for n in sizes), indexing="ij")
     ids = torch.stack([torch.zeros_like(grids[0])] * (axes - len(sizes)) + list(grids), -1)
     return ids.reshape(-1, axes)
@@ -102,6 +107,8 @@ WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=
 
 
 def _flux_inputs(size: Size) -> dict[str, Any]:
+    import torch
+
     h, w = size.height // 16, size.width // 16
     return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, 512, 4096), pooled_projections=_randn(1, 768),
                 timestep=torch.ones(1), guidance=torch.full((1,), 3.5), img_ids=_grid_ids(3, h, w), txt_ids=torch.zeros(512, 3),
@@ -109,6 +116,8 @@ def _flux_inputs(size: Size) -> dict[str, Any]:
 
 
 def _flux2_inputs(size: Size) -> dict[str, Any]:
+    import torch
+
     h, w = size.height // 16, size.width // 16
     return dict(hidden_states=_randn(1, h * w, 128), encoder_hidden_states=_randn(1, 512, 15360), timestep=torch.ones(1),
                 guidance=torch.full((1,), 4.0), img_ids=_grid_ids(4, 1, h, w)[None], txt_ids=_grid_ids(4, 512)[None],
@@ -116,12 +125,16 @@ def _flux2_inputs(size: Size) -> dict[str, Any]:
 
 
 def _wan_inputs(size: Size) -> dict[str, Any]:
+    import torch
+
     frames = (size.frames or 81) - 1
     return dict(hidden_states=_randn(1, 16, frames // 4 + 1, size.height // 8, size.width // 8),
                 encoder_hidden_states=_randn(1, 512, 4096), timestep=torch.ones(1), return_dict=False)
 
 
 def _qwenimage_inputs(size: Size) -> dict[str, Any]:
+    import torch
+
     h, w, text = size.height // 16, size.width // 16, 256
     return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, text, 3584),
                 encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool), timestep=torch.ones(1), img_shapes=[[(1, h, w)]],
@@ -130,6 +143,8 @@ def _qwenimage_inputs(size: Size) -> dict[str, Any]:
 
 def _ltx2_inputs(size: Size) -> dict[str, Any]:
     """Video latents (8x time, 32x space), the audio's 25 latent frames a second at 24 fps, 1024 Gemma tokens."""
+    import torch
+
     frames = size.frames or 121
     f, h, w, text = (frames - 1) // 8 + 1, size.height // 32, size.width // 32, 1024
     audio = round(frames / 24 * 25)
@@ -142,6 +157,8 @@ def _ltx2_inputs(size: Size) -> dict[str, Any]:
 
 def _sd3_inputs(size: Size) -> dict[str, Any]:
     """77 CLIP tokens and 256 T5 tokens joined, CLIP-L and CLIP-G pooled side by side."""
+    import torch
+
     return dict(hidden_states=_randn(1, 16, size.height // 8, size.width // 8), encoder_hidden_states=_randn(1, 333, 4096),
                 pooled_projections=_randn(1, 2048), timestep=torch.ones(1), return_dict=False)
 
