@@ -192,8 +192,9 @@ def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:
 
 
 def test_run_refuses_a_layout_that_does_not_fit_before_loading() -> None:
-    """Nothing is downloaded here (no network): the refusal comes before any load is tried."""
-    result = run_cli(["run", "black-forest-labs/FLUX.2-dev", "--gpus", "4", "--ulysses", "4", "--gpu-memory", "80"])
+    """Nothing is downloaded here (no network): the refusal comes before any load is tried. (--oversubscribe:
+    without it this 2-core machine refuses 4 processes first, which is checked before the plan.)"""
+    result = run_cli(["run", "black-forest-labs/FLUX.2-dev", "--gpus", "4", "--ulysses", "4", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
         "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each GPU; "
