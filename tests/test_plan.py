@@ -74,8 +74,8 @@ def test_tp_weight_bytes_equal_a_real_split(tp: int) -> None:
     real = build(component, "cpu")
     whole = weight_bytes(real)
     split_module(real, resolve_tensor_plan(family.tensor, real), tp, 0)
-    assert transformer_weights(family, component, tp) == weight_bytes(real) < whole
-    assert transformer_weights(family, component, 1) == whole
+    assert transformer_weights(family, build(component), tp) == weight_bytes(real) < whole
+    assert transformer_weights(family, build(component), 1) == whole
 
 
 def test_flagship_weights_are_the_published_sizes() -> None:

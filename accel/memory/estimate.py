@@ -72,10 +72,9 @@ def weight_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
-def transformer_weights(family: Family, component: Component, tp: int) -> int:
-    """The transformer's bytes on one rank: whole, or with each split parameter cut to its 1/tp slice
-    (the parameters the split loader reads in part, accel/models/split_load.py)."""
-    model = build(component)
+def transformer_weights(family: Family, model: nn.Module, tp: int) -> int:
+    """The transformer's bytes on one rank (`model` built on meta): whole, or with each split parameter
+    cut to its 1/tp slice (the parameters the split loader reads in part, accel/models/split_load.py)."""
     whole = weight_bytes(model)
     if tp == 1:
         return whole
@@ -88,15 +87,14 @@ def transformer_weights(family: Family, component: Component, tp: int) -> int:
     return whole - split + split // tp
 
 
-def tp_problem(family: Family, component: Component, tp: int) -> str | None:
-    """Why `tp` cannot split this transformer (None: it can)."""
+def tp_problem(family: Family, model: nn.Module, tp: int) -> str | None:
+    """Why `tp` cannot split this transformer (`model` built on meta; None: it can)."""
     if tp == 1:
         return None
     if family.tensor is None:
         return f"{family.title} has no tensor-parallel plan"
     from accel.parallel.tensor import resolve_tensor_plan, width_problem
 
-    model = build(component)
     return width_problem(model, resolve_tensor_plan(family.tensor, model), tp, family.title)
 
 

@@ -80,10 +80,10 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     limit = given if given is not None else visible_gpu_gib(recipe.model.device)
     if limit is None:
         return Planned(recipe, None)
-    from accel.memory.estimate import RankEstimate
     from accel.memory.plan import RESERVED, Candidate, estimate_of, make_plan
     from accel.models.flagships import FLAGSHIPS, Size
-    from accel.parallel.mesh import Degrees
+    from accel.models.registry import FAMILIES
+    from accel.parallel.mesh import resolve_degrees
 
     flagship, settings = FLAGSHIPS[key], recipe.parallel
     generate = recipe.generate
@@ -104,12 +104,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
                                        gpus=recipe.world_size)
         memory = dataclasses.replace(recipe.memory, text_encoder=chosen.text_encoder)
         return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
-    from accel.parallel.mesh import chosen_ulysses
-
-    sequence = settings.sequence_ranks
-    ulysses = settings.ulysses if not settings.chooses_degrees else chosen_ulysses(sequence, flagship_heads(key) // settings.tp)
-    ring = settings.ring if not settings.chooses_degrees else sequence // ulysses
-    degrees = Degrees(cfg=settings.cfg, tp=settings.tp, ulysses=ulysses, ring=ring)
+    degrees = resolve_degrees(settings, FAMILIES[key].heads, recipe.model.name)  # as the run will lay it out
     placement = "cpu" if recipe.memory.text_encoder == "cpu" else "replicated"  # rank0's busiest rank holds them too
     asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement), None) or \
         estimate_of(key, degrees, placement, size)
@@ -118,13 +113,4 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
         fits = f"a layout that fits: {' '.join(layout_flags(chosen)) or 'one process'}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"
         raise UserError(f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
                         f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}")
-    assert isinstance(asked.estimate, RankEstimate)
     return Planned(recipe, peak)
-
-
-def flagship_heads(key: str) -> int:
-    from accel.models.registry import FAMILIES
-
-    heads = FAMILIES[key].heads
-    assert heads is not None
-    return heads

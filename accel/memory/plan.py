@@ -17,7 +17,8 @@ from accel.memory.estimate import RankEstimate, build, transformer_weights, tran
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
-from accel.parallel.mesh import Degrees, chosen_ulysses
+from accel.parallel.mesh import Degrees, resolve_degrees
+from accel.recipe import ParallelSection
 
 GiB = 2**30
 # Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
@@ -109,13 +110,12 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     candidates, refused = [], []
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
-            problem = tp_problem(family, flagship.of_kind("transformer")[0], tp)
+            problem = tp_problem(family, next(iter(measure.transformers.values())), tp)
             if problem:
                 refused.append(f"cfg {cfg} x tp {tp}: {problem}")
                 continue
-            sequence = gpus // (cfg * tp)
-            ulysses = chosen_ulysses(sequence, family.heads // tp if family.heads else None)
-            degrees = Degrees(cfg=cfg, tp=tp, ulysses=ulysses, ring=sequence // ulysses)
+            # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
+            degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), family.heads, name)
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
     return MemoryPlan(name, flagship, measure.size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
@@ -127,11 +127,12 @@ def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None 
 
 
 class _Measure:
-    """The measures a plan shares across its candidates: weights per component, the VAE decode once,
-    the forward once per (tp, ulysses, ring)."""
+    """The measures a plan shares across its candidates: the transformers built on meta once, weights
+    per component, the VAE decode once, the forward once per (tp, ulysses, ring)."""
 
     def __init__(self, model: str, size: Size) -> None:
         self.family, self.flagship, self.size = FAMILIES[model], FLAGSHIPS[model], size
+        self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
         self.others = {c.attr: weight_bytes(build(c)) for c in self.flagship.components if not c.attr.startswith("transformer")}
         self.vae = vae_working(self.flagship, size)
         self.working: dict[tuple[int, int, int], int] = {}
@@ -142,7 +143,7 @@ class _Measure:
         if key not in self.working:
             self.working[key] = transformer_working(self.family, self.flagship, self.size, degrees)
         if degrees.tp not in self.split:
-            self.split[degrees.tp] = {c.attr: transformer_weights(self.family, c, degrees.tp) for c in self.flagship.of_kind("transformer")}
+            self.split[degrees.tp] = {attr: transformer_weights(self.family, model, degrees.tp) for attr, model in self.transformers.items()}
         held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in self.others.items()}
         estimate = RankEstimate(self.split[degrees.tp] | held, {"transformer forward": self.working[key], "VAE decode": self.vae})
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB

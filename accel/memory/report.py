@@ -20,8 +20,8 @@ def headline(plan: MemoryPlan) -> str:
         smallest = plan.smallest
         return (f"no layout of {plan.flagship.title} at {plan.size.describe()} fits {where}: the smallest peak is "
                 f"{_gib(smallest.estimate.peak + RESERVED)} GiB ({smallest.describe()}); use more or larger GPUs")
-    placement = ' --text-encoder cpu' if chosen.text_encoder == "cpu" else ''
-    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.describe()}{placement and ' (' + placement.strip() + ')'}, "
+    flag = " (--text-encoder cpu)" if chosen.text_encoder == "cpu" else ""
+    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.describe()}{flag}, "
             f"peak {_gib(chosen.estimate.peak + RESERVED)} GiB per GPU, about {chosen.speedup:.1f}x one GPU's step speed")
 
 

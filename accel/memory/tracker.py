@@ -51,10 +51,6 @@ def _tracker_class() -> type | None:
     return MemTracker if all(hasattr(MemTracker, name) for name in needed) else None
 
 
-def tracker_available() -> bool:
-    return _tracker_class() is not None
-
-
 def tracked_peak(work: Callable[[], Any], *modules: torch.nn.Module, device: str | None = None) -> Peak | None:
     """Run `work` under the tracker and return the peak on `device` (default: the device that peaked
     highest); None when this torch has no usable tracker. Gradients are off: this is inference."""
