@@ -149,6 +149,11 @@ def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
         yield
 
 
+def _tracked_device(device: str) -> str:
+    """The tracker's name for the device the work runs on (it names CUDA devices with their index)."""
+    return "cuda:0" if device == "cuda" else device
+
+
 def transformer_working(family: Family, flagship: Flagship, size: Size, degrees: Degrees, device: str = "cuda",
                         fake: bool = True) -> int:
     """Bytes the transformer's forward adds on rank 0 of `degrees` (its sequence and TP degrees; CFG
@@ -177,7 +182,7 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
             ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
             with torch.device(device):
                 inputs = _on_device(flagship.inputs(size), device)
-            peak = tracked_peak(lambda: model(**inputs), model, device=str(torch.device(device, 0)) if device == "cuda" else device)
+            peak = tracked_peak(lambda: model(**inputs), model, device=_tracked_device(device))
     finally:
         if not was_initialized:
             dist.destroy_process_group()
@@ -190,5 +195,5 @@ def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool
     with _fake_or_real(device, fake):
         vae = build(component, device)
         latents = torch.randn(*flagship.latents(size), device=device, dtype=DTYPE)
-        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device="cuda:0" if device == "cuda" else device)
+        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device=_tracked_device(device))
     return peak.working if peak is not None else 0
