@@ -345,8 +345,23 @@ def _apply_offload(handle: AccelHandle) -> None:
 
         handle._undo.append(undo)
         return
-    pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
-                              num_blocks_per_group=1, use_stream=device.type == "cuda")
+    from diffusers.hooks import apply_group_offloading
+
+    from accel.parallel.encoders import text_encoder_names
+
+    # Component by component rather than pipe.enable_group_offload: encoders kept in host memory
+    # ([memory] text_encoder = "cpu") must not be hooked to move to the GPU, and diffusers' exclusion
+    # moves the excluded components onto it.
+    on_cpu = set(text_encoder_names(pipe)) if handle.recipe.memory.text_encoder == "cpu" else set()
+    options = dict(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1,
+                   use_stream=device.type == "cuda")
+    for name, component in pipe.components.items():
+        if name in on_cpu or not isinstance(component, torch.nn.Module):
+            continue
+        if hasattr(component, "enable_group_offload"):
+            component.enable_group_offload(**options)
+        else:
+            apply_group_offloading(component, **options)
 
 
 def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:

@@ -240,7 +240,8 @@ class MemorySection:
 
 
 def offload_refusal(recipe: "Recipe") -> str | None:
-    """Why [memory] offload cannot run with the rest of `recipe` (None: it can): one process, no compile."""
+    """Why [memory] offload cannot run with the rest of `recipe` (None: it can): one process, no compile,
+    and model offload moves the encoders itself."""
     mode = recipe.memory.offload
     if mode == "none":
         return None
@@ -249,6 +250,9 @@ def offload_refusal(recipe: "Recipe") -> str | None:
                 f'set offload = "none" with a parallel layout, or run one process')
     if recipe.compile.enabled:
         return f'[memory] offload = "{mode}" and [compile] do not compose: compiled graphs would capture weights that offloading moves; turn one of them off'
+    if mode == "model" and recipe.memory.text_encoder == "cpu":
+        return ('[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on the GPU; '
+                'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU')
     return None
 
 

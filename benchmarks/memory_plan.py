@@ -1,5 +1,6 @@
 """accel plan over every flagship: the layout chosen on 1 / 2 / 4 / 8 GPUs of 80 GB (H100), 48 GB (L40S)
-and 24 GB (RTX 4090), from one measure per (model, GPU count) on fake CUDA; prints a Markdown table.
+and 24 GB (RTX 4090), from one measure per model on fake CUDA; prints a Markdown table. Group offload's
+speed is the card's (accel/memory/plan.py CARDS).
 
     python benchmarks/memory_plan.py [--models flux2,wan] [--gpus 1,2,4,8]
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from accel.memory.plan import RESERVED, GiB, fastest_fitting, make_plan
+from accel.memory.plan import RESERVED, GiB, make_plan
 from accel.models.flagships import FLAGSHIPS
 
 # What torch sees of each card (total_memory): H100 80GB 81559 MiB, L40S 46068 MiB, RTX 4090 24564 MiB.
@@ -26,10 +27,10 @@ def main() -> None:
     for model in args.models.split(","):
         for gpus in (int(n) for n in args.gpus.split(",")):
             start = time.perf_counter()
-            plan = make_plan(model, gpus, 10**6)  # every candidate measured once; verdicts per card below
             cells = []
-            for _, limit in CARDS:
-                chosen = fastest_fitting(plan.candidates, limit)
+            for _, limit in CARDS:  # one measure per model, shared by the plans of every card and GPU count
+                plan = make_plan(model, gpus, limit / GiB)
+                chosen = plan.chosen
                 if chosen is None:
                     smallest = plan.smallest
                     cells.append(f"no fit (smallest {(smallest.estimate.peak + RESERVED) / GiB:.1f} GiB: {smallest.describe()})")

@@ -162,6 +162,25 @@ def test_offload_changes_no_number_with_or_without_the_cache(mode: str) -> None:
         assert [name for name, part in offloaded.components.items() if hasattr(part, "_hf_hook")] == []
 
 
+def test_group_offload_leaves_encoders_kept_on_the_cpu_unhooked() -> None:
+    """With text_encoder = "cpu" the encoders stay in host memory: group offload must not hook them to
+    move to the GPU while they run."""
+    import accel
+
+    plain = accel.load_pipeline("tiny-flux", "float32", "cpu")
+    plain.set_progress_bar_config(disable=True)
+    expected, handle = _offload_output(plain, {})
+    handle.remove()
+    pipe = accel.load_pipeline("tiny-flux", "float32", "cpu")
+    pipe.set_progress_bar_config(disable=True)
+    output, handle = _offload_output(pipe, {"memory": {"offload": "group", "text_encoder": "cpu"}})
+    hooked = {name for name, part in pipe.components.items()
+              if isinstance(part, torch.nn.Module) and any(getattr(m, "_diffusers_hook", None) is not None for m in part.modules())}
+    assert hooked == {"transformer", "vae"}
+    np.testing.assert_array_equal(output, expected)
+    handle.remove()
+
+
 @pytest.mark.parametrize("argv, line", [
     (["run", "tiny-flux", "--gpus", "2", "--offload", "model"],
      '[memory] offload = "model" runs one process: each rank would stream its own whole copy; set offload = "none" with a '
@@ -173,6 +192,9 @@ def test_offload_changes_no_number_with_or_without_the_cache(mode: str) -> None:
      '--compare with [memory] offload = "model": the baseline would run from host memory on the CPU, which says nothing of '
      'the speedup; drop one of them'),
     (["run", "tiny-flux", "--offload", "disk"], "command line: [memory] offload must be one of none, model, group, got 'disk'"),
+    (["run", "tiny-flux", "--offload", "model", "--text-encoder", "cpu"],
+     '[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on the GPU; '
+     'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU'),
 ])
 def test_offload_refusals_are_one_line(argv: list[str], line: str) -> None:
     from typer.testing import CliRunner

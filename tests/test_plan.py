@@ -106,16 +106,80 @@ def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
     assert vae_working(flagship, size) > 0
 
 
-def test_flux2_dev_fits_one_80_gb_gpu_with_its_encoder_on_the_cpu_and_four_with_it_split() -> None:
+def test_flux2_dev_fits_one_80_gb_gpu_under_model_offload_or_with_its_encoder_on_the_cpu_and_four_with_it_split() -> None:
     one = make_plan("flux2", 1, 80)
-    whole = {c.text_encoder: c for c in one.candidates}
-    assert not whole["replicated"].fits  # 60 GiB of transformer + 43 GiB of Mistral
-    assert one.chosen is whole["cpu"] and whole["cpu"].estimate.weights["text_encoder"] == 0
+    layouts = {(c.offload, c.text_encoder): c for c in one.candidates}
+    assert not layouts["none", "replicated"].fits  # 60 GiB of transformer + 43 GiB of Mistral
+    on_cpu = layouts["none", "cpu"]
+    assert on_cpu.fits and on_cpu.estimate.weights["text_encoder"] == 0
+    # Model offload holds one component at a time: Mistral while encoding, the transformer while denoising.
+    offloaded = layouts["model", "replicated"]
+    mistral = weight_bytes(build(FLAGSHIPS["flux2"].of_kind("text_encoder")[0]))
+    assert sum(offloaded.estimate.weights.values()) == 0 and offloaded.estimate.working["text encode"] == mistral
+    assert offloaded.estimate.peak == offloaded.estimate.working["transformer forward"] > mistral
+    # Equal step speed; Mistral crossing PCIe once per job beats encoding 24 B parameters on the CPU.
+    assert one.chosen is offloaded and offloaded.speedup == on_cpu.speedup == 1.0
     four = make_plan("flux2", 4, 80)
     assert four.chosen is not None and four.chosen.estimate.peak + RESERVED <= 80 * 2**30
     on_gpus = [c for c in four.candidates if c.text_encoder == "replicated" and c.fits]
     assert [c.degrees.tp for c in on_gpus] == [2, 4]  # with Mistral on the GPUs too, the transformer must be split
     assert {c.degrees.tp for c in four.candidates} == {1, 2, 4}
+    assert {c.offload for c in four.candidates} == {"none"}  # offload runs one process
+
+
+def test_one_24_gb_gpu_runs_qwen_image_under_group_offload() -> None:
+    plan = make_plan("qwenimage", 1, 24)
+    assert [c.describe() for c in plan.candidates if c.fits] == [
+        "single process, group offload", "single process, group offload, text encoders on the CPU"]
+    chosen = plan.chosen
+    assert chosen is not None and chosen.offload == "group" and chosen.text_encoder == "replicated"
+    assert 0 < chosen.speedup <= 1
+
+
+def test_group_offload_holds_what_diffusers_groups_hold() -> None:
+    """The plan's model of block-level group offload against diffusers' own grouping of a transformer:
+    one group of everything outside the block lists, one group per block."""
+    from diffusers.hooks import apply_group_offloading
+
+    from accel.memory.estimate import offload_groups
+
+    transformer = build(dataclasses.replace(FLAGSHIPS["flux"].components[0], config=MID_FLUX), "cpu")
+    outside, largest = offload_groups(transformer)
+    apply_group_offloading(transformer, onload_device="cpu", offload_type="block_level", num_blocks_per_group=1)
+    groups = {}
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        hook = registry.get_hook("group_offloading") if registry is not None else None
+        if hook is not None:
+            groups[id(hook.group)] = hook.group
+    def held(group) -> int:  # a group moves its modules' tensors and any it lists besides, each once
+        tensors = {id(t): t for t in [*(t for m in group.modules for t in [*m.parameters(), *m.buffers()]), *group.parameters, *group.buffers]}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    sizes = [held(group) for group in groups.values()]
+    blocks = MID_FLUX["num_layers"] + MID_FLUX["num_single_layers"]
+    assert len(sizes) == blocks + 1
+    assert sorted(sizes)[-1] == max(outside, largest) and outside in sizes and largest in sizes
+    assert sum(sizes) == weight_bytes(transformer)
+
+
+def test_the_counted_flops_of_a_cut_transformer_scale_to_the_whole_one() -> None:
+    """One block of each kind is counted and scaled to the full depth: equal to counting every block."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from accel.memory.estimate import _fake_or_real, _on_device, transformer_flops
+
+    flagship = mid_flagship(MID_FLUX)
+    size = Size(256, 256)
+    with _fake_or_real("cuda"):
+        whole = build(flagship.of_kind("transformer")[0], "cuda")
+        with torch.device("cuda"):
+            inputs = _on_device(flagship.inputs(size), "cuda")
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            whole(**inputs)
+    assert MID_FLUX["num_layers"] > 1 and MID_FLUX["num_single_layers"] > 1
+    assert transformer_flops(flagship, size) == counter.get_total_flops()
 
 
 def test_plan_json_and_table(tmp_path) -> None:
@@ -130,7 +194,7 @@ def test_plan_json_and_table(tmp_path) -> None:
     chosen = data["chosen"]
     assert (chosen["tp"], chosen["ulysses"], chosen["text_encoder"]) == (1, 2, "cpu") and chosen["peak_bytes"] <= 32 * 2**30
     text = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512"])
-    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--text-encoder cpu)" in " ".join(text.output.split())
+    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--ulysses 2 --text-encoder cpu)" in " ".join(text.output.split())
 
 
 @pytest.mark.parametrize("argv, line", [
@@ -181,6 +245,30 @@ def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
         expected.degrees.tp, expected.degrees.ulysses, expected.degrees.ring, expected.degrees.cfg)
     assert planned.recipe.memory.text_encoder == expected.text_encoder
     assert planned.flags == ("--ulysses", "4", "--text-encoder", "cpu")  # what the ranks are relaunched with
+
+
+def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
+    from accel.compose import as_recipe
+    from accel.memory.fit import fitted
+
+    planned = fitted(recipe_for("flux2"), 80)
+    assert planned.flags == ("--offload", "model") and planned.recipe.memory.offload == "model"
+    compiled = as_recipe({"model": {"name": "flux2", "device": "cpu"}, "compile": {"enabled": True}})
+    planned = fitted(compiled, 80)  # offload does not compose with compile: Mistral goes to host memory instead
+    assert planned.flags == ("--text-encoder", "cpu") and planned.recipe.memory.offload == "none"
+
+
+def test_an_offload_that_does_not_fit_is_refused_with_one_that_does() -> None:
+    from accel.compose import as_recipe
+    from accel.memory.fit import fitted
+
+    recipe = as_recipe({"model": {"name": "qwenimage", "device": "cpu"}, "memory": {"offload": "group"}})
+    assert fitted(recipe, 24).peak == make_plan("qwenimage", 1, 24).chosen.estimate.peak + RESERVED
+    result = run_cli(["run", "qwenimage", "--offload", "model", "--gpu-memory", "24"])
+    assert result.exit_code == 2
+    line = " ".join(result.stderr.split())
+    assert line.startswith("error: Qwen-Image at 1328x1328 needs ") and line.endswith(
+        " GiB per GPU as laid out (single process, model offload), more than the 24 GiB of each GPU; a layout that fits: --offload group")
 
 
 def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:

@@ -197,3 +197,39 @@ def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool
         latents = torch.randn(*flagship.latents(size), device=device, dtype=DTYPE)
         peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device=_tracked_device(device))
     return peak.working if peak is not None else 0
+
+
+def _block_lists(model: nn.Module) -> dict[str, nn.Module]:
+    """The model's repeated blocks: its ModuleList / Sequential children (what group offload streams)."""
+    return {name: child for name, child in model.named_children() if isinstance(child, (nn.ModuleList, nn.Sequential))}
+
+
+def offload_groups(model: nn.Module) -> tuple[int, int]:
+    """(bytes outside the repeated blocks, bytes of the largest block) of `model` built on meta: what
+    diffusers' block-level group offload holds on the GPU besides one block being streamed in."""
+    lists = _block_lists(model)
+    blocks = [weight_bytes(block) for blocks in lists.values() for block in blocks]
+    return weight_bytes(model) - sum(blocks), max(blocks, default=0)
+
+
+def transformer_flops(flagship: Flagship, size: Size) -> int:
+    """Floating-point operations of one whole transformer call at `size` on one GPU. torch's
+    FlopCounterMode counts the cut model's forward on fake `cuda` (attention through accel's kernels);
+    each repeated block list's per-block count is then scaled to the list's full depth."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    component = flagship.of_kind("transformer")[0]
+    full = _block_lists(build(component))
+    with _fake_or_real("cuda"):
+        model = build(component, "cuda", cut_config(component))
+        with torch.device("cuda"):
+            inputs = _on_device(flagship.inputs(size), "cuda")
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(**inputs)
+    counts, root = counter.get_flop_counts(), type(model).__name__
+    total = counter.get_total_flops()
+    for name, cut in _block_lists(model).items():
+        per_block = sum(sum(counts.get(f"{root}.{name}.{index}", {}).values()) for index in range(len(cut))) / max(len(cut), 1)
+        total += (len(full[name]) - len(cut)) * per_block
+    return int(total)

@@ -67,6 +67,7 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
     parts = [part for name in ("tp", "ulysses", "ring") if getattr(degrees, name) > 1 for part in (f"--{name}", str(getattr(degrees, name)))]
     parts += ["--cfg-parallel"] if degrees.cfg > 1 else []
     parts += ["--text-encoder", "cpu"] if candidate.text_encoder == "cpu" else []  # type: ignore[attr-defined]
+    parts += ["--offload", candidate.offload] if candidate.offload != "none" else []  # type: ignore[attr-defined]
     return tuple(parts)
 
 
@@ -75,12 +76,12 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     an explicit layout that does not fit is refused in one line."""
     given = _checked_gpu_memory(gpu_memory)
     key = flagship_key(recipe.model.name)
-    if key is None or recipe.memory.offload != "none":  # the plan has no offloaded layouts yet
+    if key is None:
         return Planned(recipe, None)
     limit = given if given is not None else visible_gpu_gib(recipe.model.device)
     if limit is None:
         return Planned(recipe, None)
-    from accel.memory.plan import RESERVED, Candidate, estimate_of, make_plan
+    from accel.memory.plan import RESERVED, Candidate, estimate_of, fastest_fitting, make_plan
     from accel.models.flagships import FLAGSHIPS, Size
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import resolve_degrees
@@ -90,24 +91,27 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     size = Size(generate.width or flagship.size.width, generate.height or flagship.size.height,
                 (generate.frames or flagship.size.frames) if flagship.size.frames else None)
     plan = make_plan(key, recipe.world_size, limit, size)
-    chosen = plan.chosen
+    # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout.
+    allowed = tuple(c for c in plan.candidates if c.offload == "none" or not recipe.compile.enabled)
+    chosen = fastest_fitting(allowed, plan.gpu_memory)
     where = f"{recipe.world_size} GPU{'s' if recipe.world_size > 1 else ''} of {limit:g} GiB"
     leaves_choice = settings.chooses_degrees or recipe.world_size == 1
-    if leaves_choice and settings.tp == 1 and settings.cfg == 1 and recipe.memory.text_encoder == "replicated":
+    memory = recipe.memory
+    if leaves_choice and settings.tp == 1 and settings.cfg == 1 and memory.text_encoder == "replicated" and memory.offload == "none":
         if chosen is None:
-            smallest = plan.smallest
+            smallest = min(allowed, key=lambda c: c.estimate.peak)
             raise UserError(f"{flagship.title} at {size.describe()} fits no layout of {where}: the smallest needs "
                             f"{(smallest.estimate.peak + RESERVED) / GIB:.1f} GiB per GPU ({smallest.describe()}); "
                             f"use more GPUs or larger ones")
         degrees = chosen.degrees
         parallel = dataclasses.replace(settings, ulysses=degrees.ulysses, ring=degrees.ring, cfg=degrees.cfg, tp=degrees.tp,
                                        gpus=recipe.world_size)
-        memory = dataclasses.replace(recipe.memory, text_encoder=chosen.text_encoder)
+        memory = dataclasses.replace(memory, text_encoder=chosen.text_encoder, offload=chosen.offload)
         return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
     degrees = resolve_degrees(settings, FAMILIES[key].heads, recipe.model.name)  # as the run will lay it out
-    placement = "cpu" if recipe.memory.text_encoder == "cpu" else "replicated"  # rank0's busiest rank holds them too
-    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement), None) or \
-        estimate_of(key, degrees, placement, size)
+    placement = "cpu" if memory.text_encoder == "cpu" else "replicated"  # rank0's busiest rank holds them too
+    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
+        or estimate_of(key, degrees, placement, size, memory.offload, limit)
     peak = asked.estimate.peak + RESERVED
     if peak > limit * GIB:
         fits = f"a layout that fits: {' '.join(layout_flags(chosen)) or 'one process'}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"

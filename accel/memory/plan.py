@@ -4,16 +4,24 @@ Each candidate is a set of degrees over all N GPUs: CFG halves (families that ru
 TP degree that splits every planned width, then the largest Ulysses degree the TP rank's heads allow
 with Ring for the rest (accel's own preference for sequence ranks). Its busiest rank's peak is
 measured by accel/memory/estimate.py; it fits when that peak plus RESERVED is within the card.
+
+On one GPU the plan also weighs diffusers' offloading ([memory] offload): "model" holds one whole
+component at a time (no cost per step; the weights cross PCIe once per job), "group" streams the
+transformer's blocks one at a time with prefetch, so a step costs the larger of its arithmetic and
+moving every block's weights over PCIe. The plan never picks quantization: that changes the output,
+and is the user's call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
 from accel.errors import UserError
-from accel.memory.estimate import RankEstimate, build, transformer_weights, transformer_working, tp_problem, vae_working, weight_bytes
+from accel.memory.estimate import (RankEstimate, build, offload_groups, tp_problem, transformer_flops, transformer_weights,
+                                   transformer_working, vae_working, weight_bytes)
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
@@ -33,6 +41,35 @@ EFFICIENCY = {"cfg": 0.98, "ulysses": 0.95, "ring": 0.85, "tp": 0.85}
 # Where the text encoders can live ([memory] text_encoder): on the GPU ("replicated" and "rank0" both
 # put them on the busiest rank), or in host memory ("cpu"), which costs CPU time once per prompt.
 PLACEMENTS = ("replicated", "cpu")
+# One GPU's offloaded layouts: (offload, text encoders' place). Model offload with the encoders in host
+# memory is what model offload already does between uses.
+OFFLOADED = (("model", "replicated"), ("group", "replicated"), ("group", "cpu"))
+# At equal expected step speed, the layout with the least per-job cost wins: encoders on the GPU, then
+# model offload (each component's weights cross PCIe once per job: seconds), then encoding on the CPU
+# (a multi-billion-parameter encoder costs tens of seconds per prompt there).
+PREFERENCE = (("none", "replicated"), ("model", "replicated"), ("group", "replicated"), ("none", "cpu"), ("group", "cpu"))
+
+
+@dataclass(frozen=True)
+class Card:
+    """What decides group offload's cost on a GPU class: its bf16 tensor throughput as accel reaches it,
+    and host-to-device bandwidth."""
+
+    name: str
+    min_memory_gib: float  # the class is taken from the memory per GPU: the plan is not told the model
+    flops_per_second: float
+    pcie_bytes_per_second: float
+
+
+# Dense bf16 peaks (H100 SXM 989, L40S 362, RTX 4090 165 TFLOP/s with fp32 accumulation) at the share an
+# eager FLUX.1-dev step reaches on an H100 (74.4 TFLOP counted in 182.5 ms: 0.41, BENCHMARKS.md); pinned
+# host-to-device copies at about 50 GB/s on PCIe 5 x16 and 25 GB/s on PCIe 4 x16.
+REACHED = 0.41
+CARDS = (Card("H100", 64, 989e12 * REACHED, 50e9), Card("L40S", 40, 362e12 * REACHED, 25e9), Card("RTX 4090", 0, 165e12 * REACHED, 25e9))
+
+
+def card_for(gpu_memory_gib: float) -> Card:
+    return next(card for card in CARDS if gpu_memory_gib >= card.min_memory_gib)
 
 
 @dataclass(frozen=True)
@@ -40,11 +77,17 @@ class Candidate:
     degrees: Degrees
     estimate: RankEstimate
     fits: bool
-    speedup: float  # expected step speedup over one GPU
+    speedup: float  # expected step speed against one GPU that holds the whole model
     text_encoder: str = "replicated"
+    offload: str = "none"
 
     def describe(self) -> str:
-        return self.degrees.describe() + (", text encoders on the CPU" if self.text_encoder == "cpu" else "")
+        offload = {"none": "", "model": ", model offload", "group": ", group offload"}[self.offload]
+        return self.degrees.describe() + offload + (", text encoders on the CPU" if self.text_encoder == "cpu" else "")
+
+    @property
+    def preference(self) -> int:
+        return PREFERENCE.index((self.offload, self.text_encoder))
 
 
 @dataclass(frozen=True)
@@ -67,10 +110,10 @@ class MemoryPlan:
 
 
 def fastest_fitting(candidates: tuple[Candidate, ...], gpu_memory: int) -> Candidate | None:
-    """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the encoders on the GPU
-    (no CPU encoding), then the lowest peak. None: none fits."""
+    """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the least per-job cost
+    (PREFERENCE), then the lowest peak. None: none fits."""
     fitting = [c for c in candidates if c.estimate.peak + RESERVED <= gpu_memory]
-    return max(fitting, key=lambda c: (round(c.speedup, 6), c.text_encoder != "cpu", -c.estimate.peak)) if fitting else None
+    return max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.estimate.peak)) if fitting else None
 
 
 def expected_speedup(degrees: Degrees) -> float:
@@ -106,7 +149,7 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
         raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
     name, flagship = flagship_of(model)
     family = FAMILIES[name]
-    measure = _Measure(name, size or flagship.size)
+    measure = _measure(name, size or flagship.size)
     candidates, refused = [], []
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
@@ -117,13 +160,21 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
             degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), family.heads, name)
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
+    if gpus == 1:  # offload runs one process (recipe.offload_refusal)
+        candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
     return MemoryPlan(name, flagship, measure.size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
 
-def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None) -> Candidate:
+def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None, offload: str = "none",
+                gpu_memory_gib: float | None = None) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    measure = _Measure(model, size or FLAGSHIPS[model].size)
-    return measure.candidate(degrees, placement, None)
+    return _measure(model, size or FLAGSHIPS[model].size).candidate(degrees, placement, gpu_memory_gib, offload)
+
+
+@functools.lru_cache(maxsize=4)
+def _measure(model: str, size: Size) -> _Measure:
+    """One measure per model and size for the process: plans of other GPU counts and cards reuse it."""
+    return _Measure(model, size)
 
 
 class _Measure:
@@ -137,14 +188,54 @@ class _Measure:
         self.vae = vae_working(self.flagship, size)
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, int]] = {}
+        self._flops: int | None = None
 
-    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None) -> Candidate:
+    def forward_working(self, degrees: Degrees) -> int:
         key = (degrees.tp, degrees.ulysses, degrees.ring)
         if key not in self.working:
             self.working[key] = transformer_working(self.family, self.flagship, self.size, degrees)
+        return self.working[key]
+
+    @property
+    def flops(self) -> int:
+        if self._flops is None:
+            self._flops = transformer_flops(self.flagship, self.size)
+        return self._flops
+
+    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None, offload: str = "none") -> Candidate:
+        if offload != "none":
+            return self._offloaded(placement, gpu_memory_gib, offload)
         if degrees.tp not in self.split:
             self.split[degrees.tp] = {attr: transformer_weights(self.family, model, degrees.tp) for attr, model in self.transformers.items()}
         held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in self.others.items()}
-        estimate = RankEstimate(self.split[degrees.tp] | held, {"transformer forward": self.working[key], "VAE decode": self.vae})
+        estimate = RankEstimate(self.split[degrees.tp] | held, {"transformer forward": self.forward_working(degrees), "VAE decode": self.vae})
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
         return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement)
+
+    def _offloaded(self, placement: str, gpu_memory_gib: float | None, offload: str) -> Candidate:
+        """One process under diffusers' offloading: nothing stays on the GPU; each phase holds what it runs
+        on (model: the whole component; group: the transformer's non-block weights and two blocks, the one
+        running and the one prefetched) plus its working memory. The encoders, which have no block list
+        diffusers' group offload streams, move whole in both modes; "cpu" keeps them in host memory."""
+        encoders = [size for attr, size in self.others.items() if attr.startswith("text_encoder")]
+        vae = sum(size for attr, size in self.others.items() if attr.startswith("vae"))
+        if offload == "model":
+            transformer = max(weight_bytes(model) for model in self.transformers.values())
+        else:
+            groups = [offload_groups(model) for model in self.transformers.values()]
+            transformer = max(outside + 2 * block for outside, block in groups)
+        working = {"text encode": 0 if placement == "cpu" else max(encoders, default=0),
+                   "transformer forward": transformer + self.forward_working(Degrees()), "VAE decode": vae + self.vae}
+        estimate = RankEstimate({attr: 0 for attr in [*self.transformers, *self.others]}, working)
+        fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
+        return Candidate(Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload)
+
+    def _offload_speed(self, offload: str, gpu_memory_gib: float | None) -> float:
+        """Group offload's step against one GPU holding everything: each call's arithmetic overlaps the
+        copy of every block's weights on a side stream, so the slower of the two sets the pace."""
+        if offload == "model":
+            return 1.0
+        card = card_for(gpu_memory_gib if gpu_memory_gib is not None else 0)
+        compute = self.flops / card.flops_per_second
+        copy = max(weight_bytes(model) for model in self.transformers.values()) / card.pcie_bytes_per_second
+        return compute / max(compute, copy)

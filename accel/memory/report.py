@@ -9,6 +9,10 @@ from rich.table import Table
 from accel.memory.plan import RESERVED, Candidate, GiB, MemoryPlan
 
 
+# The phases a rank goes through, in order, each with the working memory it adds.
+PHASES = ("text encode", "transformer forward", "VAE decode")
+
+
 def _gib(value: int) -> str:
     return f"{value / GiB:.2f}"
 
@@ -20,9 +24,12 @@ def headline(plan: MemoryPlan) -> str:
         smallest = plan.smallest
         return (f"no layout of {plan.flagship.title} at {plan.size.describe()} fits {where}: the smallest peak is "
                 f"{_gib(smallest.estimate.peak + RESERVED)} GiB ({smallest.describe()}); use more or larger GPUs")
-    flag = " (--text-encoder cpu)" if chosen.text_encoder == "cpu" else ""
-    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.describe()}{flag}, "
-            f"peak {_gib(chosen.estimate.peak + RESERVED)} GiB per GPU, about {chosen.speedup:.1f}x one GPU's step speed")
+    from accel.memory.fit import layout_flags
+
+    flags = " ".join(layout_flags(chosen))
+    return (f"{plan.flagship.title} at {plan.size.describe()} on {where}: {chosen.describe()}{f' ({flags})' if flags else ''}, "
+            f"peak {_gib(chosen.estimate.peak + RESERVED)} GiB per GPU, about {chosen.speedup:.2f}x the step speed of one GPU "
+            f"that holds the whole model")
 
 
 def table(plan: MemoryPlan) -> Table:
@@ -32,25 +39,29 @@ def table(plan: MemoryPlan) -> Table:
     result.add_column("layout")
     for attr in attrs:
         result.add_column(attr, justify="right")
-    result.add_column("forward", justify="right")
-    result.add_column("VAE decode", justify="right")
+    phases = [phase for phase in PHASES if any(phase in c.estimate.working for c in plan.candidates)]
+    for phase in phases:
+        result.add_column(phase, justify="right")
     result.add_column("peak", justify="right")
+    result.add_column("speed", justify="right")
     result.add_column("verdict")
     chosen = plan.chosen
     for candidate in plan.candidates:
         estimate = candidate.estimate
         verdict = ("chosen" if candidate is chosen else "fits") if candidate.fits else "does not fit"
         result.add_row(candidate.describe(), *(_gib(estimate.weights[a]) for a in attrs),
-                       _gib(estimate.working["transformer forward"]), _gib(estimate.working["VAE decode"]),
-                       _gib(estimate.peak + RESERVED), verdict)
-    result.caption = (f"peak = weights + the larger working phase + {RESERVED / GiB:g} GiB reserved (CUDA context, "
-                      f"workspaces, NCCL); limit {plan.gpu_memory / GiB:g} GiB")
+                       *(_gib(estimate.working[p]) if p in estimate.working else "" for p in phases),
+                       _gib(estimate.peak + RESERVED), f"{candidate.speedup:.2f}x", verdict)
+    result.caption = (f"peak = weights held throughout + the largest phase (under offload: what it moves in and its "
+                      f"working memory) + {RESERVED / GiB:g} GiB reserved (CUDA context, workspaces, NCCL); limit "
+                      f"{plan.gpu_memory / GiB:g} GiB; speed: expected step speed against one GPU holding the whole model")
     return result
 
 
 def _candidate_json(candidate: Candidate) -> dict[str, Any]:
     degrees = candidate.degrees
     return {"cfg": degrees.cfg, "tp": degrees.tp, "ulysses": degrees.ulysses, "ring": degrees.ring, "text_encoder": candidate.text_encoder,
+            "offload": candidate.offload,
             "weights_bytes": candidate.estimate.weights, "working_bytes": candidate.estimate.working,
             "peak_bytes": candidate.estimate.peak + RESERVED, "fits": candidate.fits, "expected_speedup": round(candidate.speedup, 3)}
 
