@@ -802,6 +802,8 @@ def plan(
     width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
     height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")] = None,
     frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", help="Recipe TOML whose [quant] and [generate] size the plan measures.")] = None,
+    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo: the blocks' weights counted as torchao stores them.", show_default=_recipe_default("quant", "type"))] = None,
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False,
 ) -> None:
     """Which layouts fit your GPUs, measured on fake CUDA before any weight is read, and the fastest that does."""
@@ -814,11 +816,12 @@ def plan(
 
     try:
         _, flagship = flagship_of(model)
+        settings = _recipe(recipe, {"quant": {"type": quant}, "generate": {"width": width, "height": height, "frames": frames}})
         if gpu_memory is None:
             gpu_memory = visible_gpu_gib("auto") or 80.0
-        base = flagship.size
-        size = Size(width or base.width, height or base.height, frames or base.frames)
-        result = make_plan(model, gpus, gpu_memory, size)
+        base, generate = flagship.size, settings.generate
+        size = Size(generate.width or base.width, generate.height or base.height, (generate.frames or base.frames) if base.frames else None)
+        result = make_plan(model, gpus, gpu_memory, size, settings.quant)
     except UserError as error:
         _fail(str(error))
         return

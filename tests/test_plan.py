@@ -78,6 +78,32 @@ def test_tp_weight_bytes_equal_a_real_split(tp: int) -> None:
     assert transformer_weights(family, build(component), 1) == whole
 
 
+def _stored_bytes(tensor: torch.Tensor) -> int:
+    """What a tensor holds, through torchao's tensor subclasses (their inner tensors)."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        return sum(_stored_bytes(getattr(tensor, name)) for name in tensor.__tensor_flatten__()[0])
+    return tensor.numel() * tensor.element_size()
+
+
+@pytest.mark.parametrize("scheme, scope", [("int8wo", "blocks"), ("int8dq", "transformer"), ("fp8wo", "blocks")])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_quantized_weight_bytes_equal_torchaos_storage(scheme: str, scope: str, tp: int) -> None:
+    """The plan's count of a quantized rank's bytes (split, then quantized) against torchao's own storage
+    of a real mid-size transformer on the CPU."""
+    from accel.optimize.quantize import QuantSummary, quantize_transformer
+    from accel.recipe import QuantSection
+
+    family = FAMILIES["flux"]
+    component = Component("transformer", "diffusers", "FluxTransformer2DModel", MID_FLUX)
+    real = build(component, "cpu")
+    if tp > 1:
+        split_module(real, resolve_tensor_plan(family.tensor, real), tp, 0)
+    quantize_transformer(real, QuantSummary(scheme), family.blocks, scope, ())
+    stored = sum(_stored_bytes(t) for t in [*real.parameters(), *real.buffers()])
+    quant = QuantSection(type=scheme, scope=scope)
+    assert transformer_weights(family, build(component), tp, quant) == stored < transformer_weights(family, build(component), tp)
+
+
 def test_flagship_weights_are_the_published_sizes() -> None:
     """Counts from the configs: FLUX.1-dev's 11.9 B transformer, T5-XXL's 4.76 B encoder, CLIP-L's 123 M."""
     flux = {c.attr: sum(p.numel() for p in build(c).parameters()) for c in FLAGSHIPS["flux"].components}
@@ -197,11 +223,24 @@ def test_plan_json_and_table(tmp_path) -> None:
     assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--ulysses 2 --text-encoder cpu)" in " ".join(text.output.split())
 
 
+def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[quant]\ntype = "int8wo"\n[generate]\nwidth = 512\nheight = 768\n')
+    result = run_cli(["plan", "flux", "--gpu-memory", "80", "--recipe", str(recipe), "--height", "512", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert (data["quant"], data["size"]) == ("int8wo", "512x512")  # the flag over the recipe
+    plain = make_plan("flux", 1, 80, Size(512, 512)).candidates[0]
+    counted = data["candidates"][0]["weights_bytes"]["transformer"]
+    assert counted < 0.6 * plain.estimate.weights["transformer"]
+
+
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
     (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, ltx2, qwenimage, sd3, wan"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
+    (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])
 def test_refusals_are_one_line(argv: list[str], line: str) -> None:
     result = run_cli(argv)
@@ -256,6 +295,22 @@ def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
     compiled = as_recipe({"model": {"name": "flux2", "device": "cpu"}, "compile": {"enabled": True}})
     planned = fitted(compiled, 80)  # offload does not compose with compile: Mistral goes to host memory instead
     assert planned.flags == ("--text-encoder", "cpu") and planned.recipe.memory.offload == "none"
+
+
+def test_the_plan_counts_the_recipes_quantization() -> None:
+    """FLUX.2-dev's blocks in fp8 take its transformer from 60 to 31 GiB: Mistral then fits beside it on one
+    H100, so nothing moves to host memory."""
+    from accel.compose import as_recipe
+    from accel.memory.fit import fitted
+
+    recipe = as_recipe({"model": {"name": "flux2", "device": "cpu"}, "quant": {"type": "fp8dq"}})
+    planned = fitted(recipe, 80)
+    assert planned.flags == () and planned.recipe.memory.offload == "none" and planned.recipe.memory.text_encoder == "replicated"
+    quantized = make_plan("flux2", 1, 80, quant=recipe.quant).chosen
+    assert planned.peak == quantized.estimate.peak + RESERVED
+    assert quantized.estimate.weights["transformer"] < 0.55 * make_plan("flux2", 1, 80).chosen.estimate.working["transformer forward"]
+    result = run_cli(["plan", "flux2", "--gpu-memory", "80", "--quant", "fp8dq", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)["chosen"]["peak_bytes"] == planned.peak
 
 
 def test_an_offload_that_does_not_fit_is_refused_with_one_that_does() -> None:

@@ -11,6 +11,7 @@ Attention runs through accel's own kernels (flash-style: no L x L matrix), as on
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from accel.memory.tracker import tracked_peak
 from accel.models.base import Family
 from accel.models.flagships import Component, Flagship, Size
 from accel.parallel.mesh import Degrees
+from accel.recipe import QuantSection
 
 DTYPE = torch.bfloat16
 # Config keys that set a transformer's depth: one block of each kind measures its working peak.
@@ -72,19 +74,51 @@ def weight_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
-def transformer_weights(family: Family, model: nn.Module, tp: int) -> int:
-    """The transformer's bytes on one rank (`model` built on meta): whole, or with each split parameter
-    cut to its 1/tp slice (the parameters the split loader reads in part, accel/models/split_load.py)."""
-    whole = weight_bytes(model)
-    if tp == 1:
-        return whole
-    from accel.parallel.tensor import planned_layers, resolve_tensor_plan, slices_of
+# How torchao stores a quantized Linear weight of shape (rows, columns): bits per weight, bytes per
+# row (scales, zero points), bytes per group of INT4_GROUP columns in a row (int4's scale and zero).
+QUANT_STORAGE = {"int8wo": (8, 5, 0), "int8dq": (8, 5, 0), "fp8wo": (8, 4, 0), "fp8dq": (8, 4, 0), "int4wo": (4, 0, 4)}
 
-    assert family.tensor is not None
-    plan = resolve_tensor_plan(family.tensor, model)
-    named = dict(model.named_parameters())
-    split = sum(named[name].numel() * named[name].element_size() for name in slices_of(model, plan, planned_layers(model, plan)))
-    return whole - split + split // tp
+
+def quantized_bytes(scheme: str, shape: tuple[int, ...] | list[int]) -> int:
+    from accel.optimize.quantize import INT4_GROUP
+
+    bits, per_row, per_group = QUANT_STORAGE[scheme]
+    rows, columns = shape
+    return rows * columns * bits // 8 + rows * per_row + rows * (columns // INT4_GROUP) * per_group
+
+
+def parameter_bytes(family: Family, model: nn.Module, tp: int = 1, quant: QuantSection | None = None) -> dict[str, int]:
+    """Each parameter's and buffer's bytes on one rank (`model` built on meta): each split parameter cut
+    to its 1/tp slice (what the split loader reads of it, accel/models/split_load.py), and each Linear
+    weight [quant] chooses stored as torchao stores it (the split comes first, then the shards quantize)."""
+    slices: dict[str, tuple[int, tuple[int, ...]]] = {}
+    if tp > 1:
+        from accel.parallel.tensor import planned_layers, resolve_tensor_plan, slices_of
+
+        assert family.tensor is not None
+        plan = resolve_tensor_plan(family.tensor, model)
+        slices = slices_of(model, plan, planned_layers(model, plan))
+    quantized: set[str] = set()
+    if quant is not None and quant.type != "none":
+        from accel.optimize.quantize import chosen_layers
+
+        quantized = set(chosen_layers(model, quant.type, family.blocks, quant.scope, quant.exclude)[0])
+    sizes = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        shape = list(tensor.shape)
+        if name in slices:
+            shape[slices[name][0]] //= tp
+        layer, _, leaf = name.rpartition(".")
+        if leaf == "weight" and layer in quantized:
+            sizes[name] = quantized_bytes(quant.type, shape)  # type: ignore[union-attr]
+        else:
+            sizes[name] = math.prod(shape) * tensor.element_size()
+    return sizes
+
+
+def transformer_weights(family: Family, model: nn.Module, tp: int, quant: QuantSection | None = None) -> int:
+    """The transformer's bytes on one rank (parameter_bytes, summed)."""
+    return sum(parameter_bytes(family, model, tp, quant).values())
 
 
 def tp_problem(family: Family, model: nn.Module, tp: int) -> str | None:
@@ -204,12 +238,19 @@ def _block_lists(model: nn.Module) -> dict[str, nn.Module]:
     return {name: child for name, child in model.named_children() if isinstance(child, (nn.ModuleList, nn.Sequential))}
 
 
-def offload_groups(model: nn.Module) -> tuple[int, int]:
-    """(bytes outside the repeated blocks, bytes of the largest block) of `model` built on meta: what
-    diffusers' block-level group offload holds on the GPU besides one block being streamed in."""
-    lists = _block_lists(model)
-    blocks = [weight_bytes(block) for blocks in lists.values() for block in blocks]
-    return weight_bytes(model) - sum(blocks), max(blocks, default=0)
+def offload_groups(model: nn.Module, sizes: dict[str, int] | None = None) -> tuple[int, int]:
+    """(bytes outside the repeated blocks, bytes of the largest block) of `model` built on meta, each
+    tensor counted as `sizes` says (default: as built): what diffusers' block-level group offload holds
+    on the GPU besides one block being streamed in."""
+    if sizes is None:
+        sizes = {name: t.numel() * t.element_size() for name, t in [*model.named_parameters(), *model.named_buffers()]}
+    lists, blocks = _block_lists(model), {}
+    for name, size in sizes.items():
+        head, _, rest = name.partition(".")
+        if head in lists:
+            index = rest.partition(".")[0]
+            blocks[f"{head}.{index}"] = blocks.get(f"{head}.{index}", 0) + size
+    return sum(sizes.values()) - sum(blocks.values()), max(blocks.values(), default=0)
 
 
 def transformer_flops(flagship: Flagship, size: Size) -> int:

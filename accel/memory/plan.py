@@ -20,13 +20,13 @@ import math
 from dataclasses import dataclass
 
 from accel.errors import UserError
-from accel.memory.estimate import (RankEstimate, build, offload_groups, tp_problem, transformer_flops, transformer_weights,
+from accel.memory.estimate import (RankEstimate, build, offload_groups, parameter_bytes, tp_problem, transformer_flops,
                                    transformer_working, vae_working, weight_bytes)
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import Degrees, resolve_degrees
-from accel.recipe import ParallelSection
+from accel.recipe import ParallelSection, QuantSection
 
 GiB = 2**30
 # Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
@@ -95,6 +95,7 @@ class MemoryPlan:
     model: str
     flagship: Flagship
     size: Size
+    quant: QuantSection
     gpus: int
     gpu_memory: int  # bytes per GPU
     candidates: tuple[Candidate, ...]
@@ -141,15 +142,16 @@ def flagship_of(model: str) -> tuple[str, Flagship]:
     return model, FLAGSHIPS[model]
 
 
-def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None) -> MemoryPlan:
-    """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`."""
+def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection()) -> MemoryPlan:
+    """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
+    transformers quantized as `quant` says."""
     if not gpu_memory_gib > 0:
         raise UserError(f"accel plan: --gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
     if gpus < 1:
         raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
     name, flagship = flagship_of(model)
     family = FAMILIES[name]
-    measure = _measure(name, size or flagship.size)
+    measure = _measure(name, size or flagship.size, quant)
     candidates, refused = [], []
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
@@ -162,32 +164,32 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
-    return MemoryPlan(name, flagship, measure.size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
+    return MemoryPlan(name, flagship, measure.size, quant, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
 
 def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None, offload: str = "none",
-                gpu_memory_gib: float | None = None) -> Candidate:
+                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection()) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    return _measure(model, size or FLAGSHIPS[model].size).candidate(degrees, placement, gpu_memory_gib, offload)
+    return _measure(model, size or FLAGSHIPS[model].size, quant).candidate(degrees, placement, gpu_memory_gib, offload)
 
 
 @functools.lru_cache(maxsize=4)
-def _measure(model: str, size: Size) -> _Measure:
-    """One measure per model and size for the process: plans of other GPU counts and cards reuse it."""
-    return _Measure(model, size)
+def _measure(model: str, size: Size, quant: QuantSection) -> _Measure:
+    """One measure per model, size and quantization for the process: plans of other GPU counts and cards reuse it."""
+    return _Measure(model, size, quant)
 
 
 class _Measure:
     """The measures a plan shares across its candidates: the transformers built on meta once, weights
     per component, the VAE decode once, the forward once per (tp, ulysses, ring)."""
 
-    def __init__(self, model: str, size: Size) -> None:
-        self.family, self.flagship, self.size = FAMILIES[model], FLAGSHIPS[model], size
+    def __init__(self, model: str, size: Size, quant: QuantSection) -> None:
+        self.family, self.flagship, self.size, self.quant = FAMILIES[model], FLAGSHIPS[model], size, quant
         self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
         self.others = {c.attr: weight_bytes(build(c)) for c in self.flagship.components if not c.attr.startswith("transformer")}
         self.vae = vae_working(self.flagship, size)
         self.working: dict[tuple[int, int, int], int] = {}
-        self.split: dict[int, dict[str, int]] = {}
+        self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
         self._flops: int | None = None
 
     def forward_working(self, degrees: Degrees) -> int:
@@ -202,13 +204,17 @@ class _Measure:
             self._flops = transformer_flops(self.flagship, self.size)
         return self._flops
 
+    def parameters(self, tp: int) -> dict[str, dict[str, int]]:
+        if tp not in self.split:
+            self.split[tp] = {attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()}
+        return self.split[tp]
+
     def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None, offload: str = "none") -> Candidate:
         if offload != "none":
             return self._offloaded(placement, gpu_memory_gib, offload)
-        if degrees.tp not in self.split:
-            self.split[degrees.tp] = {attr: transformer_weights(self.family, model, degrees.tp) for attr, model in self.transformers.items()}
+        split = {attr: sum(sizes.values()) for attr, sizes in self.parameters(degrees.tp).items()}
         held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in self.others.items()}
-        estimate = RankEstimate(self.split[degrees.tp] | held, {"transformer forward": self.forward_working(degrees), "VAE decode": self.vae})
+        estimate = RankEstimate(split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": self.vae})
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
         return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement)
 
@@ -219,10 +225,11 @@ class _Measure:
         diffusers' group offload streams, move whole in both modes; "cpu" keeps them in host memory."""
         encoders = [size for attr, size in self.others.items() if attr.startswith("text_encoder")]
         vae = sum(size for attr, size in self.others.items() if attr.startswith("vae"))
+        sizes = self.parameters(1)
         if offload == "model":
-            transformer = max(weight_bytes(model) for model in self.transformers.values())
+            transformer = max(sum(sizes[attr].values()) for attr in self.transformers)
         else:
-            groups = [offload_groups(model) for model in self.transformers.values()]
+            groups = [offload_groups(model, sizes[attr]) for attr, model in self.transformers.items()]
             transformer = max(outside + 2 * block for outside, block in groups)
         working = {"text encode": 0 if placement == "cpu" else max(encoders, default=0),
                    "transformer forward": transformer + self.forward_working(Degrees()), "VAE decode": vae + self.vae}
@@ -237,5 +244,5 @@ class _Measure:
             return 1.0
         card = card_for(gpu_memory_gib if gpu_memory_gib is not None else 0)
         compute = self.flops / card.flops_per_second
-        copy = max(weight_bytes(model) for model in self.transformers.values()) / card.pcie_bytes_per_second
+        copy = max(sum(sizes.values()) for sizes in self.parameters(1).values()) / card.pcie_bytes_per_second
         return compute / max(compute, copy)

@@ -32,10 +32,15 @@ def headline(plan: MemoryPlan) -> str:
             f"that holds the whole model")
 
 
+def quantized(plan: MemoryPlan) -> str:
+    quant = plan.quant
+    return "" if quant.type == "none" else f" with {'the blocks' if quant.scope == 'blocks' else 'every Linear'} in {quant.type}"
+
+
 def table(plan: MemoryPlan) -> Table:
     attrs = list(plan.candidates[0].estimate.weights) if plan.candidates else []
     result = Table(title=f"accel plan {plan.model}: {plan.flagship.title} ({plan.flagship.repo}), {plan.size.describe()}, "
-                         f"bf16, GiB on the busiest rank")
+                         f"bf16{quantized(plan)}, GiB on the busiest rank")
     result.add_column("layout")
     for attr in attrs:
         result.add_column(attr, justify="right")
@@ -68,7 +73,7 @@ def _candidate_json(candidate: Candidate) -> dict[str, Any]:
 
 def as_json(plan: MemoryPlan) -> dict[str, Any]:
     chosen = plan.chosen
-    return {"model": plan.model, "checkpoint": plan.flagship.repo, "size": plan.size.describe(), "gpus": plan.gpus,
+    return {"model": plan.model, "checkpoint": plan.flagship.repo, "size": plan.size.describe(), "quant": plan.quant.type, "gpus": plan.gpus,
             "gpu_memory_bytes": plan.gpu_memory, "reserved_bytes": RESERVED,
             "candidates": [_candidate_json(c) for c in plan.candidates], "refused": list(plan.refused),
             "chosen": _candidate_json(chosen) if chosen else None}

@@ -116,6 +116,29 @@ def quantized_as(transformer: nn.Module) -> str | None:
     return _quantized.get(transformer)
 
 
+def chosen_layers(transformer: nn.Module, scheme: str, blocks: Sequence[BlockList], scope: str,
+                  exclude: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """The Linear layers `scheme` quantizes, and those it keeps in the model dtype by why (the memory
+    plan counts the same choice on a transformer built on meta)."""
+    block_attrs = {spec.attr for spec in blocks}
+    chosen: list[str] = []
+    kept: dict[str, list[str]] = {}
+    for name, module in transformer.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if scope == "blocks" and name.split(".")[0] not in block_attrs:
+            kept.setdefault("outside the repeated blocks", []).append(name)
+        elif _is_lora(name):
+            kept.setdefault("LoRA adapter", []).append(name)
+        elif any(fnmatchcase(name, pattern) for pattern in exclude):
+            kept.setdefault("excluded", []).append(name)
+        elif not _shape_fits(scheme, module):
+            kept.setdefault("shape the kernel cannot take", []).append(name)
+        else:
+            chosen.append(name)
+    return chosen, kept
+
+
 def quantize_transformer(
     transformer: nn.Module,
     summary: QuantSummary,
@@ -135,26 +158,14 @@ def quantize_transformer(
                 "load the pipeline again to quantize it differently"
             )
         return
-    block_attrs = {spec.attr for spec in blocks}
-    chosen: set[str] = set()
-    for name, module in transformer.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        if scope == "blocks" and name.split(".")[0] not in block_attrs:
-            summary.kept.setdefault("outside the repeated blocks", []).append(prefix + name)
-        elif _is_lora(name):
-            summary.kept.setdefault("LoRA adapter", []).append(prefix + name)
-        elif any(fnmatchcase(name, pattern) for pattern in exclude):
-            summary.kept.setdefault("excluded", []).append(prefix + name)
-        elif not _shape_fits(scheme, module):
-            summary.kept.setdefault("shape the kernel cannot take", []).append(prefix + name)
-        else:
-            chosen.add(name)
-            summary.quantized.append(prefix + name)
+    chosen, kept = chosen_layers(transformer, scheme, blocks, scope, exclude)
+    summary.quantized += [prefix + name for name in chosen]
+    for why, names in kept.items():
+        summary.kept.setdefault(why, []).extend(prefix + name for name in names)
     if chosen:
         from torchao.quantization import quantize_
 
-        quantize_(transformer, _config(scheme), filter_fn=_named(chosen))
+        quantize_(transformer, _config(scheme), filter_fn=_named(set(chosen)))
     _quantized[transformer] = scheme
 
 
