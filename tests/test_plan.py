@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
@@ -236,3 +237,36 @@ def test_the_visible_gpus_memory_comes_from_nvidia_smi_not_a_cuda_context(tmp_pa
     assert visible_gpu_gib("cpu") is None
     smi.unlink()
     assert visible_gpu_gib("cuda") is None  # no nvidia-smi: no plan rather than a guess
+
+
+# -- accel bench and accel serve on a flagship: the same plan, per variant and per replica ----------------
+
+
+def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(monkeypatch) -> None:
+    """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every rank."""
+    import accel.launch
+    from accel.memory.fit import PLANNED_PEAK
+
+    monkeypatch.delenv(PLANNED_PEAK, raising=False)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(accel.launch, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0)
+    argv = ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--gpu-memory", "80", "--oversubscribe"]
+    result = CliRunner().invoke(app, argv, obj={"argv": argv}, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    chosen = make_plan("flux2", 2, 80).chosen
+    assert launched == [["4", *argv, "--ulysses", "2", "--text-encoder", "cpu"]]
+    assert os.environ[PLANNED_PEAK] == str(chosen.estimate.peak + RESERVED)  # the ranks' estimate
+
+
+def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> None:
+    result = run_cli(["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each GPU; "
+        "a layout that fits: --ulysses 2 --text-encoder cpu")
+
+
+@pytest.mark.parametrize("command", [["serve", "tiny-flux"]])
+def test_serve_and_bench_refuse_a_gpu_memory_that_is_not_positive(command: list[str]) -> None:
+    result = run_cli([*command, "--gpu-memory", "0"])
+    assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
