@@ -471,6 +471,7 @@ def bench(
     only: Annotated[list[str] | None, Opt("--only", metavar="NAME", help="Run only this variant (repeatable); the baseline always runs.", show_default="every variant")] = None,
     repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant.", show_default=_recipe_default("bench", "repeats"))] = None,
     warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant.", show_default=_recipe_default("bench", "warmup"))] = None,
+    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's variants left to accel take the plan's layout, the others are checked against it before loading.", show_default="the visible GPU's")] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
     r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
@@ -496,9 +497,9 @@ def bench(
             settings = settings.with_overrides({"bench": given}, source="command line")
         if gpus is not None and gpus > 1 and not under_distributed_launcher():  # without --gpus the plan fits the machine
             preflight.check_process_count(gpus, settings.model.device, oversubscribe)
-        from accel.bench import plan_bench
+        from accel.bench import fit_bench, plan_bench
 
-        plan = plan_bench(settings, gpus, only)
+        plan = fit_bench(plan_bench(settings, gpus, only), gpu_memory)  # a flagship's plan: seconds, so after the checks
         if plan.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
