@@ -46,6 +46,7 @@ class PlannedVariant:
     overrides: dict[str, Any]
     world_size: int
     skip: str | None = None
+    planned_peak: int | None = None  # accel plan's estimate of its peak per GPU (fit_bench), where one applied
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class VariantResult:
     speedup_max: float | None = None
     cache_hit_rate: float | None = None
     peak_memory_bytes: int | None = None
+    planned_peak_bytes: int | None = None
     psnr_db: float | None = None
     ssim: float | None = None
     output_path: str | None = None
@@ -161,6 +163,19 @@ def plan_bench(recipe: Recipe, gpus: int | None = None, only: list[str] | None =
         skip = _skip_reason(variant, ref, world, device)
         planned.append(PlannedVariant(name, variant, overrides, variant.world_size, skip))
     return BenchPlan(recipe, world, tuple(planned))
+
+
+def fit_bench(plan: BenchPlan, gpu_memory: float | None) -> BenchPlan:
+    """The memory plan (accel/memory/fit.py) on each variant that will run, on the launcher before any
+    rank starts: on a flagship checkpoint a variant that leaves its layout to accel takes the plan's,
+    one whose layout will not fit refuses the bench in one line; the ranks take the same from the launcher."""
+    from accel.memory.fit import planned_each
+
+    running = {variant.name: variant.recipe for variant in plan.variants if variant.skip is None}
+    fits = planned_each(running, gpu_memory, lambda name: f"{plan.recipe.source}: [bench] variant {name!r}")
+    variants = tuple(dataclasses.replace(variant, recipe=fits[variant.name].recipe, planned_peak=fits[variant.name].peak)
+                     if variant.name in fits else variant for variant in plan.variants)
+    return dataclasses.replace(plan, variants=variants)
 
 
 def _chosen_variants(recipe: Recipe, only: list[str] | None) -> list[tuple[str, dict[str, Any], Recipe]]:
@@ -306,7 +321,8 @@ def _run_variants(
     count = len(plan.variants)
     for index, planned in enumerate(plan.variants, 1):
         layout = _layout(planned, pipe)
-        row = VariantResult(planned.name, planned.overrides, planned.world_size, layout, planned.skip)
+        row = VariantResult(planned.name, planned.overrides, planned.world_size, layout, planned.skip,
+                            planned_peak_bytes=planned.planned_peak)
         results.append(row)
         if planned.skip is not None:
             say(f"[{index}/{count}] {planned.name}: skipped ({planned.skip})")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -253,6 +252,7 @@ def run(
         preflight.check_json(json_path, overwrite or not lead)
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
+        from accel.memory.fit import planned_here
         from accel.recipe import offload_refusal
 
         if (refusal := offload_refusal(settings)) is not None:
@@ -265,9 +265,9 @@ def run(
             asked = f"--gpus {settings.world_size}" if gpus is not None else "the [parallel] layout"
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe, spec.nnodes, asked)
             preflight.check_master_port(master_addr, master_port, node_rank)
-            planned, extra = _planned_layout(settings, gpu_memory)  # a flagship's plan: seconds, so after the checks
-            raise typer.Exit(_relaunch(ctx, planned.recipe, spec, extra))
-        planned, _ = _planned_layout(settings, gpu_memory)
+            planned = planned_here(settings, gpu_memory)  # a flagship's plan: seconds, so after the checks
+            raise typer.Exit(_relaunch(ctx, planned.recipe, spec, planned.flags))
+        planned = planned_here(settings, gpu_memory)
         settings = _fit_to_job(planned.recipe)
         from accel.files import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
@@ -285,21 +285,6 @@ def run(
     except UserError as error:
         _fail(str(error))
         return
-
-
-def _planned_layout(settings: Any, gpu_memory: float | None) -> tuple[Any, tuple[str, ...]]:
-    """The plan's fit of a flagship checkpoint (accel/memory/fit.py), once, before any rank starts; the
-    ranks get its layout as flags and its estimate from the launcher's environment."""
-    from accel.memory.fit import PLANNED_PEAK, Planned, fitted
-    from accel.parallel.mesh import under_distributed_launcher
-
-    if under_distributed_launcher():
-        peak = os.environ.get(PLANNED_PEAK)
-        return Planned(settings, int(peak) if peak else None, ()), ()
-    planned = fitted(settings, gpu_memory)
-    if planned.peak is not None:
-        os.environ[PLANNED_PEAK] = str(planned.peak)
-    return planned, planned.flags
 
 
 def _check_out_for_alias(out: Path | None, model: Any) -> None:
@@ -486,6 +471,7 @@ def bench(
     only: Annotated[list[str] | None, Opt("--only", metavar="NAME", help="Run only this variant (repeatable); the baseline always runs.", show_default="every variant")] = None,
     repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant.", show_default=_recipe_default("bench", "repeats"))] = None,
     warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant.", show_default=_recipe_default("bench", "warmup"))] = None,
+    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's variants left to accel take the plan's layout, the others are checked against it before loading.", show_default="the visible GPU's")] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
     r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
@@ -511,9 +497,9 @@ def bench(
             settings = settings.with_overrides({"bench": given}, source="command line")
         if gpus is not None and gpus > 1 and not under_distributed_launcher():  # without --gpus the plan fits the machine
             preflight.check_process_count(gpus, settings.model.device, oversubscribe)
-        from accel.bench import plan_bench
+        from accel.bench import fit_bench, plan_bench
 
-        plan = plan_bench(settings, gpus, only)
+        plan = fit_bench(plan_bench(settings, gpus, only), gpu_memory)  # a flagship's plan: seconds, so after the checks
         if plan.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -700,6 +686,7 @@ def serve(
     ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host memory.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout of each replica is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
@@ -735,6 +722,11 @@ def serve(
             "memory": {"text_encoder": text_encoder},
         }
         settings = _recipe(recipe, overrides)
+        from accel.memory.fit import planned_here
+        from accel.recipe import offload_refusal
+
+        if (refusal := offload_refusal(settings, replicas)) is not None:
+            raise UserError(refusal)
         world = settings.world_size * replicas
         if world > 1 and not under_distributed_launcher():
             import dataclasses
@@ -743,7 +735,10 @@ def serve(
 
             spec = dataclasses.replace(LaunchSpec.for_world(world, timeout_s=settings.parallel.timeout), drain_s=drain)
             preflight.check_process_count(world, settings.model.device, oversubscribe)
-            raise typer.Exit(_relaunch(ctx, settings, spec))
+            planned = planned_here(settings, gpu_memory)  # each replica's layout; seconds, so after the checks
+            raise typer.Exit(_relaunch(ctx, planned.recipe, spec, planned.flags))
+        planned = planned_here(settings, gpu_memory)
+        settings = planned.recipe
         if under_distributed_launcher() and world_size() != world:
             if world == 1 and replicas == 1:
                 settings = _fit_to_job(settings)
@@ -754,7 +749,7 @@ def serve(
         from accel.serve.server import serve as run_server
 
         announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
-        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain), announce)
+        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak), announce)
     except UserError as error:
         _fail(str(error))
         return

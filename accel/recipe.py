@@ -239,15 +239,19 @@ class MemorySection:
     )
 
 
-def offload_refusal(recipe: "Recipe") -> str | None:
+def offload_refusal(recipe: "Recipe", replicas: int = 1) -> str | None:
     """Why [memory] offload cannot run with the rest of `recipe` (None: it can): one process, no compile,
-    and model offload moves the encoders itself."""
+    and model offload moves the encoders itself. `replicas`: `accel serve`'s copies of the recipe's
+    layout, each of which would hold its own copy in host memory."""
     mode = recipe.memory.offload
     if mode == "none":
         return None
     if recipe.world_size > 1:
         return (f'[memory] offload = "{mode}" runs one process: each rank would stream its own whole copy; '
                 f'set offload = "none" with a parallel layout, or run one process')
+    if replicas > 1:
+        return (f'[memory] offload = "{mode}" serves one replica: each of the {replicas} replicas would stream its own whole '
+                f'copy from host memory; set offload = "none" with --replicas, or serve one replica')
     if recipe.compile.enabled:
         return f'[memory] offload = "{mode}" and [compile] do not compose: compiled graphs would capture weights that offloading moves; turn one of them off'
     if mode == "model" and recipe.memory.text_encoder == "cpu":

@@ -22,7 +22,7 @@ from accel.models.base import Family
 from accel.models.vaes import vae_plan
 
 if TYPE_CHECKING:
-    from accel.bench import BenchResult
+    from accel.bench import BenchResult, VariantResult
     from accel.runner import Metrics
 
 
@@ -365,11 +365,17 @@ def bench_rows(result: BenchResult) -> list[list[str]]:
             _seconds(row.per_step_s),
             f"{row.speedup:.2f}×" if row.speedup is not None else "—",
             f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
-            _bytes(row.peak_memory_bytes) if row.peak_memory_bytes is not None else "—",
+            _peak_cell(row),
             "baseline" if baseline else _psnr(row.psnr_db),
             "baseline" if baseline else (f"{row.ssim:.4f}" if row.ssim is not None else "—"),
         ])
     return rows
+
+
+def _peak_cell(row: VariantResult) -> str:
+    """The measured peak, and accel plan's estimate beside it where the plan applied (a flagship checkpoint)."""
+    measured = _bytes(row.peak_memory_bytes) if row.peak_memory_bytes is not None else "—"
+    return measured if row.planned_peak_bytes is None else f"{measured} (plan {_bytes(row.planned_peak_bytes)})"
 
 
 def bench_notes(result: BenchResult) -> list[str]:

@@ -41,6 +41,7 @@ TOP_FIELDS = {"recipe", "model", "family", "output_kind", "device", "dtype", "wo
               "settings", "peak_memory_kind", "threads", "baseline", "folder", "files", "variants"}
 VARIANT_FIELDS = {"name", "overrides", "status", "skip_reason", "world_size", "layout", "times_s", "median_s", "min_s",
                   "max_s", "warmup_s", "steps", "per_step_s", "speedup", "speedup_min", "speedup_max", "cache_hit_rate", "peak_memory_bytes",
+                  "planned_peak_bytes",
                   "psnr_db", "ssim", "output_path", "quant", "compile", "bytes_sent_per_rank"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 import torch
@@ -379,3 +380,83 @@ def test_the_visible_gpus_memory_comes_from_nvidia_smi_not_a_cuda_context(tmp_pa
     assert visible_gpu_gib("cpu") is None
     smi.unlink()
     assert visible_gpu_gib("cuda") is None  # no nvidia-smi: no plan rather than a guess
+
+
+# -- accel bench and accel serve on a flagship: the same plan, per variant and per replica ----------------
+
+
+def flux2_bench(**variant_parallel: int) -> object:
+    from accel.recipe import Recipe
+
+    return Recipe.from_dict({"model": {"name": "flux2", "device": "cpu"}, "bench": {"variants": [
+        {"name": "baseline"}, {"name": "planned", "parallel": variant_parallel}]}}, source="flux2-bench.toml")
+
+
+def test_bench_variants_left_to_accel_take_the_plans_layout_and_the_ranks_get_the_same(monkeypatch) -> None:
+    from accel.bench import fit_bench, plan_bench
+    from accel.memory.fit import PLANNED_RECIPES
+
+    monkeypatch.delenv(PLANNED_RECIPES, raising=False)
+    recipe = flux2_bench(gpus=2)
+    fitted_plan = fit_bench(plan_bench(recipe, 2), 80)
+    baseline, planned = fitted_plan.variants
+    one, two = make_plan("flux2", 1, 80).chosen, make_plan("flux2", 2, 80).chosen
+    assert (baseline.recipe.memory.text_encoder, baseline.planned_peak) == (one.text_encoder, one.estimate.peak + RESERVED)
+    assert (planned.recipe.parallel.ulysses, planned.recipe.memory.text_encoder) == (two.degrees.ulysses, two.text_encoder) == (2, "cpu")
+    assert planned.planned_peak == two.estimate.peak + RESERVED
+    # A rank the launcher started plans nothing: it takes each variant's layout and peak from the launcher.
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    on_rank = fit_bench(plan_bench(recipe, 2), None)
+    assert [(v.recipe, v.planned_peak) for v in on_rank.variants] == [(v.recipe, v.planned_peak) for v in fitted_plan.variants]
+
+
+def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_path) -> None:
+    recipe = tmp_path / "flux2-bench.toml"
+    recipe.write_text('[model]\nname = "flux2"\n\n[bench]\nvariants = [{ name = "baseline" }, { name = "ulysses2", parallel = { ulysses = 2 } }]\n')
+    result = run_cli(["bench", str(recipe), "--gpus", "2", "--gpu-memory", "80", "--oversubscribe"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 2), "
+        "more than the 80 GiB of each GPU; a layout that fits: --ulysses 2 --text-encoder cpu")
+
+
+def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
+    from accel import report
+    from accel.bench import BenchResult, VariantResult
+
+    row = VariantResult("baseline", {}, 1, "1 process", times_s=[1.0], steps=2, peak_memory_bytes=2**30, planned_peak_bytes=3 * 2**30)
+    result = BenchResult("r.toml", "flux2", "flux2", "image", "cuda", "bfloat16", 1, 1, 0, {}, "torch.cuda.max_memory_allocated",
+                         "baseline", [row])
+    assert result.as_dict()["variants"][0]["planned_peak_bytes"] == 3 * 2**30
+    assert report.bench_rows(result)[0][report.BENCH_COLUMNS.index("peak memory")] == "1.0 GiB (plan 3.0 GiB)"
+
+
+def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(monkeypatch) -> None:
+    """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every rank."""
+    import accel.launch
+    from accel.memory.fit import PLANNED_PEAK
+
+    monkeypatch.delenv(PLANNED_PEAK, raising=False)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(accel.launch, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0)
+    argv = ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--gpu-memory", "80", "--oversubscribe"]
+    result = CliRunner().invoke(app, argv, obj={"argv": argv}, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    chosen = make_plan("flux2", 2, 80).chosen
+    assert launched == [["4", *argv, "--ulysses", "2", "--text-encoder", "cpu"]]
+    assert os.environ[PLANNED_PEAK] == str(chosen.estimate.peak + RESERVED)  # the ranks' estimate
+
+
+def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> None:
+    result = run_cli(["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each GPU; "
+        "a layout that fits: --ulysses 2 --text-encoder cpu")
+
+
+@pytest.mark.parametrize("command", [["serve", "tiny-flux"], ["bench", "recipes/tiny-flux.toml"]])
+def test_serve_and_bench_refuse_a_gpu_memory_that_is_not_positive(command: list[str]) -> None:
+    result = run_cli([*command, "--gpu-memory", "0"])
+    assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"

@@ -281,6 +281,19 @@ def test_serve_refusals_are_one_line(args: list[str], message: str) -> None:
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}"
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpus", "2", "--replicas", "2"], '[memory] offload = "group" serves one replica: each of the 2 replicas would stream its own '
+     'whole copy from host memory; set offload = "none" with --replicas, or serve one replica'),
+    (["--gpus", "2"], '[memory] offload = "group" runs one process: each rank would stream its own whole copy; '
+     'set offload = "none" with a parallel layout, or run one process'),
+])
+def test_serve_refuses_offload_on_more_than_one_process_before_any_rank_starts(tmp_path: Path, args: list[str], message: str) -> None:
+    recipe = tmp_path / "offload.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n\n[memory]\noffload = "group"\n')
+    result = CliRunner().invoke(app, ["serve", "--recipe", str(recipe), *args], catch_exceptions=False)
+    assert result.exit_code == 2 and " ".join(result.stderr.split()) == f"error: {message}"
+
+
 def test_a_failure_on_one_rank_is_the_replica_s_500_and_the_next_request_runs() -> None:
     done = subprocess.run([sys.executable, "-m", "accel.cli", "launch", "--gpus", "2", "tests/serve_fault.py"], env=ENV,
                           capture_output=True, text=True, timeout=300)

@@ -1,5 +1,5 @@
-"""`accel run` / `accel serve` on a flagship checkpoint: the plan's layout when none is given, and a
-layout that will not fit refused before any rank starts or any weight is read.
+"""`accel run` / `accel serve` / `accel bench` on a flagship checkpoint: the plan's layout when none is
+given, and a layout that will not fit refused before any rank starts or any weight is read.
 
 Applies where the model is a flagship the plan knows (its alias or its repo) and the GPU memory is
 known: `--gpu-memory`, else the visible GPU's. `--gpus N` with no degrees and the default placement
@@ -9,7 +9,9 @@ lets the plan choose degrees and placement; anything else given is checked as gi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from accel.errors import UserError
 from accel.recipe import Recipe
@@ -118,3 +120,63 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
         raise UserError(f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
                         f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}")
     return Planned(recipe, peak)
+
+
+def planned_here(recipe: Recipe, gpu_memory: float | None) -> Planned:
+    """`fitted` once per job: on the launcher (or a lone process), which hands the peak to the ranks
+    it starts through the environment and the layout through `flags`; a rank takes both from there
+    rather than planning again (seconds on every rank, and nvidia-smi on every node)."""
+    import os
+
+    from accel.parallel.mesh import under_distributed_launcher
+
+    if under_distributed_launcher():
+        peak = os.environ.get(PLANNED_PEAK)
+        return Planned(recipe, int(peak) if peak else None)
+    planned = fitted(recipe, gpu_memory)
+    if planned.peak is not None:
+        os.environ[PLANNED_PEAK] = str(planned.peak)
+    else:
+        os.environ.pop(PLANNED_PEAK, None)  # an earlier plan of this process must not reach these ranks
+    return planned
+
+
+# The plan's changes to named recipes (a bench's variants) and their peaks, from the launcher to the
+# ranks as JSON: a recipe file's variants cannot be given as flags.
+PLANNED_RECIPES = "ACCEL_PLANNED_RECIPES"
+
+
+def planned_each(recipes: Mapping[str, Recipe], gpu_memory: float | None, label: Callable[[str], str]) -> dict[str, Planned]:
+    """`planned_here` for several recipes run in one job: each fitted on the launcher, a refusal
+    naming the recipe by `label(name)`; the ranks take each one's changes from the environment."""
+    import json
+    import os
+
+    from accel.parallel.mesh import under_distributed_launcher
+
+    if under_distributed_launcher():
+        handed = json.loads(os.environ.get(PLANNED_RECIPES) or "{}")
+        return {name: _taken(recipe, handed.get(name)) for name, recipe in recipes.items()}
+    _checked_gpu_memory(gpu_memory)
+    planned: dict[str, Planned] = {}
+    for name, recipe in recipes.items():
+        try:
+            planned[name] = fitted(recipe, gpu_memory)
+        except UserError as error:
+            raise type(error)(f"{label(name)}: {error}") from None
+    os.environ[PLANNED_RECIPES] = json.dumps({name: {"peak": fit.peak, "changes": _changes(recipes[name], fit.recipe)}
+                                              for name, fit in planned.items() if fit.peak is not None})
+    return planned
+
+
+def _changes(before: Recipe, after: Recipe) -> dict[str, dict[str, Any]]:
+    """What the plan changed, as a partial recipe `Recipe.with_overrides` takes."""
+    old, new = before.to_dict(), after.to_dict()
+    return {section: {key: value for key, value in keys.items() if old[section].get(key) != value}
+            for section, keys in new.items() if keys != old[section]}
+
+
+def _taken(recipe: Recipe, handed: dict[str, Any] | None) -> Planned:
+    if handed is None:
+        return Planned(recipe, None)
+    return Planned(recipe.with_overrides(handed["changes"], source="accel plan") if handed["changes"] else recipe, handed["peak"])

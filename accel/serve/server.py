@@ -28,6 +28,7 @@ class ServeOptions:
     replicas: int = 1
     max_queue: int = 4
     drain_s: float = 60.0
+    planned_peak: int | None = None  # accel plan's estimate of the peak per GPU (accel/memory/fit.py), where one applied
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -72,8 +73,9 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
         elif rank != 0:
             _lead_for_front(replica, pairs[rank])
         else:
+            plan = f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)" if options.planned_peak else ""
             announce(f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
-                     f"process{'es' if recipe.world_size > 1 else ''}")
+                     f"process{'es' if recipe.world_size > 1 else ''}{plan}")
             _front(replica, pairs, Served(recipe.model.name, family, kind), options, world, announce)
     finally:
         handle.remove()
