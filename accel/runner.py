@@ -27,7 +27,7 @@ from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
-from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_into_host_memory, loads_text_encoders, refusal_before_start
+from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_text_encoders, refusal_before_start
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
@@ -602,14 +602,16 @@ def _run(
         say = announce or (lambda _line: None)
         say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
-        # Each rank reads only its TP slice and the text encoders only where it encodes, unless
+        # Each rank reads only its TP slice, the text encoders only where it encodes ("rank0", "cpu") and
+        # only its slice of them ("sharded": transformers splits them as it loads, over the whole job), unless
         # --compare needs the whole pipeline on every rank for its baseline.
         # Offloaded, the pipeline loads into host memory and accel.apply streams it to the device.
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, "cpu" if recipe.memory.offload != "none" else device,
                              recipe.model.pipeline or None, recipe.model.lora,
                              recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
                              text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
-                             text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, recipe.world_size) and not compare)
+                             text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare,
+                             text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1)
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)

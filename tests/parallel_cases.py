@@ -569,3 +569,20 @@ def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, An
         split_local={name: sum(p.to_local().numel() * p.element_size() for p in params.values()) for name, params in split.items()},
         split_whole={name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()},
     )
+
+
+def sharded_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, int, int]:
+    """(output, this rank's text encoder parameter bytes, its DTensor count) of the pipeline saved in
+    `folder`, loaded as `accel run` loads it under [memory] text_encoder = "sharded" on 2 ranks, and run so."""
+    from torch.distributed.tensor import DTensor
+
+    import accel
+    from accel.parallel.encoders import local_bytes
+
+    pipe = accel.load_pipeline(folder, "float32", text_encoders_tp=2)
+    pipe.set_progress_bar_config(disable=True)
+    held = local_bytes(pipe.text_encoder)
+    split = sum(isinstance(p, DTensor) for p in pipe.text_encoder.parameters())
+    accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "sharded"}})
+    result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    return output_of(result), held, split

@@ -97,16 +97,20 @@ def test_text_encoders_loaded_for_the_cpu_never_reach_the_device() -> None:
         assert next(getattr(pipe, name).parameters()).device.type == "cpu"
 
 
-def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
+def _saved(family: str, builder: str, folder) -> np.ndarray:
+    """The family's tiny pipeline saved to `folder`, and the output of it loaded back on one process."""
     import accel
 
-    folder = tmp_path / "tiny-wan"
-    cases.tiny_pipeline("accel.models.wan:build_tiny").save_pretrained(folder)
-    call = FAMILY_CASES["wan"].call
+    cases.tiny_pipeline(builder).save_pretrained(folder)
     whole = accel.load_pipeline(str(folder), "float32")
     whole.set_progress_bar_config(disable=True)
-    expected = cases.output_of(whole(**call, generator=torch.Generator().manual_seed(0), output_type="np"))
-    runs = rank_pools(2).run(cases.first_rank_loads_run, str(folder), call)
+    return cases.output_of(whole(**FAMILY_CASES[family].call, generator=torch.Generator().manual_seed(0), output_type="np"))
+
+
+def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
+    folder = tmp_path / "tiny-wan"
+    expected = _saved("wan", "accel.models.wan:build_tiny", folder)
+    runs = rank_pools(2).run(cases.first_rank_loads_run, str(folder), FAMILY_CASES["wan"].call)
     assert [loaded for _, loaded in runs] == [True, False]
     for output, _ in runs:
         assert np.abs(output - expected).max() <= TOLERANCE
@@ -140,6 +144,17 @@ def test_sharded_text_encoder_equals_one_process_with_half_its_weights(rank_pool
     assert sum(run["split_local"]["text_encoder"] for run in runs) == runs[0]["split_whole"]["text_encoder"]
     if family == "qwenimage":  # every split width is even: exactly half each
         assert runs[0]["split_local"]["text_encoder"] * 2 == runs[0]["split_whole"]["text_encoder"]
+
+
+def test_sharded_text_encoder_loads_split(rank_pools, tmp_path) -> None:
+    """accel run's load: transformers splits the Qwen2.5-VL as it reads it (each rank its slice, as
+    apply would cut it) and accel.apply leaves it so; the output equals one process's."""
+    folder = tmp_path / "tiny-qwenimage"
+    expected = _saved("qwenimage", "tiny-qwenimage", folder)
+    runs = rank_pools(2).run(cases.sharded_loads_run, str(folder), FAMILY_CASES["qwenimage"].call)
+    for output, held, split in runs:
+        assert split > 0 and held == 213760  # of 315648 bytes: what the apply test's split leaves each rank
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 def test_sharded_refuses_encoders_without_a_plan_at_apply(tiny_flux) -> None:

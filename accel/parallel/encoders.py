@@ -47,9 +47,11 @@ def loads_text_encoders(placement: str, layout_size: int) -> bool:
 
 
 def loads_into_host_memory(placement: str, layout_size: int) -> bool:
-    """Whether the text encoders load into host memory under `placement`: "cpu" encodes there; "sharded"
-    on several ranks leaves them there for `accel.apply`, which moves each rank's slice to the GPU
-    weight by weight (the GPU never holds a whole encoder; host memory holds one per rank meanwhile)."""
+    """Whether `accel serve` loads the text encoders into host memory under `placement`: "cpu" encodes
+    there; "sharded" on several ranks leaves them there for `accel.apply`, which moves each rank's slice
+    to the GPU weight by weight (the GPU never holds a whole encoder; host memory holds one per rank
+    meanwhile). `accel run` loads them split instead (load_pipeline's `text_encoders_tp`), which needs
+    the layout to be the whole job, as a replica of `accel serve` is not."""
     return placement == "cpu" or (placement == SHARDED and layout_size > 1)
 
 
@@ -247,7 +249,7 @@ def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str
     split = []
     for name in text_encoder_names(pipe):
         encoder = getattr(pipe, name)
-        done = getattr(encoder, "_accel_sharded", None)
+        done = getattr(encoder, "_tp_size", None)  # transformers' own mark: split at load or by an earlier apply
         if done is not None and done != ranks:
             raise UserError(f'[memory] text_encoder = "sharded": pipe.{name} is split over {done} ranks already; '
                             f'load the pipeline again to split it over {ranks}')
@@ -255,7 +257,7 @@ def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str
             plan = encoder._resolve_parallel_plans(DistributedConfig(tp_size=ranks))[0]
             apply_tensor_parallelism(encoder, mesh, plan)
             encoder.tie_weights()  # a tied head split apart from its embedding would hold a second slice
-            encoder._accel_sharded = ranks
+            encoder._tp_size = ranks
             split.append(name)
         encoder.to(device)  # what the plan leaves whole (norms, a vision tower, an encoder without a plan)
     return split
