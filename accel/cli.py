@@ -21,7 +21,7 @@ try:  # typer >= 0.26 carries its own click
 except ImportError:
     from click.exceptions import NoSuchOption
 
-from accel.errors import UserError
+from accel.errors import NotAvailableError, UserError
 from accel.launch import DEFAULT_PORT
 
 
@@ -202,7 +202,7 @@ def run(
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
-    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory; sharded: split over the ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     offload: Annotated[str | None, Opt("--offload", metavar="MODE", help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks streamed (diffusers' offloading).", show_default=_recipe_default("memory", "offload"))] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
@@ -364,6 +364,11 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
     resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
+    if settings.memory.text_encoder == "sharded":
+        from accel.parallel.encoders import refusal_before_start
+
+        if (refusal := refusal_before_start(ref)) is not None:  # encoders without a TP plan: before any rank starts
+            raise NotAvailableError(refusal)
     return _rerun_on_ranks(ctx, spec, extra)
 
 
@@ -685,7 +690,7 @@ def serve(
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp"))] = None,
-    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host memory.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host memory; sharded: split over each replica's ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout of each replica is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,

@@ -9,15 +9,16 @@ Order (fixed; each step assumes the ones before it):
 2. parallel  — context-parallel attention and the split / gather plan (hooks and a mode that
                compiled code traces through), the CFG halves, agreed arguments and noise;
                [memory] text_encoder = "rank0" / "cpu": one rank encodes (in host memory with "cpu"),
-               the others drop their encoders; [memory] offload: diffusers' model or group offload
+               the others drop their encoders; "sharded": transformers' TP plan splits them over the
+               layout's ranks, which encode together; [memory] offload: diffusers' model or group offload
 3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
 4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
                branch stays out of every graph
 5. vae       — VAE tiling / parallel decode
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
-except quantization, the tensor-parallel split, text encoders dropped by "rank0" placement and
-group offload: they free the weights this rank no longer needs (the point of them), so they stay,
+except quantization, the tensor-parallel split, text encoders dropped by "rank0" placement or
+split by "sharded", and group offload: they free the weights this rank no longer needs (the point of them), so they stay,
 and a second apply with the same type or degree leaves them as they are.
 """
 
@@ -307,13 +308,22 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
 def _apply_memory(handle: AccelHandle) -> None:
     """[memory] placement: with text_encoder = "rank0" or "cpu" the layout's first rank encodes for
-    all (one process holds its encoders anyway); with "cpu" that rank encodes in host memory."""
+    all (one process holds its encoders anyway); with "cpu" that rank encodes in host memory. With
+    "sharded" the encoders that transformers has a TP plan for are split over the layout's ranks
+    (every rank of it encodes the same prompts, so the whole layout shares the weights); on one
+    process nothing is split, but a pipeline with no such encoder is refused alike."""
     placement = handle.recipe.memory.text_encoder
     if placement == "replicated":
         return
-    from accel.parallel.encoders import EncodesOnCpu, FirstRankEncodes
+    from accel.parallel.encoders import SHARDED, EncodesOnCpu, FirstRankEncodes, shard_text_encoders, sharded_refusal
 
     device = execution_device(handle.pipe, next(iter(_transformers(handle).values())))
+    if placement == SHARDED:
+        if handle.mesh is not None:
+            shard_text_encoders(handle.pipe, handle.mesh.group, device)
+        elif (refusal := sharded_refusal(handle.pipe, 1)) is not None:  # one process: nothing to split, same refusal
+            raise NotAvailableError(refusal)
+        return
     if handle.mesh is not None:
         first = FirstRankEncodes(handle.pipe, handle.mesh.group, device)
         handle._undo.append(first.remove)

@@ -227,10 +227,13 @@ class CompileSection:
 class MemorySection:
     """Where the large components live, so that a model fits the GPUs there are."""
 
-    text_encoder: Literal["replicated", "rank0", "cpu"] = _key(
+    text_encoder: Literal["replicated", "rank0", "cpu", "sharded"] = _key(
         "replicated", "replicated: every rank holds the text encoders and encodes; rank0: only the first rank of the layout "
         "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them; "
-        "cpu: as rank0, and that rank keeps them in host memory and encodes there (no GPU memory for them)."
+        "cpu: as rank0, and that rank keeps them in host memory and encodes there (no GPU memory for them); "
+        "sharded: transformers' own tensor-parallel plan splits each text encoder that has one (Llama, Mistral, "
+        "Qwen2.5-VL, Qwen3, Gemma 3; not T5, UMT5 or CLIP, which stay whole) over the layout's ranks, which encode "
+        "together and each get the whole embeddings (one process: nothing to split)."
     )
     offload: Literal["none", "model", "group"] = _key(
         "none", "none: every component stays on the GPU; model: diffusers' model offload, each whole component moved to the "

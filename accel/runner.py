@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from accel.compose import apply
-from accel.errors import UserError
+from accel.errors import NotAvailableError, UserError
 from accel.files import claim, write_file, write_fresh
 from accel.media import Audio, output_writer, viewable
 from accel.models.base import OUTPUT_FILES, Family, GenerationDefaults, OutputKind
@@ -27,7 +27,7 @@ from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
-from accel.parallel.encoders import ONE_RANK_PLACEMENTS, loads_text_encoders
+from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_text_encoders, refusal_before_start
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
@@ -488,10 +488,10 @@ def compare_order(recipe: Recipe) -> str:
     """How --compare orders its timed runs: "interleaved" (baseline, accelerated, baseline, …), so
     that a machine slowing down or speeding up meanwhile touches both sides alike; "sequential" (all
     baseline runs, then all accelerated ones) when the recipe compiles, quantizes, splits the
-    weights over TP ranks or drops the text encoders of ranks that do not encode, which re-applying
-    for every run would redo (and the last three cannot be undone)."""
+    weights over TP ranks, or drops or splits the text encoders ("rank0", "cpu", "sharded"), which
+    re-applying for every run would redo (and the last three cannot be undone)."""
     split = recipe.parallel.tp > 1 and recipe.parallel.world_size > 1
-    dropped = recipe.memory.text_encoder in ONE_RANK_PLACEMENTS and recipe.parallel.world_size > 1
+    dropped = recipe.memory.text_encoder in (*ONE_RANK_PLACEMENTS, SHARDED) and recipe.parallel.world_size > 1
     return "sequential" if recipe.compile.enabled or recipe.quant.type != "none" or split or dropped else "interleaved"
 
 
@@ -586,6 +586,8 @@ def _run(
         raise UserError(f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare")
     if ref.family is not None:
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
+    if recipe.memory.text_encoder == SHARDED and (refusal := refusal_before_start(ref)) is not None:
+        raise NotAvailableError(refusal)
 
     device = resolve_device(recipe.model.device)
     dtype = resolve_dtype(recipe.model.dtype, ref)
@@ -600,14 +602,16 @@ def _run(
         say = announce or (lambda _line: None)
         say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
-        # Each rank reads only its TP slice and the text encoders only where it encodes, unless
+        # Each rank reads only its TP slice, the text encoders only where it encodes ("rank0", "cpu") and
+        # only its slice of them ("sharded": transformers splits them as it loads, over the whole job), unless
         # --compare needs the whole pipeline on every rank for its baseline.
         # Offloaded, the pipeline loads into host memory and accel.apply streams it to the device.
         pipe = load_pipeline(recipe.model.name, recipe.model.dtype, "cpu" if recipe.memory.offload != "none" else device,
                              recipe.model.pipeline or None, recipe.model.lora,
                              recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
                              text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
-                             text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare)
+                             text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare,
+                             text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1)
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)

@@ -540,3 +540,49 @@ def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "rank0"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     return output_of(result), loaded
+
+
+def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any]) -> dict[str, Any]:
+    """The tiny pipeline (a copy of its own) with [memory] text_encoder = "sharded" under `parallel`:
+    its output and embeddings, which encoders were split, and their parameter bytes on this rank before
+    and after the split, whole and of the weights the plan splits (each rank's own slice after)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    import accel
+    from accel.parallel.encoders import local_bytes, text_encoder_names
+
+    pipe = tiny_pipeline(model, key=f"{model}@sharded.{dist.get_rank()}.{sorted(parallel.items())}")
+    names = text_encoder_names(pipe)
+    before = {name: local_bytes(getattr(pipe, name)) for name in names}
+    handle = accel.apply(pipe, {"parallel": parallel, "memory": {"text_encoder": "sharded"}})
+    try:
+        with torch.no_grad():
+            embeds = pipe.encode_prompt(call["prompt"], device=torch.device("cpu"))[0]
+        result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    finally:
+        handle.remove()
+    split = {name: {n: p for n, p in getattr(pipe, name).named_parameters() if isinstance(p, DTensor)} for name in names}
+    return dict(
+        output=output_of(result), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
+        split={name: sorted(params) for name, params in split.items() if params},
+        split_local={name: sum(p.to_local().numel() * p.element_size() for p in params.values()) for name, params in split.items()},
+        split_whole={name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()},
+    )
+
+
+def sharded_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, int, int]:
+    """(output, this rank's text encoder parameter bytes, its DTensor count) of the pipeline saved in
+    `folder`, loaded as `accel run` loads it under [memory] text_encoder = "sharded" on 2 ranks, and run so."""
+    from torch.distributed.tensor import DTensor
+
+    import accel
+    from accel.parallel.encoders import local_bytes
+
+    pipe = accel.load_pipeline(folder, "float32", text_encoders_tp=2)
+    pipe.set_progress_bar_config(disable=True)
+    held = local_bytes(pipe.text_encoder)
+    split = sum(isinstance(p, DTensor) for p in pipe.text_encoder.parameters())
+    accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "sharded"}})
+    result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+    return output_of(result), held, split

@@ -97,26 +97,124 @@ def test_text_encoders_loaded_for_the_cpu_never_reach_the_device() -> None:
         assert next(getattr(pipe, name).parameters()).device.type == "cpu"
 
 
-def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
+def _saved(family: str, builder: str, folder) -> np.ndarray:
+    """The family's tiny pipeline saved to `folder`, and the output of it loaded back on one process."""
     import accel
 
-    folder = tmp_path / "tiny-wan"
-    cases.tiny_pipeline("accel.models.wan:build_tiny").save_pretrained(folder)
-    call = FAMILY_CASES["wan"].call
+    cases.tiny_pipeline(builder).save_pretrained(folder)
     whole = accel.load_pipeline(str(folder), "float32")
     whole.set_progress_bar_config(disable=True)
-    expected = cases.output_of(whole(**call, generator=torch.Generator().manual_seed(0), output_type="np"))
-    runs = rank_pools(2).run(cases.first_rank_loads_run, str(folder), call)
+    return cases.output_of(whole(**FAMILY_CASES[family].call, generator=torch.Generator().manual_seed(0), output_type="np"))
+
+
+def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
+    folder = tmp_path / "tiny-wan"
+    expected = _saved("wan", "accel.models.wan:build_tiny", folder)
+    runs = rank_pools(2).run(cases.first_rank_loads_run, str(folder), FAMILY_CASES["wan"].call)
     assert [loaded for _, loaded in runs] == [True, False]
     for output, _ in runs:
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+# -- [memory] text_encoder = "sharded" ---------------------------------------------------------------------
+
+SHARDED_NO_PLAN = ('[memory] text_encoder = "sharded": the text encoders of FluxPipeline (CLIPTextModel, T5EncoderModel) '
+                   'have no tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"')
+
+
+@pytest.mark.parametrize("family", ["qwenimage", "hunyuan"])
+def test_sharded_text_encoder_equals_one_process_with_half_its_weights(rank_pools, family: str) -> None:
+    """The Qwen2.5-VL of Qwen-Image and the Llama of HunyuanVideo split over 2 gloo ranks by transformers'
+    own plan: the ranks' slices of every weight the plan splits add up to it (the vision tower, the
+    norms and HunyuanVideo's CLIP, which has no plan, stay whole), and both ranks get the single
+    process's embeddings and output."""
+    case = FAMILY_CASES[family]
+    expected, _ = reference(family, case.call)
+    whole = cases.tiny_pipeline(f"tiny-{family}")
+    with torch.no_grad():
+        embeds = whole.encode_prompt(case.call["prompt"], device=torch.device("cpu"))[0]
+    runs = rank_pools(2).run(cases.sharded_encodes_run, f"tiny-{family}", {"ulysses": 2}, case.call)
+    for run in runs:
+        assert list(run["split"]) == ["text_encoder"]  # attention, MLP and embeddings; never CLIP
+        assert (run["embeds"] - embeds).abs().max().item() <= TOLERANCE
+        assert np.abs(run["output"] - expected).max() <= TOLERANCE
+        assert run["after"]["text_encoder"] == run["before"]["text_encoder"] - run["split_whole"]["text_encoder"] + run["split_local"]["text_encoder"]
+        assert {name: size for name, size in run["after"].items() if name != "text_encoder"} == \
+            {name: size for name, size in run["before"].items() if name != "text_encoder"}
+    assert sum(run["split_local"]["text_encoder"] for run in runs) == runs[0]["split_whole"]["text_encoder"]
+    if family == "qwenimage":  # every split width is even: exactly half each
+        assert runs[0]["split_local"]["text_encoder"] * 2 == runs[0]["split_whole"]["text_encoder"]
+
+
+def test_sharded_text_encoder_loads_split(rank_pools, tmp_path) -> None:
+    """accel run's load: transformers splits the Qwen2.5-VL as it reads it (each rank its slice, as
+    apply would cut it) and accel.apply leaves it so; the output equals one process's."""
+    folder = tmp_path / "tiny-qwenimage"
+    expected = _saved("qwenimage", "tiny-qwenimage", folder)
+    runs = rank_pools(2).run(cases.sharded_loads_run, str(folder), FAMILY_CASES["qwenimage"].call)
+    for output, held, split in runs:
+        assert split > 0 and held == 213760  # of 315648 bytes: what the apply test's split leaves each rank
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_sharded_refuses_encoders_without_a_plan_at_apply(tiny_flux) -> None:
+    """T5 and CLIP have no plan in transformers: refused on one process too, the recipe meaning the same
+    at any size; the pipeline is left as it was."""
+    import accel
+    from accel.errors import NotAvailableError
+
+    with pytest.raises(NotAvailableError) as refused:
+        accel.apply(tiny_flux, {"memory": {"text_encoder": "sharded"}})
+    assert str(refused.value) == SHARDED_NO_PLAN
+
+
+def test_sharded_refuses_uneven_heads() -> None:
+    """Z-Image's tiny Qwen3 has one key-value head: 2 ranks would each hold half of it."""
+    from accel.parallel.encoders import sharded_refusal
+
+    assert sharded_refusal(cases.tiny_pipeline("tiny-zimage"), 2) == (
+        '[memory] text_encoder = "sharded": Qwen3ForCausalLM has 2 attention heads and 1 key-value heads, which 2 ranks '
+        'do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
+    assert sharded_refusal(cases.tiny_pipeline("tiny-zimage"), 1) is None
+
+
+def test_sharded_refuses_encoders_without_a_plan_before_any_rank_starts(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+
+    folder = tmp_path / "tiny-flux"
+    cases.tiny_pipeline("tiny-flux").save_pretrained(folder)
+    result = CliRunner().invoke(app, ["run", str(folder), "--gpus", "2", "--text-encoder", "sharded"], catch_exceptions=False)
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == f"error: {SHARDED_NO_PLAN}"
+
+
+def test_sharded_loads_the_encoders_into_host_memory_on_several_ranks() -> None:
+    """accel run / serve: apply moves each rank's slice to the GPU, so the whole encoder never goes there."""
+    from accel.parallel.encoders import loads_into_host_memory, loads_text_encoders
+
+    assert [loads_into_host_memory(placement, 2) for placement in ("replicated", "rank0", "cpu", "sharded")] == [False, False, True, True]
+    assert not loads_into_host_memory("sharded", 1) and loads_text_encoders("sharded", 2)
+
+
+def test_which_encoder_classes_have_a_plan() -> None:
+    """The families' encoders as transformers plans them, from the class alone (before loading)."""
+    import transformers
+
+    from accel.parallel.encoders import class_has_tp_plan
+
+    planned = ["LlamaModel", "Mistral3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLTextModel",
+               "Qwen3ForCausalLM", "Gemma3ForConditionalGeneration"]
+    unplanned = ["T5EncoderModel", "UMT5EncoderModel", "CLIPTextModel", "CLIPTextModelWithProjection"]
+    assert [name for name in planned + unplanned if class_has_tp_plan(getattr(transformers, name))] == planned
 
 
 def test_an_unknown_placement_is_one_line() -> None:
     run = subprocess.run([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--text-encoder", "rank1"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, got 'rank1'"
+    assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, sharded, got 'rank1'"
 
 
 # -- [memory] offload ----------------------------------------------------------------------------------

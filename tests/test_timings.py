@@ -68,6 +68,8 @@ def test_compiling_or_quantizing_recipes_compare_sequentially() -> None:
     assert compare_order(base) == "interleaved"
     assert compare_order(base.with_overrides({"quant": {"type": "int8wo"}})) == "sequential"
     assert compare_order(base.with_overrides({"compile": {"enabled": True}})) == "sequential"
+    for placement in ("rank0", "cpu", "sharded"):  # the encoders dropped or split stay so
+        assert compare_order(base.with_overrides({"parallel": {"ulysses": 2}, "memory": {"text_encoder": placement}})) == "sequential"
 
 
 def _metrics(times: list[float], baseline: list[float] | None, order: str = "interleaved") -> Metrics:

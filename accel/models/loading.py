@@ -58,6 +58,7 @@ def load_pipeline(
     tp_slice: tuple[int, int] | None = None,
     text_encoders: bool = True,
     text_encoders_on_cpu: bool = False,
+    text_encoders_tp: int = 1,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
@@ -68,7 +69,10 @@ def load_pipeline(
     TensorPlan, no LoRA to fuse); otherwise the whole model loads and `accel.apply` splits it.
     `text_encoders=False`: leave the text encoders out (a rank that receives its embeddings from
     the rank that encodes, [memory] text_encoder = "rank0"); `text_encoders_on_cpu`: they stay in host
-    memory while the rest goes to `device` ("cpu"), never passing through the GPU."""
+    memory while the rest goes to `device` ("cpu"), never passing through the GPU. `text_encoders_tp`
+    > 1 ([memory] text_encoder = "sharded"): each text encoder that transformers has a tensor-parallel
+    plan for loads split over that many ranks, which must be the whole job (transformers builds its
+    mesh over every rank), each reading only its slice; a tiny variant's are split by `accel.apply`."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -85,7 +89,7 @@ def load_pipeline(
             pipe.to(torch_dtype)
     else:
         split = tp_slice if tp_slice is not None and tp_slice[0] > 1 and not loras else None
-        pipe = _from_pretrained(ref, torch_dtype, split, target, text_encoders)
+        pipe = _from_pretrained(ref, torch_dtype, split, target, text_encoders, text_encoders_tp)
     family = family_of(pipe)  # refuse pipelines accel cannot accelerate now, not at apply time
     variant = variant_of(family, pipeline) if pipeline else variant_of_class(family, type(pipe))
     converted = bool(pipeline) and type(pipe).__name__ != pipeline
@@ -174,7 +178,7 @@ def _as_pipeline(pipe: Any, pipeline_class: str, components: Mapping[str, Any] |
 
 
 def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int] | None = None,
-                     device: torch.device | None = None, text_encoders: bool = True) -> Any:
+                     device: torch.device | None = None, text_encoders: bool = True, text_encoders_tp: int = 1) -> Any:
     from diffusers import DiffusionPipeline
     from diffusers.utils import deprecation_utils
     from safetensors import SafetensorError
@@ -186,11 +190,13 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
         made: dict[str, Any] = {}
-        if split or not text_encoders:  # a hub model's folder in the local cache, downloaded if need be
+        if split or not text_encoders or text_encoders_tp > 1:  # a hub model's folder in the local cache, downloaded if need be
             root = folder if folder.is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
             made = _split_transformers(ref, root, torch_dtype, split, device or torch.device("cpu")) if split else {}
             if not text_encoders:  # passed as None: diffusers does not load them
                 made.update({name: None for name in _text_encoders_of(root)})
+            elif text_encoders_tp > 1:
+                made.update(_sharded_text_encoders(root, torch_dtype, text_encoders_tp))
             if _optional(ref, made):
                 return _assembled(root, made, torch_dtype, dtype_arg)
         # use_safetensors: never unpickle a checkpoint (it can run code); the folder check names the file.
@@ -227,6 +233,25 @@ def _optional(ref: ModelRef, made: Mapping[str, Any]) -> bool:
     cls = getattr(diffusers, ref.family.pipeline_class, None) if ref.family is not None else None
     loaded = {name for name, model in made.items() if model is not None}
     return bool(loaded) and (cls is None or bool(loaded & set(getattr(cls, "_optional_components", ()))))
+
+
+def _sharded_text_encoders(root: Path, torch_dtype: torch.dtype, tp: int) -> dict[str, Any]:
+    """Each text encoder of `root` that transformers has a TP plan for, loaded by transformers split
+    over `tp` ranks (its `DistributedConfig`: every rank reads only its slice, onto its own device)."""
+    import json
+
+    import transformers
+    from transformers.distributed import DistributedConfig
+
+    from accel.parallel.encoders import class_has_tp_plan
+
+    index = json.loads((root / "model_index.json").read_text())
+    made = {}
+    for name in _text_encoders_of(root):
+        cls = getattr(transformers, str(index[name][-1]), None) if index[name][0] == "transformers" else None
+        if cls is not None and class_has_tp_plan(cls):
+            made[name] = cls.from_pretrained(root / name, dtype=torch_dtype, distributed_config=DistributedConfig(tp_size=tp))
+    return made
 
 
 def _text_encoders_of(root: Path) -> list[str]:

@@ -7,17 +7,25 @@ first rank it runs and its result is broadcast over the layout's group (its stru
 picklable skeleton, then each tensor on the device); on the others the same call returns the
 received copy, built on the device and in the dtype the first rank's had. Dropping the encoders
 stays when the rest of `accel.apply` is undone, like the TP split: the memory was given back.
+
+With text_encoder = "sharded" every rank of the layout holds a slice of each text encoder that
+transformers gives a tensor-parallel plan (its config's `base_model_tp_plan`, the model's `_tp_plan`:
+Llama, Mistral, Qwen2.5-VL, Qwen3, Gemma 3), split by transformers' own `apply_tensor_parallelism`;
+every rank runs `encode_prompt` together on the same prompt, and the plan's row-wise layers
+all-reduce, so each gets the whole embeddings. Encoders without a plan (T5, UMT5, CLIP) stay whole
+on every rank; a pipeline none of whose encoders has one is refused. The split also stays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from accel.errors import NotAvailableError
+from accel.errors import NotAvailableError, UserError
 import inspect
 
 from accel.instance import ENCODE, ENCODE_ON_CPU, wrap
@@ -27,6 +35,7 @@ METHOD = "encode_prompt"
 
 # Placements under which only the layout's first rank holds the text encoders.
 ONE_RANK_PLACEMENTS = ("rank0", "cpu")
+SHARDED = "sharded"
 
 
 def loads_text_encoders(placement: str, layout_size: int) -> bool:
@@ -35,6 +44,15 @@ def loads_text_encoders(placement: str, layout_size: int) -> bool:
     from accel.launch import rank
 
     return placement not in ONE_RANK_PLACEMENTS or layout_size == 1 or rank() % layout_size == 0
+
+
+def loads_into_host_memory(placement: str, layout_size: int) -> bool:
+    """Whether `accel serve` loads the text encoders into host memory under `placement`: "cpu" encodes
+    there; "sharded" on several ranks leaves them there for `accel.apply`, which moves each rank's slice
+    to the GPU weight by weight (the GPU never holds a whole encoder; host memory holds one per rank
+    meanwhile). `accel run` loads them split instead (load_pipeline's `text_encoders_tp`), which needs
+    the layout to be the whole job, as a replica of `accel serve` is not."""
+    return placement == "cpu" or (placement == SHARDED and layout_size > 1)
 
 
 def text_encoder_names(pipe: Any) -> list[str]:
@@ -138,3 +156,108 @@ class EncodesOnCpu:
         self._unwrap()
         for name, encoder in self.encoders.items():
             encoder.to(self.devices[name])
+
+
+# -- text_encoder = "sharded" -----------------------------------------------------------------------
+
+
+def class_has_tp_plan(cls: type) -> bool:
+    """Whether transformers gives the encoder class `cls` a tensor-parallel plan, known from the class
+    alone (before loading): its own `_tp_plan`, or its config's (or a sub-config's) `base_model_tp_plan`."""
+    config = getattr(cls, "config_class", None)
+    configs = [config, *getattr(config, "sub_configs", {}).values()] if config is not None else []
+    return bool(getattr(cls, "_tp_plan", None)) or any(getattr(c, "base_model_tp_plan", None) for c in configs)
+
+
+def refusal_before_start(ref: Any) -> str | None:
+    """text_encoder = "sharded"'s refusal of a model none of whose text encoders has a plan, from the
+    class names its model_index.json (a saved folder) or its flagship configs (a registry model) give,
+    before anything loads; None where they say nothing (a tiny variant, a hub id: refused at apply)."""
+    import transformers
+
+    from accel.models.flagships import FLAGSHIPS
+    from accel.models.folder_check import read_index
+
+    folder = Path(ref.source) if ref.source else None
+    if folder is not None and folder.is_dir():
+        index = read_index(folder)
+        pipeline = index["_class_name"]
+        classes = [str(value[-1]) for name, value in index.items()
+                   if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None]
+    else:
+        flagship = next((f for f in FLAGSHIPS.values() if ref.family is not None and not ref.tiny and f.repo == ref.source), None)
+        if flagship is None:
+            return None
+        pipeline = ref.family.pipeline_class
+        classes = [c.cls for c in flagship.of_kind("text_encoder")]
+    known = [getattr(transformers, name, None) for name in classes]
+    if not classes or any(cls is None or class_has_tp_plan(cls) for cls in known):
+        return None
+    return no_plan_message(pipeline, classes)
+
+
+def tp_plan_of(encoder: Any) -> dict[str, str]:
+    """The encoder's tensor-parallel plan as transformers resolves it for one model (empty: none)."""
+    return dict(getattr(encoder, "tp_plan", None) or {})
+
+
+def no_plan_message(pipeline: str, classes: list[str]) -> str:
+    return (f'[memory] text_encoder = "sharded": the text encoders of {pipeline} ({", ".join(classes)}) have no '
+            f'tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"')
+
+
+def sharded_refusal(pipe: Any, ranks: int) -> str | None:
+    """Why [memory] text_encoder = "sharded" cannot split `pipe`'s encoders over `ranks` (None: it can):
+    none of them has a plan, or one that has splits its attention heads unevenly, which transformers
+    would do silently (each rank holding part of a head: wrong embeddings)."""
+    encoders = {name: getattr(pipe, name) for name in text_encoder_names(pipe)}
+    planned = {name: encoder for name, encoder in encoders.items() if tp_plan_of(encoder)}
+    if not planned:
+        return no_plan_message(type(pipe).__name__, [type(encoder).__name__ for encoder in encoders.values()])
+    for encoder in planned.values():
+        config = encoder.config.get_text_config()
+        heads = getattr(config, "num_attention_heads", None)
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if isinstance(heads, int) and isinstance(kv_heads, int) and (heads % ranks or kv_heads % ranks):
+            return (f'[memory] text_encoder = "sharded": {type(encoder).__name__} has {heads} attention heads and {kv_heads} '
+                    f'key-value heads, which {ranks} ranks do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
+    return None
+
+
+def local_bytes(module: torch.nn.Module) -> int:
+    """The bytes of `module`'s parameters this rank holds: a split one's local slice, a tied one once."""
+    from torch.distributed.tensor import DTensor
+
+    held = {id(p): (p.to_local() if isinstance(p, DTensor) else p) for p in module.parameters()}
+    return sum(tensor.numel() * tensor.element_size() for tensor in held.values())
+
+
+def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str]:
+    """Split each of `pipe`'s text encoders that has a tensor-parallel plan over `group`, in place, with
+    transformers' own plan and `apply_tensor_parallelism`; the names split. Each rank keeps its slice on
+    `device` (an encoder loaded into host memory reaches it one weight at a time, never whole) and the
+    full weights are freed. The ranks must hold the same weights: each cuts its slice from its own copy."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers.distributed import DistributedConfig
+    from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+
+    ranks = dist.get_world_size(group)
+    refusal = sharded_refusal(pipe, ranks)
+    if refusal is not None:
+        raise NotAvailableError(refusal)
+    mesh = DeviceMesh.from_group(group, device.type)
+    split = []
+    for name in text_encoder_names(pipe):
+        encoder = getattr(pipe, name)
+        done = getattr(encoder, "_tp_size", None)  # transformers' own mark: split at load or by an earlier apply
+        if done is not None and done != ranks:
+            raise UserError(f'[memory] text_encoder = "sharded": pipe.{name} is split over {done} ranks already; '
+                            f'load the pipeline again to split it over {ranks}')
+        if tp_plan_of(encoder) and done is None:
+            plan = encoder._resolve_parallel_plans(DistributedConfig(tp_size=ranks))[0]
+            apply_tensor_parallelism(encoder, mesh, plan)
+            encoder.tie_weights()  # a tied head split apart from its embedding would hold a second slice
+            encoder._tp_size = ranks
+            split.append(name)
+        encoder.to(device)  # what the plan leaves whole (norms, a vision tower, an encoder without a plan)
+    return split

@@ -45,7 +45,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
-    from accel.parallel.encoders import loads_text_encoders
+    from accel.parallel.encoders import loads_into_host_memory, loads_text_encoders
     from accel.parallel.mesh import tp_slice
 
     per_replica = recipe.world_size
@@ -55,7 +55,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     announce(f"loading {recipe.model.name}")
     pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
                          tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
-                         text_encoders_on_cpu=recipe.memory.text_encoder == "cpu")
+                         text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica))
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
