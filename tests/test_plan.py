@@ -154,6 +154,32 @@ def test_flux2_dev_fits_one_80_gb_gpu_under_model_offload_or_with_its_encoder_on
     assert {c.offload for c in four.candidates} == {"none"}  # offload runs one process
 
 
+def test_a_sharded_encoders_bytes_on_meta_equal_a_real_two_rank_split() -> None:
+    """The plan splits an encoder on meta by the run's own code. tiny Qwen-Image's Qwen2.5-VL split over 2
+    gloo ranks holds 213,760 float32 bytes of parameters per rank (test_placement measures it): 106,880
+    in bfloat16, beside its rotary tables' 48 bytes of float32 buffers."""
+    from parallel_cases import tiny_pipeline
+
+    from accel.memory.estimate import sharded_encoder_bytes
+
+    encoder = tiny_pipeline("tiny-qwenimage").text_encoder
+    config = {k: v for k, v in encoder.config.to_dict().items() if k not in ("model_type", "transformers_version", "architectures", "dtype")}
+    component = Component("text_encoder", "transformers", type(encoder).__name__, config, encoder.config.model_type)
+    buffers = sum(b.numel() * b.element_size() for b in encoder.buffers())
+    assert buffers == 48 and sharded_encoder_bytes(component, 2) == 213760 // 2 + buffers
+
+
+def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
+    """Mistral split four ways (11.5 GiB a rank) fits beside FLUX.2-dev's whole transformer: Ulysses 4 with
+    the encoders on the GPUs, which at equal speed beats encoding 24 B parameters on the CPU."""
+    plan = make_plan("flux2", 4, 80)
+    chosen = plan.chosen
+    assert chosen is not None and chosen.describe() == "ulysses 4, text encoders sharded"
+    mistral = weight_bytes(build(FLAGSHIPS["flux2"].of_kind("text_encoder")[0]))
+    assert mistral / 4 < chosen.estimate.weights["text_encoder"] < mistral / 4 + 2**30  # the unsplit norms, vision tower
+    assert {c.text_encoder for c in make_plan("qwenimage", 8, 80).candidates} == {"replicated", "cpu"}  # 4 KV heads, 8 ranks
+
+
 def test_one_24_gb_gpu_runs_qwen_image_under_group_offload() -> None:
     plan = make_plan("qwenimage", 1, 24)
     assert [c.describe() for c in plan.candidates if c.fits] == [
@@ -284,7 +310,7 @@ def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
     assert (settings.tp, settings.ulysses, settings.ring, settings.cfg) == (
         expected.degrees.tp, expected.degrees.ulysses, expected.degrees.ring, expected.degrees.cfg)
     assert planned.recipe.memory.text_encoder == expected.text_encoder
-    assert planned.flags == ("--ulysses", "4", "--text-encoder", "cpu")  # what the ranks are relaunched with
+    assert planned.flags == ("--ulysses", "4", "--text-encoder", "sharded")  # what the ranks are relaunched with
 
 
 def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
@@ -341,8 +367,8 @@ def test_run_refuses_a_layout_that_does_not_fit_before_loading() -> None:
     result = run_cli(["run", "black-forest-labs/FLUX.2-dev", "--gpus", "4", "--ulysses", "4", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each GPU; "
-        "a layout that fits: --ulysses 4 --text-encoder cpu")
+        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each GPU; "
+        "a layout that fits: --ulysses 4 --text-encoder sharded")
 
 
 def test_run_refuses_a_gpu_memory_that_is_not_positive() -> None:
@@ -417,7 +443,7 @@ def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_pa
     result = run_cli(["bench", str(recipe), "--gpus", "2", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 2), "
+        f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), "
         "more than the 80 GiB of each GPU; a layout that fits: --ulysses 2 --text-encoder cpu")
 
 
@@ -452,7 +478,7 @@ def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> No
     result = run_cli(["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        "error: FLUX.2-dev at 1024x1024 needs 107.2 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each GPU; "
+        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each GPU; "
         "a layout that fits: --ulysses 2 --text-encoder cpu")
 
 

@@ -192,19 +192,13 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
                         fake: bool = True) -> int:
     """Bytes the transformer's forward adds on rank 0 of `degrees` (its sequence and TP degrees; CFG
     ranks each run one half, which is the one-process call). `device` "cpu" runs it for real."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     from accel.parallel.mesh import build_mesh
     from accel.parallel.plan import ContextParallel
     from accel.parallel.tensor import TensorParallel, resolve_tensor_plan
 
     inner = Degrees(ulysses=degrees.ulysses, ring=degrees.ring, tp=degrees.tp)
     component = flagship.of_kind("transformer")[0]
-    was_initialized = dist.is_initialized()
-    if not was_initialized:
-        dist.init_process_group("fake", rank=0, world_size=inner.world_size, store=FakeStore())
-    try:
+    with _fake_world(inner.world_size):
         mesh = build_mesh(inner, device)
         assert mesh is not None
         with _fake_or_real(device, fake):
@@ -217,10 +211,39 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
             with torch.device(device):
                 inputs = _on_device(flagship.inputs(size), device)
             peak = tracked_peak(lambda: model(**inputs), model, device=_tracked_device(device))
+    return peak.working if peak is not None else 0
+
+
+@contextmanager
+def _fake_world(ranks: int) -> Iterator[None]:
+    """A `fake` process group of `ranks` for this process as rank 0, unless one is already there."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    was_initialized = dist.is_initialized()
+    if not was_initialized:
+        dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
+    try:
+        yield
     finally:
         if not was_initialized:
             dist.destroy_process_group()
-    return peak.working if peak is not None else 0
+
+
+def sharded_encoder_bytes(component: Component, ranks: int) -> int | None:
+    """One rank's bytes of a text encoder that [memory] text_encoder = "sharded" splits over `ranks`
+    with transformers' plan, split on meta by the same code as a run; None where it stays whole (no
+    plan) or the split is refused (heads the ranks do not divide, accel/parallel/encoders.py)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from accel.parallel.encoders import heads_problem, local_bytes, split_encoder, tp_plan_of
+
+    encoder = build(component)
+    if not tp_plan_of(encoder) or heads_problem(encoder, ranks) is not None:
+        return None
+    with _fake_world(ranks):
+        split_encoder(encoder, DeviceMesh("cpu", list(range(ranks))))
+    return local_bytes(encoder) + sum(t.numel() * t.element_size() for t in encoder.buffers())
 
 
 def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True) -> int:

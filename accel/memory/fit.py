@@ -68,7 +68,7 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
     degrees = candidate.degrees  # type: ignore[attr-defined]
     parts = [part for name in ("tp", "ulysses", "ring") if getattr(degrees, name) > 1 for part in (f"--{name}", str(getattr(degrees, name)))]
     parts += ["--cfg-parallel"] if degrees.cfg > 1 else []
-    parts += ["--text-encoder", "cpu"] if candidate.text_encoder == "cpu" else []  # type: ignore[attr-defined]
+    parts += ["--text-encoder", candidate.text_encoder] if candidate.text_encoder != "replicated" else []  # type: ignore[attr-defined]
     parts += ["--offload", candidate.offload] if candidate.offload != "none" else []  # type: ignore[attr-defined]
     return tuple(parts)
 
@@ -111,7 +111,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
         memory = dataclasses.replace(memory, text_encoder=chosen.text_encoder, offload=chosen.offload)
         return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
     degrees = resolve_degrees(settings, FAMILIES[key].heads, recipe.model.name)  # as the run will lay it out
-    placement = "cpu" if memory.text_encoder == "cpu" else "replicated"  # rank0's busiest rank holds them too
+    placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
     asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
         or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant)
     peak = asked.estimate.peak + RESERVED

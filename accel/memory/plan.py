@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 
 from accel.errors import UserError
-from accel.memory.estimate import (RankEstimate, build, offload_groups, parameter_bytes, tp_problem, transformer_flops,
-                                   transformer_working, vae_working, weight_bytes)
+from accel.memory.estimate import (RankEstimate, build, offload_groups, parameter_bytes, sharded_encoder_bytes, tp_problem,
+                                   transformer_flops, transformer_working, vae_working, weight_bytes)
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
@@ -39,15 +39,17 @@ EFFICIENCY = {"cfg": 0.98, "ulysses": 0.95, "ring": 0.85, "tp": 0.85}
 
 
 # Where the text encoders can live ([memory] text_encoder): on the GPU ("replicated" and "rank0" both
-# put them on the busiest rank), or in host memory ("cpu"), which costs CPU time once per prompt.
-PLACEMENTS = ("replicated", "cpu")
+# put them on the busiest rank), split over the layout's ranks by transformers' plan ("sharded": more
+# than one GPU, encoders that have a plan), or in host memory ("cpu"), which costs CPU time per prompt.
+PLACEMENTS = ("replicated", "sharded", "cpu")
 # One GPU's offloaded layouts: (offload, text encoders' place). Model offload with the encoders in host
 # memory is what model offload already does between uses.
 OFFLOADED = (("model", "replicated"), ("group", "replicated"), ("group", "cpu"))
 # At equal expected step speed, the layout with the least per-job cost wins: encoders on the GPU, then
 # model offload (each component's weights cross PCIe once per job: seconds), then encoding on the CPU
 # (a multi-billion-parameter encoder costs tens of seconds per prompt there).
-PREFERENCE = (("none", "replicated"), ("model", "replicated"), ("group", "replicated"), ("none", "cpu"), ("group", "cpu"))
+PREFERENCE = (("none", "replicated"), ("none", "sharded"), ("model", "replicated"), ("group", "replicated"), ("none", "cpu"),
+              ("group", "cpu"))
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class Candidate:
 
     def describe(self) -> str:
         offload = {"none": "", "model": ", model offload", "group": ", group offload"}[self.offload]
-        return self.degrees.describe() + offload + (", text encoders on the CPU" if self.text_encoder == "cpu" else "")
+        encoders = {"replicated": "", "sharded": ", text encoders sharded", "cpu": ", text encoders on the CPU"}[self.text_encoder]
+        return self.degrees.describe() + offload + encoders
 
     @property
     def preference(self) -> int:
@@ -161,7 +164,8 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
             degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), family.heads, name)
-            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
+            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS
+                           if placement != "sharded" or measure.shards_encoders(gpus)]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
     return MemoryPlan(name, flagship, measure.size, quant, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
@@ -191,6 +195,7 @@ class _Measure:
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
         self._flops: int | None = None
+        self._sharded: dict[int, dict[str, int]] = {}
 
     def forward_working(self, degrees: Degrees) -> int:
         key = (degrees.tp, degrees.ulysses, degrees.ring)
@@ -204,6 +209,24 @@ class _Measure:
             self._flops = transformer_flops(self.flagship, self.size)
         return self._flops
 
+    def sharded(self, ranks: int) -> dict[str, int]:
+        """Each text encoder's bytes on a rank when "sharded" splits them over `ranks` (whole: no plan)."""
+        if ranks not in self._sharded:
+            split = {c.attr: sharded_encoder_bytes(c, ranks) for c in self.flagship.of_kind("text_encoder")}
+            self._sharded[ranks] = {attr: self.others[attr] if size is None else size for attr, size in split.items()}
+        return self._sharded[ranks]
+
+    def shards_encoders(self, ranks: int) -> bool:
+        """Whether "sharded" splits any encoder over `ranks` (a run refuses it where it splits none or
+        an encoder's heads do not divide)."""
+        if ranks < 2:
+            return False
+        from accel.parallel.encoders import heads_problem, tp_plan_of
+
+        encoders = [build(c) for c in self.flagship.of_kind("text_encoder")]
+        planned = [e for e in encoders if tp_plan_of(e)]
+        return bool(planned) and all(heads_problem(e, ranks) is None for e in planned)
+
     def parameters(self, tp: int) -> dict[str, dict[str, int]]:
         if tp not in self.split:
             self.split[tp] = {attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()}
@@ -213,7 +236,11 @@ class _Measure:
         if offload != "none":
             return self._offloaded(placement, gpu_memory_gib, offload)
         split = {attr: sum(sizes.values()) for attr, sizes in self.parameters(degrees.tp).items()}
-        held = {attr: 0 if placement == "cpu" and attr.startswith("text_encoder") else size for attr, size in self.others.items()}
+        held = dict(self.others)
+        if placement == "cpu":
+            held |= {attr: 0 for attr in held if attr.startswith("text_encoder")}
+        elif placement == "sharded":
+            held |= self.sharded(degrees.world_size)
         estimate = RankEstimate(split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": self.vae})
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
         return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement)

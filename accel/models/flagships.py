@@ -77,8 +77,10 @@ T5_XXL = dict(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24, vo
 CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, vocab_size=49408,
               max_position_embeddings=77, projection_dim=768)
 UMT5_XXL = dict(T5_XXL, vocab_size=256384)
-# Mistral Small 3.1 24B (FLUX.2-dev's text encoder): its Mistral text model and Pixtral vision tower.
+# Mistral Small 3.1 24B (FLUX.2-dev's text encoder): its Mistral text model and Pixtral vision tower;
+# its LM head is its own (24.0 B parameters), Gemma 3's is its embedding.
 MISTRAL_SMALL_3 = dict(
+    tie_word_embeddings=False,
     text_config=dict(model_type="mistral", hidden_size=5120, intermediate_size=32768, num_hidden_layers=40, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, vocab_size=131072, max_position_embeddings=131072),
     vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,

@@ -214,13 +214,17 @@ def sharded_refusal(pipe: Any, ranks: int) -> str | None:
     planned = {name: encoder for name, encoder in encoders.items() if tp_plan_of(encoder)}
     if not planned:
         return no_plan_message(type(pipe).__name__, [type(encoder).__name__ for encoder in encoders.values()])
-    for encoder in planned.values():
-        config = encoder.config.get_text_config()
-        heads = getattr(config, "num_attention_heads", None)
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        if isinstance(heads, int) and isinstance(kv_heads, int) and (heads % ranks or kv_heads % ranks):
-            return (f'[memory] text_encoder = "sharded": {type(encoder).__name__} has {heads} attention heads and {kv_heads} '
-                    f'key-value heads, which {ranks} ranks do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
+    return next((problem for encoder in planned.values() if (problem := heads_problem(encoder, ranks)) is not None), None)
+
+
+def heads_problem(encoder: Any, ranks: int) -> str | None:
+    """Why `ranks` cannot split the encoder's attention heads evenly (None: they can)."""
+    config = encoder.config.get_text_config()
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if isinstance(heads, int) and isinstance(kv_heads, int) and (heads % ranks or kv_heads % ranks):
+        return (f'[memory] text_encoder = "sharded": {type(encoder).__name__} has {heads} attention heads and {kv_heads} '
+                f'key-value heads, which {ranks} ranks do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
     return None
 
 
@@ -232,14 +236,27 @@ def local_bytes(module: torch.nn.Module) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in held.values())
 
 
+def split_encoder(encoder: Any, mesh: Any) -> None:
+    """Split one encoder over `mesh` with transformers' own plan, in place (on meta too: the memory plan
+    counts a rank's slice this way). A plan entry for a tied weight (an LM head sharing the embedding:
+    Gemma 3) names no parameter of its own, and transformers' apply would fail on it; the tie, made again
+    after the split, gives the head the embedding's slice."""
+    from transformers.distributed import DistributedConfig
+    from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+
+    plan = encoder._resolve_parallel_plans(DistributedConfig(tp_size=mesh.size()))[0]
+    named = {*dict(encoder.named_parameters()), *dict(encoder.named_modules())}
+    apply_tensor_parallelism(encoder, mesh, {name: style for name, style in plan.items() if name in named})
+    encoder.tie_weights()  # a tied head split apart from its embedding would hold a second slice
+    encoder._tp_size = mesh.size()
+
+
 def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str]:
     """Split each of `pipe`'s text encoders that has a tensor-parallel plan over `group`, in place, with
     transformers' own plan and `apply_tensor_parallelism`; the names split. Each rank keeps its slice on
     `device` (an encoder loaded into host memory reaches it one weight at a time, never whole) and the
     full weights are freed. The ranks must hold the same weights: each cuts its slice from its own copy."""
     from torch.distributed.device_mesh import DeviceMesh
-    from transformers.distributed import DistributedConfig
-    from transformers.integrations.tensor_parallel import apply_tensor_parallelism
 
     ranks = dist.get_world_size(group)
     refusal = sharded_refusal(pipe, ranks)
@@ -254,10 +271,7 @@ def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str
             raise UserError(f'[memory] text_encoder = "sharded": pipe.{name} is split over {done} ranks already; '
                             f'load the pipeline again to split it over {ranks}')
         if tp_plan_of(encoder) and done is None:
-            plan = encoder._resolve_parallel_plans(DistributedConfig(tp_size=ranks))[0]
-            apply_tensor_parallelism(encoder, mesh, plan)
-            encoder.tie_weights()  # a tied head split apart from its embedding would hold a second slice
-            encoder._tp_size = ranks
+            split_encoder(encoder, mesh)
             split.append(name)
         encoder.to(device)  # what the plan leaves whole (norms, a vision tower, an encoder without a plan)
     return split
