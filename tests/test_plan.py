@@ -178,6 +178,10 @@ def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
     mistral = weight_bytes(build(FLAGSHIPS["flux2"].of_kind("text_encoder")[0]))
     assert mistral / 4 < chosen.estimate.weights["text_encoder"] < mistral / 4 + 2**30  # the unsplit norms, vision tower
     assert {c.text_encoder for c in make_plan("qwenimage", 8, 80).candidates} == {"replicated", "cpu"}  # 4 KV heads, 8 ranks
+    from accel.memory.estimate import sharded_encoder_bytes
+
+    gemma = FLAGSHIPS["ltx2"].of_kind("text_encoder")[0]  # its LM head is its embedding: the split keeps them one
+    assert weight_bytes(build(gemma)) / 2 < sharded_encoder_bytes(gemma, 2) < weight_bytes(build(gemma)) * 0.55
 
 
 def test_one_24_gb_gpu_runs_qwen_image_under_group_offload() -> None:
