@@ -53,7 +53,9 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     rank = _join(device.type, recipe, world)
     ref = resolve_model(recipe.model.name)
     announce(f"loading {recipe.model.name}")
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora,
+    # Offloading starts from host memory (a model that needs it does not fit the GPU whole, even briefly).
+    loads_to = "cpu" if recipe.memory.offload != "none" else device
+    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, loads_to, recipe.model.pipeline or None, recipe.model.lora,
                          tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
                          text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica))
     pipe.set_progress_bar_config(disable=True)
