@@ -161,6 +161,25 @@ def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
         assert peak is not None and peak.working < scores / 8, peak
 
 
+def test_fake_cuda_answers_data_dependent_ops_on_small_known_tensors() -> None:
+    """Boolean-mask gathers and branches on small tensors of known values run on fake CUDA at their
+    real size (HunyuanVideo 1.5 gathers its text tokens so); on values it cannot know, it still refuses."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    from accel.memory.estimate import _fake_or_real
+
+    with _fake_or_real("cuda"):
+        x = torch.randn(6, 4, device="cuda")
+        mask = torch.tensor([1, 0, 1, 1, 0, 0], device="cuda").bool()
+        ones = torch.ones(1, 5, dtype=torch.long, device="cuda").bool()[0]
+        assert x[mask].shape == (3, 4) and x[~mask].shape == (3, 4) and x[:5][ones].shape == (5, 4)
+        assert x[:5][~ones].shape == (0, 4) and torch.cat([x[mask], x[~mask]]).shape == (6, 4)
+        assert bool(torch.all(torch.zeros(3, 2, device="cuda") == 0)) and torch.count_nonzero(mask).item() == 3
+        mask.copy_(torch.randn(6, device="cuda") > 0)  # written from values no one knows: forgotten
+        with pytest.raises(DynamicOutputShapeException):
+            x[mask]
+
+
 # -- accel run on a flagship: the plan's layout, or a refusal before loading ------------------------------
 
 
