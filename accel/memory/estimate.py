@@ -116,6 +116,8 @@ def _on_device(inputs: Any, device: str) -> Any:
         return inputs.to(device, DTYPE if inputs.is_floating_point() else inputs.dtype)
     if isinstance(inputs, dict):
         return {key: _on_device(value, device) for key, value in inputs.items()}
+    if isinstance(inputs, (list, tuple)):  # Z-Image takes its latents and prompts as lists
+        return type(inputs)(_on_device(value, device) for value in inputs)
     return inputs
 
 
@@ -148,13 +150,13 @@ _INDEXING = ("aten::index.Tensor", "aten::index_put", "aten::index_put_")
 
 
 def _tensors_in(values: tuple[Any, ...] | list[Any]) -> list[torch.Tensor]:
-    """The tensors among an op's arguments or results (flat, or in one level of lists: `cat`, `index`)."""
+    """The tensors among an op's arguments or results, in lists at any depth (`cat`, `index`, c10d's)."""
     found = []
     for value in values:
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, (tuple, list)):
-            found += [v for v in value if isinstance(v, torch.Tensor)]
+            found += _tensors_in(value)
     return found
 
 
@@ -176,7 +178,8 @@ class _KnownValues(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         tensors = _tensors_in((*args, *kwargs.values()))
-        known = all(t in self.values or not isinstance(t, FakeTensor) for t in tensors)  # real: `torch.tensor`'s data
+        # Real tensors are `torch.tensor`'s data; only torch's own ops run on twins (not collectives).
+        known = func.namespace == "aten" and all(t in self.values or not isinstance(t, FakeTensor) for t in tensors)
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
