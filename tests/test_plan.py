@@ -88,7 +88,8 @@ def test_flagship_weights_are_the_published_sizes() -> None:
 
 # The published sizes of the flagships' transformers, in billions of parameters, to their precision.
 PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1),
-                      "hunyuan15": (8.3, 1), "kandinsky5": (19, 0)}
+                      "hunyuan15": (8.3, 1), "kandinsky5": (19, 0), "zimage": (6, 0), "hunyuan": (13, 0), "skyreels2": (14, 0),
+                      "mochi": (10, 0)}
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -137,7 +138,7 @@ def test_plan_json_and_table(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, hunyuan15, kandinsky5, ltx2, qwenimage, sd3, wan"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
 ])
 def test_refusals_are_one_line(argv: list[str], line: str) -> None:

@@ -9,8 +9,8 @@ half, or once per rank under CFG parallel), in the current default dtype and dev
 HunyuanVideo 1.5's forward gathers its text tokens with boolean masks: the fake mode keeps the
 values of small tensors such as its masks to answer that (accel/memory/estimate.py, _KnownValues).
 
-Not yet here: Z-Image, and the families whose flagships are below 14 B (CogVideoX, Mochi,
-LTX-Video, HunyuanVideo, SkyReels-V2, FLUX.2 klein).
+Not yet here: CogVideoX 5B (its call takes rotary tables the pipeline computes), LTX-Video 13B
+(0.9.8) and FLUX.2 klein.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ MISTRAL_SMALL_3 = dict(
     vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        patch_size=14, image_size=1540),
 )
+# Llama 3 8B as LLaVA-Llama-3 extends its vocabulary (HunyuanVideo's text encoder).
+LLAVA_LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=128320)
+# Qwen3 4B (Z-Image's text encoder).
+QWEN3_4B = dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 # Qwen2.5-VL 7B (Qwen-Image's text encoder), Gemma 3 12B (LTX-2's) and CLIP-G (SD 3.5's).
 QWEN25_VL_7B = dict(
     text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
@@ -197,6 +203,41 @@ def _kandinsky5_inputs(size: Size) -> dict[str, Any]:
                 text_rope_pos=torch.arange(text), scale_factor=(1.0, scale, scale), return_dict=False)
 
 
+def _zimage_inputs(size: Size) -> dict[str, Any]:
+    """Lists of one latent (channels, frame, height, width) and one prompt's valid Qwen3 tokens, at
+    most the pipeline's 512 (max_sequence_length); the flow time in [0, 1]."""
+    import torch
+
+    return dict(x=[_randn(16, 1, size.height // 8, size.width // 8)], t=torch.full((1,), 0.5), cap_feats=[_randn(512, 2560)],
+                return_dict=False)
+
+
+def _hunyuan_inputs(size: Size) -> dict[str, Any]:
+    """Latents at 8x space and 4x time, the pipeline's 256 Llama tokens (max_sequence_length), CLIP-L's
+    pooled vector, guidance 6 as the pipeline scales it (x1000)."""
+    import torch
+
+    frames = size.frames or 129
+    return dict(hidden_states=_randn(1, 16, (frames - 1) // 4 + 1, size.height // 8, size.width // 8), timestep=torch.ones(1),
+                encoder_hidden_states=_randn(1, 256, 4096), encoder_attention_mask=torch.ones(1, 256, dtype=torch.long),
+                pooled_projections=_randn(1, 768), guidance=torch.full((1,), 6000.0), return_dict=False)
+
+
+def _mochi_latents(size: Size) -> tuple[int, ...]:
+    """Sides on Mochi's 16-pixel grid (its 2x2 patches of 8x latents; accel's size_step for it)."""
+    return (1, 12, ((size.frames or 85) - 1) // 6 + 1, size.height // 16 * 2, size.width // 16 * 2)
+
+
+def _mochi_inputs(size: Size) -> dict[str, Any]:
+    """Latents at 8x space and 6x time (12 channels), the pipeline's 256 T5 tokens (max_sequence_length).
+    Each attention gathers the valid prompt tokens by the mask (all valid here; the fake mode keeps it)."""
+    import torch
+
+    return dict(hidden_states=_randn(*_mochi_latents(size)),
+                encoder_hidden_states=_randn(1, 256, 4096), timestep=torch.ones(1),
+                encoder_attention_mask=torch.ones(1, 256, dtype=torch.long), return_dict=False)
+
+
 def _sd3_inputs(size: Size) -> dict[str, Any]:
     """77 CLIP tokens and 256 T5 tokens joined, CLIP-L and CLIP-G pooled side by side."""
     import torch
@@ -260,4 +301,31 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
          Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
         Size(768, 512, 121), _kandinsky5_inputs, _video_latents(16, 4, 8, 121)),
+    "zimage": Flagship(
+        "Z-Image-Turbo", "Tongyi-MAI/Z-Image-Turbo",
+        (Component("transformer", "diffusers", "ZImageTransformer2DModel", {}),
+         Component("text_encoder", "transformers", "Qwen3ForCausalLM", QWEN3_4B, "qwen3"),
+         Component("vae", "diffusers", "AutoencoderKL", FLUX_VAE)),
+        Size(1024, 1024), _zimage_inputs, lambda s: (1, 16, s.height // 8, s.width // 8)),
+    "hunyuan": Flagship(
+        "HunyuanVideo", "hunyuanvideo-community/HunyuanVideo",
+        (Component("transformer", "diffusers", "HunyuanVideoTransformer3DModel", {}),
+         Component("text_encoder", "transformers", "LlamaModel", LLAVA_LLAMA3_8B, "llama"),
+         Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
+        Size(1280, 720, 129), _hunyuan_inputs, _video_latents(16, 4, 8, 129)),
+    # Wan 2.1 14B's widths, which SkyReels-V2 14B continues training from (its fps embedding, a few
+    # small layers when the config injects sample info, is left out here).
+    "skyreels2": Flagship(
+        "SkyReels-V2 T2V 14B 540P", "Skywork/SkyReels-V2-T2V-14B-540P-Diffusers",
+        (Component("transformer", "diffusers", "SkyReelsV2Transformer3DModel", WAN_14B),
+         Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
+         Component("vae", "diffusers", "AutoencoderKLWan", {})),
+        Size(960, 544, 97), _wan_inputs, _video_latents(16, 4, 8, 97)),
+    "mochi": Flagship(
+        "Mochi 1 preview", "genmo/mochi-1-preview",
+        (Component("transformer", "diffusers", "MochiTransformer3DModel", {}),
+         Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLMochi", {})),
+        Size(848, 480, 85), _mochi_inputs, _mochi_latents),
 }
