@@ -108,14 +108,17 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     family = FAMILIES[name]
     measure = _Measure(name, size or flagship.size)
     candidates, refused = [], []
+    transformer = next(iter(measure.transformers.values()))
+    # The flagship's own heads: a family's `heads` is its default checkpoint's (Kandinsky 5 Lite 28, Pro 32).
+    heads = family.heads_in(transformer.config) or family.heads
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
-            problem = tp_problem(family, next(iter(measure.transformers.values())), tp)
+            problem = tp_problem(family, transformer, tp)
             if problem:
                 refused.append(f"cfg {cfg} x tp {tp}: {problem}")
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
-            degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), family.heads, name)
+            degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), heads, name)
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS]
     return MemoryPlan(name, flagship, measure.size, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
