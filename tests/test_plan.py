@@ -114,7 +114,9 @@ def test_flagship_weights_are_the_published_sizes() -> None:
 
 
 # The published sizes of the flagships' transformers, in billions of parameters, to their precision.
-PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1)}
+PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1),
+                      "hunyuan15": (8.3, 1), "kandinsky5": (19, 0), "zimage": (6, 0), "hunyuan": (13, 0), "skyreels2": (14, 0),
+                      "mochi": (10, 0)}
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -269,7 +271,7 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, ltx2, qwenimage, sd3, wan"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
     (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])
@@ -293,6 +295,25 @@ def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
     scores = heads * tokens * tokens * 2
     for peak in (plain, masked):
         assert peak is not None and peak.working < scores / 8, peak
+
+
+def test_fake_cuda_answers_data_dependent_ops_on_small_known_tensors() -> None:
+    """Boolean-mask gathers and branches on small tensors of known values run on fake CUDA at their
+    real size (HunyuanVideo 1.5 gathers its text tokens so); on values it cannot know, it still refuses."""
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+    from accel.memory.estimate import _fake_or_real
+
+    with _fake_or_real("cuda"):
+        x = torch.randn(6, 4, device="cuda")
+        mask = torch.tensor([1, 0, 1, 1, 0, 0], device="cuda").bool()
+        ones = torch.ones(1, 5, dtype=torch.long, device="cuda").bool()[0]
+        assert x[mask].shape == (3, 4) and x[~mask].shape == (3, 4) and x[:5][ones].shape == (5, 4)
+        assert x[:5][~ones].shape == (0, 4) and torch.cat([x[mask], x[~mask]]).shape == (6, 4)
+        assert bool(torch.all(torch.zeros(3, 2, device="cuda") == 0)) and torch.count_nonzero(mask).item() == 3
+        mask.copy_(torch.randn(6, device="cuda") > 0)  # written from values no one knows: forgotten
+        with pytest.raises(DynamicOutputShapeException):
+            x[mask]
 
 
 # -- accel run on a flagship: the plan's layout, or a refusal before loading ------------------------------

@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+                                           unset_fake_temporarily)
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from accel.memory.tracker import tracked_peak
 from accel.models.base import Family
@@ -29,7 +34,8 @@ from accel.recipe import QuantSection
 
 DTYPE = torch.bfloat16
 # Config keys that set a transformer's depth: one block of each kind measures its working peak.
-DEPTH_KEYS = ("num_layers", "num_single_layers", "num_refiner_layers", "n_layers", "n_refiner_layers")
+DEPTH_KEYS = ("num_layers", "num_single_layers", "num_refiner_layers", "n_layers", "n_refiner_layers", "num_text_blocks",
+              "num_visual_blocks")
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ def _on_device(inputs: Any, device: str) -> Any:
         return inputs.to(device, DTYPE if inputs.is_floating_point() else inputs.dtype)
     if isinstance(inputs, dict):
         return {key: _on_device(value, device) for key, value in inputs.items()}
+    if isinstance(inputs, (list, tuple)):  # Z-Image takes its latents and prompts as lists
+        return type(inputs)(_on_device(value, device) for value in inputs)
     return inputs
 
 
@@ -170,16 +178,116 @@ class _FusedAttention(TorchFunctionMode):
         return attention_with_lse(query, key, value, mask, call.get("scale"))[0]
 
 
+# Tensors up to this many elements carry their values under the fake mode (masks, flags, zero inputs).
+KNOWN_NUMEL = 1 << 20
+_INDEXING = ("aten::index.Tensor", "aten::index_put", "aten::index_put_")
+
+
+def _tensors_in(values: tuple[Any, ...] | list[Any]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments or results, in lists at any depth (`cat`, `index`, c10d's)."""
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found += _tensors_in(value)
+    return found
+
+
+class _KnownValues(TorchDispatchMode):
+    """Fake tensors have shapes, not values, so an op whose output shape or Python result depends on
+    values cannot run on them: HunyuanVideo 1.5's forward gathers its text tokens with boolean masks
+    (`text[mask]`) and branches on `torch.all(image_embeds == 0)`. A shape environment would make the
+    gathers' lengths symbols, but cannot take the branch, and leaves the tracker sums of unknowns.
+    Instead every small tensor made from known values (factories like `ones`, and ops on known
+    tensors) keeps a real CPU twin, and an op the fake mode cannot answer runs on the twins: its
+    result is the one a GPU gets from the same inputs. Large or random tensors stay unknown; a value
+    written from unknown data is forgotten, so a later data-dependent op fails rather than guesses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: Any = WeakTensorKeyDictionary()
+        self.storages: set[int] = set()  # of tensors with values (or once had): who may need forgetting
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        tensors = _tensors_in((*args, *kwargs.values()))
+        # Real tensors are `torch.tensor`'s data; only torch's own ops run on twins (not collectives).
+        known = func.namespace == "aten" and all(t in self.values or not isinstance(t, FakeTensor) for t in tensors)
+        try:
+            out = func(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            if tensors and known:  # `nonzero`, `item`, `x[mask]` on known tensors: from the twins
+                return tree_map(lambda value: self._fake_of(value, tensors[0].device), self._real(func, args, kwargs))
+            if func.name() in _INDEXING and any(self._known_mask(index) for index in args[1]):
+                # `x[mask]` with a known mask: gather at the mask's positions
+                positions = [p for index in args[1] for p in self._positions(index)]
+                return self.__torch_dispatch__(func, types, (args[0], positions, *args[2:]), kwargs)
+            raise
+        results = _tensors_in(out if isinstance(out, (tuple, list)) else (out,))
+        if (known and torch.Tag.nondeterministic_seeded not in func.tags and not func.name().startswith("aten::empty")
+                and all(t.numel() <= KNOWN_NUMEL for t in tensors + results)):
+            for fake, value in zip(tree_flatten(out)[0], tree_flatten(self._real(func, args, kwargs))[0]):
+                if isinstance(fake, torch.Tensor) and isinstance(value, torch.Tensor):
+                    self._remember(fake, value)
+        elif func._schema.is_mutable:
+            named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
+            for argument in func._schema.arguments:
+                written = named.get(argument.name)
+                if argument.alias_info is not None and argument.alias_info.is_write and isinstance(written, torch.Tensor):
+                    self._forget(written)
+        return out
+
+    def _real(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`func` on the CPU twins of its tensors (devices mapped to the CPU), outside the fake mode."""
+        def twin(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return self.values[x] if isinstance(x, FakeTensor) else x
+            return torch.device("cpu") if isinstance(x, torch.device) else x
+
+        real_args, real_kwargs = tree_map(twin, (args, kwargs))
+        with unset_fake_temporarily():
+            return func(*real_args, **real_kwargs)
+
+    def _fake_of(self, value: Any, device: torch.device) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
+        self._remember(fake, value)
+        return fake
+
+    def _remember(self, fake: torch.Tensor, value: torch.Tensor) -> None:
+        self.values[fake] = value
+        self.storages.add(fake.untyped_storage()._cdata)
+
+    def _known_mask(self, index: Any) -> bool:
+        return isinstance(index, FakeTensor) and index.dtype in (torch.bool, torch.uint8) and index in self.values
+
+    def _positions(self, index: Any) -> list[Any]:
+        """A known boolean index as the integer positions it selects (one tensor per dimension it covers)."""
+        if not self._known_mask(index):
+            return [index]
+        with unset_fake_temporarily():
+            positions = [p.contiguous() for p in self.values[index].nonzero().unbind(1)]
+        return [self._fake_of(p, index.device) for p in positions]
+
+    def _forget(self, written: torch.Tensor) -> None:
+        """Drop the twins of `written` and of every view that shares its storage."""
+        storage = written.untyped_storage()._cdata
+        if storage not in self.storages:
+            return
+        for tensor in [t for t in self.values.keys() if t.untyped_storage()._cdata == storage]:
+            del self.values[tensor]
+
+
 @contextmanager
 def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
     """Fake tensors for "cuda" (no GPU needed, no memory used); real ones for "cpu", or for "cuda"
-    with `fake` off (the checks against a real run)."""
+    with `fake` off (the checks against a real run). Small known tensors keep their values (_KnownValues)."""
     if device != "cuda" or not fake:
         yield
         return
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=False), _FusedAttention():
+    with FakeTensorMode(allow_non_fake_inputs=False), _KnownValues(), _FusedAttention():
         yield
 
 
@@ -246,11 +354,14 @@ def sharded_encoder_bytes(component: Component, ranks: int) -> int | None:
     return local_bytes(encoder) + sum(t.numel() * t.element_size() for t in encoder.buffers())
 
 
-def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True) -> int:
-    """Bytes the VAE's decode of one output adds (the whole decode on one rank); "cpu" runs it for real."""
+def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True, tiling: bool = False) -> int:
+    """Bytes the VAE's decode of one output adds (the whole decode on one rank; `tiling`: diffusers'
+    tiled decode, [vae] tiling); "cpu" runs it for real."""
     component = flagship.of_kind("vae")[0]
     with _fake_or_real(device, fake):
         vae = build(component, device)
+        if tiling:
+            vae.enable_tiling()
         latents = torch.randn(*flagship.latents(size), device=device, dtype=DTYPE)
         peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device=_tracked_device(device))
     return peak.working if peak is not None else 0

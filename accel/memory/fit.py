@@ -83,9 +83,8 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     limit = given if given is not None else visible_gpu_gib(recipe.model.device)
     if limit is None:
         return Planned(recipe, None)
-    from accel.memory.plan import RESERVED, Candidate, estimate_of, fastest_fitting, make_plan
+    from accel.memory.plan import RESERVED, Candidate, estimate_of, fastest_fitting, flagship_heads, make_plan
     from accel.models.flagships import FLAGSHIPS, Size
-    from accel.models.registry import FAMILIES
     from accel.parallel.mesh import resolve_degrees
 
     flagship, settings = FLAGSHIPS[key], recipe.parallel
@@ -110,7 +109,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
                                        gpus=recipe.world_size)
         memory = dataclasses.replace(memory, text_encoder=chosen.text_encoder, offload=chosen.offload)
         return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
-    degrees = resolve_degrees(settings, FAMILIES[key].heads, recipe.model.name)  # as the run will lay it out
+    degrees = resolve_degrees(settings, flagship_heads(key), recipe.model.name)  # as the run will lay it out
     placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
     asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
         or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant)

@@ -145,6 +145,13 @@ def flagship_of(model: str) -> tuple[str, Flagship]:
     return model, FLAGSHIPS[model]
 
 
+def flagship_heads(name: str) -> int:
+    """The flagship's own attention heads: a family's `heads` is its default checkpoint's (Kandinsky 5
+    Lite 28, Pro 32)."""
+    family = FAMILIES[name]
+    return family.heads_in(FLAGSHIPS[name].of_kind("transformer")[0].config) or family.heads
+
+
 def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection()) -> MemoryPlan:
     """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
     transformers quantized as `quant` says."""
@@ -156,14 +163,16 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     family = FAMILIES[name]
     measure = _measure(name, size or flagship.size, quant)
     candidates, refused = [], []
+    transformer = next(iter(measure.transformers.values()))
+    heads = flagship_heads(name)
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
-            problem = tp_problem(family, next(iter(measure.transformers.values())), tp)
+            problem = tp_problem(family, transformer, tp)
             if problem:
                 refused.append(f"cfg {cfg} x tp {tp}: {problem}")
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
-            degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), family.heads, name)
+            degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), heads, name)
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS
                            if placement != "sharded" or measure.shards_encoders(gpus)]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)

@@ -6,10 +6,11 @@ component on the meta device to count its weights and on fake `cuda` to measure 
 memory. `inputs` makes the transformer's call at a size (batch 1: a CFG pipeline calls it once per
 half, or once per rank under CFG parallel), in the current default dtype and device.
 
-Not yet here: HunyuanVideo 1.5 (its forward selects its text tokens with boolean masks, whose
-data-dependent shapes fake tensors cannot answer without a shape environment), Kandinsky 5 Pro,
-Z-Image, and the families whose flagships are below 14 B (CogVideoX, Mochi, LTX-Video,
-HunyuanVideo, SkyReels-V2, FLUX.2 klein).
+HunyuanVideo 1.5's forward gathers its text tokens with boolean masks: the fake mode keeps the
+values of small tensors such as its masks to answer that (accel/memory/estimate.py, _KnownValues).
+
+Not yet here: CogVideoX 5B (its call takes rotary tables the pipeline computes), LTX-Video 13B
+(0.9.8) and FLUX.2 klein.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def _randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
 
+def _video_latents(channels: int, time: int, space: int, frames: int) -> Callable[[Size], tuple[int, ...]]:
+    """A video VAE's latents at a size: the first frame, then one per `time` frames; sides `space`x smaller."""
+    return lambda s: (1, channels, ((s.frames or frames) - 1) // time + 1, s.height // space, s.width // space)
+
+
 def _grid_ids(axes: int, *sizes: int) -> torch.Tensor:
     """FLUX-style position ids: zeros then the grid coordinates, one row per token."""
     import torch
@@ -86,6 +92,12 @@ MISTRAL_SMALL_3 = dict(
     vision_config=dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        patch_size=14, image_size=1540),
 )
+# Llama 3 8B as LLaVA-Llama-3 extends its vocabulary (HunyuanVideo's text encoder).
+LLAVA_LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       vocab_size=128320)
+# Qwen3 4B (Z-Image's text encoder).
+QWEN3_4B = dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, vocab_size=151936, tie_word_embeddings=True)
 # Qwen2.5-VL 7B (Qwen-Image's text encoder), Gemma 3 12B (LTX-2's) and CLIP-G (SD 3.5's).
 QWEN25_VL_7B = dict(
     text_config=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
@@ -104,6 +116,14 @@ FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_cha
                 use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)
 SD35_LARGE = dict(in_channels=16, out_channels=16, patch_size=2, sample_size=128, num_layers=38, num_attention_heads=38, attention_head_dim=64,
                   joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048, pos_embed_max_size=192, qk_norm="rms_norm")
+# ByT5-small (HunyuanVideo 1.5's glyph encoder, Glyph-SDXL-v2, fine-tunes google/byt5-small: its config).
+BYT5_SMALL = dict(d_model=1472, d_ff=3584, d_kv=64, num_heads=6, num_layers=12, vocab_size=384, feed_forward_proj="gated-gelu")
+# Kandinsky 5.0 Video Pro (19 B): the widths and depths of the original Kandinsky-5 task config
+# k5-pro-t2v-5s-sd (as musubi-tuner's kandinsky5/configs.py mirrors it; the Diffusers repo's
+# transformer/config.json was not at hand). `visual_cond` as on Lite: the pipeline always passes the
+# condition latents and mask beside the noise. "regular" attention: the 5 s SD task runs no NABLA.
+KANDINSKY5_PRO = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
+                      model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60, axes_dims=(32, 48, 48), visual_cond=True)
 WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
 
@@ -157,6 +177,69 @@ def _ltx2_inputs(size: Size) -> dict[str, Any]:
                 num_frames=f, height=h, width=w, audio_num_frames=audio, return_dict=False)
 
 
+def _hunyuan15_inputs(size: Size) -> dict[str, Any]:
+    """Noise, condition latents and their mask side by side (65 channels, 16x space, 4x time); the
+    pipeline's padded 1000 Qwen and 256 ByT5 tokens, and 729 zero SigLIP tokens (text-to-video). The
+    forward gathers valid tokens first, so the joint text stream is 1985 long whatever the masks hold:
+    all valid here (the fake mode keeps these small tensors' values, accel/memory/estimate.py)."""
+    import torch
+
+    frames = size.frames or 121
+    return dict(hidden_states=_randn(1, 65, (frames - 1) // 4 + 1, size.height // 16, size.width // 16), timestep=torch.ones(1),
+                encoder_hidden_states=_randn(1, 1000, 3584), encoder_attention_mask=torch.ones(1, 1000, dtype=torch.long),
+                encoder_hidden_states_2=_randn(1, 256, 1472), encoder_attention_mask_2=torch.ones(1, 256, dtype=torch.long),
+                image_embeds=torch.zeros(1, 729, 1152), return_dict=False)
+
+
+def _kandinsky5_inputs(size: Size) -> dict[str, Any]:
+    """Channels-last latents with the condition latents and mask appended (33 wide), 8x space and 4x
+    time; the pipeline's 512 Qwen tokens at most (max_sequence_length) and CLIP-L's pooled vector;
+    the pipeline's RoPE scale for its size (x2 between 480 and 854 on both sides, else x3.16)."""
+    import torch
+
+    frames = size.frames or 121
+    f, h, w, text = (frames - 1) // 4 + 1, size.height // 8, size.width // 8, 512
+    scale = 2.0 if 480 <= size.height <= 854 and 480 <= size.width <= 854 else 3.16
+    return dict(hidden_states=_randn(1, f, h, w, 33), encoder_hidden_states=_randn(1, text, 3584), pooled_projections=_randn(1, 768),
+                timestep=torch.ones(1), visual_rope_pos=[torch.arange(f), torch.arange(h // 2), torch.arange(w // 2)],
+                text_rope_pos=torch.arange(text), scale_factor=(1.0, scale, scale), return_dict=False)
+
+
+def _zimage_inputs(size: Size) -> dict[str, Any]:
+    """Lists of one latent (channels, frame, height, width) and one prompt's valid Qwen3 tokens, at
+    most the pipeline's 512 (max_sequence_length); the flow time in [0, 1]."""
+    import torch
+
+    return dict(x=[_randn(16, 1, size.height // 8, size.width // 8)], t=torch.full((1,), 0.5), cap_feats=[_randn(512, 2560)],
+                return_dict=False)
+
+
+def _hunyuan_inputs(size: Size) -> dict[str, Any]:
+    """Latents at 8x space and 4x time, the pipeline's 256 Llama tokens (max_sequence_length), CLIP-L's
+    pooled vector, guidance 6 as the pipeline scales it (x1000)."""
+    import torch
+
+    frames = size.frames or 129
+    return dict(hidden_states=_randn(1, 16, (frames - 1) // 4 + 1, size.height // 8, size.width // 8), timestep=torch.ones(1),
+                encoder_hidden_states=_randn(1, 256, 4096), encoder_attention_mask=torch.ones(1, 256, dtype=torch.long),
+                pooled_projections=_randn(1, 768), guidance=torch.full((1,), 6000.0), return_dict=False)
+
+
+def _mochi_latents(size: Size) -> tuple[int, ...]:
+    """Sides on Mochi's 16-pixel grid (its 2x2 patches of 8x latents; accel's size_step for it)."""
+    return (1, 12, ((size.frames or 85) - 1) // 6 + 1, size.height // 16 * 2, size.width // 16 * 2)
+
+
+def _mochi_inputs(size: Size) -> dict[str, Any]:
+    """Latents at 8x space and 6x time (12 channels), the pipeline's 256 T5 tokens (max_sequence_length).
+    Each attention gathers the valid prompt tokens by the mask (all valid here; the fake mode keeps it)."""
+    import torch
+
+    return dict(hidden_states=_randn(*_mochi_latents(size)),
+                encoder_hidden_states=_randn(1, 256, 4096), timestep=torch.ones(1),
+                encoder_attention_mask=torch.ones(1, 256, dtype=torch.long), return_dict=False)
+
+
 def _sd3_inputs(size: Size) -> dict[str, Any]:
     """77 CLIP tokens and 256 T5 tokens joined, CLIP-L and CLIP-G pooled side by side."""
     import torch
@@ -185,8 +268,7 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("transformer_2", "diffusers", "WanTransformer3DModel", WAN_14B),
          Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
          Component("vae", "diffusers", "AutoencoderKLWan", {})),
-        Size(1280, 720, 81), _wan_inputs,
-        lambda s: (1, 16, ((s.frames or 81) - 1) // 4 + 1, s.height // 8, s.width // 8)),
+        Size(1280, 720, 81), _wan_inputs, _video_latents(16, 4, 8, 81)),
     "qwenimage": Flagship(
         "Qwen-Image", "Qwen/Qwen-Image",
         (Component("transformer", "diffusers", "QwenImageTransformer2DModel", {}),
@@ -198,8 +280,7 @@ FLAGSHIPS: dict[str, Flagship] = {
         (Component("transformer", "diffusers", "LTX2VideoTransformer3DModel", dict(num_layers=48, rope_type="split")),
          Component("text_encoder", "transformers", "Gemma3ForConditionalGeneration", GEMMA3_12B, "gemma3"),
          Component("vae", "diffusers", "AutoencoderKLLTX2Video", {})),
-        Size(768, 512, 121), _ltx2_inputs,
-        lambda s: (1, 128, ((s.frames or 121) - 1) // 8 + 1, s.height // 32, s.width // 32)),
+        Size(768, 512, 121), _ltx2_inputs, _video_latents(128, 8, 32, 121)),
     "sd3": Flagship(
         "Stable Diffusion 3.5 Large", "stabilityai/stable-diffusion-3.5-large",
         (Component("transformer", "diffusers", "SD3Transformer2DModel", SD35_LARGE),
@@ -208,4 +289,45 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder_3", "transformers", "T5EncoderModel", T5_XXL, "t5"),
          Component("vae", "diffusers", "AutoencoderKL", dict(FLUX_VAE, scaling_factor=1.5305, shift_factor=0.0609))),
         Size(1024, 1024), _sd3_inputs, lambda s: (1, 16, s.height // 8, s.width // 8)),
+    "hunyuan15": Flagship(
+        "HunyuanVideo 1.5 720p", "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v",
+        (Component("transformer", "diffusers", "HunyuanVideo15Transformer3DModel", dict(target_size=960, task_type="t2v")),
+         Component("text_encoder", "transformers", "Qwen2_5_VLTextModel", QWEN25_VL_7B["text_config"], "qwen2_5_vl_text"),
+         Component("text_encoder_2", "transformers", "T5EncoderModel", BYT5_SMALL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo15", {})),
+        Size(1280, 720, 121), _hunyuan15_inputs, _video_latents(32, 4, 16, 121)),
+    "kandinsky5": Flagship(
+        "Kandinsky 5.0 Video Pro", "kandinskylab/Kandinsky-5.0-T2V-Pro-sft-5s-Diffusers",
+        (Component("transformer", "diffusers", "Kandinsky5Transformer3DModel", KANDINSKY5_PRO),
+         Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
+         Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
+        Size(768, 512, 121), _kandinsky5_inputs, _video_latents(16, 4, 8, 121)),
+    "zimage": Flagship(
+        "Z-Image-Turbo", "Tongyi-MAI/Z-Image-Turbo",
+        (Component("transformer", "diffusers", "ZImageTransformer2DModel", {}),
+         Component("text_encoder", "transformers", "Qwen3ForCausalLM", QWEN3_4B, "qwen3"),
+         Component("vae", "diffusers", "AutoencoderKL", FLUX_VAE)),
+        Size(1024, 1024), _zimage_inputs, lambda s: (1, 16, s.height // 8, s.width // 8)),
+    "hunyuan": Flagship(
+        "HunyuanVideo", "hunyuanvideo-community/HunyuanVideo",
+        (Component("transformer", "diffusers", "HunyuanVideoTransformer3DModel", {}),
+         Component("text_encoder", "transformers", "LlamaModel", LLAVA_LLAMA3_8B, "llama"),
+         Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
+        Size(1280, 720, 129), _hunyuan_inputs, _video_latents(16, 4, 8, 129)),
+    # Wan 2.1 14B's widths, which SkyReels-V2 14B continues training from (its fps embedding, a few
+    # small layers when the config injects sample info, is left out here).
+    "skyreels2": Flagship(
+        "SkyReels-V2 T2V 14B 540P", "Skywork/SkyReels-V2-T2V-14B-540P-Diffusers",
+        (Component("transformer", "diffusers", "SkyReelsV2Transformer3DModel", WAN_14B),
+         Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
+         Component("vae", "diffusers", "AutoencoderKLWan", {})),
+        Size(960, 544, 97), _wan_inputs, _video_latents(16, 4, 8, 97)),
+    "mochi": Flagship(
+        "Mochi 1 preview", "genmo/mochi-1-preview",
+        (Component("transformer", "diffusers", "MochiTransformer3DModel", {}),
+         Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLMochi", {})),
+        Size(848, 480, 85), _mochi_inputs, _mochi_latents),
 }
