@@ -802,7 +802,7 @@ def plan(
     width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
     height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")] = None,
     frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="Recipe TOML whose [quant] and [generate] size the plan measures; flags override its values.", show_default="none")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="Recipe TOML whose [quant], [vae] tiling and [generate] size the plan measures; flags override its values.", show_default="none")] = None,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo: the blocks' weights counted as torchao stores them.", show_default=_recipe_default("quant", "type"))] = None,
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False,
 ) -> None:
@@ -821,7 +821,7 @@ def plan(
             gpu_memory = visible_gpu_gib("auto") or 80.0
         base, generate = flagship.size, settings.generate
         size = Size(generate.width or base.width, generate.height or base.height, (generate.frames or base.frames) if base.frames else None)
-        result = make_plan(model, gpus, gpu_memory, size, settings.quant)
+        result = make_plan(model, gpus, gpu_memory, size, settings.quant, settings.vae.tiling)
     except UserError as error:
         _fail(str(error))
         return

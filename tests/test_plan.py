@@ -57,6 +57,15 @@ def test_vae_decode_estimate_equals_the_real_cpu_peak() -> None:
     assert abs(estimate - real) <= 0.10 * real, (estimate, real)
 
 
+def test_a_tiled_vae_decode_estimate_equals_the_real_cpu_peak_and_is_smaller() -> None:
+    """[vae] tiling: diffusers' tiled decode (64-pixel tiles here) measured on fake CUDA as on real tensors."""
+    flagship = mid_flagship(MID_FLUX, dict(SMALL_VAE, sample_size=64))
+    estimate = vae_working(flagship, Size(128, 128), "cuda", tiling=True)
+    real = vae_working(flagship, Size(128, 128), "cpu", tiling=True)
+    assert abs(estimate - real) <= 0.10 * real, (estimate, real)
+    assert real < 0.5 * vae_working(flagship, Size(128, 128), "cuda")
+
+
 def test_tracker_sees_what_a_forward_holds() -> None:
     """On real tensors: weights are the parameters' bytes; the working peak at least the widest activation."""
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))

@@ -91,7 +91,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     generate = recipe.generate
     size = Size(generate.width or flagship.size.width, generate.height or flagship.size.height,
                 (generate.frames or flagship.size.frames) if flagship.size.frames else None)
-    plan = make_plan(key, recipe.world_size, limit, size, recipe.quant)
+    plan = make_plan(key, recipe.world_size, limit, size, recipe.quant, recipe.vae.tiling)
     # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout.
     allowed = tuple(c for c in plan.candidates if c.offload == "none" or not recipe.compile.enabled)
     chosen = fastest_fitting(allowed, plan.gpu_memory)
@@ -112,7 +112,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
     degrees = resolve_degrees(settings, flagship_heads(key), recipe.model.name)  # as the run will lay it out
     placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
     asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
-        or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant)
+        or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling)
     peak = asked.estimate.peak + RESERVED
     if peak > limit * GIB:
         fits = f"a layout that fits: {' '.join(layout_flags(chosen)) or 'one process'}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"

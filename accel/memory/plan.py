@@ -99,6 +99,7 @@ class MemoryPlan:
     flagship: Flagship
     size: Size
     quant: QuantSection
+    vae_tiling: bool
     gpus: int
     gpu_memory: int  # bytes per GPU
     candidates: tuple[Candidate, ...]
@@ -152,16 +153,17 @@ def flagship_heads(name: str) -> int:
     return family.heads_in(FLAGSHIPS[name].of_kind("transformer")[0].config) or family.heads
 
 
-def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection()) -> MemoryPlan:
+def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection(),
+              vae_tiling: bool = False) -> MemoryPlan:
     """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
-    transformers quantized as `quant` says."""
+    transformers quantized as `quant` says, its VAE decoding in tiles or whole."""
     if not gpu_memory_gib > 0:
         raise UserError(f"accel plan: --gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
     if gpus < 1:
         raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
     name, flagship = flagship_of(model)
     family = FAMILIES[name]
-    measure = _measure(name, size or flagship.size, quant)
+    measure = _measure(name, size or flagship.size, quant, vae_tiling)
     candidates, refused = [], []
     transformer = next(iter(measure.transformers.values()))
     heads = flagship_heads(name)
@@ -177,30 +179,30 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                            if placement != "sharded" or measure.shards_encoders(gpus)]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
-    return MemoryPlan(name, flagship, measure.size, quant, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
+    return MemoryPlan(name, flagship, measure.size, quant, vae_tiling, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
 
 def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None, offload: str = "none",
-                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection()) -> Candidate:
+                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection(), vae_tiling: bool = False) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    return _measure(model, size or FLAGSHIPS[model].size, quant).candidate(degrees, placement, gpu_memory_gib, offload)
+    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(degrees, placement, gpu_memory_gib, offload)
 
 
 @functools.lru_cache(maxsize=4)
-def _measure(model: str, size: Size, quant: QuantSection) -> _Measure:
-    """One measure per model, size and quantization for the process: plans of other GPU counts and cards reuse it."""
-    return _Measure(model, size, quant)
+def _measure(model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> _Measure:
+    """One measure per model, size, quantization and decode for the process: plans of other GPU counts and cards reuse it."""
+    return _Measure(model, size, quant, vae_tiling)
 
 
 class _Measure:
     """The measures a plan shares across its candidates: the transformers built on meta once, weights
     per component, the VAE decode once, the forward once per (tp, ulysses, ring)."""
 
-    def __init__(self, model: str, size: Size, quant: QuantSection) -> None:
+    def __init__(self, model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> None:
         self.family, self.flagship, self.size, self.quant = FAMILIES[model], FLAGSHIPS[model], size, quant
         self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
         self.others = {c.attr: weight_bytes(build(c)) for c in self.flagship.components if not c.attr.startswith("transformer")}
-        self.vae = vae_working(self.flagship, size)
+        self.vae = vae_working(self.flagship, size, tiling=vae_tiling)
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
         self._flops: int | None = None

@@ -34,7 +34,8 @@ def headline(plan: MemoryPlan) -> str:
 
 def quantized(plan: MemoryPlan) -> str:
     quant = plan.quant
-    return "" if quant.type == "none" else f" with {'the blocks' if quant.scope == 'blocks' else 'every Linear'} in {quant.type}"
+    tiles = ", VAE decoding in tiles" if plan.vae_tiling else ""
+    return tiles + ("" if quant.type == "none" else f", {'the blocks' if quant.scope == 'blocks' else 'every Linear'} in {quant.type}")
 
 
 def table(plan: MemoryPlan) -> Table:
@@ -73,7 +74,7 @@ def _candidate_json(candidate: Candidate) -> dict[str, Any]:
 
 def as_json(plan: MemoryPlan) -> dict[str, Any]:
     chosen = plan.chosen
-    return {"model": plan.model, "checkpoint": plan.flagship.repo, "size": plan.size.describe(), "quant": plan.quant.type, "gpus": plan.gpus,
+    return {"model": plan.model, "checkpoint": plan.flagship.repo, "size": plan.size.describe(), "quant": plan.quant.type, "vae_tiling": plan.vae_tiling, "gpus": plan.gpus,
             "gpu_memory_bytes": plan.gpu_memory, "reserved_bytes": RESERVED,
             "candidates": [_candidate_json(c) for c in plan.candidates], "refused": list(plan.refused),
             "chosen": _candidate_json(chosen) if chosen else None}
