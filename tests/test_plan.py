@@ -478,7 +478,7 @@ def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_pa
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
         f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), "
-        "more than the 80 GiB of each GPU; a layout that fits: --ulysses 2 --text-encoder cpu")
+        'more than the 80 GiB of each GPU; a layout that fits: parallel = { ulysses = 2 }, memory = { text_encoder = "cpu" }')
 
 
 def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:

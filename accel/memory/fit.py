@@ -73,9 +73,20 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
+def layout_keys(candidate: object) -> str:
+    """A layout as recipe keys, for a bench variant (which takes no layout flags)."""
+    degrees = candidate.degrees  # type: ignore[attr-defined]
+    parallel = [f"{name} = {getattr(degrees, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(degrees, name) > 1]
+    memory = [f'{key} = "{getattr(candidate, key)}"' for key, default in (("text_encoder", "replicated"), ("offload", "none"))
+              if getattr(candidate, key) != default]
+    parts = ([f"parallel = {{ {', '.join(parallel)} }}"] if parallel else []) + ([f"memory = {{ {', '.join(memory)} }}"] if memory else [])
+    return ", ".join(parts) or "one process"
+
+
+def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], str] | None = None) -> Planned:
     """`recipe` with the plan's layout where it leaves the choice to accel, with the plan's peak per GPU;
-    an explicit layout that does not fit is refused in one line."""
+    an explicit layout that does not fit is refused in one line, naming one that fits as `spell` writes
+    it (default: the command line's flags)."""
     given = _checked_gpu_memory(gpu_memory)
     key = flagship_key(recipe.model.name)
     if key is None:
@@ -115,7 +126,8 @@ def fitted(recipe: Recipe, gpu_memory: float | None) -> Planned:
         or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling)
     peak = asked.estimate.peak + RESERVED
     if peak > limit * GIB:
-        fits = f"a layout that fits: {' '.join(layout_flags(chosen)) or 'one process'}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"
+        written = "" if chosen is None else spell(chosen) if spell is not None else " ".join(layout_flags(chosen)) or "one process"
+        fits = f"a layout that fits: {written}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"
         raise UserError(f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
                         f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}")
     return Planned(recipe, peak)
@@ -160,7 +172,7 @@ def planned_each(recipes: Mapping[str, Recipe], gpu_memory: float | None, label:
     planned: dict[str, Planned] = {}
     for name, recipe in recipes.items():
         try:
-            planned[name] = fitted(recipe, gpu_memory)
+            planned[name] = fitted(recipe, gpu_memory, layout_keys)
         except UserError as error:
             raise type(error)(f"{label(name)}: {error}") from None
     os.environ[PLANNED_RECIPES] = json.dumps({name: {"peak": fit.peak, "changes": _changes(recipes[name], fit.recipe)}
