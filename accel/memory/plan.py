@@ -167,6 +167,7 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     candidates, refused = [], []
     transformer = next(iter(measure.transformers.values()))
     heads = flagship_heads(name)
+    placements = [p for p in PLACEMENTS if p != "sharded" or measure.shards_encoders(gpus)]
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
             problem = tp_problem(family, transformer, tp)
@@ -175,8 +176,7 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
             degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), heads, name)
-            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in PLACEMENTS
-                           if placement != "sharded" or measure.shards_encoders(gpus)]
+            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in placements]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
     return MemoryPlan(name, flagship, measure.size, quant, vae_tiling, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
@@ -201,7 +201,9 @@ class _Measure:
     def __init__(self, model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> None:
         self.family, self.flagship, self.size, self.quant = FAMILIES[model], FLAGSHIPS[model], size, quant
         self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
-        self.others = {c.attr: weight_bytes(build(c)) for c in self.flagship.components if not c.attr.startswith("transformer")}
+        self.encoders = {c.attr: build(c) for c in self.flagship.of_kind("text_encoder")}  # on meta: for the split's checks
+        self.others = {c.attr: weight_bytes(self.encoders[c.attr] if c.attr in self.encoders else build(c))
+                       for c in self.flagship.components if not c.attr.startswith("transformer")}
         self.vae = vae_working(self.flagship, size, tiling=vae_tiling)
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
@@ -234,8 +236,7 @@ class _Measure:
             return False
         from accel.parallel.encoders import heads_problem, tp_plan_of
 
-        encoders = [build(c) for c in self.flagship.of_kind("text_encoder")]
-        planned = [e for e in encoders if tp_plan_of(e)]
+        planned = [e for e in self.encoders.values() if tp_plan_of(e)]
         return bool(planned) and all(heads_problem(e, ranks) is None for e in planned)
 
     def parameters(self, tp: int) -> dict[str, dict[str, int]]:
