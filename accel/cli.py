@@ -203,6 +203,7 @@ def run(
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory; sharded: split over the ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    vae_placement: Annotated[str | None, Opt("--vae-placement", metavar="PLACE", help="replicated; rank0: only the first rank, which writes the output, decodes; the others keep the VAE in host memory.", show_default=_recipe_default("memory", "vae"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     offload: Annotated[str | None, Opt("--offload", metavar="MODE", help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks streamed (diffusers' offloading).", show_default=_recipe_default("memory", "offload"))] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
@@ -234,7 +235,7 @@ def run(
         "vae": {"parallel": True if parallel_vae else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
-        "memory": {"text_encoder": text_encoder, "offload": offload},
+        "memory": {"text_encoder": text_encoder, "vae": vae_placement, "offload": offload},
     }
     from accel import preflight
     from accel.launch import rank
@@ -253,9 +254,9 @@ def run(
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
         from accel.memory.fit import planned_here
-        from accel.recipe import offload_refusal
+        from accel.recipe import memory_refusal
 
-        if (refusal := offload_refusal(settings)) is not None:
+        if (refusal := memory_refusal(settings)) is not None:
             raise UserError(refusal)
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
@@ -691,6 +692,7 @@ def serve(
     ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host memory; sharded: split over each replica's ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
+    vae_placement: Annotated[str | None, Opt("--vae-placement", metavar="PLACE", help="replicated; rank0: only each replica's first rank decodes; the others keep the VAE in host memory.", show_default=_recipe_default("memory", "vae"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout of each replica is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
     cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
     parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,
@@ -724,13 +726,13 @@ def serve(
             "vae": {"parallel": True if parallel_vae else None},
             "quant": {"type": quant},
             "compile": {"enabled": True if compile_ else None},
-            "memory": {"text_encoder": text_encoder},
+            "memory": {"text_encoder": text_encoder, "vae": vae_placement},
         }
         settings = _recipe(recipe, overrides)
         from accel.memory.fit import planned_here
-        from accel.recipe import offload_refusal
+        from accel.recipe import memory_refusal
 
-        if (refusal := offload_refusal(settings, replicas)) is not None:
+        if (refusal := memory_refusal(settings, replicas)) is not None:
             raise UserError(refusal)
         world = settings.world_size * replicas
         if world > 1 and not under_distributed_launcher():

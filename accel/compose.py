@@ -10,7 +10,8 @@ Order (fixed; each step assumes the ones before it):
                compiled code traces through), the CFG halves, agreed arguments and noise;
                [memory] text_encoder = "rank0" / "cpu": one rank encodes (in host memory with "cpu"),
                the others drop their encoders; "sharded": transformers' TP plan splits them over the
-               layout's ranks, which encode together; [memory] offload: diffusers' model or group offload
+               layout's ranks, which encode together; [memory] vae = "rank0": the other ranks ask for
+               latents and keep the VAE in host memory; [memory] offload: diffusers' model or group offload
 3. compile   — torch.compile of each repeated block's forward (or the whole transformer's)
 4. cache     — First Block Cache, wrapping each block's (compiled) forward from outside, so its
                branch stays out of every graph
@@ -45,7 +46,7 @@ from accel.optimize.quantize import QuantSummary, check_hardware, quantize_trans
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.parallel.tensor import TensorParallel
-from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal
+from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal, vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 
@@ -119,12 +120,15 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     handle = AccelHandle(pipe, recipe, family)
     _refuse_two_caches(handle)
     _check_cache_blocks(handle)
+    if (refusal := vae_placement_refusal(recipe)) is not None:  # before any rank changes anything
+        raise UserError(refusal)
     _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
     try:
         _join_mesh(handle)
         _apply_quant(handle)
         _apply_parallel(handle)
         _apply_memory(handle)
+        _apply_vae_placement(handle)
         _apply_offload(handle)
         _apply_compile(handle)
         _apply_cache(handle)
@@ -303,7 +307,10 @@ def _apply_parallel(handle: AccelHandle) -> None:
         cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded)
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
-    handle._undo.append(agree_on_arguments(handle.pipe, mesh.group))  # first of every call: one message, no hang
+    # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were
+    # given, so that one argument may differ; every other one is still checked.
+    may_differ = ("output_type",) if _skips_decode(handle) else ()
+    handle._undo.append(agree_on_arguments(handle.pipe, mesh.group, may_differ))  # first of every call: one message, no hang
 
 
 def _apply_memory(handle: AccelHandle) -> None:
@@ -331,6 +338,26 @@ def _apply_memory(handle: AccelHandle) -> None:
             return
     if placement == "cpu":
         handle._undo.append(EncodesOnCpu(handle.pipe, device).remove)
+
+
+def _skips_decode(handle: AccelHandle) -> bool:
+    """Whether [memory] vae = "rank0" changes anything here: several ranks, and a pipeline with a VAE
+    whose decode its call's output_type can skip (latent-only or VAE-less pipelines: nothing to skip)."""
+    from accel.vae.placement import ONE_RANK, takes_output_type
+
+    return (handle.recipe.memory.vae == ONE_RANK and handle.mesh is not None and getattr(handle.pipe, "vae", None) is not None
+            and takes_output_type(handle.pipe))
+
+
+def _apply_vae_placement(handle: AccelHandle) -> None:
+    """[memory] vae = "rank0": the ranks other than the layout's first skip the decode (output_type
+    "latent") and move their VAE to host memory; remove() puts it back. One process: nothing to do."""
+    if not _skips_decode(handle):
+        return
+    from accel.vae.placement import OtherRanksSkipDecode
+
+    assert handle.mesh is not None
+    handle._undo.append(OtherRanksSkipDecode(handle.pipe, handle.mesh.group).remove)
 
 
 def _apply_offload(handle: AccelHandle) -> None:

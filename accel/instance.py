@@ -40,6 +40,7 @@ ENCODE = 650  # pipe.encode_prompt: the layout's first rank encodes, the others 
 STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
 LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized
 CACHE_CALL = 850  # pipe.check_inputs: a call starts; the cache's statistics span it (Wan Animate's segments)
+VAE_PLACEMENT = 880  # pipe(...): a rank that does not decode ([memory] vae = "rank0") asks for latents
 CALL = 900  # pipe(...): every rank called with the same arguments (outermost: before any collective)
 
 Wrapper = Callable[..., Any]  # wrapper(call_next, *args, **kwargs)

@@ -235,11 +235,30 @@ class MemorySection:
         "Qwen2.5-VL, Qwen3, Gemma 3; not T5, UMT5 or CLIP, which stay whole) over the layout's ranks, which encode "
         "together and each get the whole embeddings (one process: nothing to split)."
     )
+    vae: Literal["replicated", "rank0"] = _key(
+        "replicated", "replicated: every rank decodes the whole output (or its share of it with [vae] parallel); rank0: only "
+        "the layout's first rank, the one that writes the output, decodes: the others stop at the latents and keep the "
+        "VAE in host memory (no GPU memory, no decode time for them; one process: nothing changes)."
+    )
     offload: Literal["none", "model", "group"] = _key(
         "none", "none: every component stays on the GPU; model: diffusers' model offload, each whole component moved to the "
         "GPU while it runs (the transformer must fit); group: diffusers' group offload, the transformer's blocks streamed "
         "one at a time with prefetch on a side stream (slowest; the least GPU memory). One process only, without compile."
     )
+
+
+def vae_placement_refusal(recipe: "Recipe") -> str | None:
+    """Why [memory] vae = "rank0" cannot run with the rest of `recipe` (None: it can): the split decode
+    of [vae] parallel needs every rank of the layout to decode."""
+    if recipe.memory.vae == "rank0" and recipe.vae.parallel:
+        return ('[memory] vae = "rank0" and [vae] parallel = true do not compose: the split decode needs every rank to decode; '
+                'set vae = "replicated" to split the decode, or parallel = false to decode on the first rank alone')
+    return None
+
+
+def memory_refusal(recipe: "Recipe", replicas: int = 1) -> str | None:
+    """The first of [memory]'s refusals of `recipe` (None: it runs): the VAE placement's, then offload's."""
+    return vae_placement_refusal(recipe) or offload_refusal(recipe, replicas)
 
 
 def offload_refusal(recipe: "Recipe", replicas: int = 1) -> str | None:

@@ -28,6 +28,7 @@ from accel.optimize.quantize import check_hardware
 from accel.parallel.cfg import no_guidance_message
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_text_encoders, refusal_before_start
+from accel.vae.placement import decodes_here, loads_vae_on_gpu
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
 from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
@@ -44,7 +45,7 @@ from accel.threads import cpu_threads
 class Measurement:
     """Timed generations after their warm-up runs (`output`: a latent pass's saved fields where asked)."""
 
-    output: np.ndarray | dict[str, Any]
+    output: np.ndarray | dict[str, Any] | None  # None on a rank that does not decode ([memory] vae = "rank0")
     times: list[float]
     warmup_seconds: float
     steps: int
@@ -382,7 +383,9 @@ def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
 def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: tuple[str, ...] = ()) -> tuple[Any, Audio | None]:
     """`generate`, and the sound the pipeline made with the video where its family says it makes some.
     With `latents` (a variant's `latent_output`), the call returns latents and the output is what
-    `--out NAME.pt` saves: those fields, on the CPU, marked with the pipeline that made them."""
+    `--out NAME.pt` saves: those fields, on the CPU, marked with the pipeline that made them. On a rank
+    that does not decode ([memory] vae = "rank0") the call returned latents: no output, no sound (only
+    the first rank writes, reports or answers)."""
     generator = torch.Generator("cpu").manual_seed(seed)
     call = open_inputs(kwargs)
     with _guider_scale(pipe, call):
@@ -390,6 +393,8 @@ def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: t
     if latents:
         fields = {name: _on_cpu(getattr(result, name)) for name in latents}
         return {"kind": LATENTS_MARK, "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class, "fields": fields}, None
+    if not decodes_here(pipe):
+        return None, None
     return np.asarray(output_array(result))[0], audio_of(pipe, result)
 
 
@@ -611,7 +616,8 @@ def _run(
                              recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
                              text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
                              text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare,
-                             text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1)
+                             text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1,
+                             vae_on_cpu=not compare and not loads_vae_on_gpu(recipe.memory.vae, recipe.world_size))
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)
@@ -645,6 +651,7 @@ def _run(
             "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }
     device = _device_of(pipe)
+    compared = baseline is not None and result.output is not None  # a rank that did not decode ([memory] vae = "rank0") has none
     written = _written_size(result.output)
     notes += _size_notes(kwargs, written, family.frames_arg, variant.fps is None)
     return Metrics(
@@ -669,8 +676,8 @@ def _run(
         baseline_s=baseline.seconds if baseline else None,
         baseline_times_s=baseline.times if baseline else [],
         compare_order=order,
-        psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
-        ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if baseline else None,
+        psnr_db=psnr(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if compared else None,
+        ssim=ssim(viewable(result.output, made[1]), viewable(baseline.output, made[1])) if compared else None,
         output_frames=written[2] if written is not None and made[1] != "image" else None,
         output_width=written[0] if written is not None else None,
         output_height=written[1] if written is not None else None,

@@ -542,6 +542,68 @@ def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
     return output_of(result), loaded
 
 
+def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The tiny pipeline (a copy of its own) under `recipe` ([memory] vae = "rank0" or not), each rank
+    calling it with its own keywords: ("ok", output or None where the rank returned latents) or
+    ("error", "Type: message"), how many times this rank's VAE decoder ran, and whether remove() left
+    the pipeline's call unwrapped."""
+    import accel
+    from accel.instance import wrappers
+
+    pipe = tiny_pipeline(model, key=f"{model}@vae-placement.{dist.get_rank()}")
+    decoded: list[int] = []
+    hook = pipe.vae.decoder.register_forward_hook(lambda *_: decoded.append(1))
+    handle = accel.apply(pipe, recipe)
+    try:
+        result = pipe(**calls[dist.get_rank()], generator=torch.Generator().manual_seed(0))
+        images = getattr(result, "images", None)
+        outcome: tuple[str, Any] = ("ok", output_of(result) if not isinstance(images, torch.Tensor) else None)
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        outcome = ("error", f"{type(error).__name__}: {error}")
+    finally:
+        handle.remove()
+        hook.remove()
+    return {"outcome": outcome, "decodes": len(decoded), "unwrapped": wrappers(pipe, "__call__") == []}
+
+
+class _HeldVae(torch.nn.Module):
+    """A VAE whose weights stand on the "meta" device for a GPU's (gloo ranks have none): moves are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(2, device="meta"))
+        self.moves: list[str] = []
+
+    def to(self, device: Any) -> "_HeldVae":  # type: ignore[override]
+        self.moves.append(str(device))
+        return self
+
+
+class _Decoding:
+    def __init__(self) -> None:
+        self.vae = _HeldVae()
+        self.asked: list[str] = []
+
+    def __call__(self, prompt: str, output_type: str = "pil") -> str:
+        self.asked.append(output_type)
+        return output_type
+
+
+def vae_moves_run() -> dict[str, Any]:
+    """OtherRanksSkipDecode on a stand-in pipeline over the job: the output_type each call got, positional
+    or keyword, and the VAE's moves while applied and after remove()."""
+    from accel.vae.placement import OtherRanksSkipDecode
+
+    pipe = _Decoding()
+    placed = OtherRanksSkipDecode(pipe, None)
+    pipe("a fox", "np")
+    pipe("a fox", output_type="pt")
+    applied = list(pipe.vae.moves)
+    placed.remove()
+    pipe("a fox")
+    return {"asked": pipe.asked, "applied": applied, "after": pipe.vae.moves[len(applied):]}
+
+
 def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any]) -> dict[str, Any]:
     """The tiny pipeline (a copy of its own) with [memory] text_encoder = "sharded" under `parallel`:
     its output and embeddings, which encoders were split, and their parameter bytes on this rank before

@@ -122,6 +122,7 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
         return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
     degrees = resolve_degrees(settings, flagship_heads(key), recipe.model.name)  # as the run will lay it out
     placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
+    # [memory] vae = "rank0" changes no number either: the busiest rank, rank 0, still holds the VAE and decodes.
     asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
         or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling)
     peak = asked.estimate.peak + RESERVED

@@ -59,6 +59,7 @@ def load_pipeline(
     text_encoders: bool = True,
     text_encoders_on_cpu: bool = False,
     text_encoders_tp: int = 1,
+    vae_on_cpu: bool = False,
 ) -> Any:
     """A diffusers pipeline ready to call, on `device` in `dtype`, for any name accel understands;
     `pipeline` names another pipeline class of the same transformer to run it as (FluxKontextPipeline);
@@ -72,7 +73,8 @@ def load_pipeline(
     memory while the rest goes to `device` ("cpu"), never passing through the GPU. `text_encoders_tp`
     > 1 ([memory] text_encoder = "sharded"): each text encoder that transformers has a tensor-parallel
     plan for loads split over that many ranks, which must be the whole job (transformers builds its
-    mesh over every rank), each reading only its slice; a tiny variant's are split by `accel.apply`."""
+    mesh over every rank), each reading only its slice; a tiny variant's are split by `accel.apply`.
+    `vae_on_cpu`: the VAE stays in host memory (a rank that does not decode, [memory] vae = "rank0")."""
     loras = parse_loras(lora)  # a missing file is one line before a long load
     ref = resolve_model(name_or_path)
     torch_dtype = resolve_dtype(dtype, ref)
@@ -101,18 +103,21 @@ def load_pipeline(
     else:
         _refuse_other_config(pipe, variant)
         pipe.register_modules(**extra)
-    _place(pipe, target, text_encoders_on_cpu)
+    _place(pipe, target, text_encoders_on_cpu, vae_on_cpu)
     fuse_loras(pipe, loras)
     return pipe
 
 
-def _place(pipe: Any, target: torch.device, text_encoders_on_cpu: bool) -> None:
-    if not text_encoders_on_cpu:
+def _place(pipe: Any, target: torch.device, text_encoders_on_cpu: bool, vae_on_cpu: bool = False) -> None:
+    from accel.parallel.encoders import text_encoder_names
+    from accel.vae.placement import takes_output_type
+
+    on_cpu = set(text_encoder_names(pipe)) if text_encoders_on_cpu else set()
+    if vae_on_cpu and takes_output_type(pipe):  # else its call cannot skip the decode: the VAE must be on the device
+        on_cpu.add("vae")
+    if not on_cpu:
         pipe.to(target)
         return
-    from accel.parallel.encoders import text_encoder_names
-
-    on_cpu = set(text_encoder_names(pipe))
     for name, component in pipe.components.items():
         if isinstance(component, torch.nn.Module) and name not in on_cpu:
             component.to(target)

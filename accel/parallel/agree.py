@@ -87,7 +87,7 @@ _STRING_KEPT = 64  # longer strings (prompts) are compared by a digest, not sent
 _SHOWN = 40  # characters of one value in the message
 
 
-def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None) -> Callable[[], None]:
+def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None, may_differ: Iterable[str] = ()) -> Callable[[], None]:
     """Check, at the start of every call of this pipeline, that all ranks of `group` (None: the job)
     were called with the same arguments; raise one `UserError` on every rank naming each setting that
     differs and its value per rank. Returns the undo.
@@ -102,20 +102,28 @@ def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None) -> Cal
     all): `agree_on_noise` makes rank 0's randomness and initial latents win on every rank. The
     global random state is rank 0's from the start of the call already: a pipeline may draw from it
     before its latents (SD 3.5's ControlNet pipelines sample the control picture's latents from it),
-    and ranks that drew different ones would split different residuals."""
+    and ranks that drew different ones would split different residuals.
+
+    `may_differ`: arguments left out of the check, only where the caller makes a difference harmless:
+    [memory] vae = "rank0" passes ("output_type",), since the ranks that do not decode ask for latents
+    whatever they were given. Never by default: with the decode split over the ranks ([vae] parallel)
+    a rank asking for latents would skip the decode's collectives and the others would wait for it."""
     signature = inspect.signature(pipe.__call__)
+    free = frozenset(may_differ)
 
     def check(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        _set_global_rng_state(check_same_arguments(signature, args, kwargs, group))
+        _set_global_rng_state(check_same_arguments(signature, args, kwargs, group, free))
         return call_next(*args, **kwargs)
 
     return wrap_call(pipe, "accel.agree_on_arguments", CALL, check)
 
 
 def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Raise on every rank of `group` unless all were called with the same `args` / `kwargs`; else
-    return rank 0's global random state, which travels in the same exchange (no second collective)."""
+                         group: dist.ProcessGroup | None = None,
+                         may_differ: frozenset[str] = frozenset()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Raise on every rank of `group` unless all were called with the same `args` / `kwargs` (but the
+    names in `may_differ`); else return rank 0's global random state, which travels in the same
+    exchange (no second collective)."""
     failure: BaseException | None = None
     try:
         bound = signature.bind(*args, **kwargs)
@@ -123,7 +131,7 @@ def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kw
         failure, mine = error, ("error", f"{type(error).__name__}: {error}")
     else:
         bound.apply_defaults()
-        mine = ("arguments", _summaries(signature, bound.arguments))
+        mine = ("arguments", {name: summary for name, summary in _summaries(signature, bound.arguments).items() if name not in may_differ})
     gathered: list[Any] = [None] * dist.get_world_size(group)
     state = _global_rng_state() if dist.get_rank(group) == 0 else None
     dist.all_gather_object(gathered, (dist.get_rank(), mine, state), group=group)

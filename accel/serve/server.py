@@ -47,6 +47,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     from accel.models.variants import variant_of_class
     from accel.parallel.encoders import loads_into_host_memory, loads_text_encoders
     from accel.parallel.mesh import tp_slice
+    from accel.vae.placement import loads_vae_on_gpu
 
     per_replica = recipe.world_size
     world = per_replica * options.replicas
@@ -57,7 +58,8 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     loads_to = "cpu" if recipe.memory.offload != "none" else device
     pipe = load_pipeline(recipe.model.name, recipe.model.dtype, loads_to, recipe.model.pipeline or None, recipe.model.lora,
                          tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
-                         text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica))
+                         text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica),
+                         vae_on_cpu=not loads_vae_on_gpu(recipe.memory.vae, per_replica))
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
