@@ -48,7 +48,7 @@ FULL: dict[str, Any] = {
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
-    "memory": {"text_encoder": "rank0", "offload": "none"},
+    "memory": {"text_encoder": "rank0", "vae": "replicated", "offload": "none"},
     "bench": {
         "variants": [
             {"name": "cache", "cache": {"threshold": 0.08}},
