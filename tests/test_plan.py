@@ -125,7 +125,7 @@ def test_flagship_weights_are_the_published_sizes() -> None:
 # The published sizes of the flagships' transformers, in billions of parameters, to their precision.
 PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1),
                       "hunyuan15": (8.3, 1), "kandinsky5": (19, 0), "zimage": (6, 0), "hunyuan": (13, 0), "skyreels2": (14, 0),
-                      "mochi": (10, 0)}
+                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0)}
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -280,7 +280,7 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
     (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])
@@ -520,3 +520,58 @@ def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> No
 def test_serve_and_bench_refuse_a_gpu_memory_that_is_not_positive(command: list[str]) -> None:
     result = run_cli([*command, "--gpu-memory", "0"])
     assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+
+
+# -- accel run's checks before start-up: the checkpoint's own heads, where its config is readable ------------
+
+
+KANDINSKY5_LITE = dict(FLAGSHIPS["kandinsky5"].components[0].config, model_dim=1792, ff_dim=7168, num_visual_blocks=32,
+                       axes_dims=(16, 24, 24))  # 1792 wide over heads of 64: the family default's 28 heads
+
+
+def saved_transformer_config(folder, config: dict) -> None:
+    """What the checks before start-up read of a saved Kandinsky 5 pipeline: its model_index.json and
+    transformer/config.json (no weights: the refusal comes before any load)."""
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": "Kandinsky5T2VPipeline", "transformer": ["diffusers", "Kandinsky5Transformer3DModel"]}))
+    (folder / "transformer" / "config.json").write_text(json.dumps({"_class_name": "Kandinsky5Transformer3DModel", **config}))
+
+
+def test_run_checks_degrees_against_a_local_checkpoints_own_heads(tmp_path) -> None:
+    """Kandinsky 5's family default (Lite) has 28 heads, which tp 7 divides; a saved Pro (32 heads) is
+    refused tp 7 before any rank starts, naming 32's divisors."""
+    from accel.models.refs import heads_before_start, resolve_model
+
+    saved_transformer_config(tmp_path / "pro", FLAGSHIPS["kandinsky5"].components[0].config)
+    saved_transformer_config(tmp_path / "lite", KANDINSKY5_LITE)
+    assert FAMILIES["kandinsky5"].heads == 28
+    assert heads_before_start(resolve_model(str(tmp_path / "pro"))) == 32
+    assert heads_before_start(resolve_model(str(tmp_path / "lite"))) == 28
+    result = run_cli(["run", str(tmp_path / "pro"), "--gpus", "7", "--tp", "7", "--oversubscribe"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        f"error: [parallel] tp = 7 does not divide the 32 attention heads of {tmp_path / 'pro'}; use tp = 2, 4, 8, 16 or 32")
+
+
+def test_run_checks_a_hub_ids_heads_from_its_cached_config_or_the_flagships(tmp_path, monkeypatch) -> None:
+    """A hub id: its transformer config in the local Hugging Face cache (no network), else the family's
+    default repo's count or accel plan's bundled config for a flagship repo; unknown: None (the ranks check)."""
+    import huggingface_hub.constants
+
+    from accel.models.refs import heads_before_start, resolve_model
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--someone--k5-pro"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    saved_transformer_config(repo / "snapshots" / ("0" * 40), FLAGSHIPS["kandinsky5"].components[0].config)
+    assert heads_before_start(resolve_model("someone/k5-pro")) == 32
+    result = run_cli(["run", "someone/k5-pro", "--gpus", "7", "--tp", "7", "--oversubscribe"])
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        "error: [parallel] tp = 7 does not divide the 32 attention heads of someone/k5-pro; use tp = 2, 4, 8, 16 or 32")
+    assert heads_before_start(resolve_model(FLAGSHIPS["kandinsky5"].repo)) == 32  # not cached: the flagship's config
+    assert heads_before_start(resolve_model(FAMILIES["kandinsky5"].repo)) == 28  # the family's default repo
+    assert heads_before_start(resolve_model("kandinsky5")) == 28  # the alias loads the family's default repo
+    assert heads_before_start(resolve_model("someone/unknown")) is None

@@ -9,8 +9,9 @@ half, or once per rank under CFG parallel), in the current default dtype and dev
 HunyuanVideo 1.5's forward gathers its text tokens with boolean masks: the fake mode keeps the
 values of small tensors such as its masks to answer that (accel/memory/estimate.py, _KnownValues).
 
-Not yet here: CogVideoX 5B (its call takes rotary tables the pipeline computes), LTX-Video 13B
-(0.9.8) and FLUX.2 klein.
+CogVideoX's call takes the rotary tables its pipeline computes: `inputs` passes tables of their shape.
+
+Not yet here: FLUX.2 klein.
 """
 
 from __future__ import annotations
@@ -126,6 +127,36 @@ KANDINSKY5_PRO = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_
                       model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60, axes_dims=(32, 48, 48), visual_cond=True)
 WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
+
+
+# CogVideoX-5B (THUDM/CogVideoX-5b, transformer/config.json): 48 heads of 64, 42 blocks, rotary positions
+# (no learned ones), a 512-wide time embedding; sample sizes in latents (480x720 / 8) and frames (49).
+COGVIDEOX_5B = dict(num_attention_heads=48, attention_head_dim=64, num_layers=42, in_channels=16, out_channels=16, text_embed_dim=4096,
+                    time_embed_dim=512, sample_width=90, sample_height=60, sample_frames=49, patch_size=2, temporal_compression_ratio=4,
+                    max_text_seq_length=226, use_rotary_positional_embeddings=True, use_learned_positional_embeddings=False,
+                    spatial_interpolation_scale=1.875, temporal_interpolation_scale=1.0, activation_fn="gelu-approximate",
+                    attention_bias=True, norm_eps=1e-5, flip_sin_to_cos=True, freq_shift=0)
+# Its vae/config.json: four levels of three layers (8x space, 4x time), 16 latent channels, no quant convs.
+COGVIDEOX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 256, 512), layers_per_block=3,
+                     norm_num_groups=32, norm_eps=1e-6, temporal_compression_ratio=4, sample_height=480, sample_width=720,
+                     use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.7)
+# LTX-Video 0.9.7 dev 13B (Lightricks/LTX-Video-0.9.7-dev): diffusers' scripts/convert_ltx_to_diffusers.py,
+# get_transformer_config("0.9.7"): 32 heads of 128 (4096 wide), 48 blocks, T5 features projected to 4096.
+LTX_13B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32, attention_head_dim=128,
+               cross_attention_dim=4096, num_layers=48, activation_fn="gelu-approximate", qk_norm="rms_norm_across_heads",
+               norm_elementwise_affine=False, norm_eps=1e-6, caption_channels=4096, attention_bias=True, attention_out_bias=True)
+# Its VAE, the same script's get_vae_config("0.9.7") (the 0.9.5 VAE): 128 latent channels, 32x space and
+# 8x time; the decoder's three upsampling stages with residual 2x upsamplers. That config conditions the
+# decoder on the decode timestep; here it is off: the plan's decode passes no timestep (what it leaves
+# out is the decoder's small time embedders and each resnet's scale and shift, not its activations).
+LTX_097_VAE = dict(in_channels=3, out_channels=3, latent_channels=128, block_out_channels=(128, 256, 512, 1024, 2048),
+                   down_block_types=("LTXVideo095DownBlock3D",) * 4, decoder_block_out_channels=(256, 512, 1024),
+                   layers_per_block=(4, 6, 6, 2, 2), decoder_layers_per_block=(5, 5, 5, 5), spatio_temporal_scaling=(True,) * 4,
+                   decoder_spatio_temporal_scaling=(True,) * 3, decoder_inject_noise=(False,) * 4,
+                   downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"), upsample_residual=(True,) * 3,
+                   upsample_factor=(2,) * 3, timestep_conditioning=False, patch_size=4, patch_size_t=1, resnet_norm_eps=1e-6,
+                   scaling_factor=1.0, encoder_causal=True, decoder_causal=False, spatial_compression_ratio=32,
+                   temporal_compression_ratio=8)
 
 
 def _flux_inputs(size: Size) -> dict[str, Any]:
@@ -248,6 +279,30 @@ def _sd3_inputs(size: Size) -> dict[str, Any]:
                 pooled_projections=_randn(1, 2048), timestep=torch.ones(1), return_dict=False)
 
 
+def _cogvideox_inputs(size: Size) -> dict[str, Any]:
+    """Frames-first latents at 8x space and 4x time, the pipeline's 226 T5 tokens (max_sequence_length),
+    and the rotary tables it computes for the video tokens (cos and sin, one 64-wide row per 2x2 patch)."""
+    import torch
+
+    frames = ((size.frames or 49) - 1) // 4 + 1
+    h, w = size.height // 8, size.width // 8
+    tokens = frames * (h // 2) * (w // 2)
+    return dict(hidden_states=_randn(1, frames, 16, h, w), encoder_hidden_states=_randn(1, 226, 4096), timestep=torch.ones(1),
+                image_rotary_emb=(_randn(tokens, 64), _randn(tokens, 64)), return_dict=False)
+
+
+def _ltx_inputs(size: Size) -> dict[str, Any]:
+    """Packed latents (8x time, 32x space, one token each), the pipeline's 128 T5 tokens
+    (max_sequence_length) and their mask, its rope scale at the default 25 fps."""
+    import torch
+
+    frames = size.frames or 161
+    f, h, w, text = (frames - 1) // 8 + 1, size.height // 32, size.width // 32, 128
+    return dict(hidden_states=_randn(1, f * h * w, 128), encoder_hidden_states=_randn(1, text, 4096), timestep=torch.full((1,), 500.0),
+                encoder_attention_mask=torch.ones(1, text, dtype=torch.long), num_frames=f, height=h, width=w,
+                rope_interpolation_scale=(8 / 25, 32, 32), return_dict=False)
+
+
 FLAGSHIPS: dict[str, Flagship] = {
     "flux": Flagship(
         "FLUX.1-dev", "black-forest-labs/FLUX.1-dev",
@@ -330,4 +385,17 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
          Component("vae", "diffusers", "AutoencoderKLMochi", {})),
         Size(848, 480, 85), _mochi_inputs, _mochi_latents),
+    "cogvideox": Flagship(
+        "CogVideoX-5B", "THUDM/CogVideoX-5b",
+        (Component("transformer", "diffusers", "CogVideoXTransformer3DModel", COGVIDEOX_5B),
+         Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLCogVideoX", COGVIDEOX_VAE)),
+        Size(720, 480, 49), _cogvideox_inputs, _video_latents(16, 4, 8, 49)),
+    # The family's default size (accel/models/ltx.py), which `accel run ltx` generates.
+    "ltx": Flagship(
+        "LTX-Video 0.9.7 dev 13B", "Lightricks/LTX-Video-0.9.7-dev",
+        (Component("transformer", "diffusers", "LTXVideoTransformer3DModel", LTX_13B),
+         Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLLTXVideo", LTX_097_VAE)),
+        Size(704, 480, 161), _ltx_inputs, _video_latents(128, 8, 32, 161)),
 }

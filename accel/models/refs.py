@@ -41,18 +41,64 @@ def resolve_model(name: str) -> ModelRef:
 
 
 def heads_before_start(ref: ModelRef) -> int | None:
-    """Attention heads of the model's transformer, known without loading it (None when unknown: a hub
-    id; the ranks check once loaded). Lets Ulysses degrees be refused before start-up."""
+    """Attention heads of the model's transformer, known without loading it (None when unknown; the
+    ranks check once loaded). Lets Ulysses and TP degrees be refused before start-up. The checkpoint's
+    own config where one is readable: a folder's transformer/config.json, or a hub id's in the local
+    Hugging Face cache (no network); else a hub id that is a family's default repo or a flagship
+    (accel plan's bundled config). A registry alias is its family's default checkpoint."""
     if ref.family is not None and (ref.tiny or ref.source == ref.family.repo):
         return ref.family.tiny_heads if ref.tiny else ref.family.heads
-    config = Path(ref.source) / "transformer" / "config.json"
+    folder = Path(ref.source)
+    config = folder / "transformer" / "config.json"
     if config.is_file():
-        settings = read_json(config)
-        if ref.family is not None:
-            return ref.family.heads_in(settings)
-        heads = settings.get("num_attention_heads")
-        return int(heads) if isinstance(heads, int) else None
+        return _heads_in(ref.family, read_json(config))
+    if ref.family is None and not folder.is_dir() and _looks_like_repo_id(ref.source):
+        return _hub_heads(ref.source)
     return None
+
+
+def _heads_in(family: Family | None, settings: dict) -> int | None:
+    if family is not None:
+        return family.heads_in(settings)
+    heads = settings.get("num_attention_heads")
+    return int(heads) if isinstance(heads, int) else None
+
+
+def _cached_json(repo: str, filename: str) -> dict | None:
+    """A file of a hub repo's newest cached snapshot, as JSON (None: not cached, or not a JSON object)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo, filename)
+    if not isinstance(path, str):
+        return None
+    try:
+        settings = read_json(Path(path))
+    except ModelError:
+        return None
+    return settings if isinstance(settings, dict) else None
+
+
+def _hub_heads(repo: str) -> int | None:
+    """A hub id's heads without the network: its cached transformer config (the family from its cached
+    model_index.json or the config's class), else a family's default repo's, else a flagship's."""
+    from accel.models.registry import FAMILIES
+
+    settings = _cached_json(repo, "transformer/config.json")
+    if settings is not None:
+        index = _cached_json(repo, "model_index.json") or {}
+        entry, pipeline = index.get("transformer"), index.get("_class_name")
+        transformer = str(entry[-1]) if isinstance(entry, list) and entry else settings.get("_class_name")
+        family = family_of_classes(transformer, pipeline if isinstance(pipeline, str) else None) if isinstance(transformer, str) else None
+        return _heads_in(family, settings)
+    family = next((f for f in FAMILIES.values() if f.repo.lower() == repo.lower()), None)
+    if family is not None:
+        return family.heads
+    from accel.models.flagships import FLAGSHIPS
+
+    key = next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == repo.lower()), None)
+    if key is None:
+        return None
+    return FAMILIES[key].heads_in(FLAGSHIPS[key].of_kind("transformer")[0].config) or FAMILIES[key].heads
 
 
 def _family_of_folder(folder: Path) -> Family | None:
