@@ -49,6 +49,7 @@ from accel.parallel.tensor import TensorParallel
 from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal, vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
+from accel.vae.masks import fill_masks_by_frame
 
 _applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
 
@@ -545,10 +546,12 @@ def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], in
 
 
 def _apply_vae(handle: AccelHandle) -> None:
-    """Tiling first (the VAE's own choice of tiles), then the row split inside each decoder call."""
+    """Frame masks filled a frame at a time, tiling (the VAE's own choice of tiles), then the row split
+    inside each decoder call."""
     vae = getattr(handle.pipe, "vae", None)
     if vae is None:
         return
+    handle._undo.append(fill_masks_by_frame(vae))
     settings = handle.recipe.vae
     if settings.tiling:
         if not hasattr(vae, "enable_tiling"):

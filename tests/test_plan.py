@@ -66,6 +66,16 @@ def test_a_tiled_vae_decode_estimate_equals_the_real_cpu_peak_and_is_smaller() -
     assert real < 0.5 * vae_working(flagship, Size(128, 128), "cuda")
 
 
+def test_a_vae_decode_split_over_two_ranks_estimate_equals_rank_0s_real_cpu_peak_and_is_smaller() -> None:
+    """[vae] parallel: accel's row split over 2 ranks, rank 0 on fake CUDA and on real CPU tensors (the
+    process group is torch's `fake` one either way: rank 0 allocates every buffer a gloo run does)."""
+    flagship = mid_flagship(MID_FLUX)
+    estimate = vae_working(flagship, Size(128, 128), "cuda", ranks=2)
+    real = vae_working(flagship, Size(128, 128), "cpu", ranks=2)
+    assert abs(estimate - real) <= 0.10 * real, (estimate, real)
+    assert real < 0.9 * vae_working(flagship, Size(128, 128), "cuda")  # rank 0 still gathers the whole image
+
+
 def test_tracker_sees_what_a_forward_holds() -> None:
     """On real tensors: weights are the parameters' bytes; the working peak at least the widest activation."""
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
@@ -575,3 +585,74 @@ def test_run_checks_a_hub_ids_heads_from_its_cached_config_or_the_flagships(tmp_
     assert heads_before_start(resolve_model(FAMILIES["kandinsky5"].repo)) == 28  # the family's default repo
     assert heads_before_start(resolve_model("kandinsky5")) == 28  # the alias loads the family's default repo
     assert heads_before_start(resolve_model("someone/unknown")) is None
+
+
+def test_the_trackers_device_peak_is_torchs_own_without_the_per_module_peaks() -> None:
+    """tracked_peak keeps only the device peaks (accel/memory/tracker.py); torch's whole tracker agrees."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 64), torch.nn.Softmax(-1))
+    x = torch.randn(96, 64)
+    ours = tracked_peak(lambda: model(x), model, device="cpu")
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker, torch.no_grad():
+        model(x)
+    theirs = {str(device): counts for device, counts in tracker.get_tracker_snapshot("peak").items()}["cpu"]
+    assert ours is not None and ours.total == theirs["Total"] > 0
+
+
+# HunyuanVideo 1.5 at a size where its VAE tiles (wider than its 256-pixel tiles), small enough to measure.
+HV15_SIZE = Size(640, 368, 9)
+
+
+def test_a_layout_whose_whole_vae_decode_does_not_fit_gets_a_tiled_twin_that_the_plan_takes() -> None:
+    vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
+    whole, tiled = vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE), vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, tiling=True)
+    assert tiled < whole
+    limit = (RESERVED + vae_weights + (whole + tiled) // 2) / 2**30  # the whole decode does not fit, the tiled one does
+    plan = make_plan("hunyuan15", 1, limit, HV15_SIZE)
+    twins = [c for c in plan.candidates if c.vae_tiling]
+    assert twins and all(not c.fits for c in plan.candidates if not c.vae_tiling)
+    # Only a layout that only its whole decode keeps from fitting gets a twin: without offload the weights
+    # alone are too many, and group offload with Qwen2.5-VL on the GPU peaks while encoding (13 GiB).
+    assert [(c.offload, c.text_encoder) for c in twins] == [("group", "cpu")]
+    assert not any(c.vae_parallel for c in plan.candidates)  # one GPU: nothing to split the decode over
+    chosen = plan.chosen
+    assert chosen is twins[0] and chosen.describe() == "single process, group offload, text encoders on the CPU, VAE in tiles"
+    assert chosen.estimate.working["VAE decode"] == vae_weights + tiled
+    from accel.memory.fit import fitted, layout_keys
+
+    recipe = recipe_for(FLAGSHIPS["hunyuan15"].repo)
+    recipe = dataclasses.replace(recipe, generate=dataclasses.replace(recipe.generate, width=640, height=368, frames=9))
+    planned = fitted(recipe, limit)
+    assert planned.flags == ("--text-encoder", "cpu", "--offload", "group", "--vae-tiling") and planned.recipe.vae.tiling
+    assert layout_keys(chosen) == 'memory = { text_encoder = "cpu", offload = "group" }, vae = { tiling = true }'
+
+
+def test_an_alias_is_planned_only_where_it_loads_the_flagship_checkpoint() -> None:
+    from accel.memory.fit import flagship_key
+
+    assert flagship_key("flux2") == "flux2" and flagship_key("black-forest-labs/FLUX.2-dev") == "flux2"
+    assert flagship_key("kandinsky5") is None  # loads Lite; the flagship is Pro
+    assert flagship_key(FLAGSHIPS["kandinsky5"].repo) == "kandinsky5"
+    assert flagship_key("wan") is None and flagship_key("ltx") is None and flagship_key("tiny-flux") is None
+
+
+def test_on_two_gpus_the_plan_splits_a_decode_that_does_not_fit_whole_over_the_ranks_before_tiling_it() -> None:
+    vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
+    transformer = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("transformer")[0]))
+    whole, split = vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE), vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, ranks=2)
+    assert split < whole
+    limit = (RESERVED + transformer + vae_weights + (whole + split) // 2) / 2**30  # encoders in host memory
+    plan = make_plan("hunyuan15", 2, limit, HV15_SIZE)
+    chosen = plan.chosen
+    assert chosen is not None and chosen.vae_parallel and not chosen.vae_tiling and chosen.text_encoder == "cpu"
+    assert chosen.estimate.working["VAE decode"] == split
+    assert not any(c.vae_tiling for c in plan.candidates if c.degrees == chosen.degrees)  # the split fitted: no tiles tried
+    from accel.memory.fit import fitted
+
+    recipe = recipe_for(FLAGSHIPS["hunyuan15"].repo, gpus=2)
+    recipe = dataclasses.replace(recipe, generate=dataclasses.replace(recipe.generate, width=640, height=368, frames=9))
+    planned = fitted(recipe, limit)
+    assert "--parallel-vae" in planned.flags and planned.recipe.vae.parallel and not planned.recipe.vae.tiling

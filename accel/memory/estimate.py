@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from accel.models.base import Family
 from accel.models.flagships import Component, Flagship, Size
 from accel.parallel.mesh import Degrees
 from accel.recipe import QuantSection
+from accel.vae.masks import fill_masks_by_frame
 
 DTYPE = torch.bfloat16
 # Config keys that set a transformer's depth: one block of each kind measures its working peak.
@@ -49,6 +50,10 @@ class RankEstimate:
     @property
     def peak(self) -> int:
         return sum(self.weights.values()) + max(self.working.values(), default=0)
+
+    @property
+    def largest_phase(self) -> str | None:
+        return max(self.working, key=lambda phase: self.working[phase]) if self.working else None
 
 
 @contextmanager
@@ -354,16 +359,25 @@ def sharded_encoder_bytes(component: Component, ranks: int) -> int | None:
     return local_bytes(encoder) + sum(t.numel() * t.element_size() for t in encoder.buffers())
 
 
-def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True, tiling: bool = False) -> int:
-    """Bytes the VAE's decode of one output adds (the whole decode on one rank; `tiling`: diffusers'
-    tiled decode, [vae] tiling); "cpu" runs it for real."""
+def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True, tiling: bool = False, ranks: int = 1) -> int:
+    """Bytes the VAE's decode of one output adds on rank 0 (`tiling`: diffusers' tiled decode, [vae]
+    tiling; `ranks` > 1: accel's row-split decode over that many ranks, [vae] parallel, on a `fake`
+    process group); "cpu" runs it for real."""
     component = flagship.of_kind("vae")[0]
-    with _fake_or_real(device, fake):
+    with _fake_world(ranks) if ranks > 1 else nullcontext(), _fake_or_real(device, fake):
         vae = build(component, device)
+        fill_masks_by_frame(vae)  # as every run decodes
         if tiling:
             vae.enable_tiling()
+        if ranks > 1:
+            from accel.vae.decode import ParallelDecode, plan_for
+
+            ParallelDecode(vae, plan_for(vae))
         latents = torch.randn(*flagship.latents(size), device=device, dtype=DTYPE)
-        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False), vae, device=_tracked_device(device))
+        # LTX-Video 0.9.5+ decoders are conditioned on the decode timestep, which the pipeline passes.
+        conditioned = getattr(vae.config, "timestep_conditioning", False)
+        timestep = {"temb": torch.full((latents.shape[0],), 0.05, device=device, dtype=DTYPE)} if conditioned else {}
+        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False, **timestep), vae, device=_tracked_device(device))
     return peak.working if peak is not None else 0
 
 

@@ -32,11 +32,14 @@ class Planned:
 
 
 def flagship_key(model: str) -> str | None:
-    """The flagship a model name stands for: the family alias ("flux2") or the checkpoint's repo."""
+    """The flagship a model name stands for: the checkpoint's repo, or the family alias ("flux2") where
+    the alias loads that checkpoint (`kandinsky5` loads Lite, `wan` Wan 2.1, `ltx` 0.9.x 2B: their
+    flagships are other checkpoints, which the plan must not lay out in their place)."""
     from accel.models.flagships import FLAGSHIPS
+    from accel.models.registry import FAMILIES
 
     if model in FLAGSHIPS:
-        return model
+        return model if model in FAMILIES and FAMILIES[model].repo == FLAGSHIPS[model].repo else None
     return next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == model.lower()), None)
 
 
@@ -70,6 +73,8 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
     parts += ["--cfg-parallel"] if degrees.cfg > 1 else []
     parts += ["--text-encoder", candidate.text_encoder] if candidate.text_encoder != "replicated" else []  # type: ignore[attr-defined]
     parts += ["--offload", candidate.offload] if candidate.offload != "none" else []  # type: ignore[attr-defined]
+    parts += ["--parallel-vae"] if candidate.vae_parallel else []  # type: ignore[attr-defined]
+    parts += ["--vae-tiling"] if candidate.vae_tiling else []  # type: ignore[attr-defined]
     return tuple(parts)
 
 
@@ -80,6 +85,8 @@ def layout_keys(candidate: object) -> str:
     memory = [f'{key} = "{getattr(candidate, key)}"' for key, default in (("text_encoder", "replicated"), ("offload", "none"))
               if getattr(candidate, key) != default]
     parts = ([f"parallel = {{ {', '.join(parallel)} }}"] if parallel else []) + ([f"memory = {{ {', '.join(memory)} }}"] if memory else [])
+    decode = [f"{key} = true" for key in ("parallel", "tiling") if getattr(candidate, f"vae_{key}")]
+    parts += [f"vae = {{ {', '.join(decode)} }}"] if decode else []
     return ", ".join(parts) or "one process"
 
 
@@ -102,9 +109,11 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
     generate = recipe.generate
     size = Size(generate.width or flagship.size.width, generate.height or flagship.size.height,
                 (generate.frames or flagship.size.frames) if flagship.size.frames else None)
-    plan = make_plan(key, recipe.world_size, limit, size, recipe.quant, recipe.vae.tiling)
-    # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout.
-    allowed = tuple(c for c in plan.candidates if c.offload == "none" or not recipe.compile.enabled)
+    plan = make_plan(key, recipe.world_size, limit, size, recipe.quant, recipe.vae.tiling, recipe.vae.parallel)
+    # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout;
+    # nor does a decode split over the ranks with the VAE on the first rank alone ([memory] vae = "rank0").
+    allowed = tuple(c for c in plan.candidates if (c.offload == "none" or not recipe.compile.enabled)
+                    and (not c.vae_parallel or recipe.memory.vae != "rank0"))
     chosen = fastest_fitting(allowed, plan.gpu_memory)
     where = f"{recipe.world_size} GPU{'s' if recipe.world_size > 1 else ''} of {limit:g} GiB"
     leaves_choice = settings.chooses_degrees or recipe.world_size == 1
@@ -119,12 +128,15 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
         parallel = dataclasses.replace(settings, ulysses=degrees.ulysses, ring=degrees.ring, cfg=degrees.cfg, tp=degrees.tp,
                                        gpus=recipe.world_size)
         memory = dataclasses.replace(memory, text_encoder=chosen.text_encoder, offload=chosen.offload)
-        return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory), chosen.estimate.peak + RESERVED, layout_flags(chosen))
+        vae = dataclasses.replace(recipe.vae, tiling=recipe.vae.tiling or chosen.vae_tiling, parallel=recipe.vae.parallel or chosen.vae_parallel)
+        return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory, vae=vae), chosen.estimate.peak + RESERVED,
+                       layout_flags(chosen))
     degrees = resolve_degrees(settings, flagship_heads(key), recipe.model.name)  # as the run will lay it out
     placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
     # [memory] vae = "rank0" changes no number either: the busiest rank, rank 0, still holds the VAE and decodes.
-    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload), None) \
-        or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling)
+    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload
+                             and c.vae_tiling == recipe.vae.tiling and c.vae_parallel == (recipe.vae.parallel and degrees.world_size > 1)), None) \
+        or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling, recipe.vae.parallel)
     peak = asked.estimate.peak + RESERVED
     if peak > limit * GIB:
         written = "" if chosen is None else spell(chosen) if spell is not None else " ".join(layout_flags(chosen)) or "one process"

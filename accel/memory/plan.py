@@ -8,8 +8,11 @@ measured by accel/memory/estimate.py; it fits when that peak plus RESERVED is wi
 On one GPU the plan also weighs diffusers' offloading ([memory] offload): "model" holds one whole
 component at a time (no cost per step; the weights cross PCIe once per job), "group" streams the
 transformer's blocks one at a time with prefetch, so a step costs the larger of its arithmetic and
-moving every block's weights over PCIe. The plan never picks quantization: that changes the output,
-and is the user's call.
+moving every block's weights over PCIe. Where a layout's largest phase is the VAE's whole decode
+(long videos: HunyuanVideo, Mochi, CogVideoX) and it does not fit, the plan also weighs the same
+layout with the decode's rows split over its ranks ([vae] parallel: the same pixels), in tiles
+([vae] tiling, as those pipelines' own docs advise), and both. The plan never picks
+quantization: that changes the output, and is the user's call.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from accel.memory.estimate import (RankEstimate, build, offload_groups, paramete
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size
 from accel.models.registry import FAMILIES
+from accel.models.vaes import vae_plan
 from accel.parallel.mesh import Degrees, resolve_degrees
 from accel.recipe import ParallelSection, QuantSection
 
@@ -82,11 +86,21 @@ class Candidate:
     speedup: float  # expected step speed against one GPU that holds the whole model
     text_encoder: str = "replicated"
     offload: str = "none"
+    vae_tiling: bool = False  # the decode in tiles
+    vae_parallel: bool = False  # the decode's rows split over the layout's ranks
 
     def describe(self) -> str:
         offload = {"none": "", "model": ", model offload", "group": ", group offload"}[self.offload]
         encoders = {"replicated": "", "sharded": ", text encoders sharded", "cpu": ", text encoders on the CPU"}[self.text_encoder]
-        return self.degrees.describe() + offload + encoders
+        decode = {(False, False): "", (False, True): ", VAE split over the ranks", (True, False): ", VAE in tiles",
+                  (True, True): ", VAE in tiles split over the ranks"}[self.vae_tiling, self.vae_parallel]
+        return self.degrees.describe() + offload + encoders + decode
+
+    @property
+    def decode_cost(self) -> int:
+        """At equal speed: the whole decode, then split over the ranks (same pixels, exchanges rows), then
+        in tiles (blended seams, a little time per job), then both."""
+        return 2 * self.vae_tiling + self.vae_parallel
 
     @property
     def preference(self) -> int:
@@ -116,9 +130,9 @@ class MemoryPlan:
 
 def fastest_fitting(candidates: tuple[Candidate, ...], gpu_memory: int) -> Candidate | None:
     """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the least per-job cost
-    (PREFERENCE), then the lowest peak. None: none fits."""
+    (PREFERENCE), then the cheapest decode (`Candidate.decode_cost`), then the lowest peak. None: none fits."""
     fitting = [c for c in candidates if c.estimate.peak + RESERVED <= gpu_memory]
-    return max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.estimate.peak)) if fitting else None
+    return max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.decode_cost, -c.estimate.peak)) if fitting else None
 
 
 def expected_speedup(degrees: Degrees) -> float:
@@ -154,9 +168,9 @@ def flagship_heads(name: str) -> int:
 
 
 def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection(),
-              vae_tiling: bool = False) -> MemoryPlan:
+              vae_tiling: bool = False, vae_parallel: bool = False) -> MemoryPlan:
     """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
-    transformers quantized as `quant` says, its VAE decoding in tiles or whole."""
+    transformers quantized as `quant` says, its VAE decoding in tiles or whole, split over the ranks or not."""
     if not gpu_memory_gib > 0:
         raise UserError(f"accel plan: --gpu-memory must be a positive number of GiB, got {gpu_memory_gib:g}")
     if gpus < 1:
@@ -176,16 +190,40 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
             degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), heads, name)
-            candidates += [measure.candidate(degrees, placement, gpu_memory_gib) for placement in placements]
+            candidates += [measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel) for placement in placements]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
+    candidates += [twin for c in list(candidates) for twin in _decode_twins(measure, c, gpu_memory_gib, vae_parallel)]
     return MemoryPlan(name, flagship, measure.size, quant, vae_tiling, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
 
+def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool) -> list[Candidate]:
+    """`candidate` decoding another way, where only its whole decode keeps it from fitting: split over
+    its ranks, in tiles, then both (`Candidate.decode_cost`), up to the first that fits."""
+    estimate = candidate.estimate
+    if candidate.fits or estimate.largest_phase != "VAE decode":
+        return []
+    rest = sum(estimate.weights.values()) + max((v for k, v in estimate.working.items() if k != "VAE decode"), default=0)
+    if rest + RESERVED > gpu_memory_gib * GiB:
+        return []  # it does not fit for other reasons
+    twins = []
+    for tiling, split in ((False, True), (True, False), (True, True)):
+        if (split and (not measure.splits_decode or candidate.degrees.world_size == 1)) or (tiling and not measure.tiles) \
+                or (split_asked and not split) or (not tiling and split == split_asked):
+            continue
+        twins.append(measure.candidate(candidate.degrees, candidate.text_encoder, gpu_memory_gib, candidate.offload,
+                                       vae_tiling=tiling, vae_parallel=split))
+        if twins[-1].fits:
+            break
+    return twins
+
+
 def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None, offload: str = "none",
-                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection(), vae_tiling: bool = False) -> Candidate:
+                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection(), vae_tiling: bool = False,
+                vae_parallel: bool = False) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(degrees, placement, gpu_memory_gib, offload)
+    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(degrees, placement, gpu_memory_gib, offload,
+                                                                                        vae_parallel=vae_parallel)
 
 
 @functools.lru_cache(maxsize=4)
@@ -204,11 +242,25 @@ class _Measure:
         self.encoders = {c.attr: build(c) for c in self.flagship.of_kind("text_encoder")}  # on meta: for the split's checks
         self.others = {c.attr: weight_bytes(self.encoders[c.attr] if c.attr in self.encoders else build(c))
                        for c in self.flagship.components if not c.attr.startswith("transformer")}
-        self.vae = vae_working(self.flagship, size, tiling=vae_tiling)
+        self.vae_tiling = vae_tiling
+        self.vae = {(vae_tiling, 1): vae_working(self.flagship, size, tiling=vae_tiling)}  # (tiled, ranks) → working bytes
+        vae = build(self.flagship.of_kind("vae")[0])
+        # Whether tiling is a choice the plan has (the recipe did not ask for it and the VAE can tile), and
+        # splitting the decode over the ranks (accel has a row split for the VAE's class).
+        self.tiles = not vae_tiling and hasattr(vae, "enable_tiling")
+        self.splits_decode = any(vae_plan(cls.__name__) is not None for cls in type(vae).__mro__)
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
         self._flops: int | None = None
         self._sharded: dict[int, dict[str, int]] = {}
+
+    def vae_decode(self, tiled: bool, ranks: int = 1) -> int:
+        """The decode's working bytes on rank 0, whole or in tiles, on one rank or split over `ranks`
+        (each measured when a plan first needs it)."""
+        key = (tiled or self.vae_tiling, ranks)
+        if key not in self.vae:
+            self.vae[key] = vae_working(self.flagship, self.size, tiling=key[0], ranks=ranks)
+        return self.vae[key]
 
     def forward_working(self, degrees: Degrees) -> int:
         key = (degrees.tp, degrees.ulysses, degrees.ring)
@@ -244,20 +296,26 @@ class _Measure:
             self.split[tp] = {attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()}
         return self.split[tp]
 
-    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None, offload: str = "none") -> Candidate:
+    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None, offload: str = "none",
+                  vae_tiling: bool = False, vae_parallel: bool = False) -> Candidate:
+        """One layout's busiest rank; `vae_tiling`: decoding in tiles where the recipe did not ask for it;
+        `vae_parallel`: the decode split over the layout's ranks."""
+        tiling = vae_tiling or self.vae_tiling
+        decode_split = vae_parallel and degrees.world_size > 1
         if offload != "none":
-            return self._offloaded(placement, gpu_memory_gib, offload)
+            return self._offloaded(placement, gpu_memory_gib, offload, tiling)
         split = {attr: sum(sizes.values()) for attr, sizes in self.parameters(degrees.tp).items()}
         held = dict(self.others)
         if placement == "cpu":
             held |= {attr: 0 for attr in held if attr.startswith("text_encoder")}
         elif placement == "sharded":
             held |= self.sharded(degrees.world_size)
-        estimate = RankEstimate(split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": self.vae})
+        decode = self.vae_decode(tiling, degrees.world_size if decode_split else 1)
+        estimate = RankEstimate(split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": decode})
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement)
+        return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement, vae_tiling=tiling, vae_parallel=decode_split)
 
-    def _offloaded(self, placement: str, gpu_memory_gib: float | None, offload: str) -> Candidate:
+    def _offloaded(self, placement: str, gpu_memory_gib: float | None, offload: str, tiling: bool) -> Candidate:
         """One process under diffusers' offloading: nothing stays on the GPU; each phase holds what it runs
         on (model: the whole component; group: the transformer's non-block weights and two blocks, the one
         running and the one prefetched) plus its working memory. The encoders, which have no block list
@@ -271,10 +329,10 @@ class _Measure:
             groups = [offload_groups(model, sizes[attr]) for attr, model in self.transformers.items()]
             transformer = max(outside + 2 * block for outside, block in groups)
         working = {"text encode": 0 if placement == "cpu" else max(encoders, default=0),
-                   "transformer forward": transformer + self.forward_working(Degrees()), "VAE decode": vae + self.vae}
+                   "transformer forward": transformer + self.forward_working(Degrees()), "VAE decode": vae + self.vae_decode(tiling)}
         estimate = RankEstimate({attr: 0 for attr in [*self.transformers, *self.others]}, working)
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload)
+        return Candidate(Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload, tiling)
 
     def _offload_speed(self, offload: str, gpu_memory_gib: float | None) -> float:
         """Group offload's step against one GPU holding everything: each call's arithmetic overlaps the

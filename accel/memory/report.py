@@ -67,7 +67,7 @@ def table(plan: MemoryPlan) -> Table:
 def _candidate_json(candidate: Candidate) -> dict[str, Any]:
     degrees = candidate.degrees
     return {"cfg": degrees.cfg, "tp": degrees.tp, "ulysses": degrees.ulysses, "ring": degrees.ring, "text_encoder": candidate.text_encoder,
-            "offload": candidate.offload,
+            "offload": candidate.offload, "vae_tiling": candidate.vae_tiling, "vae_parallel": candidate.vae_parallel,
             "weights_bytes": candidate.estimate.weights, "working_bytes": candidate.estimate.working,
             "peak_bytes": candidate.estimate.peak + RESERVED, "fits": candidate.fits, "expected_speedup": round(candidate.speedup, 3)}
 

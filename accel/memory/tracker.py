@@ -51,6 +51,22 @@ def _tracker_class() -> type | None:
     return MemTracker if all(hasattr(MemTracker, name) for name in needed) else None
 
 
+def _device_peaks_only(tracker: Any) -> None:
+    """The tracker also keeps each module's own peak, walking every module it has seen on every op:
+    most of a video VAE's measure (thousands of ops, hundreds of modules). accel reads the device
+    peaks only, so this tracker instance updates just those; where the internals moved it keeps its own."""
+    if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "_curr_mem_snap", "_peak_mem", "_peak_mem_snap")):
+        return
+
+    def update_device_peaks(peak_state: Any) -> None:
+        for device, snapshot in tracker._curr_mem_snap.items():
+            if tracker._peak_mem.get(device, 0) < snapshot["Total"]:
+                tracker._peak_mem[device] = snapshot["Total"]
+                tracker._peak_mem_snap[device] = dict(snapshot)
+
+    tracker._update_peak_stats = update_device_peaks
+
+
 def tracked_peak(work: Callable[[], Any], *modules: torch.nn.Module, device: str | None = None) -> Peak | None:
     """Run `work` under the tracker and return the peak on `device` (default: the device that peaked
     highest); None when this torch has no usable tracker. Gradients are off: this is inference."""
@@ -58,6 +74,7 @@ def tracked_peak(work: Callable[[], Any], *modules: torch.nn.Module, device: str
     if tracker_class is None:
         return None
     tracker = tracker_class()
+    _device_peaks_only(tracker)
     # The tracker hooks every parameter's gradient, which a frozen one refuses (the TP split's are):
     # they want gradients for the measure's duration only, and no_grad keeps any from being made.
     frozen = [p for module in modules for p in module.parameters() if not p.requires_grad]

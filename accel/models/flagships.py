@@ -146,15 +146,14 @@ LTX_13B = dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, 
                cross_attention_dim=4096, num_layers=48, activation_fn="gelu-approximate", qk_norm="rms_norm_across_heads",
                norm_elementwise_affine=False, norm_eps=1e-6, caption_channels=4096, attention_bias=True, attention_out_bias=True)
 # Its VAE, the same script's get_vae_config("0.9.7") (the 0.9.5 VAE): 128 latent channels, 32x space and
-# 8x time; the decoder's three upsampling stages with residual 2x upsamplers. That config conditions the
-# decoder on the decode timestep; here it is off: the plan's decode passes no timestep (what it leaves
-# out is the decoder's small time embedders and each resnet's scale and shift, not its activations).
+# 8x time; the decoder's three upsampling stages with residual 2x upsamplers, conditioned on the decode
+# timestep (the plan's decode passes one, as the pipeline does).
 LTX_097_VAE = dict(in_channels=3, out_channels=3, latent_channels=128, block_out_channels=(128, 256, 512, 1024, 2048),
                    down_block_types=("LTXVideo095DownBlock3D",) * 4, decoder_block_out_channels=(256, 512, 1024),
                    layers_per_block=(4, 6, 6, 2, 2), decoder_layers_per_block=(5, 5, 5, 5), spatio_temporal_scaling=(True,) * 4,
                    decoder_spatio_temporal_scaling=(True,) * 3, decoder_inject_noise=(False,) * 4,
                    downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"), upsample_residual=(True,) * 3,
-                   upsample_factor=(2,) * 3, timestep_conditioning=False, patch_size=4, patch_size_t=1, resnet_norm_eps=1e-6,
+                   upsample_factor=(2,) * 3, timestep_conditioning=True, patch_size=4, patch_size_t=1, resnet_norm_eps=1e-6,
                    scaling_factor=1.0, encoder_causal=True, decoder_causal=False, spatial_compression_ratio=32,
                    temporal_compression_ratio=8)
 

@@ -24,11 +24,15 @@ class VaePlan:
     0.9.1 injects it, 0.9.0 does not): when any entry is on, the noise is drawn at full height
     from a random state all ranks share and cut, so every rank adds the rows a single process
     would. Off, no random state is exchanged (an object broadcast: a host synchronisation).
+    `frame_masks`: decoder submodules whose `prepare_causal_attention_mask` fills a frame-causal
+    mask one row at a time; accel fills the same mask a frame at a time (accel/vae/masks.py), in
+    every decode, parallel or not.
     """
 
     method: VaeMethod = "patch"
     whole: tuple[str, ...] = ()
     noise_rows: str | None = None
+    frame_masks: tuple[str, ...] = ()
 
 
 VAE_PLANS: dict[str, VaePlan] = {
@@ -42,7 +46,7 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLFlux2": VaePlan(whole=("mid_block.attentions.*",)),
     # RMS norms over channels and pixel-shuffle up-sampling are local; the mid-block attention
     # builds its frame-causal mask from the whole map.
-    "AutoencoderKLHunyuanVideo15": VaePlan(whole=("mid_block.attentions.*",)),
+    "AutoencoderKLHunyuanVideo15": VaePlan(whole=("mid_block.attentions.*",), frame_masks=("mid_block.attentions.*",)),
     # LTX-2's video decoder: causal 3-D convolutions, pixel-norm and pixel-shuffle upsampling, no
     # attention; 2.x checkpoints that inject noise say so in the same config key as LTX-Video 0.9.1.
     "AutoencoderKLLTX2Video": VaePlan(noise_rows="decoder_inject_noise"),
