@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -334,6 +335,7 @@ def _fake_world(ranks: int) -> Iterator[None]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     was_initialized = dist.is_initialized()
+    excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]:" for good, once per group made
     if not was_initialized:
         dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
     try:
@@ -341,6 +343,7 @@ def _fake_world(ranks: int) -> Iterator[None]:
     finally:
         if not was_initialized:
             dist.destroy_process_group()
+            sys.excepthook = excepthook
 
 
 def sharded_encoder_bytes(component: Component, ranks: int) -> int | None:
