@@ -51,9 +51,9 @@ def test_fake_cuda_estimate_equals_the_real_cpu_peak(side: int, degrees: Degrees
 
 def test_vae_decode_estimate_equals_the_real_cpu_peak() -> None:
     flagship = mid_flagship(MID_FLUX)
-    estimate = vae_working(flagship, Size(256, 256), "cuda")
-    real = vae_working(flagship, Size(256, 256), "cpu")
-    assert real > 10_000_000
+    estimate = vae_working(flagship, Size(128, 128), "cuda")
+    real = vae_working(flagship, Size(128, 128), "cpu")
+    assert real > 2_500_000
     assert abs(estimate - real) <= 0.10 * real, (estimate, real)
 
 
