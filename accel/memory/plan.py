@@ -193,24 +193,20 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel) for placement in placements]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
-    twins = {id(c): _decode_twins(measure, c, gpu_memory_gib, vae_parallel) for c in candidates}
-    if not any(c.fits for c in candidates + [t for found in twins.values() for t in found]):
-        # None fits: the smallest peak the plan names counts the other decodes too.
-        twins = {id(c): twins[id(c)] or _decode_twins(measure, c, gpu_memory_gib, vae_parallel, anyway=True) for c in candidates}
-    candidates += [twin for found in twins.values() for twin in found]
+    # Measuring another decode of a long video takes minutes on fake CUDA (Wan's tiled decode: hundreds of
+    # decoder calls): only where it alone can make a layout fit.
+    candidates += [twin for c in list(candidates) for twin in _decode_twins(measure, c, gpu_memory_gib, vae_parallel)]
     return MemoryPlan(name, flagship, measure.size, quant, vae_tiling, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
 
 
-def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool,
-                  anyway: bool = False) -> list[Candidate]:
-    """`candidate` decoding another way, where only its whole decode keeps it from fitting (`anyway`:
-    where the decode is its largest phase): split over its ranks, in tiles, then both
-    (`Candidate.decode_cost`), up to the first that fits."""
+def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool) -> list[Candidate]:
+    """`candidate` decoding another way, where only its whole decode keeps it from fitting: split over
+    its ranks, in tiles, then both (`Candidate.decode_cost`), up to the first that fits."""
     estimate = candidate.estimate
     if candidate.fits or estimate.largest_phase != "VAE decode":
         return []
     rest = sum(estimate.weights.values()) + max((v for k, v in estimate.working.items() if k != "VAE decode"), default=0)
-    if rest + RESERVED > gpu_memory_gib * GiB and not anyway:
+    if rest + RESERVED > gpu_memory_gib * GiB:
         return []  # it does not fit for other reasons
     twins = []
     for tiling, split in ((False, True), (True, False), (True, True)):
