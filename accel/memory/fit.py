@@ -35,12 +35,12 @@ def flagship_key(model: str) -> str | None:
     """The flagship a model name stands for: the checkpoint's repo, or the family alias ("flux2") where
     the alias loads that checkpoint (`kandinsky5` loads Lite, `wan` Wan 2.1, `ltx` 0.9.x 2B: their
     flagships are other checkpoints, which the plan must not lay out in their place)."""
-    from accel.models.flagships import FLAGSHIPS
+    from accel.models.flagships import FLAGSHIPS, flagship_of_repo
     from accel.models.registry import FAMILIES
 
     if model in FLAGSHIPS:
         return model if model in FAMILIES and FAMILIES[model].repo == FLAGSHIPS[model].repo else None
-    return next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == model.lower()), None)
+    return flagship_of_repo(model)
 
 
 def _checked_gpu_memory(given: float | None) -> float | None:

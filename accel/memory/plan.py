@@ -26,9 +26,9 @@ from accel.errors import UserError
 from accel.memory.estimate import (RankEstimate, build, offload_groups, parameter_bytes, sharded_encoder_bytes, tp_problem,
                                    transformer_flops, transformer_working, vae_working, weight_bytes)
 from accel.models.base import Family
-from accel.models.flagships import FLAGSHIPS, Flagship, Size
+from accel.models.flagships import FLAGSHIPS, Flagship, Size, flagship_heads
 from accel.models.registry import FAMILIES
-from accel.models.vaes import vae_plan
+from accel.models.vaes import vae_plan_of
 from accel.parallel.mesh import Degrees, resolve_degrees
 from accel.recipe import ParallelSection, QuantSection
 
@@ -160,13 +160,6 @@ def flagship_of(model: str) -> tuple[str, Flagship]:
     return model, FLAGSHIPS[model]
 
 
-def flagship_heads(name: str) -> int:
-    """The flagship's own attention heads: a family's `heads` is its default checkpoint's (Kandinsky 5
-    Lite 28, Pro 32)."""
-    family = FAMILIES[name]
-    return family.heads_in(FLAGSHIPS[name].of_kind("transformer")[0].config) or family.heads
-
-
 def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection(),
               vae_tiling: bool = False, vae_parallel: bool = False) -> MemoryPlan:
     """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
@@ -250,7 +243,7 @@ class _Measure:
         # Whether tiling is a choice the plan has (the recipe did not ask for it and the VAE can tile), and
         # splitting the decode over the ranks (accel has a row split for the VAE's class).
         self.tiles = not vae_tiling and hasattr(vae, "enable_tiling")
-        self.splits_decode = any(vae_plan(cls.__name__) is not None for cls in type(vae).__mro__)
+        self.splits_decode = vae_plan_of(vae) is not None
         self.working: dict[tuple[int, int, int], int] = {}
         self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
         self._flops: int | None = None

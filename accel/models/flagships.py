@@ -398,3 +398,17 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("vae", "diffusers", "AutoencoderKLLTXVideo", LTX_097_VAE)),
         Size(704, 480, 161), _ltx_inputs, _video_latents(128, 8, 32, 161)),
 }
+
+
+def flagship_of_repo(repo: str) -> str | None:
+    """The flagship whose checkpoint is the hub id `repo` (compared without case)."""
+    return next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == repo.lower()), None)
+
+
+def flagship_heads(name: str) -> int:
+    """The flagship's own attention heads: a family's `heads` is its default checkpoint's (Kandinsky 5
+    Lite 28, Pro 32)."""
+    from accel.models.registry import FAMILIES
+
+    family = FAMILIES[name]
+    return family.heads_in(FLAGSHIPS[name].of_kind("transformer")[0].config) or family.heads

@@ -93,12 +93,10 @@ def _hub_heads(repo: str) -> int | None:
     family = next((f for f in FAMILIES.values() if f.repo.lower() == repo.lower()), None)
     if family is not None:
         return family.heads
-    from accel.models.flagships import FLAGSHIPS
+    from accel.models.flagships import flagship_heads, flagship_of_repo
 
-    key = next((key for key, flagship in FLAGSHIPS.items() if flagship.repo.lower() == repo.lower()), None)
-    if key is None:
-        return None
-    return FAMILIES[key].heads_in(FLAGSHIPS[key].of_kind("transformer")[0].config) or FAMILIES[key].heads
+    key = flagship_of_repo(repo)
+    return flagship_heads(key) if key is not None else None
 
 
 def _family_of_folder(folder: Path) -> Family | None:

@@ -55,3 +55,8 @@ VAE_PLANS: dict[str, VaePlan] = {
 
 def vae_plan(class_name: str) -> VaePlan | None:
     return VAE_PLANS.get(class_name)
+
+
+def vae_plan_of(vae: object) -> VaePlan | None:
+    """The plan of this VAE's class, or of its nearest base class that has one (None: no plan)."""
+    return next((plan for cls in type(vae).__mro__ if (plan := vae_plan(cls.__name__)) is not None), None)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from accel.errors import UserError
 from accel.instance import VAE, wrap
-from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan
+from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan_of
 from accel.parallel.agree import rank0_object
 from accel.parallel.comm import global_rank
 from accel.parallel.outputs import map_sample
@@ -29,10 +29,9 @@ from accel.vae.rows import RowSplit
 
 def plan_for(vae: Any) -> VaePlan:
     """The plan of this VAE's class (or the nearest supported base class), or a one-line refusal."""
-    for cls in type(vae).__mro__:
-        plan = vae_plan(cls.__name__)
-        if plan is not None:
-            return plan
+    plan = vae_plan_of(vae)
+    if plan is not None:
+        return plan
     raise UserError(
         f"[vae] parallel: accel has no parallel decode for {type(vae).__name__} "
         f"(it has for {', '.join(VAE_PLANS)}); set parallel = false"

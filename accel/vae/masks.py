@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from accel.instance import VAE, wrap
-from accel.models.vaes import vae_plan
+from accel.models.vaes import vae_plan_of
 from accel.parallel.plan import glob_modules
 
 
@@ -38,11 +38,8 @@ def _by_frame(call_next: Callable[..., Any], n_frame: int, n_hw: int, dtype: tor
 
 def frame_masks_of(vae: Any) -> tuple[str, ...]:
     """The decoder modules whose masks accel fills by frame: its class's plan (or its nearest base's)."""
-    for cls in type(vae).__mro__:
-        plan = vae_plan(cls.__name__)
-        if plan is not None:
-            return plan.frame_masks
-    return ()
+    plan = vae_plan_of(vae)
+    return plan.frame_masks if plan is not None else ()
 
 
 def fill_masks_by_frame(vae: Any, patterns: tuple[str, ...] | None = None) -> Callable[[], None]:
