@@ -677,7 +677,7 @@ def _unreachable(result: Any) -> str:
 def serve(
     ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.", show_default="the recipe's [model] name")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe; flags override its values. Its [generate] values are the requests' defaults.", show_default="none")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help=escape("TOML recipe; flags override its values. Its [generate] values are the requests' defaults."), show_default="none")] = None,
     gpus: Annotated[int | None, Opt("--gpus", help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the replicas.", show_default="recipe, else ulysses × ring × cfg × tp, per replica")] = None,
     replicas: Annotated[int, Opt("--replicas", help="Independent copies of the pipeline, each on --gpus / --replicas processes; requests go to a free one.")] = 1,
     host: Annotated[str, Opt("--host", help="Address to listen on.")] = "127.0.0.1",
@@ -800,13 +800,13 @@ def launch(
 
 @app.command(cls=_Command)
 def plan(
-    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage).", show_default=False)],
+    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage).", show_default=False)],
     gpus: Annotated[int, Opt("--gpus", help="GPUs to lay the model over.")] = 1,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU.", show_default="the visible GPU's, else 80")] = None,
     width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
     height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")] = None,
     frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="Recipe TOML whose [quant], [vae] tiling and [generate] size the plan measures; flags override its values.", show_default="none")] = None,
+    recipe: Annotated[Path | None, Opt("--recipe", "-r", help=escape("Recipe TOML whose [quant], [vae] tiling and [generate] size the plan measures; flags override its values."), show_default="none")] = None,
     quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo: the blocks' weights counted as torchao stores them.", show_default=_recipe_default("quant", "type"))] = None,
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False,
 ) -> None:

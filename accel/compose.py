@@ -42,6 +42,7 @@ from accel.models.base import Family, ParallelPlan, TensorPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
+from accel.optimize.processors import install_processors
 from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
@@ -126,6 +127,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
     try:
         _join_mesh(handle)
+        _apply_processors(handle)
         _apply_quant(handle)
         _apply_parallel(handle)
         _apply_memory(handle)
@@ -155,6 +157,12 @@ def execution_device(pipe: Any, module: Any) -> Any:
     pipeline that does not say) would name the wrong one; diffusers' `_execution_device` knows."""
     device = getattr(pipe, "_execution_device", None)
     return device if device is not None else next(module.parameters()).device
+
+
+def _apply_processors(handle: AccelHandle) -> None:
+    """The family's leaner attention processors (same outputs, less memory), under every layout."""
+    for transformer in _transformers(handle).values():
+        handle._undo.append(install_processors(transformer, handle.family))
 
 
 def _apply_quant(handle: AccelHandle) -> None:

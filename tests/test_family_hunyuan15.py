@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import parallel_cases as cases
 import pytest
+from conftest import generate as run_pipe
 from test_parallel_families import FAMILY_CASES, MODES, reference, world_of
 
 from accel.errors import UserError
@@ -58,3 +59,58 @@ def test_glyph_tokens_split_with_the_text_equal_one_process(rank_pools: Any, mod
     for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, "tiny-hunyuan15", {"parallel": parallel}, GLYPH):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_key_mask_attention_makes_diffusers_picture_bit_for_bit_and_goes_with_remove() -> None:
+    import accel
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+    from accel.models.hunyuan15 import KeyMaskAttention
+
+    pipe = cases.tiny_pipeline("tiny-hunyuan15")
+    attn = pipe.transformer.transformer_blocks[0].attn
+    call = dict(FAMILY_CASES["hunyuan15"].call, num_inference_steps=1)
+    masks: list[Any] = []
+    hook = pipe.transformer.transformer_blocks[0].register_forward_pre_hook(lambda _, args: masks.append(args[3]))
+    try:
+        plain = run_pipe(pipe, call)
+    finally:
+        hook.remove()
+    assert 0 < int(masks[0].sum()) < masks[0].shape[-1]  # the text stream is mostly padding: rows differ
+    handle = accel.apply(pipe, {})
+    try:
+        assert isinstance(attn.processor, KeyMaskAttention)
+        lean = run_pipe(pipe, call)
+    finally:
+        handle.remove()
+    assert isinstance(attn.processor, HunyuanVideo15AttnProcessor2_0)
+    assert np.array_equal(plain, lean)
+
+
+def test_key_mask_attention_holds_no_token_pair_mask() -> None:
+    """At L joint tokens diffusers' processor holds two (L, L) boolean masks at once; accel's none."""
+    import torch
+    from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+
+    from accel.memory.tracker import tracked_peak
+    from accel.models.hunyuan15 import KeyMaskAttention
+
+    attn = cases.tiny_pipeline("tiny-hunyuan15").transformer.transformer_blocks[0].attn
+    video, text = 1536, 512
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, video, attn.to_q.in_features, generator=generator)
+    context = torch.randn(1, text, attn.add_q_proj.in_features, generator=generator)
+    mask = torch.arange(text).unsqueeze(0) < 100
+    pair_bytes = (video + text) ** 2
+    peaks, outputs = {}, {}
+    for processor in (HunyuanVideo15AttnProcessor2_0(), KeyMaskAttention()):
+        outputs[type(processor)] = processor(attn, hidden, context, mask)
+        peak = tracked_peak(lambda: processor(attn, hidden, context, mask), attn, device="cpu")
+        assert peak is not None
+        peaks[type(processor)] = peak.working
+    assert peaks[HunyuanVideo15AttnProcessor2_0] > 2 * pair_bytes
+    assert peaks[KeyMaskAttention] < pair_bytes
+    diffusers_video, diffusers_text = outputs[HunyuanVideo15AttnProcessor2_0]
+    lean_video, lean_text = outputs[KeyMaskAttention]
+    assert torch.equal(diffusers_video, lean_video)  # the video stream: every row a real token
+    assert torch.equal(diffusers_text[:, :100], lean_text[:, :100])  # the prompt's real tokens

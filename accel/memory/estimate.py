@@ -30,6 +30,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from accel.memory.tracker import tracked_peak
 from accel.models.base import Family
 from accel.models.flagships import Component, Flagship, Size
+from accel.optimize.processors import install_processors
 from accel.parallel.mesh import Degrees
 from accel.recipe import QuantSection
 from accel.vae.masks import fill_masks_by_frame
@@ -317,6 +318,7 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
         assert mesh is not None
         with _fake_or_real(device, fake):
             model = build(component, device, cut_config(component))
+            install_processors(model, family)  # as every apply does
             if inner.tp > 1:
                 assert family.tensor is not None
                 TensorParallel(model, resolve_tensor_plan(family.tensor, model), mesh.tp_group)

@@ -201,10 +201,13 @@ def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float
     rest = sum(estimate.weights.values()) + max((v for k, v in estimate.working.items() if k != "VAE decode"), default=0)
     if rest + RESERVED > gpu_memory_gib * GiB:
         return []  # it does not fit for other reasons
+    can_split = measure.splits_decode and candidate.degrees.world_size > 1
+    split_asked = split_asked and can_split  # on one GPU [vae] parallel changes nothing
     twins = []
-    for tiling, split in ((False, True), (True, False), (True, True)):
-        if (split and (not measure.splits_decode or candidate.degrees.world_size == 1)) or (tiling and not measure.tiles) \
-                or (split_asked and not split) or (not tiling and split == split_asked):
+    for tiling, split in ((False, True), (True, False), (True, True)):  # by decode_cost
+        possible = (can_split or not split) and (measure.tiles or not tiling)
+        changes_something = tiling or split != split_asked
+        if not possible or not changes_something or (split_asked and not split):  # an asked split stays
             continue
         twins.append(measure.candidate(candidate.degrees, candidate.text_encoder, gpu_memory_gib, candidate.offload,
                                        vae_tiling=tiling, vae_parallel=split))

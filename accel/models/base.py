@@ -496,6 +496,10 @@ class Family:
     variants: tuple[Variant, ...] = ()
     # Sound generated with the video (LTX-2), muxed into the MP4; None: the pipeline makes none.
     audio: AudioOutput | None = None
+    # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
+    # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
+    # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
+    processors: tuple[tuple[str, Callable[[], Any]], ...] = ()
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""

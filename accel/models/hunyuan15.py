@@ -149,6 +149,66 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideo15ImageToVideoPipeline":
     ))
 
 
+class KeyMaskAttention:
+    """HunyuanVideo 1.5's joint attention (video, then the text stream) with the text mask applied per
+    key, (B, 1, 1, L), where diffusers' processor ANDs it with itself into a (B, 1, L, L) pair mask:
+    L² bytes, twice, in every block (12 GiB each at 720p x 121), and a mask no fused kernel takes.
+
+    Every real token's query row of the pair mask is the key mask itself, so real tokens attend
+    exactly as in diffusers. Padding rows (text positions past the prompt) attend to the real keys
+    instead of to nothing; they are never keys of a real token and never reach the output.
+    """
+
+    # Set by diffusers' `set_attention_backend` / context-parallel config, as on its own processors.
+    _attention_backend: Any = None
+    _parallel_config: Any = None
+
+    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
+                 attention_mask: Any = None, image_rotary_emb: Any = None) -> Any:
+        import torch
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(2, (attn.heads, -1))
+
+        query = attn.norm_q(heads(attn.to_q(hidden_states)))
+        key = attn.norm_k(heads(attn.to_k(hidden_states)))
+        value = heads(attn.to_v(hidden_states))
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        if encoder_hidden_states is not None:
+            text_query = heads(attn.add_q_proj(encoder_hidden_states))
+            text_key = heads(attn.add_k_proj(encoder_hidden_states))
+            text_value = heads(attn.add_v_proj(encoder_hidden_states))
+            if attn.norm_added_q is not None:
+                text_query = attn.norm_added_q(text_query)
+            if attn.norm_added_k is not None:
+                text_key = attn.norm_added_k(text_key)
+            query = torch.cat([query, text_query], dim=1)
+            key = torch.cat([key, text_key], dim=1)
+            value = torch.cat([value, text_value], dim=1)
+
+        keys = None
+        if attention_mask is not None:  # the text's mask; every video token is a real key
+            batch, tokens = query.shape[0], query.shape[1]
+            video = torch.ones(batch, tokens - attention_mask.shape[1], dtype=torch.bool, device=attention_mask.device)
+            keys = torch.cat([video, attention_mask.bool()], dim=1).view(batch, 1, 1, tokens)
+        out = dispatch_attention_fn(query, key, value, attn_mask=keys, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = out.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is None:
+            return out, encoder_hidden_states
+        text_tokens = encoder_hidden_states.shape[1]
+        out, encoder_hidden_states = out[:, :-text_tokens], out[:, -text_tokens:]
+        if getattr(attn, "to_out", None) is not None:
+            out = attn.to_out[1](attn.to_out[0](out))
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return out, encoder_hidden_states
+
+
 TENSOR_PLAN = TensorPlan(
     layers={
         **split_layers("transformer_blocks.*.attn", JOINT_ATTENTION),
@@ -203,4 +263,5 @@ FAMILY = Family(
     variants=(
         Variant("HunyuanVideo15ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
     ),
+    processors=(("HunyuanVideo15AttnProcessor2_0", KeyMaskAttention),),
 )
