@@ -24,7 +24,7 @@ from accel.serve.front import Metrics, build_app, retry_after
 from accel.serve.limits import Limits, positional_limits
 from accel.serve.replica import Outcome
 from accel.serve.requests import Job, Served, VideoRequest, to_job
-from accel.serve.security import Door, Guard, beyond_loopback, host_name
+from accel.serve.security import Door, Guard, beyond_loopback, exposure_warning, host_name
 
 WAN_DEFAULTS = {"width": 64, "height": 64, "frames": 9, "steps": 4}  # tiny-wan's own call
 WAN_POSITIONS = positional_limits(SimpleNamespace(transformer=SimpleNamespace(config=SimpleNamespace(rope_max_seq_len=1024, patch_size=(1, 2, 2))),
@@ -258,6 +258,9 @@ def test_a_foreign_host_header_is_421_and_local_names_are_served() -> None:
     assert Door(trusted_hosts=("*",)).trusts("anything.example", None)
     assert [beyond_loopback(host) for host in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::", "10.0.0.2", "gpu-box")] == \
         [False, False, False, True, True, True, True]
+    assert exposure_warning("0.0.0.0", 8000, ()) == ("warning: listening on 0.0.0.0 without an API key: anyone who reaches port 8000 "
+                                                     "can use this server; pass --api-key or set ACCEL_API_KEY")
+    assert exposure_warning("0.0.0.0", 8000, (KEY,)) is None and exposure_warning("127.0.0.1", 8000, ()) is None
 
 
 def test_api_keys_come_from_the_option_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

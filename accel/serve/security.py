@@ -62,6 +62,14 @@ def beyond_loopback(host: str) -> bool:
         return True  # a name: whatever it resolves to may be reachable
 
 
+def exposure_warning(host: str, port: int, api_keys: tuple[str, ...]) -> str | None:
+    """The one line `accel serve` prints when other machines may use it without a key (None: they may not)."""
+    if not beyond_loopback(host) or api_keys:
+        return None
+    return (f"warning: listening on {host} without an API key: anyone who reaches port {port} can use this server; "
+            "pass --api-key or set ACCEL_API_KEY")
+
+
 def host_name(header: str) -> str:
     """The name of a Host header, without its port ("[::1]:8000" → "::1")."""
     header = header.strip()

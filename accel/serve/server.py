@@ -180,7 +180,7 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     from accel import watchdog
     from accel.serve.dispatch import Dispatcher
     from accel.serve.front import Metrics, build_app
-    from accel.serve.security import Door, beyond_loopback
+    from accel.serve.security import Door, exposure_warning
 
     warm = [_warm_up(replica)]
     for first, pair in pairs.items():  # the other replicas warm up at the same time
@@ -196,9 +196,8 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
     app = build_app(served, dispatcher, metrics, world, door)
-    if beyond_loopback(options.host) and not options.api_keys:
-        announce(f"warning: listening on {options.host} without an API key: anyone who reaches port {options.port} can use "
-                 "this server; pass --api-key or set ACCEL_API_KEY")
+    if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
+        announce(warning)
     dispatcher.start()
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=options.drain_s)
