@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ except ImportError:
 
 from accel.errors import NotAvailableError, UserError
 from accel.launch import DEFAULT_PORT
+from accel.serve.limits import Limits
 
 
 class _Quiet:
@@ -684,6 +686,11 @@ def serve(
     port: Annotated[int, Opt("--port", help="Port to listen on.")] = 8000,
     max_queue: Annotated[int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")] = 4,
     drain: Annotated[float, Opt("--drain", help="Seconds in-flight requests may take to finish after SIGINT / SIGTERM.")] = 60.0,
+    max_prompt: Annotated[int, Opt("--max-prompt", metavar="CHARS", help="Longest prompt (and negative_prompt) a request may send, in characters; longer ones get HTTP 400.")] = Limits.max_prompt,
+    max_body: Annotated[int, Opt("--max-body", metavar="BYTES", help="Largest request body; larger ones get HTTP 413 before they are read.")] = Limits.max_body,
+    max_work: Annotated[int, Opt("--max-work", metavar="MPX_STEPS", help="Most work one request may ask for: width × height × frames × steps × n, in megapixel-steps; more gets HTTP 400.")] = Limits.max_work,
+    api_keys: Annotated[list[str] | None, Opt("--api-key", metavar="KEY", help="A key clients must send as 'Authorization: Bearer KEY' (every endpoint but /health); repeatable.", show_default="$ACCEL_API_KEY (comma-separated), else none")] = None,
+    trusted_hosts: Annotated[list[str] | None, Opt("--trusted-host", metavar="NAME", help="Another Host header name to answer (others get HTTP 421; * answers any); repeatable.", show_default="--host, localhost, 127.0.0.1, ::1")] = None,
     steps: Annotated[int | None, Opt("--steps", help="Default denoising steps of a request.", show_default=_recipe_default("generate", "steps"))] = None,
     dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype"))] = None,
     device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))] = None,
@@ -719,6 +726,10 @@ def serve(
             raise UserError(f"--drain must be >= 0 seconds, got {drain:g}")
         if not 0 < port < 65536:
             raise UserError(f"--port must be between 1 and 65535, got {port}")
+        for option, value in (("--max-prompt", max_prompt), ("--max-body", max_body), ("--max-work", max_work)):
+            if value < 1:
+                raise UserError(f"{option} must be >= 1, got {value}")
+        keys = _api_keys(api_keys)
         overrides: dict[str, dict[str, Any]] = {
             "model": {"name": model, "dtype": dtype, "device": device},
             "generate": {"steps": steps},
@@ -758,10 +769,21 @@ def serve(
         from accel.serve.server import serve as run_server
 
         announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
-        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak), announce)
+        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, Limits(max_prompt, max_body, max_work),
+                                          keys, tuple(trusted_hosts or ())), announce)
     except UserError as error:
         _fail(str(error))
         return
+
+
+def _api_keys(given: list[str] | None) -> tuple[str, ...]:
+    """--api-key's keys, else ACCEL_API_KEY's comma-separated ones (a key on the command line is
+    visible to every user of the machine in `ps`; the variable is not)."""
+    keys = list(given) if given else os.environ.get("ACCEL_API_KEY", "").split(",")
+    keys = [key.strip() for key in keys if key.strip()]
+    if any(not key.isprintable() or " " in key for key in keys):
+        raise UserError("--api-key / ACCEL_API_KEY: a key is printable characters without spaces")
+    return tuple(keys)
 
 
 # Everything after SCRIPT is the script's, -h and --help included (torchrun's convention).

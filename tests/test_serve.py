@@ -135,6 +135,15 @@ def test_videos_on_an_image_model_and_a_missing_prompt_are_refused(flux_server: 
     assert garbage.status_code == 400
 
 
+def test_a_10_mb_prompt_and_a_foreign_host_are_refused_at_the_door_and_the_server_goes_on(flux_server: Server) -> None:
+    body = b'{"prompt": "' + b"x" * 10_000_000 + b'"}'
+    huge = httpx.post(f"{flux_server.url}/v1/images/generations", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
+    foreign = httpx.get(f"{flux_server.url}/health", headers={"host": "rebound.example"}, timeout=30)
+    assert foreign.status_code == 421 and foreign.json()["error"]["code"] == "untrusted_host"
+    assert _image(flux_server, size="32x32", steps=2, seed=1).status_code == 200
+
+
 def test_a_full_queue_answers_429_and_the_others_are_unchanged(flux_server: Server) -> None:
     reference = _pixels(base64.b64decode(_image(flux_server, size="32x32", steps=6, seed=11).json()["data"][0]["b64_json"]))
 
@@ -149,7 +158,7 @@ def test_a_full_queue_answers_429_and_the_others_are_unchanged(flux_server: Serv
     assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, codes
     for response in responses:
         if response.status_code == 429:
-            assert response.json()["error"]["type"] == "rate_limit_error"
+            assert response.json()["error"]["type"] == "rate_limit_error" and int(response.headers["retry-after"]) >= 1
         else:
             assert np.array_equal(_pixels(base64.b64decode(response.json()["data"][0]["b64_json"])), reference)
     metrics = httpx.get(f"{flux_server.url}/metrics", timeout=30).text

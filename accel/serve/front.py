@@ -1,14 +1,19 @@
 """The HTTP front on global rank 0: OpenAI-style endpoints over the dispatcher, FastAPI on uvicorn.
 
-Errors use OpenAI's shape, `{"error": {"message", "type", "param"}}`: 400 for a request the
-pipeline would refuse (checked here, before any rank sees it), 429 when the queue is full, 500
-when the replica failed on it (the replica goes on serving), 503 from /health when a replica is gone.
+Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a request the
+pipeline would refuse or one past the operator's limits (checked here, before any rank sees it),
+401 / 413 / 421 from the door (accel/serve/security.py), 429 with Retry-After when the queue is
+full, 500 when the replica failed on it (the replica goes on serving) or the front did: a request
+id, the reason in the server's log only, 503 from /health when a replica is gone.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
+import math
 import time
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,10 +21,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from accel.serve.dispatch import Dispatcher, QueueFull
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Served, VideoRequest, to_job, validation_message
+from accel.serve.security import Door, Guard
+
+log = logging.getLogger("accel.serve")
 
 
 class Metrics:
@@ -37,20 +46,40 @@ class Metrics:
         busy.set_function(lambda: dispatcher.busy)
         self.hit_rate = Gauge("accel_cache_hit_rate", "Share of transformer calls the cache skipped, last request.", registry=self.registry)
         self.steps_per_s = Gauge("accel_steps_per_second", "Denoising steps per second, last request.", registry=self.registry)
+        self.last_seconds = 0.0  # the last generation's, for Retry-After
 
     def record(self, outcome: Outcome) -> None:
+        if outcome.ok:
+            self.last_seconds = outcome.seconds
         if outcome.ok and outcome.hit_rate is not None:
             self.hit_rate.set(outcome.hit_rate)
         if outcome.ok and outcome.steps and outcome.seconds > 0:
             self.steps_per_s.set(outcome.steps * max(1, len(outcome.files)) / outcome.seconds)
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+def _error(status: int, message: str, kind: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status,
+                        headers=headers)
 
 
-def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int) -> FastAPI:
+def _failed(reason: str) -> JSONResponse:
+    """A 500 naming a request id; the reason goes to the log under that id, never to the client."""
+    request_id = f"req_{uuid.uuid4().hex[:16]}"
+    log.error("%s: %s", request_id, reason)
+    return _error(500, f"the server failed on this request (request id {request_id}); its log has the reason", "server_error")
+
+
+def retry_after(dispatcher: Dispatcher, last_seconds: float) -> int:
+    """Seconds until a place in the queue is likely free: the queue ahead over the replicas, at the
+    last generation's pace (at least 1)."""
+    ahead = dispatcher.waiting + dispatcher.busy
+    return max(1, math.ceil(last_seconds * ahead / max(1, len(dispatcher.replicas))))
+
+
+def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int, door: Door | None = None) -> FastAPI:
     app = FastAPI(title=f"accel serve {served.name}", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, door=door or Door(max_body=served.limits.max_body))
     started = int(time.time())
     counter = iter(range(1, 2**62))
 
@@ -60,6 +89,18 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
         metrics.requests.labels(request.url.path, "400").inc()
         return _error(400, bad.message, "invalid_request_error", bad.param)
 
+    @app.exception_handler(HTTPException)
+    async def refused(request: Request, error: HTTPException) -> JSONResponse:
+        """Starlette's own refusals (an unknown path, a wrong method, a body it cannot decode) in OpenAI's shape."""
+        message = ("the body must be a JSON object in UTF-8 (numbers of at most 4300 digits)" if error.status_code == 400
+                   else str(error.detail))
+        return _error(error.status_code, message, "invalid_request_error", headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, error: Exception) -> JSONResponse:
+        metrics.requests.labels(request.url.path, "500").inc()
+        return _failed(f"{request.method} {request.url.path}: {type(error).__name__}: {error}")
+
     async def answer(endpoint: str, body: ImageRequest | VideoRequest) -> JSONResponse:
         start = time.perf_counter()
         try:
@@ -68,7 +109,8 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
         except BadRequest as bad:
             response = _error(400, bad.message, "invalid_request_error", bad.param)
         except QueueFull as full:
-            response = _error(429, str(full), "rate_limit_error")
+            response = _error(429, str(full), "rate_limit_error",
+                              headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))})
         else:
             if outcome.ok:
                 data: list[dict[str, Any]] = [{"b64_json": base64.b64encode(file).decode("ascii"), "seed": seed}
@@ -76,7 +118,7 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
                 response = JSONResponse({"created": int(time.time()), "data": data})
                 metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
             else:
-                response = _error(500, outcome.error or "the generation failed", "server_error")
+                response = _failed(outcome.error or "the generation failed")
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 

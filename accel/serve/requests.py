@@ -14,9 +14,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.serve.limits import Limits, position_problem, prompt_problem, work_problem
+
 # Most images one request may ask for: a request holds its replica for all of them.
 MAX_IMAGES = 4
 SEED_LIMIT = 2**31 - 1
+# Largest guidance scale taken: far past any useful one, and finite in every dtype's arithmetic.
+MAX_GUIDANCE = 1000.0
+# Digits of a size's side: a 5000-digit one is past what int() parses.
+SIDE_DIGITS = 6
 
 
 class BadRequest(Exception):
@@ -37,7 +43,7 @@ class _Common(BaseModel):
     response_format: str = Field("b64_json", description='"b64_json": the file, base64-encoded, in the JSON.')
     seed: int | None = Field(None, ge=0, le=SEED_LIMIT, description="Seed (accel): equal seeds give equal outputs.")
     steps: int | None = Field(None, ge=1, le=1000, description="Denoising steps (accel).")
-    guidance_scale: float | None = Field(None, ge=0, description="Guidance scale (accel).")
+    guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE, allow_inf_nan=False, description="Guidance scale (accel).")
     negative_prompt: str | None = Field(None, description="Negative prompt (accel), for pipelines that take one.")
 
 
@@ -68,7 +74,9 @@ class Served:
     name: str
     family: Any
     output: str  # "image" or "video"
-    defaults: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # the pipeline call's width, height, frames, steps
+    limits: Limits = field(default_factory=Limits)
+    positions: dict[str, int] = field(default_factory=dict)  # the largest width, height, frames the transformer takes
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
@@ -81,27 +89,41 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
     if request.response_format != "b64_json":
         raise BadRequest("response_format", f'response_format: only "b64_json" is served, not {request.response_format!r} '
                                             "(a url would need file hosting)")
+    for key in ("prompt", "negative_prompt"):  # before anything reaches a tokenizer
+        if (problem := prompt_problem(key, getattr(request, key), served.limits)) is not None:
+            raise BadRequest(key, problem)
     generate: dict[str, Any] = {"prompt": request.prompt}
     if request.size is not None:
         width, height = _size(request.size)
         for key, value in (("width", width), ("height", height)):
             if (problem := served.family.size_problem(key, value)) is not None:
                 raise BadRequest("size", "size: " + problem.removeprefix(f"[generate] {key} {value}: ") + f" ({key} {value})")
+            if (problem := position_problem(key, value, served.positions, served.name)) is not None:
+                raise BadRequest("size", f"size: {key} {value} is {problem}")
         generate.update(width=width, height=height)
     frames = getattr(request, "frames", None)
     if frames is not None:
         if (problem := served.family.size_problem("frames", frames)) is not None:
             raise BadRequest("frames", "frames: " + problem.removeprefix(f"[generate] frames {frames}: "))
+        if (problem := position_problem("frames", frames, served.positions, served.name)) is not None:
+            raise BadRequest("frames", f"frames: {frames} is {problem}")
         generate["frames"] = frames
     for key in ("steps", "guidance_scale", "negative_prompt"):
         if (value := getattr(request, key)) is not None:
             generate[key] = value
+    if "steps" not in generate and served.defaults.get("steps"):
+        generate["steps"] = served.defaults["steps"]  # the job's outcome counts its steps (accel_steps_per_second)
+    count = getattr(request, "n", 1)
+    if (problem := work_problem(generate, count, served.defaults, served.limits)) is not None:
+        raise BadRequest(None, problem)
     generate["seed"] = request.seed if request.seed is not None else random.randint(0, SEED_LIMIT - MAX_IMAGES)
-    return Job(job_id, kind, generate, getattr(request, "n", 1))
+    return Job(job_id, kind, generate, count)
 
 
 def _size(text: str) -> tuple[int, int]:
     width, sep, height = text.lower().partition("x")
+    if len(width.strip()) > SIDE_DIGITS or len(height.strip()) > SIDE_DIGITS:
+        raise BadRequest("size", f"size: at most {SIDE_DIGITS} digits a side, not {text[:40]!r}" + ("…" if len(text) > 40 else ""))
     if not sep or not width.strip().isdigit() or not height.strip().isdigit() or int(width) < 1 or int(height) < 1:
         raise BadRequest("size", f'size: write "WIDTHxHEIGHT" in pixels, e.g. "1024x1024", not {text!r}')
     return int(width), int(height)

@@ -17,6 +17,7 @@ from typing import Any
 
 from accel.errors import UserError
 from accel.recipe import Recipe
+from accel.serve.limits import Limits
 from accel.serve.replica import IDLE, Outcome, Replica
 from accel.serve.requests import Job, Served
 
@@ -29,6 +30,9 @@ class ServeOptions:
     max_queue: int = 4
     drain_s: float = 60.0
     planned_peak: int | None = None  # accel plan's estimate of the peak per GPU (accel/memory/fit.py), where one applied
+    limits: Limits = Limits()
+    api_keys: tuple[str, ...] = ()  # none: no key asked
+    trusted_hosts: tuple[str, ...] = ()  # Host names answered beyond the bound address and localhost
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -80,9 +84,22 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
             plan = f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)" if options.planned_peak else ""
             announce(f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
                      f"process{'es' if recipe.world_size > 1 else ''}{plan}")
-            _front(replica, pairs, Served(recipe.model.name, family, kind), options, world, announce)
+            _front(replica, pairs, _served(recipe, pipe, family, kind, ref.tiny, options.limits), options, world, announce)
     finally:
         handle.remove()
+
+
+def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limits: Limits) -> Served:
+    """What the front checks requests against: the pipeline call's own defaults (a request's unset
+    sizes and steps count at these in its work), the limits, the transformer's positional range."""
+    from accel.runner import generation_kwargs
+    from accel.serve.limits import positional_limits
+
+    call = generation_kwargs(family, tiny, recipe, pipe)
+    defaults = {"width": call.get("width"), "height": call.get("height"), "steps": call.get("num_inference_steps"),
+                "frames": call.get(family.frames_arg) if family.frames_arg else None}
+    return Served(recipe.model.name, family, kind, {key: value for key, value in defaults.items() if value is not None},
+                  limits, positional_limits(pipe))
 
 
 def _join(device_type: str, recipe: Recipe, world: int) -> int:
@@ -163,6 +180,7 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     from accel import watchdog
     from accel.serve.dispatch import Dispatcher
     from accel.serve.front import Metrics, build_app
+    from accel.serve.security import Door, exposure_warning
 
     warm = [_warm_up(replica)]
     for first, pair in pairs.items():  # the other replicas warm up at the same time
@@ -176,7 +194,10 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     dispatcher = Dispatcher([replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue)
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
-    app = build_app(served, dispatcher, metrics, world)
+    door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
+    app = build_app(served, dispatcher, metrics, world, door)
+    if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
+        announce(warning)
     dispatcher.start()
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=options.drain_s)
