@@ -1,0 +1,180 @@
+"""Files no one can redirect, a full disk that loses nothing silently, and input no file or number
+can turn into a traceback (issue 33, items 1, 5 and 6 on the CLI side)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from accel import files, preflight
+from accel.cli import app
+from accel.errors import UserError
+from accel.files import claim, write_file, write_fresh
+
+runner = CliRunner()
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+# --- symbolic links -------------------------------------------------------------------------
+
+
+def test_a_lock_symlink_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    lock = tmp_path / ".a.png.accel-lock"
+    lock.symlink_to(target)
+    with pytest.raises(UserError) as refused:
+        claim(tmp_path / "a.png")
+    assert str(refused.value) == (
+        f"{lock} is a symbolic link, not an accel lock; remove it (accel never follows a link there) and run again, "
+        f"or choose another name than {tmp_path / 'a.png'}"
+    )
+    assert target.read_text() == "keep me" and lock.is_symlink()
+
+
+def test_a_dangling_lock_symlink_creates_nothing_at_its_target(tmp_path: Path) -> None:
+    (tmp_path / ".a.png.accel-lock").symlink_to(tmp_path / "created-by-link")
+    with pytest.raises(UserError, match="is a symbolic link, not an accel lock"):
+        claim(tmp_path / "a.png")
+    assert not (tmp_path / "created-by-link").exists()
+
+
+def test_run_refuses_a_planted_lock_link_before_loading(tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (tmp_path / ".m.json.accel-lock").symlink_to(target)
+    code, output = _cli("run", "tiny-flux", "--steps", "1", "--out", str(tmp_path / "a.png"), "--json", str(tmp_path / "m.json"))
+    assert code == 2 and "is a symbolic link, not an accel lock" in output and "Traceback" not in output
+    assert target.read_text() == "keep me" and not (tmp_path / "a.png").exists()
+
+
+def test_a_temporary_name_taken_by_a_link_is_refused_and_its_target_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import itertools
+
+    monkeypatch.setattr(files, "_serial", itertools.count(7))  # the name the next temporary takes
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    temp = tmp_path / f".a.png.accel-{os.getpid()}-7.tmp.png"
+    temp.symlink_to(target)
+    with pytest.raises(UserError) as refused:
+        write_file(tmp_path / "a.png", lambda path: path.write_text("out"), replace=False)
+    assert str(refused.value) == (
+        f"{temp} is a symbolic link; remove it (accel never writes through a name it did not create) and run again"
+    )
+    assert target.read_text() == "keep me" and temp.is_symlink() and not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--out"])
+def test_a_dangling_output_link_is_refused_before_loading(tmp_path: Path, flag: str) -> None:
+    link = tmp_path / ("m.json" if flag == "--json" else "a.png")
+    link.symlink_to(tmp_path / "missing" / "file")
+    check = preflight.check_json if flag == "--json" else preflight.check_out
+    with pytest.raises(UserError) as refused:
+        check(link, False)
+    assert str(refused.value) == (
+        f"{link} (a symbolic link to {tmp_path / 'missing' / 'file'}, which does not exist) already exists; "
+        f"pass --overwrite to replace it or choose another {flag}"
+    )
+
+
+def test_an_unwritable_json_folder_is_refused_before_loading(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"^--json /proc/m\.json: cannot create files in /proc \("):
+        preflight.check_json(Path("/proc/m.json"), False)
+
+
+def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "report").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError) as refused:
+        preflight.check_bench_folder(tmp_path / "report")
+    assert str(refused.value) == (
+        f"--out {tmp_path / 'report'} is a symbolic link (to {tmp_path / 'elsewhere'}); bench never writes through a link, "
+        "give a new or empty folder"
+    )
+
+
+# --- a full disk ----------------------------------------------------------------------------
+
+
+def _full_in(folder: Path):  # type: ignore[no-untyped-def]
+    """A writer that hits ENOSPC inside `folder` and writes everywhere else."""
+    def write(path: Path) -> None:
+        if path.parent == folder:
+            with open(path, "wb") as file:
+                file.write(b"par")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        path.write_bytes(b"result")
+    return write
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_enospc_saves_the_result_elsewhere_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: bool) -> None:
+    monkeypatch.setattr(files, "_closing", threading.Event())  # an earlier test may have run discard_temps
+    out, spare = tmp_path / "out", tmp_path / "spare"
+    out.mkdir()
+    spare.mkdir()
+    with claim(out / "a.png") as held, pytest.raises(UserError) as refused:
+        if fresh:
+            write_fresh(out, "a", ".png", _full_in(out), rescue=spare)
+        else:
+            write_file(out / "a.png", _full_in(out), replace=False, rescue=spare)
+    (rescued,) = spare.glob("accel-rescued-*/a.png")
+    assert str(refused.value) == f"cannot write {out / 'a.png'} (no space left on device); the result was saved to {rescued} instead"
+    assert rescued.read_bytes() == b"result"
+    assert not held.held and os.listdir(out) == []  # no temporary, no lock
+
+
+def test_enospc_everywhere_says_the_result_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(files, "_closing", threading.Event())
+
+    def full(path: Path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(UserError) as refused:
+        write_file(tmp_path / "a.png", full, replace=True, rescue=tmp_path)
+    assert str(refused.value) == (
+        f"cannot write {tmp_path / 'a.png'} (no space left on device), nor a copy in {tmp_path} (no space left on device); "
+        "the result is lost: free space or choose another folder"
+    )
+
+
+def test_enospc_writing_the_lock_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files.os, "pwrite", full)
+    with pytest.raises(UserError) as refused:
+        claim(tmp_path / "a.png")
+    assert str(refused.value) == (
+        f"cannot write the lock {tmp_path / '.a.png.accel-lock'} (no space left on device); free space or choose another name"
+    )
+    assert os.listdir(tmp_path) == []
+
+
+def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where this process may mount (root in a private mount namespace is not needed: root is)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); "
+                    "test_enospc_saves_the_result_elsewhere_and_says_where covers the path")
+    monkeypatch.setattr(files, "_closing", threading.Event())
+    try:
+        with pytest.raises(UserError) as refused:
+            write_file(mount / "a.bin", lambda path: path.write_bytes(b"x" * 200_000), replace=False, rescue=tmp_path)
+        (rescued,) = tmp_path.glob("accel-rescued-*/a.bin")
+        assert str(refused.value).endswith(f"(no space left on device); the result was saved to {rescued} instead")
+        assert rescued.stat().st_size == 200_000 and os.listdir(mount) == []
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
