@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from accel import files, preflight
 from accel.cli import app
-from accel.errors import UserError
+from accel.errors import RecipeError, UserError
 from accel.files import claim, write_file, write_fresh
+from accel.recipe import MAX_RECIPE_BYTES, Recipe, load_recipe
 
 runner = CliRunner()
 
@@ -178,3 +179,95 @@ def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert rescued.stat().st_size == 200_000 and os.listdir(mount) == []
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+# --- caps on what the CLI reads -------------------------------------------------------------
+
+
+def test_recipe_dev_zero_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError) as refused:
+        load_recipe("/dev/zero")
+    assert str(refused.value) == "/dev/zero: a device, not a recipe file; pass a .toml recipe or an accel run --json report"
+
+
+def test_a_recipe_past_the_cap_is_refused_after_reading_one_byte_more(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as file:
+        file.truncate(MAX_RECIPE_BYTES + 10)  # sparse: costs no disk
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(big)
+    assert str(refused.value) == f"{big}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report"
+
+
+def test_a_10mb_prompt_in_a_recipe_is_refused_in_one_line_before_loading(tmp_path: Path) -> None:
+    recipe = tmp_path / "long.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n[generate]\nprompt = "' + "a" * 5_000_000 + '"\n')
+    code, output = _cli("run", "--recipe", str(recipe), "--out", str(tmp_path / "a.png"))
+    assert code == 2 and output.strip() == (
+        f"error: {recipe}: [generate] prompt must be a string of at most 20,000 characters "
+        "(ACCEL_MAX_PROMPT_CHARS raises the limit), got 5,000,000 characters"
+    )
+    assert os.listdir(tmp_path) == ["long.toml"]
+    recipe.write_text('[generate]\nprompt = "' + "a" * 10_000_000 + '"\n')  # 10 MB: past the file's own cap
+    code, output = _cli("run", "--recipe", str(recipe), "--out", str(tmp_path / "a.png"))
+    assert code == 2 and output.strip() == (
+        f"error: {recipe}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report"
+    )
+
+
+def test_the_prompt_limit_applies_on_the_command_line_and_the_env_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(RecipeError, match=r"negative_prompt must be a string of at most 20,000 characters .* got 20,001 characters$"):
+        Recipe.from_dict({"generate": {"negative_prompt": "n" * 20_001}})
+    monkeypatch.setenv("ACCEL_MAX_PROMPT_CHARS", "30000")
+    assert Recipe.from_dict({"generate": {"prompt": "p" * 20_001}}).generate.prompt == "p" * 20_001
+    monkeypatch.setenv("ACCEL_MAX_PROMPT_CHARS", "lots")
+    with pytest.raises(RecipeError) as refused:
+        Recipe.from_dict({"generate": {"prompt": "p"}})
+    assert str(refused.value) == "ACCEL_MAX_PROMPT_CHARS=lots: must be a positive integer (characters), e.g. 20000"
+
+
+def test_a_tune_prompts_file_is_capped(tmp_path: Path) -> None:
+    from accel.cli import _read_prompts
+
+    with pytest.raises(UserError) as refused:
+        _read_prompts(Path("/dev/zero"))
+    assert str(refused.value) == "--prompts /dev/zero: larger than 8 MiB; write one prompt a line"
+    long = tmp_path / "prompts.txt"
+    long.write_text("a fox\n" + "b" * 20_001 + "\n")
+    with pytest.raises(UserError) as refused:
+        _read_prompts(long)
+    assert str(refused.value) == (
+        f"--prompts {long}: prompt 2 has 20,001 characters, more than 20,000; shorten it (ACCEL_MAX_PROMPT_CHARS raises the limit)"
+    )
+
+
+def test_a_recipe_number_of_5000_digits_is_one_line(tmp_path: Path) -> None:
+    recipe = tmp_path / "digits.toml"
+    recipe.write_text("[generate]\nheight = " + "1" * 5000 + "\n")
+    with pytest.raises(RecipeError, match=rf"^{recipe}: not valid TOML: Exceeds the limit \(4300 digits\)"):
+        load_recipe(recipe)
+
+
+# --- numbers that overflow ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--guidance", "1e308", "[generate] guidance_scale must be a number >= 0, got 1e+308 (past float32's range, 3.4e+38, "
+                            "which pipelines compute in)"),
+    ("--true-cfg", "1e39", "[generate] true_cfg_scale must be a number >= 1, got 1e+39 (past float32's range, 3.4e+38, "
+                           "which pipelines compute in)"),
+    ("--seed", "99999999999999999999999", "[generate] seed must be an integer from 0 to 18446744073709551615, got 99999999999999999999999"),
+    ("--steps", "99999999999999999999", "[generate] steps must be an integer from 1 to 10000, got 99999999999999999999"),
+    ("--height", "99999999999999999984", "[generate] height must be an integer from 16 to 65536, got 99999999999999999984"),
+    ("--frames", "100001", "[generate] frames must be an integer from 1 to 100000, got 100001"),
+])
+def test_numbers_that_overflow_are_one_line_naming_the_option(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    code, output = _cli("run", "tiny-flux", flag, value, "--out", str(tmp_path / "a.png"))
+    assert code == 2 and output.strip() == f"error: command line: {message}"
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_arg_of_5000_digits_stays_a_string() -> None:
+    from accel.cli import _pairs
+
+    assert _pairs("--arg", ["n=" + "9" * 5000], "overlap_history=17", parse=True) == {"n": "9" * 5000}
