@@ -4,9 +4,12 @@ can turn into a traceback (issue 33, items 1, 5 and 6 on the CLI side)."""
 from __future__ import annotations
 
 import errno
+import io
 import os
+import struct
 import subprocess
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -271,3 +274,34 @@ def test_an_arg_of_5000_digits_stays_a_string() -> None:
     from accel.cli import _pairs
 
     assert _pairs("--arg", ["n=" + "9" * 5000], "overlap_history=17", parse=True) == {"n": "9" * 5000}
+
+
+# --- decompression bombs --------------------------------------------------------------------
+
+
+def _bomb(path: Path, side: int = 100_000) -> Path:
+    """A valid PNG header claiming side × side pixels (a few bytes on disk)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    data = bytearray(buffer.getvalue())
+    at = data.index(b"IHDR")
+    data[at + 4:at + 12] = struct.pack(">II", side, side)
+    data[at + 17:at + 21] = struct.pack(">I", zlib.crc32(bytes(data[at:at + 17])))
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("side", [100_000, 10_000])  # past Pillow's error limit, and between its warning and error limits
+def test_a_decompression_bomb_image_is_one_line(tmp_path: Path, side: int) -> None:
+    from accel.models.variants import _picture_or_clip, _readable_image
+
+    bomb = _bomb(tmp_path / "bomb.png", side)
+    message = f"[generate] image: {bomb} has more than 89,478,485 pixels (Pillow's decompression-bomb limit); pass a smaller image"
+    with pytest.raises(UserError) as refused:
+        _readable_image("image", str(bomb))
+    assert str(refused.value) == message
+    with pytest.raises(UserError) as refused:
+        _picture_or_clip("image", str(bomb))
+    assert str(refused.value) == message
