@@ -132,14 +132,18 @@ def create_exclusive(path: Path) -> None:
 def fresh_folder(parent: Path, stem: str) -> Path:
     """Create and return the first free of parent/stem, stem-1, …; mkdir is exclusive, so two runs
     started at once never share a folder."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for index in itertools.count():
-        folder = parent / (stem if index == 0 else f"{stem}-{index}")
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
+    folder = parent
+    try:  # ENOSPC, a read-only mount: one line, before the work, so nothing is lost
+        parent.mkdir(parents=True, exist_ok=True)
+        for index in itertools.count():
+            folder = parent / (stem if index == 0 else f"{stem}-{index}")
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue
+            return folder
+    except OSError as error:
+        raise UserError(f"cannot create the folder {folder} ({_reason(error)}); free space or pass --out") from None
     raise AssertionError("unreachable")
 
 

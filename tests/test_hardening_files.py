@@ -165,6 +165,13 @@ def test_enospc_writing_the_lock_leaves_no_lock(tmp_path: Path, monkeypatch: pyt
     assert os.listdir(tmp_path) == []
 
 
+def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "outputs").write_text("a file where the folder goes")
+    with pytest.raises(UserError) as refused:
+        files.fresh_folder(tmp_path / "outputs", "bench-tiny")
+    assert str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
+
+
 def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where this process may mount (root in a private mount namespace is not needed: root is)."""
     mount = tmp_path / "small"
