@@ -335,7 +335,7 @@ def _pairs(flag: str, given: list[str] | None, example: str, parse: bool) -> dic
         if parse:
             try:
                 value = tomllib.loads(f"value = {value}")["value"]
-            except tomllib.TOMLDecodeError:
+            except (tomllib.TOMLDecodeError, ValueError, RecursionError):  # ValueError: an integer of 4300+ digits
                 pass
         table[keyword.strip()] = value
     return table
@@ -651,13 +651,26 @@ def tune(
 
 def _read_prompts(path: Path) -> tuple[str, ...]:
     """One prompt a line; blank lines and lines starting with # are skipped."""
+    from accel.recipe import MAX_RECIPE_BYTES, PROMPT_CHARS_ENV, prompt_chars
+
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, "rb") as file:  # at most the cap and a byte: /dev/zero is refused, not read whole
+            data = file.read(MAX_RECIPE_BYTES + 1)
+        lines = data.decode("utf-8").splitlines()
     except OSError as error:
         raise UserError(f"--prompts {path}: cannot read it ({error.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--prompts {path}: not UTF-8 text; write one prompt a line") from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise UserError(f"--prompts {path}: larger than {MAX_RECIPE_BYTES // 2**20} MiB; write one prompt a line")
     found = tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
     if not found:
         raise UserError(f"--prompts {path}: no prompt in it; write one prompt a line")
+    limit = prompt_chars()
+    for number, text in enumerate(found, 1):
+        if len(text) > limit:
+            raise UserError(f"--prompts {path}: prompt {number} has {len(text):,} characters, more than {limit:,}; "
+                            f"shorten it ({PROMPT_CHARS_ENV} raises the limit)")
     return found
 
 

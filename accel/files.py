@@ -8,6 +8,12 @@ than both "succeeding" and one result silently lost. `claim` refuses the second 
 start-up, before it spends minutes generating; `write_fresh` and `fresh_folder` pick default names
 without the check-then-create race.
 
+No name accel creates is followed where it is a symbolic link: the lock is opened with O_NOFOLLOW
+and a temporary is created with O_EXCL, so a link planted by anyone who can write the folder is
+refused in one line, and its target left untouched. A write that fails (ENOSPC, EIO, a read-only
+mount) after the long work is not lost silently: the result is written to the system's temporary
+folder instead and the one-line error says where.
+
 Temporary names are remembered, so whatever stops a job can remove them: `discard_temps` in this
 process (the rank watchdog, when the launcher has died), and `remove_listed_temps` in the launcher
 after it killed the ranks (each rank lists its temporaries in the job's folder, `ACCEL_JOB_DIR`).
@@ -21,6 +27,7 @@ import errno
 import fcntl
 import itertools
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,55 +48,102 @@ _registry = threading.Lock()
 _temps: set[Path] = set()
 _claims: set[Claim] = set()
 _serial = itertools.count()
+_closing = threading.Event()  # discard_temps ran: the process is going away, nothing to rescue
 
 
-def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE_HINT) -> Path:
+def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE_HINT, rescue: Path | None = None) -> Path:
     """`write(temp)` then publish temp as `path`: replacing what is there, or only if the name is
-    still free (else UserError naming the path; `hint` says what to do). Returns `path`."""
+    still free (else UserError naming the path; `hint` says what to do). Returns `path`. A write
+    that fails with an OSError is retried in `rescue` (default: the system's temporary folder) and
+    reported as a UserError naming where the result went."""
     _refuse_folder(path)
     if not replace and os.path.lexists(path):
         raise UserError(f"{path} already exists; {hint}")
-    with _temporary(path) as temp:
-        write(temp)
-        _sync(temp)
-        interrupts.raise_if_pending()  # an interruption lost in a finalizer still stops the output
-        if replace:
-            try:
-                os.replace(temp, path)
-            except IsADirectoryError:  # a folder took the name while we wrote
-                _refuse_folder(path)
-                raise
-        elif not _publish(temp, path):
-            raise UserError(f"{path} already exists (another run wrote it first); {hint}")
+    try:
+        with _temporary(path) as temp:
+            write(temp)
+            _sync(temp)
+            interrupts.raise_if_pending()  # an interruption lost in a finalizer still stops the output
+            if replace:
+                try:
+                    os.replace(temp, path)
+                except IsADirectoryError:  # a folder took the name while we wrote
+                    _refuse_folder(path)
+                    raise
+            elif not _publish(temp, path):
+                raise UserError(f"{path} already exists (another run wrote it first); {hint}")
+    except OSError as error:
+        raise _rescued(path, write, error, rescue) from None
     _sync_folder(path.parent)
     return path
 
 
-def write_fresh(folder: Path, stem: str, suffix: str, write: Write) -> Path:
+def write_fresh(folder: Path, stem: str, suffix: str, write: Write, rescue: Path | None = None) -> Path:
     """`write(temp)` once, then publish it as the first free of folder/stem+suffix, stem-1+suffix, …
-    Each try is exclusive, so concurrent runs never get the same name. Returns the name chosen."""
-    with _temporary(folder / f"{stem}{suffix}") as temp:
-        write(temp)
-        _sync(temp)
-        for index in itertools.count():
-            path = folder / (f"{stem}{suffix}" if index == 0 else f"{stem}-{index}{suffix}")
-            if _publish(temp, path):
-                break
+    Each try is exclusive, so concurrent runs never get the same name. Returns the name chosen.
+    A failed write is rescued as in `write_file`."""
+    try:
+        with _temporary(folder / f"{stem}{suffix}") as temp:
+            write(temp)
+            _sync(temp)
+            for index in itertools.count():
+                path = folder / (f"{stem}{suffix}" if index == 0 else f"{stem}-{index}{suffix}")
+                if _publish(temp, path):
+                    break
+    except OSError as error:
+        raise _rescued(folder / f"{stem}{suffix}", write, error, rescue) from None
     _sync_folder(folder)
     return path
+
+
+def _rescued(path: Path, write: Write, error: OSError, rescue: Path | None) -> Exception:
+    """The one-line error for a write of `path` that failed with `error`, after writing the result
+    once more into a new folder under `rescue` (the system's temporary folder by default), so a
+    full disk does not cost a generation that took minutes."""
+    if _closing.is_set():
+        return error
+    reason = _reason(error)
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="accel-rescued-", dir=rescue))
+        copy = folder / path.name
+        write(copy)
+    except OSError as second:
+        return UserError(f"cannot write {path} ({reason}), nor a copy in {rescue or tempfile.gettempdir()} "
+                         f"({_reason(second)}); the result is lost: free space or choose another folder")
+    return UserError(f"cannot write {path} ({reason}); the result was saved to {copy} instead")
+
+
+def _reason(error: OSError) -> str:
+    """"no space left on device": the OS's words, else the exception's own."""
+    return error.strerror.lower() if error.strerror else (str(error) or type(error).__name__)
+
+
+def create_exclusive(path: Path) -> None:
+    """Create `path` empty, only if no name (a link included) is there: the writer then opens a file
+    that is ours. UserError naming what is in the way otherwise. Mode 0o666 less the umask, as the
+    writers' own open would give the published file."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
+    except FileExistsError:
+        kind = "a symbolic link" if os.path.islink(path) else "a file accel did not create"
+        raise UserError(f"{path} is {kind}; remove it (accel never writes through a name it did not create) and run again") from None
 
 
 def fresh_folder(parent: Path, stem: str) -> Path:
     """Create and return the first free of parent/stem, stem-1, …; mkdir is exclusive, so two runs
     started at once never share a folder."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for index in itertools.count():
-        folder = parent / (stem if index == 0 else f"{stem}-{index}")
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            continue
-        return folder
+    folder = parent
+    try:  # ENOSPC, a read-only mount: one line, before the work, so nothing is lost
+        parent.mkdir(parents=True, exist_ok=True)
+        for index in itertools.count():
+            folder = parent / (stem if index == 0 else f"{stem}-{index}")
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue
+            return folder
+    except OSError as error:
+        raise UserError(f"cannot create the folder {folder} ({_reason(error)}); free space or pass --out") from None
     raise AssertionError("unreachable")
 
 
@@ -131,17 +185,24 @@ def claim(path: Path) -> Claim:
     """Claim `path` for this run before the long work that ends in writing it; UserError when
     another live accel run holds it. A lock left by a dead run is taken over."""
     lock = path.parent / f".{path.name}{LOCK_SUFFIX}"
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create the folder of {path} ({_reason(error)}); choose another name") from None
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(lock, path)
         try:
             if not _lock(fd):
                 raise UserError(
                     f"{path} is being written by another accel run (pid {_holder(fd)}); choose another name or wait for it"
                 )
             if _same_file(fd, lock):  # else its holder removed it between our open and our lock: again
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                except OSError as error:  # ENOSPC, EIO: give the lock up rather than leave it behind
+                    _unlink_if_same(fd, lock)
+                    raise UserError(f"cannot write the lock {lock} ({_reason(error)}); free space or choose another name") from None
                 break
         except BaseException:
             os.close(fd)
@@ -154,9 +215,32 @@ def claim(path: Path) -> Claim:
     return held
 
 
+def _open_lock(lock: Path, path: Path) -> int:
+    """Open (creating) the lock file without following a symbolic link planted in its place: a link
+    there would have us truncate and overwrite its target."""
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as error:
+        if os.path.islink(lock):
+            raise UserError(f"{lock} is a symbolic link, not an accel lock; remove it (accel never follows a link "
+                            f"there) and run again, or choose another name than {path}") from None
+        if isinstance(error, IsADirectoryError) or os.path.isdir(lock):
+            raise UserError(f"{lock} is a folder, not an accel lock; remove it or choose another name than {path}") from None
+        raise UserError(f"cannot create the lock {lock} ({_reason(error)}); choose another name than {path}") from None
+
+
+def _unlink_if_same(fd: int, path: Path) -> None:
+    try:
+        if _same_file(fd, path):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def discard_temps() -> None:
     """Remove this process' unfinished temporaries and give up its claims: what a rank does when its
     launcher has died and it is about to exit."""
+    _closing.set()
     with _registry:
         temps, claims = list(_temps), list(_claims)
     for temp in temps:
@@ -196,6 +280,7 @@ def _temporary(path: Path) -> Iterator[Path]:
     choose the format from it); removed on the way out, whatever happens."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name[:120]}.accel-{os.getpid()}-{next(_serial)}.tmp{path.suffix}"
+    create_exclusive(temp)  # a link planted at the name is refused, never written through
     with _registry:
         _temps.add(temp)
     try:
@@ -216,7 +301,8 @@ def _list_in_job(path: Path) -> None:
     if not folder:
         return
     try:
-        with open(Path(folder) / f"temps-{os.getpid()}.txt", "a") as listing:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        with os.fdopen(os.open(Path(folder) / f"temps-{os.getpid()}.txt", flags, 0o600), "a") as listing:
             listing.write(os.path.abspath(path) + "\n")
     except OSError:  # the job is ending and its folder gone: nothing to tell anyone
         pass
@@ -252,7 +338,7 @@ def _refuse_folder(path: Path) -> None:
 
 def _sync(path: Path) -> None:
     """Data on disk before the rename, so a crash cannot publish a name whose bytes never landed."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         os.fsync(fd)
     finally:
@@ -326,8 +412,8 @@ def _same_file(fd: int, path: Path) -> bool:
 def _remove_unheld_lock(lock: Path) -> None:
     """Remove a lock file only while holding it ourselves: one a live run holds stays."""
     try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
+        fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # gone, or a link planted there: nothing of ours to remove
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

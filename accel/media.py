@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.files import OVERWRITE_HINT, Write, write_file
+from accel.files import OVERWRITE_HINT, Write, create_exclusive, write_file
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,8 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
     def write_with_audio(path: Path) -> None:
         silent, sound = path.with_name(path.name + ".video.mp4"), path.with_name(path.name + ".audio.wav")
         try:
+            create_exclusive(silent)  # names next to the temporary, as predictable: never through a planted link
+            create_exclusive(sound)
             write(silent)
             _write_wav(audio, sound)
             _ffmpeg("-i", str(silent), "-i", str(sound), "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac",

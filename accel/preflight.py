@@ -35,8 +35,8 @@ def check_out(out: Path | None, overwrite: bool) -> None:
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
         raise UserError(f"--out {out}: accel writes .png images, .mp4 videos, .npy linear HDR frames and .pt latents (of a multi-pass "
                         "pipeline); end the name in .png, .mp4, .npy or .pt")
-    if out.exists() and not overwrite:
-        raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    if os.path.lexists(out) and not overwrite:
+        raise UserError(f"{_existing(out)} already exists; pass --overwrite to replace it or choose another --out")
 
 
 def check_json(path: Path | None, overwrite: bool) -> None:
@@ -44,8 +44,8 @@ def check_json(path: Path | None, overwrite: bool) -> None:
     if path is None:
         return
     _check_file_target(path, "--json", "metrics.json")
-    if path.exists() and not overwrite:
-        raise UserError(f"{path} already exists; pass --overwrite to replace it or choose another --json")
+    if os.path.lexists(path) and not overwrite:
+        raise UserError(f"{_existing(path)} already exists; pass --overwrite to replace it or choose another --json")
 
 
 def check_report(path: Path | None, flag: str, check_exists: bool = True) -> None:
@@ -53,8 +53,8 @@ def check_report(path: Path | None, flag: str, check_exists: bool = True) -> Non
     if path is None:
         return
     _check_file_target(path, flag, "bench.json" if flag == "--json" else "bench.md")
-    if check_exists and path.exists():
-        raise UserError(f"{path} already exists; bench never overwrites, choose another name")
+    if check_exists and os.path.lexists(path):
+        raise UserError(f"{_existing(path)} already exists; bench never overwrites, choose another name")
 
 
 def check_bench_folder(out: Path | None, check_exists: bool = True) -> None:
@@ -62,8 +62,18 @@ def check_bench_folder(out: Path | None, check_exists: bool = True) -> None:
     if out is None:
         return
     _check_parent(out, "--out")
+    if check_exists and out.is_symlink():  # bench creates the folder itself; a link there could send its files anywhere
+        raise UserError(f"--out {out} is a symbolic link (to {os.readlink(out)}); bench never writes through a link, give a new or empty folder")
     if check_exists and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not an empty folder; bench never overwrites, choose another")
+
+
+def _existing(path: Path) -> str:
+    """`path` as an "already exists" message names it: a link (dangling ones included: the write
+    would meet the name, not the target, and be refused after the long work) says so."""
+    if not path.is_symlink():
+        return str(path)
+    return f"{path} (a symbolic link to {os.readlink(path)}{'' if path.exists() else ', which does not exist'})"
 
 
 def _check_file_target(path: Path, flag: str, example: str) -> None:

@@ -13,6 +13,8 @@ import difflib
 import functools
 import json
 import math
+import os
+import stat
 import tomllib
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -43,12 +45,43 @@ def _table(help: str) -> Any:
     return field(default_factory=lambda: types.MappingProxyType({}), hash=False, metadata={"help": help})
 
 
-def _key(default: Any, help: str, min: int | None = None) -> Any:
-    """A recipe key: its default, the help line the README reference is built from, a lower bound."""
+def _key(default: Any, help: str, min: int | None = None, max: int | None = None, prompt: bool = False) -> Any:
+    """A recipe key: its default, the help line the README reference is built from, bounds (`max`:
+    where a larger number overflows something downstream), `prompt`: a text held to the prompt limit."""
     meta: dict[str, Any] = {"help": help}
     if min is not None:
         meta["min"] = min
+    if max is not None:
+        meta["max"] = max
+    if prompt:
+        meta["prompt"] = True
     return field(default=default, metadata=meta)
+
+
+# Bounds past which a number overflows torch or numpy (a traceback deep in a pipeline before these).
+MAX_PIXELS_SIDE = 65536  # height / width: no model makes more; beyond, latent sizes overflow
+MAX_STEPS = 10_000  # schedulers build arrays of this length; 1000 is already far past any model's use
+MAX_FRAMES = 100_000
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+FLOAT32_MAX = 3.4028234663852886e38  # pipelines put scales into float32 tensors
+
+# The recipe file: a recipe is a few kilobytes (a run's --json report, which reruns it, some more).
+MAX_RECIPE_BYTES = 8 * 1024 * 1024
+# The most characters of a prompt or negative prompt. Text encoders read at most a few thousand
+# tokens (T5: 512, Gemma / Qwen: about 1024, some 4 characters each) and cut the rest, but their
+# tokenizers see all of it first: megabytes cost seconds to minutes and can abort the process.
+PROMPT_CHARS = 20_000
+PROMPT_CHARS_ENV = "ACCEL_MAX_PROMPT_CHARS"
+
+
+def prompt_chars() -> int:
+    """The prompt limit: PROMPT_CHARS, or ACCEL_MAX_PROMPT_CHARS where set (a positive integer)."""
+    raw = os.environ.get(PROMPT_CHARS_ENV, "").strip()
+    if not raw:
+        return PROMPT_CHARS
+    if not raw.isdigit() or int(raw) < 1 or len(raw) > 12:
+        raise RecipeError(f"{PROMPT_CHARS_ENV}={raw[:40]}: must be a positive integer (characters), e.g. {PROMPT_CHARS}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -77,18 +110,18 @@ class ModelSection:
 class GenerateSection:
     """What to generate; an unset key takes the model family's default."""
 
-    prompt: str | None = _key(None, "Text prompt.")
-    negative_prompt: str | None = _key(None, "Negative prompt, for pipelines that take one.")
-    steps: int | None = _key(None, "Number of denoising steps.", min=1)
-    height: int | None = _key(None, "Output height in pixels.", min=16)
-    width: int | None = _key(None, "Output width in pixels.", min=16)
-    frames: int | None = _key(None, "Number of frames (video families).", min=1)
+    prompt: str | None = _key(None, "Text prompt.", prompt=True)
+    negative_prompt: str | None = _key(None, "Negative prompt, for pipelines that take one.", prompt=True)
+    steps: int | None = _key(None, "Number of denoising steps.", min=1, max=MAX_STEPS)
+    height: int | None = _key(None, "Output height in pixels.", min=16, max=MAX_PIXELS_SIDE)
+    width: int | None = _key(None, "Output width in pixels.", min=16, max=MAX_PIXELS_SIDE)
+    frames: int | None = _key(None, "Number of frames (video families).", min=1, max=MAX_FRAMES)
     guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
     true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
     image: str | None = _key(None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit).")
     mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks for VACE.")
     video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
-    seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0)
+    seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0, max=MAX_SEED)
     conditions: tuple[str, ...] | None = _key(
         None, "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
         "\"PATH@INDEX:STRENGTH\", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts."
@@ -389,8 +422,10 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
     is_json = str(path).lower().endswith(".json")
     language = "JSON" if is_json else "TOML"
     try:
-        with open(path, "rb") as f:
-            data = json.load(f) if is_json else tomllib.load(f)
+        raw = _read_capped(path, source)
+        data = json.loads(raw) if is_json else tomllib.loads(raw.decode("utf-8"))
+    except RecipeError:
+        raise
     except FileNotFoundError:
         raise RecipeError(f"{source}: no such file") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
@@ -399,9 +434,25 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
         raise RecipeError(f"{source}: not valid {language}: not UTF-8 text") from None
     except OSError as e:
         raise RecipeError(f"{source}: cannot read: {e.strerror}") from None
+    except (ValueError, RecursionError) as e:  # a number of more than 4300 digits, tables nested thousands deep
+        raise RecipeError(f"{source}: not valid {language}: {str(e).splitlines()[0][:120] or type(e).__name__}") from None
     if is_json and isinstance(data, Mapping) and isinstance(data.get("recipe"), Mapping):
         data = data["recipe"]  # an `accel run --json` report (no recipe has a [recipe] section): its effective recipe
     return Recipe.from_dict(data, source)
+
+
+def _read_capped(path: str | PathLike[str], source: str) -> bytes:
+    """The file's bytes, at most MAX_RECIPE_BYTES of them: /dev/zero or a huge file is refused after
+    reading one byte past the cap, never read whole. A device is refused unread (a pipe is read)."""
+    with open(path, "rb") as file:
+        mode = os.fstat(file.fileno()).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            raise RecipeError(f"{source}: a device, not a recipe file; pass a .toml recipe or an accel run --json report")
+        data = file.read(MAX_RECIPE_BYTES + 1)
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{source}: larger than {MAX_RECIPE_BYTES // 2**20} MiB; a recipe is a few kilobytes, "
+                          "pass a .toml recipe or an accel run --json report")
+    return data
 
 
 # --- validation -----------------------------------------------------------------------------
@@ -486,7 +537,7 @@ def _check_section(source: str, name: str, cls: type, raw: Any, nullable: bool) 
             continue
         ok, out[key] = _coerce(hint, meta, value)
         if not ok or (value is None and not nullable):
-            raise RecipeError(f"{source}: [{name}] {key} must be {_requirement(hint, meta)}, got {_show(value)}")
+            raise RecipeError(f"{source}: [{name}] {key} must be {_refusal(hint, meta, value)}")
     return out
 
 
@@ -542,13 +593,14 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
         return optional, None
     if hint is bool:
         return type(value) is bool, value
+    high = meta.get("max")
     if hint is int:
-        return type(value) is int and (low is None or value >= low), value
+        return type(value) is int and (low is None or value >= low) and (high is None or value <= high), value
     if hint is float:
-        number = type(value) in (int, float) and math.isfinite(value) and (low is None or value >= low)
+        number = type(value) in (int, float) and math.isfinite(value) and abs(value) <= FLOAT32_MAX and (low is None or value >= low)
         return number, float(value) if number else value
     if hint is str:
-        return isinstance(value, str), value
+        return isinstance(value, str) and (not meta.get("prompt") or len(value) <= prompt_chars()), value
     if get_origin(hint) is Literal:
         return any(type(value) is type(c) and value == c for c in get_args(hint)), value
     if hint == tuple[tuple[float, ...], ...]:
@@ -567,6 +619,19 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
         frozen = {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in value.items()} if ok else value
         return ok, types.MappingProxyType(frozen) if ok else value
     raise TypeError(f"no validator for annotation {hint!r}")  # a programming error, not a user one
+
+
+def _refusal(hint: Any, meta: Mapping[str, Any], value: Any) -> str:
+    """'<requirement>, got <value>': the bound a value passed where it passed one of those that keep
+    numbers from overflowing and prompts from swamping the tokenizer."""
+    if meta.get("prompt") and isinstance(value, str):
+        return f"a string of at most {prompt_chars():,} characters ({PROMPT_CHARS_ENV} raises the limit), got {len(value):,} characters"
+    if type(value) is int and "max" in meta and value > meta["max"]:
+        return f"an integer from {meta.get('min', 0)} to {meta['max']}, got {_show(value)}"
+    shown = _show(value)
+    if type(value) is float and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+        shown += f" (past float32's range, {FLOAT32_MAX:.1e}, which pipelines compute in)"
+    return f"{_requirement(hint, meta)}, got {shown}"
 
 
 def _argument_value(value: Any) -> bool:

@@ -323,17 +323,16 @@ def _frame_mask(variant: Variant, path: str, video: str | None) -> str:
 def _picture_or_clip(name: str, path: str) -> InputImage | InputVideo:
     """A file that is a picture, else a video ffmpeg can read; anything else is one line naming `name`."""
     file = Path(path).expanduser()
-    if file.is_file() and _is_picture(file):
+    if file.is_file() and _is_picture(file, name):
         return InputImage(str(file))
     return InputVideo(_readable_video(name, path, "a picture or a video"))
 
 
-def _is_picture(file: Path) -> bool:
-    from PIL import Image, UnidentifiedImageError
+def _is_picture(file: Path, name: str = "image") -> bool:
+    from PIL import UnidentifiedImageError
 
     try:
-        with Image.open(file) as picture:
-            picture.verify()
+        _verify_picture(file, name, str(file))
     except (UnidentifiedImageError, OSError, SyntaxError):
         return False
     return True
@@ -343,14 +342,35 @@ def _readable_image(name: str, path: str) -> str:
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError(f"[generate] {name}: {path} does not exist; pass an image file (PNG, JPEG, WebP, …)")
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     try:
-        with Image.open(file) as picture:
-            picture.verify()
+        _verify_picture(file, name, path)
     except (UnidentifiedImageError, OSError, SyntaxError) as error:
         raise UserError(f"[generate] {name}: {path} is not an image Pillow can read ({error})") from None
     return str(file)
+
+
+def _verify_picture(file: Path, name: str, path: str) -> None:
+    """Read the picture's header and check its data without decoding it; one whose pixel count passes
+    Pillow's decompression-bomb limit (Image.MAX_IMAGE_PIXELS, about 89 million: 9459²) is refused
+    here, from its header, before anything decodes it."""
+    import warnings
+
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            with Image.open(file) as picture:
+                width, height = picture.size
+                if limit is not None and width * height > limit:
+                    raise Image.DecompressionBombError(f"{width}×{height}")
+                picture.verify()
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise UserError(f"[generate] {name}: {path} has more than {limit:,} pixels (Pillow's decompression-bomb "
+                            "limit); pass a smaller image") from None
 
 
 def _readable_video(name: str, path: str, kind: str = "a video file (MP4, WebM, …)") -> str:
