@@ -20,12 +20,13 @@ from diffusers import FluxPipeline
 
 import accel
 from accel.errors import UserError
+from accel.instance import wrappers
 
-FLUX = dict(prompt="a red fox", negative_prompt="blurry", true_cfg_scale=2.0, height=32, width=32,
-            num_inference_steps=2, guidance_scale=3.5)
+FLUX = dict(prompt="a red fox", height=32, width=32, num_inference_steps=2, guidance_scale=3.5,
+            max_sequence_length=16)  # 16 text tokens, not 512: fast; embedded guidance (Wan runs true CFG)
 WAN = dict(prompt="a red fox", negative_prompt="blurry", height=32, width=32, num_frames=5,
-           num_inference_steps=2, guidance_scale=5.0)
-NEVER_REUSES = {"cache": {"threshold": 0.0}}
+           num_inference_steps=2, guidance_scale=5.0, max_sequence_length=16)
+NEVER_REUSES = {"cache": {"threshold": 1e-12}}  # the cache in place; no change is that small
 
 
 def refusal(action: Any) -> str:
@@ -51,9 +52,10 @@ def test_second_apply_over_shared_modules_is_refused_naming_the_first(tiny_flux:
     other = FluxPipeline.from_pipe(tiny_flux) if build == "from_pipe" else FluxPipeline(**tiny_flux.components)
     handle = accel.apply(tiny_flux, NEVER_REUSES)
     try:
-        wrapped = {name: list(vars(block).get("_accel_wrapped", {})) for name, block in tiny_flux.transformer.named_children()}
+        blocks = [*tiny_flux.transformer.transformer_blocks, *tiny_flux.transformer.single_transformer_blocks]
+        assert all(wrappers(block, "forward") == ["accel.cache"] for block in blocks)
         assert refusal(lambda: accel.apply(other, NEVER_REUSES)) == SHARED
-        assert {name: list(vars(block).get("_accel_wrapped", {})) for name, block in tiny_flux.transformer.named_children()} == wrapped
+        assert all(wrappers(block, "forward") == ["accel.cache"] for block in blocks)  # nothing stacked
     finally:
         handle.remove()
     accel.apply(other, NEVER_REUSES).remove()  # the first removed: the second applies
@@ -78,7 +80,7 @@ def test_diffusers_cache_enabled_after_apply_is_refused_before_the_step(tiny_flu
         assert steps == [] and handle.cache_stats.calls == 0  # refused before any step ran
         tiny_flux.transformer.disable_cache()
         tiny_flux(**FLUX, output_type="latent")
-        assert handle.cache_stats.calls == 4  # two steps, two CFG branches: accel's cache alone
+        assert handle.cache_stats.calls == 2  # two steps: accel's cache alone
     finally:
         if tiny_flux.transformer.is_cache_enabled:
             tiny_flux.transformer.disable_cache()
@@ -129,21 +131,112 @@ def test_int8_safetensors_save_and_qkv_fusing_are_refused_in_one_line(int8_flux:
     assert all(getattr(block.attn, "fused_projections", False) is False for block in int8_flux.transformer.transformer_blocks)
 
 
-def test_int8_pickle_save_round_trips_quantized(int8_flux: Any, tmp_path: Path) -> None:
-    expected = int8_flux(**FLUX, generator=torch.Generator().manual_seed(0), output_type="np").images
-    int8_flux.transformer.save_pretrained(tmp_path, safe_serialization=False)  # what pipe.save_pretrained writes for it
-    transformer = type(int8_flux.transformer).from_pretrained(tmp_path)
-    assert type(transformer.transformer_blocks[0].attn.to_q.weight).__name__ == "Int8Tensor"
-    assert "_accel_wrapped" not in vars(transformer.transformer_blocks[0])  # plain modules: accel's wrappers were not saved
-    loaded = FluxPipeline.from_pipe(int8_flux, transformer=transformer)
-    output = loaded(**FLUX, generator=torch.Generator().manual_seed(0), output_type="np").images
-    np.testing.assert_array_equal(output, expected)
-
-
 def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
     pipe = accel.load_pipeline("tiny-flux")
     pipe.set_progress_bar_config(disable=True)
     pipe.transformer.fuse_qkv_projections()
     handle = accel.apply(pipe, {"quant": {"type": "int8wo"}})
     assert "transformer_blocks.0.attn.to_qkv" in handle.quant.quantized
-    assert np.isfinite(pipe(**FLUX, output_type="np").images).all()
+    assert torch.isfinite(pipe(**FLUX, output_type="latent").images).all()
+
+
+# -- the contract harness ----------------------------------------------------------------------------
+# Each family's call, its per-prompt count keyword, and a threshold at which its cache reuses steps.
+CASES = {"flux": (FLUX, "num_images_per_prompt", 0.5), "wan": (WAN, "num_videos_per_prompt", 0.5)}
+
+
+def run_contract_calls(pipe: Any, family: str, capsys: pytest.CaptureFixture[str], as_np: bool = True) -> dict[str, Any]:
+    """The calls diffusers' pipeline tests make, as one family's pipeline runs them now: a step callback
+    reading `latents`, two outputs per prompt, `return_dict=False` with `output_type="pt"`, the same
+    call as numpy through the output object, and as latents with the progress bar on."""
+    call, per_prompt, _ = CASES[family]
+    call = dict(call, **{per_prompt: 2})
+    seen: list[torch.Tensor] = []
+
+    def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        seen.append(tensors["latents"].clone())
+        return tensors
+
+    pt = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="pt", return_dict=False,
+              callback_on_step_end=on_step_end, callback_on_step_end_tensor_inputs=["latents"])
+    assert isinstance(pt, tuple)
+    pixels = None
+    if as_np:
+        result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
+        pixels = np.asarray(result.frames if hasattr(result, "frames") else result.images)
+    capsys.readouterr()
+    pipe.set_progress_bar_config(disable=False)
+    try:
+        latent = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent", return_dict=False)[0]
+    finally:
+        pipe.set_progress_bar_config(disable=True)
+    progress = capsys.readouterr().err
+    return dict(pt=pt[0], np=pixels, latent=latent, seen=seen, progress=progress)
+
+
+def assert_consistent(outputs: dict[str, Any], steps: int) -> None:
+    """What holds within one pipeline whatever accelerates it: a callback at every step, the last one
+    seeing the latents the pipeline returns; "pt" and "np" the same pixels; the bar counting the steps."""
+    assert len(outputs["seen"]) == steps
+    torch.testing.assert_close(outputs["seen"][-1], outputs["latent"], rtol=0, atol=0)
+    assert outputs["pt"].shape[0] == 2  # two per prompt
+    if outputs["np"] is not None:
+        np.testing.assert_array_equal(np.moveaxis(outputs["pt"].numpy(), -3, -1), outputs["np"])
+    assert f"{steps}/{steps}" in outputs["progress"]
+
+
+def assert_equal_outputs(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    for key in ("pt", "latent"):
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
+    np.testing.assert_array_equal(got["np"], expected["np"])
+    assert len(got["seen"]) == len(expected["seen"])
+    for mine, theirs in zip(got["seen"], expected["seen"]):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_contract_with_the_cache_equals_the_plain_pipeline(request: pytest.FixtureRequest, family: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    pipe = request.getfixturevalue(f"tiny_{family}")
+    steps = CASES[family][0]["num_inference_steps"]
+    plain = run_contract_calls(pipe, family, capsys)
+    assert_consistent(plain, steps)
+
+    handle = accel.apply(pipe, NEVER_REUSES)  # every accelerator wrapper in place, no step reused
+    try:
+        never = run_contract_calls(pipe, family, capsys)
+        assert handle.cache_stats.calls > 0 and handle.cache_stats.cached == 0
+        assert_equal_outputs(never, plain)
+        # A component swap after apply: the new scheduler (a copy, unwrapped) runs as it would without accel.
+        scheduler = pipe.scheduler
+        pipe.scheduler = copy.deepcopy(scheduler)
+        try:
+            call = dict(CASES[family][0], **{CASES[family][1]: 2})
+            swapped = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent").to_tuple()[0]
+        finally:
+            pipe.scheduler = scheduler
+        torch.testing.assert_close(swapped, plain["latent"], rtol=0, atol=0)
+    finally:
+        handle.remove()
+
+    handle = accel.apply(pipe, {"cache": {"threshold": CASES[family][2]}})  # a threshold that reuses
+    try:
+        reusing = run_contract_calls(pipe, family, capsys, as_np=False)  # pt and np are equal above
+        assert handle.cache_stats.cached > 0
+        assert_consistent(reusing, steps)
+    finally:
+        handle.remove()
+
+
+def test_contract_with_int8_weights_and_a_pickle_save_round_trip(int8_flux: Any, capsys: pytest.CaptureFixture[str],
+                                                                  tmp_path: Path) -> None:
+    outputs = run_contract_calls(int8_flux, "flux", capsys, as_np=False)
+    assert_consistent(outputs, FLUX["num_inference_steps"])
+    int8_flux.transformer.save_pretrained(tmp_path, safe_serialization=False)  # what pipe.save_pretrained writes for it
+    transformer = type(int8_flux.transformer).from_pretrained(tmp_path)
+    assert type(transformer.transformer_blocks[0].attn.to_q.weight).__name__ == "Int8Tensor"
+    assert wrappers(transformer.transformer_blocks[0], "save_pretrained") == []  # plain modules: no wrapper was saved
+    loaded = FluxPipeline.from_pipe(int8_flux, transformer=transformer)
+    call = dict(FLUX, num_images_per_prompt=2)
+    again = loaded(**call, generator=torch.Generator().manual_seed(0), output_type="pt", return_dict=False)[0]
+    torch.testing.assert_close(again, outputs["pt"], rtol=0, atol=0)
