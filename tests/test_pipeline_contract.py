@@ -240,3 +240,28 @@ def test_contract_with_int8_weights_and_a_pickle_save_round_trip(int8_flux: Any,
     call = dict(FLUX, num_images_per_prompt=2)
     again = loaded(**call, generator=torch.Generator().manual_seed(0), output_type="pt", return_dict=False)[0]
     torch.testing.assert_close(again, outputs["pt"], rtol=0, atol=0)
+
+
+def test_applied_pipeline_saves_plain_modules_and_follows_to_dtype(tiny_flux: Any, tmp_path: Path) -> None:
+    call = dict(FLUX, output_type="latent", num_inference_steps=1)
+    tiny_flux.to(torch.float64)  # float32 -> float64 -> float32 is exact: the session's pipeline is unchanged after
+    try:
+        plain = tiny_flux(**call, generator=torch.Generator().manual_seed(0)).images
+        handle = accel.apply(tiny_flux, NEVER_REUSES)
+        try:
+            tiny_flux.save_pretrained(tmp_path)  # safetensors: nothing quantized
+            tiny_flux.to(torch.float32).to(torch.float64)  # to(dtype) after apply keeps accel's wrappers acting
+            applied = tiny_flux(**call, generator=torch.Generator().manual_seed(0)).images
+            assert handle.cache_stats.calls == 1
+        finally:
+            handle.remove()
+    finally:
+        tiny_flux.to(torch.float32)
+    assert applied.dtype == torch.float64
+    torch.testing.assert_close(applied, plain, rtol=0, atol=0)
+    loaded = FluxPipeline.from_pretrained(tmp_path, dtype=torch.float32)
+    saved = loaded.transformer.state_dict()
+    assert wrappers(loaded.transformer.transformer_blocks[0], "forward") == []  # a plain pipeline comes back
+    assert sorted(saved) == sorted(tiny_flux.transformer.state_dict())
+    for name, tensor in tiny_flux.transformer.state_dict().items():
+        torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0, msg=name)
