@@ -10,6 +10,7 @@ checks share one fresh FLUX (quantization cannot be undone)."""
 from __future__ import annotations
 
 import copy
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,12 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FluxPipeline
+from test_parallel_families import FAMILY_CASES
 
 import accel
 from accel.errors import UserError
 from accel.instance import wrappers
+from accel.models.registry import FAMILIES
 
 FLUX = dict(prompt="a red fox", height=32, width=32, num_inference_steps=2, guidance_scale=3.5,
             max_sequence_length=16)  # 16 text tokens, not 512: fast; embedded guidance (Wan runs true CFG)
@@ -265,3 +268,30 @@ def test_applied_pipeline_saves_plain_modules_and_follows_to_dtype(tiny_flux: An
     assert sorted(saved) == sorted(tiny_flux.transformer.state_dict())
     for name, tensor in tiny_flux.transformer.state_dict().items():
         torch.testing.assert_close(saved[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("family", [name for name in FAMILY_CASES if name not in CASES])
+def test_every_family_with_the_cache_in_place_equals_the_plain_pipeline(family: str) -> None:
+    """The cheapest of the checks on every other family: latents through `return_dict=False`, a step
+    callback reading them, the cache in place but never reusing: exactly the plain pipeline's."""
+    pipe = FAMILIES[family].tiny()
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(FAMILY_CASES[family].call, num_inference_steps=2, output_type="latent", return_dict=False)
+    callbacks = "callback_on_step_end" in inspect.signature(pipe.__call__).parameters  # HunyuanVideo 1.5 takes none
+
+    def run() -> tuple[torch.Tensor, list[int]]:
+        steps: list[int] = []
+        extra = dict(callback_on_step_end=lambda p, i, t, tensors: steps.append(i) or tensors,
+                     callback_on_step_end_tensor_inputs=["latents"]) if callbacks else {}
+        output = pipe(**call, **extra, generator=torch.Generator().manual_seed(0))[0]
+        return output, steps
+
+    plain, plain_steps = run()
+    handle = accel.apply(pipe, NEVER_REUSES)
+    try:
+        applied, applied_steps = run()
+        assert handle.cache_stats.calls > 0 and handle.cache_stats.cached == 0
+    finally:
+        handle.remove()
+    assert applied_steps == plain_steps == ([0, 1] if callbacks else [])
+    torch.testing.assert_close(applied, plain, rtol=0, atol=0)
