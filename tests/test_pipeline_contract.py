@@ -3,9 +3,10 @@ pipelines with `accel.apply` in place, against the same calls without it; and th
 where a diffusers feature cannot run beside an accelerator (a second apply over shared modules,
 diffusers' cache enabled after apply, a one-block cache, safetensors and QKV fusing on int8).
 
-Kept fast: the session's tiny FLUX and Wan pipelines (an image family with embedded guidance and
-true CFG, a video family with two calls a step), two steps, the smallest sizes; the quantized
-checks share one fresh FLUX (quantization cannot be undone)."""
+Kept fast: every check on the session's tiny FLUX and Wan pipelines (an image family with embedded
+guidance, a video family with true CFG, two calls a step), two steps, the smallest sizes and 16
+text tokens; the quantized checks share one fresh FLUX (quantization cannot be undone); the other
+families get the cheapest check only (latents with a step callback, the cache in place)."""
 
 from __future__ import annotations
 
