@@ -43,7 +43,7 @@ from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
 from accel.optimize.processors import install_processors
-from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer
+from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer, refuse_on_quantized
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.parallel.tensor import TensorParallel
@@ -118,6 +118,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
             "accel.apply: this pipeline is already accelerated; call remove() on the handle "
             "apply() returned before applying again"
         )
+    _refuse_shared_components(pipe)
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
     _refuse_two_caches(handle)
@@ -136,6 +137,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
         _apply_compile(handle)
         _apply_cache(handle)
         _apply_vae(handle)
+        _refuse_later_diffusers_cache(handle)
     except BaseException:
         handle.remove()
         raise
@@ -182,6 +184,7 @@ def _apply_quant(handle: AccelHandle) -> None:
     for method in ("fuse_lora", "unfuse_lora"):
         if callable(getattr(handle.pipe, method, None)):
             handle._undo.append(_refuse_lora_fusing(handle.pipe, method, set(transformers), settings.type))
+    handle._undo.extend(refuse_on_quantized(handle.pipe, transformers, settings.type))
 
 
 def _refuse_lora_fusing(pipe: Any, method: str, quantized: set[str], scheme: str) -> Callable[[], None]:
@@ -458,6 +461,53 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
         )
 
 
+def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
+    """The same refusal when diffusers' `enable_cache` comes after apply: checked as each transformer
+    call starts (a forward pre-hook, before diffusers' own hooks and any block runs), since its hooks
+    would otherwise stack on accel's and miss the calls accel's cache skipped."""
+    recipe = handle.recipe
+    asked = [name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on]
+    if not asked:
+        return
+    for attr, transformer in _transformers(handle).items():
+        if attr in handle.parallel:
+            continue  # the context-parallel engine refuses it in its own words, on every rank alike
+
+        def check(module: Any, args: Any, attr: str = attr) -> None:
+            if getattr(module, "is_cache_enabled", False):
+                raise UserError(
+                    f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
+                    "cache cannot run beside accel's cache or across parallel ranks; call "
+                    f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
+                )
+
+        handle._undo.append(transformer.register_forward_pre_hook(check, prepend=True).remove)
+
+
+def _refuse_shared_components(pipe: Any) -> None:
+    """A pipeline built from another one's modules (`Pipeline.from_pipe(pipe)`,
+    `Pipeline(**pipe.components)`) shares the modules accel changed on the first: accel's changes
+    already act for it, and a second set would stack on the same forwards. Refused in one line naming
+    the first pipeline, before anything changes."""
+    mine = {id(component): name for name, component in _components(pipe).items()}
+    for other, handle in list(_applied.items()):
+        for name, component in _components(other).items():
+            if id(component) in mine:
+                raise UserError(
+                    f"accel.apply: pipe.{mine[id(component)]} is the {name} of a {type(other).__name__} already "
+                    f"accelerated by accel.apply (from_pipe and Pipeline(**pipe.components) share modules), so "
+                    f"accel's changes already act here; call remove() on that {type(other).__name__}'s handle first, "
+                    "or load the pipeline again for a separate one"
+                )
+
+
+def _components(pipe: Any) -> dict[str, Any]:
+    """The modules and scheduler of `pipe` that accel may change (tokenizers and plain values aside)."""
+    components = getattr(pipe, "components", None) or {}
+    chosen = {name: c for name, c in components.items() if isinstance(c, torch.nn.Module) or name.endswith("scheduler")}
+    return dict(sorted(chosen.items(), key=lambda item: not item[0].startswith("transformer")))  # named first: where accel acts most
+
+
 def transformers(handle: AccelHandle) -> dict[str, Any]:
     """The accelerated pipeline's transformers by attribute (Wan 2.2's two experts: both)."""
     return _transformers(handle)
@@ -533,6 +583,12 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
         return
     for transformer in _transformers(handle).values():
         count = block_count(transformer, handle.family)
+        least = BlockCache.least_first_blocks
+        if count <= least:
+            raise UserError(
+                f"[cache] method = '{settings.method}': {type(transformer).__name__} has {count} block, and the block cache "
+                "needs one to decide and one to cache; use method = 'taylorseer' or 'magcache', or turn the cache off"
+            )
         if settings.first_blocks + settings.last_blocks >= count:
             raise UserError(
                 f"[cache] first_blocks ({settings.first_blocks}) + last_blocks ({settings.last_blocks}) leave none of "

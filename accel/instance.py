@@ -38,7 +38,7 @@ NOISE = 600  # pipe.prepare_latents: every rank the same noise
 ENCODE_ON_CPU = 640  # pipe.encode_prompt: the text encoders run in host memory, their outputs moved to the GPU
 ENCODE = 650  # pipe.encode_prompt: the layout's first rank encodes, the others receive the embeddings
 STEPS = 700  # scheduler.set_timesteps / step: denoising-step events
-LORA = 800  # pipe.fuse_lora / unfuse_lora: refused while the transformer is quantized
+LORA = 800  # fuse_lora / unfuse_lora, safetensors save_pretrained, fuse_qkv_projections: refused while quantized
 CACHE_CALL = 850  # pipe.check_inputs: a call starts; the cache's statistics span it (Wan Animate's segments)
 VAE_PLACEMENT = 880  # pipe(...): a rank that does not decode ([memory] vae = "rank0") asks for latents
 CALL = 900  # pipe(...): every rank called with the same arguments (outermost: before any collective)

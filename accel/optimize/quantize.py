@@ -9,6 +9,7 @@ for almost no speed gained; they stay in the model dtype unless `scope = "transf
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -177,3 +178,48 @@ def _is_lora(name: str) -> bool:
 
 def _named(names: set[str]) -> Callable[[nn.Module, str], bool]:
     return lambda module, name: isinstance(module, nn.Linear) and name in names
+
+
+def refuse_on_quantized(pipe: Any, transformers: dict[str, nn.Module], scheme: str) -> list[Callable[[], None]]:
+    """Wrap the methods that fail deep inside torchao on quantized weights, so each says so in one line
+    instead: `save_pretrained` as safetensors (the pipeline's, before it writes any file, and each
+    transformer's), and `fuse_qkv_projections` (the pipeline's and each transformer's). Returns the undos."""
+    from accel.instance import LORA, wrap
+
+    undo: list[Callable[[], None]] = []
+    owners: list[tuple[str, Any]] = [("pipe", pipe)] + [(f"pipe.{attr}", t) for attr, t in transformers.items()]
+    for where, owner in owners:
+        if callable(getattr(owner, "save_pretrained", None)):
+            undo.append(wrap(owner, "save_pretrained", "accel.refuse_safetensors", LORA,
+                             _refuse_safetensors(getattr(owner, "save_pretrained"), where, scheme)))
+        if callable(getattr(owner, "fuse_qkv_projections", None)):
+            undo.append(wrap(owner, "fuse_qkv_projections", "accel.refuse_fuse_qkv", LORA, _refuse_fuse_qkv(where, scheme)))
+    return undo
+
+
+def _refuse_safetensors(method: Callable[..., Any], where: str, scheme: str) -> Callable[..., Any]:
+    signature = inspect.signature(method)
+
+    def refuse(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        arguments = signature.bind_partial(*args, **kwargs).arguments
+        parameter = signature.parameters.get("safe_serialization")
+        safe = arguments.get("safe_serialization", parameter.default if parameter is not None else True)
+        if safe:
+            raise UserError(
+                f"[quant] type = '{scheme}': {where}.save_pretrained() cannot write torchao's quantized weights as "
+                "safetensors; pass safe_serialization=False (from_pretrained loads that back quantized), or save before "
+                "accel.apply"
+            )
+        return call_next(*args, **kwargs)
+
+    return refuse
+
+
+def _refuse_fuse_qkv(where: str, scheme: str) -> Callable[..., Any]:
+    def refuse(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        raise UserError(
+            f"[quant] type = '{scheme}': {where}.fuse_qkv_projections() cannot concatenate torchao's quantized q, k "
+            "and v weights; call it before accel.apply (the fused layers are then quantized)"
+        )
+
+    return refuse
