@@ -651,18 +651,14 @@ def tune(
 
 def _read_prompts(path: Path) -> tuple[str, ...]:
     """One prompt a line; blank lines and lines starting with # are skipped."""
-    from accel.recipe import MAX_RECIPE_BYTES, PROMPT_CHARS_ENV, prompt_chars
+    from accel.recipe import PROMPT_CHARS_ENV, prompt_chars, read_capped
 
     try:
-        with open(path, "rb") as file:  # at most the cap and a byte: /dev/zero is refused, not read whole
-            data = file.read(MAX_RECIPE_BYTES + 1)
-        lines = data.decode("utf-8").splitlines()
+        lines = read_capped(path, f"--prompts {path}", "write one prompt a line").decode("utf-8").splitlines()
     except OSError as error:
         raise UserError(f"--prompts {path}: cannot read it ({error.strerror})") from None
     except UnicodeDecodeError:
         raise UserError(f"--prompts {path}: not UTF-8 text; write one prompt a line") from None
-    if len(data) > MAX_RECIPE_BYTES:
-        raise UserError(f"--prompts {path}: larger than {MAX_RECIPE_BYTES // 2**20} MiB; write one prompt a line")
     found = tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
     if not found:
         raise UserError(f"--prompts {path}: no prompt in it; write one prompt a line")

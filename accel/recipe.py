@@ -442,16 +442,19 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
 
 
 def _read_capped(path: str | PathLike[str], source: str) -> bytes:
+    """The recipe's bytes, at most MAX_RECIPE_BYTES of them. A device is refused unread (a pipe is read)."""
+    if stat.S_ISCHR(mode := os.stat(path).st_mode) or stat.S_ISBLK(mode):
+        raise RecipeError(f"{source}: a device, not a recipe file; pass a .toml recipe or an accel run --json report")
+    return read_capped(path, source, "a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report")
+
+
+def read_capped(path: str | PathLike[str], source: str, advice: str) -> bytes:
     """The file's bytes, at most MAX_RECIPE_BYTES of them: /dev/zero or a huge file is refused after
-    reading one byte past the cap, never read whole. A device is refused unread (a pipe is read)."""
+    reading one byte past the cap, never read whole (RecipeError: "`source`: larger than …; `advice`")."""
     with open(path, "rb") as file:
-        mode = os.fstat(file.fileno()).st_mode
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-            raise RecipeError(f"{source}: a device, not a recipe file; pass a .toml recipe or an accel run --json report")
         data = file.read(MAX_RECIPE_BYTES + 1)
     if len(data) > MAX_RECIPE_BYTES:
-        raise RecipeError(f"{source}: larger than {MAX_RECIPE_BYTES // 2**20} MiB; a recipe is a few kilobytes, "
-                          "pass a .toml recipe or an accel run --json report")
+        raise RecipeError(f"{source}: larger than {MAX_RECIPE_BYTES // 2**20} MiB; {advice}")
     return data
 
 
