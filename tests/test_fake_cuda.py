@@ -43,6 +43,7 @@ from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
 from accel.models.base import Family  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
+from accel.optimize.processors import install_processors  # noqa: E402
 from accel.parallel.cfg import CfgParallel  # noqa: E402
 from accel.parallel.layout import SequenceLayout, group_runs  # noqa: E402
 from accel.parallel.mesh import Degrees, ParallelMesh  # noqa: E402
@@ -310,11 +311,11 @@ class Accelerated:
 
 def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mesh: ParallelMesh,
                cache_class: type[FirstBlockCache] = FirstBlockCache) -> Accelerated:
-    """compose's steps (TP split, parallel, CFG, cache) with compose's own cache group and real-token
-    count. The split is not undone: `fake_transformer` keeps a split copy per TP slice."""
+    """compose's steps (leaner processors, TP split, parallel, CFG, cache) with compose's own cache
+    group and real-token count. The split is not undone: `fake_transformer` keeps a split copy per TP slice."""
     assert family.parallel is not None
     events = StepEvents(ToyScheduler())
-    undo: list[Any] = []
+    undo: list[Any] = [install_processors(transformer, family)]
     masks: list[tuple[tuple[int, ...], torch.dtype] | None] = []
     engine = None
     if layout.tp > 1:
