@@ -738,6 +738,11 @@ def serve(
         for option, value in (("--max-prompt", max_prompt), ("--max-body", max_body), ("--max-work", max_work)):
             if value < 1:
                 raise UserError(f"{option} must be >= 1, got {value}")
+        from accel.recipe import PROMPT_CHARS_ENV, prompt_chars
+
+        if max_prompt > (every_run := prompt_chars()):  # each request becomes a recipe, which holds to that limit
+            raise UserError(f"--max-prompt {max_prompt} is above the {every_run:,} characters every accel run takes; "
+                            f"set {PROMPT_CHARS_ENV} to raise both")
         keys = _api_keys(api_keys)
         overrides: dict[str, dict[str, Any]] = {
             "model": {"name": model, "dtype": dtype, "device": device},

@@ -278,6 +278,8 @@ def test_api_keys_come_from_the_option_else_the_environment(monkeypatch: pytest.
     (["--max-body", "-5"], "--max-body must be >= 1, got -5"),
     (["--max-work", "0"], "--max-work must be >= 1, got 0"),
     (["--api-key", "two words"], "--api-key / ACCEL_API_KEY: a key is printable characters without spaces"),
+    (["--max-prompt", "20001"], "--max-prompt 20001 is above the 20,000 characters every accel run takes; "
+                                "set ACCEL_MAX_PROMPT_CHARS to raise both"),
 ])
 def test_serve_limit_options_are_refused_in_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", "tiny-flux", *args], catch_exceptions=False)
