@@ -694,7 +694,8 @@ def serve(
     host: Annotated[str, Opt("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, Opt("--port", help="Port to listen on.")] = 8000,
     max_queue: Annotated[int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")] = 4,
-    drain: Annotated[float, Opt("--drain", help="Seconds in-flight requests may take to finish after SIGINT / SIGTERM.")] = 60.0,
+    drain: Annotated[float, Opt("--drain", help="Seconds the accepted requests may take to finish after SIGINT / SIGTERM; then those still queued get HTTP 503 and those running stop at their next step.")] = 60.0,
+    request_timeout: Annotated[float | None, Opt("--request-timeout", metavar="SECONDS", help="Seconds one request may run; past them it stops at its next step and gets HTTP 504, and /health reports a replica still on it.", show_default="no limit")] = None,
     max_prompt: Annotated[int, Opt("--max-prompt", metavar="CHARS", help="Longest prompt (and negative_prompt) a request may send, in characters; longer ones get HTTP 400.")] = Limits.max_prompt,
     max_body: Annotated[int, Opt("--max-body", metavar="BYTES", help="Largest request body; larger ones get HTTP 413 before they are read.")] = Limits.max_body,
     max_work: Annotated[int, Opt("--max-work", metavar="MPX_STEPS", help="Most work one request may ask for: width × height × frames × steps × n, in megapixel-steps; more gets HTTP 400.")] = Limits.max_work,
@@ -733,6 +734,8 @@ def serve(
             raise UserError(f"--max-queue must be >= 0, got {max_queue}")
         if drain < 0:
             raise UserError(f"--drain must be >= 0 seconds, got {drain:g}")
+        if request_timeout is not None and not 0 < request_timeout < float("inf"):
+            raise UserError(f"--request-timeout must be a number of seconds > 0, got {request_timeout:g}")
         if not 0 < port < 65536:
             raise UserError(f"--port must be between 1 and 65535, got {port}")
         for option, value in (("--max-prompt", max_prompt), ("--max-body", max_body), ("--max-work", max_work)):
@@ -783,7 +786,7 @@ def serve(
         from accel.serve.server import serve as run_server
 
         announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
-        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, Limits(max_prompt, max_body, max_work),
+        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, Limits(max_prompt, max_body, max_work, request_timeout),
                                           keys, tuple(trusted_hosts or ())), announce)
     except UserError as error:
         _fail(str(error))

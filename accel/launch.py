@@ -46,6 +46,9 @@ from accel.watchdog import LAUNCHER_PID_ENV
 
 POLL_S = 0.05
 STOP_GRACE_S = 2.0  # SIGTERM first; whatever still runs after this gets SIGKILL
+# A server's requests still running when its drain ends are cancelled and stop at their next step:
+# one step of a large model on one GPU can take this long.
+CANCEL_GRACE_S = 30.0
 REPORT_GRACE_S = 0.3  # after a first failure: let simultaneous reports land before judging
 STALE_BEAT_S = 3.0  # a rank whose heartbeat is this old no longer runs Python (stopped, frozen)
 FINISH_GRACE_S = 30.0  # longer than a finished rank's own bounded exit (rank_exit), which should end it first
@@ -162,7 +165,7 @@ class Supervisor:
         draining_until: float | None = None
         while True:
             if self.signal_received is not None and self.spec.drain_s is not None and draining_until is None:
-                draining_until = time.monotonic() + self.spec.drain_s + STOP_GRACE_S
+                draining_until = time.monotonic() + self.spec.drain_s + CANCEL_GRACE_S + STOP_GRACE_S
                 _signal_group(self.ranks[0].process.pid, self.signal_received)  # rank 0 drains and stops the others
             elif self.signal_received is not None and (draining_until is None or time.monotonic() >= draining_until):
                 self._stop()

@@ -4,6 +4,11 @@ it is free, so a request always goes to an idle replica when there is one (the l
 A replica is a callable running one job to its outcome (on rank 0's own replica it generates, for
 another it sends the job to that replica's leader and waits); each runs on its own thread, so the
 HTTP loop never waits on a generation.
+
+A job can be cancelled at any time: while it waits it leaves the queue at once (its place is free
+again); while it runs it is marked on the board and stops at its next step (accel/serve/cancel.py).
+On shutdown the dispatcher is closed (new requests are refused), drained, and what is left is
+cancelled.
 """
 
 from __future__ import annotations
@@ -11,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from accel.serve.cancel import Board, LocalBoard
 from accel.serve.replica import Outcome
 from accel.serve.requests import Job
 
@@ -26,17 +34,35 @@ class QueueFull(Exception):
         super().__init__(f"the queue is full ({waiting} requests waiting); retry later")
 
 
+class ShuttingDown(Exception):
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down and takes no new requests; retry on another server")
+
+
+@dataclass
+class _Pending:
+    job: Job
+    future: asyncio.Future[Outcome]
+    loop: asyncio.AbstractEventLoop
+    running_on: int | None = None  # the replica's index once one took it
+    started: float = 0.0  # time.monotonic() then
+
+
 class Dispatcher:
-    def __init__(self, replicas: list[RunJob], max_queue: int, on_outcome: Callable[[Outcome], None] = lambda _o: None) -> None:
+    def __init__(self, replicas: list[RunJob], max_queue: int, on_outcome: Callable[[Outcome], None] = lambda _o: None,
+                 board: Board | None = None) -> None:
         self.replicas = replicas
         self.max_queue = max_queue
         self.on_outcome = on_outcome
-        self._jobs: queue.Queue[tuple[Job, asyncio.Future[Outcome], asyncio.AbstractEventLoop] | None] = queue.Queue()
+        self.board: Board = board if board is not None else LocalBoard()
+        self._jobs: queue.Queue[int | None] = queue.Queue()
+        self._pending: dict[int, _Pending] = {}
         self._lock = threading.Lock()
         self.waiting = 0
         self.busy = 0
+        self.closed = False
         self.broken: str | None = None  # why a replica stopped serving (its ranks are gone)
-        self._threads = [threading.Thread(target=self._serve, args=(run,), name=f"accel-replica-{index}", daemon=True)
+        self._threads = [threading.Thread(target=self._serve, args=(index, run), name=f"accel-replica-{index}", daemon=True)
                          for index, run in enumerate(replicas)]
 
     def start(self) -> None:
@@ -47,49 +73,99 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         with self._lock:
+            if self.closed:
+                raise ShuttingDown()
             if self.waiting >= self.max_queue:
                 raise QueueFull(self.waiting)
             self.waiting += 1
-        self._jobs.put((job, future, loop))
+            self._pending[job.id] = _Pending(job, future, loop)
+        self._jobs.put(job.id)
         return await future
 
-    def _serve(self, run: RunJob) -> None:
+    def cancel(self, job_id: int, reason: str) -> None:
+        """A waiting job is answered now and leaves the queue; a running one stops at its next step."""
+        with self._lock:
+            pending = self._pending.get(job_id)
+            if pending is None:
+                return
+            if pending.running_on is not None:
+                self.board.cancel(job_id, reason)
+                return
+            del self._pending[job_id]  # its id stays in the queue; the replica that draws it skips it
+            self.waiting -= 1
+        outcome = Outcome(False, error=f"cancelled while waiting: {reason.replace('_', ' ')}", cancelled=reason)
+        self.on_outcome(outcome)
+        _answer(pending, outcome)
+
+    def close(self) -> None:
+        """Take no new jobs (submit raises ShuttingDown); those accepted still run."""
+        with self._lock:
+            self.closed = True
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._pending
+
+    def cancel_all(self, reason: str) -> None:
+        with self._lock:
+            ids = list(self._pending)
+        for job_id in ids:
+            self.cancel(job_id, reason)
+
+    def running_past(self, seconds: float) -> list[tuple[int, int, float]]:
+        """(replica, job id, seconds running) of every job running longer than `seconds`."""
+        now = time.monotonic()
+        with self._lock:
+            return [(p.running_on, job_id, now - p.started) for job_id, p in self._pending.items()
+                    if p.running_on is not None and now - p.started > seconds]
+
+    def _serve(self, index: int, run: RunJob) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
+            job_id = self._jobs.get()
+            if job_id is None:
                 run(STOP)
                 return
-            job, future, loop = item
             with self._lock:
+                pending = self._pending.get(job_id)
+                if pending is None:  # cancelled while it waited
+                    continue
+                pending.running_on, pending.started = index, time.monotonic()
                 self.waiting -= 1
                 self.busy += 1
             try:
-                outcome = run(job)
+                outcome = run(pending.job)
             except Exception as failure:  # the replica's ranks are gone: the launcher ends the job
                 self.broken = f"{type(failure).__name__}: {failure}"
-                outcome = Outcome(False, error=f"the replica serving this request failed: {self.broken}")
-                loop.call_soon_threadsafe(_settle, future, outcome)
+                self._finish(pending, Outcome(False, error=f"the replica serving this request failed: {self.broken}"))
                 return
-            finally:
-                with self._lock:
-                    self.busy -= 1
             self.on_outcome(outcome)
-            loop.call_soon_threadsafe(_settle, future, outcome)
+            self._finish(pending, outcome)
+
+    def _finish(self, pending: _Pending, outcome: Outcome) -> None:
+        with self._lock:
+            self.busy -= 1
+            self._pending.pop(pending.job.id, None)
+        self.board.forget(pending.job.id)
+        _answer(pending, outcome)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Drop what still waits (its clients are gone), then stop every replica after its current job."""
-        while True:
-            try:
-                item = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                job, future, loop = item
-                loop.call_soon_threadsafe(_settle, future, Outcome(False, error="the server is shutting down"))
+        """Answer what still waits, then stop every replica after its current job."""
+        self.close()
+        with self._lock:
+            waiting = [job_id for job_id, p in self._pending.items() if p.running_on is None]
+        for job_id in waiting:
+            self.cancel(job_id, "shutdown")
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout_s)
+
+
+def _answer(pending: _Pending, outcome: Outcome) -> None:
+    try:
+        pending.loop.call_soon_threadsafe(_settle, pending.future, outcome)
+    except RuntimeError:  # the HTTP loop has closed: nobody is left to answer
+        pass
 
 
 def _settle(future: asyncio.Future[Any], outcome: Outcome) -> None:

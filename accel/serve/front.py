@@ -4,16 +4,21 @@ Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 40
 pipeline would refuse or one past the operator's limits (checked here, before any rank sees it),
 401 / 413 / 421 from the door (accel/serve/security.py), 429 with Retry-After when the queue is
 full, 500 when the replica failed on it (the replica goes on serving) or the front did: a request
-id, the reason in the server's log only, 503 from /health when a replica is gone.
+id, the reason in the server's log only, 503 while the server shuts down (and from /health when a
+replica is gone or all of them run past the time limit), 504 when a request ran past the time
+limit and was stopped at a step. A request whose client goes away is cancelled: dropped from the
+queue, or stopped at its next step (counted as status 499, nobody is left to read it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from accel.serve.dispatch import Dispatcher, QueueFull
+from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
@@ -46,9 +51,13 @@ class Metrics:
         busy.set_function(lambda: dispatcher.busy)
         self.hit_rate = Gauge("accel_cache_hit_rate", "Share of transformer calls the cache skipped, last request.", registry=self.registry)
         self.steps_per_s = Gauge("accel_steps_per_second", "Denoising steps per second, last request.", registry=self.registry)
+        self.cancelled = Counter("accel_cancelled", "Requests stopped before their end, by reason (client_gone, time_limit, "
+                                 "shutdown).", ("reason",), registry=self.registry)
         self.last_seconds = 0.0  # the last generation's, for Retry-After
 
     def record(self, outcome: Outcome) -> None:
+        if outcome.cancelled is not None:
+            self.cancelled.labels(outcome.cancelled).inc()
         if outcome.ok:
             self.last_seconds = outcome.seconds
         if outcome.ok and outcome.hit_rate is not None:
@@ -77,6 +86,36 @@ def retry_after(dispatcher: Dispatcher, last_seconds: float) -> int:
     return max(1, math.ceil(last_seconds * ahead / max(1, len(dispatcher.replicas))))
 
 
+async def _unless_gone(request: Request, work: Awaitable[Outcome], on_gone: Callable[[], None]) -> Outcome:
+    """`work`'s outcome; should the client disconnect first, `on_gone` cancels it and its outcome
+    (the cancellation) comes back all the same."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            on_gone()
+        return await task
+    finally:
+        watcher.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read by now: what comes next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _stopped(outcome: Outcome, limits: Any) -> JSONResponse:
+    """The answer to a request cancelled before its end."""
+    if outcome.cancelled == "time_limit":
+        return _error(504, f"the request ran past this server's limit of {limits.request_timeout_s:g} s "
+                           f"(accel serve --request-timeout) and was {outcome.error}; ask for less work", "server_error")
+    if outcome.cancelled == "shutdown":
+        return _error(503, str(ShuttingDown()), "server_error")
+    return _error(499, "the client closed the request", "invalid_request_error")  # nobody reads it
+
+
 def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int, door: Door | None = None) -> FastAPI:
     app = FastAPI(title=f"accel serve {served.name}", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, door=door or Door(max_body=served.limits.max_body))
@@ -101,34 +140,38 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
         metrics.requests.labels(request.url.path, "500").inc()
         return _failed(f"{request.method} {request.url.path}: {type(error).__name__}: {error}")
 
-    async def answer(endpoint: str, body: ImageRequest | VideoRequest) -> JSONResponse:
+    async def answer(endpoint: str, request: Request, body: ImageRequest | VideoRequest) -> JSONResponse:
         start = time.perf_counter()
         try:
             job = to_job(body, served, next(counter))
-            outcome = await dispatcher.submit(job)
+            outcome = await _unless_gone(request, dispatcher.submit(job), lambda: dispatcher.cancel(job.id, "client_gone"))
         except BadRequest as bad:
             response = _error(400, bad.message, "invalid_request_error", bad.param)
         except QueueFull as full:
             response = _error(429, str(full), "rate_limit_error",
                               headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))})
+        except ShuttingDown as closing:
+            response = _error(503, str(closing), "server_error")
         else:
             if outcome.ok:
                 data: list[dict[str, Any]] = [{"b64_json": base64.b64encode(file).decode("ascii"), "seed": seed}
                                               for file, seed in zip(outcome.files, outcome.seeds)]
                 response = JSONResponse({"created": int(time.time()), "data": data})
                 metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+            elif outcome.cancelled is not None:
+                response = _stopped(outcome, served.limits)
             else:
                 response = _failed(outcome.error or "the generation failed")
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 
     @app.post("/v1/images/generations")
-    async def images(body: ImageRequest) -> JSONResponse:
-        return await answer("/v1/images/generations", body)
+    async def images(request: Request, body: ImageRequest) -> JSONResponse:
+        return await answer("/v1/images/generations", request, body)
 
     @app.post("/v1/videos")
-    async def videos(body: VideoRequest) -> JSONResponse:
-        return await answer("/v1/videos", body)
+    async def videos(request: Request, body: VideoRequest) -> JSONResponse:
+        return await answer("/v1/videos", request, body)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -138,7 +181,18 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
     async def health() -> JSONResponse:
         if dispatcher.broken is not None:
             return JSONResponse({"status": "failed", "error": dispatcher.broken}, status_code=503)
-        return JSONResponse({"status": "ok", "model": served.name, "replicas": len(dispatcher.replicas), "processes": processes})
+        if dispatcher.closed:
+            return JSONResponse({"status": "draining", "model": served.name}, status_code=503)
+        report: dict[str, Any] = {"status": "ok", "model": served.name, "replicas": len(dispatcher.replicas), "processes": processes}
+        limit = served.limits.request_timeout_s
+        late = dispatcher.running_past(limit) if limit is not None else []
+        if not late:
+            return JSONResponse(report)
+        report["late"] = [{"replica": replica, "request": job_id, "seconds": round(seconds, 1), "limit": limit}
+                          for replica, job_id, seconds in sorted(late)]
+        every = len({replica for replica, _job, _s in late}) == len(dispatcher.replicas)
+        report["status"] = "busy" if every else "degraded"  # a replica still on a request past the time limit
+        return JSONResponse(report, status_code=503 if every else 200)
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:

@@ -16,11 +16,12 @@ MEGA = 1_000_000
 
 @dataclass(frozen=True)
 class Limits:
-    """The operator's bounds (`accel serve --max-prompt / --max-body / --max-work`)."""
+    """The operator's bounds (`accel serve --max-prompt / --max-body / --max-work / --request-timeout`)."""
 
     max_prompt: int = 10_000  # characters of prompt and of negative_prompt, each
     max_body: int = 1 << 20  # bytes of a request body
     max_work: int = 10_000  # megapixel-steps: width × height × frames × steps × n / 1e6
+    request_timeout_s: float | None = None  # seconds a request may run; then it stops at its next step (None: no limit)
 
 
 def prompt_problem(field: str, text: str | None, limits: Limits) -> str | None:

@@ -5,6 +5,9 @@ rank generates, and the ranks agree on the outcome (all of them, collectively): 
 rank, say out of memory, is one outcome with that rank's message, and the replica goes on to the
 next job. The job channel is a gloo group with a timeout of a year: waiting for the next request
 is not a stall.
+
+A job is stopped at a step boundary when the front cancels it or it runs past the time limit
+(accel/serve/cancel.py); its outcome says why, and the replica goes on with the next job.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.recipe import Recipe
+from accel.serve.cancel import DONE, FAILED, Board, Cancelled, PeerFailed, StepGate
 from accel.serve.requests import Job
 
 IDLE = timedelta(days=365)
@@ -33,12 +37,14 @@ class Outcome:
     seconds: float = 0.0
     steps: int = 0
     hit_rate: float | None = None
+    cancelled: str | None = None  # why it stopped before its end: client_gone, time_limit or shutdown
 
 
 class Replica:
     """This rank's part in its replica. `group` None: a replica of one process."""
 
-    def __init__(self, pipe: Any, handle: Any, recipe: Recipe, tiny: bool, kind: str, group: Any, leader: int) -> None:
+    def __init__(self, pipe: Any, handle: Any, recipe: Recipe, tiny: bool, kind: str, group: Any, leader: int,
+                 board: Board | None = None, time_limit_s: float | None = None) -> None:
         self.pipe = pipe
         self.handle = handle
         self.recipe = recipe
@@ -46,6 +52,13 @@ class Replica:
         self.kind = kind
         self.group = group
         self.leader = leader
+        self.time_limit_s = time_limit_s
+        self.board = board
+        # Only the leader reads the board; every rank takes part in the verdict at each step.
+        self.gate = StepGate(pipe, board if self._rank() == leader else None, group, time_limit_s)
+
+    def close(self) -> None:
+        self.gate.close()
 
     def lead(self, job: Job) -> Outcome:
         """On the leader: run `job` on every rank of the replica (a stop job ends their loops)."""
@@ -77,22 +90,38 @@ class Replica:
         start = time.perf_counter()
         outputs: list[tuple[Any, Any]] = []
         error: str | None = None
+        self.gate.watch(job.id, limited=job.id != 0)  # the warm-up (job 0) compiles: no time limit
         try:
             outputs = self._generate(job)
+            failed = self.gate.round(DONE) == FAILED  # another rank may have failed after its last step
+        except Cancelled as stopped:  # every rank of the replica, at the same step
+            return self._stopped(job, stopped, time.perf_counter() - start)
+        except PeerFailed:  # this rank is fine; the gather below names the one that failed
+            failed = True
         except Exception as failure:  # any rank's failure is the replica's, agreed on below
             error = f"{type(failure).__name__}: {failure}".strip()
+            failed = self.gate.round(FAILED) == FAILED
+        finally:
+            self.gate.watch(None)
+        if not failed:
+            return self._finished(job, outputs, time.perf_counter() - start)
         errors = self._gather(error)
         if any(errors):
             rank, message = next((rank, message) for rank, message in enumerate(errors) if message)
             where = f"rank {self.leader + rank}: " if len(errors) > 1 else ""
             return Outcome(False, error=f"{where}{message}".splitlines()[0][:500])
-        seconds = time.perf_counter() - start
+        return Outcome(False, error="a rank of this replica failed")  # not reached: a round said FAILED
+
+    def _finished(self, job: Job, outputs: list[tuple[Any, Any]], seconds: float) -> Outcome:
         if self._rank() != self.leader:
             return Outcome(True)
         stats = self.handle.cache_stats
         seed = int(job.generate["seed"])
         return Outcome(True, [self._encode(output, audio) for output, audio in outputs], [seed + i for i in range(job.count)],
                        seconds=seconds, steps=int(job.generate.get("steps") or 0), hit_rate=stats.hit_rate if stats is not None else None)
+
+    def _stopped(self, job: Job, stopped: Cancelled, seconds: float) -> Outcome:
+        return Outcome(False, error=f"stopped at step {stopped.step} after {seconds:.1f} s", seconds=seconds, cancelled=stopped.reason)
 
     def _generate(self, job: Job) -> list[tuple[Any, Any]]:
         from accel.models.registry import family_of

@@ -3,20 +3,27 @@ requests on global rank 0 until SIGINT / SIGTERM.
 
 The job's ranks are `replicas` independent groups of the recipe's layout (a `replica` dimension
 outside cfg × ring × ulysses): rank 0 leads replica 0 and runs the HTTP front, the first rank of
-each other replica leads it and talks to rank 0 over a pair group of their own. On a signal the
-front stops accepting, lets in-flight requests finish (at most `drain_s`), sends every replica a
-stop job, and every rank returns 0.
+each other replica leads it and talks to rank 0 over a pair group of their own. On SIGINT /
+SIGTERM the front takes no new requests (503), lets the accepted ones run for at most `drain_s`,
+then cancels what is left (queued ones are answered 503 at once, running ones stop at their next
+step and are answered 503), stops HTTP, sends every replica a stop job, and every rank returns 0.
+A second signal cancels at once.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from accel.errors import UserError
+from accel.launch import CANCEL_GRACE_S
 from accel.recipe import Recipe
+from accel.serve.cancel import Board, LocalBoard, shared_board
 from accel.serve.limits import Limits
 from accel.serve.replica import IDLE, Outcome, Replica
 from accel.serve.requests import Job, Served
@@ -73,8 +80,9 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
         recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
     leader = rank // per_replica * per_replica
     job_group, pairs = _groups(world, per_replica, options.replicas, rank, recipe, pipe, device.type)
+    board: Board = shared_board(rank, os.environ.get("MASTER_ADDR", "127.0.0.1")) if world > 1 else LocalBoard()
     handle = accel.apply(pipe, recipe)
-    replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader)
+    replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, options.limits.request_timeout_s)
     try:
         if rank != leader:
             replica.follow()  # the warm-up is its first job
@@ -84,8 +92,9 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
             plan = f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)" if options.planned_peak else ""
             announce(f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
                      f"process{'es' if recipe.world_size > 1 else ''}{plan}")
-            _front(replica, pairs, _served(recipe, pipe, family, kind, ref.tiny, options.limits), options, world, announce)
+            _front(replica, pairs, _served(recipe, pipe, family, kind, ref.tiny, options.limits), options, world, board, announce)
     finally:
+        replica.close()
         handle.remove()
 
 
@@ -172,7 +181,7 @@ def _remote(first: int, pair: Any) -> Callable[[Job], Outcome]:
     return run
 
 
-def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: ServeOptions, world: int,
+def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: ServeOptions, world: int, board: Board,
            announce: Callable[[str], None]) -> None:
     import torch.distributed as dist
     import uvicorn
@@ -191,7 +200,8 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     failed = [outcome.error for outcome in warm if not outcome.ok]
     if failed:
         raise UserError(f"accel serve: the warm-up generation failed: {failed[0]}")
-    dispatcher = Dispatcher([replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue)
+    dispatcher = Dispatcher([replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue,
+                            board=board)
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
@@ -199,17 +209,26 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
         announce(warning)
     dispatcher.start()
+    # Its responses are all sent by the time it is told to stop: a few seconds close the connections.
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=options.drain_s)
+                            timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     announce(f"serving {served.name} on http://{options.host}:{options.port} (POST /v1/images/generations or /v1/videos, "
              "GET /v1/models, /health, /metrics); Ctrl-C stops")
-    # uvicorn raises the signal again after its graceful shutdown, with the handlers it found: these
-    # only note it, so a drained server ends with exit 0.
-    previous = {sig: signal.signal(sig, lambda _sig, _frame: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # HTTP runs on a thread of its own (uvicorn then leaves the signals alone); this thread waits for
+    # a signal and runs the shutdown while the HTTP loop still answers.
+    signals = _Signals()
+    previous = {sig: signal.signal(sig, signals.note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http = threading.Thread(target=server.run, name="accel-http", daemon=True)
     try:
         with watchdog.idle():  # rank 0 waits for clients, not for a stuck collective
-            server.run()
+            http.start()
+            while http.is_alive() and not signals.first.wait(0.25):
+                pass
+            if signals.first.is_set():
+                _drain(dispatcher, options.drain_s, signals, announce)
+            server.should_exit = True
+            http.join()
     finally:
         dispatcher.stop(options.drain_s)
         for sig, handler in previous.items():
@@ -217,3 +236,33 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     if not server.started:
         raise UserError(f"accel serve: could not listen on {options.host}:{options.port} (is the port taken?); pass another --port")
     announce("stopped")
+
+
+class _Signals:
+    """SIGINT / SIGTERM noted, not raised: the first drains, a second cancels at once."""
+
+    def __init__(self) -> None:
+        self.first = threading.Event()
+        self.again = threading.Event()
+
+    def note(self, _signum: int, _frame: object) -> None:
+        (self.again if self.first.is_set() else self.first).set()
+
+
+def _drain(dispatcher: Any, drain_s: float, signals: _Signals, announce: Callable[[str], None]) -> None:
+    """Take no new requests; give the accepted ones `drain_s`; then cancel the rest: waiting ones
+    are answered now, running ones stop at their next step (CANCEL_GRACE_S allowed for it)."""
+    dispatcher.close()
+    if not dispatcher.idle():
+        announce(f"stopping: the requests accepted have {drain_s:g} s to finish (a second Ctrl-C cancels them)")
+    deadline = time.monotonic() + drain_s
+    while not dispatcher.idle() and time.monotonic() < deadline and not signals.again.is_set():
+        time.sleep(0.05)
+    if dispatcher.idle():
+        return
+    dispatcher.cancel_all("shutdown")
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while not dispatcher.idle() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not dispatcher.idle():
+        announce(f"a request did not reach its next step within {CANCEL_GRACE_S:g} s of its cancellation; stopping without it")
