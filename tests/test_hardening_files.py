@@ -10,6 +10,7 @@ import struct
 import subprocess
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,60 @@ def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> No
     with pytest.raises(UserError) as refused:
         files.fresh_folder(tmp_path / "outputs", "bench-tiny")
     assert str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
+
+
+def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EACCES on the folder's mkdir (faked: root may write anywhere): one line naming the folder; the
+    claim taken just before gives its lock up."""
+    from accel.bench import _claim_folder
+
+    folder, mkdir = tmp_path / "report", Path.mkdir
+
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
+        if self == folder:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(UserError) as refused:
+        _claim_folder(folder)
+    assert str(refused.value) == f"cannot create the folder {folder} (permission denied); pass --out with a folder you may write"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 64 KiB and 2 inodes (its root's and one more), where this process may mount (root)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=2", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); "
+                    "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock covers the path")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_bench_folder_on_a_full_tmpfs_is_one_line_and_leaves_no_lock(tiny_tmpfs: Path) -> None:
+    """The lock takes the last inode, the folder finds none: ENOSPC from the kernel, not a traceback."""
+    from accel.bench import _claim_folder
+
+    folder = tiny_tmpfs / "report"
+    with pytest.raises(UserError) as refused:
+        _claim_folder(folder)
+    assert str(refused.value) == f"cannot create the folder {folder} (no space left on device); free space or pass --out"
+    assert os.listdir(tiny_tmpfs) == []
+
+
+def test_accel_bench_on_a_full_tmpfs_exits_2_in_one_line(tiny_tmpfs: Path, tmp_path: Path) -> None:
+    """Refused when rank 0 claims the folder, before the model loads."""
+    folder, recipe = tiny_tmpfs / "report", tmp_path / "bench.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n\n[bench]\nvariants = [{name = "plain"}]\n')
+    code, output = _cli("bench", str(recipe), "--gpus", "1", "--out", str(folder))
+    assert (code, output) == (2, f"error: cannot create the folder {folder} (no space left on device); free space or pass --out\n")
+    assert os.listdir(tiny_tmpfs) == []
 
 
 def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
