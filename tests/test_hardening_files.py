@@ -11,6 +11,7 @@ import subprocess
 import threading
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -192,19 +193,26 @@ def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, mo
     assert os.listdir(tmp_path) == []
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of 64 KiB and 2 inodes (its root's and one more), where this process may mount (root)."""
-    mount = tmp_path / "small"
+@contextmanager
+def _small_tmpfs(mount: Path, options: str, covered_by: str) -> Iterator[Path]:
+    """A tmpfs mounted at `mount` with `options`, where this process may mount (root in a private
+    mount namespace is not needed: root is); elsewhere the test is skipped, naming the test that
+    covers its path without a mount."""
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,nr_inodes=2", "tmpfs", str(mount)], capture_output=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); "
-                    "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock covers the path")
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); {covered_by} covers the path")
     try:
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """64 KiB and 2 inodes: its root's and one more."""
+    with _small_tmpfs(tmp_path / "small", "size=64k,nr_inodes=2", "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock") as mount:
+        yield mount
 
 
 def test_a_bench_folder_on_a_full_tmpfs_is_one_line_and_leaves_no_lock(tiny_tmpfs: Path) -> None:
@@ -228,22 +236,13 @@ def test_accel_bench_on_a_full_tmpfs_exits_2_in_one_line(tiny_tmpfs: Path, tmp_p
 
 
 def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where this process may mount (root in a private mount namespace is not needed: root is)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); "
-                    "test_enospc_saves_the_result_elsewhere_and_says_where covers the path")
     monkeypatch.setattr(files, "_closing", threading.Event())
-    try:
+    with _small_tmpfs(tmp_path / "small", "size=64k", "test_enospc_saves_the_result_elsewhere_and_says_where") as mount:
         with pytest.raises(UserError) as refused:
             write_file(mount / "a.bin", lambda path: path.write_bytes(b"x" * 200_000), replace=False, rescue=tmp_path)
         (rescued,) = tmp_path.glob("accel-rescued-*/a.bin")
         assert str(refused.value).endswith(f"(no space left on device); the result was saved to {rescued} instead")
         assert rescued.stat().st_size == 200_000 and os.listdir(mount) == []
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 # --- caps on what the CLI reads -------------------------------------------------------------
