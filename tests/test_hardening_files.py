@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import struct
 import subprocess
 import threading
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -107,6 +109,57 @@ def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
         f"--out {tmp_path / 'report'} is a symbolic link (to {tmp_path / 'elsewhere'}); bench never writes through a link, "
         "give a new or empty folder"
     )
+
+
+def _swapped_for_a_link(target: Path, write: files.Write) -> files.Write:
+    """`write`, after someone swapped the temporary it was given for a link to `target`: the race
+    between creating the temporary and opening it."""
+    def swap_then_write(temp: Path) -> None:
+        temp.unlink()
+        temp.symlink_to(target)
+        write(temp)
+    return swap_then_write
+
+
+@pytest.mark.parametrize("kind", ["image", "hdr-video"])
+def test_a_link_swapped_in_after_the_temporary_was_created_is_not_written_through(tmp_path: Path, kind: str) -> None:
+    """PIL and numpy write through the descriptor that created the temporary: the link's target is
+    untouched, and the swapped name is not published."""
+    from accel.media import output_writer
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    out = tmp_path / "a.png"
+    frames = np.zeros((1, 8, 8, 3) if kind == "hdr-video" else (8, 8, 3), dtype=np.float32)
+    with pytest.raises(UserError) as refused:
+        write_file(out, _swapped_for_a_link(target, output_writer(frames, kind, ".npy" if kind == "hdr-video" else ".png", 8)),
+                   replace=True)
+    assert re.fullmatch(rf"{re.escape(str(tmp_path))}/\.a\.png\.accel-\d+-\d+\.tmp\.png was replaced while accel wrote it "
+                        r"\(someone else writes this folder\); nothing was published: write to a folder only you can write",
+                        str(refused.value))
+    assert target.read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["precious.txt"]
+
+
+def test_the_wav_before_the_mux_is_written_through_its_descriptor(tmp_path: Path) -> None:
+    from accel.media import Audio, _write_wav
+
+    sound, target = tmp_path / "a.wav", tmp_path / "precious.txt"
+    target.write_text("keep me")
+    with files.created(sound):
+        sound.unlink()
+        sound.symlink_to(target)
+        _write_wav(Audio(np.zeros((1, 800), dtype=np.float32), 8000), sound)
+    assert target.read_text() == "keep me"
+
+
+def test_a_writer_given_a_name_accel_did_not_create_creates_it_exclusively(tmp_path: Path) -> None:
+    from accel.media import image_writer
+
+    image_writer(np.zeros((8, 8, 3)))(tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    with pytest.raises(UserError, match=r"b\.png is a symbolic link; remove it"):
+        image_writer(np.zeros((8, 8, 3)))(tmp_path / "b.png")
 
 
 # --- a full disk ----------------------------------------------------------------------------
