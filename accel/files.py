@@ -156,6 +156,16 @@ def open_created(path: Path) -> BinaryIO:
     return os.fdopen(_create(path) if fd is None else os.dup(fd), "wb")
 
 
+def by_descriptor(save: Callable[[BinaryIO], object]) -> Write:
+    """The `Write` of a saver that takes a file object (PIL's save, numpy's save, matplotlib's
+    print_png): it gets `open_created(path)`, never the name, so what it writes lands in the file
+    `write_file` created, whatever is at the name by then."""
+    def write(path: Path) -> None:
+        with open_created(path) as file:
+            save(file)
+    return write
+
+
 def _check_unswapped(path: Path) -> None:
     """Refuse to publish a name `created` holds that is no longer the file created: the writer
     wrote through the descriptor, so the link or file swapped in is untouched, but publishing the

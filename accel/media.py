@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.files import OVERWRITE_HINT, Write, created, open_created, write_file
+from accel.files import OVERWRITE_HINT, Write, by_descriptor, created, open_created, write_file
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,8 @@ def output_writer(output: np.ndarray, kind: str, suffix: str, fps: int, audio: A
 def array_writer(frames: np.ndarray) -> Write:
     """Writes `frames` as float32 .npy, losslessly (linear HDR frames for grading tools)."""
     data = np.ascontiguousarray(frames, dtype=np.float32)
-
-    def write(path: Path) -> None:
-        with open_created(path) as file:  # a file object: np.save would add .npy to the temporary name
-            np.save(file, data, allow_pickle=False)
-
-    return write
+    # a file object: np.save would add .npy to the temporary name
+    return by_descriptor(lambda file: np.save(file, data, allow_pickle=False))
 
 
 def image_writer(image: np.ndarray) -> Write:
@@ -86,8 +82,8 @@ def image_writer(image: np.ndarray) -> Write:
     pixels = to_uint8(image)
 
     def write(path: Path) -> None:
-        with open_created(path) as file:
-            Image.fromarray(pixels).save(file, format=Image.registered_extensions().get(path.suffix.lower()))
+        form = Image.registered_extensions().get(path.suffix.lower())  # a file object has no suffix to go by
+        by_descriptor(lambda file: Image.fromarray(pixels).save(file, format=form))(path)
 
     return write
 
