@@ -281,12 +281,13 @@ def run_bench(
 
 
 def _claim_folder(folder: Path) -> Any:
-    """Claim the bench folder (accel.files.claim) and create it; refuse one that is no longer empty."""
-    from accel.files import claim
+    """Claim the bench folder (accel.files.claim) and create it; refuse one that is no longer empty.
+    A folder that cannot be made (ENOSPC, EACCES) is one line, and the claim's lock goes with it."""
+    from accel.files import claim, make_folder
 
     held = claim(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folder(folder)
         if any(folder.iterdir()):
             raise UserError(f"--out {folder} is no longer empty (another run wrote into it); bench never overwrites, choose another")
     except BaseException:

@@ -697,6 +697,7 @@ def serve(
     drain: Annotated[float, Opt("--drain", help="Seconds the accepted requests may take to finish after SIGINT / SIGTERM; then those still queued get HTTP 503 and those running stop at their next step.")] = 60.0,
     request_timeout: Annotated[float | None, Opt("--request-timeout", metavar="SECONDS", help="Seconds one request may run; past them it stops at its next step and gets HTTP 504, and /health reports a replica still on it.", show_default="no limit")] = None,
     max_prompt: Annotated[int, Opt("--max-prompt", metavar="CHARS", help="Longest prompt (and negative_prompt) a request may send, in characters; longer ones get HTTP 400.")] = Limits.max_prompt,
+    max_prompt_tokens: Annotated[int, Opt("--max-prompt-tokens", metavar="TOKENS", help="Most tokens a prompt (and negative_prompt) may make in any of the pipeline's fast tokenizers, after the --max-prompt check; more get HTTP 400.")] = Limits.max_prompt_tokens,
     max_body: Annotated[int, Opt("--max-body", metavar="BYTES", help="Largest request body; larger ones get HTTP 413 before they are read.")] = Limits.max_body,
     max_work: Annotated[int, Opt("--max-work", metavar="MPX_STEPS", help="Most work one request may ask for: width × height × frames × steps × n, in megapixel-steps; more gets HTTP 400.")] = Limits.max_work,
     api_keys: Annotated[list[str] | None, Opt("--api-key", metavar="KEY", help="A key clients must send as 'Authorization: Bearer KEY' (every endpoint but /health); repeatable.", show_default="$ACCEL_API_KEY (comma-separated), else none")] = None,
@@ -738,7 +739,8 @@ def serve(
             raise UserError(f"--request-timeout must be a number of seconds > 0, got {request_timeout:g}")
         if not 0 < port < 65536:
             raise UserError(f"--port must be between 1 and 65535, got {port}")
-        for option, value in (("--max-prompt", max_prompt), ("--max-body", max_body), ("--max-work", max_work)):
+        for option, value in (("--max-prompt", max_prompt), ("--max-prompt-tokens", max_prompt_tokens), ("--max-body", max_body),
+                              ("--max-work", max_work)):
             if value < 1:
                 raise UserError(f"{option} must be >= 1, got {value}")
         from accel.recipe import PROMPT_CHARS_ENV, prompt_chars
@@ -786,8 +788,9 @@ def serve(
         from accel.serve.server import serve as run_server
 
         announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
-        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, Limits(max_prompt, max_body, max_work, request_timeout),
-                                          keys, tuple(trusted_hosts or ())), announce)
+        limits = Limits(max_prompt, max_body, max_work, max_prompt_tokens, request_timeout)
+        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, limits, keys, tuple(trusted_hosts or ())),
+                   announce)
     except UserError as error:
         _fail(str(error))
         return

@@ -10,7 +10,9 @@ without the check-then-create race.
 
 No name accel creates is followed where it is a symbolic link: the lock is opened with O_NOFOLLOW
 and a temporary is created with O_EXCL, so a link planted by anyone who can write the folder is
-refused in one line, and its target left untouched. A write that fails (ENOSPC, EIO, a read-only
+refused in one line, and its target left untouched. Writers that take a file object write through
+the descriptor that created the temporary (`open_created`), so a link swapped in after the
+creation is not written through either. A write that fails (ENOSPC, EIO, a read-only
 mount) after the long work is not lost silently: the result is written to the system's temporary
 folder instead and the one-line error says where.
 
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 from accel import interrupts
 from accel.errors import UserError
@@ -47,6 +50,7 @@ Write = Callable[[Path], None]
 _registry = threading.Lock()
 _temps: set[Path] = set()
 _claims: set[Claim] = set()
+_descriptors: dict[Path, int] = {}  # names `created` holds open, for `open_created`
 _serial = itertools.count()
 _closing = threading.Event()  # discard_temps ran: the process is going away, nothing to rescue
 
@@ -63,6 +67,7 @@ def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE
         with _temporary(path) as temp:
             write(temp)
             _sync(temp)
+            _check_unswapped(temp)
             interrupts.raise_if_pending()  # an interruption lost in a finalizer still stops the output
             if replace:
                 try:
@@ -86,6 +91,7 @@ def write_fresh(folder: Path, stem: str, suffix: str, write: Write, rescue: Path
         with _temporary(folder / f"{stem}{suffix}") as temp:
             write(temp)
             _sync(temp)
+            _check_unswapped(temp)
             for index in itertools.count():
                 path = folder / (f"{stem}{suffix}" if index == 0 else f"{stem}-{index}{suffix}")
                 if _publish(temp, path):
@@ -119,11 +125,66 @@ def _reason(error: OSError) -> str:
 
 
 def create_exclusive(path: Path) -> None:
-    """Create `path` empty, only if no name (a link included) is there: the writer then opens a file
-    that is ours. UserError naming what is in the way otherwise. Mode 0o666 less the umask, as the
-    writers' own open would give the published file."""
+    """Create `path` empty, only if no name (a link included) is there. UserError naming what is in
+    the way otherwise. To write it, prefer `created`: opening the name again leaves a moment in
+    which someone could put a link there."""
+    os.close(_create(path))
+
+
+@contextmanager
+def created(path: Path) -> Iterator[Path]:
+    """Create `path` as `create_exclusive` does and keep its descriptor open inside the block, so
+    that `open_created(path)` writes through the very file created, whatever is at the name by
+    then. The name itself is left for the caller to remove."""
+    fd = _create(path)
+    with _registry:
+        _descriptors[path] = fd
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666))
+        yield path
+    finally:
+        with _registry:
+            _descriptors.pop(path, None)
+        os.close(fd)
+
+
+def open_created(path: Path) -> BinaryIO:
+    """`path` open for writing (binary), through the descriptor `created` holds for it: a link or
+    another file swapped in at the name since is never written. A name `created` does not hold (a
+    rescue copy in its own new folder, a caller's own path) is created here, as exclusively."""
+    with _registry:
+        fd = _descriptors.get(path)
+    return os.fdopen(_create(path) if fd is None else os.dup(fd), "wb")
+
+
+def by_descriptor(save: Callable[[BinaryIO], object]) -> Write:
+    """The `Write` of a saver that takes a file object (PIL's save, numpy's save, matplotlib's
+    print_png): it gets `open_created(path)`, never the name, so what it writes lands in the file
+    `write_file` created, whatever is at the name by then."""
+    def write(path: Path) -> None:
+        with open_created(path) as file:
+            save(file)
+    return write
+
+
+def _check_unswapped(path: Path) -> None:
+    """Refuse to publish a name `created` holds that is no longer the file created: the writer
+    wrote through the descriptor, so the link or file swapped in is untouched, but publishing the
+    name would give the output's name to it."""
+    with _registry:
+        fd = _descriptors.get(path)
+    if fd is None:
+        return
+    ours, there = os.fstat(fd), os.lstat(path)
+    if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+        raise UserError(f"{path} was replaced while accel wrote it (someone else writes this folder); "
+                        "nothing was published: write to a folder only you can write")
+
+
+def _create(path: Path) -> int:
+    """A new file at `path`, opened for writing; never through a link. Mode 0o666 less the umask,
+    as a writer's own open would give the published file."""
+    try:
+        return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except FileExistsError:
         kind = "a symbolic link" if os.path.islink(path) else "a file accel did not create"
         raise UserError(f"{path} is {kind}; remove it (accel never writes through a name it did not create) and run again") from None
@@ -132,19 +193,34 @@ def create_exclusive(path: Path) -> None:
 def fresh_folder(parent: Path, stem: str) -> Path:
     """Create and return the first free of parent/stem, stem-1, …; mkdir is exclusive, so two runs
     started at once never share a folder."""
-    folder = parent
-    try:  # ENOSPC, a read-only mount: one line, before the work, so nothing is lost
-        parent.mkdir(parents=True, exist_ok=True)
-        for index in itertools.count():
-            folder = parent / (stem if index == 0 else f"{stem}-{index}")
-            try:
-                folder.mkdir()
-            except FileExistsError:
-                continue
-            return folder
-    except OSError as error:
-        raise UserError(f"cannot create the folder {folder} ({_reason(error)}); free space or pass --out") from None
+    make_folder(parent)
+    for index in itertools.count():
+        folder = parent / (stem if index == 0 else f"{stem}-{index}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise UserError(_folder_refusal(folder, error)) from None
+        return folder
     raise AssertionError("unreachable")
+
+
+def make_folder(folder: Path) -> Path:
+    """Create `folder` and its parents unless they are there. ENOSPC, EACCES, a read-only mount or a
+    file in the way is a UserError in one line naming the folder, before the work, so nothing is lost."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(_folder_refusal(folder, error)) from None
+    return folder
+
+
+def _folder_refusal(folder: Path, error: OSError) -> str:
+    """What to do depends on why: space can be freed, a permission is the folder's choice."""
+    denied = error.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    fix = "pass --out with a folder you may write" if denied else "free space or pass --out"
+    return f"cannot create the folder {folder} ({_reason(error)}); {fix}"
 
 
 class Claim:
@@ -280,19 +356,24 @@ def _temporary(path: Path) -> Iterator[Path]:
     choose the format from it); removed on the way out, whatever happens."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name[:120]}.accel-{os.getpid()}-{next(_serial)}.tmp{path.suffix}"
-    create_exclusive(temp)  # a link planted at the name is refused, never written through
-    with _registry:
-        _temps.add(temp)
-    try:
-        _list_in_job(temp)
-        yield temp
-    finally:
+    with created(temp):  # a link planted at the name is refused, never written through
         with _registry:
-            _temps.discard(temp)
+            _temps.add(temp)
         try:
-            temp.unlink(missing_ok=True)
-        except OSError:
-            pass
+            _list_in_job(temp)
+            yield temp
+        finally:
+            _forget(temp)
+
+
+def _forget(temp: Path) -> None:
+    """`temp` is done with: off the list `discard_temps` removes, and its name gone."""
+    with _registry:
+        _temps.discard(temp)
+    try:
+        temp.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _list_in_job(path: Path) -> None:
@@ -337,8 +418,11 @@ def _refuse_folder(path: Path) -> None:
 
 
 def _sync(path: Path) -> None:
-    """Data on disk before the rename, so a crash cannot publish a name whose bytes never landed."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    """Data on disk before the rename, so a crash cannot publish a name whose bytes never landed:
+    the file `created` holds for `path`, else the one at the name."""
+    with _registry:
+        held = _descriptors.get(path)
+    fd = os.dup(held) if held is not None else os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         os.fsync(fd)
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.files import OVERWRITE_HINT, Write, create_exclusive, write_file
+from accel.files import OVERWRITE_HINT, Write, by_descriptor, created, open_created, write_file
 
 
 @dataclass(frozen=True)
@@ -70,20 +70,22 @@ def output_writer(output: np.ndarray, kind: str, suffix: str, fps: int, audio: A
 def array_writer(frames: np.ndarray) -> Write:
     """Writes `frames` as float32 .npy, losslessly (linear HDR frames for grading tools)."""
     data = np.ascontiguousarray(frames, dtype=np.float32)
-
-    def write(path: Path) -> None:
-        with open(path, "wb") as file:  # a file object: np.save would add .npy to the temporary name
-            np.save(file, data, allow_pickle=False)
-
-    return write
+    # a file object: np.save would add .npy to the temporary name
+    return by_descriptor(lambda file: np.save(file, data, allow_pickle=False))
 
 
 def image_writer(image: np.ndarray) -> Write:
-    """Writes `image` (H, W, 3) in [0, 1] to the path it is given, format from its suffix."""
+    """Writes `image` (H, W, 3) in [0, 1] to the path it is given, format from its suffix, through
+    the descriptor that created it (accel.files.open_created): PIL takes a file object."""
     from PIL import Image
 
     pixels = to_uint8(image)
-    return lambda path: Image.fromarray(pixels).save(path)
+
+    def write(path: Path) -> None:
+        form = Image.registered_extensions().get(path.suffix.lower())  # a file object has no suffix to go by
+        by_descriptor(lambda file: Image.fromarray(pixels).save(file, format=form))(path)
+
+    return write
 
 
 def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> Write:
@@ -95,6 +97,9 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
         pixels = np.pad(pixels, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
 
     def write(path: Path) -> None:
+        """By name: ffmpeg opens its output itself (imageio-ffmpeg takes no file object, and an MP4
+        through a pipe would need a fragmented file). The name was created exclusively just before,
+        without following a link; someone who can write the folder could swap it in between."""
         import imageio_ffmpeg
 
         height, width = pixels.shape[1:3]
@@ -114,11 +119,10 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
 
     def write_with_audio(path: Path) -> None:
         silent, sound = path.with_name(path.name + ".video.mp4"), path.with_name(path.name + ".audio.wav")
-        try:
-            create_exclusive(silent)  # names next to the temporary, as predictable: never through a planted link
-            create_exclusive(sound)
-            write(silent)
-            _write_wav(audio, sound)
+        try:  # names next to the temporary, as predictable: never through a planted link
+            with created(silent), created(sound):
+                write(silent)
+                _write_wav(audio, sound)
             _ffmpeg("-i", str(silent), "-i", str(sound), "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac",
                     "-b:a", "192k", "-f", "mp4", str(path))
         finally:
@@ -129,10 +133,11 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
 
 
 def _write_wav(audio: Audio, path: Path) -> None:
-    """16-bit PCM WAV, the lossless hand-over to ffmpeg's AAC encoder."""
+    """16-bit PCM WAV, the lossless hand-over to ffmpeg's AAC encoder; through the descriptor that
+    created `path` (wave takes a file object)."""
     samples = np.atleast_2d(np.asarray(audio.samples, dtype=np.float32))
     pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    with wave.open(str(path), "wb") as out:
+    with open_created(path) as file, wave.open(file, "wb") as out:
         out.setnchannels(pcm.shape[0])
         out.setsampwidth(2)
         out.setframerate(int(audio.rate))

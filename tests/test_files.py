@@ -95,8 +95,8 @@ def test_a_kill_while_pil_writes_leaves_no_png(tmp_path: Path) -> None:
         def save(self, fp, *args, **kwargs):
             whole = io.BytesIO()
             original(self, whole, "PNG")
-            with open(fp, "wb") as f:
-                f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+            fp.write(whole.getvalue()[: len(whole.getvalue()) // 2])  # the file object accel opened
+            fp.flush()
             pause()
         Image.Image.save = save
         save_image(np.zeros((16, 16, 3)), folder / "a.png")

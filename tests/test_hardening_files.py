@@ -6,12 +6,16 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import struct
 import subprocess
 import threading
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -107,6 +111,57 @@ def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
     )
 
 
+def _swapped_for_a_link(target: Path, write: files.Write) -> files.Write:
+    """`write`, after someone swapped the temporary it was given for a link to `target`: the race
+    between creating the temporary and opening it."""
+    def swap_then_write(temp: Path) -> None:
+        temp.unlink()
+        temp.symlink_to(target)
+        write(temp)
+    return swap_then_write
+
+
+@pytest.mark.parametrize("kind", ["image", "hdr-video"])
+def test_a_link_swapped_in_after_the_temporary_was_created_is_not_written_through(tmp_path: Path, kind: str) -> None:
+    """PIL and numpy write through the descriptor that created the temporary: the link's target is
+    untouched, and the swapped name is not published."""
+    from accel.media import output_writer
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    out = tmp_path / "a.png"
+    frames = np.zeros((1, 8, 8, 3) if kind == "hdr-video" else (8, 8, 3), dtype=np.float32)
+    with pytest.raises(UserError) as refused:
+        write_file(out, _swapped_for_a_link(target, output_writer(frames, kind, ".npy" if kind == "hdr-video" else ".png", 8)),
+                   replace=True)
+    assert re.fullmatch(rf"{re.escape(str(tmp_path))}/\.a\.png\.accel-\d+-\d+\.tmp\.png was replaced while accel wrote it "
+                        r"\(someone else writes this folder\); nothing was published: write to a folder only you can write",
+                        str(refused.value))
+    assert target.read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["precious.txt"]
+
+
+def test_the_wav_before_the_mux_is_written_through_its_descriptor(tmp_path: Path) -> None:
+    from accel.media import Audio, _write_wav
+
+    sound, target = tmp_path / "a.wav", tmp_path / "precious.txt"
+    target.write_text("keep me")
+    with files.created(sound):
+        sound.unlink()
+        sound.symlink_to(target)
+        _write_wav(Audio(np.zeros((1, 800), dtype=np.float32), 8000), sound)
+    assert target.read_text() == "keep me"
+
+
+def test_a_writer_given_a_name_accel_did_not_create_creates_it_exclusively(tmp_path: Path) -> None:
+    from accel.media import image_writer
+
+    image_writer(np.zeros((8, 8, 3)))(tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes().startswith(b"\x89PNG")
+    (tmp_path / "b.png").symlink_to(tmp_path / "a.png")
+    with pytest.raises(UserError, match=r"b\.png is a symbolic link; remove it"):
+        image_writer(np.zeros((8, 8, 3)))(tmp_path / "b.png")
+
+
 # --- a full disk ----------------------------------------------------------------------------
 
 
@@ -172,23 +227,75 @@ def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> No
     assert str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
 
 
-def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where this process may mount (root in a private mount namespace is not needed: root is)."""
-    mount = tmp_path / "small"
+def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EACCES on the folder's mkdir (faked: root may write anywhere): one line naming the folder; the
+    claim taken just before gives its lock up."""
+    from accel.bench import _claim_folder
+
+    folder, mkdir = tmp_path / "report", Path.mkdir
+
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
+        if self == folder:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(UserError) as refused:
+        _claim_folder(folder)
+    assert str(refused.value) == f"cannot create the folder {folder} (permission denied); pass --out with a folder you may write"
+    assert os.listdir(tmp_path) == []
+
+
+@contextmanager
+def _small_tmpfs(mount: Path, options: str, covered_by: str) -> Iterator[Path]:
+    """A tmpfs mounted at `mount` with `options`, where this process may mount (root in a private
+    mount namespace is not needed: root is); elsewhere the test is skipped, naming the test that
+    covers its path without a mount."""
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); "
-                    "test_enospc_saves_the_result_elsewhere_and_says_where covers the path")
-    monkeypatch.setattr(files, "_closing", threading.Event())
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); {covered_by} covers the path")
     try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """64 KiB and 2 inodes: its root's and one more."""
+    with _small_tmpfs(tmp_path / "small", "size=64k,nr_inodes=2", "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock") as mount:
+        yield mount
+
+
+def test_a_bench_folder_on_a_full_tmpfs_is_one_line_and_leaves_no_lock(tiny_tmpfs: Path) -> None:
+    """The lock takes the last inode, the folder finds none: ENOSPC from the kernel, not a traceback."""
+    from accel.bench import _claim_folder
+
+    folder = tiny_tmpfs / "report"
+    with pytest.raises(UserError) as refused:
+        _claim_folder(folder)
+    assert str(refused.value) == f"cannot create the folder {folder} (no space left on device); free space or pass --out"
+    assert os.listdir(tiny_tmpfs) == []
+
+
+def test_accel_bench_on_a_full_tmpfs_exits_2_in_one_line(tiny_tmpfs: Path, tmp_path: Path) -> None:
+    """Refused when rank 0 claims the folder, before the model loads."""
+    folder, recipe = tiny_tmpfs / "report", tmp_path / "bench.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n\n[bench]\nvariants = [{name = "plain"}]\n')
+    code, output = _cli("bench", str(recipe), "--gpus", "1", "--out", str(folder))
+    assert (code, output) == (2, f"error: cannot create the folder {folder} (no space left on device); free space or pass --out\n")
+    assert os.listdir(tiny_tmpfs) == []
+
+
+def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(files, "_closing", threading.Event())
+    with _small_tmpfs(tmp_path / "small", "size=64k", "test_enospc_saves_the_result_elsewhere_and_says_where") as mount:
         with pytest.raises(UserError) as refused:
             write_file(mount / "a.bin", lambda path: path.write_bytes(b"x" * 200_000), replace=False, rescue=tmp_path)
         (rescued,) = tmp_path.glob("accel-rescued-*/a.bin")
         assert str(refused.value).endswith(f"(no space left on device); the result was saved to {rescued} instead")
         assert rescued.stat().st_size == 200_000 and os.listdir(mount) == []
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 # --- caps on what the CLI reads -------------------------------------------------------------

@@ -21,9 +21,9 @@ from accel.errors import UserError
 from accel.models.registry import FAMILIES
 from accel.serve.dispatch import Dispatcher
 from accel.serve.front import Metrics, build_app, retry_after
-from accel.serve.limits import Limits, positional_limits
+from accel.serve.limits import MAX_PROMPT_TOKENS, Limits, TokenCounter, positional_limits, token_counters
 from accel.serve.replica import Outcome
-from accel.serve.requests import Job, Served, VideoRequest, to_job
+from accel.serve.requests import BadRequest, ImageRequest, Job, Served, VideoRequest, to_job
 from accel.serve.security import Door, Guard, beyond_loopback, exposure_warning, host_name
 
 WAN_DEFAULTS = {"width": 64, "height": 64, "frames": 9, "steps": 4}  # tiny-wan's own call
@@ -61,12 +61,12 @@ class Front:
 
 
 def front(limits: Limits = Limits(), door: Door | None = None, replica: Replica | None = None, max_queue: int = 2,
-          family: Any = FAMILIES["wan"]) -> Iterator[Front]:
+          family: Any = FAMILIES["wan"], tokenizers: tuple[TokenCounter, ...] = ()) -> Iterator[Front]:
     replica = replica or Replica()
     dispatcher = Dispatcher([replica], max_queue)
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
-    served = Served("tiny-wan", family, "video", dict(WAN_DEFAULTS), limits, WAN_POSITIONS)
+    served = Served("tiny-wan", family, "video", dict(WAN_DEFAULTS), limits, WAN_POSITIONS, tokenizers)
     dispatcher.start()
     try:
         with TestClient(build_app(served, dispatcher, metrics, 1, door), base_url="http://127.0.0.1:8000",
@@ -108,6 +108,82 @@ def test_a_10_mb_body_is_413_and_a_10_mb_prompt_under_a_raised_body_limit_is_400
                                            "(accel serve --max-prompt); shorten it", key)
         assert other.video({"prompt": "y" * 10_000}).status_code == 200
         assert [job.generate["prompt"] for job in other.replica.jobs] == ["y" * 10_000]
+
+
+def flux_served(pipe: Any, limits: Limits) -> Served:
+    return Served("tiny-flux", FAMILIES["flux"], "image", {"width": 64, "height": 64, "steps": 2}, limits, {}, token_counters(pipe))
+
+
+def refusal(served: Served, **body: Any) -> tuple[str | None, str]:
+    with pytest.raises(BadRequest) as refused:
+        to_job(ImageRequest(**body), served, 1)
+    return refused.value.param, refused.value.message
+
+
+def test_the_served_pipeline_s_fast_tokenizers_count_a_prompt_s_tokens(tiny_flux: Any) -> None:
+    """tiny-flux's CLIP and T5 tokenizers are fast, with a token a letter (a space joins the letter
+    next to it): "a fox" is 4 tokens in each, special tokens not counted; an emoji is 4 of CLIP's
+    byte tokens and 2 of T5's (its leading space, then the emoji)."""
+    counters = token_counters(tiny_flux)
+    assert [counter.name for counter in counters] == ["tokenizer", "tokenizer_2"]
+    assert [counter.count("a fox") for counter in counters] == [4, 4]
+    assert [counter.count("\N{FOX FACE}") for counter in counters] == [4, 2]
+    assert token_counters(SimpleNamespace(components={"tokenizer": SimpleNamespace(is_fast=False), "vae": object()})) == ()
+
+
+@pytest.mark.parametrize("key", ["prompt", "negative_prompt"])
+def test_a_prompt_past_the_token_limit_is_refused_naming_the_field_count_limit_and_option(tiny_flux: Any, key: str) -> None:
+    served = flux_served(tiny_flux, Limits(max_prompt_tokens=10))
+    body = {"prompt": "a fox", key: "a fox in the snow"}  # 13 tokens
+    assert refusal(served, **body) == (key, f"{key}: 13 tokens, more than this server's limit of 10 "
+                                            "(accel serve --max-prompt-tokens); shorten it")
+    job = to_job(ImageRequest(prompt="a fox in the", negative_prompt="blurry sky"), served, 2)  # 9 and 9 tokens
+    assert (job.generate["prompt"], job.generate["negative_prompt"]) == ("a fox in the", "blurry sky")
+
+
+def test_the_token_refusal_is_400_in_the_openai_shape_and_the_server_goes_on(tiny_flux: Any) -> None:
+    for other in front(Limits(max_prompt_tokens=10), tokenizers=token_counters(tiny_flux)):
+        refused = other.video({"negative_prompt": "a fox in the snow"})
+        assert refused.status_code == 400
+        assert refused.json() == error("negative_prompt: 13 tokens, more than this server's limit of 10 "
+                                       "(accel serve --max-prompt-tokens); shorten it", "negative_prompt")
+        served_next(other)
+        assert [job.generate["prompt"] for job in other.replica.jobs] == ["a fox"]
+
+
+def test_the_count_is_the_largest_of_the_tokenizers(tiny_flux: Any) -> None:
+    """Three emoji: 12 byte tokens in CLIP, 2 in T5; the refusal names the larger count."""
+    served = flux_served(tiny_flux, Limits(max_prompt_tokens=11))
+    assert refusal(served, prompt="\N{FOX FACE}" * 3) == ("prompt", "prompt: 12 tokens, more than this server's limit of 11 "
+                                                                   "(accel serve --max-prompt-tokens); shorten it")
+
+
+def test_the_character_limit_is_checked_before_any_tokenizer_sees_the_text(tiny_flux: Any) -> None:
+    seen: list[int] = []
+
+    class Spy(TokenCounter):
+        def __init__(self) -> None:
+            self.name = "spy"
+
+        def count(self, text: str) -> int:
+            seen.append(len(text))
+            return 0
+
+    served = Served("tiny-flux", FAMILIES["flux"], "image", {}, Limits(max_prompt=20), {}, (Spy(),))
+    assert refusal(served, prompt="a fox", negative_prompt="x" * 21) == (
+        "negative_prompt", "negative_prompt: 21 characters, more than this server's limit of 20 (accel serve --max-prompt); shorten it")
+    assert seen == [5]  # the prompt was counted, never the over-long negative prompt
+
+
+def test_the_default_token_limit_takes_every_ascii_prompt_the_character_cap_takes(tiny_flux: Any) -> None:
+    """A prompt of one letter repeated is one token a character in tiny-flux's tokenizers, ASCII's
+    worst: the longest under the default --max-prompt passes, and the default token limit is the
+    20,000 characters every run takes."""
+    assert MAX_PROMPT_TOKENS == 20_000 == Limits().max_prompt_tokens
+    served = flux_served(tiny_flux, Limits())
+    text = "x" * Limits().max_prompt
+    assert [counter.count(text) for counter in served.tokenizers] == [10_000, 10_000]
+    assert to_job(ImageRequest(prompt=text, negative_prompt=text), served, 1).generate["prompt"] == text
 
 
 def test_a_streamed_body_is_cut_at_the_limit_without_reading_the_rest() -> None:
@@ -277,6 +353,8 @@ def test_api_keys_come_from_the_option_else_the_environment(monkeypatch: pytest.
     (["--max-prompt", "0"], "--max-prompt must be >= 1, got 0"),
     (["--max-body", "-5"], "--max-body must be >= 1, got -5"),
     (["--max-work", "0"], "--max-work must be >= 1, got 0"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1, got 0"),
+    (["--max-prompt-tokens", "-3"], "--max-prompt-tokens must be >= 1, got -3"),
     (["--api-key", "two words"], "--api-key / ACCEL_API_KEY: a key is printable characters without spaces"),
     (["--max-prompt", "20001"], "--max-prompt 20001 is above the 20,000 characters every accel run takes; "
                                 "set ACCEL_MAX_PROMPT_CHARS to raise both"),

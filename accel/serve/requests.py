@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from accel.serve.limits import Limits, position_problem, prompt_problem, work_problem
+from accel.serve.limits import Limits, TokenCounter, position_problem, prompt_problem, token_problem, work_problem
 
 # Most images one request may ask for: a request holds its replica for all of them.
 MAX_IMAGES = 4
@@ -77,6 +77,7 @@ class Served:
     defaults: dict[str, Any] = field(default_factory=dict)  # the pipeline call's width, height, frames, steps
     limits: Limits = field(default_factory=Limits)
     positions: dict[str, int] = field(default_factory=dict)  # the largest width, height, frames the transformer takes
+    tokenizers: tuple[TokenCounter, ...] = ()  # the pipeline's fast tokenizers (limits.token_counters); none: no token limit
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
@@ -89,8 +90,9 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
     if request.response_format != "b64_json":
         raise BadRequest("response_format", f'response_format: only "b64_json" is served, not {request.response_format!r} '
                                             "(a url would need file hosting)")
-    for key in ("prompt", "negative_prompt"):  # before anything reaches a tokenizer
-        if (problem := prompt_problem(key, getattr(request, key), served.limits)) is not None:
+    for key in ("prompt", "negative_prompt"):  # characters before anything reaches a tokenizer, then tokens
+        text = getattr(request, key)
+        if (problem := prompt_problem(key, text, served.limits) or token_problem(key, text, served.tokenizers, served.limits)):
             raise BadRequest(key, problem)
     generate: dict[str, Any] = {"prompt": request.prompt}
     if request.size is not None:

@@ -102,13 +102,13 @@ def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limit
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
     from accel.runner import generation_kwargs
-    from accel.serve.limits import positional_limits
+    from accel.serve.limits import positional_limits, token_counters
 
     call = generation_kwargs(family, tiny, recipe, pipe)
     defaults = {"width": call.get("width"), "height": call.get("height"), "steps": call.get("num_inference_steps"),
                 "frames": call.get(family.frames_arg) if family.frames_arg else None}
     return Served(recipe.model.name, family, kind, {key: value for key, value in defaults.items() if value is not None},
-                  limits, positional_limits(pipe))
+                  limits, positional_limits(pipe), token_counters(pipe))
 
 
 def _join(device_type: str, recipe: Recipe, world: int) -> int:
