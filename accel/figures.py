@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from accel.files import OVERWRITE_HINT, write_file
+from accel.files import OVERWRITE_HINT, by_descriptor, write_file
 from accel.media import to_uint8
 
 TILE = 256  # longer side of every frame in the grid
@@ -101,7 +101,7 @@ def comparison_grid(tiles: Sequence[Tile]) -> Image.Image:
 def save_grid(tiles: Sequence[Tile], path: Path, *, replace: bool = False, hint: str = OVERWRITE_HINT) -> None:
     """The grid as a PNG, written whole (accel.files); an existing `path` is refused unless `replace`."""
     grid = comparison_grid(tiles)
-    write_file(path, lambda temp: grid.save(temp, format="PNG"), replace=replace, hint=hint)
+    write_file(path, by_descriptor(lambda file: grid.save(file, format="PNG")), replace=replace, hint=hint)
 
 
 FASTER, SLOWER, WHISKER = "tab:blue", "tab:orange", "0.15"  # bar colours and the min–max whiskers
@@ -117,7 +117,7 @@ def speedup_chart(
 
     canvas = FigureCanvasAgg(speedup_figure(names, speedups, title, spreads))  # no pyplot: no global figure state
     # print_png, not savefig: rc settings such as savefig.bbox = tight would change the size
-    write_file(path, canvas.print_png, replace=replace, hint=hint)
+    write_file(path, by_descriptor(canvas.print_png), replace=replace, hint=hint)
 
 
 def speedup_figure(

@@ -17,7 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from accel.files import OVERWRITE_HINT, write_file
+from accel.files import OVERWRITE_HINT, by_descriptor, write_file
 from accel.models.base import Family
 from accel.models.vaes import vae_plan
 
@@ -230,7 +230,7 @@ def write_json(document: dict[str, Any], path: Path, *, replace: bool = False, h
     """JSON with inf/nan written as strings so every reader can parse it. Written whole
     (accel.files); an existing file is refused (UserError) unless `replace`."""
     text = json.dumps(_finite(document), indent=2) + "\n"
-    return write_file(path, lambda temp: temp.write_text(text), replace=replace, hint=hint)
+    return write_file(path, by_descriptor(lambda file: file.write(text.encode())), replace=replace, hint=hint)
 
 
 def _finite(value: Any) -> Any:
@@ -493,9 +493,9 @@ def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None
     )
     result.files = {name: str(path) for name, path in files.items()}
     markdown = bench_markdown(result)
-    write_file(files["markdown"], lambda temp: temp.write_text(markdown), replace=False, hint=hint)
+    write_file(files["markdown"], by_descriptor(lambda file: file.write(markdown.encode())), replace=False, hint=hint)
     write_json(result.as_dict(), files["json"], hint=hint)
     if json_copy is not None:
         write_json(result.as_dict(), json_copy, hint=hint)
     if markdown_copy is not None:
-        write_file(markdown_copy, lambda temp: temp.write_text(markdown), replace=False, hint=hint)
+        write_file(markdown_copy, by_descriptor(lambda file: file.write(markdown.encode())), replace=False, hint=hint)

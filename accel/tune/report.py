@@ -58,7 +58,7 @@ def write_plot(result: TuneResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from accel.files import write_file
+    from accel.files import by_descriptor, write_file
 
     finite = [t.psnr_db for t in result.trials if math.isfinite(t.psnr_db)]
     edge = (max(finite) if finite else 60.0) + 5.0
@@ -81,11 +81,8 @@ def write_plot(result: TuneResult, path: Path) -> None:
     axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
 
-    def save(temp: Path) -> None:
-        figure.savefig(temp, format="png", dpi=110)
-
     try:
-        write_file(path, save, replace=False, hint="accel tune never overwrites; pass another --plot")
+        write_file(path, by_descriptor(lambda file: figure.savefig(file, format="png", dpi=110)), replace=False, hint="accel tune never overwrites; pass another --plot")
     finally:
         plt.close(figure)
 
