@@ -34,6 +34,16 @@ WAN = dict(prompt="a red fox", negative_prompt="blurry", height=32, width=32, nu
 NEVER_REUSES = {"cache": {"threshold": 1e-12}}  # the cache in place; no change is that small
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """One intra-op thread for this file's tiny models: their ops are too small to share out, and two
+    threads on a busy 2-core machine spin against each other (a call 20 times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def refusal(action: Any) -> str:
     with pytest.raises(UserError) as caught:
         action()
