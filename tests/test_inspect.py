@@ -152,3 +152,11 @@ def test_models_marks_every_family_tested_and_points_to_inspect(columns: str) ->
         assert [line.split(None, 1)[1].split(" · ")[0] for line in heads] == ["tested"] * len(FAMILIES)
     assert " ".join(" ".join(lines).split()).endswith(INSPECT_HINT)
     assert INSPECT_HINT == "tested: a family accel was taught and tests; for any other pipeline, accel inspect MODEL says what accel finds"
+
+
+def test_a_family_without_a_flagship_config_gives_its_classes_and_heads() -> None:
+    family = FAMILIES["flux2-klein"]
+    found = json.loads(invoke("inspect", "flux2-klein", "--json").stdout)
+    [transformer] = found["transformers"]
+    assert (found["pipeline"], transformer["class"], transformer["heads"]) == (family.pipeline_class, family.transformer_class, family.heads)
+    assert [(b["attr"], b["count"], b["class"]) for b in transformer["blocks"]] == [(b.attr, None, None) for b in family.blocks]

@@ -128,7 +128,7 @@ def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | N
     """A transformer known by class and config: built on meta (no memory) to count its blocks."""
     plan = next((v.parallel for v in family.variants if v.transformer_class == cls), family.parallel)
     if config is None:
-        return Transformer(attr, cls, None, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan)
+        return Transformer(attr, cls, family.heads, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan)
     from accel.memory.estimate import build
     from accel.models.flagships import Component
 
