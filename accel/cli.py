@@ -888,6 +888,28 @@ def models() -> None:
 
 
 @app.command(cls=_Command)
+def inspect(
+    model: Annotated[str, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local pipeline folder.", show_default=False)],
+    json_out: Annotated[bool, Opt("--json", help="Print JSON instead of tables.", **FLAG)] = False,
+) -> None:
+    """What accel finds in a model: pipeline, transformers, block lists, streams, CP plan and the accelerators that apply."""
+    import json
+
+    from accel.inspect_view import inspect_view
+    from accel.models.inspect import as_json, inspect_model
+
+    try:
+        found = as_json(inspect_model(model))
+    except UserError as error:
+        _fail(str(error))
+        return
+    if json_out:
+        print(json.dumps(found, indent=2))
+    else:
+        console.print(inspect_view(found))
+
+
+@app.command(cls=_Command)
 def env(json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False) -> None:
     """Versions, devices and attention kernels available here."""
     from accel import report

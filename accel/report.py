@@ -258,18 +258,23 @@ def family_features(family: Family) -> list[str]:
     return features
 
 
+# Under `accel models`: where to look for a pipeline the registry does not list.
+INSPECT_HINT = "tested: a family accel was taught and tests; for any other pipeline, accel inspect MODEL says what accel finds"
+
+
 def models_table(families: list[Family]) -> Fit:
     """One row a family where the terminal is wide enough for whole names, else a block a family."""
     return Fit(lambda _width: _models_wide(families), lambda width: _models_blocks(families, width))
 
 
 def _models_wide(families: list[Family]) -> Table:
-    table = Table(title="accel models", header_style="bold")
-    for column in ("alias", "tiny", "pipeline", "default repo", "kind", "accelerators"):
+    table = Table(title="accel models", header_style="bold", caption=INSPECT_HINT)
+    for column in ("alias", "tested", "tiny", "pipeline", "default repo", "kind", "accelerators"):
         table.add_column(column, no_wrap=True)
     for family in families:
         table.add_row(
             family.name,
+            "tested",
             family.tiny_alias or "—",
             "\n".join(family.pipeline_classes),
             family.repo,
@@ -288,12 +293,13 @@ def _models_blocks(families: list[Family], width: int) -> Table:
     pipelines and its accelerators, each list broken only between names."""
     table = Table.grid(padding=(0, 1, 1, 0))
     table.title = "accel models"
+    table.caption = INSPECT_HINT
     alias_width = max(len(family.name) for family in families)
     table.add_column("alias", style="bold", no_wrap=True, width=alias_width)
     rest = max(20, width - alias_width - 1)
     table.add_column("what", no_wrap=True)
     for family in families:
-        head = _packed([f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · ")
+        head = _packed(["tested", f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · ")
         lines = [head, _packed(family.pipeline_classes, rest, ", "), _packed(family_features(family), rest, " · ")]
         table.add_row(family.name, Text("\n".join(lines)))
     return table

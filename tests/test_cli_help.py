@@ -18,7 +18,7 @@ from accel.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["run", "bench", "tune", "serve", "launch", "plan", "models", "env"]
+COMMANDS = ["run", "bench", "tune", "serve", "launch", "plan", "models", "inspect", "env"]
 
 
 def _help(*args: str) -> str:
@@ -113,7 +113,7 @@ def test_models_help_and_refusals_do_not_import_torch() -> None:
         "import sys\n"
         "from accel.cli import main\n"
         "for args in (['models'], ['run', '--help'], ['bench', '--help'], ['run', 'tiny-flux', '--cache', '-2'], ['run', 'tiny-flx'],\n"
-        "             ['run', 'tiny-flux', '-o', 'x.mp4']):\n"
+        "             ['run', 'tiny-flux', '-o', 'x.mp4'], ['inspect', 'tiny-fluxx']):\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit:\n"
@@ -125,6 +125,7 @@ def test_models_help_and_refusals_do_not_import_torch() -> None:
     assert "tiny-flux" in result.stdout
     assert "error: unknown model 'tiny-flx' (did you mean 'tiny-flux'?)" in result.stderr
     assert "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png" in result.stderr
+    assert "error: unknown model 'tiny-fluxx' (did you mean 'tiny-flux'?)" in result.stderr
     assert result.stdout.splitlines()[-1] == "[]"
 
 

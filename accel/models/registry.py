@@ -72,8 +72,10 @@ def family_of(pipe: Any) -> Family:
     if matching:
         return next((family for family in matching if _lists_pipeline(family, type(pipe))), matching[0])
     found = getattr(getattr(pipe, "transformer", None), "__class__", type(None)).__name__
+    raise ModelError(unsupported_message(type(pipe).__name__, found))
+
+
+def unsupported_message(pipeline_class: str, transformer_class: str) -> str:
+    """The one line for a pipeline no family knows (a loaded one, or one named by its class names)."""
     supported = ", ".join(dict.fromkeys(name for f in FAMILIES.values() for name in f.transformer_classes))
-    raise ModelError(
-        f"accel does not support {type(pipe).__name__} (transformer {found}); "
-        f"supported transformers: {supported}"
-    )
+    return f"accel does not support {pipeline_class} (transformer {transformer_class}); supported transformers: {supported}"

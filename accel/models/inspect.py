@@ -1,0 +1,262 @@
+"""What accel finds in a model (`accel inspect MODEL`): its pipeline, transformers, blocks, streams,
+where its context-parallel plan comes from and which accelerators apply.
+
+A tiny alias is built (a second); anything else is read without weights: a folder's or a hub id's
+model_index.json and transformer configs, else a registry family's flagship configs (accel plan's),
+the transformers built on the meta device to count their blocks. Only known families today; the
+generic path (issue 34) will describe other pipelines here too.
+
+The JSON (`as_json`), a stable shape:
+
+    {"model": str, "source": "tiny" | "registry" | "folder" | "hub", "pipeline": str,
+     "family": {"name": str, "title": str, "tested": bool},
+     "transformers": [{"attr": str, "class": str, "heads": int | null,
+                       "blocks": [{"attr": str, "count": int | null, "class": str | null, "returns": [str]}]}],
+     "streams": [str], "primary_stream": str,
+     "parallel": {"plan": "accel family plan" | "diffusers _cp_plan" | null, "heads": int | null,
+                  "cfg_style": "batch" | "calls" | null,
+                  "modes": {"ulysses": bool, "ring": bool, "cfg": bool, "tp": bool},
+                  "refused": {mode: why}},
+     "accelerators": {"cache": [str], "quant": [str], "compile": "regional" | null, "vae_tiling": bool,
+                      "vae": {"class": str | null, "parallel": bool, "method": str | null},
+                      "text_encoders": [str], "placement": {"text_encoder": [str], "vae": [str]}}}
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accel.errors import ModelError
+from accel.models.base import BlockList, Family, FromDiffusers, ParallelPlan
+from accel.models.folder_check import read_index, read_json
+from accel.models.refs import ModelRef, resolve_model
+from accel.models.registry import lookup, unsupported_message
+from accel.models.vaes import vae_plan
+
+PLAN_SOURCES = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan"}
+CACHE_METHODS = ("fbcache", "dbcache", "taylorseer", "magcache")
+
+
+@dataclass(frozen=True)
+class Blocks:
+    attr: str
+    count: int | None
+    cls: str | None
+    returns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Transformer:
+    attr: str
+    cls: str
+    heads: int | None
+    blocks: tuple[Blocks, ...]
+    plan: ParallelPlan | FromDiffusers | None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What accel found in a model, before any accelerator is applied."""
+
+    model: str
+    source: str
+    pipeline: str
+    family: Family
+    transformers: tuple[Transformer, ...]
+    vae: str | None
+    text_encoders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """A pipeline as named by its index: class names and configs, no weights."""
+
+    pipeline: str
+    transformers: tuple[tuple[str, str, dict[str, Any] | None], ...]  # (attr, class, config)
+    vae: str | None
+    text_encoders: tuple[str, ...]
+
+
+def inspect_model(name: str) -> Found:
+    """What accel finds in `name` (a registry alias, hub id or folder); a ModelError for bad input."""
+    ref = resolve_model(name)
+    if ref.tiny and ref.family is not None:
+        return _of_pipeline(name, ref.family, ref.family.tiny())  # type: ignore[misc]
+    classes = _classes(ref)
+    family = ref.family or _family_of(classes)
+    transformers = tuple(_transformer(family, attr, cls, config) for attr, cls, config in classes.transformers)
+    source = "folder" if Path(ref.source).is_dir() else ("registry" if lookup(name) is not None else "hub")
+    return Found(name, source, classes.pipeline, family, transformers, classes.vae, classes.text_encoders)
+
+
+def _family_of(classes: _Classes) -> Family:
+    from accel.models.registry import family_of_classes
+
+    transformer = classes.transformers[0][1] if classes.transformers else "none"
+    family = family_of_classes(transformer, classes.pipeline)
+    if family is None:
+        raise ModelError(unsupported_message(classes.pipeline, transformer))
+    return family
+
+
+def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
+    """A built pipeline's classes and modules (the tiny variants)."""
+    transformers = []
+    for attr in family.transformer_attrs:
+        model = getattr(pipe, attr, None)
+        if model is None:
+            continue
+        blocks = tuple(_blocks_of(model, block) for block in family.blocks)
+        transformers.append(Transformer(attr, type(model).__name__, family.heads_in(model.config), blocks, family.plan_for(model)))
+    vae = getattr(pipe, "vae", None)
+    encoders = tuple(sorted(key for key in pipe.components if key.startswith("text_encoder") and pipe.components[key] is not None))
+    return Found(name, "tiny", type(pipe).__name__, family, tuple(transformers), type(vae).__name__ if vae is not None else None, encoders)
+
+
+def _blocks_of(model: Any, block: BlockList) -> Blocks:
+    modules = getattr(model, block.attr, None)
+    if modules is None:
+        return Blocks(block.attr, None, None, block.returns)
+    return Blocks(block.attr, len(modules), type(modules[0]).__name__ if len(modules) else None, block.returns)
+
+
+def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | None) -> Transformer:
+    """A transformer known by class and config: built on meta (no memory) to count its blocks."""
+    plan = next((v.parallel for v in family.variants if v.transformer_class == cls), family.parallel)
+    if config is None:
+        return Transformer(attr, cls, family.heads, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan)
+    from accel.memory.estimate import build
+    from accel.models.flagships import Component
+
+    model = build(Component(attr, "diffusers", cls, config))
+    return Transformer(attr, cls, family.heads_in(model.config), tuple(_blocks_of(model, block) for block in family.blocks), plan)
+
+
+def _classes(ref: ModelRef) -> _Classes:
+    folder = Path(ref.source)
+    if folder.is_dir():
+        index = read_index(folder)
+        return _from_index(index, lambda attr: _folder_config(folder, attr))
+    from accel.models.flagships import FLAGSHIPS, flagship_of_repo
+    from accel.models.refs import _cached_json
+
+    if ref.family is None or ref.source != ref.family.repo:
+        index = _cached_json(ref.source, "model_index.json")
+        if index is not None:
+            return _from_index(index, lambda attr: _cached_json(ref.source, f"{attr}/config.json"))
+    key = ref.family.name if ref.family is not None and ref.source == ref.family.repo else flagship_of_repo(ref.source)
+    if key is not None and key in FLAGSHIPS:
+        flagship = FLAGSHIPS[key]
+        from accel.models.registry import FAMILIES
+
+        vae = next((c.cls for c in flagship.of_kind("vae")), None)
+        transformers = tuple((c.attr, c.cls, dict(c.config)) for c in flagship.of_kind("transformer"))
+        return _Classes(FAMILIES[key].pipeline_class, transformers, vae, tuple(c.attr for c in flagship.of_kind("text_encoder")))
+    if ref.family is not None:  # a family without a flagship config: its class names alone
+        family = ref.family
+        return _Classes(family.pipeline_class, ((family.transformer_attrs[0], family.transformer_class, None),), family.vae, ())
+    return _from_index(_hub_json(ref.source, "model_index.json"), lambda attr: _hub_json(ref.source, f"{attr}/config.json"))
+
+
+def _folder_config(folder: Path, attr: str) -> dict[str, Any] | None:
+    path = folder / attr / "config.json"
+    return read_json(path) if path.is_file() else None
+
+
+def _hub_json(repo: str, filename: str) -> dict[str, Any]:
+    """A small JSON file of a hub repo (no weights), downloaded; a ModelError in one line when it cannot be."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(repo, filename)
+    except Exception as error:  # noqa: BLE001 - offline, gated, missing: one line says which
+        raise ModelError(f"cannot read {repo}'s {filename} ({type(error).__name__}); download the pipeline and pass its folder") from None
+    return read_json(Path(path))
+
+
+def _from_index(index: dict[str, Any], config_of: Callable[[str], dict[str, Any] | None]) -> _Classes:
+    def named(key: str) -> str | None:
+        entry = index.get(key)
+        return str(entry[-1]) if isinstance(entry, list) and len(entry) == 2 and entry[-1] else None
+
+    keys = sorted(key for key in index if not key.startswith("_"))
+    transformers = tuple((key, cls, config_of(key)) for key in keys if key.startswith("transformer") and (cls := named(key)))
+    encoders = tuple(key for key in keys if key.startswith("text_encoder") and named(key))
+    return _Classes(str(index.get("_class_name")), transformers, named("vae"), encoders)
+
+
+def _streams(plan: ParallelPlan | FromDiffusers | None) -> tuple[str, ...]:
+    if isinstance(plan, ParallelPlan):
+        cut = [stream for split in plan.splits for stream in split.streams]
+    elif isinstance(plan, FromDiffusers):
+        cut = [stream for _key, stream in plan.streams] + [s for split in plan.extra_splits for s in split.streams]
+    else:
+        return ()
+    return tuple(dict.fromkeys((*cut, *plan.attention_keys, plan.output_stream)))
+
+
+def _choices(section: type, key: str) -> list[str]:
+    return [str(value) for value in typing.get_args(typing.get_type_hints(section)[key])]
+
+
+def as_json(found: Found) -> dict[str, Any]:
+    """`found` in the shape the module docstring documents."""
+    from accel.recipe import MemorySection, QuantSection
+
+    family = found.family
+    plan = found.transformers[0].plan if found.transformers else family.parallel
+    variant = next((v for v in family.variants if v.pipeline_class == found.pipeline), None)
+    refused: dict[str, str] = {}
+    if plan is None:
+        refused["ulysses"] = refused["ring"] = f"{family.title} has no context-parallel plan"
+    elif variant is not None and variant.not_split:
+        refused["ulysses"] = refused["ring"] = variant.not_split
+    if family.cfg is None:
+        refused["cfg"] = f"{family.title} pipelines have no classifier-free guidance"
+    if family.tensor is None:
+        refused["tp"] = f"{family.title} has no tensor-parallel plan"
+    heads = next((t.heads for t in found.transformers if t.heads is not None), None)
+    blocks = any(t.blocks for t in found.transformers)
+    split = vae_plan(found.vae) if found.vae else None
+    return {
+        "model": found.model,
+        "source": found.source,
+        "pipeline": found.pipeline,
+        "family": {"name": family.name, "title": family.title, "tested": True},
+        "transformers": [
+            {"attr": t.attr, "class": t.cls, "heads": t.heads,
+             "blocks": [{"attr": b.attr, "count": b.count, "class": b.cls, "returns": list(b.returns)} for b in t.blocks]}
+            for t in found.transformers
+        ],
+        "streams": list(_streams(plan)),
+        "primary_stream": family.primary_stream,
+        "parallel": {
+            "plan": PLAN_SOURCES[type(plan)] if plan is not None else None,
+            "heads": heads,
+            "cfg_style": family.cfg,
+            "modes": {mode: mode not in refused for mode in ("ulysses", "ring", "cfg", "tp")},
+            "refused": refused,
+        },
+        "accelerators": {
+            "cache": list(CACHE_METHODS) if blocks else [],
+            "quant": [kind for kind in _choices(QuantSection, "type") if kind != "none"] if blocks else [],
+            "compile": "regional" if blocks else None,
+            "vae_tiling": _tiles(found.vae),
+            "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
+            "text_encoders": list(found.text_encoders),
+            "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
+        },
+    }
+
+
+def _tiles(vae: str | None) -> bool:
+    """Whether the VAE class decodes in tiles (diffusers' enable_tiling)."""
+    if vae is None:
+        return False
+    import diffusers
+
+    return callable(getattr(getattr(diffusers, vae, None), "enable_tiling", None))

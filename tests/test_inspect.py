@@ -1,0 +1,162 @@
+"""`accel inspect MODEL`: what accel finds, as tables and as JSON, and its three refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from accel.cli import app
+from accel.models.base import FromDiffusers, ParallelPlan
+from accel.models.registry import FAMILIES, known_names
+from accel.models.vaes import vae_plan
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> Any:
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"}, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_the_tables_name_the_tiny_pipelines_real_classes_and_blocks(name: str) -> None:
+    family = FAMILIES[name]
+    pipe = family.tiny()  # type: ignore[misc]
+    result = invoke("inspect", f"tiny-{name}")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"accel inspect tiny-{name}" in out
+    assert type(pipe).__name__ in out and type(pipe.transformer).__name__ in out
+    assert f"{family.title} ({name}), tested family" in out
+    assert type(pipe.vae).__name__ in out
+    for block in family.blocks:
+        modules = getattr(pipe.transformer, block.attr)
+        row = next(line for line in out.splitlines() if f" {block.attr} " in line)
+        cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+        assert cells == ["transformer", block.attr, str(len(modules)), type(modules[0]).__name__, ", ".join(block.returns)]
+    assert ("diffusers _cp_plan" if isinstance(family.parallel, FromDiffusers) else "accel family plan") in out
+    assert "fbcache, dbcache, taylorseer, magcache" in out
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
+def test_the_json_counts_are_the_tiny_pipelines_modules(name: str) -> None:
+    family = FAMILIES[name]
+    transformer = family.tiny().transformer  # type: ignore[misc]
+    found = json.loads(invoke("inspect", f"tiny-{name}", "--json").stdout)
+    assert [(b["attr"], b["count"], b["class"]) for b in found["transformers"][0]["blocks"]] == [
+        (b.attr, len(getattr(transformer, b.attr)), type(getattr(transformer, b.attr)[0]).__name__) for b in family.blocks]
+
+
+def _streams(plan: ParallelPlan | FromDiffusers | None) -> list[str]:
+    if plan is None:
+        return []
+    if isinstance(plan, ParallelPlan):
+        cut = [s for split in plan.splits for s in split.streams]
+    else:
+        cut = [stream for _key, stream in plan.streams] + [s for split in plan.extra_splits for s in split.streams]
+    return list(dict.fromkeys([*cut, *plan.attention_keys, plan.output_stream]))
+
+
+@pytest.mark.parametrize("alias", [name for name in known_names() if name.startswith("tiny-")])
+def test_the_json_of_every_tiny_alias_is_the_familys_data(alias: str) -> None:
+    result = invoke("inspect", alias, "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)  # stdout holds the JSON alone
+    family = FAMILIES[alias.removeprefix("tiny-")]
+    assert set(found) == {"model", "source", "pipeline", "family", "transformers", "streams", "primary_stream", "parallel", "accelerators"}
+    assert (found["model"], found["source"]) == (alias, "tiny")
+    assert found["pipeline"] in family.pipeline_classes
+    assert found["family"] == {"name": family.name, "title": family.title, "tested": True}
+    [transformer] = found["transformers"]
+    assert transformer["attr"] == "transformer" and transformer["class"] in family.transformer_classes
+    assert transformer["heads"] == family.tiny_heads
+    assert [(b["attr"], tuple(b["returns"])) for b in transformer["blocks"]] == [(b.attr, b.returns) for b in family.blocks]
+    assert all(isinstance(b["count"], int) and b["count"] > 0 and b["class"] for b in transformer["blocks"])
+    assert found["streams"] == _streams(family.parallel)
+    assert found["primary_stream"] == family.primary_stream
+    parallel = found["parallel"]
+    source = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan"}[type(family.parallel)]  # type: ignore[index]
+    assert parallel["plan"] == source and parallel["heads"] == family.tiny_heads and parallel["cfg_style"] == family.cfg
+    assert parallel["modes"] == {"ulysses": True, "ring": True, "cfg": family.cfg is not None, "tp": family.tensor is not None}
+    assert set(parallel["refused"]) == {mode for mode, on in parallel["modes"].items() if not on}
+    accel = found["accelerators"]
+    assert accel["cache"] == ["fbcache", "dbcache", "taylorseer", "magcache"]
+    assert accel["quant"] == ["int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"]
+    assert accel["compile"] == "regional" and accel["vae_tiling"] is True
+    assert accel["vae"] == {"class": family.vae, "parallel": True, "method": vae_plan(family.vae).method}  # type: ignore[arg-type,union-attr]
+    assert accel["placement"] == {"text_encoder": ["replicated", "rank0", "cpu", "sharded"], "vae": ["replicated", "rank0"]}
+    assert accel["text_encoders"] and all(name.startswith("text_encoder") for name in accel["text_encoders"])
+
+
+def test_a_registry_alias_is_read_from_its_flagship_config_without_weights() -> None:
+    found = json.loads(invoke("inspect", "flux", "--json").stdout)
+    assert (found["source"], found["pipeline"]) == ("registry", "FluxPipeline")
+    [transformer] = found["transformers"]
+    assert (transformer["class"], transformer["heads"]) == ("FluxTransformer2DModel", 24)
+    assert [(b["attr"], b["count"], b["class"]) for b in transformer["blocks"]] == [
+        ("transformer_blocks", 19, "FluxTransformerBlock"), ("single_transformer_blocks", 38, "FluxSingleTransformerBlock")]
+    assert found["accelerators"]["text_encoders"] == ["text_encoder", "text_encoder_2"]
+
+
+def test_a_saved_folder_is_read_from_its_configs(tmp_path: Path) -> None:
+    pipe = FAMILIES["wan"].tiny()  # type: ignore[misc]
+    pipe.save_pretrained(tmp_path / "wan")
+    found = json.loads(invoke("inspect", str(tmp_path / "wan"), "--json").stdout)
+    assert (found["source"], found["pipeline"], found["family"]["name"]) == ("folder", "WanPipeline", "wan")
+    assert [(b["attr"], b["count"], b["class"]) for b in found["transformers"][0]["blocks"]] == [
+        ("blocks", len(pipe.transformer.blocks), "WanTransformerBlock")]
+
+
+def _refused(model: str) -> str:
+    result = invoke("inspect", model)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1  # one line, no traceback
+    return result.stderr.removeprefix("error: ").rstrip("\n")
+
+
+def test_an_unknown_name_is_refused_in_one_line() -> None:
+    from accel.models.registry import unknown_model_message
+
+    assert _refused("tiny-flx") == unknown_model_message("tiny-flx")
+    assert unknown_model_message("tiny-flx").startswith("unknown model 'tiny-flx' (did you mean 'tiny-flux'?): use one of flux, ")
+
+
+def test_a_folder_that_is_not_a_pipeline_is_refused_in_one_line(tmp_path: Path) -> None:
+    assert _refused(str(tmp_path)) == (f"{tmp_path} is not a diffusers pipeline folder: it has no model_index.json; "
+                                       "pass the folder save_pretrained wrote, or a downloaded pipeline")
+
+
+def test_a_pipeline_no_family_knows_is_refused_in_one_line(tmp_path: Path) -> None:
+    index = {"_class_name": "FooPipeline", "transformer": ["diffusers", "FooTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    supported = ", ".join(dict.fromkeys(name for f in FAMILIES.values() for name in f.transformer_classes))
+    assert _refused(str(tmp_path)) == f"accel does not support FooPipeline (transformer FooTransformer2DModel); supported transformers: {supported}"
+    assert supported.startswith("FluxTransformer2DModel, HunyuanVideoTransformer3DModel, WanTransformer3DModel, ")
+
+
+@pytest.mark.parametrize("columns", ["240", "80"])
+def test_models_marks_every_family_tested_and_points_to_inspect(columns: str) -> None:
+    from accel.report import INSPECT_HINT
+
+    result = runner.invoke(app, ["models"], env={"COLUMNS": columns}, catch_exceptions=False)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    if columns == "240":  # a row a family, its second cell "tested"
+        rows = [line for line in lines if line.startswith("│ ") and line.split("│")[1].strip() in FAMILIES]
+        assert [row.split("│")[2].strip() for row in rows] == ["tested"] * len(FAMILIES)
+    else:  # a block a family, its first line beginning "tested"
+        heads = [line for line in lines if line.split(" ", 1)[0] in FAMILIES]
+        assert [line.split(None, 1)[1].split(" · ")[0] for line in heads] == ["tested"] * len(FAMILIES)
+    assert " ".join(" ".join(lines).split()).endswith(INSPECT_HINT)
+    assert INSPECT_HINT == "tested: a family accel was taught and tests; for any other pipeline, accel inspect MODEL says what accel finds"
+
+
+def test_a_family_without_a_flagship_config_gives_its_classes_and_heads() -> None:
+    family = FAMILIES["flux2-klein"]
+    found = json.loads(invoke("inspect", "flux2-klein", "--json").stdout)
+    [transformer] = found["transformers"]
+    assert (found["pipeline"], transformer["class"], transformer["heads"]) == (family.pipeline_class, family.transformer_class, family.heads)
+    assert [(b["attr"], b["count"], b["class"]) for b in transformer["blocks"]] == [(b.attr, None, None) for b in family.blocks]
