@@ -21,7 +21,11 @@ def inspect_view(found: dict[str, Any]) -> RenderableType:
     summary.add_column(style="bold", no_wrap=True)
     summary.add_column()
     summary.add_row("pipeline", found["pipeline"])
-    summary.add_row("family", f"{family['title']} ({family['name']})" + (", tested family" if family["tested"] else ""))
+    if family["tested"]:
+        summary.add_row("family", f"{family['title']} ({family['name']}), tested family")
+    else:
+        summary.add_row("family", "none: not a tested family")
+        summary.add_row("refused", found["refused"])
     for transformer in found["transformers"]:
         heads = f", {transformer['heads']} heads" if transformer["heads"] is not None else ""
         summary.add_row("transformer", f"{transformer['attr']}: {transformer['class']}{heads}")
@@ -33,12 +37,13 @@ def inspect_view(found: dict[str, Any]) -> RenderableType:
         summary.add_row(f"  no {mode}", why)
 
     blocks = Table(title="block lists", header_style="bold")
-    for column in ("transformer", "attribute", "count", "block class", "returns"):
-        blocks.add_column(column, no_wrap=True)
+    for column in ("transformer", "attribute", "count", "block class", "returns", "found by"):
+        blocks.add_column(column, no_wrap=column != "returns")
     for transformer in found["transformers"]:
         for block in transformer["blocks"]:
             count = "?" if block["count"] is None else str(block["count"])
-            blocks.add_row(transformer["attr"], block["attr"], count, block["class"] or "?", ", ".join(block["returns"]))
+            returns = ", ".join(block["returns"]) if block["returns"] is not None else f"unknown: {block['unknown']}"
+            blocks.add_row(transformer["attr"], block["attr"], count, block["class"] or "?", returns, block["found_by"])
 
     vae = accel["vae"]
     tools = Table(title="accelerators", header_style="bold")

@@ -36,7 +36,7 @@ def test_the_tables_name_the_tiny_pipelines_real_classes_and_blocks(name: str) -
         modules = getattr(pipe.transformer, block.attr)
         row = next(line for line in out.splitlines() if f" {block.attr} " in line)
         cells = [cell.strip() for cell in row.strip("│ ").split("│")]
-        assert cells == ["transformer", block.attr, str(len(modules)), type(modules[0]).__name__, ", ".join(block.returns)]
+        assert cells == ["transformer", block.attr, str(len(modules)), type(modules[0]).__name__, ", ".join(block.returns), "family"]
     assert ("diffusers _cp_plan" if isinstance(family.parallel, FromDiffusers) else "accel family plan") in out
     assert "fbcache, dbcache, taylorseer, magcache" in out
 
@@ -66,8 +66,9 @@ def test_the_json_of_every_tiny_alias_is_the_familys_data(alias: str) -> None:
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)  # stdout holds the JSON alone
     family = FAMILIES[alias.removeprefix("tiny-")]
-    assert set(found) == {"model", "source", "pipeline", "family", "transformers", "streams", "primary_stream", "parallel", "accelerators"}
-    assert (found["model"], found["source"]) == (alias, "tiny")
+    assert set(found) == {"model", "source", "pipeline", "family", "refused", "transformers", "streams", "primary_stream", "parallel",
+                          "accelerators"}
+    assert (found["model"], found["source"], found["refused"]) == (alias, "tiny", None)
     assert found["pipeline"] in family.pipeline_classes
     assert found["family"] == {"name": family.name, "title": family.title, "tested": True}
     [transformer] = found["transformers"]
@@ -129,12 +130,58 @@ def test_a_folder_that_is_not_a_pipeline_is_refused_in_one_line(tmp_path: Path) 
                                        "pass the folder save_pretrained wrote, or a downloaded pipeline")
 
 
-def test_a_pipeline_no_family_knows_is_refused_in_one_line(tmp_path: Path) -> None:
-    index = {"_class_name": "FooPipeline", "transformer": ["diffusers", "FooTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}
+def _folder(tmp_path: Path, pipeline: str, transformer: str | None, config: dict[str, Any] | None = None) -> str:
+    """A pipeline folder as save_pretrained writes it, without weights: inspect reads configs only."""
+    index: dict[str, Any] = {"_class_name": pipeline, "vae": ["diffusers", "AutoencoderKL"]}
+    if transformer is not None:
+        index["transformer"] = ["diffusers", transformer]
     (tmp_path / "model_index.json").write_text(json.dumps(index))
-    supported = ", ".join(dict.fromkeys(name for f in FAMILIES.values() for name in f.transformer_classes))
-    assert _refused(str(tmp_path)) == f"accel does not support FooPipeline (transformer FooTransformer2DModel); supported transformers: {supported}"
-    assert supported.startswith("FluxTransformer2DModel, HunyuanVideoTransformer3DModel, WanTransformer3DModel, ")
+    if config is not None:
+        (tmp_path / "transformer").mkdir()
+        (tmp_path / "transformer" / "config.json").write_text(json.dumps({"_class_name": transformer, **config}))
+    return str(tmp_path)
+
+
+def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_not_accelerated(tmp_path: Path) -> None:
+    from test_discover import OUTSIDE
+
+    folder = _folder(tmp_path, "ChronoEditPipeline", "ChronoEditTransformer3DModel", OUTSIDE["ChronoEditTransformer3DModel"][0])
+    found = json.loads(invoke("inspect", folder, "--json").stdout)
+    assert found["family"] == {"name": None, "title": "ChronoEditPipeline", "tested": False}
+    assert found["refused"] == ("ChronoEditPipeline is not a family accel was taught: accel run and accel.apply refuse it today "
+                                "(accel models lists the families)")
+    [transformer] = found["transformers"]
+    assert (transformer["class"], transformer["heads"]) == ("ChronoEditTransformer3DModel", 2)
+    assert transformer["blocks"] == [{"attr": "blocks", "count": 3, "class": "WanTransformerBlock", "returns": None,
+                                      "found_by": "_repeated_blocks",
+                                      "unknown": "diffusers' block registry has no entry for WanTransformerBlock"}]
+    assert found["parallel"]["plan"] == "diffusers _cp_plan" and not any(found["parallel"]["modes"].values())
+    accelerators = found["accelerators"]
+    assert (accelerators["cache"], accelerators["quant"], accelerators["compile"]) == ([], [], None)
+    # What its VAE class supports, for when the pipeline runs: AutoencoderKL tiles and is split (FLUX's VAE).
+    assert (accelerators["vae_tiling"], accelerators["vae"]) == (True, {"class": "AutoencoderKL", "parallel": True,
+                                                                       "method": vae_plan("AutoencoderKL").method})  # type: ignore[union-attr]
+    table = invoke("inspect", folder).stdout
+    assert "none: not a tested family" in table and "unknown: diffusers' block registry has no entry for" in table
+
+
+def test_registry_answers_show_for_a_pipeline_no_family_knows(tmp_path: Path) -> None:
+    from test_discover import OUTSIDE
+
+    folder = _folder(tmp_path, "HunyuanImagePipeline", "HunyuanImageTransformer2DModel", OUTSIDE["HunyuanImageTransformer2DModel"][0])
+    [transformer] = json.loads(invoke("inspect", folder, "--json").stdout)["transformers"]
+    assert [(b["attr"], b["count"], b["returns"], b["unknown"]) for b in transformer["blocks"]] == [
+        ("transformer_blocks", 2, ["hidden_states", "encoder_hidden_states"], None),
+        ("single_transformer_blocks", 3, ["hidden_states", "encoder_hidden_states"], None)]
+
+
+def test_what_cannot_be_described_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "foo").mkdir()
+    (tmp_path / "none").mkdir()
+    assert _refused(_folder(tmp_path / "foo", "FooPipeline", "FooTransformer2DModel")) == (
+        "FooTransformer2DModel (transformer) is not a diffusers model class with a config here: accel cannot describe it")
+    assert _refused(_folder(tmp_path / "none", "BarPipeline", None)) == (
+        "BarPipeline has no transformer component: accel accelerates diffusion transformers")
 
 
 @pytest.mark.parametrize("columns", ["240", "80"])

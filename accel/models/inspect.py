@@ -3,16 +3,22 @@ where its context-parallel plan comes from and which accelerators apply.
 
 A tiny alias is built (a second); anything else is read without weights: a folder's or a hub id's
 model_index.json and transformer configs, else a registry family's flagship configs (accel plan's),
-the transformers built on the meta device to count their blocks. Only known families today; the
-generic path (issue 34) will describe other pipelines here too.
+the transformers built on the meta device to count their blocks. A pipeline no family knows is
+described from its transformer itself (accel/models/discover.py: the block lists, what declared
+them, what the blocks return where diffusers' registry says, the class's own `_cp_plan`), with
+`tested` false and `refused` saying why accel does not accelerate it yet (the generic path of
+issue 34 is being built).
 
 The JSON (`as_json`), a stable shape:
 
     {"model": str, "source": "tiny" | "registry" | "folder" | "hub", "pipeline": str,
-     "family": {"name": str, "title": str, "tested": bool},
+     "family": {"name": str | null, "title": str, "tested": bool},
+     "refused": str | null,
      "transformers": [{"attr": str, "class": str, "heads": int | null,
-                       "blocks": [{"attr": str, "count": int | null, "class": str | null, "returns": [str]}]}],
-     "streams": [str], "primary_stream": str,
+                       "blocks": [{"attr": str, "count": int | null, "class": str | null, "returns": [str] | null,
+                                   "found_by": "family" | "_repeated_blocks" | "_no_split_modules" | "structure",
+                                   "unknown": str | null}]}],
+     "streams": [str], "primary_stream": str | null,
      "parallel": {"plan": "accel family plan" | "diffusers _cp_plan" | null, "heads": int | null,
                   "cfg_style": "batch" | "calls" | null,
                   "modes": {"ulysses": bool, "ring": bool, "cfg": bool, "tp": bool},
@@ -34,7 +40,7 @@ from accel.errors import ModelError
 from accel.models.base import BlockList, Family, FromDiffusers, ParallelPlan
 from accel.models.folder_check import read_index, read_json
 from accel.models.refs import ModelRef, resolve_model
-from accel.models.registry import lookup, unsupported_message
+from accel.models.registry import lookup
 from accel.models.vaes import vae_plan
 
 PLAN_SOURCES = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan"}
@@ -46,7 +52,9 @@ class Blocks:
     attr: str
     count: int | None
     cls: str | None
-    returns: tuple[str, ...]
+    returns: tuple[str, ...] | None  # None: not known (`unknown` says why)
+    found_by: str = "family"
+    unknown: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Transformer:
     heads: int | None
     blocks: tuple[Blocks, ...]
     plan: ParallelPlan | FromDiffusers | None
+    own_cp_plan: bool = False  # the class ships a diffusers `_cp_plan` (told for pipelines no family knows)
 
 
 @dataclass(frozen=True)
@@ -65,7 +74,7 @@ class Found:
     model: str
     source: str
     pipeline: str
-    family: Family
+    family: Family | None  # None: no family knows this pipeline (described from the model itself)
     transformers: tuple[Transformer, ...]
     vae: str | None
     text_encoders: tuple[str, ...]
@@ -88,19 +97,38 @@ def inspect_model(name: str) -> Found:
         return _of_pipeline(name, ref.family, ref.family.tiny())  # type: ignore[misc]
     classes = _classes(ref)
     family = ref.family or _family_of(classes)
-    transformers = tuple(_transformer(family, attr, cls, config) for attr, cls, config in classes.transformers)
     source = "folder" if Path(ref.source).is_dir() else ("registry" if lookup(name) is not None else "hub")
+    if family is None:
+        transformers = tuple(_discovered(attr, cls, config) for attr, cls, config in classes.transformers)
+        return Found(name, source, classes.pipeline, None, transformers, classes.vae, classes.text_encoders)
+    transformers = tuple(_transformer(family, attr, cls, config) for attr, cls, config in classes.transformers)
     return Found(name, source, classes.pipeline, family, transformers, classes.vae, classes.text_encoders)
 
 
-def _family_of(classes: _Classes) -> Family:
+def _family_of(classes: _Classes) -> Family | None:
+    """The family of the named classes (None: none knows them); a pipeline without a transformer is refused."""
     from accel.models.registry import family_of_classes
 
-    transformer = classes.transformers[0][1] if classes.transformers else "none"
-    family = family_of_classes(transformer, classes.pipeline)
-    if family is None:
-        raise ModelError(unsupported_message(classes.pipeline, transformer))
-    return family
+    if not classes.transformers:
+        raise ModelError(f"{classes.pipeline} has no transformer component: accel accelerates diffusion transformers")
+    return family_of_classes(classes.transformers[0][1], classes.pipeline)
+
+
+def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transformer:
+    """A transformer no family describes, found from its class and config (built on meta)."""
+    import diffusers
+
+    if config is None or not hasattr(diffusers, cls):
+        raise ModelError(f"{cls} ({attr}) is not a diffusers model class with a config here: accel cannot describe it")
+    from accel.memory.estimate import build
+    from accel.models.discover import discover_blocks
+    from accel.models.flagships import Component
+
+    model = build(Component(attr, "diffusers", cls, config))
+    discovery = discover_blocks(model)  # a UserError in one line where the model has no repeated blocks
+    blocks = tuple(Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown) for item in discovery.lists)
+    heads = config.get("num_attention_heads")
+    return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, None, bool(getattr(type(model), "_cp_plan", None)))
 
 
 def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
@@ -208,6 +236,8 @@ def as_json(found: Found) -> dict[str, Any]:
     from accel.recipe import MemorySection, QuantSection
 
     family = found.family
+    if family is None:
+        return _unknown_json(found)
     plan = found.transformers[0].plan if found.transformers else family.parallel
     variant = next((v for v in family.variants if v.pipeline_class == found.pipeline), None)
     refused: dict[str, str] = {}
@@ -227,11 +257,8 @@ def as_json(found: Found) -> dict[str, Any]:
         "source": found.source,
         "pipeline": found.pipeline,
         "family": {"name": family.name, "title": family.title, "tested": True},
-        "transformers": [
-            {"attr": t.attr, "class": t.cls, "heads": t.heads,
-             "blocks": [{"attr": b.attr, "count": b.count, "class": b.cls, "returns": list(b.returns)} for b in t.blocks]}
-            for t in found.transformers
-        ],
+        "refused": None,
+        "transformers": _transformers_json(found),
         "streams": list(_streams(plan)),
         "primary_stream": family.primary_stream,
         "parallel": {
@@ -246,6 +273,45 @@ def as_json(found: Found) -> dict[str, Any]:
             "quant": [kind for kind in _choices(QuantSection, "type") if kind != "none"] if blocks else [],
             "compile": "regional" if blocks else None,
             "vae_tiling": _tiles(found.vae),
+            "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
+            "text_encoders": list(found.text_encoders),
+            "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
+        },
+    }
+
+
+def _transformers_json(found: Found) -> list[dict[str, Any]]:
+    return [{"attr": t.attr, "class": t.cls, "heads": t.heads,
+             "blocks": [{"attr": b.attr, "count": b.count, "class": b.cls, "returns": list(b.returns) if b.returns is not None else None,
+                         "found_by": b.found_by, "unknown": b.unknown or None} for b in t.blocks]}
+            for t in found.transformers]
+
+
+def _unknown_json(found: Found) -> dict[str, Any]:
+    """A pipeline no family knows: what its transformers show, nothing accelerated yet."""
+    from accel.recipe import MemorySection
+
+    own_plan = any(t.own_cp_plan for t in found.transformers)
+    why = f"{found.pipeline} is not a family accel was taught: accel run and accel.apply refuse it today (accel models lists the families)"
+    split = vae_plan(found.vae) if found.vae else None
+    return {
+        "model": found.model,
+        "source": found.source,
+        "pipeline": found.pipeline,
+        "family": {"name": None, "title": found.pipeline, "tested": False},
+        "refused": why,
+        "transformers": _transformers_json(found),
+        "streams": [],
+        "primary_stream": None,
+        "parallel": {
+            "plan": PLAN_SOURCES[FromDiffusers] if own_plan else None,
+            "heads": next((t.heads for t in found.transformers if t.heads is not None), None),
+            "cfg_style": None,
+            "modes": {mode: False for mode in ("ulysses", "ring", "cfg", "tp")},
+            "refused": {mode: "not a tested family" for mode in ("ulysses", "ring", "cfg", "tp")},
+        },
+        "accelerators": {
+            "cache": [], "quant": [], "compile": None, "vae_tiling": _tiles(found.vae),  # what its VAE class supports
             "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
             "text_encoders": list(found.text_encoders),
             "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
