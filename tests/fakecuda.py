@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -36,6 +37,14 @@ from accel.parallel.mesh import Degrees, ParallelMesh, build_mesh
 
 DTYPE = torch.bfloat16
 aten = torch.ops.aten
+# Fake `cuda` tensors need torch's CUDA build (PyPI's default Linux wheel), not a GPU: a CPU-only build
+# ("+cpu") raises "PyTorch is not linked with support for cuda devices" at a fake tensor's first index
+# (`x[:, None]`, in C++ indexing) and at `uniform_` (every nn.Linear's init), seen on 2.13.0+cpu; the same
+# 2.13.0 as +cu130 (and 2.14.x+cu130) runs the tier on a machine with no GPU.
+needs_cuda_build = pytest.mark.skipif(
+    not torch.backends.cuda.is_built(),
+    reason=f"fake CUDA needs torch's CUDA build (PyPI's default wheel; no GPU needed): {torch.__version__} is CPU-only",
+)
 
 # Ops that make the host wait for the device: a value read into Python, or a result whose shape
 # depends on the data (the host must learn the size before it can go on).

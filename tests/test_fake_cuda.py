@@ -36,7 +36,8 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from fakecuda import (  # noqa: E402
-    DTYPE, Kernel, Probe, ToyScheduler, fake_cuda, fake_mesh, fake_rank, new_fake_mode, on_fake_cuda, randn, run_probed,
+    DTYPE, Kernel, Probe, ToyScheduler, fake_cuda, fake_mesh, fake_rank, needs_cuda_build, new_fake_mode, on_fake_cuda,
+    randn, run_probed,
 )
 
 from accel.cache import FirstBlockCache  # noqa: E402
@@ -53,7 +54,7 @@ from accel.parallel.tensor import TensorParallel, resolve_tensor_plan  # noqa: E
 from accel.steps import StepEvents  # noqa: E402
 
 # MochiRoPE enters a float32 CPU autocast region, which torch warns about and skips; harmless here.
-pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning", "ignore::UserWarning")
+pytestmark = [needs_cuda_build, pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning", "ignore::UserWarning")]
 
 # Tiny configs get 24 heads (FLUX's, HunyuanVideo's, Mochi's count): every Ulysses degree of
 # 2, 3, 4 and 8 divides it. Width costs nothing in fake mode.

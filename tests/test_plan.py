@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from fakecuda import needs_cuda_build
 from typer.testing import CliRunner
 
 from accel.cli import app
@@ -39,6 +40,7 @@ def mid_flagship(transformer: dict, vae: dict | None = None) -> object:
 
 @pytest.mark.parametrize("degrees", [Degrees(), Degrees(ulysses=2), Degrees(tp=2)], ids=lambda d: d.describe())
 @pytest.mark.parametrize("side", [256, 512])
+@needs_cuda_build
 def test_fake_cuda_estimate_equals_the_real_cpu_peak(side: int, degrees: Degrees) -> None:
     """The working memory measured on fake CUDA within 10 % of the same forward on real CPU tensors."""
     flagship = mid_flagship(MID_FLUX)
@@ -49,6 +51,7 @@ def test_fake_cuda_estimate_equals_the_real_cpu_peak(side: int, degrees: Degrees
     assert abs(estimate - real) <= 0.10 * real, (estimate, real)
 
 
+@needs_cuda_build
 def test_vae_decode_estimate_equals_the_real_cpu_peak() -> None:
     flagship = mid_flagship(MID_FLUX)
     estimate = vae_working(flagship, Size(128, 128), "cuda")
@@ -57,6 +60,7 @@ def test_vae_decode_estimate_equals_the_real_cpu_peak() -> None:
     assert abs(estimate - real) <= 0.10 * real, (estimate, real)
 
 
+@needs_cuda_build
 def test_a_tiled_vae_decode_estimate_equals_the_real_cpu_peak_and_is_smaller() -> None:
     """[vae] tiling: diffusers' tiled decode (64-pixel tiles here) measured on fake CUDA as on real tensors."""
     flagship = mid_flagship(MID_FLUX, dict(SMALL_VAE, sample_size=64))
@@ -66,6 +70,7 @@ def test_a_tiled_vae_decode_estimate_equals_the_real_cpu_peak_and_is_smaller() -
     assert real < 0.5 * vae_working(flagship, Size(128, 128), "cuda")
 
 
+@needs_cuda_build
 def test_a_vae_decode_split_over_two_ranks_estimate_equals_rank_0s_real_cpu_peak_and_is_smaller() -> None:
     """[vae] parallel: accel's row split over 2 ranks, rank 0 on fake CUDA and on real CPU tensors (the
     process group is torch's `fake` one either way: rank 0 allocates every buffer a gloo run does)."""
@@ -139,6 +144,7 @@ PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenim
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
+@needs_cuda_build
 def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
     """Each flagship's transformer has its published size; its forward and VAE decode measure on fake
     CUDA at half its default side (9 frames for video), single process and Ulysses 2."""
@@ -157,6 +163,7 @@ def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
     assert vae_working(flagship, size) > 0
 
 
+@needs_cuda_build
 def test_flux2_dev_fits_one_80_gb_gpu_under_model_offload_or_with_its_encoder_on_the_cpu_and_four_with_it_split() -> None:
     one = make_plan("flux2", 1, 80)
     layouts = {(c.offload, c.text_encoder): c for c in one.candidates}
@@ -193,6 +200,7 @@ def test_a_sharded_encoders_bytes_on_meta_equal_a_real_two_rank_split() -> None:
     assert buffers == 48 and sharded_encoder_bytes(component, 2) == 213760 // 2 + buffers
 
 
+@needs_cuda_build
 def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
     """Mistral split four ways (11.5 GiB a rank) fits beside FLUX.2-dev's whole transformer: Ulysses 4 with
     the encoders on the GPUs, which at equal speed beats encoding 24 B parameters on the CPU."""
@@ -208,6 +216,7 @@ def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
     assert weight_bytes(build(gemma)) / 2 < sharded_encoder_bytes(gemma, 2) < weight_bytes(build(gemma)) * 0.55
 
 
+@needs_cuda_build
 def test_one_24_gb_gpu_runs_qwen_image_under_group_offload() -> None:
     plan = make_plan("qwenimage", 1, 24)
     assert [c.describe() for c in plan.candidates if c.fits] == [
@@ -244,6 +253,7 @@ def test_group_offload_holds_what_diffusers_groups_hold() -> None:
     assert sum(sizes) == weight_bytes(transformer)
 
 
+@needs_cuda_build
 def test_the_counted_flops_of_a_cut_transformer_scale_to_the_whole_one() -> None:
     """One block of each kind is counted and scaled to the full depth: equal to counting every block."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -263,6 +273,7 @@ def test_the_counted_flops_of_a_cut_transformer_scale_to_the_whole_one() -> None
     assert transformer_flops(flagship, size) == counter.get_total_flops()
 
 
+@needs_cuda_build
 def test_plan_json_and_table(tmp_path) -> None:
     result = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512", "--json"])
     assert result.exit_code == 0, result.output
@@ -278,6 +289,7 @@ def test_plan_json_and_table(tmp_path) -> None:
     assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--ulysses 2 --text-encoder cpu)" in " ".join(text.output.split())
 
 
+@needs_cuda_build
 def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
     recipe = tmp_path / "r.toml"
     recipe.write_text('[quant]\ntype = "int8wo"\n[generate]\nwidth = 512\nheight = 768\n')
@@ -303,6 +315,17 @@ def test_refusals_are_one_line(argv: list[str], line: str) -> None:
     assert " ".join(result.stderr.split()) == f"error: {line}" and not result.stdout
 
 
+def test_a_cpu_only_torch_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only build cannot index a tensor on fake `cuda`: the plan says so instead of torch's traceback."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    result = run_cli(["plan", "flux", "--gpus", "1"])
+    assert result.exit_code == 2 and not result.stdout
+    assert " ".join(result.stderr.split()) == (
+        "error: accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default wheel; no "
+        f"GPU needed): torch {torch.__version__} is CPU-only")
+
+
+@needs_cuda_build
 def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
     """No GPU here, so torch's SDPA on fake `cuda` would take the math path and count an (L, L)
     score matrix; the estimate counts the fused kernel a GPU runs (output and log-sum-exp only)."""
@@ -319,6 +342,7 @@ def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
         assert peak is not None and peak.working < scores / 8, peak
 
 
+@needs_cuda_build
 def test_fake_cuda_answers_data_dependent_ops_on_small_known_tensors() -> None:
     """Boolean-mask gathers and branches on small tensors of known values run on fake CUDA at their
     real size (HunyuanVideo 1.5 gathers its text tokens so); on values it cannot know, it still refuses."""
@@ -347,6 +371,7 @@ def recipe_for(model: str, **parallel: int) -> object:
     return as_recipe({"model": {"name": model, "device": "cpu"}, "parallel": parallel})
 
 
+@needs_cuda_build
 def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
     from accel.memory.fit import fitted
 
@@ -360,6 +385,7 @@ def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
     assert planned.flags == ("--ulysses", "4", "--text-encoder", "sharded")  # what the ranks are relaunched with
 
 
+@needs_cuda_build
 def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
     from accel.compose import as_recipe
     from accel.memory.fit import fitted
@@ -371,6 +397,7 @@ def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
     assert planned.flags == ("--text-encoder", "cpu") and planned.recipe.memory.offload == "none"
 
 
+@needs_cuda_build
 def test_the_plan_counts_the_recipes_quantization() -> None:
     """FLUX.2-dev's blocks in fp8 take its transformer from 60 to 31 GiB: Mistral then fits beside it on one
     H100, so nothing moves to host memory."""
@@ -387,6 +414,7 @@ def test_the_plan_counts_the_recipes_quantization() -> None:
     assert result.exit_code == 0 and json.loads(result.output)["chosen"]["peak_bytes"] == planned.peak
 
 
+@needs_cuda_build
 def test_an_offload_that_does_not_fit_is_refused_with_one_that_does() -> None:
     from accel.compose import as_recipe
     from accel.memory.fit import fitted
@@ -408,6 +436,7 @@ def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:
     assert planned.recipe is recipe and planned.peak is None and planned.flags == ()
 
 
+@needs_cuda_build
 def test_run_refuses_a_layout_that_does_not_fit_before_loading() -> None:
     """Nothing is downloaded here (no network): the refusal comes before any load is tried. (--oversubscribe:
     without it this 2-core machine refuses 4 processes first, which is checked before the plan.)"""
@@ -465,6 +494,7 @@ def flux2_bench(**variant_parallel: int) -> object:
         {"name": "baseline"}, {"name": "planned", "parallel": variant_parallel}]}}, source="flux2-bench.toml")
 
 
+@needs_cuda_build
 def test_bench_variants_left_to_accel_take_the_plans_layout_and_the_ranks_get_the_same(monkeypatch) -> None:
     from accel.bench import fit_bench, plan_bench
     from accel.memory.fit import PLANNED_RECIPES
@@ -484,6 +514,7 @@ def test_bench_variants_left_to_accel_take_the_plans_layout_and_the_ranks_get_th
     assert [(v.recipe, v.planned_peak) for v in on_rank.variants] == [(v.recipe, v.planned_peak) for v in fitted_plan.variants]
 
 
+@needs_cuda_build
 def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_path) -> None:
     recipe = tmp_path / "flux2-bench.toml"
     recipe.write_text('[model]\nname = "flux2"\n\n[bench]\nvariants = [{ name = "baseline" }, { name = "ulysses2", parallel = { ulysses = 2 } }]\n')
@@ -505,6 +536,7 @@ def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_pe
     assert report.bench_rows(result)[0][report.BENCH_COLUMNS.index("peak memory")] == "1.0 GiB (plan 3.0 GiB)"
 
 
+@needs_cuda_build
 def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(monkeypatch) -> None:
     """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every rank."""
     import accel.launch
@@ -521,6 +553,7 @@ def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(mon
     assert os.environ[PLANNED_PEAK] == str(chosen.estimate.peak + RESERVED)  # the ranks' estimate
 
 
+@needs_cuda_build
 def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> None:
     result = run_cli(["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
@@ -609,6 +642,7 @@ def test_the_trackers_device_peak_is_torchs_own_without_the_per_module_peaks() -
 HV15_SIZE = Size(640, 368, 9)
 
 
+@needs_cuda_build
 def test_a_layout_whose_whole_vae_decode_does_not_fit_gets_a_tiled_twin_that_the_plan_takes() -> None:
     vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
     whole, tiled = vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE), vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, tiling=True)
@@ -642,6 +676,7 @@ def test_an_alias_is_planned_only_where_it_loads_the_flagship_checkpoint() -> No
     assert flagship_key("wan") is None and flagship_key("ltx") is None and flagship_key("tiny-flux") is None
 
 
+@needs_cuda_build
 def test_on_two_gpus_the_plan_splits_a_decode_that_does_not_fit_whole_over_the_ranks_before_tiling_it() -> None:
     vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
     transformer = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("transformer")[0]))

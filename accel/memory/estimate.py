@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from accel.errors import UserError
 from accel.memory.tracker import tracked_peak
 from accel.models.base import Family
 from accel.models.flagships import Component, Flagship, Size
@@ -294,6 +295,9 @@ def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
     if device != "cuda" or not fake:
         yield
         return
+    if not torch.backends.cuda.is_built():  # a CPU-only build cannot index a tensor on `cuda`, fake or not
+        raise UserError(f"accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default "
+                        f"wheel; no GPU needed): torch {torch.__version__} is CPU-only")
     with FakeTensorMode(allow_non_fake_inputs=False), _KnownValues(), _FusedAttention():
         yield
 
