@@ -3,8 +3,9 @@ a step (504) on every rank together and the replica serves the next one unchange
 goes away frees its place in the queue or its replica; SIGTERM with a queue answers every client
 (503 for what the drain did not finish) and exits 0 without a traceback, on one and on two ranks.
 
-Long requests are 1000 steps at 256² on tiny FLUX (tens of seconds on a CPU): they only ever end
-by being stopped, so no timing decides an assertion."""
+Long requests are 1000 steps at 256² on tiny FLUX (a minute or more on a CPU): they only ever end
+by being stopped. The time limit (8 s) is far longer than anything a test does before it, so which
+of the two stops a request never depends on the machine's speed; no timing decides an assertion."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from accel.serve.requests import Job, Served
 
 LONG = {"prompt": PROMPT, "size": "256x256", "steps": 1000, "seed": 5}
 SHORT = {"prompt": PROMPT, "size": "64x64", "steps": 2, "seed": 7}
-STOPPED = re.compile(r"the request ran past this server's limit of 3 s \(accel serve --request-timeout\) and was stopped "
+LIMIT_S = "8"
+STOPPED = re.compile(r"the request ran past this server's limit of 8 s \(accel serve --request-timeout\) and was stopped "
                      r"at step \d+ after \d+\.\d s; ask for less work")
 SHUTTING = {"message": "the server is shutting down and takes no new requests; retry on another server", "type": "server_error",
             "param": None, "code": None}
@@ -63,7 +65,7 @@ def sigterm_with_a_queue(server: Server) -> None:
         client.start()
     wait_for(lambda: metric(server, "accel_queue_depth") == 3 and metric(server, "accel_replicas_busy") == 1)
     server.process.send_signal(signal.SIGTERM)
-    wait_for(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503, 5)
+    wait_for(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503, 30)
     assert httpx.get(f"{server.url}/health", timeout=5).json() == {"status": "draining", "model": "tiny-flux"}
     late = post(server, SHORT, timeout=30)
     assert (late.status_code, late.json()) == (503, {"error": SHUTTING})
@@ -82,7 +84,7 @@ def sigterm_with_a_queue(server: Server) -> None:
 # --- one process ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def limited() -> Iterator[Server]:
-    server = start("tiny-flux", "--request-timeout", "3", "--drain", "1", "--max-work", "1000000", "--max-queue", "3")
+    server = start("tiny-flux", "--request-timeout", LIMIT_S, "--drain", "1", "--max-work", "1000000", "--max-queue", "3")
     yield server
     if server.process.poll() is None:
         server.stop()
@@ -107,14 +109,14 @@ def test_a_client_that_goes_away_frees_its_place_in_the_queue_and_its_replica(li
         post(limited, SHORT, timeout=1.0)  # waits behind it, then its client gives up
     wait_for(lambda: metric(limited, "accel_queue_depth") == 0, 10)  # dropped while the long one still runs
     assert metric(limited, "accel_replicas_busy") == 1
-    holding.join(60)
+    holding.join(120)
     assert holder[0].status_code == 504
+    limited_before = metric(limited, 'accel_cancelled_total{reason="time_limit"}')
     with pytest.raises(httpx.ReadTimeout):
         post(limited, LONG, timeout=1.5)  # running, then its client gives up: stopped at its next step
-    start_next = time.monotonic()
-    served = post(limited, SHORT)
-    assert served.status_code == 200 and time.monotonic() - start_next < 3.0 - 1.5 + 2.5, "not left to its time limit"
+    assert post(limited, SHORT).status_code == 200
     assert metric(limited, 'accel_cancelled_total{reason="client_gone"}') == 2
+    assert metric(limited, 'accel_cancelled_total{reason="time_limit"}') == limited_before, "stopped for its client, not its limit"
     assert metric(limited, 'accel_requests_total{endpoint="/v1/images/generations",status="499"}') == 2
 
 
@@ -124,7 +126,7 @@ def test_sigterm_with_a_queue_answers_every_client_503_and_exits_0(limited: Serv
 
 # --- two processes ---------------------------------------------------------------------------------
 def test_two_ranks_stop_at_the_same_step_and_drain_a_queue_on_sigterm() -> None:
-    server = start("tiny-flux", "--gpus", "2", "--request-timeout", "3", "--drain", "1", "--max-work", "1000000",
+    server = start("tiny-flux", "--gpus", "2", "--request-timeout", LIMIT_S, "--drain", "1", "--max-work", "1000000",
                    "--max-queue", "3")
     try:
         before = post(server, SHORT)
@@ -195,7 +197,9 @@ def test_health_reports_a_replica_still_on_a_request_past_the_time_limit() -> No
         served = Served("tiny-flux", FAMILIES["flux"], "image", limits=Limits(request_timeout_s=0.2))
         app = build_app(served, dispatcher, Metrics(dispatcher), 1)
         job = asyncio.ensure_future(dispatcher.submit(Job(1, "image", {})))
-        await asyncio.sleep(0.5)
+        while dispatcher.busy == 0:  # on a replica now
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # past the 0.2 s limit
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://localhost") as client:
             health = await client.get("/health")
         release.set()
