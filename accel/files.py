@@ -124,18 +124,12 @@ def _reason(error: OSError) -> str:
     return error.strerror.lower() if error.strerror else (str(error) or type(error).__name__)
 
 
-def create_exclusive(path: Path) -> None:
-    """Create `path` empty, only if no name (a link included) is there. UserError naming what is in
-    the way otherwise. To write it, prefer `created`: opening the name again leaves a moment in
-    which someone could put a link there."""
-    os.close(_create(path))
-
-
 @contextmanager
 def created(path: Path) -> Iterator[Path]:
-    """Create `path` as `create_exclusive` does and keep its descriptor open inside the block, so
-    that `open_created(path)` writes through the very file created, whatever is at the name by
-    then. The name itself is left for the caller to remove."""
+    """Create `path` empty, only if no name (a link included) is there (a UserError naming what is
+    in the way otherwise), and keep its descriptor open inside the block, so that
+    `open_created(path)` writes through the very file created, whatever is at the name by then.
+    The name itself is left for the caller to remove."""
     fd = _create(path)
     with _registry:
         _descriptors[path] = fd
@@ -151,9 +145,14 @@ def open_created(path: Path) -> BinaryIO:
     """`path` open for writing (binary), through the descriptor `created` holds for it: a link or
     another file swapped in at the name since is never written. A name `created` does not hold (a
     rescue copy in its own new folder, a caller's own path) is created here, as exclusively."""
-    with _registry:
-        fd = _descriptors.get(path)
+    fd = _held(path)
     return os.fdopen(_create(path) if fd is None else os.dup(fd), "wb")
+
+
+def _held(path: Path) -> int | None:
+    """The descriptor `created` holds open for `path` (None: it holds none)."""
+    with _registry:
+        return _descriptors.get(path)
 
 
 def by_descriptor(save: Callable[[BinaryIO], object]) -> Write:
@@ -170,8 +169,7 @@ def _check_unswapped(path: Path) -> None:
     """Refuse to publish a name `created` holds that is no longer the file created: the writer
     wrote through the descriptor, so the link or file swapped in is untouched, but publishing the
     name would give the output's name to it."""
-    with _registry:
-        fd = _descriptors.get(path)
+    fd = _held(path)
     if fd is None:
         return
     ours, there = os.fstat(fd), os.lstat(path)
@@ -420,8 +418,7 @@ def _refuse_folder(path: Path) -> None:
 def _sync(path: Path) -> None:
     """Data on disk before the rename, so a crash cannot publish a name whose bytes never landed:
     the file `created` holds for `path`, else the one at the name."""
-    with _registry:
-        held = _descriptors.get(path)
+    held = _held(path)
     fd = os.dup(held) if held is not None else os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         os.fsync(fd)

@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
+from accel.serve.limits import Limits
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
@@ -106,7 +107,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _stopped(outcome: Outcome, limits: Any) -> JSONResponse:
+def _stopped(outcome: Outcome, limits: Limits) -> JSONResponse:
     """The answer to a request cancelled before its end."""
     if outcome.cancelled == "time_limit":
         return _error(504, f"the request ran past this server's limit of {limits.request_timeout_s:g} s "

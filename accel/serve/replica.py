@@ -52,8 +52,6 @@ class Replica:
         self.kind = kind
         self.group = group
         self.leader = leader
-        self.time_limit_s = time_limit_s
-        self.board = board
         # Only the leader reads the board; every rank takes part in the verdict at each step.
         self.gate = StepGate(pipe, board if self._rank() == leader else None, group, time_limit_s)
 

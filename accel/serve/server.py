@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel.errors import UserError
 from accel.launch import CANCEL_GRACE_S
@@ -27,6 +27,9 @@ from accel.serve.cancel import Board, LocalBoard, shared_board
 from accel.serve.limits import Limits
 from accel.serve.replica import IDLE, Outcome, Replica
 from accel.serve.requests import Job, Served
+
+if TYPE_CHECKING:
+    from accel.serve.dispatch import Dispatcher
 
 
 @dataclass(frozen=True)
@@ -249,20 +252,24 @@ class _Signals:
         (self.again if self.first.is_set() else self.first).set()
 
 
-def _drain(dispatcher: Any, drain_s: float, signals: _Signals, announce: Callable[[str], None]) -> None:
+def _drain(dispatcher: Dispatcher, drain_s: float, signals: _Signals, announce: Callable[[str], None]) -> None:
     """Take no new requests; give the accepted ones `drain_s`; then cancel the rest: waiting ones
     are answered now, running ones stop at their next step (CANCEL_GRACE_S allowed for it)."""
     dispatcher.close()
     if not dispatcher.idle():
         announce(f"stopping: the requests accepted have {drain_s:g} s to finish (a second Ctrl-C cancels them)")
-    deadline = time.monotonic() + drain_s
-    while not dispatcher.idle() and time.monotonic() < deadline and not signals.again.is_set():
-        time.sleep(0.05)
-    if dispatcher.idle():
+    if _idle_within(dispatcher, drain_s, signals.again):
         return
     dispatcher.cancel_all("shutdown")
-    deadline = time.monotonic() + CANCEL_GRACE_S
-    while not dispatcher.idle() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not dispatcher.idle():
+    if not _idle_within(dispatcher, CANCEL_GRACE_S):
         announce(f"a request did not reach its next step within {CANCEL_GRACE_S:g} s of its cancellation; stopping without it")
+
+
+def _idle_within(dispatcher: Dispatcher, seconds: float, interrupted: threading.Event | None = None) -> bool:
+    """Whether every accepted request is answered within `seconds` (sooner false once `interrupted` is set)."""
+    deadline = time.monotonic() + seconds
+    while not dispatcher.idle():
+        if time.monotonic() >= deadline or (interrupted is not None and interrupted.is_set()):
+            return False
+        time.sleep(0.05)
+    return True
