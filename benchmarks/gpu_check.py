@@ -38,7 +38,8 @@ class Step:
     gpus: int = 1
 
 
-# Budgets: what each step took on the first lent H100 (2026-11-27, cold caches) with room to spare; sizes and repeats are cut from the
+# Budgets: what each step took on the lent H100s (2026-11-27 and -28, cold caches: 57, 13, 39, 26, 38, 45, 33, 48 s
+# in plan order) with room to spare; sizes and repeats are cut from the
 # scripts' defaults only where the default would not fit (each flag is named in its script).
 PLAN: tuple[Step, ...] = (
     Step("tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"), 80,
