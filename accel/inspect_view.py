@@ -25,7 +25,7 @@ def inspect_view(found: dict[str, Any]) -> RenderableType:
         summary.add_row("family", f"{family['title']} ({family['name']}), tested family")
     else:
         summary.add_row("family", "none: not a tested family")
-        summary.add_row("refused", found["refused"])
+        summary.add_row("refused" if found["refused"] else "generic path", found["refused"] or found["generic"])
     for transformer in found["transformers"]:
         heads = f", {transformer['heads']} heads" if transformer["heads"] is not None else ""
         summary.add_row("transformer", f"{transformer['attr']}: {transformer['class']}{heads}")

@@ -103,10 +103,20 @@ def test_applying_twice_is_refused_until_removed(tiny_flux: Any) -> None:
     accel.apply(tiny_flux, {}).remove()
 
 
-def test_unsupported_pipeline_is_refused() -> None:
-    pipe = SimpleNamespace(transformer=torch.nn.Linear(2, 2))
-    with pytest.raises(ModelError, match=r"^accel does not support SimpleNamespace \(transformer Linear\); supported transformers: FluxTransformer2DModel, "):
-        accel.apply(pipe, {"cache": {"threshold": 0.1}})
+def test_a_pipeline_without_a_transformer_or_blocks_is_refused_in_one_line() -> None:
+    """No family knows these, and the generic path finds nothing to work on: one line naming what is
+    missing and what still works."""
+    with pytest.raises(ModelError) as refused:
+        accel.apply(SimpleNamespace(transformer=torch.nn.Linear(2, 2)), {"cache": {"threshold": 0.1}})
+    assert str(refused.value) == (
+        "Linear has no repeated blocks: no _repeated_blocks or _no_split_modules, and no module list of two or more blocks "
+        "of one class holding an attention. accel's cache, compile and parallelism work block by block, so none applies to "
+        "SimpleNamespace; diffusers' VAE tiling and offload still do")
+    with pytest.raises(ModelError) as refused:
+        accel.apply(SimpleNamespace(vae=torch.nn.Linear(2, 2)), {})
+    assert str(refused.value) == (
+        "SimpleNamespace has no transformer: accel accelerates diffusion transformers (pipe.transformer); diffusers' own "
+        "VAE tiling (pipe.vae.enable_tiling()) and offload still work on it")
 
 
 def test_parallel_outside_a_distributed_job_is_refused(tiny_flux: Any) -> None:

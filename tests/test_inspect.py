@@ -66,8 +66,9 @@ def test_the_json_of_every_tiny_alias_is_the_familys_data(alias: str) -> None:
     assert result.exit_code == 0, result.output
     found = json.loads(result.stdout)  # stdout holds the JSON alone
     family = FAMILIES[alias.removeprefix("tiny-")]
-    assert set(found) == {"model", "source", "pipeline", "family", "refused", "transformers", "streams", "primary_stream", "parallel",
-                          "accelerators"}
+    assert set(found) == {"model", "source", "pipeline", "family", "refused", "generic", "transformers", "streams", "primary_stream",
+                          "parallel", "accelerators"}
+    assert (found["refused"], found["generic"]) == (None, None)
     assert (found["model"], found["source"], found["refused"]) == (alias, "tiny", None)
     assert found["pipeline"] in family.pipeline_classes
     assert found["family"] == {"name": family.name, "title": family.title, "tested": True}
@@ -142,27 +143,32 @@ def _folder(tmp_path: Path, pipeline: str, transformer: str | None, config: dict
     return str(tmp_path)
 
 
-def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_not_accelerated(tmp_path: Path) -> None:
+def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_its_generic_path(tmp_path: Path) -> None:
     from test_discover import OUTSIDE
 
     folder = _folder(tmp_path, "ChronoEditPipeline", "ChronoEditTransformer3DModel", OUTSIDE["ChronoEditTransformer3DModel"][0])
     found = json.loads(invoke("inspect", folder, "--json").stdout)
     assert found["family"] == {"name": None, "title": "ChronoEditPipeline", "tested": False}
-    assert found["refused"] == ("ChronoEditPipeline is not a family accel was taught: accel run and accel.apply refuse it today "
-                                "(accel models lists the families)")
+    assert found["refused"] is None
+    assert found["generic"] == ("accel learns the blocks from the model at load (one probe call learns what a block returns); "
+                                "cache, quantization and compile apply")
     [transformer] = found["transformers"]
     assert (transformer["class"], transformer["heads"]) == ("ChronoEditTransformer3DModel", 2)
     assert transformer["blocks"] == [{"attr": "blocks", "count": 3, "class": "WanTransformerBlock", "returns": None,
                                       "found_by": "_repeated_blocks",
                                       "unknown": "diffusers' block registry has no entry for WanTransformerBlock"}]
     assert found["parallel"]["plan"] == "diffusers _cp_plan" and not any(found["parallel"]["modes"].values())
+    assert found["parallel"]["refused"]["ulysses"] == (
+        "ChronoEditPipeline is not a family accel was taught: its context parallelism waits on the automatic plan")
     accelerators = found["accelerators"]
-    assert (accelerators["cache"], accelerators["quant"], accelerators["compile"]) == ([], [], None)
+    assert (accelerators["cache"], accelerators["quant"], accelerators["compile"]) == (
+        ["fbcache", "dbcache", "taylorseer", "magcache"], ["int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"], "regional")
     # What its VAE class supports, for when the pipeline runs: AutoencoderKL tiles and is split (FLUX's VAE).
     assert (accelerators["vae_tiling"], accelerators["vae"]) == (True, {"class": "AutoencoderKL", "parallel": True,
                                                                        "method": vae_plan("AutoencoderKL").method})  # type: ignore[union-attr]
     table = invoke("inspect", folder).stdout
     assert "none: not a tested family" in table and "unknown: diffusers' block registry has no entry for" in table
+    assert "generic path" in table and "accel learns the blocks from the model at load" in table
 
 
 def test_registry_answers_show_for_a_pipeline_no_family_knows(tmp_path: Path) -> None:

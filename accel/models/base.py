@@ -500,10 +500,15 @@ class Family:
     # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
     # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
     processors: tuple[tuple[str, Callable[[], Any]], ...] = ()
+    # Made by accel/models/generic.py from the model itself (a pipeline no family describes), not a
+    # tested family: what it does not know (context, CFG and tensor parallelism) is refused.
+    learned: bool = False
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""
         if self.cfg is None:
+            if self.learned:
+                return f"accel has not learned how {self.title} runs classifier-free guidance (no family describes it)"
             return f"{self.title} pipelines have no classifier-free guidance"
         scale = call.get(self.cfg_scale)
         if scale is None or scale <= self.cfg_above:

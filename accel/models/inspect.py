@@ -6,14 +6,15 @@ model_index.json and transformer configs, else a registry family's flagship conf
 the transformers built on the meta device to count their blocks. A pipeline no family knows is
 described from its transformer itself (accel/models/discover.py: the block lists, what declared
 them, what the blocks return where diffusers' registry says, the class's own `_cp_plan`), with
-`tested` false and `refused` saying why accel does not accelerate it yet (the generic path of
-issue 34 is being built).
+`tested` false and `generic` saying what the generic path (accel/models/generic.py) gives it at
+load: cache, quantization and compile over the blocks found, parallelism refused until the automatic
+plan; `refused` says why nothing applies where the transformer has no repeated blocks.
 
 The JSON (`as_json`), a stable shape:
 
     {"model": str, "source": "tiny" | "registry" | "folder" | "hub", "pipeline": str,
      "family": {"name": str | null, "title": str, "tested": bool},
-     "refused": str | null,
+     "refused": str | null, "generic": str | null,
      "transformers": [{"attr": str, "class": str, "heads": int | null,
                        "blocks": [{"attr": str, "count": int | null, "class": str | null, "returns": [str] | null,
                                    "found_by": "family" | "_repeated_blocks" | "_no_split_modules" | "structure",
@@ -258,6 +259,7 @@ def as_json(found: Found) -> dict[str, Any]:
         "pipeline": found.pipeline,
         "family": {"name": family.name, "title": family.title, "tested": True},
         "refused": None,
+        "generic": None,
         "transformers": _transformers_json(found),
         "streams": list(_streams(plan)),
         "primary_stream": family.primary_stream,
@@ -291,15 +293,23 @@ def _unknown_json(found: Found) -> dict[str, Any]:
     """A pipeline no family knows: what its transformers show, nothing accelerated yet."""
     from accel.recipe import MemorySection
 
+    from accel.recipe import QuantSection
+
     own_plan = any(t.own_cp_plan for t in found.transformers)
-    why = f"{found.pipeline} is not a family accel was taught: accel run and accel.apply refuse it today (accel models lists the families)"
+    blocks = any(t.blocks for t in found.transformers)
+    probe = any(b.returns is None for t in found.transformers for b in t.blocks)
+    generic = ("accel learns the blocks from the model at load" + (" (one probe call learns what a block returns)" if probe else "")
+               + "; cache, quantization and compile apply")
+    why = None if blocks else f"{found.pipeline}'s transformer has no repeated blocks: accel's cache, compile and parallelism do not apply"
     split = vae_plan(found.vae) if found.vae else None
+    untaught = f"{found.pipeline} is not a family accel was taught"
     return {
         "model": found.model,
         "source": found.source,
         "pipeline": found.pipeline,
         "family": {"name": None, "title": found.pipeline, "tested": False},
         "refused": why,
+        "generic": generic if blocks else None,
         "transformers": _transformers_json(found),
         "streams": [],
         "primary_stream": None,
@@ -308,10 +318,16 @@ def _unknown_json(found: Found) -> dict[str, Any]:
             "heads": next((t.heads for t in found.transformers if t.heads is not None), None),
             "cfg_style": None,
             "modes": {mode: False for mode in ("ulysses", "ring", "cfg", "tp")},
-            "refused": {mode: "not a tested family" for mode in ("ulysses", "ring", "cfg", "tp")},
+            "refused": {"ulysses": f"{untaught}: its context parallelism waits on the automatic plan",
+                        "ring": f"{untaught}: its context parallelism waits on the automatic plan",
+                        "cfg": f"{untaught}: how it runs classifier-free guidance is not known",
+                        "tp": f"{untaught}: it has no tensor-parallel plan"},
         },
         "accelerators": {
-            "cache": [], "quant": [], "compile": None, "vae_tiling": _tiles(found.vae),  # what its VAE class supports
+            "cache": list(CACHE_METHODS) if blocks else [],
+            "quant": [kind for kind in _choices(QuantSection, "type") if kind != "none"] if blocks else [],
+            "compile": "regional" if blocks else None,
+            "vae_tiling": _tiles(found.vae),  # what its VAE class supports
             "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
             "text_encoders": list(found.text_encoders),
             "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from accel.errors import ModelError
 from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage
 from accel.models.base import Family
 
@@ -66,16 +65,13 @@ def unknown_model_message(name: str) -> str:
 
 def family_of(pipe: Any) -> Family:
     """The family whose transformer this pipeline holds, recognised by class (subclasses too). Where
-    families share a transformer class (FLUX.2 dev and Klein), the one that lists the pipeline's class."""
+    families share a transformer class (FLUX.2 dev and Klein), the one that lists the pipeline's class.
+    A pipeline no family knows gets the record accel learns from the model (accel/models/generic.py)."""
     matching = [family for family in FAMILIES.values() if any(
         _is_a(getattr(pipe, attr, None), name) for attr in family.transformer_attrs for name in family.transformer_classes)]
     if matching:
         return next((family for family in matching if _lists_pipeline(family, type(pipe))), matching[0])
-    found = getattr(getattr(pipe, "transformer", None), "__class__", type(None)).__name__
-    raise ModelError(unsupported_message(type(pipe).__name__, found))
+    from accel.models.generic import learned_family
 
+    return learned_family(pipe)
 
-def unsupported_message(pipeline_class: str, transformer_class: str) -> str:
-    """The one line for a pipeline no family knows (a loaded one, or one named by its class names)."""
-    supported = ", ".join(dict.fromkeys(name for f in FAMILIES.values() for name in f.transformer_classes))
-    return f"accel does not support {pipeline_class} (transformer {transformer_class}); supported transformers: {supported}"

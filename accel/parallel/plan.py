@@ -32,6 +32,9 @@ from accel.parallel.outputs import map_sample
 def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers:
     """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked).
     A `FromDiffusers` plan is derived when the engine meets the transformer."""
+    if family.learned:
+        raise NotAvailableError(f"{where}: {family.title} is not a family accel was taught, and context parallelism for it "
+                                "waits on the automatic plan; run it on one process (cache, quantization and compile apply)")
     if family.parallel is None:
         raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
     return family.parallel

@@ -1,0 +1,254 @@
+"""The family accel makes itself for a pipeline none of its families describes (issue 34).
+
+Caching, compile and quantization need no model knowledge beyond the transformer's repeated blocks,
+what each block returns and the order the lists run in; a family record holds exactly that
+(`Family.blocks`, `primary_stream`) beside the call defaults. For a pipeline no family lists, this
+module builds that record from the model itself: the block lists from `discover_blocks`; what a
+block returns from diffusers' block registry, else learned from one probe call; call defaults from
+the pipeline's signature. The probe is the pipeline's own call at a small size, stopped right after
+the transformer's first forward (no denoising, no decode): the only inputs every pipeline is sure to
+accept are the ones it makes itself.
+
+What the record leaves out is refused, not guessed: context parallelism (no plan until the automatic
+one is verified on simulated ranks), CFG parallelism (how the pipeline runs guidance is not known),
+tensor parallelism, a tiny variant. Learned records are kept per (pipeline class, transformer
+class, config) for the life of the process, so `accel serve` and `accel bench` probe once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import json
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.errors import ModelError, UserError
+from accel.models.base import BlockList, Family, GenerationDefaults, OutputKind
+from accel.models.discover import Discovery, discover_blocks, order_by_call
+from accel.models.probe import probe_returns
+
+PROBE_SIZE = 128  # pixels a side: a multiple of every VAE scale x patch size in diffusers (8-32 x 1-4)
+PROBE_FRAMES = 9  # 8k + 1 and 4k + 1: a frame count causal video VAEs take
+PRIMARY = "hidden_states"
+
+_LEARNED: dict[tuple[str, str, str], Family] = {}
+
+
+class _FirstForwardDone(Exception):
+    """Raised from the transformer's forward hook to end the probe call after its first forward."""
+
+
+def config_hash(transformer: nn.Module) -> str:
+    """A short digest of the transformer's config: two checkpoints of one class with other shapes differ."""
+    config = dict(getattr(transformer, "config", {}) or {})
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def no_transformer_message(pipeline_class: str) -> str:
+    return (f"{pipeline_class} has no transformer: accel accelerates diffusion transformers (pipe.transformer); "
+            "diffusers' own VAE tiling (pipe.vae.enable_tiling()) and offload still work on it")
+
+
+def learned_family(pipe: Any) -> Family:
+    """The family record accel learns for `pipe` (kept for the process); a ModelError in one line
+    where the pipeline has no transformer, the transformer no repeated blocks, or the probe fails."""
+    transformer = getattr(pipe, "transformer", None)
+    if not isinstance(transformer, nn.Module):
+        raise ModelError(no_transformer_message(type(pipe).__name__))
+    key = (type(pipe).__name__, type(transformer).__name__, config_hash(transformer))
+    if key not in _LEARNED:
+        _LEARNED[key] = _learn(pipe, transformer)
+    return _LEARNED[key]
+
+
+def _learn(pipe: Any, transformer: nn.Module) -> Family:
+    try:
+        discovery = discover_blocks(transformer)
+    except UserError as error:
+        raise ModelError(f"{error}. accel's cache, compile and parallelism work block by block, so none applies to "
+                         f"{type(pipe).__name__}; diffusers' VAE tiling and offload still do") from None
+    seams = _Seams(transformer, discovery)
+    try:
+        if discovery.block_lists() is None or discovery.order == "definition" or len(discovery.lists) > 1:
+            discovery = _probed(pipe, transformer, discovery)
+    finally:
+        seams.remove()
+    lists = seams.joined(main_lists(discovery))
+    signature = inspect.signature(type(pipe).__call__).parameters
+    output: OutputKind = "video" if "num_frames" in signature else "image"
+    config = dict(getattr(transformer, "config", {}) or {})
+    heads = config.get("num_attention_heads")
+    vae = getattr(pipe, "vae", None)
+    return Family(
+        name=_slug(type(pipe).__name__), title=type(pipe).__name__, pipeline_class=type(pipe).__name__,
+        transformer_class=type(transformer).__name__, repo="", output=output, dtype="bfloat16",
+        defaults=_defaults(pipe, signature, output), blocks=lists,
+        transformer_attrs=_transformer_attrs(pipe, transformer),
+        primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
+        frames_arg="num_frames" if output == "video" else None,
+        heads=heads if isinstance(heads, int) else None,
+        vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
+        learned=True,
+    )
+
+
+def main_lists(discovery: Discovery) -> tuple[BlockList, ...]:
+    """The block lists the cache and compile run over: in run order, those whose blocks return the
+    primary stream (refiners that prepare another stream before the main blocks, and lists of one
+    block, are left to run as they are); then trailing lists dropped until the first list returns
+    every stream the last one does, which the cache's residual needs."""
+    known = [found for found in discovery.lists if found.returns is not None and found.count >= 2]
+    if not known:
+        reasons = "; ".join(found.unknown for found in discovery.lists if found.unknown) or "no list of two or more blocks"
+        raise ModelError(f"{discovery.transformer_class}: accel could not learn what its blocks return ({reasons}); "
+                         "its cache and compile need that")
+    primary = PRIMARY if any(PRIMARY in (found.returns or ()) for found in known) else (known[0].returns or ("",))[0]
+    lists = [BlockList(found.attr, returns=found.returns) for found in known if primary in (found.returns or ())]
+    while len(lists) > 1 and not set(lists[-1].returns) <= set(lists[0].returns):
+        lists.pop()
+    return tuple(lists)
+
+
+class _Seams:
+    """What crosses the seam between two block lists in the probe call: the last block's outputs of
+    each list and the first block's arguments. A transformer that concatenates streams there (FLUX.2
+    and Chroma run their single blocks on text then image in one tensor) shows it as a next-list
+    stream equal to the previous list's streams concatenated on the token dim: `joins` in the record."""
+
+    def __init__(self, transformer: nn.Module, discovery: Discovery) -> None:
+        from accel.models.probe import _named
+
+        self.outputs: dict[str, Any] = {}
+        self.inputs: dict[str, dict[str, Any]] = {}
+        self._handles = []
+        for found in discovery.lists:
+            blocks = transformer.get_submodule(found.attr)
+            if not len(blocks):
+                continue
+
+            def keep_output(module: nn.Module, args: Any, kwargs: Any, output: Any, attr: str = found.attr) -> None:
+                self.outputs[attr] = output
+
+            def keep_inputs(module: nn.Module, args: Any, kwargs: Any, attr: str = found.attr) -> None:
+                self.inputs.setdefault(attr, _named(module, args, kwargs))
+
+            self._handles.append(blocks[-1].register_forward_hook(keep_output, with_kwargs=True))
+            self._handles.append(blocks[0].register_forward_pre_hook(keep_inputs, with_kwargs=True))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def joined(self, lists: tuple[BlockList, ...]) -> tuple[BlockList, ...]:
+        """`lists` with each one-stream list after a several-stream one given the `joins` the probe
+        saw; a list whose stream is neither the previous list's nor their concatenation ends the lists."""
+        kept = [lists[0]]
+        for block_list in lists[1:]:
+            before = kept[-1]
+            outputs = self.outputs.get(before.attr)
+            arguments = self.inputs.get(block_list.attr, {})
+            if outputs is None or len(block_list.returns) != 1 or len(before.returns) == 1:
+                kept.append(block_list)
+                continue
+            streams = dict(zip(before.returns, outputs if isinstance(outputs, tuple) else (outputs,)))
+            mine = arguments.get(block_list.returns[0])
+            same = streams.get(block_list.returns[0])
+            if isinstance(mine, torch.Tensor) and isinstance(same, torch.Tensor) and mine.shape == same.shape:
+                kept.append(block_list)
+                continue
+            order = next((order for order in itertools.permutations(before.returns)
+                          if isinstance(mine, torch.Tensor) and _concatenation_of(mine, [streams[name] for name in order])), None)
+            if order is None:
+                break
+            kept.append(BlockList(block_list.attr, returns=block_list.returns, joins=tuple(order)))
+        return tuple(kept)
+
+
+def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:
+    if not all(isinstance(part, torch.Tensor) and part.dim() == joined.dim() for part in parts):
+        return False
+    if sum(part.shape[1] for part in parts) != joined.shape[1]:
+        return False
+    return torch.equal(torch.cat(parts, dim=1), joined)
+
+
+def _probed(pipe: Any, transformer: nn.Module, discovery: Discovery) -> Discovery:
+    """`discovery` with returns and run order learned from one probe call of the pipeline."""
+    def call() -> None:
+        _probe_call(pipe, transformer)
+
+    learned = probe_returns(transformer, discovery, call)
+    if discovery.order == "definition":
+        learned = learned.ordered(order_by_call(transformer, call))
+    return learned
+
+
+def _probe_call(pipe: Any, transformer: nn.Module) -> None:
+    """Run the pipeline at a small size until the transformer's first forward has returned."""
+    def stop(module: nn.Module, args: Any, output: Any) -> None:
+        raise _FirstForwardDone
+
+    handle = transformer.register_forward_hook(stop)
+    try:
+        with torch.no_grad():
+            pipe(**probe_kwargs(pipe))
+    except _FirstForwardDone:
+        return
+    except Exception as error:  # the pipeline's own failure, whatever it is, is the user's one line
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"{type(pipe).__name__}: accel's probe call (one small call to learn what the transformer's "
+                         f"blocks return) failed: {first}") from None
+    finally:
+        handle.remove()
+    raise ModelError(f"{type(pipe).__name__}: accel's probe call never ran the transformer")
+
+
+def probe_kwargs(pipe: Any) -> dict[str, Any]:
+    """A small call every text-to-image / video pipeline takes: a prompt, one step, 128 px, 9 frames."""
+    parameters = inspect.signature(type(pipe).__call__).parameters
+    wanted: dict[str, Any] = {"prompt": "a probe", "num_inference_steps": 1, "height": PROBE_SIZE, "width": PROBE_SIZE,
+                              "num_frames": PROBE_FRAMES, "output_type": "latent",
+                              "generator": torch.Generator().manual_seed(0)}
+    return {key: value for key, value in wanted.items() if key in parameters}
+
+
+def _defaults(pipe: Any, signature: Any, output: OutputKind) -> GenerationDefaults:
+    """The pipeline's own call defaults where its signature states them; a size from the transformer's
+    sample size and the VAE's scale where it leaves height / width to be computed."""
+    def given(name: str, kind: type) -> Any:
+        parameter = signature.get(name)
+        value = parameter.default if parameter is not None else None
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    steps = given("num_inference_steps", int) or 28
+    guidance = given("guidance_scale", float)
+    size = _default_size(pipe, output)
+    height, width = given("height", int) or size[0], given("width", int) or size[1]
+    frames = (given("num_frames", int) or 49) if output == "video" else None
+    return GenerationDefaults(steps=steps, height=height, width=width, frames=frames, guidance_scale=guidance)
+
+
+def _default_size(pipe: Any, output: OutputKind) -> tuple[int, int]:
+    sample = getattr(getattr(getattr(pipe, "transformer", None), "config", None), "sample_size", None)
+    scale = getattr(pipe, "vae_scale_factor", None)
+    if isinstance(sample, int) and isinstance(scale, int) and sample * scale >= 256:
+        return sample * scale, sample * scale
+    return (1024, 1024) if output == "image" else (480, 832)
+
+
+def _transformer_attrs(pipe: Any, transformer: nn.Module) -> tuple[str, ...]:
+    """`transformer`, then other components of its class (a second expert, as Wan 2.2's transformer_2)."""
+    others = [name for name, value in getattr(pipe, "components", {}).items()
+              if name != "transformer" and type(value) is type(transformer)]
+    return ("transformer", *sorted(others))
+
+
+def _slug(pipeline_class: str) -> str:
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", pipeline_class.removesuffix("Pipeline"))
+    return words.lower()
