@@ -579,6 +579,8 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     """A user's first_blocks / last_blocks must leave the model blocks to cache: one line, before
     quantization (which cannot be undone) or any other change."""
     settings = handle.recipe.cache
+    if settings.enabled and handle.family.cache_refused:
+        raise UserError(f"[cache] method = '{settings.method}': {handle.family.cache_refused}")
     if not settings.enabled or settings.method in ("taylorseer", "magcache"):
         return
     for transformer in _transformers(handle).values():

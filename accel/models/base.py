@@ -503,6 +503,8 @@ class Family:
     # Made by accel/models/generic.py from the model itself (a pipeline no family describes), not a
     # tested family: what it does not know (context, CFG and tensor parallelism) is refused.
     learned: bool = False
+    # Why the step caches cannot run on these blocks (a learned record whose lists run interleaved).
+    cache_refused: str | None = None
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""

@@ -79,22 +79,24 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
             discovery = _probed(pipe, transformer, discovery)
     finally:
         seams.remove()
-    lists = seams.joined(main_lists(discovery))
+    interleaved = seams.interleaved(type(transformer).__name__)
+    lists = main_lists(discovery) if interleaved else seams.joined(main_lists(discovery))
     signature = inspect.signature(type(pipe).__call__).parameters
-    output: OutputKind = "video" if "num_frames" in signature else "image"
+    frames_arg = frames_keyword(signature)
+    output: OutputKind = "video" if frames_arg else "image"
     config = dict(getattr(transformer, "config", {}) or {})
     heads = config.get("num_attention_heads")
     vae = getattr(pipe, "vae", None)
     return Family(
         name=_slug(type(pipe).__name__), title=type(pipe).__name__, pipeline_class=type(pipe).__name__,
         transformer_class=type(transformer).__name__, repo="", output=output, dtype="bfloat16",
-        defaults=_defaults(pipe, signature, output), blocks=lists,
+        defaults=_defaults(pipe, signature, frames_arg), blocks=lists,
         transformer_attrs=_transformer_attrs(pipe, transformer),
         primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
-        frames_arg="num_frames" if output == "video" else None,
+        frames_arg=frames_arg,
         heads=heads if isinstance(heads, int) else None,
         vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
-        learned=True,
+        learned=True, cache_refused=interleaved,
     )
 
 
@@ -126,11 +128,18 @@ class _Seams:
 
         self.outputs: dict[str, Any] = {}
         self.inputs: dict[str, dict[str, Any]] = {}
+        self.runs: list[str] = []  # the lists in the order their blocks ran, a run of one list's blocks once
         self._handles = []
         for found in discovery.lists:
             blocks = transformer.get_submodule(found.attr)
             if not len(blocks):
                 continue
+
+            def ran(module: nn.Module, args: Any, attr: str = found.attr) -> None:
+                if not self.runs or self.runs[-1] != attr:
+                    self.runs.append(attr)
+
+            self._handles += [block.register_forward_pre_hook(ran) for block in blocks]
 
             def keep_output(module: nn.Module, args: Any, kwargs: Any, output: Any, attr: str = found.attr) -> None:
                 self.outputs[attr] = output
@@ -144,6 +153,15 @@ class _Seams:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+    def interleaved(self, transformer_class: str) -> str | None:
+        """Why the block cache cannot run where the probe saw lists take turns (Latte's spatial and
+        temporal blocks run one of each in turn); None where each list ran through in one go."""
+        if len(self.runs) == len(set(self.runs)):
+            return None
+        lists = " and ".join(dict.fromkeys(self.runs))
+        return (f"{transformer_class} runs {lists} interleaved (one block of each in turn), and accel's step caches "
+                "need lists that run one after another; quantization and compile apply")
 
     def joined(self, lists: tuple[BlockList, ...]) -> tuple[BlockList, ...]:
         """`lists` with each one-stream list after a several-stream one given the `joins` the probe
@@ -209,16 +227,28 @@ def _probe_call(pipe: Any, transformer: nn.Module) -> None:
     raise ModelError(f"{type(pipe).__name__}: accel's probe call never ran the transformer")
 
 
+FRAMES_KEYWORDS = ("num_frames", "video_length")  # what diffusers' video pipelines call the frame count
+
+
+def frames_keyword(parameters: Any) -> str | None:
+    return next((name for name in FRAMES_KEYWORDS if name in parameters), None)
+
+
 def probe_kwargs(pipe: Any) -> dict[str, Any]:
-    """A small call every text-to-image / video pipeline takes: a prompt, one step, 128 px, 9 frames."""
+    """A small call every text-to-image / video pipeline takes: a prompt, one step, 128 px, and the
+    pipeline's own frame count where it states one (a model with learned temporal positions takes
+    no other), else 9."""
     parameters = inspect.signature(type(pipe).__call__).parameters
     wanted: dict[str, Any] = {"prompt": "a probe", "num_inference_steps": 1, "height": PROBE_SIZE, "width": PROBE_SIZE,
-                              "num_frames": PROBE_FRAMES, "output_type": "latent",
-                              "generator": torch.Generator().manual_seed(0)}
+                              "output_type": "latent", "generator": torch.Generator().manual_seed(0)}
+    frames = frames_keyword(parameters)
+    if frames is not None:
+        stated = parameters[frames].default
+        wanted[frames] = stated if isinstance(stated, int) and not isinstance(stated, bool) else PROBE_FRAMES
     return {key: value for key, value in wanted.items() if key in parameters}
 
 
-def _defaults(pipe: Any, signature: Any, output: OutputKind) -> GenerationDefaults:
+def _defaults(pipe: Any, signature: Any, frames_arg: str | None) -> GenerationDefaults:
     """The pipeline's own call defaults where its signature states them; a size from the transformer's
     sample size and the VAE's scale where it leaves height / width to be computed."""
     def given(name: str, kind: type) -> Any:
@@ -228,9 +258,9 @@ def _defaults(pipe: Any, signature: Any, output: OutputKind) -> GenerationDefaul
 
     steps = given("num_inference_steps", int) or 28
     guidance = given("guidance_scale", float)
-    size = _default_size(pipe, output)
+    size = _default_size(pipe, "video" if frames_arg else "image")
     height, width = given("height", int) or size[0], given("width", int) or size[1]
-    frames = (given("num_frames", int) or 49) if output == "video" else None
+    frames = (given(frames_arg, int) or 49) if frames_arg else None
     return GenerationDefaults(steps=steps, height=height, width=width, frames=frames, guidance_scale=guidance)
 
 
