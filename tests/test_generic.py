@@ -11,6 +11,7 @@ refused) and Allegro (video).
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
@@ -219,12 +220,33 @@ def test_context_parallelism_is_refused_in_one_line() -> None:
         "accel has not learned how PixArtSigmaPipeline runs classifier-free guidance (no family describes it)")
 
 
-def test_accel_run_takes_a_saved_folder_of_an_unknown_pipeline(tmp_path: Path) -> None:
-    pipeline("chroma").save_pretrained(tmp_path / "chroma")
+@pytest.fixture(scope="module")
+def chroma_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("generic") / "chroma"
+    pipeline("chroma").save_pretrained(folder)
+    return folder
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"}, catch_exceptions=False)
+
+
+def test_accel_run_takes_a_saved_folder_of_an_unknown_pipeline(chroma_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "fox.png"
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "chroma"), "--steps", "3", "--height", "64", "--width", "64",
-                                      "--cache", "0.1", "--dtype", "float32", "--out", str(out)],
-                                env={"COLUMNS": "200"}, catch_exceptions=False)
+    result = cli("run", str(chroma_folder), "--steps", "3", "--height", "64", "--width", "64", "--cache", "0.1",
+                 "--dtype", "float32", "--out", str(out))
     assert result.exit_code == 0, result.output
     with Image.open(out) as image:
         assert image.size == (64, 64)
+
+
+def test_accel_bench_takes_a_recipe_naming_such_a_folder(chroma_folder: Path, tmp_path: Path) -> None:
+    recipe = tmp_path / "chroma.toml"
+    recipe.write_text(f'[model]\nname = "{chroma_folder}"\ndtype = "float32"\ndevice = "cpu"\n'
+                      '[generate]\nsteps = 3\nheight = 64\nwidth = 64\n[cache]\nthreshold = 1e9\n[bench]\nrepeats = 1\n')
+    result = cli("bench", str(recipe), "--out", str(tmp_path / "bench"))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    rows = {row["name"]: row for row in report["variants"]}
+    assert set(rows) == {"baseline", "recipe"} and report["family"] == "chroma"
+    assert rows["recipe"]["status"] == "ran" and rows["recipe"]["cache_hit_rate"] > 0  # the learned blocks are skipped
