@@ -210,7 +210,7 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
     from accel.models.refs import heads_before_start
     from accel.models.lora import parse_loras
     from accel.parallel.mesh import resolve_degrees
-    from accel.parallel.plan import plan_of
+    from accel.parallel.plan import plan_of, refuse_untaught_before_start
     from accel.runner import generation_kwargs
 
     try:
@@ -220,6 +220,7 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
             if variant.world_size > 1:
                 plan_of(ref.family, "[parallel]")
         if variant.world_size > 1:
+            refuse_untaught_before_start(ref, "[parallel]")
             resolve_degrees(variant.parallel, heads_before_start(ref), ref.name)
     except UserError as error:
         raise type(error)(f"{variant.source}: [bench] variant {name!r}: {error}") from None

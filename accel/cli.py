@@ -357,9 +357,10 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[
     from accel.models.lora import parse_loras
     from accel.optimize.quantize import check_hardware
     from accel.parallel.mesh import resolve_degrees
-    from accel.parallel.plan import plan_of
+    from accel.parallel.plan import plan_of, refuse_untaught_before_start
 
     ref = resolve_model(settings.model.name)
+    refuse_untaught_before_start(ref, "--gpus / [parallel]")
     parse_loras(settings.model.lora)  # a missing LoRA file: one line before any rank starts
     check_hardware(settings.quant.type, resolve_device(settings.model.device), resolve_dtype(settings.model.dtype, ref))
     if ref.family is not None:

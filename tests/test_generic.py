@@ -250,3 +250,12 @@ def test_accel_bench_takes_a_recipe_naming_such_a_folder(chroma_folder: Path, tm
     rows = {row["name"]: row for row in report["variants"]}
     assert set(rows) == {"baseline", "recipe"} and report["family"] == "chroma"
     assert rows["recipe"]["status"] == "ran" and rows["recipe"]["cache_hit_rate"] > 0  # the learned blocks are skipped
+
+
+def test_several_ranks_are_refused_before_any_rank_starts(chroma_folder: Path) -> None:
+    result = cli("run", str(chroma_folder), "--gpus", "2", "--ulysses", "2", "--steps", "2")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: --gpus / [parallel]: ChromaPipeline is not a family accel was taught, and context parallelism for it waits on "
+        "the automatic plan; run it on one process (cache, quantization and compile apply)\n")
+    assert "loading" not in result.stdout  # refused from model_index.json, before any rank or load

@@ -33,11 +33,23 @@ def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers:
     """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked).
     A `FromDiffusers` plan is derived when the engine meets the transformer."""
     if family.learned:
-        raise NotAvailableError(f"{where}: {family.title} is not a family accel was taught, and context parallelism for it "
-                                "waits on the automatic plan; run it on one process (cache, quantization and compile apply)")
+        raise NotAvailableError(untaught_message(where, family.title))
     if family.parallel is None:
         raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
     return family.parallel
+
+
+def untaught_message(where: str, pipeline_class: str) -> str:
+    """The refusal of several ranks for a pipeline no family describes (the generic path runs it on one)."""
+    return (f"{where}: {pipeline_class} is not a family accel was taught, and context parallelism for it waits on the "
+            "automatic plan; run it on one process (cache, quantization and compile apply)")
+
+
+def refuse_untaught_before_start(ref: Any, where: str) -> None:
+    """A saved pipeline whose classes no family knows runs on one process: refused before any rank starts
+    (a hub id's classes are known only once loaded, where apply refuses it alike)."""
+    if ref.family is None and ref.pipeline is not None:
+        raise NotAvailableError(untaught_message(where, ref.pipeline))
 
 
 class PlanMismatch(TypeError):
