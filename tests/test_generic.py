@@ -259,3 +259,13 @@ def test_several_ranks_are_refused_before_any_rank_starts(chroma_folder: Path) -
         "error: --gpus / [parallel]: ChromaPipeline is not a family accel was taught, and context parallelism for it waits on "
         "the automatic plan; run it on one process (cache, quantization and compile apply)\n")
     assert "loading" not in result.stdout  # refused from model_index.json, before any rank or load
+
+
+def test_the_probe_shows_no_progress_bar_and_leaves_the_users_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from accel.models import generic
+
+    pipe = BUILDERS["cogview3"]()
+    pipe.set_progress_bar_config(leave=False)
+    generic._LEARNED.clear()  # learn again: the record of this class and config may be kept already
+    family_of(pipe)
+    assert "it/s]" not in capsys.readouterr().err and pipe._progress_bar_config == {"leave": False}

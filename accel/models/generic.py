@@ -213,6 +213,9 @@ def _probe_call(pipe: Any, transformer: nn.Module) -> None:
         raise _FirstForwardDone
 
     handle = transformer.register_forward_hook(stop)
+    bar = getattr(pipe, "_progress_bar_config", None)  # the user's, put back after: the probe shows no bar
+    if callable(getattr(pipe, "set_progress_bar_config", None)):
+        pipe.set_progress_bar_config(**{**(bar or {}), "disable": True})
     try:
         with torch.no_grad():
             pipe(**probe_kwargs(pipe))
@@ -224,6 +227,10 @@ def _probe_call(pipe: Any, transformer: nn.Module) -> None:
                          f"blocks return) failed: {first}") from None
     finally:
         handle.remove()
+        if bar is None and hasattr(pipe, "_progress_bar_config"):
+            del pipe._progress_bar_config
+        elif bar is not None:
+            pipe._progress_bar_config = bar
     raise ModelError(f"{type(pipe).__name__}: accel's probe call never ran the transformer")
 
 
