@@ -269,3 +269,25 @@ def test_the_probe_shows_no_progress_bar_and_leaves_the_users_setting(capsys: py
     generic._LEARNED.clear()  # learn again: the record of this class and config may be kept already
     family_of(pipe)
     assert "it/s]" not in capsys.readouterr().err and pipe._progress_bar_config == {"leave": False}
+
+
+class HelperRunPipeline:
+    """A pipeline whose transformer runs its two lists from a helper method, in the other order than it
+    defines them (test_discover's HelperRun): the run order is known only from a call."""
+
+    def __init__(self) -> None:
+        from test_discover import HelperRun
+
+        self.transformer = HelperRun()
+        self.calls = 0
+
+    def __call__(self, prompt: str = "", num_inference_steps: int = 4, output_type: str = "pil") -> Any:
+        self.calls += 1
+        return self.transformer(torch.ones(1, 4))
+
+
+def test_the_run_order_comes_from_the_same_single_probe_call() -> None:
+    pipe = HelperRunPipeline()
+    family = family_of(pipe)
+    assert family.blocks == (BlockList("early", returns=("x",)), BlockList("late", returns=("x",)))
+    assert family.primary_stream == "x" and pipe.calls == 1

@@ -29,8 +29,8 @@ from torch import nn
 
 from accel.errors import ModelError, UserError
 from accel.models.base import BlockList, Family, GenerationDefaults, OutputKind
-from accel.models.discover import Discovery, discover_blocks, order_by_call
-from accel.models.probe import probe_returns
+from accel.models.discover import Discovery, discover_blocks
+from accel.models.probe import named_arguments, probe_returns
 
 PROBE_SIZE = 128  # pixels a side: a multiple of every VAE scale x patch size in diffusers (8-32 x 1-4)
 PROBE_FRAMES = 9  # 8k + 1 and 4k + 1: a frame count causal video VAEs take
@@ -76,7 +76,9 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
     seams = _Seams(transformer, discovery)
     try:
         if discovery.block_lists() is None or discovery.order == "definition" or len(discovery.lists) > 1:
-            discovery = _probed(pipe, transformer, discovery)
+            discovery = probe_returns(transformer, discovery, lambda: _probe_call(pipe, transformer))
+            if discovery.order == "definition":  # the same call showed the order the lists ran in
+                discovery = discovery.ordered(tuple(dict.fromkeys(seams.runs)))
     finally:
         seams.remove()
     interleaved = seams.interleaved(type(transformer).__name__)
@@ -124,8 +126,6 @@ class _Seams:
     stream equal to the previous list's streams concatenated on the token dim: `joins` in the record."""
 
     def __init__(self, transformer: nn.Module, discovery: Discovery) -> None:
-        from accel.models.probe import _named
-
         self.outputs: dict[str, Any] = {}
         self.inputs: dict[str, dict[str, Any]] = {}
         self.runs: list[str] = []  # the lists in the order their blocks ran, a run of one list's blocks once
@@ -145,7 +145,7 @@ class _Seams:
                 self.outputs[attr] = output
 
             def keep_inputs(module: nn.Module, args: Any, kwargs: Any, attr: str = found.attr) -> None:
-                self.inputs.setdefault(attr, _named(module, args, kwargs))
+                self.inputs.setdefault(attr, named_arguments(module, args, kwargs))
 
             self._handles.append(blocks[-1].register_forward_hook(keep_output, with_kwargs=True))
             self._handles.append(blocks[0].register_forward_pre_hook(keep_inputs, with_kwargs=True))
@@ -196,17 +196,6 @@ def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:
     return torch.equal(torch.cat(parts, dim=1), joined)
 
 
-def _probed(pipe: Any, transformer: nn.Module, discovery: Discovery) -> Discovery:
-    """`discovery` with returns and run order learned from one probe call of the pipeline."""
-    def call() -> None:
-        _probe_call(pipe, transformer)
-
-    learned = probe_returns(transformer, discovery, call)
-    if discovery.order == "definition":
-        learned = learned.ordered(order_by_call(transformer, call))
-    return learned
-
-
 def _probe_call(pipe: Any, transformer: nn.Module) -> None:
     """Run the pipeline at a small size until the transformer's first forward has returned."""
     def stop(module: nn.Module, args: Any, output: Any) -> None:
@@ -250,25 +239,26 @@ def probe_kwargs(pipe: Any) -> dict[str, Any]:
                               "output_type": "latent", "generator": torch.Generator().manual_seed(0)}
     frames = frames_keyword(parameters)
     if frames is not None:
-        stated = parameters[frames].default
-        wanted[frames] = stated if isinstance(stated, int) and not isinstance(stated, bool) else PROBE_FRAMES
+        wanted[frames] = _stated(parameters, frames, int) or PROBE_FRAMES
     return {key: value for key, value in wanted.items() if key in parameters}
 
 
 def _defaults(pipe: Any, signature: Any, frames_arg: str | None) -> GenerationDefaults:
     """The pipeline's own call defaults where its signature states them; a size from the transformer's
     sample size and the VAE's scale where it leaves height / width to be computed."""
-    def given(name: str, kind: type) -> Any:
-        parameter = signature.get(name)
-        value = parameter.default if parameter is not None else None
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-    steps = given("num_inference_steps", int) or 28
-    guidance = given("guidance_scale", float)
+    steps = _stated(signature, "num_inference_steps", int) or 28
+    guidance = _stated(signature, "guidance_scale", float)
     size = _default_size(pipe, "video" if frames_arg else "image")
-    height, width = given("height", int) or size[0], given("width", int) or size[1]
-    frames = (given(frames_arg, int) or 49) if frames_arg else None
+    height, width = _stated(signature, "height", int) or size[0], _stated(signature, "width", int) or size[1]
+    frames = (_stated(signature, frames_arg, int) or 49) if frames_arg else None
     return GenerationDefaults(steps=steps, height=height, width=width, frames=frames, guidance_scale=guidance)
+
+
+def _stated(parameters: Any, name: str, kind: type) -> Any:
+    """The default the signature states for `name` where it is a `kind` (not a bool); else None."""
+    parameter = parameters.get(name)
+    value = parameter.default if parameter is not None else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def _default_size(pipe: Any, output: OutputKind) -> tuple[int, int]:

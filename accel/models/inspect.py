@@ -290,10 +290,8 @@ def _transformers_json(found: Found) -> list[dict[str, Any]]:
 
 
 def _unknown_json(found: Found) -> dict[str, Any]:
-    """A pipeline no family knows: what its transformers show, nothing accelerated yet."""
-    from accel.recipe import MemorySection
-
-    from accel.recipe import QuantSection
+    """A pipeline no family knows: what its transformers show, and what the generic path gives it."""
+    from accel.recipe import MemorySection, QuantSection
 
     own_plan = any(t.own_cp_plan for t in found.transformers)
     blocks = any(t.blocks for t in found.transformers)

@@ -37,7 +37,7 @@ def probe_returns(transformer: nn.Module, discovery: Discovery, call: Callable[[
 
     def keep_arguments(attr: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            arguments.setdefault(attr, _named(module, args, kwargs))
+            arguments.setdefault(attr, named_arguments(module, args, kwargs))
         return hook
 
     try:
@@ -67,7 +67,7 @@ def _learned(found: FoundList, outputs: dict[str, Any], arguments: dict[str, dic
     return replace(found, returns=returns, unknown=why)
 
 
-def _named(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def named_arguments(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """A block call's arguments by parameter name (a `**kwargs` parameter's entries by their own names)."""
     signature = inspect.signature(module.forward)
     bound = signature.bind_partial(*args, **kwargs).arguments
