@@ -220,7 +220,7 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
             if variant.world_size > 1:
                 plan_of(ref.family, "[parallel]")
         if variant.world_size > 1:
-            refuse_untaught_before_start(ref, "[parallel]")
+            refuse_untaught_before_start(ref, "[parallel]", variant.parallel)
             resolve_degrees(variant.parallel, heads_before_start(ref), ref.name)
     except UserError as error:
         raise type(error)(f"{variant.source}: [bench] variant {name!r}: {error}") from None

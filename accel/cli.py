@@ -204,6 +204,7 @@ def run(
     ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
     ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
     tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
+    cp_plan: Annotated[str | None, Opt("--cp-plan", metavar="FROM", help="family: the family's tested context-parallel plan; automatic: learned from the model and verified on simulated ranks before use.", show_default=_recipe_default("parallel", "plan"))] = None,
     text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory; sharded: split over the ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
     vae_placement: Annotated[str | None, Opt("--vae-placement", metavar="PLACE", help="replicated; rank0: only the first rank, which writes the output, decodes; the others keep the VAE in host memory.", show_default=_recipe_default("memory", "vae"))] = None,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
@@ -234,7 +235,7 @@ def run(
         },
         "cache": {"threshold": cache, "method": cache_method, "first_blocks": first_blocks, "last_blocks": last_blocks,
                   "calibrator": calibrator, "taylor_order": taylor_order, "max_cached_steps": max_cached_steps, "interval": interval},
-        "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "tp": tp, "cfg": 2 if cfg_parallel else None},
+        "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "tp": tp, "cfg": 2 if cfg_parallel else None, "plan": cp_plan},
         "vae": {"parallel": True if parallel_vae else None, "tiling": True if vae_tiling else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
@@ -360,7 +361,7 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[
     from accel.parallel.plan import plan_of, refuse_untaught_before_start
 
     ref = resolve_model(settings.model.name)
-    refuse_untaught_before_start(ref, "--gpus / [parallel]")
+    refuse_untaught_before_start(ref, "--gpus / [parallel]", settings.parallel)
     parse_loras(settings.model.lora)  # a missing LoRA file: one line before any rank starts
     check_hardware(settings.quant.type, resolve_device(settings.model.device), resolve_dtype(settings.model.dtype, ref))
     if ref.family is not None:

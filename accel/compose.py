@@ -38,7 +38,7 @@ import torch
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CACHE_CALL, LORA, wrap
-from accel.models.base import Family, ParallelPlan, TensorPlan
+from accel.models.base import AutomaticPlan, Family, ParallelPlan, TensorPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -78,6 +78,8 @@ class AccelHandle:
     # The process groups in use (None: one process) and the engine on each transformer attribute.
     mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
+    # Each transformer's automatic plan, verified (empty: the family's own plans are used).
+    plans: dict[str, ParallelPlan] = field(default_factory=dict)
     # The split VAE decode (None: the decode runs whole on every rank).
     vae_decode: ParallelDecode | None = None
     # Each transformer's tensor-parallel split (empty: tp = 1).
@@ -242,7 +244,10 @@ def _join_mesh(handle: AccelHandle) -> None:
     refuse_split(variant_of_class(family, type(handle.pipe)), settings.sequence_ranks)
     if settings.cfg > 1 and family.cfg is None:
         from accel.parallel.cfg import no_guidance_message
+        from accel.parallel.plan import untaught_message
 
+        if family.learned:
+            raise NotAvailableError(untaught_message("[parallel] cfg = 2", family.title, "CFG parallelism"))
         raise NotAvailableError(no_guidance_message(family.title))
     transformers = _transformers(handle)
     device = execution_device(handle.pipe, next(iter(transformers.values())))
@@ -256,12 +261,43 @@ def _join_mesh(handle: AccelHandle) -> None:
                     f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformer).__name__} has no "
                     "context-parallel plan yet; run it on one process, or with cfg = 2 alone"
                 )
+    if _automatic(handle) and degrees.sequence * degrees.cfg > 1:
+        handle.plans = _automatic_plans(handle, transformers, degrees)
     tensor_plans = _tensor_plans(handle, degrees.tp)
     mesh = build_mesh(degrees, device.type)
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     handle.mesh = mesh
     for attr, plan in tensor_plans.items():
         handle.tensor[attr] = TensorParallel(transformers[attr], plan, mesh.tp_group)
+
+
+def _automatic(handle: AccelHandle) -> bool:
+    """Whether context parallelism comes from the automatic plan: a learned family's only one, or asked for."""
+    return isinstance(handle.family.parallel, AutomaticPlan) or handle.recipe.parallel.plan == "automatic"
+
+
+def _automatic_plans(handle: AccelHandle, transformers: dict[str, Any], degrees: Degrees) -> dict[str, ParallelPlan]:
+    """Each transformer's automatic plan, learned from the pipeline's own first transformer call and
+    verified on simulated ranks of this layout (refused in one line where no candidate is exact).
+    Every rank runs the same deterministic check before any collective, so all decide alike; the
+    verdict is kept on disk, so a model is verified once. Under CFG parallelism alone the plan only
+    says which arguments carry the batch."""
+    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.parallel.automatic import batch_arguments_of
+    from accel.parallel.verify import automatic_plan
+
+    family, plans, calls = handle.family, {}, {}
+    for attr, transformer in transformers.items():
+        kind = type(transformer)
+        if kind not in calls:  # a second expert of the same class (Wan 2.2's transformer_2) takes the same inputs
+            calls[kind] = (first_transformer_call(handle.pipe, transformer), other_transformer_call(handle.pipe, transformer))
+        call, wider = calls[kind]
+        if degrees.sequence > 1:
+            plans[attr] = automatic_plan(transformer, call, wider, family.blocks, family.primary_stream,
+                                         degrees.ulysses, degrees.ring, "[parallel]")
+        else:
+            plans[attr] = batch_arguments_of(transformer, call, family.primary_stream)
+    return plans
 
 
 def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
@@ -303,10 +339,13 @@ def _apply_parallel(handle: AccelHandle) -> None:
     family = handle.family
     plan = plan_of(family, "[parallel]")
     transformers = _transformers(handle)
+    if handle.plans:  # the automatic plans _join_mesh verified
+        plan = next(iter(handle.plans.values()))
+    assert not isinstance(plan, AutomaticPlan)
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
-            own = family.plan_for(transformer)
-            assert own is not None  # refused in _join_mesh
+            own = handle.plans.get(attr) or family.plan_for(transformer)
+            assert own is not None and not isinstance(own, AutomaticPlan)  # refused or resolved in _join_mesh
             engine = ContextParallel(transformer, own, mesh)
             handle.parallel[attr] = engine
             handle._undo.append(engine.remove)

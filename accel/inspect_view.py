@@ -30,7 +30,13 @@ def inspect_view(found: dict[str, Any]) -> RenderableType:
         heads = f", {transformer['heads']} heads" if transformer["heads"] is not None else ""
         summary.add_row("transformer", f"{transformer['attr']}: {transformer['class']}{heads}")
     summary.add_row("streams", ", ".join(found["streams"]) or "none declared")
-    summary.add_row("CP plan", parallel["plan"] or "none (one process)")
+    plan = parallel["plan"] or "none (one process)"
+    if parallel["plan"] == "automatic":
+        plan += ": learned from the model and verified on simulated ranks at first use"
+    summary.add_row("CP plan", plan)
+    for verdict in parallel.get("verdicts", []):
+        layout = f"ulysses {verdict['ulysses']} × ring {verdict['ring']}"
+        summary.add_row(f"  {layout}", "verified exact" if verdict["exact"] else f"refused: {verdict['reason']}")
     modes = [f"{mode} {'yes' if on else 'no'}" for mode, on in parallel["modes"].items()]
     summary.add_row("parallel", " · ".join(modes) + (f" (heads {parallel['heads']} bound ulysses and tp)" if parallel["heads"] else ""))
     for mode, why in parallel["refused"].items():

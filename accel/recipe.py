@@ -204,6 +204,10 @@ class ParallelSection:
     tp: int = _key(1, "Tensor-parallel degree: each block's attention heads and MLP width are split over tp GPUs, "
                    "which hold 1/tp of those weights each; it must divide the heads and every split width.", min=1)
     timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.", min=1)
+    plan: Literal["family", "automatic"] = _key(
+        "family", "Where the context-parallel plan comes from: the family's tested one, or the automatic one accel learns "
+        "from the model and verifies on simulated ranks before use (what a pipeline no family describes always gets)."
+    )
 
     @property
     def world_size(self) -> int:

@@ -75,6 +75,8 @@ class Measured:
     quant: dict[str, Any] | None
     # Scope, mode, compiled_modules and the graphs built in warm-up / timed runs (None: no compile).
     compile: dict[str, Any] | None
+    # Where the context-parallel plan came from: "family", or "automatic" (learned and verified).
+    plan: str = "family"
 
     @property
     def bytes_sent_per_rank(self) -> dict[str, int] | None:
@@ -484,6 +486,7 @@ def measure_recipe(
             vae_split=handle.vae_decode is not None,
             quant=handle.quant.as_dict() if handle.quant is not None else None,
             compile=compiled,
+            plan="automatic" if handle.plans else "family",
         )
     finally:
         handle.remove()
@@ -523,7 +526,7 @@ def measure_compared(
         rounds.append(measure_recipe(pipe, recipe, kwargs, first, 1, progress, "accelerated" + label))
     last = rounds[-1]
     return _joined(baselines), Measured(_joined([measured.measurement for measured in rounds]), last.cache, last.degrees,
-                                        last.vae_split, last.quant, last.compile)
+                                        last.vae_split, last.quant, last.compile, last.plan)
 
 
 def _joined(parts: list[Measurement]) -> Measurement:
@@ -647,7 +650,7 @@ def _run(
     if degrees is not None:
         parallel = {
             "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg, "tp": degrees.tp,
-            "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split,
+            "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split, "plan": accelerated.plan,
             "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }
     device = _device_of(pipe)

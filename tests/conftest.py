@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,9 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
+# Verdicts of automatic parallel plans go to a folder of this session's, not the user's cache (rank
+# pools and spawned commands inherit it).
+os.environ.setdefault("ACCEL_CACHE_DIR", tempfile.mkdtemp(prefix="accel-test-cache-"))
 
 FLUX_CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=3.5)
 WAN_CALL = dict(

@@ -157,9 +157,10 @@ def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_its_ge
     assert transformer["blocks"] == [{"attr": "blocks", "count": 3, "class": "WanTransformerBlock", "returns": None,
                                       "found_by": "_repeated_blocks",
                                       "unknown": "diffusers' block registry has no entry for WanTransformerBlock"}]
-    assert found["parallel"]["plan"] == "diffusers _cp_plan" and not any(found["parallel"]["modes"].values())
-    assert found["parallel"]["refused"]["ulysses"] == (
-        "ChronoEditPipeline is not a family accel was taught: its context parallelism waits on the automatic plan")
+    assert found["parallel"]["plan"] == "automatic" and found["parallel"]["verdicts"] == []  # none verified yet
+    assert found["parallel"]["modes"] == {"ulysses": True, "ring": True, "cfg": False, "tp": False}
+    assert found["parallel"]["refused"]["cfg"] == (
+        "ChronoEditPipeline is not a family accel was taught: how it runs classifier-free guidance is not known")
     accelerators = found["accelerators"]
     assert (accelerators["cache"], accelerators["quant"], accelerators["compile"]) == (
         ["fbcache", "dbcache", "taylorseer", "magcache"], ["int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"], "regional")

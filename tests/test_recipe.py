@@ -44,7 +44,7 @@ FULL: dict[str, Any] = {
     "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
               "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "interval_offset": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
               "max_cached_steps": 10},
-    "parallel": {"gpus": 16, "ulysses": 2, "ring": 2, "cfg": 2, "tp": 2, "timeout": 120.0},
+    "parallel": {"gpus": 16, "ulysses": 2, "ring": 2, "cfg": 2, "tp": 2, "timeout": 120.0, "plan": "automatic"},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
     "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},

@@ -171,6 +171,20 @@ class ParallelPlan:
     whole_queries: tuple[str, ...] = ()
     grouped: tuple[GroupedTokens, ...] = ()
     leading_counts: tuple[LeadingCount, ...] = ()
+    # Streams no split cuts that a split of several streams may span: their part of the tensor stays
+    # whole on every rank (a rotary table over the whole text and the cut image, where the text is
+    # replicated), its length what the cut streams leave of the tensor.
+    whole_streams: tuple[str, ...] = ()
+    # The output is gathered from `output_module`'s first argument before the module runs, not from
+    # what it returns: everything after the blocks then runs on the whole sequence (the automatic plan).
+    output_before: bool = False
+
+
+@dataclass(frozen=True)
+class AutomaticPlan:
+    """Context parallelism learned from the model itself when it is applied, and verified on
+    simulated ranks before use (accel/parallel/automatic.py, accel/parallel/verify.py): what a
+    pipeline no family describes gets, and what `[parallel] plan = "automatic"` asks of any family."""
 
 
 @dataclass(frozen=True)
@@ -480,7 +494,7 @@ class Family:
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
     # Context parallelism; None: the family runs on one process only.
-    parallel: ParallelPlan | FromDiffusers | None = None
+    parallel: ParallelPlan | FromDiffusers | AutomaticPlan | None = None
     # Tensor parallelism; None: the family's weights are not split.
     tensor: TensorPlan | None = None
     # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
@@ -501,7 +515,8 @@ class Family:
     # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
     processors: tuple[tuple[str, Callable[[], Any]], ...] = ()
     # Made by accel/models/generic.py from the model itself (a pipeline no family describes), not a
-    # tested family: what it does not know (context, CFG and tensor parallelism) is refused.
+    # tested family: its context parallelism is the automatic plan, verified before use; what it
+    # does not know (CFG and tensor parallelism) is refused.
     learned: bool = False
     # Why the step caches cannot run on these blocks (a learned record whose lists run interleaved).
     cache_refused: str | None = None
@@ -546,7 +561,7 @@ class Family:
         others = (v.transformer_class for v in self.variants if v.transformer_class and v.transformer_class != self.transformer_class)
         return tuple(dict.fromkeys((self.transformer_class, *others)))
 
-    def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | None:
+    def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | AutomaticPlan | None:
         """The context-parallel plan for this transformer instance: a variant's own transformer
         class (or a subclass of it) has its own plan (None: none), anything else the family's."""
         names = {cls.__name__ for cls in type(transformer).__mro__}

@@ -9,9 +9,9 @@ the pipeline's signature. The probe is the pipeline's own call at a small size, 
 the transformer's first forward (no denoising, no decode): the only inputs every pipeline is sure to
 accept are the ones it makes itself.
 
-What the record leaves out is refused, not guessed: context parallelism (no plan until the automatic
-one is verified on simulated ranks), CFG parallelism (how the pipeline runs guidance is not known),
-tensor parallelism, a tiny variant. Learned records are kept per (pipeline class, transformer
+Context parallelism is the automatic plan (`AutomaticPlan`), learned and verified on simulated ranks
+when several ranks are asked for. What the record leaves out is refused, not guessed: CFG parallelism
+(how the pipeline runs guidance is not known), tensor parallelism, a tiny variant. Learned records are kept per (pipeline class, transformer
 class, config) for the life of the process, so `accel serve` and `accel bench` probe once.
 """
 
@@ -28,11 +28,14 @@ import torch
 from torch import nn
 
 from accel.errors import ModelError, UserError
-from accel.models.base import BlockList, Family, GenerationDefaults, OutputKind
+from accel.models.base import AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind
 from accel.models.discover import Discovery, discover_blocks
 from accel.models.probe import named_arguments, probe_returns
 
 PROBE_SIZE = 128  # pixels a side: a multiple of every VAE scale x patch size in diffusers (8-32 x 1-4)
+# Widths of the second probe call, tried in turn (a small model's positions may not reach the first):
+# which dims follow the token count is seen between two calls (accel/parallel/automatic.py).
+OTHER_PROBE_WIDTHS = (PROBE_SIZE // 2, 2 * PROBE_SIZE)
 PROBE_FRAMES = 9  # 8k + 1 and 4k + 1: a frame count causal video VAEs take
 PRIMARY = "hidden_states"
 
@@ -44,8 +47,10 @@ class _FirstForwardDone(Exception):
 
 
 def config_hash(transformer: nn.Module) -> str:
-    """A short digest of the transformer's config: two checkpoints of one class with other shapes differ."""
-    config = dict(getattr(transformer, "config", {}) or {})
+    """A short digest of the transformer's config: two checkpoints of one class with other shapes differ.
+    diffusers' own bookkeeping keys (`_name_or_path`, `_diffusers_version`, …) are left out, so a model
+    built from a config.json and the same one loaded from its folder agree."""
+    config = {key: value for key, value in dict(getattr(transformer, "config", {}) or {}).items() if not key.startswith("_")}
     text = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -98,7 +103,7 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
         frames_arg=frames_arg,
         heads=heads if isinstance(heads, int) else None,
         vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
-        learned=True, cache_refused=interleaved,
+        parallel=AutomaticPlan(), learned=True, cache_refused=interleaved,
     )
 
 
@@ -196,7 +201,37 @@ def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:
     return torch.equal(torch.cat(parts, dim=1), joined)
 
 
-def _probe_call(pipe: Any, transformer: nn.Module) -> None:
+def first_transformer_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> Any:
+    """The arguments of `transformer`'s first forward in the probe call (a TransformerCall), made
+    `width` pixels wide: the input the automatic parallel plan is learned and verified on."""
+    from accel.parallel.automatic import TransformerCall
+
+    calls: list[Any] = []
+
+    def keep(module: nn.Module, args: Any, kwargs: Any) -> None:
+        if not calls:
+            call = TransformerCall(tuple(args), dict(kwargs))
+            calls.append(TransformerCall(*call.fresh()))
+
+    handle = transformer.register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        _probe_call(pipe, transformer, width)
+    finally:
+        handle.remove()
+    return calls[0]
+
+
+def other_transformer_call(pipe: Any, transformer: nn.Module) -> Any:
+    """The transformer's first call at another width (OTHER_PROBE_WIDTHS, the first the pipeline takes)."""
+    for width in OTHER_PROBE_WIDTHS[:-1]:
+        try:
+            return first_transformer_call(pipe, transformer, width)
+        except ModelError:
+            continue
+    return first_transformer_call(pipe, transformer, OTHER_PROBE_WIDTHS[-1])
+
+
+def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> None:
     """Run the pipeline at a small size until the transformer's first forward has returned."""
     def stop(module: nn.Module, args: Any, output: Any) -> None:
         raise _FirstForwardDone
@@ -207,7 +242,7 @@ def _probe_call(pipe: Any, transformer: nn.Module) -> None:
         pipe.set_progress_bar_config(**{**(bar or {}), "disable": True})
     try:
         with torch.no_grad():
-            pipe(**probe_kwargs(pipe))
+            pipe(**probe_kwargs(pipe, width))
     except _FirstForwardDone:
         return
     except Exception as error:  # the pipeline's own failure, whatever it is, is the user's one line
@@ -223,6 +258,10 @@ def _probe_call(pipe: Any, transformer: nn.Module) -> None:
     raise ModelError(f"{type(pipe).__name__}: accel's probe call never ran the transformer")
 
 
+# A negative prompt much longer than the probe's prompt: a pipeline that batches the two branches then
+# pads the shorter one and passes a key mask, so the automatic plan sees (and verifies) masked attention.
+PROBE_NEGATIVE = ", ".join(["blurry", "low quality", "jpeg artifacts", "deformed", "watermark", "text"] * 4)
+
 FRAMES_KEYWORDS = ("num_frames", "video_length")  # what diffusers' video pipelines call the frame count
 
 
@@ -230,12 +269,13 @@ def frames_keyword(parameters: Any) -> str | None:
     return next((name for name in FRAMES_KEYWORDS if name in parameters), None)
 
 
-def probe_kwargs(pipe: Any) -> dict[str, Any]:
-    """A small call every text-to-image / video pipeline takes: a prompt, one step, 128 px, and the
+def probe_kwargs(pipe: Any, width: int = PROBE_SIZE) -> dict[str, Any]:
+    """A small call every text-to-image / video pipeline takes: a prompt (and a long negative one), two steps (Mochi's schedule
+    divides by the steps less one; the probe stops at the first forward anyway), 128 px, and the
     pipeline's own frame count where it states one (a model with learned temporal positions takes
     no other), else 9."""
     parameters = inspect.signature(type(pipe).__call__).parameters
-    wanted: dict[str, Any] = {"prompt": "a probe", "num_inference_steps": 1, "height": PROBE_SIZE, "width": PROBE_SIZE,
+    wanted: dict[str, Any] = {"prompt": "a probe", "negative_prompt": PROBE_NEGATIVE, "num_inference_steps": 2, "height": PROBE_SIZE, "width": width,
                               "output_type": "latent", "generator": torch.Generator().manual_seed(0)}
     frames = frames_keyword(parameters)
     if frames is not None:

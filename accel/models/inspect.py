@@ -7,8 +7,9 @@ the transformers built on the meta device to count their blocks. A pipeline no f
 described from its transformer itself (accel/models/discover.py: the block lists, what declared
 them, what the blocks return where diffusers' registry says, the class's own `_cp_plan`), with
 `tested` false and `generic` saying what the generic path (accel/models/generic.py) gives it at
-load: cache, quantization and compile over the blocks found, parallelism refused until the automatic
-plan; `refused` says why nothing applies where the transformer has no repeated blocks.
+load: cache, quantization and compile over the blocks found, context parallelism from the automatic
+plan (verified on simulated ranks at first use; `verdicts` lists the layouts already verified or
+refused here); `refused` says why nothing applies where the transformer has no repeated blocks.
 
 The JSON (`as_json`), a stable shape:
 
@@ -20,10 +21,11 @@ The JSON (`as_json`), a stable shape:
                                    "found_by": "family" | "_repeated_blocks" | "_no_split_modules" | "structure",
                                    "unknown": str | null}]}],
      "streams": [str], "primary_stream": str | null,
-     "parallel": {"plan": "accel family plan" | "diffusers _cp_plan" | null, "heads": int | null,
+     "parallel": {"plan": "accel family plan" | "diffusers _cp_plan" | "automatic" | null, "heads": int | null,
                   "cfg_style": "batch" | "calls" | null,
                   "modes": {"ulysses": bool, "ring": bool, "cfg": bool, "tp": bool},
-                  "refused": {mode: why}},
+                  "refused": {mode: why},
+                  "verdicts": [{"ulysses": int, "ring": int, "exact": bool, "reason": str | null}]},
      "accelerators": {"cache": [str], "quant": [str], "compile": "regional" | null, "vae_tiling": bool,
                       "vae": {"class": str | null, "parallel": bool, "method": str | null},
                       "text_encoders": [str], "placement": {"text_encoder": [str], "vae": [str]}}}
@@ -38,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models.base import BlockList, Family, FromDiffusers, ParallelPlan
+from accel.models.base import AutomaticPlan, BlockList, Family, FromDiffusers, ParallelPlan
 from accel.models.folder_check import read_index, read_json
 from accel.models.refs import ModelRef, resolve_model
 from accel.models.registry import lookup
 from accel.models.vaes import vae_plan
 
-PLAN_SOURCES = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan"}
+PLAN_SOURCES = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan", AutomaticPlan: "automatic"}
 CACHE_METHODS = ("fbcache", "dbcache", "taylorseer", "magcache")
 
 
@@ -64,8 +66,10 @@ class Transformer:
     cls: str
     heads: int | None
     blocks: tuple[Blocks, ...]
-    plan: ParallelPlan | FromDiffusers | None
+    plan: ParallelPlan | FromDiffusers | AutomaticPlan | None
     own_cp_plan: bool = False  # the class ships a diffusers `_cp_plan` (told for pipelines no family knows)
+    # The automatic plan's verdicts kept on disk for this class and config (accel/parallel/verify.py).
+    verdicts: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,11 @@ def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transform
     discovery = discover_blocks(model)  # a UserError in one line where the model has no repeated blocks
     blocks = tuple(Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown) for item in discovery.lists)
     heads = config.get("num_attention_heads")
-    return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, None, bool(getattr(type(model), "_cp_plan", None)))
+    from accel.models.generic import config_hash
+    from accel.parallel.verify import verdicts_for
+
+    return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, AutomaticPlan(),
+                       bool(getattr(type(model), "_cp_plan", None)), tuple(verdicts_for(cls, config_hash(model))))
 
 
 def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
@@ -293,7 +301,6 @@ def _unknown_json(found: Found) -> dict[str, Any]:
     """A pipeline no family knows: what its transformers show, and what the generic path gives it."""
     from accel.recipe import MemorySection, QuantSection
 
-    own_plan = any(t.own_cp_plan for t in found.transformers)
     blocks = any(t.blocks for t in found.transformers)
     probe = any(b.returns is None for t in found.transformers for b in t.blocks)
     generic = ("accel learns the blocks from the model at load" + (" (one probe call learns what a block returns)" if probe else "")
@@ -301,6 +308,11 @@ def _unknown_json(found: Found) -> dict[str, Any]:
     why = None if blocks else f"{found.pipeline}'s transformer has no repeated blocks: accel's cache, compile and parallelism do not apply"
     split = vae_plan(found.vae) if found.vae else None
     untaught = f"{found.pipeline} is not a family accel was taught"
+    verdicts = [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason")}
+                for t in found.transformers for v in t.verdicts]
+    refusal = next((v["reason"] for v in verdicts if not v["exact"]), None)
+    refused_here = f"the automatic plan was refused on this model: {refusal}" if refusal and not any(
+        v["exact"] for v in verdicts) else None
     return {
         "model": found.model,
         "source": found.source,
@@ -312,14 +324,16 @@ def _unknown_json(found: Found) -> dict[str, Any]:
         "streams": [],
         "primary_stream": None,
         "parallel": {
-            "plan": PLAN_SOURCES[FromDiffusers] if own_plan else None,
+            "plan": PLAN_SOURCES[AutomaticPlan] if blocks else None,
             "heads": next((t.heads for t in found.transformers if t.heads is not None), None),
             "cfg_style": None,
-            "modes": {mode: False for mode in ("ulysses", "ring", "cfg", "tp")},
-            "refused": {"ulysses": f"{untaught}: its context parallelism waits on the automatic plan",
-                        "ring": f"{untaught}: its context parallelism waits on the automatic plan",
+            "modes": {"ulysses": blocks and not refused_here, "ring": blocks and not refused_here, "cfg": False, "tp": False},
+            "refused": {**({"ulysses": refused_here, "ring": refused_here} if refused_here else {}),
+                        **({} if blocks else {"ulysses": f"{untaught}: with no repeated blocks there is no plan to learn",
+                                              "ring": f"{untaught}: with no repeated blocks there is no plan to learn"}),
                         "cfg": f"{untaught}: how it runs classifier-free guidance is not known",
                         "tp": f"{untaught}: it has no tensor-parallel plan"},
+            "verdicts": verdicts,
         },
         "accelerators": {
             "cache": list(CACHE_METHODS) if blocks else [],

@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-Group = dist.ProcessGroup
+from accel.parallel.simulate import SimulatedGroup
+
+Group = dist.ProcessGroup  # or a SimulatedGroup: ranks simulated in one process (accel/parallel/simulate.py)
 
 
 @dataclass
@@ -41,10 +43,14 @@ TRAFFIC = Traffic()
 
 
 def group_size(group: Group | None) -> int:
+    if isinstance(group, SimulatedGroup):
+        return group.size
     return dist.get_world_size(group)
 
 
 def group_rank(group: Group | None) -> int:
+    if isinstance(group, SimulatedGroup):
+        return group.rank
     return dist.get_rank(group)
 
 
@@ -61,6 +67,8 @@ def all_to_all(chunks: Tensor, group: Group) -> Tensor:
     """Exchange dim 0: chunk i goes to group rank i; returns chunk i from group rank i."""
     world = group_size(group)
     chunks = chunks.contiguous()
+    if isinstance(group, SimulatedGroup):
+        return torch.stack([sent[group.rank] for sent in group.swap(chunks)])
     received = torch.empty_like(chunks)
     dist.all_to_all_single(received, chunks, group=group)
     TRAFFIC.add("all_to_all", _nbytes(chunks) * (world - 1) // world)
@@ -72,6 +80,8 @@ def all_reduce(tensor: Tensor, group: Group) -> Tensor:
     ring all-reduce sends: 2 (n - 1) / n of the tensor per rank."""
     world = group_size(group)
     tensor = tensor.contiguous()
+    if isinstance(group, SimulatedGroup):
+        return tensor.copy_(torch.stack(group.swap(tensor.clone())).sum(0))
     dist.all_reduce(tensor, group=group)
     TRAFFIC.add("all_reduce", _nbytes(tensor) * 2 * (world - 1) // world)
     return tensor
@@ -81,6 +91,8 @@ def all_gather(tensor: Tensor, group: Group) -> list[Tensor]:
     """Every group rank's tensor (equal shapes), in group-rank order."""
     world = group_size(group)
     tensor = tensor.contiguous()
+    if isinstance(group, SimulatedGroup):
+        return [item.clone() for item in group.swap(tensor)]
     gathered = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(gathered, tensor, group=group)
     TRAFFIC.add("all_gather", _nbytes(tensor) * (world - 1))
@@ -99,7 +111,9 @@ class RingShift:
         tensor = tensor.contiguous()
         self._works: list[Any] = []
         nxt, prev = (rank + 1) % world, (rank - 1) % world
-        if torch.compiler.is_compiling():
+        if isinstance(group, SimulatedGroup):
+            self.received = group.swap(tensor)[prev].clone()
+        elif torch.compiler.is_compiling():
             send = [tensor.numel() if peer == nxt else 0 for peer in range(world)]
             receive = [tensor.numel() if peer == prev else 0 for peer in range(world)]
             flat = torch.empty(tensor.numel(), dtype=tensor.dtype, device=tensor.device)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import Family, FromDiffusers, GroupedTokens, LeadingCount, ParallelPlan, SequenceSplit
+from accel.models.base import AutomaticPlan, Family, FromDiffusers, GroupedTokens, LeadingCount, ParallelPlan, SequenceSplit
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
@@ -29,27 +29,30 @@ from accel.parallel.mode import AttentionRouter, bypassing_backend, is_whole_pai
 from accel.parallel.outputs import map_sample
 
 
-def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers:
+def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers | AutomaticPlan:
     """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked).
-    A `FromDiffusers` plan is derived when the engine meets the transformer."""
-    if family.learned:
-        raise NotAvailableError(untaught_message(where, family.title))
+    A `FromDiffusers` plan is derived when the engine meets the transformer, an `AutomaticPlan`
+    learned and verified when applied (accel/parallel/verify.py)."""
     if family.parallel is None:
         raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
     return family.parallel
 
 
-def untaught_message(where: str, pipeline_class: str) -> str:
-    """The refusal of several ranks for a pipeline no family describes (the generic path runs it on one)."""
-    return (f"{where}: {pipeline_class} is not a family accel was taught, and context parallelism for it waits on the "
-            "automatic plan; run it on one process (cache, quantization and compile apply)")
+def untaught_message(where: str, pipeline_class: str, what: str) -> str:
+    """The refusal of `what` (CFG or tensor parallelism) for a pipeline no family describes."""
+    return (f"{where}: {pipeline_class} is not a family accel was taught, and {what} needs one (its context "
+            "parallelism is planned automatically and verified before use); use ulysses / ring alone, or one process")
 
 
-def refuse_untaught_before_start(ref: Any, where: str) -> None:
-    """A saved pipeline whose classes no family knows runs on one process: refused before any rank starts
-    (a hub id's classes are known only once loaded, where apply refuses it alike)."""
-    if ref.family is None and ref.pipeline is not None:
-        raise NotAvailableError(untaught_message(where, ref.pipeline))
+def refuse_untaught_before_start(ref: Any, where: str, settings: Any) -> None:
+    """A saved pipeline whose classes no family knows gets its layout's CFG and TP refused before any
+    rank starts (a hub id's classes are known only once loaded, where apply refuses them alike)."""
+    if ref.family is not None or ref.pipeline is None:
+        return
+    if settings.cfg > 1:
+        raise NotAvailableError(untaught_message(where, ref.pipeline, "CFG parallelism"))
+    if settings.tp > 1:
+        raise NotAvailableError(untaught_message(where, ref.pipeline, "tensor parallelism"))
 
 
 class PlanMismatch(TypeError):
@@ -124,7 +127,10 @@ class ContextParallel:
                 raise PlanMismatch(f"context parallelism: the plan defers {split.value}, which only a transformer argument can be")
             for module in _matching(modules, split.at, transformer, f"to cut {split.value} at"):
                 self._hook(module.register_forward_pre_hook(lambda *_, split=split: self._cut_deferred(split)))
-        if plan.output_module:
+        if plan.output_module and plan.output_before:
+            for module in _matching(modules, plan.output_module, transformer, "to gather the output at"):
+                self._hook(module.register_forward_pre_hook(self._gather_first_argument(module), with_kwargs=True))
+        elif plan.output_module:
             for module in _matching(modules, plan.output_module, transformer, "to gather the output at"):
                 self._hook(module.register_forward_hook(lambda _m, _a, out: self._gather(out)))
         for pattern in plan.local_attention:
@@ -347,12 +353,16 @@ class ContextParallel:
     def _cut_tensor(self, split: SequenceSplit, value: Tensor) -> Tensor:
         if len(split.streams) == 1:
             return self._layout(split.streams[0], value.shape[split.dim], split.value).split(value, split.dim, self.rank)
-        missing = [name for name in split.streams if name not in self._layouts]
-        if missing:
-            raise PlanMismatch(f"context parallelism: {split.value} spans the {missing[0]} stream, which nothing has cut yet")
-        layouts = [self._layouts[name] for name in split.streams]
-        parts = value.split([layout.length for layout in layouts], dim=split.dim)
-        return torch.cat([layout.split(part, split.dim, self.rank) for layout, part in zip(layouts, parts)], dim=split.dim)
+        whole = [name for name in split.streams if name in self.plan.whole_streams]
+        missing = [name for name in split.streams if name not in self._layouts and name not in whole]
+        if missing or len(whole) > 1:
+            name = missing[0] if missing else whole[1]
+            raise PlanMismatch(f"context parallelism: {split.value} spans the {name} stream, which nothing has cut yet")
+        cut = sum(self._layouts[name].length for name in split.streams if name not in whole)
+        lengths = [value.shape[split.dim] - cut if name in whole else self._layouts[name].length for name in split.streams]
+        parts = value.split(lengths, dim=split.dim)
+        return torch.cat([part if name in whole else self._layouts[name].split(part, split.dim, self.rank)
+                          for name, part in zip(split.streams, parts)], dim=split.dim)
 
     def _layout(self, stream: str, length: int, value: str) -> SequenceLayout:
         layout = self._layouts.setdefault(stream, SequenceLayout(length, self.world))
@@ -493,6 +503,20 @@ class ContextParallel:
         return _Share(start, layout, self.rank, [*segments[:replicated], shared, *segments[replicated + 1 :]])
 
     # -- output ----------------------------------------------------------------------------------
+    def _gather_first_argument(self, module: torch.nn.Module) -> Callable[..., Any]:
+        first = next(iter(inspect.signature(module.forward).parameters), None)
+
+        def gather(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not self._active:
+                return None
+            if args:
+                return (self._gather(args[0]), *args[1:]), kwargs
+            if first in kwargs:
+                return args, {**kwargs, first: self._gather(kwargs[first])}
+            raise PlanMismatch(f"context parallelism: {type(module).__name__} was called with no argument to gather")
+
+        return gather
+
     def _gather(self, output: Any) -> Any:
         layout = self._layouts.get(self.plan.output_stream)
         if layout is None:
