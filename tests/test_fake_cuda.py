@@ -42,7 +42,7 @@ from fakecuda import (  # noqa: E402
 
 from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
-from accel.models.base import Family  # noqa: E402
+from accel.models.base import Family, ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from accel.optimize.processors import install_processors  # noqa: E402
 from accel.parallel.cfg import CfgParallel  # noqa: E402
@@ -215,10 +215,13 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
 def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
-    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens,
+    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens, "hidden": grid.tokens,  # hidden: the automatic plan's
                "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32}  # Z-Image pads image and caption to 32s
-    assert family.parallel is not None
-    return [SequenceLayout(lengths[stream], world) for stream in family.parallel.attention_keys]
+    plan = family.parallel
+    assert plan is not None
+    # The automatic plan names its joint attentions' keys per module (one order for every list of a family here).
+    keys = plan.module_keys[0][1] if isinstance(plan, ParallelPlan) and plan.output_before and plan.module_keys else plan.attention_keys
+    return [SequenceLayout(lengths[stream], world) for stream in keys]
 
 
 def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int, masked: bool) -> Counter[Kernel]:
@@ -912,3 +915,27 @@ def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
                 cache.remove()
                 engine.remove()
     assert [record.cached for record in cache.stats.records] == [False, True, True, False]
+
+
+# -- the automatic plan --------------------------------------------------------------------------------
+# The plan accel learns from each tiny transformer (accel/parallel/automatic.py, verified on simulated
+# ranks on the CPU) in place of the family's hand plan, at the real widths and token counts: the same
+# checks of placement, dtypes, kernels, collectives and syncs. FLUX: joint attention with the text whole
+# on every rank and a rotary table over text and image (whole_streams); Wan: cross-attention run locally,
+# CFG halves; HunyuanVideo 1.5: its pair masks read as key masks; all gathered before the first module
+# after the blocks (output_before).
+@pytest.mark.parametrize("name", ["flux", "wan", "hunyuan15"])
+def test_automatic_plan_at_real_width_on_fake_cuda(name: str, tiny_configs: Any, tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import parallel_cases as cases
+    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.parallel.verify import automatic_plan
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    family = FAMILIES[name]
+    pipe = cases.tiny_pipeline(f"tiny-{name}")
+    call, other = first_transformer_call(pipe, pipe.transformer), other_transformer_call(pipe, pipe.transformer)
+    plan = automatic_plan(pipe.transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
+    assert plan.output_before
+    config, layout = REAL[name]
+    run_layout(name, tiny_configs[name][0], config, layout, layout.world - 1, overrides={}, family=replace(family, parallel=plan))
