@@ -369,7 +369,11 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[
 
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
-    resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
+    degrees = resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
+    if ref.family is None and degrees.sequence > 1:  # a refusal kept from an earlier verification: before any rank starts
+        from accel.parallel.verify import refuse_kept_verdict
+
+        refuse_kept_verdict(ref.name, degrees.ulysses, degrees.ring, "--gpus / [parallel]")
     if settings.memory.text_encoder == "sharded":
         from accel.parallel.encoders import refusal_before_start
 
@@ -893,6 +897,11 @@ def models() -> None:
 def inspect(
     model: Annotated[str, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local pipeline folder.", show_default=False)],
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of tables.", **FLAG)] = False,
+    verify: Annotated[bool, Opt("--verify", help="Load the pipeline and verify the automatic context-parallel plan on simulated ranks in this process (no GPU per rank needed); the verdict is kept and shown.", **FLAG)] = False,
+    ulysses: Annotated[int, Opt("--ulysses", help="--verify: the Ulysses degree simulated.", min=1)] = 2,
+    ring: Annotated[int, Opt("--ring", help="--verify: the Ring degree simulated.", min=1)] = 1,
+    dtype: Annotated[str | None, Opt("--dtype", help="--verify: load dtype (auto, float32, float16, bfloat16).", show_default="the model's")] = None,
+    device: Annotated[str | None, Opt("--device", help="--verify: where to load and run (auto, cpu, cuda).", show_default="auto")] = None,
 ) -> None:
     """What accel finds in a model: pipeline, transformers, block lists, streams, CP plan and the accelerators that apply."""
     import json
@@ -901,6 +910,10 @@ def inspect(
     from accel.models.inspect import as_json, inspect_model
 
     try:
+        if verify:
+            from accel.parallel.verify import verify_pipeline
+
+            verify_pipeline(model, ulysses, ring, dtype, device)
         found = as_json(inspect_model(model))
     except UserError as error:
         _fail(str(error))

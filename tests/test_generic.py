@@ -329,6 +329,23 @@ def test_two_ranks_of_a_pipeline_the_verification_refuses_stop_with_its_line(chr
     assert (verdict["ulysses"], verdict["ring"], verdict["exact"]) == (2, 1, False)
     assert verdict["reason"] in result.stderr and not parallel["modes"]["ulysses"]
     assert parallel["refused"]["ring"] == f"the automatic plan was refused on this model: {verdict['reason']}"
+    again = cli("run", str(chroma_folder), "--ulysses", "2", "--steps", "2")  # the kept refusal: before any rank starts
+    assert again.exit_code == 2
+    assert again.stderr == (f"error: --gpus / [parallel]: the automatic context-parallel plan for ChromaTransformer2DModel is "
+                            f"refused: {verdict['reason']}; run it on one process (cache, quantization and compile apply)\n")
+
+
+def test_inspect_verifies_the_automatic_plan_on_simulated_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "cogview3"
+    pipeline("cogview3").save_pretrained(folder)
+    before = json.loads(cli("inspect", str(folder), "--json").stdout)["parallel"]
+    assert before["plan"] == "automatic" and before["verdicts"] == []
+    found = json.loads(cli("inspect", str(folder), "--json", "--verify", "--ring", "3", "--ulysses", "1", "--dtype", "float32",
+                           "--device", "cpu").stdout)
+    assert found["parallel"]["verdicts"] == [{"ulysses": 1, "ring": 3, "exact": True, "reason": None}]
+    table = cli("inspect", str(folder)).stdout
+    assert "ulysses 1 × ring 3" in table and "verified exact" in table
 
 
 def test_the_probe_shows_no_progress_bar_and_leaves_the_users_setting(capsys: pytest.CaptureFixture[str]) -> None:

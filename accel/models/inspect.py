@@ -133,11 +133,8 @@ def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transform
     discovery = discover_blocks(model)  # a UserError in one line where the model has no repeated blocks
     blocks = tuple(Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown) for item in discovery.lists)
     heads = config.get("num_attention_heads")
-    from accel.models.generic import config_hash
-    from accel.parallel.verify import verdicts_for
-
     return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, AutomaticPlan(),
-                       bool(getattr(type(model), "_cp_plan", None)), tuple(verdicts_for(cls, config_hash(model))))
+                       bool(getattr(type(model), "_cp_plan", None)), _verdicts(model))
 
 
 def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
@@ -148,7 +145,8 @@ def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
         if model is None:
             continue
         blocks = tuple(_blocks_of(model, block) for block in family.blocks)
-        transformers.append(Transformer(attr, type(model).__name__, family.heads_in(model.config), blocks, family.plan_for(model)))
+        transformers.append(Transformer(attr, type(model).__name__, family.heads_in(model.config), blocks, family.plan_for(model),
+                                        verdicts=_verdicts(model)))
     vae = getattr(pipe, "vae", None)
     encoders = tuple(sorted(key for key in pipe.components if key.startswith("text_encoder") and pipe.components[key] is not None))
     return Found(name, "tiny", type(pipe).__name__, family, tuple(transformers), type(vae).__name__ if vae is not None else None, encoders)
@@ -170,7 +168,16 @@ def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | N
     from accel.models.flagships import Component
 
     model = build(Component(attr, "diffusers", cls, config))
-    return Transformer(attr, cls, family.heads_in(model.config), tuple(_blocks_of(model, block) for block in family.blocks), plan)
+    return Transformer(attr, cls, family.heads_in(model.config), tuple(_blocks_of(model, block) for block in family.blocks), plan,
+                       verdicts=_verdicts(model))
+
+
+def _verdicts(model: Any) -> tuple[dict[str, Any], ...]:
+    """The automatic plan's verdicts kept for this model's class and config (accel/parallel/verify.py)."""
+    from accel.models.generic import config_hash
+    from accel.parallel.verify import verdicts_for
+
+    return tuple(verdicts_for(type(model).__name__, config_hash(model)))
 
 
 def _classes(ref: ModelRef) -> _Classes:
@@ -277,6 +284,7 @@ def as_json(found: Found) -> dict[str, Any]:
             "cfg_style": family.cfg,
             "modes": {mode: mode not in refused for mode in ("ulysses", "ring", "cfg", "tp")},
             "refused": refused,
+            "verdicts": _verdicts_json(found),  # of the automatic plan (--cp-plan automatic), where verified here
         },
         "accelerators": {
             "cache": list(CACHE_METHODS) if blocks else [],
@@ -288,6 +296,11 @@ def as_json(found: Found) -> dict[str, Any]:
             "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
         },
     }
+
+
+def _verdicts_json(found: Found) -> list[dict[str, Any]]:
+    return [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason")}
+            for t in found.transformers for v in t.verdicts]
 
 
 def _transformers_json(found: Found) -> list[dict[str, Any]]:
@@ -308,8 +321,7 @@ def _unknown_json(found: Found) -> dict[str, Any]:
     why = None if blocks else f"{found.pipeline}'s transformer has no repeated blocks: accel's cache, compile and parallelism do not apply"
     split = vae_plan(found.vae) if found.vae else None
     untaught = f"{found.pipeline} is not a family accel was taught"
-    verdicts = [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason")}
-                for t in found.transformers for v in t.verdicts]
+    verdicts = _verdicts_json(found)
     refusal = next((v["reason"] for v in verdicts if not v["exact"]), None)
     refused_here = f"the automatic plan was refused on this model: {refusal}" if refusal and not any(
         v["exact"] for v in verdicts) else None

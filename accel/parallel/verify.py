@@ -288,3 +288,40 @@ def write_verdict(key: str, verdict: dict[str, Any]) -> None:
         os.replace(temporary, folder / f"{key}.json")
     except OSError:
         pass
+
+
+# -- before any rank starts ----------------------------------------------------------------------
+def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = None, device: str | None = None) -> Verdict:
+    """Load `model` here and verify the automatic plan of its first transformer on ulysses × ring
+    simulated ranks (`accel inspect --verify`): no rank per GPU is needed, and the verdict is kept
+    for the runs that follow. A refusal is a verdict, not an error."""
+    import accel
+    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.models.registry import family_of
+
+    pipe = accel.load_pipeline(model, dtype=dtype, device=device)
+    if callable(getattr(pipe, "set_progress_bar_config", None)):
+        pipe.set_progress_bar_config(disable=True)
+    family = family_of(pipe)
+    transformer = getattr(pipe, family.transformer_attrs[0])
+    call, other = first_transformer_call(pipe, transformer), other_transformer_call(pipe, transformer)
+    try:
+        automatic_plan(transformer, call, other, family.blocks, family.primary_stream, ulysses, ring, "--verify")
+    except NotAvailableError as error:
+        return Verdict(False, reason=str(error))
+    return Verdict(True)
+
+
+def refuse_kept_verdict(model: str, ulysses: int, ring: int, where: str) -> None:
+    """Refuse a layout the automatic plan was already refused on for this model (its class and
+    config, read without weights), in one line before any rank starts and loads it."""
+    from accel.models.inspect import inspect_model
+
+    try:
+        found = inspect_model(model)
+    except Exception:  # noqa: BLE001 - unreadable here: the ranks will say what is wrong
+        return
+    for transformer in found.transformers:
+        for verdict in transformer.verdicts:
+            if (verdict.get("ulysses"), verdict.get("ring"), verdict.get("exact")) == (ulysses, ring, False):
+                raise NotAvailableError(refusal(where, transformer.cls, verdict.get("reason", "")))
