@@ -378,3 +378,49 @@ def test_the_run_order_comes_from_the_same_single_probe_call() -> None:
     family = family_of(pipe)
     assert family.blocks == (BlockList("early", returns=("x",)), BlockList("late", returns=("x",)))
     assert family.primary_stream == "x" and pipe.calls == 1
+
+
+def tiny_chronoedit() -> Any:
+    """ChronoEdit (an image-edit pipeline over a Wan-shaped transformer of its own class), with the tiny
+    Wan parts: UMT5, Wan's VAE, a CLIP vision encoder for the input picture."""
+    from accel.models import wan
+
+    shared = {**wan._tiny_shared(200), "scheduler": diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0)}
+    image_encoder = parts.clip_vision_model(seed=205)
+    transformer = wan._tiny_transformer(204, text_dim=shared["text_encoder"].config.d_model, cls="ChronoEditTransformer3DModel",
+                                        in_channels=16 + 4 + 16, image_dim=image_encoder.config.hidden_size, added_kv_proj_dim=64)
+    return diffusers.ChronoEditPipeline(**shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder,
+                                        transformer=transformer)
+
+
+def test_an_edit_pipeline_no_family_describes_takes_its_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ChronoEdit's call requires a picture: the probe gives it a grey one, --image fills it, and its
+    automatic plan is verified (cross-attention local, the rotary table cut with the video)."""
+    from accel.media import read_video
+
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
+    pipe = tiny_chronoedit()
+    pipe.set_progress_bar_config(disable=True)
+    family = family_of(pipe)
+    assert family.blocks == (BlockList("blocks", returns=("hidden_states",)),) and family.frames_arg == "num_frames"
+    [own] = family.variants
+    assert (own.pipeline_class, own.image, own.optional) == ("ChronoEditPipeline", "image", ())
+    call, other = first_transformer_call(pipe, pipe.transformer), other_transformer_call(pipe, pipe.transformer)
+    plan = automatic_plan(pipe.transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
+    assert plan.local_attention == ("blocks.*.attn2",)
+    args, kwargs = call.fresh()
+    with torch.no_grad():
+        expected = pipe.transformer(*args, **kwargs)[0]
+    for output in verify._split_run(pipe.transformer, plan, call, 2, 1):
+        assert (output[0] - expected).abs().max() <= 1e-5 * expected.abs().max()
+    folder, picture, out = tmp_path / "chronoedit", tmp_path / "in.png", tmp_path / "edit.mp4"
+    pipe.save_pretrained(folder)
+    Image.new("RGB", (64, 64), (200, 120, 40)).save(picture)
+    result = cli("run", str(folder), "--image", str(picture), "--steps", "2", "--height", "64", "--width", "64", "--frames", "5",
+                 "--cache", "0.1", "--dtype", "float32", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert read_video(out).shape == (5, 64, 64, 3)
+    missing = cli("run", str(folder), "--steps", "2", "--height", "64", "--width", "64", "--frames", "5", "--dtype", "float32")
+    assert missing.exit_code == 2
+    assert missing.stderr.splitlines()[-1] == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+    assert "Traceback" not in missing.stderr

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from accel.errors import ModelError, UserError
-from accel.models.base import AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind
+from accel.models.base import AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind, Variant
 from accel.models.discover import Discovery, discover_blocks
 from accel.models.probe import named_arguments, probe_returns
 
@@ -103,8 +103,18 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
         frames_arg=frames_arg,
         heads=heads if isinstance(heads, int) else None,
         vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
-        parallel=AutomaticPlan(), learned=True, cache_refused=interleaved,
+        parallel=AutomaticPlan(), learned=True, cache_refused=interleaved, variants=_own_variant(type(pipe).__name__, signature),
     )
+
+
+def _own_variant(pipeline_class: str, parameters: Any) -> tuple[Variant, ...]:
+    """The pipeline's own inputs as a variant: `--image` fills its picture where its call takes one
+    (required for an edit or image-to-video pipeline, ChronoEdit's; optional where it has a default)."""
+    taken = image_keyword(parameters)
+    if taken is None:
+        return ()
+    keyword, required = taken
+    return (Variant(pipeline_class, image=keyword, optional=() if required else ("image",)),)
 
 
 def main_lists(discovery: Discovery) -> tuple[BlockList, ...]:
@@ -280,7 +290,22 @@ def probe_kwargs(pipe: Any, width: int = PROBE_SIZE) -> dict[str, Any]:
     frames = frames_keyword(parameters)
     if frames is not None:
         wanted[frames] = _stated(parameters, frames, int) or PROBE_FRAMES
+    if image_keyword(parameters) == (IMAGE, True):  # an edit or image-to-video pipeline: a plain grey picture
+        from PIL import Image
+
+        wanted[IMAGE] = Image.new("RGB", (width, PROBE_SIZE), (128, 128, 128))
     return {key: value for key, value in wanted.items() if key in parameters}
+
+
+IMAGE = "image"  # what diffusers' edit and image-to-video pipelines call their input picture
+
+
+def image_keyword(parameters: Any) -> tuple[str, bool] | None:
+    """(keyword, required) of the pipeline's input picture; None where its call takes none."""
+    parameter = parameters.get(IMAGE)
+    if parameter is None:
+        return None
+    return IMAGE, parameter.default is inspect.Parameter.empty
 
 
 def _defaults(pipe: Any, signature: Any, frames_arg: str | None) -> GenerationDefaults:

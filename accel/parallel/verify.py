@@ -315,10 +315,14 @@ def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = Non
 def refuse_kept_verdict(model: str, ulysses: int, ring: int, where: str) -> None:
     """Refuse a layout the automatic plan was already refused on for this model (its class and
     config, read without weights), in one line before any rank starts and loads it."""
+    import warnings
+
     from accel.models.inspect import inspect_model
 
     try:
-        found = inspect_model(model)
+        with warnings.catch_warnings():  # a model class's deprecation notices are not this line's business
+            warnings.simplefilter("ignore")
+            found = inspect_model(model)
     except Exception:  # noqa: BLE001 - unreadable here: the ranks will say what is wrong
         return
     for transformer in found.transformers:
