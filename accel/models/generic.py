@@ -246,7 +246,11 @@ def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> N
     def stop(module: nn.Module, args: Any, output: Any) -> None:
         raise _FirstForwardDone
 
+    from diffusers.utils import logging as diffusers_logging
+
     handle = transformer.register_forward_hook(stop)
+    verbosity = diffusers_logging.get_verbosity()  # the probe's own prompts are not the user's: no truncation notices
+    diffusers_logging.set_verbosity_error()
     bar = getattr(pipe, "_progress_bar_config", None)  # the user's, put back after: the probe shows no bar
     if callable(getattr(pipe, "set_progress_bar_config", None)):
         pipe.set_progress_bar_config(**{**(bar or {}), "disable": True})
@@ -261,6 +265,7 @@ def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> N
                          f"blocks return) failed: {first}") from None
     finally:
         handle.remove()
+        diffusers_logging.set_verbosity(verbosity)
         if bar is None and hasattr(pipe, "_progress_bar_config"):
             del pipe._progress_bar_config
         elif bar is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -219,14 +219,25 @@ def candidate_plans(transformer: nn.Module, observation: Observation, other: Obs
     # A square boolean mask is either one per-token mask ANDed with itself (read off its diagonal)
     # or a real relation between token pairs (kept whole): both are tried.
     pairwise = (True, False) if any(entry.square_mask for entry in observation.attention.values()) else (False,)
+    # Where the first blocks carry the text as a stream of their own (FLUX's, SD 3.5's double blocks),
+    # cutting it too spares each rank the whole text's work; kept whole, it is the fallback.
+    text_stream = _text_stream(observation, lists[0], primary, text)
+    cuts = (text_stream, None) if text_stream is not None else (None,)
     plans = []
-    for choice, pairs in itertools.product(choices, pairwise):
+    for cut, choice, pairs in itertools.product(cuts, choices, pairwise):
         joint = dict(zip(joint_lists, choice))
         for block_list in lists:
             if block_list.joins:
                 joint[block_list.attr] = tuple(STREAM if stream == primary else TEXT for stream in block_list.joins)
-        plans.append(_plan(name, observation, other, lists, primary, tokens, joint, pairs))
+        plans.append(_plan(name, observation, other, lists, primary, replace(tokens, text_cut=cut is not None), joint, pairs, cut))
     return plans
+
+
+def _text_stream(observation: Observation, first: BlockList, primary: str, text: int | None) -> str | None:
+    """The first list's argument that is the text as a stream of its own (returned beside the main one)."""
+    arguments = observation.first_arguments.get(first.attr, {})
+    return next((stream for stream in first.returns if stream != primary and isinstance(arguments.get(stream), Tensor)
+                 and arguments[stream].dim() == 3 and arguments[stream].shape[1] == text), None)
 
 
 @dataclass(frozen=True)
@@ -236,6 +247,7 @@ class _Tokens:
     length: int
     other: int
     text: int | None
+    text_cut: bool = False  # the plan cuts the text too: a dim as long as the text (at both sizes) is cut with it
 
     def along(self, size: int, other_size: int) -> tuple[bool, bool] | None:
         """(runs along the stream, spans the text too) for a dim of `size` here and `other_size` in the
@@ -245,6 +257,9 @@ class _Tokens:
         if self.text is not None and size == self.text + self.length and other_size == self.text + self.other:
             return True, True
         return None
+
+    def text_only(self, size: int, other_size: int) -> bool:
+        return self.text_cut and self.text is not None and size == other_size == self.text
 
 
 def _lengths(name: str, observation: Observation, lists: Sequence[BlockList], primary: str) -> tuple[int, int | None]:
@@ -270,9 +285,11 @@ def _text_length(observation: Observation, lists: Sequence[BlockList], primary: 
 
 
 def _plan(name: str, observation: Observation, other: Observation, lists: Sequence[BlockList], primary: str,
-          tokens: _Tokens, joint: dict[str, tuple[str, str]], pairwise: bool) -> ParallelPlan:
+          tokens: _Tokens, joint: dict[str, tuple[str, str]], pairwise: bool, text_stream: str | None = None) -> ParallelPlan:
     length, text = tokens.length, tokens.text
     splits = [SequenceSplit(primary, STREAM, dim=1, module=f"{lists[0].attr}.0")]
+    if text_stream is not None:
+        splits.append(SequenceSplit(text_stream, TEXT, dim=1, module=f"{lists[0].attr}.0"))
     for block_list in lists:
         arguments = observation.first_arguments.get(block_list.attr, {})
         other_arguments = other.first_arguments.get(block_list.attr, {})
@@ -281,10 +298,10 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
             if argument in block_list.returns:
                 continue
             for element, tensor_rank, dim, spans_text in _token_dims(value, other_arguments.get(argument), tokens):
-                if spans_text and order is None:
+                if spans_text and order is None:  # (None: the text alone, where the plan cuts it)
                     raise AutomaticPlanRefused(f"{name}'s {block_list.attr} take {argument} over text and {primary} tokens together, "
                                                "with no joint attention to tell their order")
-                stream: str | tuple[str, ...] = order if spans_text else STREAM
+                stream: str | tuple[str, ...] = TEXT if spans_text is None else order if spans_text else STREAM
                 splits.append(SequenceSplit(argument, stream, dim=dim, module=f"{block_list.attr}.*", ndim=tensor_rank,
                                             element=element))
     local, module_keys, whole_queries = [], [], []
@@ -320,7 +337,7 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
         output_dim=output_dim, output_module=output_module, output_before=before,
         local_attention=tuple(local), module_keys=tuple(module_keys), whole_queries=tuple(whole_queries),
         batch_args=_batch_arguments(observation.transformer_arguments, primary),
-        whole_streams=(TEXT,) if text is not None else (), pairwise_mask=pairwise,
+        whole_streams=(TEXT,) if text is not None and text_stream is None else (), pairwise_mask=pairwise,
     )
 
 
@@ -351,7 +368,7 @@ def _kind(name: str, pattern: str, shapes: set[tuple[int, int]], other: set[tupl
     return kinds.pop()
 
 
-def _token_dims(value: Any, other: Any, tokens: _Tokens) -> Iterator[tuple[int | None, int, int, bool]]:
+def _token_dims(value: Any, other: Any, tokens: _Tokens) -> Iterator[tuple[int | None, int, int, bool | None]]:
     """(tuple item or None, tensor rank, dim, spans text too) for the tensors of `value` that run along
     the stream's tokens: a dim that follows the stream's length from the observed call to the other
     one. The items of a tuple are cut alike where they all run along the stream (a rotary (cos, sin)
@@ -371,13 +388,17 @@ def _token_dims(value: Any, other: Any, tokens: _Tokens) -> Iterator[tuple[int |
             yield None, value.dim(), *dims
 
 
-def _tensor_dim(tensor: Tensor, other: Tensor, tokens: _Tokens) -> tuple[int, bool] | None:
+def _tensor_dim(tensor: Tensor, other: Tensor, tokens: _Tokens) -> tuple[int, bool | None] | None:
+    """(dim, spans the text too) of the first dim along the stream, or (dim, None) of one along the
+    text alone where the plan cuts the text."""
     if other.dim() != tensor.dim():
         return None
     for dim, (size, other_size) in enumerate(zip(tensor.shape, other.shape)):
         along = tokens.along(size, other_size)
         if along is not None:
             return dim, along[1]
+        if tokens.text_only(size, other_size):
+            return dim, None
     return None
 
 

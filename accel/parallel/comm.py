@@ -7,6 +7,7 @@ torch.compile'd code are not counted (see `Traffic.add`).
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ class Traffic:
     """Bytes this process sent to other ranks, by collective kind."""
 
     bytes_sent: Counter[str] = field(default_factory=Counter)
+    # Simulated ranks (threads of one process) add at once.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -33,7 +36,8 @@ class Traffic:
     def add(self, kind: str, nbytes: int) -> None:
         # Not inside compiled code: a graph would guard on the running total and recompile each call.
         if not torch.compiler.is_compiling():
-            self.bytes_sent[kind] += nbytes
+            with self._lock:
+                self.bytes_sent[kind] += nbytes
 
     def reset(self) -> None:
         self.bytes_sent.clear()
@@ -67,11 +71,11 @@ def all_to_all(chunks: Tensor, group: Group) -> Tensor:
     """Exchange dim 0: chunk i goes to group rank i; returns chunk i from group rank i."""
     world = group_size(group)
     chunks = chunks.contiguous()
+    TRAFFIC.add("all_to_all", _nbytes(chunks) * (world - 1) // world)
     if isinstance(group, SimulatedGroup):
         return torch.stack([sent[group.rank] for sent in group.swap(chunks)])
     received = torch.empty_like(chunks)
     dist.all_to_all_single(received, chunks, group=group)
-    TRAFFIC.add("all_to_all", _nbytes(chunks) * (world - 1) // world)
     return received
 
 
@@ -80,10 +84,10 @@ def all_reduce(tensor: Tensor, group: Group) -> Tensor:
     ring all-reduce sends: 2 (n - 1) / n of the tensor per rank."""
     world = group_size(group)
     tensor = tensor.contiguous()
+    TRAFFIC.add("all_reduce", _nbytes(tensor) * 2 * (world - 1) // world)
     if isinstance(group, SimulatedGroup):
         return tensor.copy_(torch.stack(group.swap(tensor.clone())).sum(0))
     dist.all_reduce(tensor, group=group)
-    TRAFFIC.add("all_reduce", _nbytes(tensor) * 2 * (world - 1) // world)
     return tensor
 
 
@@ -91,11 +95,11 @@ def all_gather(tensor: Tensor, group: Group) -> list[Tensor]:
     """Every group rank's tensor (equal shapes), in group-rank order."""
     world = group_size(group)
     tensor = tensor.contiguous()
+    TRAFFIC.add("all_gather", _nbytes(tensor) * (world - 1))
     if isinstance(group, SimulatedGroup):
         return [item.clone() for item in group.swap(tensor)]
     gathered = [torch.empty_like(tensor) for _ in range(world)]
     dist.all_gather(gathered, tensor, group=group)
-    TRAFFIC.add("all_gather", _nbytes(tensor) * (world - 1))
     return gathered
 
 
