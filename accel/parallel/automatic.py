@@ -6,17 +6,20 @@ plans of accel's families almost all are:
 
 - the main stream (the first block list's hidden states) is cut where the blocks start, so the
   patch embedding, positions and modulation before them run whole and need no knowledge;
-- every other block argument with a dimension as long as that stream (rotary tables, per-token
-  modulation, token masks) is cut along it at every block, and one as long as the text and the
-  stream together as those two streams, the text part kept whole on every rank;
-- the text stays whole on every rank: cross-attention to it runs locally, joint attention over text
-  and stream shares the text's work out (the engine's replicated stream);
+- every other block argument with a dimension that follows that stream's length (rotary tables,
+  per-token modulation, token masks) is cut along it at every block, and one as long as the text and
+  the stream together as those two streams;
+- where the first blocks carry the text as a stream of their own (FLUX's and SD 3.5's double
+  blocks) it is cut there too; otherwise, or where that is not exact, it stays whole on every rank:
+  cross-attention to it runs locally, joint attention over text and stream shares the text's work
+  out (the engine's replicated stream);
 - attention outside the blocks (refiners, before the cut) runs locally on the whole tokens;
 - the output is gathered where the first module after the blocks starts, so everything after runs
   on the whole sequence (unpatchify included).
 
-What the forward does not show (the order in which a joint attention concatenates text and stream)
-gives several candidates; verification (accel/parallel/verify.py) keeps the first that is exact.
+What the forward does not show (the order in which a joint attention concatenates text and stream,
+whether a square mask is a per-token one, whether cutting the text is exact) gives several
+candidates; verification (accel/parallel/verify.py) keeps the closest that is exact.
 What the plan cannot express is refused here in one line (`AutomaticPlanRefused`).
 """
 
@@ -95,7 +98,8 @@ class _Attention:
 @dataclass
 class Observation:
     """What one unsplit forward showed: first-block arguments per list, attention calls per module
-    pattern, the transformer's direct children in call order (name, first argument) after the blocks."""
+    pattern, the modules outside the blocks called after the last block, in call order (name, first
+    argument), the transformer's own arguments and its output."""
 
     first_arguments: dict[str, dict[str, Any]]
     attention: dict[str, _Attention]
