@@ -65,16 +65,26 @@ def wan_reference(tiny_wan: Any) -> np.ndarray:
     return generate(tiny_wan, WAN_CALL)
 
 
+# Rank processes the pools may hold at once: each keeps the tiny pipelines it has built (1-1.5 GB
+# late in the suite), so pools of 2, 3, 4 and 8 ranks alive together outgrew a 24 GiB machine.
+MAX_POOLED_RANKS = 10
+
+
 @pytest.fixture(scope="session")
 def rank_pools() -> Any:
-    """Persistent gloo rank pools by world size, started on first use: `rank_pools(2).run(fn, ...)`."""
+    """Persistent gloo rank pools by world size, started on first use: `rank_pools(2).run(fn, ...)`.
+    A pool that would take the live ranks past MAX_POOLED_RANKS first closes the least recently used."""
     from rankpool import RankPool
 
-    pools: dict[int, RankPool] = {}
+    pools: dict[int, RankPool] = {}  # in order of last use
 
     def get(world: int) -> RankPool:
-        if world not in pools:
-            pools[world] = RankPool(world)
+        if world in pools:
+            pools[world] = pools.pop(world)  # most recently used last
+            return pools[world]
+        while pools and sum(pools) + world > MAX_POOLED_RANKS:
+            pools.pop(next(iter(pools))).close()
+        pools[world] = RankPool(world)
         return pools[world]
 
     yield get
