@@ -279,22 +279,24 @@ def _automatic(handle: AccelHandle) -> bool:
 def _automatic_plans(handle: AccelHandle, transformers: dict[str, Any], degrees: Degrees) -> dict[str, ParallelPlan]:
     """Each transformer's automatic plan, learned from the pipeline's own first transformer call and
     verified on simulated ranks of this layout (refused in one line where no candidate is exact).
-    Every rank runs the same deterministic check before any collective, so all decide alike; the
-    verdict is kept on disk, so a model is verified once. Under CFG parallelism alone the plan only
-    says which arguments carry the batch."""
-    from accel.models.generic import first_transformer_call, other_transformer_call
+    Every rank learns the candidates; rank 0 alone verifies them (or reads its kept verdict) and every
+    rank takes its choice, before any collective of the mesh. Under CFG parallelism alone the plan
+    only says which arguments carry the batch."""
+    import torch.distributed as dist
+
+    from accel.parallel.agree import every_rank_object
     from accel.parallel.automatic import batch_arguments_of
-    from accel.parallel.verify import automatic_plan
+    from accel.parallel.verify import automatic_plan, probe_calls
 
     family, plans, calls = handle.family, {}, {}
     for attr, transformer in transformers.items():
         kind = type(transformer)
         if kind not in calls:  # a second expert of the same class (Wan 2.2's transformer_2) takes the same inputs
-            calls[kind] = (first_transformer_call(handle.pipe, transformer), other_transformer_call(handle.pipe, transformer))
+            calls[kind] = probe_calls(handle.pipe, transformer)
         call, wider = calls[kind]
         if degrees.sequence > 1:
-            plans[attr] = automatic_plan(transformer, call, wider, family.blocks, family.primary_stream,
-                                         degrees.ulysses, degrees.ring, "[parallel]")
+            plans[attr] = automatic_plan(transformer, call, wider, family.blocks, family.primary_stream, degrees.ulysses,
+                                         degrees.ring, "[parallel]", share=every_rank_object, lead=dist.get_rank() == 0)
         else:
             plans[attr] = batch_arguments_of(transformer, call, family.primary_stream)
     return plans

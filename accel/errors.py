@@ -21,3 +21,9 @@ class NotAvailableError(UserError):
 
 class ModelError(UserError):
     """An unknown model, one not available locally, or a pipeline no family supports."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception as one line for a user's message: its first line, else its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

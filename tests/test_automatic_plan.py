@@ -24,7 +24,6 @@ from torch import nn
 import parallel_cases as cases
 from accel.errors import NotAvailableError
 from accel.models.base import BlockList
-from accel.models.generic import first_transformer_call, other_transformer_call
 from accel.models.registry import FAMILIES
 from accel.parallel import verify
 from accel.parallel.attention import usp_attention
@@ -66,7 +65,7 @@ def test_a_failing_simulated_rank_raises_instead_of_hanging() -> None:
 
 def _calls(family: str) -> tuple[Any, TransformerCall, TransformerCall]:
     pipe = cases.tiny_pipeline(f"tiny-{family}")
-    return pipe, first_transformer_call(pipe, pipe.transformer), other_transformer_call(pipe, pipe.transformer)
+    return pipe, *verify.probe_calls(pipe, pipe.transformer)
 
 
 def _call_at(pipe: Any, call: dict[str, Any]) -> TransformerCall:
@@ -166,11 +165,11 @@ class _Toy(ModelMixin, ConfigMixin):
         return self.proj_out(self.norm_out(hidden_states))
 
 
-def _toy_plan(pool: bool) -> Any:
+def _toy_plan(pool: bool, **ranks: Any) -> Any:
     calls = [TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
              for tokens in (21, 30)]
     return verify.automatic_plan(_Toy(pool), *calls, (BlockList("blocks", returns=("hidden_states",)),),
-                                 "hidden_states", 2, 1, "--ulysses")
+                                 "hidden_states", 2, 1, "--ulysses", **ranks)
 
 
 def test_a_transformer_that_pools_over_the_sequence_is_refused_naming_the_block(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,3 +199,40 @@ def test_verdicts_are_kept_on_disk_and_reused(tmp_path: Any, monkeypatch: pytest
     with pytest.raises(NotAvailableError) as again:
         _toy_plan(pool=True)
     assert str(again.value) == str(refused.value)
+
+
+def test_every_rank_takes_the_first_ranks_verdict(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On several ranks only rank 0 verifies; the others take its choice or its refusal, never their own."""
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    seen: list[Any] = []
+
+    def as_rank_1(lead_view: Any) -> Any:
+        def share(mine: Any) -> list[Any]:
+            seen.append(mine)
+            return [lead_view(mine), mine]
+        return share
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a rank other than the first verified")
+
+    monkeypatch.setattr(verify, "verify_plan", never)
+    [only] = _candidate_plans_of_toy()
+    chosen = _toy_plan(False, share=as_rank_1(lambda mine: (None, mine[1], (verify.plan_digest(only), ""))), lead=False)
+    assert chosen == only and seen[-1][2] is None  # rank 1 sent no decision of its own, nor verified
+    refusal = verify.refusal("--ulysses", "_Toy", "rank 0 says no")
+    with pytest.raises(NotAvailableError) as refused:
+        _toy_plan(False, share=as_rank_1(lambda mine: (None, mine[1], (None, refusal))), lead=False)
+    assert str(refused.value) == refusal
+    with pytest.raises(NotAvailableError) as differ:
+        _toy_plan(False, share=as_rank_1(lambda mine: (None, ["0" * 16], ("0" * 16, ""))), lead=False)
+    assert str(differ.value) == verify.refusal("--ulysses", "_Toy", "the ranks learned different plans from the same call")
+
+
+def _candidate_plans_of_toy() -> list[Any]:
+    from accel.parallel.automatic import candidate_plans, observe
+
+    lists = (BlockList("blocks", returns=("hidden_states",)),)
+    toy = _Toy(False)
+    calls = [TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
+             for tokens in (21, 30)]
+    return candidate_plans(toy, observe(toy, calls[0], lists), observe(toy, calls[1], lists), lists, "hidden_states")

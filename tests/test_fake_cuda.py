@@ -928,13 +928,12 @@ def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
 def test_automatic_plan_at_real_width_on_fake_cuda(name: str, tiny_configs: Any, tmp_path: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import parallel_cases as cases
-    from accel.models.generic import first_transformer_call, other_transformer_call
-    from accel.parallel.verify import automatic_plan
+    from accel.parallel.verify import automatic_plan, probe_calls
 
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     family = FAMILIES[name]
     pipe = cases.tiny_pipeline(f"tiny-{name}")
-    call, other = first_transformer_call(pipe, pipe.transformer), other_transformer_call(pipe, pipe.transformer)
+    call, other = probe_calls(pipe, pipe.transformer)
     plan = automatic_plan(pipe.transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
     assert plan.output_before
     config, layout = REAL[name]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.errors import ModelError, UserError
+from accel.errors import ModelError, UserError, first_line
 from accel.models.base import AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind, Variant
 from accel.models.discover import Discovery, discover_blocks
 from accel.models.probe import named_arguments, probe_returns
@@ -260,9 +260,8 @@ def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> N
     except _FirstForwardDone:
         return
     except Exception as error:  # the pipeline's own failure, whatever it is, is the user's one line
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelError(f"{type(pipe).__name__}: accel's probe call (one small call to learn what the transformer's "
-                         f"blocks return) failed: {first}") from None
+                         f"blocks return) failed: {first_line(error)}") from None
     finally:
         handle.remove()
         diffusers_logging.set_verbosity(verbosity)

@@ -52,6 +52,13 @@ def rank0_object(value: Any, group: dist.ProcessGroup | None = None) -> Any:
     return box[0]
 
 
+def every_rank_object(value: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
+    """Every rank's `value` (picklable), in rank order, on every rank of `group`."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
 def _global_rng_state() -> tuple[torch.Tensor, torch.Tensor | None]:
     """The global CPU random state and, once CUDA is in use, the current device's."""
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from accel.errors import NotAvailableError
+from accel.errors import NotAvailableError, first_line
 from accel.models.base import BlockList, ParallelPlan
 from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, observe, tensors_of
 from accel.parallel.layout import SequenceLayout
@@ -57,8 +57,7 @@ def verify_plan(transformer: nn.Module, plan: ParallelPlan, call: TransformerCal
     try:
         outputs = _split_run(transformer, plan, call, ulysses, ring)
     except Exception as error:  # the plan's failure on this model, whatever it is, is the verdict
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return Verdict(False, float("inf"), f"it fails on {ulysses * ring} simulated ranks: {first}")
+        return Verdict(False, float("inf"), f"it fails on {ulysses * ring} simulated ranks: {first_line(error)}")
     worst = 0.0
     for output in outputs:
         got = list(tensors_of(output))
@@ -169,35 +168,68 @@ def _relative(got: Tensor, expected: Tensor) -> float:
 
 
 # -- choosing and caching ------------------------------------------------------------------------
+def probe_calls(pipe: Any, transformer: nn.Module) -> tuple[TransformerCall, TransformerCall]:
+    """The pipeline's own first call of `transformer` at the probe size (the input plans are verified
+    on), and the same call with more tokens (which dims follow the token count)."""
+    from accel.models.generic import first_transformer_call, other_transformer_call
+
+    return first_transformer_call(pipe, transformer), other_transformer_call(pipe, transformer)
+
+
+# What one rank saw: its refusal of every candidate (None: it has candidates), its candidates'
+# digests, and, on the rank that verifies, the digest of the plan chosen (None: refused) and why not.
+RankView = tuple[str | None, list[str], tuple[str | None, str] | None]
+
+
 def automatic_plan(transformer: nn.Module, call: TransformerCall, other: TransformerCall, lists: Sequence[BlockList],
-                   primary: str, ulysses: int, ring: int, where: str) -> ParallelPlan:
-    """The first automatic plan candidate verified exact on this layout, or NotAvailableError in one
-    line. `call` is the input it is verified on, `other` the same call with more tokens."""
+                   primary: str, ulysses: int, ring: int, where: str,
+                   share: Callable[[RankView], list[RankView]] | None = None, lead: bool = True) -> ParallelPlan:
+    """The automatic plan candidate verified exact on this layout, or NotAvailableError in one line.
+    `call` is the input it is verified on, `other` the same call with more tokens.
+
+    On several ranks, `share` all-gathers each rank's view (rank 0's first) and only the `lead` rank
+    verifies: every rank then takes the same plan or raises the same line, even where a borderline
+    half-precision check could come out differently on two devices, so none waits alone in a collective."""
     name = type(transformer).__name__
     observation = observe(transformer, call, lists)
     try:
         candidates = candidate_plans(transformer, observation, observe(transformer, other, lists), lists, primary)
+        refused = None
     except AutomaticPlanRefused as error:
-        raise NotAvailableError(refusal(where, name, str(error))) from None
-    key = verdict_key(transformer, ulysses, ring)
+        candidates, refused = [], refusal(where, name, str(error))
+    digests = [plan_digest(plan) for plan in candidates]
+    decision = _decide(transformer, candidates, call, observation.output, ulysses, ring, where) if lead and refused is None else None
+    views = [(refused, digests, decision)] if share is None else share((refused, digests, decision))
+    for their_refusal, _, _ in views:
+        if their_refusal is not None:
+            raise NotAvailableError(their_refusal)
+    chosen, why = views[0][2] or (None, refusal(where, name, "the first rank did not verify it"))
+    if chosen is None:
+        raise NotAvailableError(why)
+    if any(chosen not in their_digests for _, their_digests, _ in views):
+        raise NotAvailableError(refusal(where, name, "the ranks learned different plans from the same call"))
+    return candidates[digests.index(chosen)]
+
+
+def _decide(transformer: nn.Module, candidates: Sequence[ParallelPlan], call: TransformerCall, reference: Any,
+            ulysses: int, ring: int, where: str) -> tuple[str | None, str]:
+    """The digest of the candidate to use (None: refused) and the refusal's line: the kept verdict
+    where this model and layout were verified before, else a verification, then kept."""
+    name = type(transformer).__name__
+    identity = verdict_identity(transformer, ulysses, ring)
+    key = None if identity is None else _key_of(identity)
+    digests = [plan_digest(plan) for plan in candidates]
     cached = read_verdict(key) if key is not None else None
     if cached is not None:
-        chosen = next((plan for plan in candidates if plan_digest(plan) == cached.get("plan")), None)
-        if cached.get("exact") and chosen is not None:
-            return chosen
-        if not cached.get("exact") and cached.get("candidates") == [plan_digest(plan) for plan in candidates]:
-            raise NotAvailableError(refusal(where, name, cached.get("reason", "")))
-    plan, verdict = best_candidate(transformer, candidates, call, ulysses, ring, observation.output)
-    if key is not None:
-        from accel import __version__
-        from accel.models.generic import config_hash
-
-        what = {"class": name, "config": config_hash(transformer), "version": __version__, "ulysses": ulysses, "ring": ring}
-        write_verdict(key, {**what, "exact": True, "plan": plan_digest(plan), "error": verdict.error} if verdict.exact else
-                      {**what, "exact": False, "reason": verdict.reason, "candidates": [plan_digest(plan) for plan in candidates]})
-    if verdict.exact:
-        return plan
-    raise NotAvailableError(refusal(where, name, verdict.reason))
+        if cached.get("exact") and cached.get("plan") in digests:
+            return cached["plan"], ""
+        if not cached.get("exact") and cached.get("candidates") == digests:
+            return None, refusal(where, name, cached.get("reason", ""))
+    plan, verdict = best_candidate(transformer, candidates, call, ulysses, ring, reference)
+    if key is not None and identity is not None:
+        write_verdict(key, {**identity, "exact": True, "plan": plan_digest(plan), "error": verdict.error} if verdict.exact else
+                      {**identity, "exact": False, "reason": verdict.reason, "candidates": digests})
+    return (plan_digest(plan), "") if verdict.exact else (None, refusal(where, name, verdict.reason))
 
 
 def best_candidate(transformer: nn.Module, candidates: Sequence[ParallelPlan], call: TransformerCall, ulysses: int,
@@ -207,11 +239,11 @@ def best_candidate(transformer: nn.Module, candidates: Sequence[ParallelPlan], c
     is measured and the best must also be clearly better than the next one within tolerance; in
     float32 the first within 1 % of the tolerance is taken at once."""
     verdicts: list[tuple[ParallelPlan, Verdict]] = []
+    quite_exact = tolerance(next(tensors_of(reference)).dtype) / 100
     for plan in candidates:
         verdict = verify_plan(transformer, plan, call, ulysses, ring, reference=reference)
         verdicts.append((plan, verdict))
-        dtype = next(tensors_of(reference)).dtype
-        if verdict.exact and verdict.error <= tolerance(dtype) / 100:
+        if verdict.exact and verdict.error <= quite_exact:
             return plan, verdict
     verdicts.sort(key=lambda item: item[1].error)
     plan, best = verdicts[0]
@@ -237,16 +269,27 @@ def plan_digest(plan: ParallelPlan) -> str:
     return hashlib.sha256(repr(plan).encode()).hexdigest()[:16]
 
 
-def verdict_key(transformer: nn.Module, ulysses: int, ring: int) -> str | None:
-    """The verdict's name on disk; None for a model with no diffusers config, whose class alone does
-    not say what it computes (it is verified at every start)."""
+def verdict_identity(transformer: nn.Module, ulysses: int, ring: int) -> dict[str, Any] | None:
+    """What a verdict holds for: the transformer's class and config, accel's version, the layout.
+    None for a model with no diffusers config, whose class alone does not say what it computes (it
+    is verified at every start)."""
     from accel import __version__
     from accel.models.generic import config_hash
 
     if not getattr(transformer, "config", None):
         return None
-    text = json.dumps([type(transformer).__name__, config_hash(transformer), __version__, ulysses, ring])
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    return {"class": type(transformer).__name__, "config": config_hash(transformer), "version": __version__,
+            "ulysses": ulysses, "ring": ring}
+
+
+def _key_of(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def verdict_key(transformer: nn.Module, ulysses: int, ring: int) -> str | None:
+    """The verdict's name on disk (None: not kept)."""
+    identity = verdict_identity(transformer, ulysses, ring)
+    return None if identity is None else _key_of(identity)
 
 
 def verdict_dir() -> Path:
@@ -296,7 +339,6 @@ def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = Non
     simulated ranks (`accel inspect --verify`): no rank per GPU is needed, and the verdict is kept
     for the runs that follow. A refusal is a verdict, not an error."""
     import accel
-    from accel.models.generic import first_transformer_call, other_transformer_call
     from accel.models.registry import family_of
 
     pipe = accel.load_pipeline(model, dtype=dtype, device=device)
@@ -304,9 +346,8 @@ def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = Non
         pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     transformer = getattr(pipe, family.transformer_attrs[0])
-    call, other = first_transformer_call(pipe, transformer), other_transformer_call(pipe, transformer)
     try:
-        automatic_plan(transformer, call, other, family.blocks, family.primary_stream, ulysses, ring, "--verify")
+        automatic_plan(transformer, *probe_calls(pipe, transformer), family.blocks, family.primary_stream, ulysses, ring, "--verify")
     except NotAvailableError as error:
         return Verdict(False, reason=str(error))
     return Verdict(True)
