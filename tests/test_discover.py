@@ -1,7 +1,8 @@
 """Finding a transformer's repeated blocks from the model itself (accel/models/discover.py, issue 34).
 
-Three checks: on every accel family's tiny pipeline, discovery gives the family's hand-declared block
-lists (or differs where the test says why, exactly); on diffusers DiT transformers no family
+Four checks: on every accel family's tiny pipeline, discovery gives the family's hand-declared block
+lists (or differs where the test says why, exactly), and the record the generic path learns with one
+probe call is the family's own but for what a family adds by hand; on diffusers DiT transformers no family
 describes, built tiny from their classes, it finds the lists configured; a module with no repeated
 blocks is refused in one line.
 """
@@ -92,6 +93,26 @@ def test_family_blocks_are_discovered(name: str, request: pytest.FixtureRequest)
                 assert (item.block_list(), item.unknown) == (block, "")
         if name not in UNKNOWN_RETURNS and name not in NO_JOINS and not extra:
             assert found.block_lists() == family.blocks
+
+
+# What a tested family states by hand beyond what the generic path learns: its plans, how its pipeline
+# runs guidance, its heads' config key, its processors. Not learned: the pipeline attributes of
+# experts the tiny pipeline lacks (Wan 2.2's transformer_2).
+HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "heads_key", "heads_of_config",
+             "processors")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_tested_family_is_the_learned_record_with_overrides(name: str, request: pytest.FixtureRequest) -> None:
+    from accel.models.generic import learned_acceleration
+
+    family, pipe = FAMILIES[name], _pipe(name, request)
+    pipe.set_progress_bar_config(disable=True)
+    learned = learned_acceleration(pipe, pipe.transformer)
+    assert learned.learned and learned.transformer_attrs == tuple(
+        attr for attr in family.transformer_attrs if getattr(pipe, attr, None) is not None)
+    overrides = {field: getattr(family.acceleration, field) for field in HAND_ONLY}
+    assert replace(learned, **overrides, learned=False, transformer_attrs=family.transformer_attrs) == family.acceleration
 
 
 def _flux_like(**extra: Any) -> dict[str, Any]:

@@ -642,7 +642,7 @@ def test_grouped_tokens_on_fake_cuda(layout: Layout, rank_of: str, animate_confi
     from accel.models.variants import variant_of
 
     wan = FAMILIES["wan"]
-    family = replace(wan, parallel=variant_of(wan, "WanAnimatePipeline").parallel)
+    family = wan.with_acceleration(parallel=variant_of(wan, "WanAnimatePipeline").parallel)
     rank = 0 if rank_of == "first" else layout.world - 1
     runs: list[int] = []  # tokens of each face adapter call
     adapters = fake_transformer(WanAnimateTransformer3DModel, animate_config).face_adapter
@@ -937,4 +937,4 @@ def test_automatic_plan_at_real_width_on_fake_cuda(name: str, tiny_configs: Any,
     plan = automatic_plan(pipe.transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
     assert plan.output_before
     config, layout = REAL[name]
-    run_layout(name, tiny_configs[name][0], config, layout, layout.world - 1, overrides={}, family=replace(family, parallel=plan))
+    run_layout(name, tiny_configs[name][0], config, layout, layout.world - 1, overrides={}, family=family.with_acceleration(parallel=plan))

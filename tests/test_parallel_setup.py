@@ -69,13 +69,11 @@ def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one()
 
 
 def test_a_family_without_a_plan_is_refused_by_name() -> None:
-    import dataclasses
-
     from accel.errors import NotAvailableError
     from accel.models.registry import FAMILIES
     from accel.parallel.plan import plan_of
 
-    unplanned = dataclasses.replace(FAMILIES["wan"], parallel=None)
+    unplanned = FAMILIES["wan"].with_acceleration(parallel=None)
     with pytest.raises(NotAvailableError, match=r"^--gpus: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process$"):
         plan_of(unplanned, "--gpus")
     assert plan_of(FAMILIES["wan"], "--gpus") is FAMILIES["wan"].parallel

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -452,8 +452,58 @@ class AudioOutput:
 
 
 @dataclass(frozen=True)
+class Acceleration:
+    """What accelerating a transformer needs, and all it needs: its repeated blocks, the stream the
+    cache compares, the plans that split it, how its pipeline runs guidance. The generic path learns
+    one from the model itself (accel/models/generic.py `learned_acceleration`); a hand-written family
+    states its own, where the learned one lacks something (a CFG style, a tensor plan, a hand plan
+    sending less) or a test pins it: `dataclasses.replace(learned, cfg="calls")` is a named family's
+    record with one override."""
+
+    blocks: tuple[BlockList, ...]
+    # Which block stream the cache compares between steps.
+    primary_stream: str = "hidden_states"
+    # Pipeline attributes that hold a transformer (Wan 2.2 adds a low-noise `transformer_2`).
+    transformer_attrs: tuple[str, ...] = ("transformer",)
+    # The transformer config key that holds its head count (Z-Image's says `n_heads`), or, for a
+    # config that states none, the count as a function of the config (Kandinsky 5: width / head width).
+    heads_key: str = "num_attention_heads"
+    heads_of_config: Callable[[Mapping[str, Any]], int] | None = None
+    # Context parallelism; None: the family runs on one process only.
+    parallel: ParallelPlan | FromDiffusers | AutomaticPlan | None = None
+    # Tensor parallelism; None: the family's weights are not split.
+    tensor: TensorPlan | None = None
+    # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
+    # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
+    cfg: CfgStyle | None = None
+    cfg_scale: str = "guidance_scale"
+    # Guidance runs when the scale is above this (1 for most pipelines; Z-Image's runs above 0).
+    cfg_above: float = 1.0
+    cfg_needs_negative: bool = False
+    # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
+    # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
+    # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
+    processors: tuple[tuple[str, Callable[[], Any]], ...] = ()
+    # Learned by accel/models/generic.py from the model itself (a pipeline no family describes), not a
+    # tested family: its context parallelism is the automatic plan, verified before use; what it
+    # does not know (CFG and tensor parallelism) is refused.
+    learned: bool = False
+    # Why the step caches cannot run on these blocks (a learned record whose lists run interleaved).
+    cache_refused: str | None = None
+
+    def heads_in(self, config: Mapping[str, Any]) -> int | None:
+        """The attention heads a transformer config gives (None: it does not say)."""
+        if self.heads_of_config is not None:
+            return self.heads_of_config(config)
+        heads = config.get(self.heads_key)
+        return int(heads) if isinstance(heads, int) else None
+
+
+@dataclass(frozen=True)
 class Family:
-    """A model family: how to recognise, load, drive and accelerate its pipeline."""
+    """A model family: its `acceleration` record, and beside it what accel needs to recognise, load,
+    call and test its pipelines (classes, checkpoint, call defaults, inputs and outputs, tiny builders).
+    The record's fields read as the family's own (`family.blocks`)."""
 
     name: str
     title: str
@@ -463,11 +513,7 @@ class Family:
     output: OutputKind
     dtype: str
     defaults: GenerationDefaults
-    blocks: tuple[BlockList, ...]
-    # Pipeline attributes that hold a transformer (Wan 2.2 adds a low-noise `transformer_2`).
-    transformer_attrs: tuple[str, ...] = ("transformer",)
-    # Which block stream the cache compares between steps.
-    primary_stream: str = "hidden_states"
+    acceleration: Acceleration
     # Keyword the pipeline takes for the frame count (video families).
     frames_arg: str | None = None
     # Sizes the pipeline makes as asked: heights and widths in multiples of `size_step` pixels (the
@@ -487,39 +533,66 @@ class Family:
     # are checked against them before any rank starts.
     heads: int | None = None
     tiny_heads: int | None = None
-    # The transformer config key that holds its head count (Z-Image's says `n_heads`), or, for a
-    # config that states none, the count as a function of the config (Kandinsky 5: width / head width).
-    heads_key: str = "num_attention_heads"
-    heads_of_config: Callable[[Mapping[str, Any]], int] | None = None
     # The diffusers class of the family's VAE, whose parallel decode accel/models/vaes.py describes.
     vae: str | None = None
-    # Context parallelism; None: the family runs on one process only.
-    parallel: ParallelPlan | FromDiffusers | AutomaticPlan | None = None
-    # Tensor parallelism; None: the family's weights are not split.
-    tensor: TensorPlan | None = None
-    # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
-    # setting that turns it on when above 1 (with a negative prompt where `cfg_needs_negative`).
-    cfg: CfgStyle | None = None
-    cfg_scale: str = "guidance_scale"
-    # Guidance runs when the scale is above this (1 for most pipelines; Z-Image's runs above 0).
-    cfg_above: float = 1.0
-    cfg_needs_negative: bool = False
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
     # The other pipelines of this transformer that accel runs, with the inputs their calls need.
     variants: tuple[Variant, ...] = ()
     # Sound generated with the video (LTX-2), muxed into the MP4; None: the pipeline makes none.
     audio: AudioOutput | None = None
-    # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
-    # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
-    # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
-    processors: tuple[tuple[str, Callable[[], Any]], ...] = ()
-    # Made by accel/models/generic.py from the model itself (a pipeline no family describes), not a
-    # tested family: its context parallelism is the automatic plan, verified before use; what it
-    # does not know (CFG and tensor parallelism) is refused.
-    learned: bool = False
-    # Why the step caches cannot run on these blocks (a learned record whose lists run interleaved).
-    cache_refused: str | None = None
+
+    def with_acceleration(self, **changes: Any) -> Family:
+        """This family with fields of its acceleration record replaced (`parallel=None`)."""
+        return replace(self, acceleration=replace(self.acceleration, **changes))
+
+    @property
+    def blocks(self) -> tuple[BlockList, ...]:
+        return self.acceleration.blocks
+
+    @property
+    def primary_stream(self) -> str:
+        return self.acceleration.primary_stream
+
+    @property
+    def transformer_attrs(self) -> tuple[str, ...]:
+        return self.acceleration.transformer_attrs
+
+    @property
+    def heads_key(self) -> str:
+        return self.acceleration.heads_key
+
+    @property
+    def parallel(self) -> ParallelPlan | FromDiffusers | AutomaticPlan | None:
+        return self.acceleration.parallel
+
+    @property
+    def tensor(self) -> TensorPlan | None:
+        return self.acceleration.tensor
+
+    @property
+    def cfg(self) -> CfgStyle | None:
+        return self.acceleration.cfg
+
+    @property
+    def cfg_scale(self) -> str:
+        return self.acceleration.cfg_scale
+
+    @property
+    def cfg_above(self) -> float:
+        return self.acceleration.cfg_above
+
+    @property
+    def processors(self) -> tuple[tuple[str, Callable[[], Any]], ...]:
+        return self.acceleration.processors
+
+    @property
+    def learned(self) -> bool:
+        return self.acceleration.learned
+
+    @property
+    def cache_refused(self) -> str | None:
+        return self.acceleration.cache_refused
 
     def cfg_off(self, call: Mapping[str, Any]) -> str | None:
         """Why a pipeline call with these arguments runs no classifier-free guidance (None: it runs it)."""
@@ -530,16 +603,13 @@ class Family:
         scale = call.get(self.cfg_scale)
         if scale is None or scale <= self.cfg_above:
             return f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above {self.cfg_above:g}"
-        if self.cfg_needs_negative and not call.get("negative_prompt"):
+        if self.acceleration.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None
 
     def heads_in(self, config: Mapping[str, Any]) -> int | None:
         """The attention heads a transformer config gives (None: it does not say)."""
-        if self.heads_of_config is not None:
-            return self.heads_of_config(config)
-        heads = config.get(self.heads_key)
-        return int(heads) if isinstance(heads, int) else None
+        return self.acceleration.heads_in(config)
 
     def size_problem(self, key: str, value: int) -> str | None:
         """Why `[generate] key = value` (height, width or frames) is not a size this family makes

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import CogVideoXFunControlPipeline, CogVideoXImageToVideoPipeline, CogVideoXPipeline
@@ -173,29 +173,31 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=480, width=720, frames=49, guidance_scale=6.0),
     size_step=16,
     frame_step=4,
-    blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+    acceleration=Acceleration(
+        blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+        # The patch embedding runs on the whole text + video sequence; both streams are cut where the
+        # blocks start, and the pipeline's rotary embedding (video tokens only) with the video.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("image_rotary_emb", "video", dim=0),
+                SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+            ),
+            attention_keys=("text", "video"),
+            output_stream="video",
+            output_dim=1,
+            output_module="proj_out",
+            batch_args=("hidden_states", "encoder_hidden_states", "timestep", "timestep_cond", "ofs"),
+        ),
+        cfg="batch",
+    ),
     frames_arg="num_frames",
     fps=8,
     heads=48,
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=9, guidance_scale=6.0),
-    # The patch embedding runs on the whole text + video sequence; both streams are cut where the
-    # blocks start, and the pipeline's rotary embedding (video tokens only) with the video.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("image_rotary_emb", "video", dim=0),
-            SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-        ),
-        attention_keys=("text", "video"),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "timestep_cond", "ofs"),
-    ),
-    cfg="batch",
     # Video-to-video noises the input clip's latents (its frame count sets the output's): the same
     # transformer call, the same plan.
     variants=(

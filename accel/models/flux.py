@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
+from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -104,29 +104,31 @@ FAMILY = Family(
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=28, height=1024, width=1024, guidance_scale=3.5),
     size_step=16,
-    blocks=(
-        BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
-        BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+    acceleration=Acceleration(
+        blocks=(
+            BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+            BlockList("single_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+        ),
+        # diffusers' _cp_plan cuts text and image tokens and their ids at the forward and gathers at
+        # proj_out. Every attention is joint over (text, image), and the transformer builds its rotary
+        # embedding from the (cut) ids, so it matches the local tokens. A ControlNet pipeline passes
+        # per-block residuals for the image tokens (lists of whole-sequence tensors): cut as the image.
+        tensor=TENSOR_PLAN,
+        parallel=FromDiffusers(
+            streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
+            attention_keys=("text", "image"),
+            output_stream="image",
+            extra_splits=CONTROLNET_SPLITS,
+        ),
+        # FLUX.1-dev is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
+        # prompt, as a second transformer call per step.
+        cfg="calls",
+        cfg_scale="true_cfg_scale",
+        cfg_needs_negative=True,
     ),
     true_cfg=True,
     heads=24,
     tiny_heads=4,
-    # diffusers' _cp_plan cuts text and image tokens and their ids at the forward and gathers at
-    # proj_out. Every attention is joint over (text, image), and the transformer builds its rotary
-    # embedding from the (cut) ids, so it matches the local tokens. A ControlNet pipeline passes
-    # per-block residuals for the image tokens (lists of whole-sequence tensors): cut as the image.
-    tensor=TENSOR_PLAN,
-    parallel=FromDiffusers(
-        streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
-        attention_keys=("text", "image"),
-        output_stream="image",
-        extra_splits=CONTROLNET_SPLITS,
-    ),
-    # FLUX.1-dev is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
-    # prompt, as a second transformer call per step.
-    cfg="calls",
-    cfg_scale="true_cfg_scale",
-    cfg_needs_negative=True,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
     # Kontext and Kontext inpaint put the reference image's tokens after the generated ones in the

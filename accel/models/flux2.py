@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, TensorPlan, Variant
+from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import Flux2KleinPipeline, Flux2Pipeline
@@ -147,14 +147,16 @@ FAMILY = Family(
     # The model card's settings: 50 steps, embedded guidance 4.
     defaults=GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=4.0),
     size_step=16,
-    blocks=_BLOCKS,
+    acceleration=Acceleration(
+        blocks=_BLOCKS,
+        tensor=TensorPlan(from_diffusers=True),
+        parallel=_PLAN,
+        # None: FLUX.2-dev is guidance-distilled. The pipeline feeds guidance_scale to the transformer's
+        # guidance embedding and calls it once per step; it has no negative prompt or second branch.
+        cfg=None,
+    ),
     heads=48,
     tiny_heads=4,
-    tensor=TensorPlan(from_diffusers=True),
-    parallel=_PLAN,
-    # None: FLUX.2-dev is guidance-distilled. The pipeline feeds guidance_scale to the transformer's
-    # guidance embedding and calls it once per step; it has no negative prompt or second branch.
-    cfg=None,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
     # Flux2Pipeline itself takes reference pictures (`image=`, optional: --image); Klein's pipelines
@@ -174,13 +176,15 @@ KLEIN = Family(
     # The base (undistilled) model: 50 steps, real CFG at guidance 4.
     defaults=GenerationDefaults(steps=50, height=1024, width=1024, guidance_scale=4.0),
     size_step=16,
-    blocks=_BLOCKS,
+    acceleration=Acceleration(
+        blocks=_BLOCKS,
+        tensor=TensorPlan(from_diffusers=True),
+        parallel=_PLAN,
+        # Real CFG when guidance_scale > 1 on a base model: a second call per step on the empty prompt.
+        cfg="calls",
+    ),
     heads=24,
     tiny_heads=4,
-    tensor=TensorPlan(from_diffusers=True),
-    parallel=_PLAN,
-    # Real CFG when guidance_scale > 1 on a base model: a second call per step on the empty prompt.
-    cfg="calls",
     tiny=build_tiny_klein,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
     # Reference images (`image=`) join the image stream after the generated tokens, as in Kontext.

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from accel.errors import ModelError, UserError, first_line
-from accel.models.base import AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind, Variant
+from accel.models.base import Acceleration, AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind, Variant
 from accel.models.discover import Discovery, discover_blocks
 from accel.models.probe import named_arguments, probe_returns
 
@@ -73,6 +73,28 @@ def learned_family(pipe: Any) -> Family:
 
 
 def _learn(pipe: Any, transformer: nn.Module) -> Family:
+    acceleration = learned_acceleration(pipe, transformer)
+    signature = inspect.signature(type(pipe).__call__).parameters
+    frames_arg = frames_keyword(signature)
+    output: OutputKind = "video" if frames_arg else "image"
+    config = dict(getattr(transformer, "config", {}) or {})
+    heads = config.get("num_attention_heads")
+    vae = getattr(pipe, "vae", None)
+    return Family(
+        name=_slug(type(pipe).__name__), title=type(pipe).__name__, pipeline_class=type(pipe).__name__,
+        transformer_class=type(transformer).__name__, repo="", output=output, dtype="bfloat16",
+        defaults=_defaults(pipe, signature, frames_arg), acceleration=acceleration, frames_arg=frames_arg,
+        heads=heads if isinstance(heads, int) else None,
+        vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
+        variants=_own_variant(type(pipe).__name__, signature),
+    )
+
+
+def learned_acceleration(pipe: Any, transformer: nn.Module) -> Acceleration:
+    """What accelerating `transformer` needs, learned from the model and one probe call of `pipe`:
+    its block lists in run order with what each block returns, the stream the cache compares, the
+    pipeline attributes holding a transformer of its class, and the automatic plan (verified when
+    applied). CFG and tensor parallelism are not learned: a named family adds them."""
     try:
         discovery = discover_blocks(transformer)
     except UserError as error:
@@ -87,23 +109,11 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
     finally:
         seams.remove()
     interleaved = seams.interleaved(type(transformer).__name__)
-    lists = main_lists(discovery) if interleaved else seams.joined(main_lists(discovery))
-    signature = inspect.signature(type(pipe).__call__).parameters
-    frames_arg = frames_keyword(signature)
-    output: OutputKind = "video" if frames_arg else "image"
-    config = dict(getattr(transformer, "config", {}) or {})
-    heads = config.get("num_attention_heads")
-    vae = getattr(pipe, "vae", None)
-    return Family(
-        name=_slug(type(pipe).__name__), title=type(pipe).__name__, pipeline_class=type(pipe).__name__,
-        transformer_class=type(transformer).__name__, repo="", output=output, dtype="bfloat16",
-        defaults=_defaults(pipe, signature, frames_arg), blocks=lists,
-        transformer_attrs=_transformer_attrs(pipe, transformer),
-        primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
-        frames_arg=frames_arg,
-        heads=heads if isinstance(heads, int) else None,
-        vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
-        parallel=AutomaticPlan(), learned=True, cache_refused=interleaved, variants=_own_variant(type(pipe).__name__, signature),
+    lists = main_lists(discovery) if interleaved else seams.feeding_output(seams.joined(main_lists(discovery)))
+    return Acceleration(
+        blocks=lists, primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
+        transformer_attrs=_transformer_attrs(pipe, transformer), parallel=AutomaticPlan(), learned=True,
+        cache_refused=interleaved,
     )
 
 
@@ -119,15 +129,16 @@ def _own_variant(pipeline_class: str, parameters: Any) -> tuple[Variant, ...]:
 
 def main_lists(discovery: Discovery) -> tuple[BlockList, ...]:
     """The block lists the cache and compile run over: in run order, those whose blocks return the
-    primary stream (refiners that prepare another stream before the main blocks, and lists of one
-    block, are left to run as they are); then trailing lists dropped until the first list returns
-    every stream the last one does, which the cache's residual needs."""
+    primary stream (`hidden_states` where a list returns it, else the stream of the last list to run,
+    which becomes the output; refiners that prepare another stream before the main blocks, and lists
+    of one block, are left to run as they are); then trailing lists dropped until the first list
+    returns every stream the last one does, which the cache's residual needs."""
     known = [found for found in discovery.lists if found.returns is not None and found.count >= 2]
     if not known:
         reasons = "; ".join(found.unknown for found in discovery.lists if found.unknown) or "no list of two or more blocks"
         raise ModelError(f"{discovery.transformer_class}: accel could not learn what its blocks return ({reasons}); "
                          "its cache and compile need that")
-    primary = PRIMARY if any(PRIMARY in (found.returns or ()) for found in known) else (known[0].returns or ("",))[0]
+    primary = PRIMARY if any(PRIMARY in (found.returns or ()) for found in known) else (known[-1].returns or ("",))[0]
     lists = [BlockList(found.attr, returns=found.returns) for found in known if primary in (found.returns or ())]
     while len(lists) > 1 and not set(lists[-1].returns) <= set(lists[0].returns):
         lists.pop()
@@ -201,6 +212,26 @@ class _Seams:
                 break
             kept.append(BlockList(block_list.attr, returns=block_list.returns, joins=tuple(order)))
         return tuple(kept)
+
+
+    def feeding_output(self, lists: tuple[BlockList, ...]) -> tuple[BlockList, ...]:
+        """The lists whose stream becomes the transformer's output: the last list to run, and before it
+        each list whose last block's output the next list's first block takes (unchanged, or joined).
+        A list that prepares another stream apart runs as it is, outside the cache (Z-Image's refiners
+        of the image and of the caption before they are joined per sample, Kandinsky 5's text blocks)."""
+        kept = [lists[-1]]
+        for before in reversed(lists[:-1]):
+            if not (kept[0].joins or self._takes_output_of(kept[0].attr, before.attr)):
+                break
+            kept.insert(0, before)
+        return tuple(kept)
+
+    def _takes_output_of(self, after: str, before: str) -> bool:
+        outputs = self.outputs.get(before)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        arguments = self.inputs.get(after, {}).values()
+        return any(isinstance(argument, torch.Tensor) and isinstance(output, torch.Tensor) and argument.shape == output.shape
+                   and torch.equal(argument, output) for argument in arguments for output in outputs)
 
 
 def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:

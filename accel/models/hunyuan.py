@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, LeadingCount, Packed, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, LeadingCount, Packed, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoImageToVideoPipeline, HunyuanVideoPipeline
@@ -182,9 +182,38 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=720, width=1280, frames=129, guidance_scale=6.0),
     size_step=16,
     frame_step=4,
-    blocks=(
-        BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
-        BlockList("single_transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
+    acceleration=Acceleration(
+        blocks=(
+            BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
+            BlockList("single_transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
+        ),
+        # Video and text are both cut where the blocks start (the token refiner before them runs whole
+        # on every rank); the joint mask over video then text that the forward hands every block is cut
+        # stream by stream, and the rotary embedding with the video. The image-to-video model's
+        # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
+        # each rank gets the count within its own shard.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("output", "video", dim=0, module="rope"),
+                SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="transformer_blocks.*"),
+                SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="single_transformer_blocks.*"),
+            ),
+            attention_keys=("video", "text"),
+            output_stream="video",
+            output_dim=1,
+            output_module="proj_out",
+            local_attention=("context_embedder",),
+            leading_counts=tuple(
+                LeadingCount("num_tokens", "video", module=blocks, when=("image_condition_type", "token_replace"))
+                for blocks in ("transformer_blocks.*", "single_transformer_blocks.*")
+            ),
+        ),
+        cfg="calls",
+        cfg_scale="true_cfg_scale",
+        cfg_needs_negative=True,
     ),
     frames_arg="num_frames",
     fps=15,
@@ -192,36 +221,9 @@ FAMILY = Family(
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
-    # Video and text are both cut where the blocks start (the token refiner before them runs whole
-    # on every rank); the joint mask over video then text that the forward hands every block is cut
-    # stream by stream, and the rotary embedding with the video. The image-to-video model's
-    # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
-    # each rank gets the count within its own shard.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("output", "video", dim=0, module="rope"),
-            SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="transformer_blocks.*"),
-            SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="single_transformer_blocks.*"),
-        ),
-        attention_keys=("video", "text"),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        local_attention=("context_embedder",),
-        leading_counts=tuple(
-            LeadingCount("num_tokens", "video", module=blocks, when=("image_condition_type", "token_replace"))
-            for blocks in ("transformer_blocks.*", "single_transformer_blocks.*")
-        ),
-    ),
     # HunyuanVideo is guidance-distilled: real CFG runs only with true_cfg_scale > 1 and a negative
     # prompt, as a second transformer call per step.
     true_cfg=True,
-    cfg="calls",
-    cfg_scale="true_cfg_scale",
-    cfg_needs_negative=True,
     variants=(
         # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
         # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.

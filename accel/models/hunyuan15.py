@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Pipeline
@@ -232,36 +232,38 @@ FAMILY = Family(
     size_step=16,
     frame_step=4,
     prompt_tokenizers=("tokenizer",),
-    blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+    acceleration=Acceleration(
+        blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+        # Video and the joint text stream are both cut where the blocks start (the Qwen token refiner
+        # before them runs whole on every rank); the text mask each block gets is cut with the text,
+        # the rotary table with the video. Each block's processor makes its (B, 1, L, L) mask as the
+        # text mask (video counted valid) ANDed with itself: the engine reads the key mask off it.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("output", "video", dim=0, module="rope"),
+                SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("attention_mask", "text", dim=-1, module="transformer_blocks.*"),
+            ),
+            attention_keys=("video", "text"),
+            output_stream="video",
+            output_dim=1,
+            output_module="proj_out",
+            local_attention=("context_embedder",),
+            pairwise_mask=True,
+        ),
+        # The guider (its guidance_scale; accel sets it from [generate] guidance_scale) runs the prompt
+        # and the negative prompt as two transformer calls per step.
+        cfg="calls",
+        processors=(("HunyuanVideo15AttnProcessor2_0", KeyMaskAttention),),
+    ),
     frames_arg="num_frames",
     heads=16,
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
-    # Video and the joint text stream are both cut where the blocks start (the Qwen token refiner
-    # before them runs whole on every rank); the text mask each block gets is cut with the text,
-    # the rotary table with the video. Each block's processor makes its (B, 1, L, L) mask as the
-    # text mask (video counted valid) ANDed with itself: the engine reads the key mask off it.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("output", "video", dim=0, module="rope"),
-            SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("attention_mask", "text", dim=-1, module="transformer_blocks.*"),
-        ),
-        attention_keys=("video", "text"),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        local_attention=("context_embedder",),
-        pairwise_mask=True,
-    ),
-    # The guider (its guidance_scale; accel sets it from [generate] guidance_scale) runs the prompt
-    # and the negative prompt as two transformer calls per step.
-    cfg="calls",
     variants=(
         Variant("HunyuanVideo15ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
     ),
-    processors=(("HunyuanVideo15AttnProcessor2_0", KeyMaskAttention),),
 )

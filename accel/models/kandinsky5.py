@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import Kandinsky5T2VPipeline
@@ -209,35 +209,37 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=512, width=768, frames=121, guidance_scale=5.0),
     size_step=16,
     frame_step=4,
-    # The visual blocks only: the text blocks see no latents, so their residual says nothing about
-    # how far the video moved between steps; they run every call (two of 34 blocks on Lite).
-    blocks=(BlockList("visual_transformer_blocks", returns=("visual_embed",)),),
-    primary_stream="visual_embed",
+    acceleration=Acceleration(
+        # The visual blocks only: the text blocks see no latents, so their residual says nothing about
+        # how far the video moved between steps; they run every call (two of 34 blocks on Lite).
+        blocks=(BlockList("visual_transformer_blocks", returns=("visual_embed",)),),
+        primary_stream="visual_embed",
+        heads_of_config=_heads,
+        # The video tokens are cut where the visual blocks start, with the rotary table every visual
+        # block gets (the same tensor: cut once); the text stays whole on every rank, so the text blocks
+        # and the cross-attention run unchanged. The transformer reshapes the tokens to the video grid
+        # right after the last visual block, so the output is gathered there.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("visual_embed", "video", dim=1, module="visual_transformer_blocks.0"),
+                SequenceSplit("rope", "video", dim=1, module="visual_transformer_blocks.*"),
+            ),
+            attention_keys=("video",),
+            output_stream="video",
+            output_dim=1,
+            output_module="visual_transformer_blocks.-1",
+            local_attention=("text_transformer_blocks.*", "visual_transformer_blocks.*.cross_attention"),
+            # The 10 s checkpoints' NABLA attention: a flex-attention block mask built from the whole sequence.
+            refuses=(("attention_type", "nabla", "(NABLA sparse attention, a block mask over the whole sequence) cannot be split over ranks"),),
+        ),
+        # CFG with the default negative prompt whenever guidance_scale > 1: a second transformer call per step.
+        cfg="calls",
+    ),
     frames_arg="num_frames",
     fps=24,
     heads=28,
     tiny_heads=4,
-    heads_of_config=_heads,
-    # The video tokens are cut where the visual blocks start, with the rotary table every visual
-    # block gets (the same tensor: cut once); the text stays whole on every rank, so the text blocks
-    # and the cross-attention run unchanged. The transformer reshapes the tokens to the video grid
-    # right after the last visual block, so the output is gathered there.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("visual_embed", "video", dim=1, module="visual_transformer_blocks.0"),
-            SequenceSplit("rope", "video", dim=1, module="visual_transformer_blocks.*"),
-        ),
-        attention_keys=("video",),
-        output_stream="video",
-        output_dim=1,
-        output_module="visual_transformer_blocks.-1",
-        local_attention=("text_transformer_blocks.*", "visual_transformer_blocks.*.cross_attention"),
-        # The 10 s checkpoints' NABLA attention: a flex-attention block mask built from the whole sequence.
-        refuses=(("attention_type", "nabla", "(NABLA sparse attention, a block mask over the whole sequence) cannot be split over ranks"),),
-    ),
-    # CFG with the default negative prompt whenever guidance_scale > 1: a second transformer call per step.
-    cfg="calls",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
     # Image to video: the picture's latents replace the first latent frame (and its condition

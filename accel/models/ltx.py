@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, Conditions, DIFFUSERS_MLP, Family, GenerationDefaults, ParallelPlan, Rotary, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, Conditions, DIFFUSERS_MLP, Family, GenerationDefaults, ParallelPlan, Rotary, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import LTXConditionPipeline, LTXI2VLongMultiPromptPipeline, LTXPipeline
@@ -155,38 +155,40 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=480, width=704, frames=161, guidance_scale=3.0),
     size_step=32,
     frame_step=8,
-    blocks=(BlockList("transformer_blocks", returns=("hidden_states",)),),
+    acceleration=Acceleration(
+        blocks=(BlockList("transformer_blocks", returns=("hidden_states",)),),
+        # Latents arrive packed, one token per row: cut them and the rotary embedding; the text stays
+        # whole, so the masked cross-attention (attn2) runs on each rank unchanged.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("hidden_states", "video", dim=1),
+                SequenceSplit("output", "video", dim=1, module="rope"),
+                # Image-to-video and the condition pipeline: one timestep per video token (the
+                # conditioning tokens' are 0), cut with the tokens; text-to-video's one per sample
+                # (batch,) or (batch, 1) stays whole.
+                SequenceSplit("timestep", "video", dim=1, ndim=2, broadcast=True),
+                # The long multi-prompt pipeline's: (batch, tokens, 1).
+                SequenceSplit("timestep", "video", dim=1, ndim=3),
+            ),
+            attention_keys=("video",),
+            output_stream="video",
+            output_dim=1,
+            output_module="proj_out",
+            local_attention=("transformer_blocks.*.attn2",),
+            # The condition pipeline's `video_coords` (batch, 3, tokens) place every token for the
+            # rotary embedding, the conditioning tokens it puts before the video's included: the rope
+            # module reads them whole on every rank and its output is cut, so CFG only halves them.
+            batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
+        ),
+        cfg="batch",
+    ),
     frames_arg="num_frames",
     fps=24,
     heads=32,
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=96, width=128, frames=9, guidance_scale=3.0),
-    # Latents arrive packed, one token per row: cut them and the rotary embedding; the text stays
-    # whole, so the masked cross-attention (attn2) runs on each rank unchanged.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("hidden_states", "video", dim=1),
-            SequenceSplit("output", "video", dim=1, module="rope"),
-            # Image-to-video and the condition pipeline: one timestep per video token (the
-            # conditioning tokens' are 0), cut with the tokens; text-to-video's one per sample
-            # (batch,) or (batch, 1) stays whole.
-            SequenceSplit("timestep", "video", dim=1, ndim=2, broadcast=True),
-            # The long multi-prompt pipeline's: (batch, tokens, 1).
-            SequenceSplit("timestep", "video", dim=1, ndim=3),
-        ),
-        attention_keys=("video",),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        local_attention=("transformer_blocks.*.attn2",),
-        # The condition pipeline's `video_coords` (batch, 3, tokens) place every token for the
-        # rotary embedding, the conditioning tokens it puts before the video's included: the rope
-        # module reads them whole on every rank and its output is cut, so CFG only halves them.
-        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "video_coords"),
-    ),
-    cfg="batch",
     variants=(
         # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
         Variant("LTXImageToVideoPipeline", image="image"),

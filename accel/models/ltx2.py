@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (DIFFUSERS_MLP, SELF_ATTENTION, AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers,
+from accel.models.base import (Acceleration, DIFFUSERS_MLP, SELF_ATTENTION, AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers,
                                GenerationDefaults, NamedInput, Rotary, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
@@ -235,46 +235,48 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=30, height=512, width=768, frames=121, guidance_scale=3.0),
     size_step=32,
     frame_step=8,
-    # Each block returns (video, audio): the cache compares the video and skips both streams.
-    blocks=(BlockList("transformer_blocks", returns=("hidden_states", "audio_hidden_states")),),
+    acceleration=Acceleration(
+        # Each block returns (video, audio): the cache compares the video and skips both streams.
+        blocks=(BlockList("transformer_blocks", returns=("hidden_states", "audio_hidden_states")),),
+        # diffusers' _cp_plan cuts the video tokens and their rotary tables, and the text with its mask.
+        # The video stream follows it. The text stays whole (keep_whole): its mask is an additive bias,
+        # not the boolean key mask the engine splits keys by, and whole text makes the cross-attention
+        # local (no exchange). The audio (about 25 tokens a second against the video's thousands) is
+        # replicated, as in diffusers' plan: every rank runs the audio stream whole, so its own
+        # attention, its text attention and the video's attention to it stay local; only the audio's
+        # attention to the cut video spans ranks (whole queries, merged by log-sum-exp). Splitting the
+        # audio would add four exchanges per block to save a few percent of compute.
+        tensor=TENSOR_PLAN,
+        parallel=FromDiffusers(
+            streams=(("hidden_states", "video"), ("rope[0]", "video"), ("rope[1]", "video")),
+            keep_whole=("encoder_hidden_states", "encoder_attention_mask"),
+            attention_keys=("video",),
+            output_stream="video",
+            local_attention=(_BLOCK + "attn2", _BLOCK + "audio_attn1", _BLOCK + "audio_attn2", _BLOCK + "audio_to_video_attn"),
+            whole_queries=(_BLOCK + "video_to_audio_attn",),
+            extra_splits=(
+                # diffusers' plan cuts the rotary tables of the "interleaved" kind (B, tokens, dim) only;
+                # LTX-2's "split" kind is (B, heads, tokens, dim / 2). The audio-video cross-attention's
+                # video table (cross_attn_rope) is not in diffusers' plan at all.
+                SequenceSplit("output", "video", dim=2, module="rope", ndim=4),
+                SequenceSplit("output", "video", dim=1, module="cross_attn_rope", ndim=3),
+                SequenceSplit("output", "video", dim=2, module="cross_attn_rope", ndim=4),
+                SequenceSplit("timestep", "video", dim=1, ndim=2),  # image-to-video: one timestep per video token
+                # LTX-2.5 DFR: (batch, tokens, 1), 1 on the tokens of single-pixel-frame latents (first frame, slots).
+                SequenceSplit("video_keyframes_mask", "video", dim=1),
+            ),
+            batch_args=(
+                "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
+                "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
+                "video_coords", "audio_coords", "video_self_attention_mask",
+            ),
+        ),
+        cfg="batch",
+    ),
     frames_arg="num_frames",
     fps=24,
     heads=32,
     tiny_heads=4,
-    # diffusers' _cp_plan cuts the video tokens and their rotary tables, and the text with its mask.
-    # The video stream follows it. The text stays whole (keep_whole): its mask is an additive bias,
-    # not the boolean key mask the engine splits keys by, and whole text makes the cross-attention
-    # local (no exchange). The audio (about 25 tokens a second against the video's thousands) is
-    # replicated, as in diffusers' plan: every rank runs the audio stream whole, so its own
-    # attention, its text attention and the video's attention to it stay local; only the audio's
-    # attention to the cut video spans ranks (whole queries, merged by log-sum-exp). Splitting the
-    # audio would add four exchanges per block to save a few percent of compute.
-    tensor=TENSOR_PLAN,
-    parallel=FromDiffusers(
-        streams=(("hidden_states", "video"), ("rope[0]", "video"), ("rope[1]", "video")),
-        keep_whole=("encoder_hidden_states", "encoder_attention_mask"),
-        attention_keys=("video",),
-        output_stream="video",
-        local_attention=(_BLOCK + "attn2", _BLOCK + "audio_attn1", _BLOCK + "audio_attn2", _BLOCK + "audio_to_video_attn"),
-        whole_queries=(_BLOCK + "video_to_audio_attn",),
-        extra_splits=(
-            # diffusers' plan cuts the rotary tables of the "interleaved" kind (B, tokens, dim) only;
-            # LTX-2's "split" kind is (B, heads, tokens, dim / 2). The audio-video cross-attention's
-            # video table (cross_attn_rope) is not in diffusers' plan at all.
-            SequenceSplit("output", "video", dim=2, module="rope", ndim=4),
-            SequenceSplit("output", "video", dim=1, module="cross_attn_rope", ndim=3),
-            SequenceSplit("output", "video", dim=2, module="cross_attn_rope", ndim=4),
-            SequenceSplit("timestep", "video", dim=1, ndim=2),  # image-to-video: one timestep per video token
-            # LTX-2.5 DFR: (batch, tokens, 1), 1 on the tokens of single-pixel-frame latents (first frame, slots).
-            SequenceSplit("video_keyframes_mask", "video", dim=1),
-        ),
-        batch_args=(
-            "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
-            "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
-            "video_coords", "audio_coords", "video_self_attention_mask",
-        ),
-    ),
-    cfg="batch",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=96, frames=9, guidance_scale=4.0),
     # The picture is encoded as the first latent frame, whose tokens then get timestep 0. On real

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (BlockList, Family, GenerationDefaults, JOINT_ATTENTION, Packed, ParallelPlan, Rotary, SequenceSplit, TensorPlan, split_layers)
+from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, JOINT_ATTENTION, Packed, ParallelPlan, Rotary, SequenceSplit, TensorPlan, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import MochiPipeline
@@ -128,28 +128,30 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=64, height=480, width=848, frames=85, guidance_scale=4.5),
     size_step=16,
     frame_step=6,
-    blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+    acceleration=Acceleration(
+        blocks=(BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
+        # Video tokens are cut; the text stays whole on every rank, because Mochi's attention keeps
+        # only each sample's real text tokens (a count that would differ between text shards). The
+        # engine shares the text part of each joint attention out across the ranks instead.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("output", "video", dim=0, module="rope"),
+                SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
+            ),
+            attention_keys=("video", "text"),
+            output_stream="video",
+            output_dim=1,
+            output_module="proj_out",
+            local_attention=("time_embed",),  # attention-pools the (whole) text into the timestep embedding
+            batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
+        ),
+        cfg="batch",
+    ),
     frames_arg="num_frames",
     fps=30,
     heads=24,  # Mochi 1: 24 heads of 128 (3072 wide)
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=7, guidance_scale=4.5),
-    # Video tokens are cut; the text stays whole on every rank, because Mochi's attention keeps
-    # only each sample's real text tokens (a count that would differ between text shards). The
-    # engine shares the text part of each joint attention out across the ranks instead.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("output", "video", dim=0, module="rope"),
-            SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
-        ),
-        attention_keys=("video", "text"),
-        output_stream="video",
-        output_dim=1,
-        output_module="proj_out",
-        local_attention=("time_embed",),  # attention-pools the (whole) text into the timestep embedding
-        batch_args=("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask"),
-    ),
-    cfg="batch",
 )

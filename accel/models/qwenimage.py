@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
+from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline
@@ -99,33 +99,35 @@ FAMILY = Family(
     # Qwen's own examples: 50 steps, true CFG 4 with a blank negative prompt, 1328x1328.
     defaults=GenerationDefaults(steps=50, height=1328, width=1328, negative_prompt=" ", true_cfg_scale=4.0),
     size_step=16,
-    blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),
+    acceleration=Acceleration(
+        blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),
+        # diffusers' _cp_plan cuts the image and text tokens at the first block, the per-token text mask
+        # and modulate index at every block, and the two tables the rotary module returns (image, then
+        # text); it gathers at proj_out. Every attention is joint over (text, image). The ControlNet
+        # pipelines pass per-block residuals for the image tokens (a list of whole-sequence tensors,
+        # added after each block): accel cuts them as the image, which diffusers' plan does not.
+        tensor=TENSOR_PLAN,
+        parallel=FromDiffusers(
+            streams=(
+                ("hidden_states", "image"),
+                ("encoder_hidden_states", "text"),
+                ("modulate_index", "image"),
+                ("encoder_hidden_states_mask", "text"),
+                ("pos_embed[0]", "image"),
+                ("pos_embed[1]", "text"),
+            ),
+            attention_keys=("text", "image"),
+            output_stream="image",
+            extra_splits=(SequenceSplit("controlnet_block_samples", "image", dim=1),),
+        ),
+        # True CFG (true_cfg_scale > 1 with a negative prompt): a second transformer call per step.
+        cfg="calls",
+        cfg_scale="true_cfg_scale",
+        cfg_needs_negative=True,
+    ),
     true_cfg=True,
     heads=24,
     tiny_heads=4,
-    # diffusers' _cp_plan cuts the image and text tokens at the first block, the per-token text mask
-    # and modulate index at every block, and the two tables the rotary module returns (image, then
-    # text); it gathers at proj_out. Every attention is joint over (text, image). The ControlNet
-    # pipelines pass per-block residuals for the image tokens (a list of whole-sequence tensors,
-    # added after each block): accel cuts them as the image, which diffusers' plan does not.
-    tensor=TENSOR_PLAN,
-    parallel=FromDiffusers(
-        streams=(
-            ("hidden_states", "image"),
-            ("encoder_hidden_states", "text"),
-            ("modulate_index", "image"),
-            ("encoder_hidden_states_mask", "text"),
-            ("pos_embed[0]", "image"),
-            ("pos_embed[1]", "text"),
-        ),
-        attention_keys=("text", "image"),
-        output_stream="image",
-        extra_splits=(SequenceSplit("controlnet_block_samples", "image", dim=1),),
-    ),
-    # True CFG (true_cfg_scale > 1 with a negative prompt): a second transformer call per step.
-    cfg="calls",
-    cfg_scale="true_cfg_scale",
-    cfg_needs_negative=True,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, negative_prompt=" ", true_cfg_scale=4.0),
     # The edit pipelines put the input picture's latents after the generated ones in the image stream.

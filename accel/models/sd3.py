@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import StableDiffusion3Pipeline
@@ -91,33 +91,35 @@ FAMILY = Family(
     dtype="bfloat16",
     defaults=GenerationDefaults(steps=28, height=1024, width=1024, guidance_scale=3.5),
     size_step=16,
-    # The last block keeps no text output (context_pre_only): its skipped call passes the text on,
-    # which the transformer drops.
-    blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),
+    acceleration=Acceleration(
+        # The last block keeps no text output (context_pre_only): its skipped call passes the text on,
+        # which the transformer drops.
+        blocks=(BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),),
+        # diffusers has no _cp_plan for SD3: image tokens (after patch embedding, with their position
+        # embedding added) and text tokens are cut at the first block; every joint attention is over
+        # (image, text); medium's attn2 over the image alone; the output is gathered at proj_out. The
+        # ControlNet pipelines pass per-block residuals of the image tokens (a list, added after each
+        # block but the last), cut as the image; they carry the batched CFG branches too.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("hidden_states", "image", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+                SequenceSplit("block_controlnet_hidden_states", "image", dim=1),
+            ),
+            attention_keys=("image", "text"),
+            output_stream="image",
+            output_dim=1,
+            output_module="proj_out",
+            module_keys=(("transformer_blocks.*.attn2", ("image",)),),
+            batch_args=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
+            batch_items=("block_controlnet_hidden_states",),
+        ),
+        # The pipeline batches the negative and positive prompts into one transformer call.
+        cfg="batch",
+    ),
     heads=38,
     tiny_heads=4,
-    # diffusers has no _cp_plan for SD3: image tokens (after patch embedding, with their position
-    # embedding added) and text tokens are cut at the first block; every joint attention is over
-    # (image, text); medium's attn2 over the image alone; the output is gathered at proj_out. The
-    # ControlNet pipelines pass per-block residuals of the image tokens (a list, added after each
-    # block but the last), cut as the image; they carry the batched CFG branches too.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("hidden_states", "image", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-            SequenceSplit("block_controlnet_hidden_states", "image", dim=1),
-        ),
-        attention_keys=("image", "text"),
-        output_stream="image",
-        output_dim=1,
-        output_module="proj_out",
-        module_keys=(("transformer_blocks.*.attn2", ("image",)),),
-        batch_args=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
-        batch_items=("block_controlnet_hidden_states",),
-    ),
-    # The pipeline batches the negative and positive prompts into one transformer call.
-    cfg="batch",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
     variants=(

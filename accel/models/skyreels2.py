@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models import wan
-from accel.models.base import BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
 
 if TYPE_CHECKING:
     from diffusers import SkyReelsV2ImageToVideoPipeline, SkyReelsV2Pipeline
@@ -63,30 +63,32 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=544, width=960, frames=97, guidance_scale=6.0),
     size_step=16,
     frame_step=4,
-    blocks=(BlockList("blocks", returns=("hidden_states",)),),
+    acceleration=Acceleration(
+        blocks=(BlockList("blocks", returns=("hidden_states",)),),
+        # As Wan: video tokens cut at the first block with their rotary table, text whole on every rank.
+        # Diffusion forcing gives each latent frame its own timestep, which the transformer expands to one
+        # modulation per token, (batch, 6, tokens, dim), handed to every block: cut on its token dim (a
+        # plain call's (batch, 6, dim) is not). The output is gathered at `norm_out`, before the
+        # transformer applies the per-token shift and scale of the whole sequence.
+        tensor=wan.TENSOR_PLAN,  # the same block layout as Wan 2.1
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("output", "video", dim=1, module="rope"),
+                SequenceSplit("hidden_states", "video", dim=1, module="blocks.0"),
+                SequenceSplit("temb", "video", dim=2, module="blocks.*", ndim=4),
+            ),
+            attention_keys=("video",),
+            output_stream="video",
+            output_dim=1,
+            output_module="norm_out",
+            local_attention=("blocks.*.attn2",),
+        ),
+        cfg="calls",
+    ),
     frames_arg="num_frames",
     fps=24,
     heads=40,
     tiny_heads=4,
-    # As Wan: video tokens cut at the first block with their rotary table, text whole on every rank.
-    # Diffusion forcing gives each latent frame its own timestep, which the transformer expands to one
-    # modulation per token, (batch, 6, tokens, dim), handed to every block: cut on its token dim (a
-    # plain call's (batch, 6, dim) is not). The output is gathered at `norm_out`, before the
-    # transformer applies the per-token shift and scale of the whole sequence.
-    tensor=wan.TENSOR_PLAN,  # the same block layout as Wan 2.1
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("output", "video", dim=1, module="rope"),
-            SequenceSplit("hidden_states", "video", dim=1, module="blocks.0"),
-            SequenceSplit("temb", "video", dim=2, module="blocks.*", ndim=4),
-        ),
-        attention_keys=("video",),
-        output_stream="video",
-        output_dim=1,
-        output_module="norm_out",
-        local_attention=("blocks.*.attn2",),
-    ),
-    cfg="calls",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
     variants=(

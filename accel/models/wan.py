@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
@@ -272,15 +272,17 @@ FAMILY = Family(
     defaults=GenerationDefaults(steps=50, height=480, width=832, frames=81, guidance_scale=5.0),
     size_step=16,
     frame_step=4,
-    blocks=(BlockList("blocks", returns=("hidden_states",)),),
-    transformer_attrs=("transformer", "transformer_2"),  # Wan 2.2: high-noise and low-noise experts
+    acceleration=Acceleration(
+        blocks=(BlockList("blocks", returns=("hidden_states",)),),
+        transformer_attrs=("transformer", "transformer_2"),  # Wan 2.2: high-noise and low-noise experts
+        tensor=TENSOR_PLAN,
+        parallel=PLAN,
+        cfg="calls",
+    ),
     frames_arg="num_frames",
     fps=16,
     heads=40,
     tiny_heads=4,
-    tensor=TENSOR_PLAN,
-    parallel=PLAN,
-    cfg="calls",
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
     variants=(

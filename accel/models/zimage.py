@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (BlockList, Family, GenerationDefaults, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import ZImagePipeline
@@ -79,42 +79,44 @@ FAMILY = Family(
     # Z-Image-Turbo's model card: 9 steps (8 transformer calls), guidance 0 (distilled: no CFG).
     defaults=GenerationDefaults(steps=9, height=1024, width=1024, guidance_scale=0.0),
     size_step=16,
-    # The main layers. The refiners run before them on the image and on the caption apart, so
-    # they always run; the cache compares the unified sequence after layers.0.
-    blocks=(BlockList("layers", returns=("x",)),),
-    primary_stream="x",
+    acceleration=Acceleration(
+        # The main layers. The refiners run before them on the image and on the caption apart, so
+        # they always run; the cache compares the unified sequence after layers.0.
+        blocks=(BlockList("layers", returns=("x",)),),
+        primary_stream="x",
+        heads_key="n_heads",
+        # diffusers has no _cp_plan for Z-Image. The refiners run whole on every rank (their attention
+        # stays local: image alone, caption alone); the unified sequence (image then caption per
+        # sample, padded to the longest sample with a key mask) is cut at the main layers together
+        # with its rotary table and mask, and gathered after the final layer, before unpatchify. The
+        # ControlNet pipeline passes {layer index: residual of the unified sequence}, added after that
+        # layer; the sequence exists only inside the forward, so they are cut where layers.0 starts.
+        # They carry the batch (the CFG branches), padded to the batch's longest sample as the unified
+        # sequence is: a CFG half with shorter samples keeps its own length of them.
+        tensor=TENSOR_PLAN,
+        parallel=ParallelPlan(
+            splits=(
+                SequenceSplit("x", "unified", dim=1, module="layers.0"),
+                SequenceSplit("freqs_cis", "unified", dim=1, module="layers.*"),
+                SequenceSplit("attn_mask", "unified", dim=1, module="layers.*"),
+                SequenceSplit("controlnet_block_samples", "unified", dim=1, at="layers.0"),
+            ),
+            attention_keys=("unified",),
+            output_stream="unified",
+            output_dim=1,
+            output_module="all_final_layer.*",
+            local_attention=("noise_refiner.*", "context_refiner.*"),
+            # Lists of per-sample latents and caption features, and the timesteps.
+            batch_args=("x", "cap_feats", "t"),
+            batch_items=("controlnet_block_samples",),
+        ),
+        # The pipeline batches positive then negative prompts into one call whenever guidance_scale > 0
+        # (the negative prompt defaults to ""); Turbo runs with 0, the base model Tongyi-MAI/Z-Image with CFG.
+        cfg="batch",
+        cfg_above=0.0,
+    ),
     heads=30,
     tiny_heads=4,
-    heads_key="n_heads",
-    # diffusers has no _cp_plan for Z-Image. The refiners run whole on every rank (their attention
-    # stays local: image alone, caption alone); the unified sequence (image then caption per
-    # sample, padded to the longest sample with a key mask) is cut at the main layers together
-    # with its rotary table and mask, and gathered after the final layer, before unpatchify. The
-    # ControlNet pipeline passes {layer index: residual of the unified sequence}, added after that
-    # layer; the sequence exists only inside the forward, so they are cut where layers.0 starts.
-    # They carry the batch (the CFG branches), padded to the batch's longest sample as the unified
-    # sequence is: a CFG half with shorter samples keeps its own length of them.
-    tensor=TENSOR_PLAN,
-    parallel=ParallelPlan(
-        splits=(
-            SequenceSplit("x", "unified", dim=1, module="layers.0"),
-            SequenceSplit("freqs_cis", "unified", dim=1, module="layers.*"),
-            SequenceSplit("attn_mask", "unified", dim=1, module="layers.*"),
-            SequenceSplit("controlnet_block_samples", "unified", dim=1, at="layers.0"),
-        ),
-        attention_keys=("unified",),
-        output_stream="unified",
-        output_dim=1,
-        output_module="all_final_layer.*",
-        local_attention=("noise_refiner.*", "context_refiner.*"),
-        # Lists of per-sample latents and caption features, and the timesteps.
-        batch_args=("x", "cap_feats", "t"),
-        batch_items=("controlnet_block_samples",),
-    ),
-    # The pipeline batches positive then negative prompts into one call whenever guidance_scale > 0
-    # (the negative prompt defaults to ""); Turbo runs with 0, the base model Tongyi-MAI/Z-Image with CFG.
-    cfg="batch",
-    cfg_above=0.0,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=0.0),
     # Same transformer call; the input picture only sets the starting latents (and the mask blends).
