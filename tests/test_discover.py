@@ -57,6 +57,8 @@ UNKNOWN_RETURNS: dict[str, str] = {
     "hunyuan15": NO_ENTRY.format("HunyuanVideo15TransformerBlock"),
     "skyreels2": NO_ENTRY.format("SkyReelsV2TransformerBlock"),
     "ltx2": NO_ENTRY.format("LTX2VideoTransformerBlock"),
+    # ChronoEdit's module defines its own WanTransformerBlock, which diffusers' registry (keyed by class) lacks.
+    "chronoedit": NO_ENTRY.format("WanTransformerBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }
@@ -126,11 +128,6 @@ OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[s
         _flux_like(num_layers=2, num_single_layers=3, num_refiner_layers=1, text_embed_dim=32, rope_axes_dim=(8, 8), in_channels=8, out_channels=8),
         (("transformer_blocks", "HunyuanImageTransformerBlock", 2, "_repeated_blocks", ("hidden_states", "encoder_hidden_states")),
          ("single_transformer_blocks", "HunyuanImageSingleTransformerBlock", 3, "_repeated_blocks", ("hidden_states", "encoder_hidden_states"))),
-    ),
-    # ChronoEdit's module defines its own WanTransformerBlock, which diffusers' registry (keyed by class) lacks.
-    "ChronoEditTransformer3DModel": (
-        _flux_like(text_dim=32, ffn_dim=64, num_layers=3, freq_dim=32),
-        (("blocks", "WanTransformerBlock", 3, "_repeated_blocks", None),),
     ),
     "HeliosTransformer3DModel": (
         _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32, rope_dim=(8, 4, 4)),

@@ -90,6 +90,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         overrides["pooled_projection_dim"] = width // 2
     if name == "sd3":  # the text is projected to the blocks' width
         overrides["caption_projection_dim"] = width
+    if name == "chronoedit":  # the picture's keys and values are projected from the blocks' width
+        overrides["added_kv_proj_dim"] = width
     if name == "ltx2":  # audio heads as many as video heads (as on LTX-2: the cross-modal rotary tables need it)
         overrides.update(cross_attention_dim=width, audio_num_attention_heads=HEADS,
                          audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"])
@@ -130,6 +132,10 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "wan":
         return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
                     encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
+    if name == "chronoedit":  # noise, first-frame mask and picture latents in channels; CLIP ViT-H/14's 257 picture tokens
+        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
+                    encoder_hidden_states=randn(batch, text, config["text_dim"]),
+                    encoder_hidden_states_image=randn(batch, 257, config["image_dim"]), return_dict=False)
     if name == "skyreels2":  # diffusion forcing: one timestep per latent frame, expanded to one per token
         return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
                     timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE), enable_diffusion_forcing=True,
@@ -197,6 +203,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "flux": (batch, grid.rows * grid.cols, config["in_channels"]),
         "wan": (batch, out, f, h, w),
         "skyreels2": (batch, out, f, h, w),
+        "chronoedit": (batch, out, f, h, w),
         "hunyuan": (batch, out, f, h, w),
         "cogvideox": (batch, f, out, h, w),
         "mochi": (batch, out, f, h, w),
@@ -527,6 +534,9 @@ KANDINSKY5_LITE = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in
 LTX2 = dict(in_channels=128, out_channels=128, num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096,
             audio_in_channels=128, audio_out_channels=128, audio_num_attention_heads=32, audio_attention_head_dim=64,
             audio_cross_attention_dim=2048, num_layers=2, caption_channels=3840, rope_type="split")
+# ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40 heads of
+# 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture latents).
+CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -546,6 +556,8 @@ REAL = {
     "kandinsky5": (KANDINSKY5_LITE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256))),
     # LTX-2 at 512x768, 121 frames: 16 x 16 x 24 = 6144 video tokens, 1024 text tokens; CFG halves x Ulysses 4.
     "ltx2": (LTX2, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024))),
+    # ChronoEdit at 720x1280, its 5 frames: 2 x 45 x 80 = 7200 video tokens, 512 text tokens; CFG halves x Ulysses 4.
+    "chronoedit": (CHRONOEDIT_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(2, 45, 80, 512))),
 }
 
 

@@ -136,18 +136,23 @@ def wan_inputs(drift: float) -> Inputs:
     )
 
 
-# -- skyreels2: Wan's shape; diffusion forcing's one timestep per latent frame (per-token modulation) --
-def build_skyreels2() -> nn.Module:
-    from diffusers import SkyReelsV2Transformer3DModel
+def _wan_shaped(cls: str, seed: int, **extra: Any) -> nn.Module:
+    """A transformer class of Wan 2.1's shape (SkyReels-V2's, ChronoEdit's) at build_wan's sizes; `extra` adds settings."""
+    import diffusers
 
     return _seeded(
-        22,
-        lambda: SkyReelsV2Transformer3DModel(
+        seed,
+        lambda: getattr(diffusers, cls)(
             patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
             text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-            eps=1e-6, rope_max_seq_len=64,
+            eps=1e-6, rope_max_seq_len=64, **extra,
         ),
     )
+
+
+# -- skyreels2: Wan's shape; diffusion forcing's one timestep per latent frame (per-token modulation) --
+def build_skyreels2() -> nn.Module:
+    return _wan_shaped("SkyReelsV2Transformer3DModel", 22)
 
 
 def skyreels2_inputs(drift: float) -> Inputs:
@@ -490,6 +495,22 @@ def ltx2_inputs(drift: float) -> Inputs:
     )
 
 
+# -- chronoedit: Wan's blocks, the picture's CLIP tokens before the text (own key and value projections) --
+def build_chronoedit() -> nn.Module:
+    return _wan_shaped("ChronoEditTransformer3DModel", 23, image_dim=16, added_kv_proj_dim=HEADS * HEAD_DIM)
+
+
+def chronoedit_inputs(drift: float) -> Inputs:
+    # 2 latent frames: the rotary table puts the second 7 frames after the first, as for a 5-frame edit.
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        encoder_hidden_states_image=_noise(torch.Generator().manual_seed(2), 1, 5, 16),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -506,6 +527,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "skyreels2": (build_skyreels2, skyreels2_inputs),
     "kandinsky5": (build_kandinsky5, kandinsky5_inputs),
     "ltx2": (build_ltx2, ltx2_inputs),
+    "chronoedit": (build_chronoedit, chronoedit_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

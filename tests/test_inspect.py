@@ -146,21 +146,21 @@ def _folder(tmp_path: Path, pipeline: str, transformer: str | None, config: dict
 def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_its_generic_path(tmp_path: Path) -> None:
     from test_discover import OUTSIDE
 
-    folder = _folder(tmp_path, "ChronoEditPipeline", "ChronoEditTransformer3DModel", OUTSIDE["ChronoEditTransformer3DModel"][0])
+    folder = _folder(tmp_path, "Cosmos2TextToImagePipeline", "CosmosTransformer3DModel", OUTSIDE["CosmosTransformer3DModel"][0])
     found = json.loads(invoke("inspect", folder, "--json").stdout)
-    assert found["family"] == {"name": None, "title": "ChronoEditPipeline", "tested": False}
+    assert found["family"] == {"name": None, "title": "Cosmos2TextToImagePipeline", "tested": False}
     assert found["refused"] is None
     assert found["generic"] == ("accel learns the blocks from the model at load (one probe call learns what a block returns); "
                                 "cache, quantization and compile apply")
     [transformer] = found["transformers"]
-    assert (transformer["class"], transformer["heads"]) == ("ChronoEditTransformer3DModel", 2)
-    assert transformer["blocks"] == [{"attr": "blocks", "count": 3, "class": "WanTransformerBlock", "returns": None,
-                                      "found_by": "_repeated_blocks",
-                                      "unknown": "diffusers' block registry has no entry for WanTransformerBlock"}]
+    assert (transformer["class"], transformer["heads"]) == ("CosmosTransformer3DModel", 2)
+    assert transformer["blocks"] == [{"attr": "transformer_blocks", "count": 3, "class": "CosmosTransformerBlock", "returns": None,
+                                      "found_by": "_no_split_modules",
+                                      "unknown": "diffusers' block registry has no entry for CosmosTransformerBlock"}]
     assert found["parallel"]["plan"] == "automatic" and found["parallel"]["verdicts"] == []  # none verified yet
     assert found["parallel"]["modes"] == {"ulysses": True, "ring": True, "cfg": False, "tp": False}
     assert found["parallel"]["refused"]["cfg"] == (
-        "ChronoEditPipeline is not a family accel was taught: how it runs classifier-free guidance is not known")
+        "Cosmos2TextToImagePipeline is not a family accel was taught: how it runs classifier-free guidance is not known")
     accelerators = found["accelerators"]
     assert (accelerators["cache"], accelerators["quant"], accelerators["compile"]) == (
         ["fbcache", "dbcache", "taylorseer", "magcache"], ["int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"], "regional")

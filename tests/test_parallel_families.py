@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 import parallel_cases as cases
+from variant_cases import picture
+
 from accel.models.registry import FAMILIES
 
 TOLERANCE = 1e-4
@@ -106,6 +108,12 @@ FAMILY_CASES = {
         dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
         odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
         threshold=0.3,
+    ),
+    "chronoedit": FamilyCase(
+        # The picture to edit, resized by the pipeline to the call's size; 5 frames, as it makes without temporal reasoning.
+        dict(PROMPT, image=picture(), height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
+        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens (3, 4, 8 do not divide)
+        threshold=0.1,
     ),
 }
 

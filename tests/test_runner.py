@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from variant_cases import needs_picture, picture
 
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
@@ -127,14 +128,16 @@ def test_a_size_the_pipeline_changed_anyway_is_a_note() -> None:
     assert _size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
 
 
-def test_the_effective_recipe_gives_every_family_the_same_call() -> None:
+def test_the_effective_recipe_gives_every_family_the_same_call(tmp_path: Path) -> None:
     """What the run JSON records, read back, makes the very call the run made: defaults written out
     in recipe key names, and nothing a family refuses (a true CFG scale where it has none)."""
     from accel.runner import effective_recipe
 
+    picture().save(tmp_path / "in.png")
     for family in FAMILIES.values():
         for tiny in (True, False):
-            given = Recipe.from_dict({"generate": {"seed": 3}})
+            image = {"image": str(tmp_path / "in.png")} if needs_picture(family.name) else {}  # ChronoEdit's call needs one
+            given = Recipe.from_dict({"generate": {"seed": 3, **image}})
             call = generation_kwargs(family, tiny, given)
             written = effective_recipe(given, call, family.frames_arg, "cpu", "float32")
             again = Recipe.from_dict(written.to_dict())

@@ -23,8 +23,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
+from variant_cases import picture  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,21 @@ CASES = {
         text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
         components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
         reload_tolerance=1e-5,
+    ),
+    "chronoedit": Case(
+        name="chronoedit",
+        build=chronoedit.build_tiny,
+        pipeline_class=diffusers.ChronoEditPipeline,
+        call=dict(image=picture(), negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
+                  guidance_scale=5.0, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),  # the picture first, the edit last
+        block_lists=("blocks",),
+        transformer_calls=8,  # CFG: a conditional and an unconditional call per step
+        latent_shape=(1, 36, 2, 8, 8),  # noise, first-frame mask and picture latents; 5 frames -> 2 latent frames
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "image_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,  # seen: 1.2e-6
     ),
 }
 

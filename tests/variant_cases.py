@@ -24,6 +24,13 @@ def picture(size: tuple[int, int] = (64, 64)) -> Image.Image:
     return Image.fromarray(np.stack([x, y, 255 - (x + y) / 2], -1).astype(np.uint8))
 
 
+def needs_picture(family: str) -> bool:
+    """Whether the family's own pipeline requires an input picture (ChronoEdit edits one): a call
+    accel makes for it, and a recipe that runs it, must name one."""
+    own = variant_of(FAMILIES[family], FAMILIES[family].pipeline_class)
+    return own.image is not None and "image" not in own.optional
+
+
 def mask(size: tuple[int, int] = (64, 64)) -> Image.Image:
     """White (repaint) on the right half, black (keep) on the left."""
     width, height = size

@@ -127,6 +127,14 @@ KANDINSKY5_PRO = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_
                       model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60, axes_dims=(32, 48, 48), visual_cond=True)
 WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
+# ChronoEdit-14B fine-tunes Wan2.1-I2V-14B-720P, so these are that transformer's widths: Wan 14B's blocks reading 36
+# channels (noise, first-frame mask, picture latents), CLIP ViT-H/14's 1280-wide picture tokens embedded to the blocks'
+# width and given their own keys and values in every cross-attention (the ChronoEdit repo's config.json was not at hand;
+# ChronoEditTransformer3DModel's defaults are Wan 14B's, its docstring's I2V settings these). CLIP_VIT_H14 is the image
+# encoder Wan 2.1 I2V ships (the open_clip ViT-H/14 in transformers' CLIPVisionModel layout).
+CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+CLIP_VIT_H14 = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16, image_size=224, patch_size=14,
+                    projection_dim=1024, hidden_act="gelu")
 
 
 # CogVideoX-5B (THUDM/CogVideoX-5b, transformer/config.json): 48 heads of 64, 42 blocks, rotary positions
@@ -182,6 +190,12 @@ def _wan_inputs(size: Size) -> dict[str, Any]:
     frames = (size.frames or 81) - 1
     return dict(hidden_states=_randn(1, 16, frames // 4 + 1, size.height // 8, size.width // 8),
                 encoder_hidden_states=_randn(1, 512, 4096), timestep=torch.ones(1), return_dict=False)
+
+
+def _chronoedit_inputs(size: Size) -> dict[str, Any]:
+    """Wan 2.1 I2V's call: 36 channels in, and CLIP's 257 picture tokens (16 x 16 patches and the class token) beside the text."""
+    return dict(_wan_inputs(size), hidden_states=_randn(1, 36, ((size.frames or 5) - 1) // 4 + 1, size.height // 8, size.width // 8),
+                encoder_hidden_states_image=_randn(1, 257, 1280))
 
 
 def _qwenimage_inputs(size: Size) -> dict[str, Any]:
@@ -378,6 +392,14 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
          Component("vae", "diffusers", "AutoencoderKLWan", {})),
         Size(960, 544, 97), _wan_inputs, _video_latents(16, 4, 8, 97)),
+    # Its 5 frames at 720p, the size of diffusers' example for a 16:9 picture.
+    "chronoedit": Flagship(
+        "ChronoEdit-14B", "nvidia/ChronoEdit-14B-Diffusers",
+        (Component("transformer", "diffusers", "ChronoEditTransformer3DModel", CHRONOEDIT_14B),
+         Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
+         Component("image_encoder", "transformers", "CLIPVisionModel", CLIP_VIT_H14, "clip_vision_model"),
+         Component("vae", "diffusers", "AutoencoderKLWan", {})),
+        Size(1280, 720, 5), _chronoedit_inputs, _video_latents(16, 4, 8, 5)),
     "mochi": Flagship(
         "Mochi 1 preview", "genmo/mochi-1-preview",
         (Component("transformer", "diffusers", "MochiTransformer3DModel", {}),

@@ -119,7 +119,7 @@ def learned_acceleration(pipe: Any, transformer: nn.Module) -> Acceleration:
 
 def _own_variant(pipeline_class: str, parameters: Any) -> tuple[Variant, ...]:
     """The pipeline's own inputs as a variant: `--image` fills its picture where its call takes one
-    (required for an edit or image-to-video pipeline, ChronoEdit's; optional where it has a default)."""
+    (required for an edit or image-to-video pipeline whose call has no default for it; optional where it has one)."""
     taken = image_keyword(parameters)
     if taken is None:
         return ()

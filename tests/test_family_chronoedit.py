@@ -1,0 +1,54 @@
+"""ChronoEdit (accel/models/chronoedit.py): what its shared matrix rows do not show. Temporal reasoning
+cuts the clip to its first and last latent frames after `num_temporal_reasoning_steps`, so the video
+token count drops mid-run: the split layout and the cache's comparison follow it. `accel run` takes
+the picture to edit with `--image` and writes the clip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import parallel_cases as cases
+from test_parallel_families import FAMILY_CASES, check_cache_on_ranks, reference
+from typer.testing import CliRunner
+from variant_cases import picture
+
+from accel.cli import app
+from accel.media import read_video
+
+# 13 frames make 4 latent frames of 4x4 patches (64 tokens) for three steps, then 2 (32): Ring 3 divides neither.
+REASONING = dict(num_frames=13, enable_temporal_reasoning=True, num_temporal_reasoning_steps=3)
+THRESHOLD = {"threshold": 0.1}
+
+
+def test_temporal_reasoning_drops_latent_frames_mid_run_and_ring3_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+    """Each rank caches the calls one process caches, the first call after the cut computing afresh
+    (no residual of the new shape to compare with), and the outputs agree."""
+    frames: list[int] = []
+    hook = cases.tiny_pipeline("tiny-chronoedit").transformer.register_forward_pre_hook(
+        lambda _module, _args, kwargs: frames.append(kwargs["hidden_states"].shape[2]), with_kwargs=True)
+    try:
+        _, records = reference("chronoedit", dict(FAMILY_CASES["chronoedit"].call, **REASONING, num_inference_steps=8), THRESHOLD)
+    finally:
+        hook.remove()
+    assert frames == [4] * 6 + [2] * 10  # two calls a step: 3 reasoning steps, then 5 on the first and last frames
+    assert [cached for step, _, _, cached in records if step == 3] == [False, False]
+    check_cache_on_ranks(rank_pools, "chronoedit", {"ring": 3}, THRESHOLD, size=REASONING)
+
+
+def test_accel_run_edits_the_picture_it_is_given_into_a_clip(tmp_path: Path) -> None:
+    image, out = tmp_path / "in.png", tmp_path / "edit.mp4"
+    picture().save(image)
+    result = CliRunner().invoke(app, ["run", "tiny-chronoedit", "--image", str(image), "--steps", "2", "--warmup", "0",
+                                      "--out", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert read_video(out).shape == (5, 64, 64, 3)  # the picture first, the edit last
+    missing = CliRunner().invoke(app, ["run", "tiny-chronoedit", "--steps", "2", "--out", str(tmp_path / "none.mp4")])
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+
+
+def test_without_temporal_reasoning_the_call_makes_five_frames_whatever_it_is_asked() -> None:
+    """What the family's default of 5 frames, and the note accel prints for another count, rest on."""
+    output, _, _ = cases.tiny_run("tiny-chronoedit", {}, dict(FAMILY_CASES["chronoedit"].call, num_frames=9, num_inference_steps=1))
+    assert output.shape == (1, 5, 64, 64, 3)
