@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models import wan
-from accel.models.base import BlockList, Family, FromDiffusers, GenerationDefaults, Variant
+from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, Variant
 
 if TYPE_CHECKING:
     from diffusers import ChronoEditPipeline
@@ -73,19 +73,21 @@ FAMILY = Family(
                                 prompt="turn the scene into a snowy winter evening, keeping everything else unchanged"),
     size_step=16,  # the VAE's 8x times the 2x2 patch
     frame_step=4,
-    blocks=(BlockList("blocks", returns=("hidden_states",)),),
+    acceleration=Acceleration(
+        blocks=(BlockList("blocks", returns=("hidden_states",)),),
+        tensor=wan.TENSOR_PLAN,  # Wan's block layout (the module's own copy of WanTransformerBlock)
+        parallel=FromDiffusers(
+            streams=(("rope[0]", "video"), ("rope[1]", "video"), ("hidden_states", "video")),
+            attention_keys=("video",),
+            output_stream="video",
+            local_attention=("blocks.*.attn2",),
+        ),
+        cfg="calls",  # a conditional and an unconditional transformer call per step
+    ),
     frames_arg="num_frames",
     fps=16,  # diffusers' example exports the clip at 16 fps, as Wan 2.1's
     heads=40,
     tiny_heads=4,
-    tensor=wan.TENSOR_PLAN,  # Wan's block layout (the module's own copy of WanTransformerBlock)
-    parallel=FromDiffusers(
-        streams=(("rope[0]", "video"), ("rope[1]", "video"), ("hidden_states", "video")),
-        attention_keys=("video",),
-        output_stream="video",
-        local_attention=("blocks.*.attn2",),
-    ),
-    cfg="calls",  # a conditional and an unconditional transformer call per step
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
     variants=(Variant("ChronoEditPipeline", image="image"),),  # the picture to edit, required
