@@ -107,6 +107,13 @@ FAMILY_CASES = {
         odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
         threshold=0.3,
     ),
+    "hunyuanimage": FamilyCase(
+        dict(PROMPT, height=64, width=64, num_inference_steps=4),  # the guider's CFG (scale 3.5): two calls a step
+        # 2x5 = 10 image tokens (32x VAE, patch 1); 1128 text tokens (the pipeline pads Qwen to 1000, ByT5
+        # to 128), which 3 ranks divide: the image stream pads alone.
+        odd=dict(height=64, width=160),
+        threshold=0.5,
+    ),
 }
 
 MODES = {
