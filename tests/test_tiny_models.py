@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 
 
@@ -285,6 +285,21 @@ CASES = {
         latent_shape=(2, 12, 16),  # 9 frames -> 2 latent frames, 64x96 -> 2x3: 12 packed tokens
         text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
         components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,
+    ),
+    "hunyuanimage": Case(
+        name="hunyuanimage",
+        build=hunyuanimage.build_tiny,
+        pipeline_class=diffusers.HunyuanImagePipeline,
+        # The guider's scale (3.5, as the real checkpoint's) turns CFG on: no guidance keyword to pass.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=8,  # real CFG: the guider calls the transformer on the prompt, then the negative
+        latent_shape=(1, 16, 2, 2),  # 64x64 -> 2x2 latents (32x); patch 1: the latent grid is the token grid
+        text_shape=(1, 1000, 32),  # Qwen tokens after the 34-token system prompt, padded to 1000
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
         reload_tolerance=1e-5,
     ),
 }
