@@ -160,10 +160,15 @@ def test_every_family_has_a_plan_and_a_cfg_style() -> None:
 
 @pytest.mark.parametrize("family, mode", family_modes(MODES))
 def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> None:
-    case, parallel = FAMILY_CASES[family], MODES[mode]
-    expected, _ = reference(family, case.call)
-    runs = rank_pools(world_of(parallel)).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel}, case.call)
-    for output, _, bytes_sent in runs:  # every rank returns the whole output
+    check_equals_one_process(rank_pools, family, MODES[mode], FAMILY_CASES[family].call)
+
+
+def check_equals_one_process(rank_pools: Any, family: str, parallel: dict[str, int], call: dict[str, Any]) -> None:
+    """The family's tiny pipeline under `parallel`: every rank exchanged something and returns the
+    whole output, equal to one process's."""
+    expected, _ = reference(family, call)
+    runs = rank_pools(world_of(parallel)).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel}, call)
+    for output, _, bytes_sent in runs:
         assert bytes_sent > 0, "no rank exchanged anything: the mode did not engage"
         assert output.shape == expected.shape
         assert np.abs(output - expected).max() <= TOLERANCE
