@@ -101,9 +101,9 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
     """A tiny HunyuanImage 2.1 look-alike: real classes, configs scaled down, random seeded weights.
 
     Two double and two single blocks of four 16-wide heads. The VAE keeps the real 32x compression
-    (six levels of 32 channels, pixel-shuffle up-sampling), so 64x64 images give 2x2 latents, 4
-    image tokens (patch 1), next to the text stream the transformer joins: 128 ByT5 and 1000 Qwen
-    tokens (the pipeline's padding lengths), valid ones first. Real CFG: the guider calls the
+    (six levels of 32 channels, the deepest 64; pixel-shuffle up-sampling), so 64x64 images give 2x2
+    latents, 4 image tokens (patch 1), next to the text stream the transformer joins: 128 ByT5 and
+    1000 Qwen tokens (the pipeline's padding lengths), valid ones first. Real CFG: the guider calls the
     transformer on the prompt, then on the negative prompt, every step; the `ocr_guider` (the same
     config) takes over for prompts with quoted text.
     """
@@ -117,10 +117,11 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
     transformer = _tiny_transformer(base + 3, text_dim=text["text_encoder"].config.text_config.hidden_size,
                                     text_embed_2_dim=text["text_encoder_2"].config.d_model)
     with parts.seeded(base + 4):
-        # HunyuanImage 2.1's VAE shape: 32x spatial compression in five pixel-shuffle steps; its
-        # GroupNorms take 32 groups, so 32 channels a level is the narrowest.
+        # HunyuanImage 2.1's VAE shape: 32x spatial compression in five pixel-shuffle steps. Its
+        # GroupNorms take 32 groups, so 32 channels a level is the narrowest; the deepest level has 64,
+        # two a group, so a 32 px picture's 1x1 latent still normalises (one value a group is refused).
         vae = parts.finish(AutoencoderKLHunyuanImage(
-            in_channels=3, out_channels=3, latent_channels=_LATENTS, block_out_channels=(32,) * 6, layers_per_block=1,
+            in_channels=3, out_channels=3, latent_channels=_LATENTS, block_out_channels=(32,) * 5 + (64,), layers_per_block=1,
             spatial_compression_ratio=32, sample_size=64, scaling_factor=0.75289,
         ))
     return _checked(HunyuanImagePipeline(
