@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import parallel_cases as cases
 import pytest
-from test_parallel_families import FAMILY_CASES, MODES, check_equals_one_process, reference
+from test_parallel_families import FAMILY_CASES, MODES, TOLERANCE, check_equals_one_process, reference, world_of
 
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
@@ -61,6 +61,22 @@ def test_a_pipeline_loaded_without_a_guider_takes_the_call_without_the_scale() -
     distilled = type(pipe)(**{**pipe.components, "guider": None, "ocr_guider": None})
     distilled.set_progress_bar_config(disable=True)
     assert _transformer_calls(distilled, _kwargs(distilled, "a red fox", 3.5)) == 1
+
+
+DISTILLED = "accel.models.hunyuanimage:build_tiny_distilled"
+
+
+@pytest.mark.parametrize("mode", ["ring2"])
+def test_the_distilled_transformer_equals_one_process(rank_pools: Any, mode: str) -> None:
+    """HunyuanImage-2.1-Distilled: no guider (one call a step), the guidance scale and MeanFlow's next
+    timestep embedded per sample, neither of which a split touches."""
+    pipe = cases.tiny_pipeline(DISTILLED)
+    assert (pipe.guider, pipe.transformer.config.use_meanflow, pipe.transformer.config.guidance_embeds) == (None, True, True)
+    call = dict(FAMILY_CASES["hunyuanimage"].call, num_inference_steps=2)
+    expected, _, _ = cases.tiny_run(DISTILLED, {}, call)
+    for output, _, bytes_sent in rank_pools(world_of(MODES[mode])).run(cases.tiny_run, DISTILLED, {"parallel": MODES[mode]}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 def test_quoted_text_brings_glyph_tokens_in() -> None:

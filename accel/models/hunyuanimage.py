@@ -9,7 +9,7 @@ guidance scale instead. The refiner pipeline runs the same transformer class on 
 picture's latents concatenated in channels), with its own VAE.
 
 `build_tiny` makes a seeded, random-weight HunyuanImage-2.1-shaped pipeline offline for tests;
-`build_tiny_refiner` its refiner twin.
+`build_tiny_distilled` its guidance-distilled twin, `build_tiny_refiner` the refiner's.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
     from diffusers import AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
-    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5-6 build_tiny_refiner's transformer and VAE.
+    # Offsets: 1-2 text encoders, 3 transformer, 4 VAE, 5-6 build_tiny_refiner's transformer and VAE,
+    # 7 build_tiny_distilled's transformer.
     base = seed * 8
     text = _text_parts(base)
     transformer = _tiny_transformer(base + 3, text_dim=text["text_encoder"].config.text_config.hidden_size,
@@ -129,6 +130,17 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
         vae=vae, transformer=transformer, guider=_guider(), ocr_guider=_guider(), **text,
     ))
+
+
+def build_tiny_distilled(seed: int = 0) -> "HunyuanImagePipeline":
+    """build_tiny as HunyuanImage-2.1-Distilled: its transformer embeds the guidance scale and MeanFlow's
+    second timestep (the next step's), and it holds no guider: one transformer call per step."""
+    from diffusers import HunyuanImagePipeline
+
+    pipe = build_tiny(seed)
+    transformer = _tiny_transformer(seed * 8 + 7, text_dim=pipe.text_encoder.config.text_config.hidden_size,
+                                    text_embed_2_dim=pipe.text_encoder_2.config.d_model, guidance_embeds=True, use_meanflow=True)
+    return HunyuanImagePipeline(**{**pipe.components, "transformer": transformer, "guider": None, "ocr_guider": None})
 
 
 def build_tiny_refiner(seed: int = 0) -> "HunyuanImageRefinerPipeline":
