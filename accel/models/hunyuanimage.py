@@ -126,7 +126,8 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
             spatial_compression_ratio=32, sample_size=64, scaling_factor=0.75289,
         ))
     return _checked(HunyuanImagePipeline(
-        # Flow matching with a fixed shift (HunyuanImage 2.1's reference sampling uses 5).
+        # Flow matching with a fixed shift (the checkpoint's scheduler config was not at hand: any shift
+        # gives a tiny run the same structure).
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
         vae=vae, transformer=transformer, guider=_guider(), ocr_guider=_guider(), **text,
     ))
@@ -150,8 +151,9 @@ def build_tiny_refiner(seed: int = 0) -> "HunyuanImageRefinerPipeline":
     first latent frame twice into channels, and the transformer reads noise and those latents side
     by side in 3-D patches of 1: 64x64 gives 4x4 = 16 image tokens. It is guidance-distilled (no
     guider: one call per step, the scale embedded). diffusers crops a fixed 36 tokens off its
-    Llama-3-style template, fewer than the template spends in a Qwen vocabulary (whose specials are
-    not Llama's), so the tail of the template stays with the prompt, here as with the real tokenizer.
+    Llama-3-style template; the tiny tokenizer spends 65 on the template's prefix (Llama's header
+    tokens are no Qwen specials: a Qwen vocabulary spells them out too), so the prefix's tail stays
+    with the prompt.
     """
     from accel.models import _tiny_parts as parts
     from diffusers import AutoencoderKLHunyuanImageRefiner, FlowMatchEulerDiscreteScheduler, HunyuanImageRefinerPipeline
