@@ -204,7 +204,9 @@ FAMILY = Family(
     # HunyuanVideo's plan too, on image tokens (see joint_plan).
     parallel=joint_plan("image"),
     # The guider (its guidance_scale; accel sets it, on the ocr_guider too, from [generate]
-    # guidance_scale) runs the prompt and the negative prompt as two transformer calls per step.
+    # guidance_scale) runs the prompt and the negative prompt as two transformer calls per step. That
+    # scale drives plain CFG for the first six steps (and whether guidance runs at all); adaptive
+    # projected guidance after them uses the guider's own adaptive_projected_guidance_scale.
     cfg="calls",
     variants=(
         # The refiner: the picture's latents concatenated in channels, 3-D latents of one frame; the
