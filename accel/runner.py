@@ -342,18 +342,32 @@ def guided_by_guider(pipeline: type) -> bool:
             and "guider" in inspect.signature(pipeline.__init__).parameters)
 
 
+def guiders_of(pipe: Any) -> list[Any]:
+    """The diffusers guiders a pipeline holds as components: its `guider`, and any other it picks
+    per call (HunyuanImage 2.1's `ocr_guider`, for prompts with quoted text to render)."""
+    from diffusers.guiders.guider_utils import BaseGuidance
+
+    names = inspect.signature(type(pipe).__init__).parameters
+    return [guider for name in names if isinstance(guider := getattr(pipe, name, None), BaseGuidance)]
+
+
 @contextmanager
 def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
-    """Moves the call's `guidance_scale` onto the pipeline's guider for the call (restored after)."""
-    guider = getattr(pipe, "guider", None)
-    if "guidance_scale" not in call or guider is None or not guided_by_guider(type(pipe)):
+    """Moves the call's `guidance_scale` onto each of the pipeline's guiders for the call (restored
+    after). A pipeline built to hold one but loaded without (a guidance-distilled checkpoint: it
+    runs no CFG) takes the call without it."""
+    if "guidance_scale" not in call or not guided_by_guider(type(pipe)):
         yield
         return
-    previous, guider.guidance_scale = guider.guidance_scale, call.pop("guidance_scale")
+    scale, guiders = call.pop("guidance_scale"), guiders_of(pipe)
+    previous = [guider.guidance_scale for guider in guiders]
+    for guider in guiders:
+        guider.guidance_scale = scale
     try:
         yield
     finally:
-        guider.guidance_scale = previous
+        for guider, value in zip(guiders, previous):
+            guider.guidance_scale = value
 
 
 def call_steps(pipe: Any, kwargs: dict[str, Any]) -> int:

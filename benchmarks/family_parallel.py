@@ -9,7 +9,8 @@ Ratios measured side by side in one run (absolute times on a shared machine mean
    process plays rank 0 of N; collectives move nothing) for N = 2, 4, 8 against one device,
    real-size random-weight transformers in bf16: FLUX.1-dev at 1024x1024, Wan 2.1 14B at
    1280x720, 33 frames, SkyReels-V2 14B at 544x960, 97 frames, FLUX.2-dev at 1024x1024, Qwen-Image at
-   1328x1328, HunyuanVideo 1.5 at 1280x720, 121 frames, and LTX-2 at 512x768, 121 frames (video and audio).
+   1328x1328, HunyuanVideo 1.5 at 1280x720, 121 frames, LTX-2 at 512x768, 121 frames (video and audio), and
+   HunyuanImage 2.1 at 2048x2048.
    On the CPU, --smoke runs the same code on scaled-down configs.
 
     python benchmarks/family_parallel.py [--families flux,wan] [--steps 3] [--device cpu|cuda] [--smoke]
@@ -44,18 +45,20 @@ LONG = {
     "skyreels2": dict(height=256, width=256, num_frames=17),  # as Wan: 5 latent frames x 16 x 16 = 1280 tokens
     "kandinsky5": dict(height=256, width=256, num_frames=17),  # 5 latent frames x 16 x 16 = 1280 video tokens
     "ltx2": dict(height=512, width=512, num_frames=25),  # 4 x 16 x 16 = 1024 video tokens, 26 audio tokens (replicated)
+    "hunyuanimage": dict(height=1024, width=1024),  # 32 x 32 = 1024 image tokens (32x VAE, patch 1) + 1128 text
 }
 CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
           "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
           "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
           "hunyuan15": dict(negative_prompt="blurry"),  # the guider's CFG (scale 6 in the tiny pipeline): two calls
+          "hunyuanimage": dict(negative_prompt="blurry"),  # the guider's CFG (scale 3.5 in the tiny pipeline): two calls
           "kandinsky5": dict(guidance_scale=5.0),  # two calls per step
           # LTX-2: batched CFG; the pipeline's default spatio-temporal and modality guidance add two batch-1 calls a
           # step, which every CFG half runs whole
           "ltx2": dict(guidance_scale=4.0)}
 # Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt; HunyuanVideo 1.5's
-# guidance scale sits on its guider).
-NOT_TAKEN = {"flux2-klein": ("negative_prompt",), "hunyuan15": ("guidance_scale",)}
+# and HunyuanImage 2.1's guidance scales sit on their guiders).
+NOT_TAKEN = {"flux2-klein": ("negative_prompt",), "hunyuan15": ("guidance_scale",), "hunyuanimage": ("guidance_scale",)}
 
 
 # --- 1. two CPU ranks against one ---------------------------------------------------------------
@@ -171,6 +174,11 @@ REAL = {
     # (L, L) mask per block (13 GB of bools at this L); under accel each rank's L is 1/N of it.
     "hunyuan15": dict(cls="HunyuanVideo15Transformer3DModel", config=dict(), latents=(31, 45, 80), prompt=128,
                       smoke=dict(num_attention_heads=4)),
+    # HunyuanImage 2.1 (the diffusers defaults: 20 double and 40 single blocks, 28 heads of 128) at 2048x2048:
+    # 64 x 64 latents (32x VAE, patch 1) = 4096 image tokens, then 1000 Qwen tokens (128 real) and 128 ByT5
+    # slots (no glyph text), joined valid first. (--smoke: 4 heads.)
+    "hunyuanimage": dict(cls="HunyuanImageTransformer2DModel", config=dict(text_embed_2_dim=1472), latents=(64, 64), prompt=128,
+                         smoke=dict(num_attention_heads=4)),
     # LTX-2 (48 blocks, 32 video heads of 128, 32 audio heads of 64) at 512x768, 121 frames: 16 x 16 x 24 latents,
     # 126 audio tokens (5 s), 1024 Gemma 3 tokens. (--smoke: 8 heads of each kind.)
     "ltx2": dict(cls="LTX2VideoTransformer3DModel", config=dict(num_layers=48, rope_type="split"), latents=(16, 16, 24),
@@ -218,6 +226,14 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
                     encoder_hidden_states=make(1, 1000, 3584), encoder_attention_mask=prompt,
                     encoder_hidden_states_2=make(1, 256, 1472), encoder_attention_mask_2=torch.zeros(1, 256, dtype=torch.long, device=device),
                     image_embeds=torch.zeros(1, 729, 1152, dtype=dtype, device=device), return_dict=False)
+    if family == "hunyuanimage":
+        h, w = (n // scale for n in spec["latents"])
+        prompt = torch.zeros(1, 1000, dtype=torch.long, device=device)
+        prompt[:, : spec["prompt"]] = 1
+        return dict(hidden_states=make(1, 64, h, w), timestep=torch.ones(1, device=device, dtype=dtype),
+                    encoder_hidden_states=make(1, 1000, 3584), encoder_attention_mask=prompt,
+                    encoder_hidden_states_2=make(1, 128, 1472), encoder_attention_mask_2=torch.zeros(1, 128, dtype=torch.long, device=device),
+                    return_dict=False)
     if family == "ltx2":
         f, h, w = spec["latents"]
         h, w = max(1, h // scale), max(1, w // scale)
@@ -312,7 +328,8 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2,kandinsky5,ltx2")
+    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2,kandinsky5,ltx2,"
+                        "hunyuanimage")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -124,10 +124,10 @@ def _flux_like(**extra: Any) -> dict[str, Any]:
 # diffusers transformers no accel family describes, from small configs: (class, config, expected
 # lists as (attr, block class, count, found by, returns)), each list configured to a count of its own.
 OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[str, ...] | None], ...]]] = {
-    "HunyuanImageTransformer2DModel": (
-        _flux_like(num_layers=2, num_single_layers=3, num_refiner_layers=1, text_embed_dim=32, rope_axes_dim=(8, 8), in_channels=8, out_channels=8),
-        (("transformer_blocks", "HunyuanImageTransformerBlock", 2, "_repeated_blocks", ("hidden_states", "encoder_hidden_states")),
-         ("single_transformer_blocks", "HunyuanImageSingleTransformerBlock", 3, "_repeated_blocks", ("hidden_states", "encoder_hidden_states"))),
+    "MotifVideoTransformer3DModel": (
+        _flux_like(num_layers=2, num_single_layers=3, text_embed_dim=32, rope_axes_dim=(4, 6, 6), in_channels=8, out_channels=8),
+        (("transformer_blocks", "MotifVideoTransformerBlock", 2, "_repeated_blocks", ("hidden_states", "encoder_hidden_states")),
+         ("single_transformer_blocks", "MotifVideoSingleTransformerBlock", 3, "_repeated_blocks", ("hidden_states", "encoder_hidden_states"))),
     ),
     "HeliosTransformer3DModel": (
         _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32, rope_dim=(8, 4, 4)),

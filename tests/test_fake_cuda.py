@@ -17,8 +17,8 @@ show is checked instead:
 - zero host synchronisations inside the forward, except (a) the cache's one decision per call
   once it has a previous residual to compare with, (b) Mochi's own diffusers attention
   processor, which compacts each sample's text with `nonzero` (model code, one per sample and block),
-  and (c) HunyuanVideo 1.5's own forward, which reorders its text stream with boolean masks before
-  the blocks (model code, once per call).
+  and (c) HunyuanVideo 1.5's and HunyuanImage 2.1's own forwards, which reorder their text streams
+  with boolean masks before the blocks (model code, once per call).
 """
 
 from __future__ import annotations
@@ -185,6 +185,11 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
                     encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
                     encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4),
                     image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE), return_dict=False)
+    if name == "hunyuanimage":  # (B, C, H, W) latents, patch 1: the latent grid is the token grid (2-D: no frames); 4 glyph tokens
+        mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
+        return dict(hidden_states=randn(batch, config["in_channels"], h, w), timestep=t,
+                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
+                    encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4), return_dict=False)
     if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
         channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
         positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
@@ -215,6 +220,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "sd3": (batch, out, h, w),
         "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
         "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
+        "hunyuanimage": (batch, out, grid.rows, grid.cols),  # patch size 1, one picture
     }[name]
 
 
@@ -270,15 +276,18 @@ def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool)
 
 
 # Families whose forwards always hand their attention a mask (a joint text mask), whatever the call.
-MASKING = {"hunyuan", "hunyuan15"}
+MASKING = {"hunyuan", "hunyuan15", "hunyuanimage"}
 
 
 def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
     """Host syncs the family's own diffusers code makes per forward (Mochi's text compaction, per block
     run; HunyuanVideo 1.5's check whether the image embeddings are all zero, then its reordering of each
-    sample's text stream, valid tokens first, with twelve boolean-mask selections)."""
+    sample's text stream, valid tokens first, with twelve boolean-mask selections; HunyuanImage 2.1's
+    reordering of its glyph and prompt tokens, with eight)."""
     if name == "hunyuan15":
         return 1 + 12 * batch
+    if name == "hunyuanimage":  # the same reordering, with no image embeddings: eight selections a sample
+        return 8 * batch
     return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
 
 
@@ -527,6 +536,11 @@ Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3
 HUNYUAN15 = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=2, num_refiner_layers=2,
                  mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
                  image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v")
+# HunyuanImage 2.1's transformer (the diffusers class defaults, which are its shape; one block of each of its 20 double
+# and 40 single): 28 heads of 128, 64 latent channels (32x VAE, patch 1), Qwen2.5-VL-7B's 3584-wide text, ByT5-small's 1472.
+HUNYUANIMAGE = dict(in_channels=64, out_channels=64, num_attention_heads=28, attention_head_dim=128, num_layers=1, num_single_layers=1,
+                    num_refiner_layers=2, mlp_ratio=4.0, patch_size=(1, 1), qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
+                    rope_theta=256.0, rope_axes_dim=(64, 64))
 # Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
 KANDINSKY5_LITE = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512, patch_size=(1, 2, 2),
                        model_dim=1792, ff_dim=7168, num_text_blocks=1, num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)
@@ -558,6 +572,9 @@ REAL = {
     "ltx2": (LTX2, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024))),
     # ChronoEdit at 720x1280, its 5 frames: 2 x 45 x 80 = 7200 video tokens, 512 text tokens; CFG halves x Ulysses 4.
     "chronoedit": (CHRONOEDIT_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(2, 45, 80, 512))),
+    # HunyuanImage 2.1 at 2048x2048: 64 x 64 = 4096 image tokens (32x VAE, patch 1), 1000 prompt tokens; the
+    # guider's two calls on CFG halves x Ulysses 4 (28 heads: 7 a rank), with the cache.
+    "hunyuanimage": (HUNYUANIMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 1000))),
 }
 
 

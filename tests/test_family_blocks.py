@@ -511,6 +511,31 @@ def chronoedit_inputs(drift: float) -> Inputs:
     )
 
 
+# -- hunyuanimage: 2 double-stream + 2 single-stream blocks, 4x4 latents (16 tokens, patch 1), 8 prompt and 4 glyph tokens --
+def build_hunyuanimage() -> nn.Module:
+    from diffusers import HunyuanImageTransformer2DModel
+
+    return _seeded(
+        23,
+        lambda: HunyuanImageTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
+                                               num_layers=2, num_single_layers=2, num_refiner_layers=1, mlp_ratio=2.0,
+                                               text_embed_dim=TEXT_DIM, text_embed_2_dim=16, rope_axes_dim=(8, 8)),
+    )
+
+
+def hunyuanimage_inputs(drift: float) -> Inputs:
+    # The forward joins the glyph tokens and the prompt tokens, valid ones first, into one text stream.
+    return dict(
+        hidden_states=_latents((1, 4, 4, 4), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        encoder_attention_mask=_text_mask(),
+        encoder_hidden_states_2=_noise(torch.Generator().manual_seed(2), 1, 4, 16),
+        encoder_attention_mask_2=torch.tensor([[1, 1, 0, 0]]),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -528,6 +553,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "kandinsky5": (build_kandinsky5, kandinsky5_inputs),
     "ltx2": (build_ltx2, ltx2_inputs),
     "chronoedit": (build_chronoedit, chronoedit_inputs),
+    "hunyuanimage": (build_hunyuanimage, hunyuanimage_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -14,7 +14,7 @@ import numpy as np
 import parallel_cases as cases
 import pytest
 from conftest import generate as run_pipe
-from test_parallel_families import FAMILY_CASES, MODES, reference, world_of
+from test_parallel_families import FAMILY_CASES, MODES, check_equals_one_process, reference
 
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
@@ -54,11 +54,7 @@ def test_quoted_text_brings_glyph_tokens_in() -> None:
 
 @pytest.mark.parametrize("mode", ["ring2"])
 def test_glyph_tokens_split_with_the_text_equal_one_process(rank_pools: Any, mode: str) -> None:
-    expected, _ = reference("hunyuan15", GLYPH)
-    parallel = MODES[mode]
-    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, "tiny-hunyuan15", {"parallel": parallel}, GLYPH):
-        assert bytes_sent > 0
-        assert np.abs(output - expected).max() <= TOLERANCE
+    check_equals_one_process(rank_pools, "hunyuan15", MODES[mode], GLYPH)
 
 
 def test_key_mask_attention_makes_diffusers_picture_bit_for_bit_and_goes_with_remove() -> None:

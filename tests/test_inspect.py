@@ -175,7 +175,7 @@ def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_its_ge
 def test_registry_answers_show_for_a_pipeline_no_family_knows(tmp_path: Path) -> None:
     from test_discover import OUTSIDE
 
-    folder = _folder(tmp_path, "HunyuanImagePipeline", "HunyuanImageTransformer2DModel", OUTSIDE["HunyuanImageTransformer2DModel"][0])
+    folder = _folder(tmp_path, "MotifVideoPipeline", "MotifVideoTransformer3DModel", OUTSIDE["MotifVideoTransformer3DModel"][0])
     [transformer] = json.loads(invoke("inspect", folder, "--json").stdout)["transformers"]
     assert [(b["attr"], b["count"], b["returns"], b["unknown"]) for b in transformer["blocks"]] == [
         ("transformer_blocks", 2, ["hidden_states", "encoder_hidden_states"], None),

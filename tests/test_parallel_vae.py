@@ -34,6 +34,8 @@ VAES = {
     "AutoencoderKLFlux2": ("tiny-flux2-klein", None),
     "AutoencoderKLHunyuanVideo15": ("tiny-hunyuan15", 2),
     "AutoencoderKLLTX2Video": ("tiny-ltx2", 2),
+    "AutoencoderKLHunyuanImage": ("tiny-hunyuanimage", None),
+    "AutoencoderKLHunyuanImageRefiner": ("accel.models.hunyuanimage:build_tiny_refiner", 1),
 }
 KL_TILES = {"tile_sample_min_size": 32, "tile_latent_min_size": 4, "tile_overlap_factor": 0.25}
 WAN_TILES = {"tile_sample_min_height": 32, "tile_sample_min_width": 32,

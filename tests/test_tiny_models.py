@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
 
@@ -302,6 +302,21 @@ CASES = {
         text_shape=(1, 512, 32),
         components=("text_encoder", "image_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,  # seen: 1.2e-6
+    ),
+    "hunyuanimage": Case(
+        name="hunyuanimage",
+        build=hunyuanimage.build_tiny,
+        pipeline_class=diffusers.HunyuanImagePipeline,
+        # The guider's scale (3.5, as the real checkpoint's) turns CFG on: no guidance keyword to pass.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=8,  # real CFG: the guider calls the transformer on the prompt, then the negative
+        latent_shape=(1, 16, 2, 2),  # 64x64 -> 2x2 latents (32x); patch 1: the latent grid is the token grid
+        text_shape=(1, 1000, 32),  # Qwen tokens after the 34-token system prompt, padded to 1000
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        reload_tolerance=1e-5,
     ),
 }
 

@@ -119,11 +119,17 @@ ONE_MODE = {"QwenImageEditPipeline": "cfg2 x ulysses2 + cache", "QwenImageEditPl
             "LTX2ConditionPipeline": "ring3, odd size", "LTX2InContextPipeline": "ring3, odd size"}
 
 
+# Pipelines built to hold a guider whose checkpoints are guidance-distilled and hold none: one
+# transformer call per step, the scale embedded (HunyuanImage 2.1's refiner, as diffusers runs it).
+DISTILLED = {"HunyuanImageRefinerPipeline"}
+
+
 def modes_of(family: str, pipeline_class: str) -> list[str]:
     """CFG parallelism where the variant runs real CFG (FluxFillPipeline has no true CFG), else the cache on Ulysses."""
     if pipeline_class in ONE_MODE:
         return [ONE_MODE[pipeline_class]]
-    real_cfg = FAMILIES[family].cfg_scale in cases.call_parameters(pipeline_class) or guided_by_guider(getattr(diffusers, pipeline_class))
+    real_cfg = FAMILIES[family].cfg_scale in cases.call_parameters(pipeline_class) or (
+        guided_by_guider(getattr(diffusers, pipeline_class)) and pipeline_class not in DISTILLED)
     return [mode for mode in MODES if mode != ("ulysses2 + cache" if real_cfg else "cfg2 x ulysses2 + cache")]
 
 

@@ -425,8 +425,9 @@ def _qwen2_tokenizer_of(pieces: list[str], runs: bool = False) -> Qwen2Tokenizer
     )
 
 
-def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN) -> Qwen2_5_VLForConditionalGeneration:
-    """Two-layer Qwen2.5-VL with a one-block vision tower: the stand-in for Qwen-Image's 7B text encoder.
+def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN, layers: int = 2) -> Qwen2_5_VLForConditionalGeneration:
+    """Qwen2.5-VL of `layers` layers with a one-block vision tower: the stand-in for Qwen-Image's 7B
+    text encoder (two layers) and HunyuanImage 2.1's (three: it reads the third-to-last hidden state).
 
     The vision tower matters for the edit pipelines, which show the encoder the input picture."""
     from transformers import Qwen2_5_VLConfig
@@ -437,7 +438,7 @@ def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HID
             vocab_size=len(tokenizer),
             hidden_size=hidden,
             intermediate_size=hidden * 2,
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=4096,

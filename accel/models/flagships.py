@@ -117,7 +117,7 @@ FLUX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_cha
                 use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.3611, shift_factor=0.1159)
 SD35_LARGE = dict(in_channels=16, out_channels=16, patch_size=2, sample_size=128, num_layers=38, num_attention_heads=38, attention_head_dim=64,
                   joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048, pos_embed_max_size=192, qk_norm="rms_norm")
-# ByT5-small (HunyuanVideo 1.5's glyph encoder, Glyph-SDXL-v2, fine-tunes google/byt5-small: its config).
+# ByT5-small (HunyuanVideo 1.5's and HunyuanImage 2.1's glyph encoder, Glyph-SDXL-v2, fine-tunes google/byt5-small: its config).
 BYT5_SMALL = dict(d_model=1472, d_ff=3584, d_kv=64, num_heads=6, num_layers=12, vocab_size=384, feed_forward_proj="gated-gelu")
 # Kandinsky 5.0 Video Pro (19 B): the widths and depths of the original Kandinsky-5 task config
 # k5-pro-t2v-5s-sd (as musubi-tuner's kandinsky5/configs.py mirrors it; the Diffusers repo's
@@ -125,6 +125,10 @@ BYT5_SMALL = dict(d_model=1472, d_ff=3584, d_kv=64, num_heads=6, num_layers=12, 
 # condition latents and mask beside the noise. "regular" attention: the 5 s SD task runs no NABLA.
 KANDINSKY5_PRO = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
                       model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60, axes_dims=(32, 48, 48), visual_cond=True)
+# HunyuanImage 2.1's 32x image VAE: 64 latent channels, six levels, as the original HunyuanImage-2.1 code configures
+# it (its 32x VAE config; the Diffusers repo's vae/config.json was not at hand). diffusers' class has no defaults.
+HUNYUANIMAGE_VAE = dict(in_channels=3, out_channels=3, latent_channels=64, block_out_channels=(128, 256, 512, 512, 1024, 1024),
+                        layers_per_block=2, spatial_compression_ratio=32, sample_size=384, scaling_factor=0.75289)
 WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6)
 # ChronoEdit-14B fine-tunes Wan2.1-I2V-14B-720P, so these are that transformer's widths: Wan 14B's blocks reading 36
@@ -233,6 +237,17 @@ def _hunyuan15_inputs(size: Size) -> dict[str, Any]:
                 encoder_hidden_states=_randn(1, 1000, 3584), encoder_attention_mask=torch.ones(1, 1000, dtype=torch.long),
                 encoder_hidden_states_2=_randn(1, 256, 1472), encoder_attention_mask_2=torch.ones(1, 256, dtype=torch.long),
                 image_embeds=torch.zeros(1, 729, 1152), return_dict=False)
+
+
+def _hunyuanimage_inputs(size: Size) -> dict[str, Any]:
+    """Latents at 32x (64 channels; patch 1: one token each), the pipeline's padded 1000 Qwen and 128
+    ByT5 tokens, which the forward joins into one 1128-token text stream, valid ones first."""
+    import torch
+
+    return dict(hidden_states=_randn(1, 64, size.height // 32, size.width // 32), timestep=torch.ones(1),
+                encoder_hidden_states=_randn(1, 1000, 3584), encoder_attention_mask=torch.ones(1, 1000, dtype=torch.long),
+                encoder_hidden_states_2=_randn(1, 128, 1472), encoder_attention_mask_2=torch.ones(1, 128, dtype=torch.long),
+                return_dict=False)
 
 
 def _kandinsky5_inputs(size: Size) -> dict[str, Any]:
@@ -364,6 +379,16 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder_2", "transformers", "T5EncoderModel", BYT5_SMALL, "t5"),
          Component("vae", "diffusers", "AutoencoderKLHunyuanVideo15", {})),
         Size(1280, 720, 121), _hunyuan15_inputs, _video_latents(32, 4, 16, 121)),
+    # The diffusers class defaults are HunyuanImage 2.1's shape (20 double and 40 single blocks of 28
+    # heads of 128, 64 channels in, patch 1, rotary axes (64, 64); 17.4 B); its glyph projection reads
+    # ByT5-small's 1472 (the class default, None, leaves it out).
+    "hunyuanimage": Flagship(
+        "HunyuanImage 2.1", "hunyuanvideo-community/HunyuanImage-2.1-Diffusers",
+        (Component("transformer", "diffusers", "HunyuanImageTransformer2DModel", dict(text_embed_2_dim=1472)),
+         Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
+         Component("text_encoder_2", "transformers", "T5EncoderModel", BYT5_SMALL, "t5"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanImage", HUNYUANIMAGE_VAE)),
+        Size(2048, 2048), _hunyuanimage_inputs, lambda s: (1, 64, s.height // 32, s.width // 32)),
     "kandinsky5": Flagship(
         "Kandinsky 5.0 Video Pro", "kandinskylab/Kandinsky-5.0-T2V-Pro-sft-5s-Diffusers",
         (Component("transformer", "diffusers", "Kandinsky5Transformer3DModel", KANDINSKY5_PRO),

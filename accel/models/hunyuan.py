@@ -170,6 +170,29 @@ TENSOR_PLAN = TensorPlan(
 )
 
 
+def joint_plan(stream: str, leading_counts: tuple[LeadingCount, ...] = ()) -> ParallelPlan:
+    """The context-parallel plan of a Hunyuan double- then single-stream transformer (HunyuanVideo's,
+    HunyuanImage 2.1's): `stream` (the latent tokens) and the text are both cut where the blocks
+    start, after the token refiner, which runs whole on every rank (its attention stays within the
+    prompt); the key mask over `stream` then text that the forward hands every block is cut stream by
+    stream, the rotary table with `stream`. The output is gathered where the final projection returns."""
+    return ParallelPlan(
+        splits=(
+            SequenceSplit("output", stream, dim=0, module="rope"),
+            SequenceSplit("hidden_states", stream, dim=1, module="transformer_blocks.0"),
+            SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
+            *(SequenceSplit("attention_mask", (stream, "text"), dim=-1, module=f"{blocks}.*")
+              for blocks in ("transformer_blocks", "single_transformer_blocks")),
+        ),
+        attention_keys=(stream, "text"),
+        output_stream=stream,
+        output_dim=1,
+        output_module="proj_out",
+        local_attention=("context_embedder",),
+        leading_counts=leading_counts,
+    )
+
+
 FAMILY = Family(
     name="hunyuan",
     title="HunyuanVideo",
@@ -187,25 +210,11 @@ FAMILY = Family(
             BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
             BlockList("single_transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),
         ),
-        # Video and text are both cut where the blocks start (the token refiner before them runs whole
-        # on every rank); the joint mask over video then text that the forward hands every block is cut
-        # stream by stream, and the rotary embedding with the video. The image-to-video model's
-        # token-replace blocks modulate the first latent frame's tokens apart, counted by `num_tokens`:
-        # each rank gets the count within its own shard.
+        # The image-to-video model's token-replace blocks modulate the first latent frame's tokens apart,
+        # counted by `num_tokens`: each rank gets the count within its own shard.
         tensor=TENSOR_PLAN,
-        parallel=ParallelPlan(
-            splits=(
-                SequenceSplit("output", "video", dim=0, module="rope"),
-                SequenceSplit("hidden_states", "video", dim=1, module="transformer_blocks.0"),
-                SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-                SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="transformer_blocks.*"),
-                SequenceSplit("attention_mask", ("video", "text"), dim=-1, module="single_transformer_blocks.*"),
-            ),
-            attention_keys=("video", "text"),
-            output_stream="video",
-            output_dim=1,
-            output_module="proj_out",
-            local_attention=("context_embedder",),
+        parallel=joint_plan(
+            "video",
             leading_counts=tuple(
                 LeadingCount("num_tokens", "video", module=blocks, when=("image_condition_type", "token_replace"))
                 for blocks in ("transformer_blocks.*", "single_transformer_blocks.*")

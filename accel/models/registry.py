@@ -5,18 +5,19 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage
+from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
                    sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY, kandinsky5.FAMILY, ltx2.FAMILY,
-                   chronoedit.FAMILY)
+                   chronoedit.FAMILY, hunyuanimage.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.
-ALIASES: dict[str, str] = {"hunyuanvideo": "hunyuan", "hunyuanvideo15": "hunyuan15", "cogvideo": "cogvideox", "ltx-video": "ltx", "kandinsky": "kandinsky5", "ltx-2": "ltx2"}
+ALIASES: dict[str, str] = {"hunyuanvideo": "hunyuan", "hunyuanvideo15": "hunyuan15", "cogvideo": "cogvideox", "ltx-video": "ltx", "kandinsky": "kandinsky5", "ltx-2": "ltx2",
+                          "hunyuanimage21": "hunyuanimage", "hunyuanimage-2.1": "hunyuanimage"}
 
 
 def known_names() -> list[str]:

@@ -50,6 +50,12 @@ VAE_PLANS: dict[str, VaePlan] = {
     # LTX-2's video decoder: causal 3-D convolutions, pixel-norm and pixel-shuffle upsampling, no
     # attention; 2.x checkpoints that inject noise say so in the same config key as LTX-Video 0.9.1.
     "AutoencoderKLLTX2Video": VaePlan(noise_rows="decoder_inject_noise"),
+    # HunyuanImage 2.1's image decoder: GroupNorms, 3x3 convolutions, pixel-shuffle up-sampling (each
+    # row becomes two) and channel-repeat shortcuts, all local to rows but the mid-block attention.
+    "AutoencoderKLHunyuanImage": VaePlan(whole=("mid_block.attentions.*",)),
+    # Its refiner's causal 3-D decoder (HunyuanVideo 1.5's shape): RMS norms over channels, pixel-shuffle
+    # up-sampling; the mid-block attention spans every position unmasked.
+    "AutoencoderKLHunyuanImageRefiner": VaePlan(whole=("mid_block.attentions.*",)),
 }
 
 

@@ -1,0 +1,92 @@
+"""HunyuanImage 2.1 specifics the shared matrices do not show by themselves.
+
+Its pipeline takes no guidance scale: a `guider` holds it, and an `ocr_guider` takes over for prompts
+that quote text to render; accel sets both from [generate] guidance_scale for the call. A checkpoint
+loaded without a guider (the distilled one) takes the call without the keyword. Quoted text brings
+ByT5 glyph tokens into the text stream, which the transformer reorders valid tokens first: the
+parallel split must still equal one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import parallel_cases as cases
+import pytest
+from test_parallel_families import FAMILY_CASES, MODES, TOLERANCE, check_equals_one_process, reference, world_of
+
+from accel.models.registry import FAMILIES
+from accel.recipe import Recipe
+from accel.runner import generate, generation_kwargs
+
+GLYPH = dict(FAMILY_CASES["hunyuanimage"].call, prompt='a shop sign that reads "OPEN"')
+
+
+def _transformer_calls(pipe: Any, kwargs: dict[str, Any]) -> int:
+    calls: list[int] = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        generate(pipe, kwargs, seed=0)
+    finally:
+        hook.remove()
+    return len(calls)
+
+
+def _kwargs(pipe: Any, prompt: str, guidance_scale: float) -> dict[str, Any]:
+    recipe = Recipe.from_dict({"model": {"name": "tiny-hunyuanimage"},
+                               "generate": {"steps": 1, "prompt": prompt, "guidance_scale": guidance_scale}})
+    return generation_kwargs(FAMILIES["hunyuanimage"], True, recipe, pipe)
+
+
+@pytest.mark.parametrize("prompt, guider", [("a red fox", "guider"), ('a sign that reads "OPEN"', "ocr_guider")])
+def test_the_guidance_scale_reaches_the_guider_the_prompt_picks_for_the_call_only(prompt: str, guider: str) -> None:
+    pipe = cases.tiny_pipeline("tiny-hunyuanimage")
+    seen: list[float] = []
+    chosen = getattr(pipe, guider)
+    original = chosen.set_state
+    chosen.set_state = lambda **state: (seen.append(chosen.guidance_scale), original(**state))[1]
+    try:
+        assert _transformer_calls(pipe, _kwargs(pipe, prompt, 1.0)) == 1  # scale 1: the chosen guider runs the prompt alone
+    finally:
+        del chosen.set_state
+    assert seen == [1.0]  # that guider ran the step, at the scale asked
+    assert (pipe.guider.guidance_scale, pipe.ocr_guider.guidance_scale) == (3.5, 3.5)  # the pipeline's own scales are back
+
+
+def test_a_pipeline_loaded_without_a_guider_takes_the_call_without_the_scale() -> None:
+    """The distilled checkpoint holds no guider: one call per step, and no `guidance_scale` keyword
+    reaches a call that takes none (a TypeError before)."""
+    pipe = cases.tiny_pipeline("tiny-hunyuanimage")
+    distilled = type(pipe)(**{**pipe.components, "guider": None, "ocr_guider": None})
+    distilled.set_progress_bar_config(disable=True)
+    assert _transformer_calls(distilled, _kwargs(distilled, "a red fox", 3.5)) == 1
+
+
+DISTILLED = "accel.models.hunyuanimage:build_tiny_distilled"
+
+
+@pytest.mark.parametrize("mode", ["ring2"])
+def test_the_distilled_transformer_equals_one_process(rank_pools: Any, mode: str) -> None:
+    """HunyuanImage-2.1-Distilled: no guider (one call a step), the guidance scale and MeanFlow's next
+    timestep embedded per sample, neither of which a split touches."""
+    pipe = cases.tiny_pipeline(DISTILLED)
+    assert (pipe.guider, pipe.transformer.config.use_meanflow, pipe.transformer.config.guidance_embeds) == (None, True, True)
+    call = dict(FAMILY_CASES["hunyuanimage"].call, num_inference_steps=2)
+    expected, _, _ = cases.tiny_run(DISTILLED, {}, call)
+    for output, _, bytes_sent in rank_pools(world_of(MODES[mode])).run(cases.tiny_run, DISTILLED, {"parallel": MODES[mode]}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_quoted_text_brings_glyph_tokens_in() -> None:
+    plain, _ = reference("hunyuanimage", FAMILY_CASES["hunyuanimage"].call)
+    glyph, _ = reference("hunyuanimage", GLYPH)
+    assert np.abs(plain - glyph).mean() > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["cfg2xulysses2"])
+def test_glyph_tokens_split_with_the_text_equal_one_process(rank_pools: Any, mode: str) -> None:
+    """The ocr_guider's two calls on CFG halves, Ulysses in each: the positive prompt's text stream
+    starts with its valid glyph tokens, the negative's has none."""
+    check_equals_one_process(rank_pools, "hunyuanimage", MODES[mode], GLYPH)
