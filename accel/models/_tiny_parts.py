@@ -472,14 +472,74 @@ def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
     transformers can only look up where torchvision is installed; the edit pipelines pass no video."""
     from transformers import Qwen2VLProcessor
 
-    class PictureOnlyProcessor(Qwen2VLProcessor):
+    return _without_video_processor(Qwen2VLProcessor)(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+
+
+
+def qwen3_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN) -> Any:
+    """Two-layer Qwen3-VL (interleaved multimodal rotary, one-block vision tower of 16 px patches with
+    a deepstack tap), the stand-in for Qwen-Image 2.1's text encoder; the vision tower is there for
+    the condition pictures the pipeline shows the encoder."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, pad_token_id=ids("<|endoftext|>"),
+            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden, patch_size=16, spatial_merge_size=2,
+            temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    with seeded(seed):
+        return finish(Qwen3VLForConditionalGeneration(config))
+
+
+# Qwen-VL's chat format for turns whose content is a string or a list of text and image blocks (an
+# image block is its vision placeholder), with the generation prompt.
+QWEN_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}{% if block['type'] == 'text' %}{{ block['text'] }}"
+    "{% else %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _without_video_processor(processor_class: type) -> type:
+    """`processor_class` accepting no video processor, which transformers can only look up where
+    torchvision is installed; the image pipelines pass no video."""
+
+    class PictureOnlyProcessor(processor_class):  # type: ignore[misc, valid-type]
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
             if argument_name == "video_processor" and argument is None:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    return PictureOnlyProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+    return PictureOnlyProcessor
 
+
+def qwen3_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
+    """A Qwen3-VL processor (picture and text to tokens) with Qwen3-VL's 16 px patches merged 2x2,
+    capped at 64x64 px (4 picture tokens), and QWEN_VL_CHAT_TEMPLATE. Its video processor, which only
+    saving and loading need, is Qwen3-VL's where torchvision is installed, else none."""
+    import importlib.util
+
+    from transformers import Qwen3VLProcessor
+
+    image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64)
+    parts: dict[str, Any] = dict(image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_VL_CHAT_TEMPLATE)
+    if importlib.util.find_spec("torchvision") is not None:
+        from transformers import Qwen3VLVideoProcessor
+
+        return Qwen3VLProcessor(**parts, video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2))
+    return _without_video_processor(Qwen3VLProcessor)(**parts, video_processor=None)
 
 # Qwen3's chat format for plain text turns, with its generation prompt: an empty think block when
 # the caller turns thinking off (`enable_thinking=False`), as the real template writes it.
