@@ -504,6 +504,10 @@ class Family:
     # Guidance runs when the scale is above this (1 for most pipelines; Z-Image's runs above 0).
     cfg_above: float = 1.0
     cfg_needs_negative: bool = False
+    # The two guidance calls' outputs may differ in shape (Qwen-Image 2.1's first call returns the
+    # prompt's tokens too, and the prompts differ in length): CFG parallelism then exchanges shapes
+    # before results, a host synchronisation the other families do without.
+    cfg_outputs_vary: bool = False
     tiny: Callable[[], DiffusionPipeline] | None = None
     tiny_defaults: GenerationDefaults | None = None
     # The other pipelines of this transformer that accel runs, with the inputs their calls need.

@@ -105,6 +105,9 @@ FAMILY = Family(
     cfg="calls",
     cfg_scale="true_cfg_scale",
     cfg_needs_negative=True,
+    # The first call of each branch returns its prompt's tokens with the target's (the pipeline keeps
+    # the target's), and a negative prompt is seldom as long as the prompt.
+    cfg_outputs_vary=True,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, negative_prompt=" ", true_cfg_scale=4.0),
     # The same pipeline takes condition pictures (`image=`, optional): the encoder sees them and
