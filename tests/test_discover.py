@@ -56,6 +56,7 @@ UNKNOWN_RETURNS: dict[str, str] = {
     "hunyuan15": NO_ENTRY.format("HunyuanVideo15TransformerBlock"),
     "skyreels2": NO_ENTRY.format("SkyReelsV2TransformerBlock"),
     "ltx2": NO_ENTRY.format("LTX2VideoTransformerBlock"),
+    "qwenimage21": NO_ENTRY.format("QwenImage21TransformerBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }

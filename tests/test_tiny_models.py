@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
+from test_pipeline_contract import NO_RELOAD  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -442,8 +443,7 @@ def test_save_and_reload_is_bit_identical(
         # low_cpu_mem_usage loading, which needs accelerate.
         pytest.importorskip("accelerate", reason="diffusers needs accelerate to load WanTransformer3DModel")
     if case.name == "qwenimage21":
-        # Qwen3VLProcessor saves and loads a video processor, which transformers builds only with torchvision.
-        pytest.importorskip("torchvision", reason="transformers loads Qwen3VLProcessor's video processor only with torchvision")
+        pytest.skip(NO_RELOAD["qwenimage21"])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pipe.save_pretrained(tmp_path)
     cls = case.pipeline_class if loader == "own_class" else diffusers.DiffusionPipeline

@@ -27,6 +27,8 @@ from transformers import (
     LlamaTokenizerFast,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Tokenizer,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
     T5Config,
     T5EncoderModel,
     T5TokenizerFast,
@@ -467,12 +469,32 @@ def qwen2_vl_image_processor(max_pixels: int = 56 * 56) -> Qwen2VLImageProcessor
     return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels)
 
 
-def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
-    """A Qwen2-VL processor (picture and text to tokens) without a video processor, which
-    transformers can only look up where torchvision is installed; the edit pipelines pass no video."""
-    from transformers import Qwen2VLProcessor
+class _NoVideoProcessor:
+    """A Qwen-VL processor without a video processor, which transformers can only build where
+    torchvision is installed; the image pipelines pass no video. Saving writes its picture and
+    text parts alone (diffusers then names this class, which it loads only from transformers)."""
 
-    return _without_video_processor(Qwen2VLProcessor)(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)  # type: ignore[misc]
+
+    @classmethod
+    def get_attributes(cls) -> list[str]:  # what is saved and loaded: no video processor
+        return [name for name in super().get_attributes() if name != "video_processor"]  # type: ignore[misc]
+
+
+class Qwen2VLPictureProcessor(_NoVideoProcessor, Qwen2VLProcessor):
+    """Qwen2-VL's processor, pictures and text only (the Qwen-Image edit pipelines')."""
+
+
+class Qwen3VLPictureProcessor(_NoVideoProcessor, Qwen3VLProcessor):
+    """Qwen3-VL's processor, pictures and text only (Qwen-Image 2.1's)."""
+
+
+def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen2VLPictureProcessor:
+    """A Qwen2-VL processor (picture and text to tokens) without a video processor."""
+    return Qwen2VLPictureProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
 
 
 
@@ -512,34 +534,13 @@ QWEN_VL_CHAT_TEMPLATE = (
 )
 
 
-def _without_video_processor(processor_class: type) -> type:
-    """`processor_class` accepting no video processor, which transformers can only look up where
-    torchvision is installed; the image pipelines pass no video."""
-
-    class PictureOnlyProcessor(processor_class):  # type: ignore[misc, valid-type]
-        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    return PictureOnlyProcessor
-
-
-def qwen3_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
+def qwen3_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen3VLPictureProcessor:
     """A Qwen3-VL processor (picture and text to tokens) with Qwen3-VL's 16 px patches merged 2x2,
-    capped at 64x64 px (4 picture tokens), and QWEN_VL_CHAT_TEMPLATE. Its video processor, which only
-    saving and loading need, is Qwen3-VL's where torchvision is installed, else none."""
-    import importlib.util
-
-    from transformers import Qwen3VLProcessor
-
+    capped at 64x64 px (4 picture tokens), and QWEN_VL_CHAT_TEMPLATE; no video processor."""
     image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64)
-    parts: dict[str, Any] = dict(image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_VL_CHAT_TEMPLATE)
-    if importlib.util.find_spec("torchvision") is not None:
-        from transformers import Qwen3VLVideoProcessor
+    return Qwen3VLPictureProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                   chat_template=QWEN_VL_CHAT_TEMPLATE)
 
-        return Qwen3VLProcessor(**parts, video_processor=Qwen3VLVideoProcessor(patch_size=16, merge_size=2, temporal_patch_size=2))
-    return _without_video_processor(Qwen3VLProcessor)(**parts, video_processor=None)
 
 # Qwen3's chat format for plain text turns, with its generation prompt: an empty think block when
 # the caller turns thinking off (`enable_thinking=False`), as the real template writes it.
