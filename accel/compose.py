@@ -343,7 +343,8 @@ def _apply_parallel(handle: AccelHandle) -> None:
     transformers = _transformers(handle)
     if handle.plans:  # the automatic plans _join_mesh verified
         plan = next(iter(handle.plans.values()))
-    assert not isinstance(plan, AutomaticPlan)
+    # An automatic plan is learned only where a sequence or CFG split needs one (not for TP alone).
+    assert not isinstance(plan, AutomaticPlan) or mesh.degrees.sequence * mesh.degrees.cfg == 1
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
             own = handle.plans.get(attr) or family.plan_for(transformer)
