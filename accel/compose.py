@@ -343,7 +343,8 @@ def _apply_parallel(handle: AccelHandle) -> None:
     transformers = _transformers(handle)
     if handle.plans:  # the automatic plans _join_mesh verified
         plan = next(iter(handle.plans.values()))
-    assert not isinstance(plan, AutomaticPlan)
+    # An automatic plan is learned only where a sequence or CFG split needs one (not for TP alone).
+    assert not isinstance(plan, AutomaticPlan) or mesh.degrees.sequence * mesh.degrees.cfg == 1
     if mesh.degrees.sequence > 1:
         for attr, transformer in transformers.items():
             own = handle.plans.get(attr) or family.plan_for(transformer)
@@ -357,7 +358,8 @@ def _apply_parallel(handle: AccelHandle) -> None:
         assert family.cfg is not None
         extra = plan.splits if isinstance(plan, ParallelPlan) else plan.extra_splits
         padded = tuple(split for split in extra if split.at and split.value in plan.batch_items)
-        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded)
+        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded,
+                          family.cfg_outputs_vary)
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were

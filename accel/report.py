@@ -248,7 +248,8 @@ def _finite(value: Any) -> Any:
 def family_features(family: Family) -> list[str]:
     """What accel can do for a family today, derived from its data."""
     features = ["fbcache"] if family.blocks else []
-    if family.parallel is not None:
+    own = next((variant for variant in family.variants if variant.pipeline_class == family.pipeline_class), None)
+    if family.parallel is not None and (own is None or own.not_split is None):  # Qwen-Image 2.1's sequence is not cut
         features.append("ulysses/ring/usp")
     if family.parallel is not None and family.cfg is not None:
         features.append(f"cfg: {'batched' if family.cfg == 'batch' else 'two calls'}")

@@ -59,6 +59,7 @@ UNKNOWN_RETURNS: dict[str, str] = {
     "ltx2": NO_ENTRY.format("LTX2VideoTransformerBlock"),
     # ChronoEdit's module defines its own WanTransformerBlock, which diffusers' registry (keyed by class) lacks.
     "chronoedit": NO_ENTRY.format("WanTransformerBlock"),
+    "qwenimage21": NO_ENTRY.format("QwenImage21TransformerBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }
@@ -100,7 +101,7 @@ def test_family_blocks_are_discovered(name: str, request: pytest.FixtureRequest)
 # What a tested family states by hand beyond what the generic path learns: its plans, how its pipeline
 # runs guidance, its heads' config key, its processors. Not learned: the pipeline attributes of
 # experts the tiny pipeline lacks (Wan 2.2's transformer_2).
-HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "heads_key", "heads_of_config",
+HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "cfg_outputs_vary", "heads_key", "heads_of_config",
              "processors")
 
 

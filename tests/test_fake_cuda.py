@@ -176,6 +176,11 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
         return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
                     timestep=t / 1000, img_shapes=[[(1, h, w)]] * batch, return_dict=False)
+    if name == "qwenimage21":  # unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens
+        slots = torch.cat([torch.zeros(batch, text, device="cuda", dtype=torch.bool),
+                           torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool)], dim=1)
+        return dict(hidden_states=randn(batch, 4 * h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
+                    timestep=t / 1000, img_shapes=[[(1, 2 * h, 2 * w)]] * batch, img_mask=slots, return_dict=False)
     if name == "zimage":  # lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features
         return dict(x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)], t=t / 1000,
                     cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)], return_dict=False)
@@ -221,6 +226,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
         "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
         "hunyuanimage": (batch, out, grid.rows, grid.cols),  # patch size 1, one picture
+        "qwenimage21": (batch, grid.text + h * w, out),  # unpatched; the prefill call returns the prompt's tokens too
     }[name]
 
 
@@ -501,12 +507,20 @@ LAYOUTS = [
 ]
 
 
+# Families whose forward reads its inputs' values on the host, which fake tensors do not have (accel plan's
+# fake mode keeps small known tensors' values for them: tests/test_plan.py measures their flagships).
+HOST_VALUES = {"qwenimage21": ("QwenImage21Transformer2DModel's forward reads its slot mask's values on the host (repeat_interleave "
+                               "by it, the rotary positions and the block segments from its list)")}
+
+
 @pytest.mark.parametrize("rank_of", ["first", "last"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_configs: Any) -> None:
     """Device, dtype, shape, kernel, collective and sync checks of the module docstring, on each call
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
+    if name in HOST_VALUES:
+        pytest.skip(HOST_VALUES[name])
     cls, config, _, _ = tiny_configs[name]
     if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens
         layout = replace(layout, ulysses=layout.ulysses * layout.cfg, cfg=1)

@@ -408,6 +408,24 @@ def zimage_inputs(drift: float) -> Inputs:
     )
 
 
+# -- qwenimage21: 2 single-stream blocks over the joint sequence (8 text tokens, then 16 target tokens) --
+def build_qwenimage21() -> nn.Module:
+    from diffusers import QwenImage21Transformer2DModel
+
+    return _seeded(
+        22,
+        lambda: QwenImage21Transformer2DModel(in_channels=4, out_channels=4, num_layers=2, attention_head_dim=HEAD_DIM,
+                                              num_attention_heads=HEADS, context_in_dim=TEXT_DIM, axes_dims_rope=(4, 6, 6)),
+    )
+
+
+def qwenimage21_inputs(drift: float) -> Inputs:
+    # Unpatched 4x4 target latents; the encoder's mask holds one slot per 2x2 of them after the text.
+    slots = torch.cat([torch.zeros(1, TEXT_TOKENS, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool)], dim=1)
+    return dict(hidden_states=_latents((1, 16, 4), drift), encoder_hidden_states=_text(), timestep=torch.tensor([0.7 - drift]),
+                img_shapes=[[(1, 4, 4)]], img_mask=slots, return_dict=False)
+
+
 # -- hunyuan15: 2 double-stream blocks, 2 latent frames of 4x4 (32 tokens, patch 1), a joint text stream --
 def build_hunyuan15() -> nn.Module:
     from diffusers import HunyuanVideo15Transformer3DModel
@@ -554,6 +572,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "ltx2": (build_ltx2, ltx2_inputs),
     "chronoedit": (build_chronoedit, chronoedit_inputs),
     "hunyuanimage": (build_hunyuanimage, hunyuanimage_inputs),
+    "qwenimage21": (build_qwenimage21, qwenimage21_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from accel.cli import app
-from accel.models.base import FromDiffusers, ParallelPlan
+from accel.models.base import AutomaticPlan, FromDiffusers, ParallelPlan
 from accel.models.registry import FAMILIES, known_names
 from accel.models.vaes import vae_plan
+from test_parallel_families import splits_sequence
 
 runner = CliRunner()
 
@@ -50,8 +51,8 @@ def test_the_json_counts_are_the_tiny_pipelines_modules(name: str) -> None:
         (b.attr, len(getattr(transformer, b.attr)), type(getattr(transformer, b.attr)[0]).__name__) for b in family.blocks]
 
 
-def _streams(plan: ParallelPlan | FromDiffusers | None) -> list[str]:
-    if plan is None:
+def _streams(plan: ParallelPlan | FromDiffusers | AutomaticPlan | None) -> list[str]:
+    if plan is None or isinstance(plan, AutomaticPlan):  # learned when applied: no streams before
         return []
     if isinstance(plan, ParallelPlan):
         cut = [s for split in plan.splits for s in split.streams]
@@ -80,9 +81,10 @@ def test_the_json_of_every_tiny_alias_is_the_familys_data(alias: str) -> None:
     assert found["streams"] == _streams(family.parallel)
     assert found["primary_stream"] == family.primary_stream
     parallel = found["parallel"]
-    source = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan"}[type(family.parallel)]  # type: ignore[index]
+    source = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan", AutomaticPlan: "automatic"}[type(family.parallel)]  # type: ignore[index]
     assert parallel["plan"] == source and parallel["heads"] == family.tiny_heads and parallel["cfg_style"] == family.cfg
-    assert parallel["modes"] == {"ulysses": True, "ring": True, "cfg": family.cfg is not None, "tp": family.tensor is not None}
+    split = splits_sequence(family.name)  # Qwen-Image 2.1's sequence is not cut
+    assert parallel["modes"] == {"ulysses": split, "ring": split, "cfg": family.cfg is not None, "tp": family.tensor is not None}
     assert set(parallel["refused"]) == {mode for mode, on in parallel["modes"].items() if not on}
     accel = found["accelerators"]
     assert accel["cache"] == ["fbcache", "dbcache", "taylorseer", "magcache"]

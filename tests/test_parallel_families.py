@@ -17,6 +17,7 @@ import parallel_cases as cases
 from variant_cases import picture
 
 from accel.models.registry import FAMILIES
+from accel.models.variants import variant_of
 
 TOLERANCE = 1e-4
 PROMPT = dict(prompt="a red fox", negative_prompt="blurry")
@@ -122,6 +123,11 @@ FAMILY_CASES = {
         odd=dict(height=64, width=160),
         threshold=0.5,
     ),
+    "qwenimage21": FamilyCase(
+        dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
+        odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens (Ulysses and Ring are refused)
+        threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls
+    ),
 }
 
 MODES = {
@@ -134,11 +140,19 @@ MODES = {
 CACHE_MODES = {**{k: v for k, v in MODES.items() if k != "ring2"}, "ring3": {"ring": 3}}
 
 
+def splits_sequence(family: str) -> bool:
+    """Whether Ulysses and Ring may cut the family's own pipeline (Qwen-Image 2.1's may not: see
+    test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut)."""
+    return variant_of(FAMILIES[family], FAMILIES[family].pipeline_class).not_split is None
+
+
 def family_modes(modes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
     """(family, mode) pairs; the CFG modes only for families whose pipelines run CFG (FLUX.2-dev
-    embeds its guidance scale instead: cfg = 2 is refused for it, see tests/test_family_flux2.py)."""
+    embeds its guidance scale instead: cfg = 2 is refused for it, see tests/test_family_flux2.py),
+    the modes that cut the sequence only for families whose pipeline can be cut."""
     return [(family, mode) for family in FAMILY_CASES for mode in modes
-            if "cfg" not in modes[mode] or FAMILIES[family].cfg is not None]
+            if ("cfg" not in modes[mode] or FAMILIES[family].cfg is not None)
+            and (world_of(modes[mode]) == modes[mode].get("cfg", 1) or splits_sequence(family))]
 
 
 def world_of(parallel: dict[str, int]) -> int:
@@ -182,7 +196,7 @@ def check_equals_one_process(rank_pools: Any, family: str, parallel: dict[str, i
         assert np.abs(output - expected).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("family", list(FAMILY_CASES))
+@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family)])
 def test_token_counts_three_ranks_do_not_divide(rank_pools, family: str) -> None:
     case = FAMILY_CASES[family]
     call = dict(case.call, **case.odd)
@@ -196,6 +210,16 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
     the calls of its own branch), with the same block-0 change, and the outputs agree."""
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold})
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if not splits_sequence(family)])
+def test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut(rank_pools, family: str) -> None:
+    """Every rank stops with the same line before the first step, naming why the sequence cannot be cut."""
+    spec = FAMILIES[family]
+    why = variant_of(spec, spec.pipeline_class).not_split
+    errors = rank_pools(2).run(cases.tiny_error, f"tiny-{family}", {"parallel": {"ulysses": 2}}, FAMILY_CASES[family].call)
+    assert errors == [f"UserError: [parallel] ulysses × ring = 2: context parallelism cannot split {spec.pipeline_class}: {why}; "
+                      "set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)"] * 2
 
 
 # DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double

@@ -162,13 +162,19 @@ SIZES = {"ltx2": dict(height=64, width=96)}  # its audio VAE pads past a 32 px l
 # Where diffusers itself fails on two outputs per prompt (without accel), one is asked for.
 ONE_PER_PROMPT = {"hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
                   "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video"}
+# Tiny pipelines a saved folder cannot load back here, and why.
+NO_RELOAD = {"qwenimage21": ("diffusers loads a processor only of transformers' own classes, and Qwen3VLProcessor's loads a video "
+                             "processor, which needs torchvision")}
+# Qwen-Image 2.1's first step also computes the prompt's tokens (kept as keys and values after), so its
+# second step's block output has another shape and no residual to compare: the third is the first that can reuse.
+STEPS = {"qwenimage21": 3}
 REUSES = {"cache": {"threshold": 100.0}}  # every call after a step's first decision reuses
 
 
 def family_call(pipe: Any, family: str) -> dict[str, Any]:
     if family in ("flux", "wan"):
         return dict(FLUX if family == "flux" else WAN)
-    call = dict(FAMILY_CASES[family].call, num_inference_steps=2, **SIZES.get(family, dict(height=32, width=32)))
+    call = dict(FAMILY_CASES[family].call, num_inference_steps=STEPS.get(family, 2), **SIZES.get(family, dict(height=32, width=32)))
     if "max_sequence_length" in inspect.signature(pipe.__call__).parameters:
         call["max_sequence_length"] = 16
     return call
@@ -437,6 +443,9 @@ def test_applied_pipeline_saves_plain_modules_and_follows_to_dtype(family: str, 
     """`to(dtype)` after apply keeps accel's wrappers acting, equal to the plain pipeline changed the same
     way (or failing as it does); `save_pretrained` of an applied pipeline writes plain modules that load
     back unwrapped."""
+    if family in NO_RELOAD:
+        pytest.skip(NO_RELOAD[family])
+
     def run(pipe: Any) -> torch.Tensor | str:
         try:
             return latent_call(pipe, family)

@@ -20,6 +20,7 @@ from accel.models.flagships import FLAGSHIPS, Component, Size
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import Degrees
 from accel.parallel.tensor import resolve_tensor_plan, split_module
+from test_parallel_families import splits_sequence
 
 # FLUX.1-dev's widths of its inputs (4096-wide T5 features) into a mid-size transformer: 4 heads of 64,
 # two blocks of each kind; small enough to run for real on the CPU.
@@ -143,7 +144,8 @@ PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenim
                       # ChronoEdit-14B: Wan2.1-I2V-14B's transformer, whose picture cross-attention (image embedder, added
                       # keys and values) takes the 14 B of Wan's text-to-video blocks to 16.4 B
                       "chronoedit": (16.4, 1),
-                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0), "hunyuanimage": (17, 0)}
+                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0), "hunyuanimage": (17, 0),
+                      "qwenimage21": (7.1, 1)}  # counted from the class defaults; no published figure to check it against
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -161,7 +163,8 @@ def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
     side = 1 if name == "hunyuan15" else 2
     size = Size(base.width // side, base.height // side, 9 if base.frames else None)
     single = transformer_working(family, flagship, size, Degrees())
-    halved = transformer_working(family, flagship, size, Degrees(ulysses=2))
+    # Tensor parallelism where the family's sequence is not cut (Qwen-Image 2.1), else Ulysses.
+    halved = transformer_working(family, flagship, size, Degrees(ulysses=2) if splits_sequence(name) else Degrees(tp=2))
     assert 0 < halved < single
     assert vae_working(flagship, size) > 0
 
@@ -308,7 +311,7 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
     (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])

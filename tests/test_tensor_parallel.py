@@ -16,7 +16,8 @@ from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe import ParallelSection
-from test_parallel_families import FAMILY_CASES, TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, world_of
+from test_parallel_families import (FAMILY_CASES, TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, splits_sequence,
+                                    world_of)
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -27,9 +28,11 @@ LAYOUTS = {
 
 
 def family_layouts() -> list[tuple[str, str]]:
-    """(family, layout) pairs; CFG halves only for families whose pipelines run CFG."""
+    """(family, layout) pairs; CFG halves only for families whose pipelines run CFG, Ulysses and Ring
+    only for families whose pipeline can be cut."""
     return [(family, layout) for family in FAMILY_CASES for layout in LAYOUTS
-            if "cfg" not in LAYOUTS[layout] or FAMILIES[family].cfg is not None]
+            if ("cfg" not in LAYOUTS[layout] or FAMILIES[family].cfg is not None)
+            and (splits_sequence(family) or not {"ulysses", "ring"} & set(LAYOUTS[layout]))]
 
 
 def size_of(family: str, layout: str) -> dict:

@@ -23,9 +23,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
+from test_pipeline_contract import NO_RELOAD  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,22 @@ CASES = {
         text_shape=(1, 29, 32),  # the prompt's tokens after the 34-token template prefix, unpadded
         negative_text_shape=(1, 21, 32),
         reload_tolerance=1e-5,  # seen: 4e-7 (a batch-1 timestep Linear on an unaligned weight)
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    "qwenimage21": Case(
+        name="qwenimage21",
+        build=qwenimage21.build_tiny,
+        pipeline_class=diffusers.QwenImage21Pipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, true_cfg_scale=4.0,
+                  output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 4),  # its VAE decodes RGBA
+        block_lists=("transformer_blocks",),
+        transformer_calls=8,  # true CFG: a second call per step for the negative prompt
+        latent_shape=(1, 16, 16),  # 64x64 -> 4x4 latents (16x VAE), unpatched: 16 tokens of 16 channels
+        text_shape=(1, 37, 32),  # the user and assistant turns around the prompt (the system turn dropped), unpadded
+        negative_text_shape=(1, 27, 32),
+        reload_tolerance=1e-5,
         components=("text_encoder", "transformer", "vae"),
     ),
     "flux2-klein": Case(
@@ -456,6 +473,8 @@ def test_save_and_reload_is_bit_identical(
         # WanTransformer3DModel keeps some modules in float32, and diffusers then insists on
         # low_cpu_mem_usage loading, which needs accelerate.
         pytest.importorskip("accelerate", reason="diffusers needs accelerate to load WanTransformer3DModel")
+    if case.name == "qwenimage21":
+        pytest.skip(NO_RELOAD["qwenimage21"])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pipe.save_pretrained(tmp_path)
     cls = case.pipeline_class if loader == "own_class" else diffusers.DiffusionPipeline

@@ -29,7 +29,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from accel.errors import UserError
 from accel.memory.tracker import tracked_peak
-from accel.models.base import Family
+from accel.models.base import AutomaticPlan, Family
 from accel.models.flagships import Component, Flagship, Size
 from accel.optimize.processors import install_processors
 from accel.parallel.mesh import Degrees
@@ -327,7 +327,8 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
                 assert family.tensor is not None
                 TensorParallel(model, resolve_tensor_plan(family.tensor, model), mesh.tp_group)
             assert family.parallel is not None
-            ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
+            if not isinstance(family.parallel, AutomaticPlan):  # learned from a probe call, which a flagship has none of
+                ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
             with torch.device(device):
                 inputs = _on_device(flagship.inputs(size), device)
             peak = tracked_peak(lambda: model(**inputs), model, device=_tracked_device(device))

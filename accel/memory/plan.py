@@ -29,6 +29,7 @@ from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size, flagship_heads
 from accel.models.registry import FAMILIES
 from accel.models.vaes import vae_plan_of
+from accel.models.variants import variant_of
 from accel.parallel.mesh import Degrees, resolve_degrees
 from accel.recipe import ParallelSection, QuantSection
 
@@ -183,6 +184,10 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                 continue
             # Ulysses and Ring for the ranks left, as `--gpus` alone chooses them in a run.
             degrees = resolve_degrees(ParallelSection(gpus=gpus, cfg=cfg, tp=tp), heads, name)
+            not_split = variant_of(family, family.pipeline_class).not_split
+            if degrees.sequence > 1 and not_split:  # Qwen-Image 2.1: its sequence is not cut
+                refused.append(f"cfg {cfg} x tp {tp}: ulysses × ring {degrees.sequence}: {not_split}")
+                continue
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel) for placement in placements]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
         candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]

@@ -27,6 +27,8 @@ from transformers import (
     LlamaTokenizerFast,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Tokenizer,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
     T5Config,
     T5EncoderModel,
     T5TokenizerFast,
@@ -468,18 +470,77 @@ def qwen2_vl_image_processor(max_pixels: int = 56 * 56) -> Qwen2VLImageProcessor
     return Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels)
 
 
-def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Any:
-    """A Qwen2-VL processor (picture and text to tokens) without a video processor, which
-    transformers can only look up where torchvision is installed; the edit pipelines pass no video."""
-    from transformers import Qwen2VLProcessor
+class _NoVideoProcessor:
+    """A Qwen-VL processor without a video processor, which transformers can only build where
+    torchvision is installed; the image pipelines pass no video. Saving writes its picture and
+    text parts alone (diffusers then names this class, which it loads only from transformers)."""
 
-    class PictureOnlyProcessor(Qwen2VLProcessor):
-        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)  # type: ignore[misc]
 
-    return PictureOnlyProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+    @classmethod
+    def get_attributes(cls) -> list[str]:  # what is saved and loaded: no video processor
+        return [name for name in super().get_attributes() if name != "video_processor"]  # type: ignore[misc]
+
+
+class Qwen2VLPictureProcessor(_NoVideoProcessor, Qwen2VLProcessor):
+    """Qwen2-VL's processor, pictures and text only (the Qwen-Image edit pipelines')."""
+
+
+class Qwen3VLPictureProcessor(_NoVideoProcessor, Qwen3VLProcessor):
+    """Qwen3-VL's processor, pictures and text only (Qwen-Image 2.1's)."""
+
+
+def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen2VLPictureProcessor:
+    """A Qwen2-VL processor (picture and text to tokens) without a video processor."""
+    return Qwen2VLPictureProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
+
+
+
+def qwen3_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN) -> Any:
+    """Two-layer Qwen3-VL (interleaved multimodal rotary, one-block vision tower of 16 px patches with
+    a deepstack tap), the stand-in for Qwen-Image 2.1's text encoder; the vision tower is there for
+    the condition pictures the pipeline shows the encoder."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, pad_token_id=ids("<|endoftext|>"),
+            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden, patch_size=16, spatial_merge_size=2,
+            temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
+        ),
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    with seeded(seed):
+        return finish(Qwen3VLForConditionalGeneration(config))
+
+
+# Qwen-VL's chat format for turns whose content is a string or a list of text and image blocks (an
+# image block is its vision placeholder), with the generation prompt.
+QWEN_VL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}{% if block['type'] == 'text' %}{{ block['text'] }}"
+    "{% else %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen3_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen3VLPictureProcessor:
+    """A Qwen3-VL processor (picture and text to tokens) with Qwen3-VL's 16 px patches merged 2x2,
+    capped at 64x64 px (4 picture tokens), and QWEN_VL_CHAT_TEMPLATE; no video processor."""
+    image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64)
+    return Qwen3VLPictureProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                   chat_template=QWEN_VL_CHAT_TEMPLATE)
 
 
 # Qwen3's chat format for plain text turns, with its generation prompt: an empty think block when

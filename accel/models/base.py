@@ -480,6 +480,10 @@ class Acceleration:
     # Guidance runs when the scale is above this (1 for most pipelines; Z-Image's runs above 0).
     cfg_above: float = 1.0
     cfg_needs_negative: bool = False
+    # The two guidance calls' outputs may differ in shape (Qwen-Image 2.1's first call returns the
+    # prompt's tokens too, and the prompts differ in length): CFG parallelism then exchanges shapes
+    # before results, a host synchronisation the other families do without.
+    cfg_outputs_vary: bool = False
     # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
     # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
     # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
@@ -581,6 +585,10 @@ class Family:
     @property
     def cfg_above(self) -> float:
         return self.acceleration.cfg_above
+
+    @property
+    def cfg_outputs_vary(self) -> bool:
+        return self.acceleration.cfg_outputs_vary
 
     @property
     def processors(self) -> tuple[tuple[str, Callable[[], Any]], ...]:

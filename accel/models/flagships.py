@@ -105,6 +105,15 @@ QWEN25_VL_7B = dict(
                      vocab_size=152064),
     vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14),
 )
+# Qwen-Image 2.1's text encoder: a Qwen3-VL whose width is the transformer's context_in_dim (4096, the
+# diffusers class default), which is Qwen3-VL 8B's (its published widths and depths, from memory: no
+# config.json could be read here).
+QWEN3_VL_8B = dict(
+    text_config=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, vocab_size=151936),
+    vision_config=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096, patch_size=16,
+                       deepstack_visual_indexes=[8, 16, 24]),
+)
 GEMMA3_12B = dict(
     text_config=dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
                      head_dim=256, vocab_size=262208),
@@ -209,6 +218,18 @@ def _qwenimage_inputs(size: Size) -> dict[str, Any]:
     return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, text, 3584),
                 encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool), timestep=torch.ones(1), img_shapes=[[(1, h, w)]],
                 return_dict=False)
+
+
+def _qwenimage21_inputs(size: Size) -> dict[str, Any]:
+    """Unpatched latents at 16x (64 channels), a 256-token prompt and the encoder's slot mask: one
+    slot per 2x2 target tokens after the text, as the pipeline appends them (text-to-image, the
+    prefill call that computes every token)."""
+    import torch
+
+    h, w, text = size.height // 16, size.width // 16, 256
+    img_mask = torch.cat([torch.zeros(1, text, dtype=torch.bool), torch.ones(1, h * w // 4, dtype=torch.bool)], dim=1)
+    return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, text, 4096), timestep=torch.ones(1),
+                img_shapes=[[(1, h, w)]], img_mask=img_mask, return_dict=False)
 
 
 def _ltx2_inputs(size: Size) -> dict[str, Any]:
@@ -358,6 +379,15 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
          Component("vae", "diffusers", "AutoencoderKLQwenImage", {})),
         Size(1328, 1328), _qwenimage_inputs, lambda s: (1, 16, 1, s.height // 8, s.width // 8)),
+    # QwenImage21Transformer2DModel's and AutoencoderKLQwenImage21's class defaults are the released
+    # configs (the pipeline's docstring loads Qwen/Qwen-Image-2.1 with no overrides): 32 blocks of
+    # 32 x 128 heads, 64 latent channels, a 16x VAE.
+    "qwenimage21": Flagship(
+        "Qwen-Image 2.1", "Qwen/Qwen-Image-2.1",
+        (Component("transformer", "diffusers", "QwenImage21Transformer2DModel", {}),
+         Component("text_encoder", "transformers", "Qwen3VLForConditionalGeneration", QWEN3_VL_8B, "qwen3_vl"),
+         Component("vae", "diffusers", "AutoencoderKLQwenImage21", {})),
+        Size(1024, 1024), _qwenimage21_inputs, lambda s: (1, 64, 1, s.height // 16, s.width // 16)),
     "ltx2": Flagship(
         "LTX-2", "Lightricks/LTX-2",
         (Component("transformer", "diffusers", "LTX2VideoTransformer3DModel", dict(num_layers=48, rope_type="split")),

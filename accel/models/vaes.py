@@ -43,6 +43,9 @@ VAE_PLANS: dict[str, VaePlan] = {
     "AutoencoderKLMochi": VaePlan(),
     "AutoencoderKLLTXVideo": VaePlan(noise_rows="decoder_inject_noise"),
     "AutoencoderKLQwenImage": VaePlan(whole=("mid_block.attentions.*",)),  # Wan 2.1's decoder, for images
+    # Qwen-Image 2.1's (Wan 2.2's residual shape, 16x, RGBA): local convolutions and channel
+    # shuffles, one mid-block attention over the whole map.
+    "AutoencoderKLQwenImage21": VaePlan(whole=("mid_block.attentions.*",)),
     "AutoencoderKLFlux2": VaePlan(whole=("mid_block.attentions.*",)),
     # RMS norms over channels and pixel-shuffle up-sampling are local; the mid-block attention
     # builds its frame-causal mask from the whole map.

@@ -28,7 +28,7 @@ from torch import Tensor
 from accel.errors import NotAvailableError, UserError
 from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle, SequenceSplit
-from accel.parallel.comm import all_gather
+from accel.parallel.comm import Group, all_gather
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.outputs import as_output, map_samples, sample_of
 from accel.steps import StepEvents, StepListener
@@ -58,10 +58,13 @@ class CfgParallel(StepListener):
         events: StepEvents,
         batch_items: tuple[str, ...] = (),
         padded: tuple[SequenceSplit, ...] = (),
+        varying: bool = False,
     ) -> None:
         """`batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred
-        `at` a module (see ParallelPlan)."""
+        `at` a module (see ParallelPlan). `varying`: the two calls' outputs may differ in shape
+        (Family.cfg_outputs_vary), so the halves exchange shapes before results."""
         self.style = style
+        self.varying = varying
         self.batch_args = batch_args
         self.batch_items = batch_items
         self.padded = padded
@@ -184,9 +187,19 @@ class CfgParallel(StepListener):
         """Both branches are done: each half fills its placeholder, in place, with the other half's
         result (the pipeline holds that very tensor)."""
         assert self._computed is not None and self._placeholder is not None
-        results = all_gather(self._computed, self.group)
+        results = _gather_varying(self._computed, self.group) if self.varying else all_gather(self._computed, self.group)
         self._placeholder.fill(results[1 - self.half])
         self._computed, self._placeholder = None, None
+
+
+def _gather_varying(tensor: Tensor, group: Group) -> list[Tensor]:
+    """Every half's tensor where their shapes may differ (same number of dims): the shapes first
+    (a host synchronisation), then the tensors padded to the largest and cut back to their own."""
+    shapes = [tuple(shape.tolist()) for shape in all_gather(torch.tensor(tensor.shape, device=tensor.device), group)]
+    largest = [max(sizes) for sizes in zip(*shapes)]
+    padded = tensor.new_zeros(largest)
+    padded[tuple(slice(0, size) for size in tensor.shape)] = tensor
+    return [item[tuple(slice(0, size) for size in shape)] for item, shape in zip(all_gather(padded, group), shapes)]
 
 
 def _halve_items(value: Any, batch: int, half: int) -> Any:
