@@ -299,7 +299,7 @@ def _models_blocks(families: list[Family], width: int) -> Table:
     table.caption = INSPECT_HINT
     alias_width = max(len(family.name) for family in families)
     table.add_column("alias", style="bold", no_wrap=True, width=alias_width)
-    rest = max(20, width - alias_width - 1)
+    rest = max(20, width - alias_width - 2)  # each column is padded by one on its right
     table.add_column("what", no_wrap=True)
     for family in families:
         head = _packed(["tested", f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · ")
