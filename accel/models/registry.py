@@ -5,13 +5,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage
+from accel.models import cogvideox, flux, flux2, helios, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY, kandinsky5.FAMILY, ltx2.FAMILY)
+                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY, kandinsky5.FAMILY, ltx2.FAMILY,
+                   helios.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.
