@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import cogvideox, flux, flux2, helios, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 
 
@@ -285,6 +285,23 @@ CASES = {
         latent_shape=(2, 12, 16),  # 9 frames -> 2 latent frames, 64x96 -> 2x3: 12 packed tokens
         text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
         components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,
+    ),
+    "helios": Case(
+        name="helios",
+        build=helios.build_tiny,
+        pipeline_class=diffusers.HeliosPipeline,
+        # Chunks of 2 latent frames (the tiny family's): 9 frames are two chunks of 5, the second
+        # continuing the first's latents as history.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=9, num_inference_steps=4,
+                  guidance_scale=5.0, num_latent_frames_per_chunk=helios.TINY_CHUNK, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 64, 3),  # two 5-frame chunks, cut to 4k + 1
+        block_lists=("blocks",),
+        transformer_calls=16,  # cond and uncond per step, four steps per chunk
+        latent_shape=(1, 16, 2, 8, 8),  # one chunk: 2 latent frames of 8x8 (the history goes in other arguments)
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
     ),
 }
