@@ -56,6 +56,7 @@ UNKNOWN_RETURNS: dict[str, str] = {
     "hunyuan15": NO_ENTRY.format("HunyuanVideo15TransformerBlock"),
     "skyreels2": NO_ENTRY.format("SkyReelsV2TransformerBlock"),
     "ltx2": NO_ENTRY.format("LTX2VideoTransformerBlock"),
+    "helios": NO_ENTRY.format("HeliosTransformerBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }
@@ -111,9 +112,10 @@ OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[s
         _flux_like(text_dim=32, ffn_dim=64, num_layers=3, freq_dim=32),
         (("blocks", "WanTransformerBlock", 3, "_repeated_blocks", None),),
     ),
-    "HeliosTransformer3DModel": (
-        _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32, rope_dim=(8, 4, 4)),
-        (("blocks", "HeliosTransformerBlock", 4, "_repeated_blocks", None),),
+    # AnyFlow's own Wan-shaped block, which the registry lacks (Helios, formerly here, is a family now).
+    "AnyFlowTransformer3DModel": (
+        _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32),
+        (("blocks", "AnyFlowTransformerBlock", 4, "_repeated_blocks", None),),
     ),
     "BriaFiboTransformer2DModel": (
         _flux_like(num_layers=2, num_single_layers=3, joint_attention_dim=32, axes_dims_rope=[4, 6, 6], text_encoder_dim=32, in_channels=8),
