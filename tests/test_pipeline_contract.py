@@ -160,7 +160,8 @@ def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
 # others' parallel-test call at 32 px with 16 text tokens where the pipeline takes a length.
 SIZES = {"ltx2": dict(height=64, width=96)}  # its audio VAE pads past a 32 px latent
 # Where diffusers itself fails on two outputs per prompt (without accel), one is asked for.
-ONE_PER_PROMPT = {"hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only"}
+ONE_PER_PROMPT = {"hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
+                  "helios": "diffusers 0.42's Helios repeats the text per video but makes latents and history for one"}
 REUSES = {"cache": {"threshold": 100.0}}  # every call after a step's first decision reuses
 
 
