@@ -140,7 +140,7 @@ def test_flagship_weights_are_the_published_sizes() -> None:
 # The published sizes of the flagships' transformers, in billions of parameters, to their precision.
 PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1),
                       "hunyuan15": (8.3, 1), "kandinsky5": (19, 0), "zimage": (6, 0), "hunyuan": (13, 0), "skyreels2": (14, 0),
-                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0)}
+                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0), "helios": (14, 0)}
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -305,7 +305,7 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: cogvideox, flux, flux2, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: cogvideox, flux, flux2, helios, hunyuan, hunyuan15, kandinsky5, ltx, ltx2, mochi, qwenimage, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
     (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])
