@@ -86,18 +86,22 @@ def build_tiny(seed: int = 0, **config: Any) -> "HeliosPipeline":
     return HeliosPipeline(**shared, transformer=transformer)
 
 
-def build_tiny_pyramid(seed: int = 0) -> "HeliosPyramidPipeline":
+def build_tiny_pyramid(seed: int = 0, cfg_zero_star: bool = False) -> "HeliosPyramidPipeline":
     """A tiny Helios-Mid look-alike: build_tiny's parts with HeliosScheduler's three stages.
 
     Each chunk is denoised at a quarter, a half and the whole latent size in turn (the first stage's
-    noise scaled down, each next one upsampled with block noise), with CFG-Zero* guidance; the
-    history stays at the whole size. 64x64 makes 1, 4 and 16 tokens a latent frame.
+    noise scaled down, each next one upsampled with block noise); the history stays at the whole
+    size. 64x64 makes 1, 4 and 16 tokens a latent frame. The scheduler's `gamma` is 0.25: the class
+    default 1/3 makes the block noise's 2x2 covariance singular (its least eigenvalue, 1 - 3 gamma,
+    is 0), which Cholesky refuses. Guidance is plain CFG unless `cfg_zero_star` (Helios-Mid's
+    CFG-Zero*), which diffusers 0.42 runs only where the first stage is at least two patches wide
+    (it calls `.view` on the transformer's output, not contiguous at one patch): 128 pixels.
     """
     from diffusers import HeliosPyramidPipeline, HeliosScheduler
 
     tiny = build_tiny(seed)
-    return HeliosPyramidPipeline(tokenizer=tiny.tokenizer, text_encoder=tiny.text_encoder, vae=tiny.vae,
-                                 transformer=tiny.transformer, scheduler=HeliosScheduler(), is_cfg_zero_star=True)
+    return HeliosPyramidPipeline(tokenizer=tiny.tokenizer, text_encoder=tiny.text_encoder, vae=tiny.vae, transformer=tiny.transformer,
+                                 scheduler=HeliosScheduler(gamma=0.25), is_cfg_zero_star=cfg_zero_star)
 
 
 # History then chunk tokens are one stream: cut at the first block with the rotary table and the
