@@ -15,7 +15,8 @@ wrong keys, or none); accel cannot derive a plan that gathers at 120 places eith
 stream, cut once at the first block with its rotary table and per-token modulation and gathered
 after the last; each block gets how many of its shard's tokens are the chunk (LeadingCount,
 trailing), so every rank gives cross-attention to exactly its chunk tokens, and the text stays
-whole on every rank.
+whole on every rank. (The automatic plan, which tries both readings of such a count, finds the
+same plan.)
 
 `build_tiny` makes a seeded, random-weight Helios-Base-shaped pipeline offline for tests;
 `build_tiny_pyramid` the Helios-Mid-shaped pyramid one (three stages at growing sizes).
