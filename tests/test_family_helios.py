@@ -65,3 +65,14 @@ def test_pyramid_cfg_zero_star_equals_one_process(rank_pools: Any, parallel: dic
     for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, builder, {"parallel": parallel}, PYRAMID):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_the_pyramids_steps_are_its_stages_steps() -> None:
+    """It takes no num_inference_steps: the run's step count is the sum over its stages, given or default."""
+    from diffusers import HeliosPyramidPipeline
+
+    from accel.runner import call_steps
+
+    pipe = HeliosPyramidPipeline.__new__(HeliosPyramidPipeline)  # the class's signature is all call_steps reads
+    assert call_steps(pipe, {}) == 30  # its default, [10, 10, 10]
+    assert call_steps(pipe, {"pyramid_num_inference_steps_list": (2, 1, 1)}) == 4
