@@ -1,19 +1,19 @@
 """Helios family: a Wan-shaped 14B video DiT that makes long videos a chunk at a time.
 
 Each chunk (`num_latent_frames_per_chunk` latent frames, 9 by default) is denoised from noise with
-the video made so far as context: the last latent frame, the 2 before it and the 16 before those,
-patched ever coarser (2x2, 4x4, 8x8 over one, two and four frames), go in front of the chunk's
-tokens as one sequence, with their own rotary positions and a zero timestep. Self-attention runs
-over history and chunk together; cross-attention to the UMT5 text only over the chunk; the output
-is the chunk's tokens. Wan 2.1's VAE decodes each chunk as it is made.
+the video made so far as context: the last latent frame (beside the first frame's slot), the 2
+before it and the 16 before those, patched ever coarser (2x2, 4x4 over two frames, 8x8 over four),
+go in front of the chunk's tokens as one sequence, with their own rotary positions and a zero
+timestep. Self-attention runs over history and chunk together; cross-attention to the UMT5 text
+only over the chunk; the output is the chunk's tokens. Wan 2.1's VAE decodes each chunk as it is made.
 
 Its context-parallel plan is a hand one. diffusers' `_cp_plan` cuts the sequence at every block's
 self-attention, cross-attention and MLP and gathers it after each (three all-gathers of the whole
 sequence per block), and lets a shard reckon its history length from its own length, which is
 wrong on every shard (the history-key amplification of `is_amplify_history` models would scale the
-wrong keys, or none); accel cannot derive a plan that gathers at 120 places either. Here history and chunk are one
-stream, cut once at the first block with its rotary table and per-token modulation and gathered
-after the last; each block gets how many of its shard's tokens are the chunk (LeadingCount,
+wrong keys, or none); accel cannot derive a plan that gathers at 120 places either. Here history
+and chunk are one stream, cut once at the first block with its rotary table and per-token
+modulation and gathered after the last; each block gets how many of its shard's tokens are the chunk (LeadingCount,
 trailing), so every rank gives cross-attention to exactly its chunk tokens, and the text stays
 whole on every rank. (The automatic plan, which tries both readings of such a count, finds the
 same plan.)
@@ -73,9 +73,9 @@ def build_tiny(seed: int = 0, **config: Any) -> "HeliosPipeline":
 
     At 64x64 a latent frame is 4x4 = 16 tokens after (1, 2, 2) patching. A call with 2 latent
     frames per chunk (TINY_CHUNK) makes 5 frames a chunk, so 5 frames are one chunk and 9 two; each
-    transformer call sees 2 x 16 chunk tokens after 40 history tokens: the last two latent frames
-    (with the first frame's slot) at 2x2 patches, 32 tokens; the two before at 4x4 over two frames,
-    4; the 16 before those at 8x8 over four frames, 4. The scheduler is diffusers' own test
+    transformer call sees 2 x 16 chunk tokens after 40 history tokens: the last latent frame and
+    the first frame's slot at 2x2 patches, 32 tokens; the two before at 4x4 over two frames, 4; the
+    16 before those at 8x8 over four frames, 4. The scheduler is diffusers' own test
     configuration of HeliosScheduler for this pipeline: one stage, shift from the token count.
     `config` overrides transformer settings (`is_amplify_history=True`: amplified history keys).
     """
