@@ -371,15 +371,24 @@ def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
 
 
 def call_steps(pipe: Any, kwargs: dict[str, Any]) -> int:
-    """Denoising steps of one call: its step count, or, for a pipeline that takes none (a distilled
-    schedule, LTX-2.5 DFR's), the length of the `sigmas` it is given or defaults to."""
+    """Denoising steps of one call: its step count, or, for a pipeline that takes none, the sum of
+    its steps per stage (Helios's pyramid) or the length of its `sigmas` (a distilled schedule,
+    LTX-2.5 DFR's), as given or by default."""
     if "num_inference_steps" in kwargs:
         return int(kwargs["num_inference_steps"])
-    sigmas = kwargs.get("sigmas")
-    if sigmas is None:
-        parameter = inspect.signature(type(pipe).__call__).parameters.get("sigmas")
-        sigmas = parameter.default if parameter is not None and parameter.default is not inspect.Parameter.empty else None
+    stages = _given_or_default(pipe, kwargs, "pyramid_num_inference_steps_list")
+    if stages is not None:
+        return int(sum(stages))
+    sigmas = _given_or_default(pipe, kwargs, "sigmas")
     return len(sigmas) if sigmas is not None else 0
+
+
+def _given_or_default(pipe: Any, kwargs: dict[str, Any], keyword: str) -> Any:
+    """The call's `keyword`, else its default in the pipeline's signature (None: neither)."""
+    if kwargs.get(keyword) is not None:
+        return kwargs[keyword]
+    parameter = inspect.signature(type(pipe).__call__).parameters.get(keyword)
+    return parameter.default if parameter is not None and parameter.default is not inspect.Parameter.empty else None
 
 
 def output_array(result: Any) -> Any:

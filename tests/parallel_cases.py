@@ -238,6 +238,25 @@ def tiny_hunyuan_i2v_33ch() -> Any:
     return pipe
 
 
+def tiny_helios_amplified() -> Any:
+    """tiny-helios with history-key amplification (`is_amplify_history`): each head's keys of the
+    history tokens scaled by its own random factor, which a shard must apply to its own history keys."""
+    from accel.models import helios
+
+    pipe = helios.build_tiny(is_amplify_history=True)
+    generator = torch.Generator().manual_seed(0)
+    for block in pipe.transformer.blocks:
+        block.attn1.history_key_scale.data = torch.randn(block.attn1.heads, generator=generator)
+    return pipe
+
+
+def tiny_helios_cfg_zero_star() -> Any:
+    """tiny Helios pyramid with Helios-Mid's CFG-Zero* guidance (both branches' outputs rescaled together)."""
+    from accel.models import helios
+
+    return helios.build_tiny_pyramid(cfg_zero_star=True)
+
+
 def tiny_output(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int = 0) -> Any:
     """This rank's output of the tiny pipeline under `accel.apply(pipe, recipe)` (undone afterwards)."""
     return tiny_run(model, recipe, call, seed)[0]

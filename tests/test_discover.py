@@ -60,6 +60,7 @@ UNKNOWN_RETURNS: dict[str, str] = {
     # ChronoEdit's module defines its own WanTransformerBlock, which diffusers' registry (keyed by class) lacks.
     "chronoedit": NO_ENTRY.format("WanTransformerBlock"),
     "qwenimage21": NO_ENTRY.format("QwenImage21TransformerBlock"),
+    "helios": NO_ENTRY.format("HeliosTransformerBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }
@@ -130,9 +131,10 @@ OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[s
         (("transformer_blocks", "MotifVideoTransformerBlock", 2, "_repeated_blocks", ("hidden_states", "encoder_hidden_states")),
          ("single_transformer_blocks", "MotifVideoSingleTransformerBlock", 3, "_repeated_blocks", ("hidden_states", "encoder_hidden_states"))),
     ),
-    "HeliosTransformer3DModel": (
-        _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32, rope_dim=(8, 4, 4)),
-        (("blocks", "HeliosTransformerBlock", 4, "_repeated_blocks", None),),
+    # AnyFlow's own Wan-shaped block, which the registry lacks (Helios, formerly here, is a family now).
+    "AnyFlowTransformer3DModel": (
+        _flux_like(text_dim=32, ffn_dim=64, num_layers=4, freq_dim=32),
+        (("blocks", "AnyFlowTransformerBlock", 4, "_repeated_blocks", None),),
     ),
     "BriaFiboTransformer2DModel": (
         _flux_like(num_layers=2, num_single_layers=3, joint_attention_dim=32, axes_dims_rope=[4, 6, 6], text_encoder_dim=32, in_channels=8),

@@ -120,6 +120,17 @@ DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
 UNEVEN = Grid(frames=1, rows=5, cols=7, text=37)
 
 
+# Helios's history latent frames (the pipeline's history_sizes, 16, 2 and 1, plus the first frame's slot).
+HELIOS_HISTORY = (16, 2, 2)
+
+
+def helios_history_tokens(grid: Grid) -> int:
+    """The history tokens Helios puts in front of the chunk's: 2x2 patches of the last frame and the first
+    frame's slot, 4x4 over two frames of the 2 before, 8x8 over four of the 16 before (latents padded to whole patches)."""
+    long, mid, short = HELIOS_HISTORY
+    return short * grid.rows * grid.cols + mid // 2 * -(-grid.rows // 2) * -(-grid.cols // 2) + long // 4 * -(-grid.rows // 4) * -(-grid.cols // 4)
+
+
 def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
     """The arguments the family's pipeline passes its transformer, on fake cuda."""
     t = torch.full((batch,), 500.0, device="cuda", dtype=DTYPE)
@@ -195,6 +206,15 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, config["in_channels"], h, w), timestep=t,
                     encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
                     encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4), return_dict=False)
+    if name == "helios":  # the chunk's latents and the history's, with frame positions as the pipeline makes them (on the CPU)
+        long, mid, short = HELIOS_HISTORY
+        latents = lambda frames: randn(batch, config["in_channels"], frames, 2 * h, 2 * w)  # noqa: E731
+        positions = torch.arange(1 + long + mid + 1 + f).unsqueeze(0)
+        return dict(hidden_states=latents(f), timestep=t, encoder_hidden_states=randn(batch, text, config["text_dim"]),
+                    indices_hidden_states=positions[:, -f:], indices_latents_history_long=positions[:, 1 : 1 + long],
+                    indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
+                    indices_latents_history_short=positions[:, [0, 1 + long + mid]], latents_history_short=latents(short),
+                    latents_history_mid=latents(mid), latents_history_long=latents(long), return_dict=False)
     if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
         channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
         positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
@@ -214,6 +234,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "wan": (batch, out, f, h, w),
         "skyreels2": (batch, out, f, h, w),
         "chronoedit": (batch, out, f, h, w),
+        "helios": (batch, out, f, h, w),  # the chunk's prediction (its history tokens are dropped)
         "hunyuan": (batch, out, f, h, w),
         "cogvideox": (batch, f, out, h, w),
         "mochi": (batch, out, f, h, w),
@@ -234,7 +255,8 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
 def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
-    lengths = {"text": grid.text, "video": grid.tokens, "image": grid.tokens, "hidden": grid.tokens,  # hidden: the automatic plan's
+    video = grid.tokens + (helios_history_tokens(grid) if family.name == "helios" else 0)  # Helios: history, then the chunk
+    lengths = {"text": grid.text, "video": video, "image": grid.tokens, "hidden": grid.tokens,  # hidden: the automatic plan's
                "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32}  # Z-Image pads image and caption to 32s
     plan = family.parallel
     assert plan is not None
@@ -565,6 +587,10 @@ LTX2 = dict(in_channels=128, out_channels=128, num_attention_heads=32, attention
 # ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40 heads of
 # 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture latents).
 CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+# Helios-Base's transformer (the diffusers defaults, two of its 40 blocks): 40 heads of 128, UMT5-XXL's 4096-wide text.
+HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
+                   freq_dim=256, ffn_dim=13824, num_layers=2, rope_dim=(44, 42, 42), guidance_cross_attn=True, zero_history_timestep=True,
+                   has_multi_term_memory_patch=True, is_amplify_history=False)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -589,6 +615,9 @@ REAL = {
     # HunyuanImage 2.1 at 2048x2048: 64 x 64 = 4096 image tokens (32x VAE, patch 1), 1000 prompt tokens; the
     # guider's two calls on CFG halves x Ulysses 4 (28 heads: 7 a rank), with the cache.
     "hunyuanimage": (HUNYUANIMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 1000))),
+    # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
+    # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
+    "helios": (HELIOS_BASE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512))),
 }
 
 

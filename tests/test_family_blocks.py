@@ -554,6 +554,39 @@ def hunyuanimage_inputs(drift: float) -> Inputs:
     )
 
 
+# -- helios: Wan's shape; 2 chunk latent frames of 8x8 (32 tokens) after 37 history tokens ------------
+def build_helios() -> nn.Module:
+    from diffusers import HeliosTransformer3DModel
+
+    return _seeded(
+        23,
+        lambda: HeliosTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
+            text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, rope_dim=(4, 6, 6),
+        ),
+    )
+
+
+def helios_inputs(drift: float) -> Inputs:
+    """The pipeline's layout with history sizes (4, 2, 1) over 8x8 latents: the first frame's slot and
+    the last frame at 2x2 patches (32 tokens), two frames at 4x4 over two frames (4), four at 8x8
+    over four (1), in front of the chunk's tokens."""
+    generator = torch.Generator().manual_seed(3)
+    return dict(
+        hidden_states=_latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=_text(),
+        indices_hidden_states=torch.tensor([[8, 9]]),
+        indices_latents_history_short=torch.tensor([[0, 7]]),
+        indices_latents_history_mid=torch.tensor([[5, 6]]),
+        indices_latents_history_long=torch.tensor([[1, 2, 3, 4]]),
+        latents_history_short=_noise(generator, 1, 4, 2, 8, 8),
+        latents_history_mid=_noise(generator, 1, 4, 2, 8, 8),
+        latents_history_long=_noise(generator, 1, 4, 4, 8, 8),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -573,6 +606,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "chronoedit": (build_chronoedit, chronoedit_inputs),
     "hunyuanimage": (build_hunyuanimage, hunyuanimage_inputs),
     "qwenimage21": (build_qwenimage21, qwenimage21_inputs),
+    "helios": (build_helios, helios_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

@@ -128,6 +128,15 @@ FAMILY_CASES = {
         odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens (Ulysses and Ring are refused)
         threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls
     ),
+    "helios": FamilyCase(
+        # Chunks of 2 latent frames (the tiny family's), two calls a step: 5 frames are one chunk,
+        # 2 x 4x4 chunk tokens after 40 history tokens.
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, num_latent_frames_per_chunk=2),
+        # Two chunks (the second's history is the first's latents) of 2 x 3x5 = 30 tokens after 30 + 6 + 8
+        # history tokens (2x2, 4x4 and 8x8 patches, padded): 74.
+        odd=dict(height=48, width=80, num_frames=9),
+        threshold=0.08,
+    ),
 }
 
 MODES = {

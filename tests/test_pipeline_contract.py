@@ -161,7 +161,8 @@ def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
 SIZES = {"ltx2": dict(height=64, width=96)}  # its audio VAE pads past a 32 px latent
 # Where diffusers itself fails on two outputs per prompt (without accel), one is asked for.
 ONE_PER_PROMPT = {"hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
-                  "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video"}
+                  "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video",
+                  "helios": "diffusers 0.42's Helios repeats the text per video but makes latents and history for one"}
 # Tiny pipelines a saved folder cannot load back here, and why.
 NO_RELOAD = {"qwenimage21": ("diffusers loads a processor only of transformers' own classes, and Qwen3VLProcessor's loads a video "
                              "processor, which needs torchvision")}

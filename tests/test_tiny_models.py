@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, flux, flux2, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
 from test_pipeline_contract import NO_RELOAD  # noqa: E402
@@ -333,6 +333,23 @@ CASES = {
         latent_shape=(1, 16, 2, 2),  # 64x64 -> 2x2 latents (32x); patch 1: the latent grid is the token grid
         text_shape=(1, 1000, 32),  # Qwen tokens after the 34-token system prompt, padded to 1000
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+    "helios": Case(
+        name="helios",
+        build=helios.build_tiny,
+        pipeline_class=diffusers.HeliosPipeline,
+        # Chunks of 2 latent frames (the tiny family's): 9 frames are two chunks of 5, the second
+        # continuing the first's latents as history.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=9, num_inference_steps=4,
+                  guidance_scale=5.0, num_latent_frames_per_chunk=helios.TINY_CHUNK, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 64, 3),  # two 5-frame chunks, cut to 4k + 1
+        block_lists=("blocks",),
+        transformer_calls=16,  # cond and uncond per step, four steps per chunk
+        latent_shape=(1, 16, 2, 8, 8),  # one chunk: 2 latent frames of 8x8 (the history goes in other arguments)
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
     ),
 }

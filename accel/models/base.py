@@ -115,12 +115,18 @@ class LeadingCount:
     tokens are among them (0 past them), so the same tokens are treated apart as on one process.
     The stream must be cut by the time the module runs. `when` (config key, value) limits it to
     transformers of that config (the same class's text-to-video blocks take no such argument).
+    `trailing`: the argument counts the stream's last tokens instead, the tokens before them being
+    the ones treated apart: Helios's blocks take the length of the chunk being denoised, which
+    follows its history tokens, and give only the chunk cross-attention. Each rank then gets its
+    shard's length less the leading tokens it holds, so its padding (at the shard's end) counts
+    with the chunk and the rank divides its shard where one process divides the sequence.
     """
 
     value: str
     stream: str
     module: str = ""
     when: tuple[str, Any] | None = None
+    trailing: bool = False
 
 
 @dataclass(frozen=True)

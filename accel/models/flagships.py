@@ -11,6 +11,8 @@ values of small tensors such as its masks to answer that (accel/memory/estimate.
 
 CogVideoX's call takes the rotary tables its pipeline computes: `inputs` passes tables of their shape.
 
+Helios's call is one chunk's, its history latents in front, whatever the frame count.
+
 Not yet here: FLUX.2 klein.
 """
 
@@ -179,6 +181,13 @@ LTX_097_VAE = dict(in_channels=3, out_channels=3, latent_channels=128, block_out
                    temporal_compression_ratio=8)
 
 
+# Helios-Base (14 B): diffusers' HeliosTransformer3DModel defaults, which are its config (the class docstring's
+# defaults and the pipeline's example use them; BestWishYsh/Helios-Base's config.json was not at hand): Wan 2.1
+# 14B's widths with the three history patch embeddings. Wan 2.1's VAE and UMT5-XXL, as the pipeline's classes say.
+HELIOS_CHUNK = 9  # the pipeline's num_latent_frames_per_chunk: 33 frames a chunk
+HELIOS_HISTORY = 1 + 16 + 2 + 1  # the first frame's slot and history_sizes (16, 2, 1)
+
+
 def _flux_inputs(size: Size) -> dict[str, Any]:
     import torch
 
@@ -209,6 +218,20 @@ def _chronoedit_inputs(size: Size) -> dict[str, Any]:
     """Wan 2.1 I2V's call: 36 channels in, and CLIP's 257 picture tokens (16 x 16 patches and the class token) beside the text."""
     return dict(_wan_inputs(size), hidden_states=_randn(1, 36, ((size.frames or 5) - 1) // 4 + 1, size.height // 8, size.width // 8),
                 encoder_hidden_states_image=_randn(1, 257, 1280))
+
+
+def _helios_inputs(size: Size) -> dict[str, Any]:
+    """One chunk's call, whatever the frame count (the pipeline makes a long video a chunk at a time):
+    9 latent frames of noise, the history's 20 latent frames (2x2, 4x4 and 8x8 patches), 512 UMT5 tokens."""
+    import torch
+
+    h, w = size.height // 8, size.width // 8
+    positions = torch.arange(HELIOS_HISTORY + HELIOS_CHUNK)[None]
+    return dict(hidden_states=_randn(1, 16, HELIOS_CHUNK, h, w), timestep=torch.ones(1), encoder_hidden_states=_randn(1, 512, 4096),
+                indices_hidden_states=positions[:, -HELIOS_CHUNK:], indices_latents_history_long=positions[:, 1:17],
+                indices_latents_history_mid=positions[:, 17:19], indices_latents_history_short=positions[:, [0, 19]],
+                latents_history_long=_randn(1, 16, 16, h, w), latents_history_mid=_randn(1, 16, 2, h, w),
+                latents_history_short=_randn(1, 16, 2, h, w), return_dict=False)
 
 
 def _qwenimage_inputs(size: Size) -> dict[str, Any]:
@@ -467,6 +490,13 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder", "transformers", "T5EncoderModel", T5_XXL, "t5"),
          Component("vae", "diffusers", "AutoencoderKLCogVideoX", COGVIDEOX_VAE)),
         Size(720, 480, 49), _cogvideox_inputs, _video_latents(16, 4, 8, 49)),
+    # The model card's 99 frames at the pipeline's 384x640; each chunk's 9 latent frames are decoded as it is made.
+    "helios": Flagship(
+        "Helios-Base 14B", "BestWishYsh/Helios-Base",
+        (Component("transformer", "diffusers", "HeliosTransformer3DModel", {}),
+         Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
+         Component("vae", "diffusers", "AutoencoderKLWan", {})),
+        Size(640, 384, 99), _helios_inputs, lambda s: (1, 16, HELIOS_CHUNK, s.height // 8, s.width // 8)),
     # The family's default size (accel/models/ltx.py), which `accel run ltx` generates.
     "ltx": Flagship(
         "LTX-Video 0.9.7 dev 13B", "Lightricks/LTX-Video-0.9.7-dev",

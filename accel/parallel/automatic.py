@@ -9,6 +9,9 @@ plans of accel's families almost all are:
 - every other block argument with a dimension that follows that stream's length (rotary tables,
   per-token modulation, token masks) is cut along it at every block, and one as long as the text and
   the stream together as those two streams;
+- an integer block argument that changes with the stream's length and stays within it counts some
+  of its tokens (Helios's chunk after its history tokens): each rank gets its shard's share, read
+  as a count of the stream's leading tokens or of its trailing ones (both tried, then neither);
 - where the first blocks carry the text as a stream of their own (FLUX's and SD 3.5's double
   blocks) it is cut there too; otherwise, or where that is not exact, it stays whole on every rank:
   cross-attention to it runs locally, joint attention over text and stream shares the text's work
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from accel.models.base import BlockList, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList, LeadingCount, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
 
 STREAM = "hidden"  # the main stream: the first block list's hidden states
@@ -227,14 +230,34 @@ def candidate_plans(transformer: nn.Module, observation: Observation, other: Obs
     # cutting it too spares each rank the whole text's work; kept whole, it is the fallback.
     text_stream = _text_stream(observation, lists[0], primary, text)
     cuts = (text_stream, None) if text_stream is not None else (None,)
+    counted = _token_counts(observation, other, lists, tokens)
+    readings = (False, True, None) if counted else (None,)  # leading, trailing, not a count after all
     plans = []
-    for cut, choice, pairs in itertools.product(cuts, choices, pairwise):
+    for cut, choice, pairs, trailing in itertools.product(cuts, choices, pairwise, readings):
         joint = dict(zip(joint_lists, choice))
         for block_list in lists:
             if block_list.joins:
                 joint[block_list.attr] = tuple(STREAM if stream == primary else TEXT for stream in block_list.joins)
-        plans.append(_plan(name, observation, other, lists, primary, replace(tokens, text_cut=cut is not None), joint, pairs, cut))
+        plan = _plan(name, observation, other, lists, primary, replace(tokens, text_cut=cut is not None), joint, pairs, cut)
+        if trailing is not None:
+            plan = replace(plan, leading_counts=tuple(LeadingCount(argument, STREAM, module=f"{attr}.*", trailing=trailing)
+                                                      for attr, argument in counted))
+        plans.append(plan)
     return plans
+
+
+def _token_counts(observation: Observation, other: Observation, lists: Sequence[BlockList], tokens: _Tokens) -> list[tuple[str, str]]:
+    """(list, argument) of every integer block argument that counts some of the stream's tokens: it
+    changes from one probe size to the other and stays within the stream's length at both."""
+    found = []
+    for block_list in lists:
+        there = other.first_arguments.get(block_list.attr, {})
+        for argument, value in observation.first_arguments.get(block_list.attr, {}).items():
+            other_value = there.get(argument)
+            if (type(value) is int and type(other_value) is int and value != other_value
+                    and 0 < value <= tokens.length and 0 < other_value <= tokens.other):
+                found.append((block_list.attr, argument))
+    return found
 
 
 def _text_stream(observation: Observation, first: BlockList, primary: str, text: int | None) -> str | None:

@@ -298,7 +298,8 @@ class ContextParallel:
                 arguments[split.value] = self._cut(split, arguments[split.value])
 
     def _rebase_counts(self, arguments: dict[str, Any], counts: list[LeadingCount]) -> None:
-        """Each count of a stream's leading tokens becomes how many of them this rank's shard holds."""
+        """Each count of a stream's leading tokens becomes how many of them this rank's shard holds
+        (a trailing count: how many of its slots come after them, its padding included)."""
         for count in counts:
             total = arguments.get(count.value)
             if total is None:
@@ -308,7 +309,11 @@ class ContextParallel:
                 raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, which nothing has cut yet")
             if isinstance(total, bool) or not isinstance(total, (int, torch.SymInt)):
                 raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, so it must be an int, not {type(total).__name__}")
-            arguments[count.value] = max(0, min(total - self.rank * layout.shard, layout.real(self.rank)))
+            if count.trailing:
+                leading = max(0, min(layout.length - total - self.rank * layout.shard, layout.shard))
+                arguments[count.value] = layout.shard - leading
+            else:
+                arguments[count.value] = max(0, min(total - self.rank * layout.shard, layout.real(self.rank)))
 
     def _defer(self, split: SequenceSplit, value: Any) -> Any:
         """The copy of a list or mapping argument that the transformer gets, filled with the cut

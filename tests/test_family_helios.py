@@ -1,0 +1,78 @@
+"""Helios specifics the shared matrices do not show by themselves.
+
+The base pipeline takes a picture (its first frame) or a clip (history the new chunks continue)
+besides text; a transformer may scale its history tokens' keys per head (`is_amplify_history`),
+which each rank must do to exactly the history keys its shard holds; the pyramid pipeline's first
+stage at 64 px high pads on 4 ranks, and Helios-Mid's CFG-Zero* rescales the two guidance branches
+together, which CFG parallelism must hand back whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import parallel_cases as cases
+import pytest
+import variant_cases
+from test_parallel_families import FAMILY_CASES, TOLERANCE
+
+from accel.models.helios import TINY_CHUNK
+
+ODD = dict(FAMILY_CASES["helios"].call, **FAMILY_CASES["helios"].odd)  # two chunks of 30 tokens after 44 of history
+RING3 = {"parallel": {"ring": 3}}
+
+
+@pytest.mark.parametrize("given", ["image", "video"])
+def test_picture_and_clip_inputs_equal_one_process_on_ring_3(rank_pools: Any, given: str) -> None:
+    """The picture is encoded as the first frame (and the last latent frame of a clip repeating it as
+    history); a clip's last whole chunks become the history the new video continues (of its 9 frames,
+    the last 5: one chunk). Ring 3 at 74 tokens a call."""
+    call = dict(ODD, **{"video" if given == "image" else "image": None})
+    expected, _, _ = variant_cases.variant_run("helios", "HeliosPipeline", {}, call)
+    plain, _, _ = variant_cases.variant_run("helios", "HeliosPipeline", {}, dict(call, image=None, video=None))
+    assert np.abs(expected - plain).max() > 1e-3  # the input changes the video
+    for output, _, bytes_sent in rank_pools(3).run(variant_cases.variant_run, "helios", "HeliosPipeline", RING3, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("parallel", [{"ring": 3}, {"ulysses": 2}], ids=["ring3", "ulysses2"])
+def test_amplified_history_keys_equal_one_process(rank_pools: Any, parallel: dict[str, int]) -> None:
+    """Each rank scales the keys of its own history tokens (its chunk length is its shard's share):
+    Ring 3 cuts the 44 history tokens at 25, Ulysses 2 at 37."""
+    builder = "parallel_cases:tiny_helios_amplified"
+    expected, _, _ = cases.tiny_run(builder, {}, ODD)
+    plain, _ = cases.tiny_run("tiny-helios", {}, ODD)[:2]
+    assert np.abs(expected - plain).max() > 1e-3  # the scales change the video
+    world = parallel.get("ring", 1) * parallel.get("ulysses", 1)
+    for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, builder, {"parallel": parallel}, ODD):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+# 64x192 (the narrowest pyramid CFG-Zero* runs at, see build_tiny_pyramid): 126, 144 and 216 tokens
+# at the three stages, the first of which 4 ranks pad (to 128).
+PYRAMID = dict(prompt="a red fox", negative_prompt="blurry", height=64, width=192, num_frames=5, guidance_scale=5.0,
+               num_latent_frames_per_chunk=TINY_CHUNK, pyramid_num_inference_steps_list=(2, 1, 1))
+
+
+@pytest.mark.parametrize("parallel", [{"ring": 4}, {"cfg": 2, "ring": 2}], ids=["ring4", "cfg2xring2"])
+def test_pyramid_cfg_zero_star_equals_one_process(rank_pools: Any, parallel: dict[str, int]) -> None:
+    builder = "parallel_cases:tiny_helios_cfg_zero_star"
+    expected, _, _ = cases.tiny_run(builder, {}, PYRAMID)
+    world = parallel.get("ring", 1) * parallel.get("cfg", 1)
+    for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, builder, {"parallel": parallel}, PYRAMID):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_the_pyramids_steps_are_its_stages_steps() -> None:
+    """It takes no num_inference_steps: the run's step count is the sum over its stages, given or default."""
+    from diffusers import HeliosPyramidPipeline
+
+    from accel.runner import call_steps
+
+    pipe = HeliosPyramidPipeline.__new__(HeliosPyramidPipeline)  # the class's signature is all call_steps reads
+    assert call_steps(pipe, {}) == 30  # its default, [10, 10, 10]
+    assert call_steps(pipe, {"pyramid_num_inference_steps_list": (2, 1, 1)}) == 4
