@@ -124,7 +124,8 @@ def test_a_vae_without_a_plan_is_refused() -> None:
     assert str(error.value) == (
         "[vae] parallel: accel has no parallel decode for ToyVae (it has for AutoencoderKL, AutoencoderKLHunyuanVideo, "
         "AutoencoderKLWan, AutoencoderKLCogVideoX, AutoencoderKLMochi, AutoencoderKLLTXVideo, AutoencoderKLQwenImage, "
-        "AutoencoderKLFlux2, AutoencoderKLHunyuanVideo15, AutoencoderKLLTX2Video); set parallel = false"
+        "AutoencoderKLQwenImage21, AutoencoderKLFlux2, AutoencoderKLHunyuanVideo15, AutoencoderKLLTX2Video, "
+        "AutoencoderKLHunyuanImage, AutoencoderKLHunyuanImageRefiner); set parallel = false"
     )
 
 
