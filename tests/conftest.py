@@ -91,3 +91,15 @@ def rank_pools() -> Any:
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _registry_unchanged() -> Any:
+    """Every test leaves the family registry as it found it, order included: the registry is shared
+    by the whole run, and a test that changes it (deleting a family and putting it back reorders
+    it) makes a later test fail far from the cause."""
+    from accel.models import registry
+
+    before = list(registry.FAMILIES.items())
+    yield
+    assert list(registry.FAMILIES.items()) == before, "this test left the family registry changed"
