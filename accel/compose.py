@@ -296,7 +296,8 @@ def _automatic_plans(handle: AccelHandle, transformers: dict[str, Any], degrees:
         call, wider = calls[kind]
         if degrees.sequence > 1:
             plans[attr] = automatic_plan(transformer, call, wider, family.blocks, family.primary_stream, degrees.ulysses,
-                                         degrees.ring, "[parallel]", share=every_rank_object, lead=dist.get_rank() == 0)
+                                         degrees.ring, "[parallel]", share=every_rank_object, lead=dist.get_rank() == 0,
+                                         diffusers_first=isinstance(family.parallel, AutomaticPlan))
         else:
             plans[attr] = batch_arguments_of(transformer, call, family.primary_stream)
     return plans

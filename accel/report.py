@@ -173,8 +173,8 @@ def _parallel(parallel: dict[str, Any] | None) -> str:
         return "off (1 process)"
     layout = " × ".join(f"{name} {parallel[name]}" for name in ("tp", "ulysses", "ring", "cfg") if parallel.get(name, 1) > 1)
     vae = ", VAE decode split" if parallel.get("vae_split") else ""
-    if parallel.get("plan") == "automatic":  # learned from the model and verified, not a family's tested plan
-        vae = ", automatic plan (verified)" + vae
+    if parallel.get("plan") not in (None, "family"):  # learned from the model and verified, not a family's tested plan
+        vae = f", {'automatic plan' if parallel['plan'] == 'automatic' else parallel['plan']} (verified)" + vae
     # Only the sequence degrees are ever chosen: CFG halves and TP are the user's ask (--cfg-parallel, --tp).
     picked = " × ".join(f"{name} {parallel[name]}" for name in ("ulysses", "ring") if parallel[name] > 1)
     if parallel["chosen"] and picked and parallel["cfg"] == 1 and parallel.get("tp", 1) == 1:

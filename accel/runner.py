@@ -75,7 +75,8 @@ class Measured:
     quant: dict[str, Any] | None
     # Scope, mode, compiled_modules and the graphs built in warm-up / timed runs (None: no compile).
     compile: dict[str, Any] | None
-    # Where the context-parallel plan came from: "family", or "automatic" (learned and verified).
+    # Where the context-parallel plan came from: "family", or, learned and verified, "automatic" or
+    # "diffusers _cp_plan" (the class's own plan, its streams learned).
     plan: str = "family"
 
     @property
@@ -509,7 +510,7 @@ def measure_recipe(
             vae_split=handle.vae_decode is not None,
             quant=handle.quant.as_dict() if handle.quant is not None else None,
             compile=compiled,
-            plan="automatic" if handle.plans else "family",
+            plan=next((plan.origin for plan in handle.plans.values() if plan.origin), "automatic") if handle.plans else "family",
         )
     finally:
         handle.remove()

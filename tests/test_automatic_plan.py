@@ -6,11 +6,13 @@ process and the hand plan, on simulated ranks (Ulysses 2 at the probe's size, Ri
 ranks do not divide), and on real gloo ranks under CFG halves × Ulysses with the cache on. A
 transformer that mixes tokens outside attention (a pooling over the sequence) is refused by the
 verification, naming the block; the same transformer without the pooling is verified. Verdicts are
-kept on disk and reused.
+kept on disk and reused. A class that ships a diffusers `_cp_plan` and no family names is planned
+from it first, its streams learned.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from accel.models.registry import FAMILIES
 from accel.parallel import verify
 from accel.parallel.attention import usp_attention
 from accel.parallel.automatic import TransformerCall, tensors_of
-from accel.parallel.derive import resolve_plan
+from accel.parallel.derive import DIFFUSERS, resolve_plan
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes
 from test_parallel_families import FAMILY_CASES, TOLERANCE, reference, splits_sequence
@@ -95,23 +97,53 @@ def _outputs(transformer: Any, plan: Any, call: TransformerCall, ulysses: int, r
 def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(family: str, tmp_path: Any,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    assert {plan.origin for plan in _planned_exactly(family, diffusers_first=False)} == {"automatic"}
+
+
+# Where no family names a class that ships a diffusers `_cp_plan`, that plan is the first source (its
+# streams learned from the probe), the automatic plan the second. FLUX's and Wan's are followed exactly.
+# LTX-Video's cuts the text with its additive mask, which the engine cannot split, so the verification
+# refuses it; Qwen-Image's cuts a text mask its probe never passes (an unmasked prompt), whose stream
+# cannot be learned: both take the automatic plan.
+@pytest.mark.parametrize("family, origin", [("flux", DIFFUSERS), ("wan", DIFFUSERS), ("ltx", "automatic"), ("qwenimage", "automatic")])
+def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(family: str, origin: str, tmp_path: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    plans = _planned_exactly(family, diffusers_first=True, layouts=((2, 1), (1, 3)) if origin == DIFFUSERS else ((2, 1),))
+    assert {plan.origin for plan in plans} == {origin}
+    if origin == DIFFUSERS:  # diffusers' cuts and gather, as its plan states them
+        cp_plan = type(cases.tiny_pipeline(f"tiny-{family}").transformer)._cp_plan
+        assert {split.module for split in plans[0].splits} == {module for module, entry in cp_plan.items() if isinstance(entry, dict)}
+        assert plans[0].output_module == next(module for module, entry in cp_plan.items() if not isinstance(entry, dict))
+        kept = [json.loads(path.read_text()) for path in (tmp_path / "plans").glob("*.json")]
+        assert sorted((verdict["source"], verdict["ulysses"], verdict["ring"]) for verdict in kept) == [(DIFFUSERS, 1, 3), (DIFFUSERS, 2, 1)]
+
+
+def _planned_exactly(family: str, diffusers_first: bool, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 3))) -> list[Any]:
+    """The learned plan of `family`'s tiny transformer for each layout (Ulysses 2 at the probe's size,
+    Ring 3 at a size three ranks do not divide), each checked equal to one process and to the hand plan."""
     pipe, call, other = _calls(family)
     transformer, spec = pipe.transformer, FAMILIES[family]
     hand = resolve_plan(spec.plan_for(transformer), transformer)
     odd = _call_at(pipe, dict(FAMILY_CASES[family].call, **FAMILY_CASES[family].odd))
-    for (ulysses, ring), on in (((2, 1), call), ((1, 3), odd)):
-        plan = verify.automatic_plan(transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]")
+    plans = []
+    for ulysses, ring in layouts:
+        on = call if ring == 1 else odd
+        plan = verify.automatic_plan(transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]",
+                                     diffusers_first=diffusers_first)
         args, kwargs = on.fresh()
         with torch.no_grad():
             expected = list(tensors_of(transformer(*args, **kwargs)))
-        automatic = _outputs(transformer, plan, on, ulysses, ring)
+        learned = _outputs(transformer, plan, on, ulysses, ring)
         by_hand = _outputs(transformer, hand, on, ulysses, ring)
-        assert len(automatic) == len(by_hand) == len(expected) * ulysses * ring
-        for index, got in enumerate(automatic):
+        assert len(learned) == len(by_hand) == len(expected) * ulysses * ring
+        for index, got in enumerate(learned):
             want, hand_made = expected[index % len(expected)], by_hand[index]
             scale = want.abs().max().item()
             assert (got - want).abs().max().item() <= SIMULATED * scale, (family, ulysses, ring)
             assert (got - hand_made).abs().max().item() <= 2 * SIMULATED * scale, (family, ulysses, ring)
+        plans.append(plan)
+    return plans
 
 
 @pytest.mark.parametrize("ulysses, ring", [(2, 1), (1, 3)])

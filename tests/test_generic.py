@@ -311,11 +311,21 @@ def test_two_ranks_run_a_saved_unknown_pipeline_on_its_verified_plan(tmp_path: P
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = json.loads(report.read_text())
     assert metrics["parallel"]["plan"] == "automatic" and metrics["parallel"]["ulysses"] == 2
+    assert "ulysses 2 on 2 processes, automatic plan (verified)" in result.stdout
     psnr_db = metrics["psnr_db"]  # JSON writes a bit-equal output's infinite PSNR as "inf"
     assert psnr_db == "inf" or psnr_db >= 60.0, psnr_db  # the split run equals one process
     found = json.loads(cli("inspect", str(folder), "--json").stdout)  # the verdict the ranks kept
     assert found["parallel"]["plan"] == "automatic"
-    assert found["parallel"]["verdicts"] == [{"ulysses": 2, "ring": 1, "exact": True, "reason": None}]
+    assert found["parallel"]["verdicts"] == [{"ulysses": 2, "ring": 1, "exact": True, "reason": None, "source": "automatic"}]
+
+
+def test_the_report_names_where_a_learned_plan_came_from() -> None:
+    from accel.report import _parallel
+
+    layout = {"ulysses": 2, "ring": 1, "cfg": 1, "tp": 1, "chosen": False, "world_size": 2}
+    assert _parallel({**layout, "plan": "diffusers _cp_plan"}) == "ulysses 2 on 2 processes, diffusers _cp_plan (verified)"
+    assert _parallel({**layout, "plan": "automatic"}) == "ulysses 2 on 2 processes, automatic plan (verified)"
+    assert _parallel({**layout, "plan": "family"}) == "ulysses 2 on 2 processes"
 
 
 def test_two_ranks_of_a_pipeline_the_verification_refuses_stop_with_its_line(chroma_folder: Path) -> None:
@@ -343,9 +353,9 @@ def test_inspect_verifies_the_automatic_plan_on_simulated_ranks(tmp_path: Path, 
     assert before["plan"] == "automatic" and before["verdicts"] == []
     found = json.loads(cli("inspect", str(folder), "--json", "--verify", "--ring", "3", "--ulysses", "1", "--dtype", "float32",
                            "--device", "cpu").stdout)
-    assert found["parallel"]["verdicts"] == [{"ulysses": 1, "ring": 3, "exact": True, "reason": None}]
+    assert found["parallel"]["verdicts"] == [{"ulysses": 1, "ring": 3, "exact": True, "reason": None, "source": "automatic"}]
     table = cli("inspect", str(folder)).stdout
-    assert "ulysses 1 × ring 3" in table and "verified exact" in table
+    assert "ulysses 1 × ring 3" in table and "verified exact (automatic)" in table
 
 
 def test_the_probe_shows_no_progress_bar_and_leaves_the_users_setting(capsys: pytest.CaptureFixture[str]) -> None:

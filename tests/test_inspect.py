@@ -174,6 +174,24 @@ def test_a_pipeline_no_family_knows_is_described_from_its_transformer_and_its_ge
     assert "generic path" in table and "accel learns the blocks from the model at load" in table
 
 
+def test_a_class_that_ships_a_cp_plan_no_family_names_is_planned_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wan's transformer with the Wan family taken out of the registry: its own `_cp_plan` is the source
+    accel tries first. MiniMax-H3's gathers video and audio apart, which accel's engine cannot follow:
+    the automatic plan."""
+    from accel.models import registry
+
+    monkeypatch.setattr(registry, "FAMILIES", {name: family for name, family in registry.FAMILIES.items() if name != "wan"})
+    (tmp_path / "wan").mkdir()
+    (tmp_path / "minimax").mkdir()
+    wan = _folder(tmp_path / "wan", "WanPipeline", "WanTransformer3DModel", {"num_layers": 2})
+    found = json.loads(invoke("inspect", wan, "--json").stdout)
+    assert (found["family"]["tested"], found["parallel"]["plan"]) == (False, "diffusers _cp_plan")
+    assert "diffusers _cp_plan: its streams learned from the model, verified on simulated ranks at first use (else the " \
+           "automatic plan)" in invoke("inspect", wan).stdout
+    minimax = _folder(tmp_path / "minimax", "MiniMaxH3Pipeline", "MiniMaxH3Transformer3DModel", {"num_layers": 2})
+    assert json.loads(invoke("inspect", minimax, "--json").stdout)["parallel"]["plan"] == "automatic"
+
+
 def test_registry_answers_show_for_a_pipeline_no_family_knows(tmp_path: Path) -> None:
     from test_discover import OUTSIDE
 

@@ -184,13 +184,16 @@ class ParallelPlan:
     # The output is gathered from `output_module`'s first argument before the module runs, not from
     # what it returns: everything after the blocks then runs on the whole sequence (the automatic plan).
     output_before: bool = False
+    # Where a plan no family wrote came from ("automatic", "diffusers _cp_plan"): what reports name.
+    origin: str = ""
 
 
 @dataclass(frozen=True)
 class AutomaticPlan:
     """Context parallelism learned from the model itself when it is applied, and verified on
     simulated ranks before use (accel/parallel/automatic.py, accel/parallel/verify.py): what a
-    pipeline no family describes gets, and what `[parallel] plan = "automatic"` asks of any family."""
+    pipeline no family describes gets (its class's own `_cp_plan` tried first, its streams learned),
+    and what `[parallel] plan = "automatic"` asks of any family (the automatic plan alone)."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ the pipeline's signature. The probe is the pipeline's own call at a small size, 
 the transformer's first forward (no denoising, no decode): the only inputs every pipeline is sure to
 accept are the ones it makes itself.
 
-Context parallelism is the automatic plan (`AutomaticPlan`), learned and verified on simulated ranks
-when several ranks are asked for. What the record leaves out is refused, not guessed: CFG parallelism
+Context parallelism is learned (`AutomaticPlan`) and verified on simulated ranks when several ranks
+are asked for: the class's own diffusers `_cp_plan` first, its streams read off the probe, else the
+automatic plan. What the record leaves out is refused, not guessed: CFG parallelism
 (how the pipeline runs guidance is not known), tensor parallelism, a tiny variant. Learned records are kept per (pipeline class, transformer
 class, config) for the life of the process, so `accel serve` and `accel bench` probe once.
 """

@@ -7,9 +7,10 @@ the transformers built on the meta device to count their blocks. A pipeline no f
 described from its transformer itself (accel/models/discover.py: the block lists, what declared
 them, what the blocks return where diffusers' registry says, the class's own `_cp_plan`), with
 `tested` false and `generic` saying what the generic path (accel/models/generic.py) gives it at
-load: cache, quantization and compile over the blocks found, context parallelism from the automatic
-plan (verified on simulated ranks at first use; `verdicts` lists the layouts already verified or
-refused here); `refused` says why nothing applies where the transformer has no repeated blocks.
+load: cache, quantization and compile over the blocks found, context parallelism from the class's
+own `_cp_plan` where accel can follow it (its streams learned), else the automatic plan (either
+verified on simulated ranks at first use; `verdicts` lists the layouts already verified or refused
+here, and which source each used); `refused` says why nothing applies where the transformer has no repeated blocks.
 
 The JSON (`as_json`), a stable shape:
 
@@ -25,7 +26,8 @@ The JSON (`as_json`), a stable shape:
                   "cfg_style": "batch" | "calls" | null,
                   "modes": {"ulysses": bool, "ring": bool, "cfg": bool, "tp": bool},
                   "refused": {mode: why},
-                  "verdicts": [{"ulysses": int, "ring": int, "exact": bool, "reason": str | null}]},
+                  "verdicts": [{"ulysses": int, "ring": int, "exact": bool, "reason": str | null,
+                                "source": "diffusers _cp_plan" | "automatic" | null}]},
      "accelerators": {"cache": [str], "quant": [str], "compile": "regional" | null, "vae_tiling": bool,
                       "vae": {"class": str | null, "parallel": bool, "method": str | null},
                       "text_encoders": [str], "placement": {"text_encoder": [str], "vae": [str]}}}
@@ -67,7 +69,8 @@ class Transformer:
     heads: int | None
     blocks: tuple[Blocks, ...]
     plan: ParallelPlan | FromDiffusers | AutomaticPlan | None
-    own_cp_plan: bool = False  # the class ships a diffusers `_cp_plan` (told for pipelines no family knows)
+    # The class ships a diffusers `_cp_plan` accel can read (tried before the automatic plan where no family knows it).
+    own_cp_plan: bool = False
     # The automatic plan's verdicts kept on disk for this class and config (accel/parallel/verify.py).
     verdicts: tuple[dict[str, Any], ...] = ()
 
@@ -128,13 +131,14 @@ def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transform
     from accel.memory.estimate import build
     from accel.models.discover import discover_blocks
     from accel.models.flagships import Component
+    from accel.parallel.derive import readable_cp_plan
 
     model = build(Component(attr, "diffusers", cls, config))
     discovery = discover_blocks(model)  # a UserError in one line where the model has no repeated blocks
     blocks = tuple(Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown) for item in discovery.lists)
     heads = config.get("num_attention_heads")
     return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, AutomaticPlan(),
-                       bool(getattr(type(model), "_cp_plan", None)), _verdicts(model))
+                       readable_cp_plan(type(model)), _verdicts(model))
 
 
 def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
@@ -299,8 +303,15 @@ def as_json(found: Found) -> dict[str, Any]:
 
 
 def _verdicts_json(found: Found) -> list[dict[str, Any]]:
-    return [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason")}
-            for t in found.transformers for v in t.verdicts]
+    return [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason"),
+             "source": v.get("source")} for t in found.transformers for v in t.verdicts]
+
+
+def _learned_source(found: Found) -> str:
+    """Where a pipeline no family knows takes its plan from: what a kept exact verdict says, else the
+    class's own `_cp_plan` where accel can read it (tried first), else the automatic plan."""
+    kept = next((v["source"] for t in found.transformers for v in t.verdicts if v.get("exact") and v.get("source")), None)
+    return kept or (PLAN_SOURCES[FromDiffusers] if any(t.own_cp_plan for t in found.transformers) else PLAN_SOURCES[AutomaticPlan])
 
 
 def _transformers_json(found: Found) -> list[dict[str, Any]]:
@@ -336,7 +347,7 @@ def _unknown_json(found: Found) -> dict[str, Any]:
         "streams": [],
         "primary_stream": None,
         "parallel": {
-            "plan": PLAN_SOURCES[AutomaticPlan] if blocks else None,
+            "plan": _learned_source(found) if blocks else None,
             "heads": next((t.heads for t in found.transformers if t.heads is not None), None),
             "cfg_style": None,
             "modes": {"ulysses": blocks and not refused_here, "ring": blocks and not refused_here, "cfg": False, "tp": False},

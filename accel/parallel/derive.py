@@ -6,16 +6,24 @@ whose output is gathered. accel's engine needs more than that to pad any length 
 keys an attention call sees: which tensors are one sequence (a stream). `FromDiffusers.streams`
 adds exactly that; everything else is read from diffusers' plan, so a change of the plan in
 diffusers reaches accel.
+
+A transformer no family describes names no streams: `learned_streams` reads them off one run at two
+token counts (a cut as long as the main stream at both is that stream, one as long as the text at
+both is the text), and the automatic plan's reading of its attention completes the plan
+(accel/parallel/automatic.py `diffusers_candidates`), verified before use like any plan learned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from accel.models.base import FromDiffusers, ParallelPlan, SequenceSplit
+from accel.models.probe import named_arguments
+
+DIFFUSERS = "diffusers _cp_plan"  # a plan's origin, as reports name it
 
 
 class PlanDerivationError(TypeError):
@@ -78,7 +86,88 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
         batch_items=spec.batch_items,
         whole_queries=spec.whole_queries,
         grouped=spec.grouped,
+        origin=DIFFUSERS,
     )
+
+
+def readable_cp_plan(transformer_class: type) -> bool:
+    """Whether the class ships a `_cp_plan` accel's engine can follow: one gather (MiniMax-H3's
+    gathers video and audio apart)."""
+    cp_plan = getattr(transformer_class, "_cp_plan", None) or {}
+    gathers = [entry for entry in cp_plan.values() if _is_output(entry)]
+    gathers += [value for entry in cp_plan.values() if isinstance(entry, Mapping) for value in entry.values() if _is_output(value)]
+    return len(gathers) == 1
+
+
+def cut_keys(cp_plan: Mapping[str, Any]) -> list[str]:
+    """Every cut of a `_cp_plan`, keyed as `FromDiffusers.streams` keys it."""
+    return [_stream_key(module, key) for module, entry in cp_plan.items() if isinstance(entry, Mapping)
+            for key, value in entry.items() if not _is_output(value)]
+
+
+def cut_lengths(transformer: torch.nn.Module, run: Callable[[], Any]) -> dict[str, int | None]:
+    """How long each tensor the class's `_cp_plan` cuts is along its cut dim while `run()` runs the
+    transformer (None: a tensor of another rank than the plan expects, which diffusers leaves whole),
+    keyed as `FromDiffusers.streams` keys it; a cut whose tensor never came is missing. A pattern
+    ("blocks.*") is read at its first module."""
+    from accel.parallel.plan import glob_modules
+
+    cp_plan = getattr(type(transformer), "_cp_plan", None) or {}
+    modules = dict(transformer.named_modules())
+    lengths: dict[str, int | None] = {}
+    handles = []
+
+    def read(key: str, value: Any, cut: Any) -> None:
+        if isinstance(value, torch.Tensor) and lengths.get(key) is None:
+            expected = getattr(cut, "expected_dims", None)
+            lengths[key] = None if expected is not None and value.dim() != expected else value.shape[int(cut.split_dim)]
+
+    for module_name, entry in cp_plan.items():
+        if _is_output(entry) or not isinstance(entry, Mapping):
+            continue
+        inputs = {key: cut for key, cut in entry.items() if isinstance(key, str) and not _is_output(cut)}
+        items = {key: cut for key, cut in entry.items() if isinstance(key, int) and not _is_output(cut)}
+        for module in [transformer] if module_name == "" else glob_modules(modules, module_name)[:1]:
+            def before(mod: torch.nn.Module, args: Any, kwargs: Any, inputs: dict[str, Any] = inputs) -> None:
+                arguments = named_arguments(mod, args, kwargs)
+                for key, cut in inputs.items():
+                    read(key, arguments.get(key), cut)
+
+            def after(_mod: torch.nn.Module, _args: Any, output: Any, module_name: str = module_name,
+                      items: dict[int, Any] = items) -> None:
+                for index, cut in items.items():
+                    if isinstance(output, (tuple, list)) and index < len(output):
+                        read(_stream_key(module_name, index), output[index], cut)
+
+            handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+            handles.append(module.register_forward_hook(after))
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return lengths
+
+
+def learned_streams(keys: list[str], lengths: dict[str, int | None], other: dict[str, int | None],
+                    stream: tuple[str, int, int], text: tuple[str, int] | None) -> tuple[tuple[str, str], ...] | None:
+    """Each cut's stream from its lengths in two runs (`lengths`, `other`): (name, length, other length)
+    of the main stream, (name, length) of the text. A cut of a tensor of another rank in both runs is
+    named the main stream (diffusers leaves it whole); None where a cut follows neither stream, or its
+    tensor never came (a mask the probe's prompt did not need): its stream cannot be learned."""
+    name, length, more = stream
+    streams = []
+    for key in keys:
+        if key not in lengths or key not in other:
+            return None
+        sizes = (lengths[key], other[key])
+        if sizes == (length, more) or sizes == (None, None):
+            streams.append((key, name))
+        elif text is not None and sizes == (text[1], text[1]):
+            streams.append((key, text[0]))
+        else:
+            return None
+    return tuple(streams)
 
 
 def _split(module: str, key: str | int, value: Any, streams: dict[str, str]) -> SequenceSplit:

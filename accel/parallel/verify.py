@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from accel.errors import NotAvailableError, first_line
-from accel.models.base import BlockList, ParallelPlan
-from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, observe, tensors_of
+from accel.models.base import AutomaticPlan, BlockList, ParallelPlan
+from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, diffusers_candidates, observe, tensors_of
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes, weight_sharing_copy
 
@@ -183,9 +183,12 @@ RankView = tuple[str | None, list[str], tuple[str | None, str] | None]
 
 def automatic_plan(transformer: nn.Module, call: TransformerCall, other: TransformerCall, lists: Sequence[BlockList],
                    primary: str, ulysses: int, ring: int, where: str,
-                   share: Callable[[RankView], list[RankView]] | None = None, lead: bool = True) -> ParallelPlan:
-    """The automatic plan candidate verified exact on this layout, or NotAvailableError in one line.
-    `call` is the input it is verified on, `other` the same call with more tokens.
+                   share: Callable[[RankView], list[RankView]] | None = None, lead: bool = True,
+                   diffusers_first: bool = False) -> ParallelPlan:
+    """The learned plan verified exact on this layout, or NotAvailableError in one line. `call` is the
+    input it is verified on, `other` the same call with more tokens. With `diffusers_first` (a
+    transformer no family describes), the class's own `_cp_plan` read with learned streams is tried
+    before the automatic plan's candidates: the first source with an exact candidate is used.
 
     On several ranks, `share` all-gathers each rank's view (rank 0's first) and only the `lead` rank
     verifies: every rank then takes the same plan or raises the same line, even where a borderline
@@ -193,12 +196,17 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
     name = type(transformer).__name__
     observation = observe(transformer, call, lists)
     try:
-        candidates = candidate_plans(transformer, observation, observe(transformer, other, lists), lists, primary)
+        other_observation = observe(transformer, other, lists)
+        automatic = candidate_plans(transformer, observation, other_observation, lists, primary)
+        derived = diffusers_candidates(transformer, (call, other), (observation, other_observation), lists, primary,
+                                       automatic) if diffusers_first else []
         refused = None
     except AutomaticPlanRefused as error:
-        candidates, refused = [], refusal(where, name, str(error))
+        automatic, derived, refused = [], [], refusal(where, name, str(error))
+    sources = [group for group in (derived, automatic) if group]
+    candidates = [plan for group in sources for plan in group]
     digests = [plan_digest(plan) for plan in candidates]
-    decision = _decide(transformer, candidates, call, observation.output, ulysses, ring, where) if lead and refused is None else None
+    decision = _decide(transformer, sources, call, observation.output, ulysses, ring, where) if lead and refused is None else None
     views = [(refused, digests, decision)] if share is None else share((refused, digests, decision))
     for their_refusal, _, _ in views:
         if their_refusal is not None:
@@ -211,24 +219,28 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
     return candidates[digests.index(chosen)]
 
 
-def _decide(transformer: nn.Module, candidates: Sequence[ParallelPlan], call: TransformerCall, reference: Any,
+def _decide(transformer: nn.Module, sources: Sequence[Sequence[ParallelPlan]], call: TransformerCall, reference: Any,
             ulysses: int, ring: int, where: str) -> tuple[str | None, str]:
     """The digest of the candidate to use (None: refused) and the refusal's line: the kept verdict
-    where this model and layout were verified before, else a verification, then kept."""
+    where this model and layout were verified before, else a verification of each source's
+    candidates in turn (the first with an exact one is used; the last source's reason refuses), kept."""
     name = type(transformer).__name__
     identity = verdict_identity(transformer, ulysses, ring)
     key = None if identity is None else _key_of(identity)
-    digests = [plan_digest(plan) for plan in candidates]
+    digests = [plan_digest(plan) for group in sources for plan in group]
     cached = read_verdict(key) if key is not None else None
     if cached is not None:
         if cached.get("exact") and cached.get("plan") in digests:
             return cached["plan"], ""
         if not cached.get("exact") and cached.get("candidates") == digests:
             return None, refusal(where, name, cached.get("reason", ""))
-    plan, verdict = best_candidate(transformer, candidates, call, ulysses, ring, reference)
+    for candidates in sources:
+        plan, verdict = best_candidate(transformer, candidates, call, ulysses, ring, reference)
+        if verdict.exact:
+            break
     if key is not None and identity is not None:
-        write_verdict(key, {**identity, "exact": True, "plan": plan_digest(plan), "error": verdict.error} if verdict.exact else
-                      {**identity, "exact": False, "reason": verdict.reason, "candidates": digests})
+        write_verdict(key, {**identity, "exact": True, "plan": plan_digest(plan), "source": plan.origin, "error": verdict.error}
+                      if verdict.exact else {**identity, "exact": False, "reason": verdict.reason, "candidates": digests})
     return (plan_digest(plan), "") if verdict.exact else (None, refusal(where, name, verdict.reason))
 
 
@@ -347,7 +359,8 @@ def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = Non
     family = family_of(pipe)
     transformer = getattr(pipe, family.transformer_attrs[0])
     try:
-        automatic_plan(transformer, *probe_calls(pipe, transformer), family.blocks, family.primary_stream, ulysses, ring, "--verify")
+        automatic_plan(transformer, *probe_calls(pipe, transformer), family.blocks, family.primary_stream, ulysses, ring, "--verify",
+                       diffusers_first=isinstance(family.parallel, AutomaticPlan))
     except NotAvailableError as error:
         return Verdict(False, reason=str(error))
     return Verdict(True)
