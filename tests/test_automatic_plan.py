@@ -109,14 +109,19 @@ def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly
 def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(family: str, origin: str, tmp_path: Any,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    if origin == DIFFUSERS:  # a verdict kept for the automatic plan alone (--cp-plan automatic) does not answer for this
+        pipe, call, other = _calls(family)
+        spec = FAMILIES[family]
+        assert verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]").origin == "automatic"
     plans = _planned_exactly(family, diffusers_first=True, layouts=((2, 1), (1, 3)) if origin == DIFFUSERS else ((2, 1),))
     assert {plan.origin for plan in plans} == {origin}
     if origin == DIFFUSERS:  # diffusers' cuts and gather, as its plan states them
-        cp_plan = type(cases.tiny_pipeline(f"tiny-{family}").transformer)._cp_plan
+        cp_plan = type(pipe.transformer)._cp_plan
         assert {split.module for split in plans[0].splits} == {module for module, entry in cp_plan.items() if isinstance(entry, dict)}
         assert plans[0].output_module == next(module for module, entry in cp_plan.items() if not isinstance(entry, dict))
         kept = [json.loads(path.read_text()) for path in (tmp_path / "plans").glob("*.json")]
-        assert sorted((verdict["source"], verdict["ulysses"], verdict["ring"]) for verdict in kept) == [(DIFFUSERS, 1, 3), (DIFFUSERS, 2, 1)]
+        assert sorted((verdict["source"], verdict.get("sources"), verdict["ulysses"], verdict["ring"]) for verdict in kept) == [
+            ("automatic", None, 2, 1), (DIFFUSERS, verify.DIFFUSERS_FIRST, 1, 3), (DIFFUSERS, verify.DIFFUSERS_FIRST, 2, 1)]
 
 
 def _planned_exactly(family: str, diffusers_first: bool, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 3))) -> list[Any]:

@@ -206,7 +206,8 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
     sources = [group for group in (derived, automatic) if group]
     candidates = [plan for group in sources for plan in group]
     digests = [plan_digest(plan) for plan in candidates]
-    decision = _decide(transformer, sources, call, observation.output, ulysses, ring, where) if lead and refused is None else None
+    decision = (_decide(transformer, sources, call, observation.output, ulysses, ring, where, tried=bool(derived))
+                if lead and refused is None else None)
     views = [(refused, digests, decision)] if share is None else share((refused, digests, decision))
     for their_refusal, _, _ in views:
         if their_refusal is not None:
@@ -220,12 +221,16 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
 
 
 def _decide(transformer: nn.Module, sources: Sequence[Sequence[ParallelPlan]], call: TransformerCall, reference: Any,
-            ulysses: int, ring: int, where: str) -> tuple[str | None, str]:
+            ulysses: int, ring: int, where: str, tried: bool = False) -> tuple[str | None, str]:
     """The digest of the candidate to use (None: refused) and the refusal's line: the kept verdict
     where this model and layout were verified before, else a verification of each source's
-    candidates in turn (the first with an exact one is used; the last source's reason refuses), kept."""
+    candidates in turn (the first with an exact one is used; the last source's reason refuses), kept.
+    `tried`: the class's own `_cp_plan` came first, which its verdict is kept apart for (the same
+    model under `--cp-plan automatic` may keep another)."""
     name = type(transformer).__name__
     identity = verdict_identity(transformer, ulysses, ring)
+    if identity is not None and tried:
+        identity["sources"] = DIFFUSERS_FIRST
     key = None if identity is None else _key_of(identity)
     digests = [plan_digest(plan) for group in sources for plan in group]
     cached = read_verdict(key) if key is not None else None
@@ -275,6 +280,10 @@ def _first_reason(verdicts: list[tuple[ParallelPlan, Verdict]], fallback: Verdic
 def refusal(where: str, transformer_class: str, why: str) -> str:
     return (f"{where}: the automatic context-parallel plan for {transformer_class} is refused: {why}; "
             "run it on one process (cache, quantization and compile apply)")
+
+
+# A verdict's `sources` where the class's own `_cp_plan` was tried before the automatic plan.
+DIFFUSERS_FIRST = "diffusers _cp_plan, automatic"
 
 
 def plan_digest(plan: ParallelPlan) -> str:
@@ -380,6 +389,7 @@ def refuse_kept_verdict(model: str, ulysses: int, ring: int, where: str) -> None
     except Exception:  # noqa: BLE001 - unreadable here: the ranks will say what is wrong
         return
     for transformer in found.transformers:
+        sources = DIFFUSERS_FIRST if transformer.own_cp_plan else None  # what a run of this model tries
         for verdict in transformer.verdicts:
-            if (verdict.get("ulysses"), verdict.get("ring"), verdict.get("exact")) == (ulysses, ring, False):
+            if (verdict.get("ulysses"), verdict.get("ring"), verdict.get("exact"), verdict.get("sources")) == (ulysses, ring, False, sources):
                 raise NotAvailableError(refusal(where, transformer.cls, verdict.get("reason", "")))
