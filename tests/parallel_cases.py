@@ -107,6 +107,30 @@ def whole_query_error(world: int, q_len: int, k_len: int, masked: bool, host_hin
     return (out.double() - reference).abs().max().item()
 
 
+def shared_keys_error(ulysses: int, ring: int, heads: int, tokens: int, shared: int) -> float:
+    """Max-abs error of `usp_attention` whose queries are a cut stream's, attending to its keys and to
+    `shared` keys every rank holds whole (Qwen-Image 2.1's cached prompt), against SDPA over the
+    shared keys then the stream's on the full tensors; batch row 1 masks its last shared keys."""
+    mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+    world, rank = ulysses * ring, mesh.sequence_rank
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, heads, tokens, 16, generator=generator) for _ in range(3))
+    shared_k, shared_v = (torch.randn(2, heads, shared, 16, generator=generator) for _ in range(2))
+    shared_valid = torch.ones(2, shared, dtype=torch.bool)
+    shared_valid[1, shared // 2 :] = False
+    real = torch.cat([shared_valid, torch.ones(2, tokens, dtype=torch.bool)], dim=1)
+    reference = F.scaled_dot_product_attention(q.double(), torch.cat([shared_k, k], 2).double(), torch.cat([shared_v, v], 2).double(),
+                                               attn_mask=real[:, None, None, :])
+    layout = SequenceLayout(tokens, world)
+    key_valid = layout.valid()[:, None, :] if layout.pad else None
+    out = usp_attention(layout.split(q, 2, rank), layout.split(k, 2, rank), layout.split(v, 2, rank),
+                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid,
+                        shared=(shared_k, shared_v, shared_valid))
+    rows = min(layout.shard, tokens - rank * layout.shard)
+    expected = layout.split(reference, 2, rank)
+    return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
+
+
 def traffic_bytes(ulysses: int, ring: int, batch: int, heads: int, tokens: int, dim: int) -> int:
     """Bytes this rank sends for one self-attention call on `tokens` tokens (float32)."""
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")

@@ -93,7 +93,9 @@ def _outputs(transformer: Any, plan: Any, call: TransformerCall, ulysses: int, r
     return [t for output in verify._split_run(transformer, plan, call, ulysses, ring) for t in tensors_of(output)]
 
 
-@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family)])
+# Qwen-Image 2.1's hand plan cuts only the calls after its first, which the automatic plan never sees:
+# it refuses it (test_qwen_image_21_is_refused_by_the_automatic_plan).
+@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family) and family != "qwenimage21"])
 def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(family: str, tmp_path: Any,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))

@@ -187,3 +187,13 @@ def test_whole_queries_against_cut_keys_equal_sdpa(rank_pools, world: int, q_len
     """LTX-2's audio (every rank all of it) attending to the cut video: merged by log-sum-exp, every rank the whole result."""
     errors = rank_pools(world).run(cases.whole_query_error, world, q_len, k_len, masked, host_hint)
     assert max(errors) <= 1e-5
+
+
+@pytest.mark.parametrize("ulysses,ring,heads,tokens", [(2, 1, 4, 16), (1, 3, 4, 16), (2, 2, 4, 5), (2, 1, 3, 7)], ids=str)
+def test_queries_of_a_cut_stream_against_keys_every_rank_holds_whole_equal_sdpa(rank_pools, ulysses: int, ring: int, heads: int,
+                                                                               tokens: int) -> None:
+    """Qwen-Image 2.1's cached calls: the target's queries attend to the cached prompt keys (whole on
+    every rank, one row's last keys padding) and to the target's keys (cut, padded where the ranks do
+    not divide them, with heads Ulysses does not divide): each rank's result equals SDPA's rows."""
+    errors = rank_pools(ulysses * ring).run(cases.shared_keys_error, ulysses, ring, heads, tokens, 9)
+    assert max(errors) <= TOLERANCE["float32"]

@@ -125,7 +125,7 @@ FAMILY_CASES = {
     ),
     "qwenimage21": FamilyCase(
         dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
-        odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens (Ulysses and Ring are refused)
+        odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens: the cached calls cut the 40
         threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls
     ),
     "helios": FamilyCase(
@@ -150,8 +150,8 @@ CACHE_MODES = {**{k: v for k, v in MODES.items() if k != "ring2"}, "ring3": {"ri
 
 
 def splits_sequence(family: str) -> bool:
-    """Whether Ulysses and Ring may cut the family's own pipeline (Qwen-Image 2.1's may not: see
-    test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut)."""
+    """Whether Ulysses and Ring may cut the family's own pipeline (see
+    test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut for one that may not)."""
     return variant_of(FAMILIES[family], FAMILIES[family].pipeline_class).not_split is None
 
 

@@ -136,7 +136,9 @@ class ParallelPlan:
     `attention_keys` lists, in order, the streams that make up the keys of the transformer's
     attention calls (FLUX attends over text then image tokens). A listed stream that no split
     cuts is replicated: every rank holds all of it (Mochi's text, compacted per sample), and the
-    engine shares its attention work out for the call. `local_attention` names modules (glob
+    engine shares its attention work out for the call; where the call's queries are the cut
+    streams' alone, the replicated keys are attended by every rank's queries locally and merged
+    with the cut keys' attention by log-sum-exp (Qwen-Image 2.1's cached prompt keys). `local_attention` names modules (glob
     patterns) whose attention every rank runs on its own tokens unchanged: cross-attention to
     replicated text, a text refiner. The output is gathered where `output_module` returns ("" is
     the transformer's own output). `batch_args` are the transformer arguments that carry the
@@ -186,6 +188,12 @@ class ParallelPlan:
     output_before: bool = False
     # Where a plan no family wrote came from ("automatic", "diffusers _cp_plan"): what reports name.
     origin: str = ""
+    # (transformer argument, value): only calls passing that value are cut; every other call runs
+    # whole on every rank, its attention unrouted. Qwen-Image 2.1's first call a step fills its K/V
+    # cache with the whole prompt ("extract"); the calls after ("cached") compute the target alone,
+    # attending to those cached keys, which every rank then holds whole (a replicated stream that is
+    # keys only: see `attention_keys`).
+    split_only_when: tuple[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,18 @@ attending to everything). Text and condition tokens are modulated at t = 0, so t
 their keys and values after the first step (a K/V cache) and later steps compute the target alone.
 The VAE (Wan 2.2's shape) compresses 16x and reads and writes RGBA.
 
-Context parallelism cannot cut its sequence: diffusers has no `_cp_plan`, and the default (SDPA)
-attention processor slices the joint sequence at whole-sequence positions (one attention call per
-prefix segment, then the target's), while the K/V cache holds the first step's whole prefix. The
-automatic plan sees this and refuses (an attention of 64 queries to 76 keys it cannot place), so
-Ulysses and Ring are refused before any rank starts, naming why. CFG parallelism (one rank per
-branch, each with its own K/V cache) cuts nothing and runs, as do the cache, quantization, compile
-and tensor parallelism (diffusers' `_tp_plan`).
+Context parallelism cuts the target's tokens of the cached calls. diffusers has no `_cp_plan`, and
+the first call of a generation (or of each CFG branch) cannot be cut: its attention processor
+slices the joint sequence at whole-sequence positions (one attention call per prompt segment, then
+the target's), as a block-causal mask. That call fills the K/V cache and runs whole on every rank
+(`split_only_when`: one step of the run, repeated on each). Every later call passes "cached" and
+computes the target's tokens alone, attending to the cached prompt keys and its own: those calls are
+cut along the target (its rotary table and modulation mask with it), each rank attending to the
+prompt keys it holds whole and to the target keys of all ranks, merged by log-sum-exp; the output
+is gathered before the final norm. The automatic plan, which sees only the first call, refuses it
+(an attention of 64 queries to 76 keys it cannot place). CFG parallelism (one rank per branch, each
+with its own K/V cache), the cache, quantization, compile and tensor parallelism (diffusers'
+`_tp_plan`) apply as well.
 
 `build_tiny` makes a seeded, random-weight Qwen-Image-2.1-shaped pipeline offline for tests.
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import Acceleration, AutomaticPlan, BlockList, Family, GenerationDefaults, TensorPlan, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant
 
 if TYPE_CHECKING:
     from diffusers import QwenImage21Pipeline
@@ -31,8 +36,24 @@ _TEMPLATE = (
     f"<|im_start|>system\n{_SYSTEM}<|im_end|>\n<|im_start|>user\n<image1><|vision_start|><|image_pad|><|vision_end|>{{}}"
     "<|im_end|>\n<|im_start|>assistant\n"
 )
-NOT_SPLIT = ("its attention processors cut the joint sequence at whole-sequence positions (one attention call per text or "
-             "picture segment), and its K/V cache holds the whole text and condition prefix")
+# The target's tokens of the calls that read the K/V cache; the cached prompt keys ("prompt": text
+# and condition pictures) are held whole by every rank, before the target's in every attention.
+PARALLEL_PLAN = ParallelPlan(
+    splits=(
+        SequenceSplit("hidden_states", "target", dim=1, module="transformer_blocks.0"),
+        SequenceSplit("rotary_emb", "target", dim=0, module="transformer_blocks.*"),
+        SequenceSplit("target_token_mask", "target", dim=0, module="transformer_blocks.*"),
+        # The padding mask of a cached call spans the prompt's keys and the target's.
+        SequenceSplit("attention_mask", ("prompt", "target"), dim=-1, module="transformer_blocks.*"),
+    ),
+    attention_keys=("prompt", "target"),
+    output_stream="target",
+    output_dim=1,
+    output_module="norm_out",
+    output_before=True,
+    whole_streams=("prompt",),
+    split_only_when=("kv_cache_mode", "cached"),
+)
 _Z_DIM = 16  # the real VAE has 64 latent channels; any count works, the transformer reads it from its config
 
 
@@ -95,9 +116,7 @@ FAMILY = Family(
         # diffusers' _tp_plan: Q, K, V and the SwiGLU's two input projections column-wise, the
         # attention's and the MLP's output projections row-wise (bias-free, unfused: nothing packed).
         tensor=TensorPlan(from_diffusers=True),
-        # What CFG parallelism runs under; Ulysses and Ring are refused up front (NOT_SPLIT), and the
-        # automatic plan would refuse them too, after loading.
-        parallel=AutomaticPlan(),
+        parallel=PARALLEL_PLAN,
         # True CFG (true_cfg_scale > 1 with a negative prompt): a second transformer call per step, with
         # its own K/V cache.
         cfg="calls",
@@ -114,5 +133,5 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, negative_prompt=" ", true_cfg_scale=4.0),
     # The same pipeline takes condition pictures (`image=`, optional): the encoder sees them and
     # their latents come before the target's in the joint sequence.
-    variants=(Variant("QwenImage21Pipeline", image="image", optional=("image",), not_split=NOT_SPLIT),),
+    variants=(Variant("QwenImage21Pipeline", image="image", optional=("image",)),),
 )

@@ -56,8 +56,14 @@ def usp_attention(
     scale: float | None = None,
     real_keys: RealKeys | None = None,
     pair_mask: Tensor | None = None,
+    shared: tuple[Tensor, Tensor, Tensor | None] | None = None,
 ) -> Tensor:
     """Ulysses inside (all-to-all over heads), Ring across; either group may be None (degree 1).
+
+    `shared`, when given, is (key, value, valid): (B, H, S, D) keys and values every rank holds whole,
+    besides the cut ones, with which keys are real ((B|1, S) bool, or None: all). Every query attends
+    to them too: each rank on its own (its Ulysses heads of them), merged with the cut keys' result by
+    log-sum-exp, so they are never exchanged.
 
     `pair_mask`, when given, is a (B|1, H|1, N, N) mask over the whole padded sequence in shard
     order (shard p's tokens at [p * shard, (p + 1) * shard)) relating every query to every key: a
@@ -87,10 +93,18 @@ def usp_attention(
             pair_mask = _own_heads(pair_mask, ulysses_group, ulysses)
         rows = pair_mask.narrow(2, group_rank(ring_group) * width, width) if ring > 1 else pair_mask
         blocks = [_BlockKeys(block.valid, block.prefix, rows.narrow(3, r * width, width)) for r, block in enumerate(blocks)]
+    start = None
+    if shared is not None:
+        shared_key, shared_value, shared_valid = shared
+        if ulysses > 1:
+            shared_key, shared_value = (_own_heads(x, ulysses_group, ulysses) for x in (shared_key, shared_value))
+        start = _block(q, shared_key, shared_value, _BlockKeys(shared_valid, None), scale)
     if ring > 1:
-        out = _ring(q, k, v, ring_group, ring, blocks, scale)
+        out = _ring(q, k, v, ring_group, ring, blocks, scale, start)
     else:
-        out, _ = _block(q, k, v, blocks[0], scale)
+        out, lse = _block(q, k, v, blocks[0], scale)
+        if start is not None:
+            out = merge_partial(*start, out, lse)[0].to(q.dtype)
     if ulysses > 1:
         out = _heads_to_sequence(out, ulysses_group, ulysses, heads)
     return out
@@ -193,10 +207,12 @@ def _heads_to_sequence(x: Tensor, group: Group, world: int, real_heads: int | No
     return out
 
 
-def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, blocks: list[_BlockKeys], scale: float | None) -> Tensor:
+def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, blocks: list[_BlockKeys], scale: float | None,
+          start: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """Attention over every rank's key block in turn, merged; `start`: a partial result (out, lse) to merge into."""
     rank = group_rank(group)
     kv = torch.stack([k, v])
-    out = lse = None
+    out, lse = (start[0].float(), start[1]) if start is not None else (None, None)
     for step in range(world):
         shift = RingShift(kv, group) if step < world - 1 else None  # in flight during this block
         source = (rank - step) % world

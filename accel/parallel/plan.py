@@ -238,6 +238,10 @@ class ContextParallel:
     def forward(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The transformer's forward (`call_next`) on this rank's shard, the full output returned."""
         bound = self._signature.bind(*args, **kwargs)
+        if self.plan.split_only_when is not None:
+            argument, value = self.plan.split_only_when
+            if bound.arguments.get(argument) != value:  # a call the plan runs whole on every rank
+                return call_next(*args, **kwargs)
         self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module and not split.at])
         self._rebase_counts(bound.arguments, self._counts)
         for split in self.plan.splits:
@@ -400,6 +404,8 @@ class ContextParallel:
         if self._whole_query_depth > 0:
             return self._attend_whole_queries(query, key, value, mask, scale, segments)
         replicated = next((i for i, segment in enumerate(segments) if segment.layout is None), None)
+        if replicated is not None and 0 < segments[replicated].tokens == key.shape[-2] - query.shape[-2]:
+            return self._attend_shared_keys(query, key, value, mask, scale, segments, replicated)
         share = None
         if replicated is not None:
             if query.shape[-2] != key.shape[-2]:
@@ -415,6 +421,31 @@ class ContextParallel:
             key_valid = masks if key_valid is None else key_valid & masks
         out = usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
+
+    def _attend_shared_keys(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None,
+                            segments: list[_Segment], replicated: int) -> Tensor:
+        """Queries of the cut streams alone against their keys and a replicated stretch every rank
+        holds whole (Qwen-Image 2.1's cached prompt keys): the cut keys are attended as usual, the
+        whole stretch by each rank's queries on their own, the two merged by log-sum-exp."""
+        start, length = sum(segment.tokens for segment in segments[:replicated]), segments[replicated].tokens
+        cut = [segment for index, segment in enumerate(segments) if index != replicated]
+
+        def without(x: Tensor, dim: int) -> Tensor:
+            return torch.cat([x.narrow(dim, 0, start), x.narrow(dim, start + length, x.shape[dim] - start - length)], dim)
+
+        shared_key, shared_value = key.narrow(-2, start, length), value.narrow(-2, start, length)
+        key, value = without(key, -2), without(value, -2)
+        key_valid = self._pad_valid(cut, key.device)
+        real_keys = self._real_keys(cut) if key_valid is not None and mask is None else None
+        shared_valid = None
+        if mask is not None:
+            local = key_mask(mask)
+            shared_valid = local.narrow(-1, start, length)
+            masks = self._gathered_masks.get(
+                mask, lambda: torch.stack(all_gather(without(local, -1).to(torch.uint8), self.mesh.sequence_group)).bool())
+            key_valid = masks if key_valid is None else key_valid & masks
+        return usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, real_keys,
+                             shared=(shared_key, shared_value, shared_valid))
 
     def _attend_pairs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float | None,
                       segments: list[_Segment]) -> Tensor:
