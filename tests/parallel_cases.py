@@ -276,7 +276,7 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     finally:
         handle.remove()
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
-    return output_of(result), decisions, TRAFFIC.total_bytes
+    return output_of(result, pipe), decisions, TRAFFIC.total_bytes
 
 
 def pipeline_for(model: str, recipe: dict[str, Any]) -> Any:
@@ -314,15 +314,18 @@ def magcache_curve(model: str, call: dict[str, Any]) -> list[list[float]]:
     return _curves[key]
 
 
-def output_of(result: Any) -> Any:
+def output_of(result: Any, pipe: Any = None) -> Any:
     """A pipeline result as one array: frames or images, with the audio samples appended (flattened)
-    where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
+    where the pipeline makes sound (LTX-2; Cosmos 3, whose fields the family of `pipe` names), so every
+    comparison of outputs covers both."""
     import numpy as np
 
+    from accel.models.registry import family_of
     from accel.runner import output_array
 
-    output = np.asarray(output_array(result))
-    audio = getattr(result, "audio", None)
+    output = np.asarray(output_array(result, pipe))
+    spec = family_of(pipe).audio if pipe is not None else None
+    audio = getattr(result, spec.field if spec is not None else "audio", None)
     if audio is None:
         return output
     return np.concatenate([output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()])
