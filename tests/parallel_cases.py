@@ -366,7 +366,7 @@ def split_load_run(folder: str, tp: int, call: dict[str, Any]) -> tuple[Any, int
     held = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
     accel.apply(pipe, {"parallel": {"tp": tp}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), held, came_split
+    return output_of(result, pipe), held, came_split
 
 
 def tp_after_quant_error(model: str, call: dict[str, Any]) -> str:
@@ -462,7 +462,7 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
         if fresh:
             _pipelines.pop(model, None)
     decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
-    return output_of(result), decisions, graphs
+    return output_of(result, pipe), decisions, graphs
 
 
 def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
@@ -547,7 +547,7 @@ def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str,
         result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     finally:
         handle.remove()
-    return output_of(result), text_encoder_names(pipe), during
+    return output_of(result, pipe), text_encoder_names(pipe), during
 
 
 def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
@@ -561,7 +561,7 @@ def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
     loaded = pipe.text_encoder is not None
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "rank0"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), loaded
+    return output_of(result, pipe), loaded
 
 
 def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -579,7 +579,7 @@ def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[
     try:
         result = pipe(**calls[dist.get_rank()], generator=torch.Generator().manual_seed(0))
         images = getattr(result, "images", None)
-        outcome: tuple[str, Any] = ("ok", output_of(result) if not isinstance(images, torch.Tensor) else None)
+        outcome: tuple[str, Any] = ("ok", output_of(result, pipe) if not isinstance(images, torch.Tensor) else None)
     except Exception as error:  # noqa: BLE001 - the message is what the test checks
         outcome = ("error", f"{type(error).__name__}: {error}")
     finally:
@@ -648,7 +648,7 @@ def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, An
         handle.remove()
     split = {name: {n: p for n, p in getattr(pipe, name).named_parameters() if isinstance(p, DTensor)} for name in names}
     return dict(
-        output=output_of(result), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
+        output=output_of(result, pipe), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
         split={name: sorted(params) for name, params in split.items() if params},
         split_local={name: sum(p.to_local().numel() * p.element_size() for p in params.values()) for name, params in split.items()},
         split_whole={name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()},
@@ -669,4 +669,4 @@ def sharded_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, int, int]
     split = sum(isinstance(p, DTensor) for p in pipe.text_encoder.parameters())
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "sharded"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), held, split
+    return output_of(result, pipe), held, split

@@ -31,6 +31,14 @@ def needs_picture(family: str) -> bool:
     return own.image is not None and "image" not in own.optional
 
 
+def has_text_encoders(family: str) -> bool:
+    """Whether the family's own pipeline holds a text encoder (Cosmos 3's transformer embeds the
+    prompt's token ids itself): text encoder placement has something to place."""
+    import diffusers
+
+    return any(name.startswith("text_encoder") for name in inspect.signature(getattr(diffusers, FAMILIES[family].pipeline_class)).parameters)
+
+
 def mask(size: tuple[int, int] = (64, 64)) -> Image.Image:
     """White (repaint) on the right half, black (keep) on the left."""
     width, height = size
