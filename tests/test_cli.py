@@ -232,7 +232,8 @@ def test_models_lists_the_registry() -> None:
     unplanned = dataclasses.replace(FAMILIES["flux"].with_acceleration(parallel=None), vae="AutoencoderTiny")
     assert family_features(unplanned) == ["fbcache", "vae-tiling", "quant", "compile"]
     assert family_features(FAMILIES["qwenimage21"]) == ["fbcache", "cfg: two calls", "vae-tiling", "vae: patch-parallel", "quant", "compile"]
-    assert result.stdout.count("ulysses/ring/usp") == len(FAMILIES) - 1  # every family but Qwen-Image 2.1, unabridged
+    assert family_features(FAMILIES["cosmos3"]) == ["fbcache", "cfg: two calls", "vae-tiling", "vae: patch-parallel", "quant", "compile"]
+    assert result.stdout.count("ulysses/ring/usp") == len(FAMILIES) - 2  # every family but Qwen-Image 2.1 and Cosmos 3, unabridged
     assert result.stdout.count("vae: patch-parallel") == len(FAMILIES)
 
 
