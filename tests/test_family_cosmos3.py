@@ -15,11 +15,10 @@ import pytest
 import torch
 from test_parallel_families import FAMILY_CASES, TOLERANCE
 from typer.testing import CliRunner
-from variant_cases import picture
+from variant_cases import picture, run_written
 
 import parallel_cases as cases
 from accel.cli import app
-from accel.media import read_audio, read_video
 from accel.models import cosmos3
 
 CALL = FAMILY_CASES["cosmos3"].call
@@ -27,12 +26,8 @@ PIXELS = 5 * 64 * 64 * 3  # the output's frames; the sound's samples follow them
 
 
 def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
-    out = tmp_path / "fox.mp4"
-    result = CliRunner().invoke(app, ["run", "tiny-cosmos3", "--steps", "2", "--warmup", "0", "--out", str(out)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert read_video(out).shape == (5, 64, 64, 3)
-    sound = read_audio(out)
+    frames, sound = run_written(tmp_path / "fox.mp4", "tiny-cosmos3")
+    assert frames.shape == (5, 64, 64, 3)
     assert sound is not None and sound.rate == 8000 and sound.samples.shape[0] == 2  # the tiny sound tokenizer's stereo
     expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=64,
                                                             num_frames=5, num_inference_steps=2, guidance_scale=5.0, enable_sound=True))
