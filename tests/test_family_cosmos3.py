@@ -97,3 +97,13 @@ def test_a_checkpoint_asking_for_the_safety_checker_loads_without_it(tmp_path: P
     loaded = cases.output_of(pipe(**dict(CALL, num_inference_steps=1), generator=torch.Generator().manual_seed(0), output_type="np"), pipe)
     expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(CALL, num_inference_steps=1))
     assert np.abs(loaded - expected).max() <= 1e-5
+
+
+def test_accel_plan_offers_no_text_encoder_placement_where_there_is_no_text_encoder() -> None:
+    """The transformer embeds the token ids: the plan's layouts keep no text encoder on the CPU or sharded."""
+    from accel.memory.plan import make_plan
+    from accel.models.flagships import Size
+
+    plan = make_plan("cosmos3", 1, 80, size=Size(256, 256, 5))
+    assert [(c.offload, c.text_encoder) for c in plan.candidates] == [("none", "replicated"), ("model", "replicated"), ("group", "replicated")]
+    assert plan.chosen is not None and plan.chosen.estimate.weights.keys() == {"transformer", "vae", "sound_tokenizer"}

@@ -21,7 +21,7 @@ branch per rank) cuts nothing and runs, as do the cache, quantization, compile a
 (a hand plan: diffusers has no `_tp_plan` for it).
 
 The safety checker needs `cosmos_guardrail`; accel loads the pipeline without it where that package
-is missing (`LOAD_KWARGS`). `build_tiny` makes a seeded, random-weight Cosmos3-shaped pipeline
+is missing (`load_kwargs`). `build_tiny` makes a seeded, random-weight Cosmos3-shaped pipeline
 offline for tests, with a decoder-only sound tokenizer.
 """
 
