@@ -107,3 +107,13 @@ def test_accel_plan_offers_no_text_encoder_placement_where_there_is_no_text_enco
     plan = make_plan("cosmos3", 1, 80, size=Size(256, 256, 5))
     assert [(c.offload, c.text_encoder) for c in plan.candidates] == [("none", "replicated"), ("model", "replicated"), ("group", "replicated")]
     assert plan.chosen is not None and plan.chosen.estimate.weights.keys() == {"transformer", "vae", "sound_tokenizer"}
+
+
+def test_accel_serve_counts_the_prompt_with_its_text_tokenizer() -> None:
+    """Its tokenizer is `text_tokenizer`; `sound_tokenizer` is an audio VAE."""
+    from accel.serve.limits import token_counters
+
+    pipe = cases.tiny_pipeline("tiny-cosmos3")
+    counters = token_counters(pipe)
+    assert [counter.name for counter in counters] == ["text_tokenizer"]
+    assert counters[0].count("a red fox") == len(pipe.text_tokenizer("a red fox", add_special_tokens=False).input_ids) > 3
