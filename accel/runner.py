@@ -392,8 +392,13 @@ def _given_or_default(pipe: Any, kwargs: dict[str, Any], keyword: str) -> Any:
     return parameter.default if parameter is not None and parameter.default is not inspect.Parameter.empty else None
 
 
-def output_array(result: Any) -> Any:
-    """What a pipeline result holds as its output: video frames, images, or Kandinsky 5's one `image` field."""
+def output_array(result: Any, pipe: Any = None) -> Any:
+    """What a pipeline result holds as its output, batched: video frames, images, Kandinsky 5's one
+    `image` field, or the field the family of `pipe` names (`Family.result`: Cosmos 3's one-sample
+    `video`, given a batch dim of one here)."""
+    spec = family_of(pipe).result if pipe is not None else None
+    if spec is not None and (value := getattr(result, spec.name, None)) is not None:
+        return value if spec.batched else np.asarray(value)[None]
     for name in ("frames", "images", "image"):
         value = getattr(result, name, None)
         if value is not None:
@@ -421,7 +426,7 @@ def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: t
         return {"kind": LATENTS_MARK, "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class, "fields": fields}, None
     if not decodes_here(pipe):
         return None, None
-    return np.asarray(output_array(result))[0], audio_of(pipe, result)
+    return np.asarray(output_array(result, pipe))[0], audio_of(pipe, result)
 
 
 def _on_cpu(value: Any) -> Any:
@@ -437,7 +442,7 @@ def audio_of(pipe: Any, result: Any) -> Audio | None:
     if isinstance(samples, torch.Tensor):
         samples = samples.float().cpu().numpy()
     rate = functools.reduce(getattr, spec.sample_rate.split("."), pipe)
-    return Audio(np.asarray(samples)[0], int(rate))
+    return Audio(np.asarray(samples)[0] if spec.batched else np.asarray(samples), int(rate))
 
 
 def measure(

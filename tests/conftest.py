@@ -32,9 +32,10 @@ def cold_compile_env(folder: Path, **extra: str) -> dict[str, str]:
 
 
 def generate(pipe: Any, call: dict[str, Any], seed: int = 0) -> np.ndarray:
+    from accel.runner import output_array
+
     result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
-    frames = getattr(result, "frames", None)
-    return np.asarray(frames if frames is not None else result.images)
+    return np.asarray(output_array(result, pipe))  # frames, images, or the field the family names (Cosmos 3's video)
 
 
 @pytest.fixture(scope="session")

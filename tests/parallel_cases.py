@@ -300,7 +300,7 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     finally:
         handle.remove()
     decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
-    return output_of(result), decisions, TRAFFIC.total_bytes
+    return output_of(result, pipe), decisions, TRAFFIC.total_bytes
 
 
 def pipeline_for(model: str, recipe: dict[str, Any]) -> Any:
@@ -338,15 +338,18 @@ def magcache_curve(model: str, call: dict[str, Any]) -> list[list[float]]:
     return _curves[key]
 
 
-def output_of(result: Any) -> Any:
+def output_of(result: Any, pipe: Any = None) -> Any:
     """A pipeline result as one array: frames or images, with the audio samples appended (flattened)
-    where the pipeline makes sound (LTX-2), so every comparison of outputs covers both."""
+    where the pipeline makes sound (LTX-2; Cosmos 3, whose fields the family of `pipe` names), so every
+    comparison of outputs covers both."""
     import numpy as np
 
+    from accel.models.registry import family_of
     from accel.runner import output_array
 
-    output = np.asarray(output_array(result))
-    audio = getattr(result, "audio", None)
+    output = np.asarray(output_array(result, pipe))
+    spec = family_of(pipe).audio if pipe is not None else None
+    audio = getattr(result, spec.field if spec is not None else "audio", None)
     if audio is None:
         return output
     return np.concatenate([output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()])
@@ -387,7 +390,7 @@ def split_load_run(folder: str, tp: int, call: dict[str, Any]) -> tuple[Any, int
     held = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
     accel.apply(pipe, {"parallel": {"tp": tp}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), held, came_split
+    return output_of(result, pipe), held, came_split
 
 
 def tp_after_quant_error(model: str, call: dict[str, Any]) -> str:
@@ -483,7 +486,7 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
         if fresh:
             _pipelines.pop(model, None)
     decisions = [(r.step, r.branch, r.cached) for r in stats.records] if stats is not None else None
-    return output_of(result), decisions, graphs
+    return output_of(result, pipe), decisions, graphs
 
 
 def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
@@ -568,7 +571,7 @@ def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str,
         result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     finally:
         handle.remove()
-    return output_of(result), text_encoder_names(pipe), during
+    return output_of(result, pipe), text_encoder_names(pipe), during
 
 
 def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
@@ -582,7 +585,7 @@ def first_rank_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, bool]:
     loaded = pipe.text_encoder is not None
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "rank0"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), loaded
+    return output_of(result, pipe), loaded
 
 
 def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -600,7 +603,7 @@ def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[
     try:
         result = pipe(**calls[dist.get_rank()], generator=torch.Generator().manual_seed(0))
         images = getattr(result, "images", None)
-        outcome: tuple[str, Any] = ("ok", output_of(result) if not isinstance(images, torch.Tensor) else None)
+        outcome: tuple[str, Any] = ("ok", output_of(result, pipe) if not isinstance(images, torch.Tensor) else None)
     except Exception as error:  # noqa: BLE001 - the message is what the test checks
         outcome = ("error", f"{type(error).__name__}: {error}")
     finally:
@@ -669,7 +672,7 @@ def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, An
         handle.remove()
     split = {name: {n: p for n, p in getattr(pipe, name).named_parameters() if isinstance(p, DTensor)} for name in names}
     return dict(
-        output=output_of(result), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
+        output=output_of(result, pipe), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
         split={name: sorted(params) for name, params in split.items() if params},
         split_local={name: sum(p.to_local().numel() * p.element_size() for p in params.values()) for name, params in split.items()},
         split_whole={name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()},
@@ -690,4 +693,4 @@ def sharded_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, int, int]
     split = sum(isinstance(p, DTensor) for p in pipe.text_encoder.parameters())
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "sharded"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
-    return output_of(result), held, split
+    return output_of(result, pipe), held, split

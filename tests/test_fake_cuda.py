@@ -40,6 +40,8 @@ from fakecuda import (  # noqa: E402
     randn, run_probed,
 )
 
+from test_parallel_families import splits_sequence  # noqa: E402
+
 from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
 from accel.models.base import Family, ParallelPlan  # noqa: E402
@@ -80,6 +82,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
     if name == "kandinsky5":  # no head count in its config: the width over the head width (sum of axes_dims)
         return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
+    if name == "cosmos3":  # grouped keys and values: half as many heads
+        return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -215,6 +219,15 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
                     indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
                     indices_latents_history_short=positions[:, [0, 1 + long + mid]], latents_history_short=latents(short),
                     latents_history_mid=latents(mid), latents_history_long=latents(long), return_dict=False)
+    if name == "cosmos3":  # one sample packed without a batch dim: the prompt's token ids, then the video's 2x2 patches
+        assert batch == 1
+        video, at = grid.tokens, torch.arange(text, text + grid.tokens, device="cuda")
+        return dict(input_ids=torch.zeros(text, dtype=torch.long, device="cuda"), text_indexes=torch.arange(text, device="cuda"),
+                    und_len=text, sequence_length=text + video,
+                    position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
+                    vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)], vision_token_shapes=[(f, h, w)],
+                    vision_sequence_indexes=at, vision_mse_loss_indexes=at, vision_timesteps=torch.full((video,), 500.0, device="cuda"),
+                    vision_noisy_frame_indexes=[torch.arange(f, device="cuda")], return_dict=False)
     if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
         channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
         positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
@@ -227,6 +240,8 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
     if name == "kandinsky5":  # (B, F, H, W, C), as its latents
         return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
+    if name == "cosmos3":  # its list of one sample's (1, C, F, H, W) prediction, stacked
+        return (1, batch, config["latent_channel"], grid.frames, 2 * grid.rows, 2 * grid.cols)
     out = config.get("out_channels") or config["in_channels"]
     f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
     return {
@@ -381,7 +396,8 @@ def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mes
         engine._attend = seeing  # type: ignore[method-assign]  # this instance's router is made from it at each forward
     if layout.cfg > 1:
         assert family.cfg is not None
-        cfg = CfgParallel({"transformer": transformer}, family.cfg, family.parallel.batch_args, mesh, events)
+        cfg = CfgParallel({"transformer": transformer}, family.cfg, getattr(family.parallel, "batch_args", ()), mesh, events,
+                          output_like=family.acceleration.cfg_output_like)
         undo.append(cfg.remove)
     cache = None
     if layout.cache:
@@ -397,7 +413,7 @@ class PlainPending:
     later): a tensor subclass cannot wrap a FakeTensor, so this is a plain tensor made where Pending
     makes its own (the call's device and dtype) and filled the way Pending fills."""
 
-    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device) -> Any:
+    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False) -> Any:
         tensor = torch.empty(shape or (0,), dtype=dtype, device=device)
 
         def fill(value: torch.Tensor) -> None:
@@ -543,6 +559,10 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
     if name in HOST_VALUES:
         pytest.skip(HOST_VALUES[name])
+    if not splits_sequence(name):  # Ulysses and Ring refused up front: the layout's CFG and TP degrees alone, once each
+        if layout.cfg == layout.tp == 1:
+            pytest.skip(f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree")
+        layout = replace(layout, world=layout.cfg * layout.tp, ulysses=1, ring=1)
     cls, config, _, _ = tiny_configs[name]
     if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens
         layout = replace(layout, ulysses=layout.ulysses * layout.cfg, cfg=1)
@@ -591,6 +611,10 @@ CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim
 HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                    freq_dim=256, ffn_dim=13824, num_layers=2, rope_dim=(44, 42, 42), guidance_cross_attn=True, zero_history_timestep=True,
                    has_multi_term_memory_patch=True, is_amplify_history=False)
+# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8 key/value
+# heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
+COSMOS3 = dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288, num_hidden_layers=2,
+               latent_channel=48, latent_patch_size=2, patch_latent_dim=192, vocab_size=151936)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -618,6 +642,9 @@ REAL = {
     # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
     # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
     "helios": (HELIOS_BASE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512))),
+    # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt; its two calls a step on CFG
+    # halves x tp 4 (8 query and 2 key/value heads a rank; Ulysses and Ring are refused), with the cache.
+    "cosmos3": (COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
 }
 
 

@@ -587,6 +587,36 @@ def helios_inputs(drift: float) -> Inputs:
     )
 
 
+# -- cosmos3: 2 decoder layers over the text (8 token ids, causal) and the generation stream (12 video
+# patches of 2 latent frames at 4x6, then 3 sound latents), each layer returning both --------------
+def build_cosmos3() -> nn.Module:
+    from diffusers import Cosmos3OmniTransformer
+
+    return _seeded(
+        24,
+        lambda: Cosmos3OmniTransformer(head_dim=HEAD_DIM, hidden_size=TEXT_DIM, intermediate_size=64, num_hidden_layers=2,
+                                       num_attention_heads=HEADS, num_key_value_heads=1, latent_channel=4, patch_latent_dim=16,
+                                       vocab_size=64, rope_axes_dim=(4, 2, 2), sound_gen=True, sound_dim=4),
+    )
+
+
+def cosmos3_inputs(drift: float) -> Inputs:
+    """One sample packed as the pipeline packs it: token ids first, then the video's patches, then the sound."""
+    text, video, sound = TEXT_TOKENS, 12, 3
+    video_at, sound_at = torch.arange(text, text + video), torch.arange(text + video, text + video + sound)
+    return dict(
+        input_ids=torch.arange(text) * 7 % 64, text_indexes=torch.arange(text), und_len=text, sequence_length=text + video + sound,
+        position_ids=torch.arange(text + video + sound, dtype=torch.float32).expand(3, -1),
+        vision_tokens=[_latents((1, 4, 2, 4, 6), drift)], vision_token_shapes=[(2, 2, 3)], vision_sequence_indexes=video_at,
+        vision_mse_loss_indexes=video_at, vision_timesteps=torch.full((video,), 700.0 - 1000 * drift),
+        vision_noisy_frame_indexes=[torch.arange(2)],
+        sound_tokens=[_noise(torch.Generator().manual_seed(3), 4, sound)], sound_token_shapes=[(sound, 1, 1)],
+        sound_sequence_indexes=sound_at, sound_mse_loss_indexes=sound_at, sound_timesteps=torch.full((sound,), 700.0 - 1000 * drift),
+        sound_noisy_frame_indexes=[torch.arange(sound)],
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -607,6 +637,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "hunyuanimage": (build_hunyuanimage, hunyuanimage_inputs),
     "qwenimage21": (build_qwenimage21, qwenimage21_inputs),
     "helios": (build_helios, helios_inputs),
+    "cosmos3": (build_cosmos3, cosmos3_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 
@@ -626,7 +657,9 @@ def _families() -> list[Any]:
 def _run(model: nn.Module, inputs: Inputs) -> torch.Tensor:
     output, *others = model(**inputs)
     output = torch.stack(output) if isinstance(output, list) else output  # Z-Image: one tensor per sample
-    # LTX-2 also predicts its audio: compared too, appended to the video flattened.
+    # LTX-2 also predicts its audio, Cosmos 3 its sound (a list per modality, None where there is none):
+    # compared too, appended to the video flattened.
+    others = [torch.stack(other) if isinstance(other, list) else other for other in others if other is not None]
     return torch.cat([output.flatten(), *(other.flatten() for other in others)]) if others else output
 
 

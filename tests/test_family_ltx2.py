@@ -22,6 +22,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from variant_cases import run_written
+
 from accel.cli import app
 from accel.media import read_audio, read_video
 from accel.models.registry import FAMILIES
@@ -78,12 +80,8 @@ def test_a_deep_copied_scheduler_leaves_accel_behind() -> None:
 
 
 def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
-    out = tmp_path / "fox.mp4"
-    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--steps", "2", "--warmup", "0", "--out", str(out)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert read_video(out).shape == (9, 64, 96, 3)
-    sound = read_audio(out)
+    frames, sound = run_written(tmp_path / "fox.mp4", "tiny-ltx2")
+    assert frames.shape == (9, 64, 96, 3)
     assert sound is not None and sound.rate == 24000 and sound.samples.shape[0] == 2
     expected, _, _ = cases.tiny_run("tiny-ltx2", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=96,
                                                          num_frames=9, num_inference_steps=2, guidance_scale=4.0))

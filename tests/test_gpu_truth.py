@@ -105,6 +105,27 @@ def test_using_the_first_branch_before_the_second_is_refused() -> None:
         assert str(error.value) == message
 
 
+def test_a_deferring_placeholder_computes_what_was_asked_of_it_when_it_arrives() -> None:
+    """A prediction whose family declares its structure (Cosmos 3 masks each branch's output right
+    after the call): tensor operations give placeholders filled when their inputs arrive; what
+    needs a value now (a bool, a number, an in-place write) is refused as for any placeholder."""
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    pending = Pending((2, 3), torch.float32, torch.device("cpu"), defers=True)
+    masked = pending * mask
+    other = Pending((2, 3), torch.float32, torch.device("cpu"), defers=True)
+    combined = other + 2 * (masked.float() - other)  # two placeholders: computed when the last arrives
+    assert isinstance(combined, Pending) and combined.shape == (2, 3)
+    for use in (lambda p: bool(p.sum() > 0), lambda p: p.add_(1), lambda p: p.item()):
+        with pytest.raises(NotAvailableError):
+            use(pending)
+    value, other_value = torch.arange(6.0).view(2, 3), torch.ones(2, 3)
+    pending.fill(value)
+    torch.testing.assert_close(masked, value * mask)
+    assert not combined._ready
+    other.fill(other_value)
+    torch.testing.assert_close(combined, other_value + 2 * (value * mask - other_value))
+
+
 @pytest.mark.parametrize("known", [True, False], ids=["shape known", "first step"])
 def test_indexing_a_placeholder_gives_one_filled_with_it(known: bool) -> None:
     """Kontext keeps `out[:, :n]` of the first branch right after the call: a placeholder of the part."""

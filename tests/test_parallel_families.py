@@ -137,6 +137,12 @@ FAMILY_CASES = {
         odd=dict(height=48, width=80, num_frames=9),
         threshold=0.08,
     ),
+    "cosmos3": FamilyCase(
+        # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
+        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens, 6 sound tokens (Ulysses and Ring are refused)
+        threshold=0.06,
+    ),
 }
 
 MODES = {

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
 from test_pipeline_contract import NO_RELOAD  # noqa: E402
@@ -351,6 +351,23 @@ CASES = {
         text_shape=(1, 512, 32),
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    "cosmos3": Case(
+        name="cosmos3",
+        build=cosmos3.build_tiny,
+        pipeline_class=diffusers.Cosmos3OmniPipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
+                  guidance_scale=5.0, enable_sound=True, output_type="np"),
+        output_attr="video",
+        output_shape=(5, 64, 64, 3),  # one sample, no batch dim
+        block_lists=("layers",),
+        transformer_calls=8,  # CFG: the prompt's call, then the negative's, each step
+        latent_shape=((1, 16, 2, 8, 8),),  # one sample's latents: 5 frames -> 2 latent frames of 8x8
+        text_shape=(86,),  # the chat-templated prompt's token ids, with the duration and resolution sentences
+        negative_text_shape=(79,),
+        components=("transformer", "vae", "sound_tokenizer"),
+        reload_tolerance=1e-5,
+        inputs=("vision_tokens", "input_ids"),
     ),
 }
 

@@ -31,6 +31,27 @@ def needs_picture(family: str) -> bool:
     return own.image is not None and "image" not in own.optional
 
 
+def has_text_encoders(family: str) -> bool:
+    """Whether the family's own pipeline holds a text encoder (Cosmos 3's transformer embeds the
+    prompt's token ids itself): text encoder placement has something to place."""
+    import diffusers
+
+    return any(name.startswith("text_encoder") for name in inspect.signature(getattr(diffusers, FAMILIES[family].pipeline_class)).parameters)
+
+
+def run_written(out: Any, *args: str) -> tuple[np.ndarray, Any]:
+    """`accel run ARGS --steps 2 --warmup 0 --out OUT` in this process: the video it wrote and its sound
+    track (None: it has none)."""
+    from typer.testing import CliRunner
+
+    from accel.cli import app
+    from accel.media import read_audio, read_video
+
+    result = CliRunner().invoke(app, ["run", *args, "--steps", "2", "--warmup", "0", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return read_video(out), read_audio(out)
+
+
 def mask(size: tuple[int, int] = (64, 64)) -> Image.Image:
     """White (repaint) on the right half, black (keep) on the left."""
     width, height = size

@@ -175,7 +175,8 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     candidates, refused = [], []
     transformer = next(iter(measure.transformers.values()))
     heads = flagship_heads(name)
-    placements = [p for p in PLACEMENTS if p != "sharded" or measure.shards_encoders(gpus)]
+    # A flagship without text encoders (Cosmos 3's transformer embeds the prompt's token ids) has none to place.
+    placements = [p for p in PLACEMENTS if (p != "sharded" or measure.shards_encoders(gpus)) and (p == "replicated" or measure.encoders)]
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
             problem = tp_problem(family, transformer, tp)
@@ -190,7 +191,8 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
                 continue
             candidates += [measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel) for placement in placements]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
-        candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED]
+        candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED
+                       if placement in placements]
     # Measuring another decode of a long video takes minutes on fake CUDA (Wan's tiled decode: hundreds of
     # decoder calls): only where it alone can make a layout fit.
     candidates += [twin for c in list(candidates) for twin in _decode_twins(measure, c, gpu_memory_gib, vae_parallel)]

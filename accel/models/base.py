@@ -461,11 +461,23 @@ class Variant:
 @dataclass(frozen=True)
 class AudioOutput:
     """Where a pipeline that makes sound with its video puts it, so the runner can carry it into
-    the MP4: `field` of the pipeline's output holds (batch, channels, samples) in [-1, 1], and the
-    dotted attribute path `sample_rate` on the pipeline gives its rate in Hz."""
+    the MP4: `field` of the pipeline's output holds (batch, channels, samples) in [-1, 1] (without
+    `batched`: one sample's (channels, samples), as Cosmos 3's), and the dotted attribute path
+    `sample_rate` on the pipeline gives its rate in Hz."""
 
     field: str = "audio"
     sample_rate: str = "vocoder.config.output_sampling_rate"
+    batched: bool = True
+
+
+@dataclass(frozen=True)
+class ResultField:
+    """Where a pipeline's result holds its pictures or frames when not in diffusers' usual batched
+    `frames`, `images` or `image` field: `name` the field, `batched` False where it holds one
+    sample (Cosmos 3's `video`: (frames, H, W, 3) whatever the prompt list)."""
+
+    name: str
+    batched: bool = True
 
 
 @dataclass(frozen=True)
@@ -501,6 +513,11 @@ class Acceleration:
     # prompt's tokens too, and the prompts differ in length): CFG parallelism then exchanges shapes
     # before results, a host synchronisation the other families do without.
     cfg_outputs_vary: bool = False
+    # A transformer whose output is several predictions (Cosmos 3 returns its vision, sound and action
+    # lists): given a call's arguments, that output's structure as the call returns it, each prediction
+    # replaced by a tensor of its shape, dtype and device, so that CFG parallelism can answer the other
+    # branch's call with placeholders before it is computed. None: the output is one sample tensor.
+    cfg_output_like: Callable[[Mapping[str, Any]], Any] | None = None
     # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
     # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
     # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).
@@ -562,6 +579,11 @@ class Family:
     variants: tuple[Variant, ...] = ()
     # Sound generated with the video (LTX-2), muxed into the MP4; None: the pipeline makes none.
     audio: AudioOutput | None = None
+    # Where the pipeline's result holds its output, if not in a usual field (None: frames, images or image).
+    result: ResultField | None = None
+    # Keyword arguments `from_pretrained` gets for a checkpoint of this family, as this environment
+    # needs them (Cosmos 3 without `cosmos_guardrail`: no safety checker); None: none.
+    load_kwargs: Callable[[], Mapping[str, Any]] | None = None
 
     def with_acceleration(self, **changes: Any) -> Family:
         """This family with fields of its acceleration record replaced (`parallel=None`)."""

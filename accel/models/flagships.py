@@ -160,6 +160,11 @@ COGVIDEOX_5B = dict(num_attention_heads=48, attention_head_dim=64, num_layers=42
                     spatial_interpolation_scale=1.875, temporal_interpolation_scale=1.0, activation_fn="gelu-approximate",
                     attention_bias=True, norm_eps=1e-5, flip_sin_to_cos=True, freq_shift=0)
 # Its vae/config.json: four levels of three layers (8x space, 4x time), 16 latent channels, no quant convs.
+# Wan 2.2's VAE (TI2V-5B's, which Cosmos 3 uses): residual blocks over 2x2-patched pixels, 16x in space, 48 latent channels
+# (its latent statistics left neutral: neither weights nor working memory depend on them).
+WAN22_VAE = dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                 temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12, patch_size=2,
+                 scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
 COGVIDEOX_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 256, 512), layers_per_block=3,
                      norm_num_groups=32, norm_eps=1e-6, temporal_compression_ratio=4, sample_height=480, sample_width=720,
                      use_quant_conv=False, use_post_quant_conv=False, scaling_factor=0.7)
@@ -253,6 +258,22 @@ def _qwenimage21_inputs(size: Size) -> dict[str, Any]:
     img_mask = torch.cat([torch.zeros(1, text, dtype=torch.bool), torch.ones(1, h * w // 4, dtype=torch.bool)], dim=1)
     return dict(hidden_states=_randn(1, h * w, 64), encoder_hidden_states=_randn(1, text, 4096), timestep=torch.ones(1),
                 img_shapes=[[(1, h, w)]], img_mask=img_mask, return_dict=False)
+
+
+def _cosmos3_inputs(size: Size) -> dict[str, Any]:
+    """One sample packed as the pipeline packs it: 256 prompt token ids, then the video's latents at
+    16x (48 channels; 4k+1 frames -> k+1) in 2x2 patches, every latent frame noisy (text-to-video)."""
+    import torch
+
+    frames = size.frames or 189
+    t, h, w, text = (frames - 1) // 4 + 1, size.height // 16, size.width // 16, 256
+    patches = (t, (h + 1) // 2, (w + 1) // 2)
+    video = patches[0] * patches[1] * patches[2]
+    at = torch.arange(text, text + video)
+    return dict(input_ids=torch.zeros(text, dtype=torch.long), text_indexes=torch.arange(text), und_len=text, sequence_length=text + video,
+                position_ids=torch.arange(text + video, dtype=torch.float32).expand(3, -1), vision_tokens=[_randn(1, 48, t, h, w)],
+                vision_token_shapes=[patches], vision_sequence_indexes=at, vision_mse_loss_indexes=at,
+                vision_timesteps=torch.full((video,), 500.0), vision_noisy_frame_indexes=[torch.arange(t)], return_dict=False)
 
 
 def _ltx2_inputs(size: Size) -> dict[str, Any]:
@@ -497,6 +518,16 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder", "transformers", "UMT5EncoderModel", UMT5_XXL, "umt5"),
          Component("vae", "diffusers", "AutoencoderKLWan", {})),
         Size(640, 384, 99), _helios_inputs, lambda s: (1, 16, HELIOS_CHUNK, s.height // 8, s.width // 8)),
+    # Cosmos3OmniTransformer's class defaults (a Qwen3-8B-shaped backbone, 36 layers of 32 query and 8
+    # key/value heads of 128, twice over: the text's weights and the generation stream's), Wan 2.2's 16x
+    # VAE (48 channels), the sound tokenizer's defaults (48 kHz stereo); no text encoder (the transformer
+    # embeds the token ids). The call's default size: 720p, 189 frames.
+    "cosmos3": Flagship(
+        "Cosmos 3 Nano", "nvidia/Cosmos3-Nano",
+        (Component("transformer", "diffusers", "Cosmos3OmniTransformer", {}),
+         Component("vae", "diffusers", "AutoencoderKLWan", WAN22_VAE),
+         Component("sound_tokenizer", "diffusers", "Cosmos3AVAEAudioTokenizer", dict(encoder_enabled=False))),
+        Size(1280, 720, 189), _cosmos3_inputs, _video_latents(48, 4, 16, 189)),
     # The family's default size (accel/models/ltx.py), which `accel run ltx` generates.
     "ltx": Flagship(
         "LTX-Video 0.9.7 dev 13B", "Lightricks/LTX-Video-0.9.7-dev",

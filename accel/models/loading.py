@@ -194,7 +194,7 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
     # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
-        made: dict[str, Any] = {}
+        made: dict[str, Any] = dict(ref.family.load_kwargs()) if ref.family is not None and ref.family.load_kwargs else {}
         if split or not text_encoders or text_encoders_tp > 1:  # a hub model's folder in the local cache, downloaded if need be
             root = folder if folder.is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
             made = _split_transformers(ref, root, torch_dtype, split, device or torch.device("cpu")) if split else {}
@@ -284,10 +284,12 @@ def _assembled(root: Path, made: Mapping[str, Any], torch_dtype: torch.dtype, dt
     for name, value in index.items():
         if name.startswith("_") or name not in accepted:
             continue
-        if not (isinstance(value, list) and len(value) == 2):
+        if name in made:  # loaded here, or a setting the family loads with (Cosmos 3's enable_safety_checker)
+            kwargs[name] = made[name]
+        elif not (isinstance(value, list) and len(value) == 2):
             kwargs[name] = value  # a pipeline setting (Wan 2.2's boundary_ratio)
-        elif name in made or value[0] is None:
-            kwargs[name] = made.get(name)
+        elif value[0] is None:
+            kwargs[name] = None
         else:
             cls = getattr(importlib.import_module(value[0]), value[1])
             model = isinstance(cls, type) and issubclass(cls, torch.nn.Module)

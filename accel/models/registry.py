@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from accel.models import chronoedit, cogvideox, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage
+from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
@@ -13,7 +13,7 @@ FAMILIES: dict[str, Family] = {
     for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
                    sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY, kandinsky5.FAMILY, ltx2.FAMILY,
                    chronoedit.FAMILY, hunyuanimage.FAMILY,
-                   qwenimage21.FAMILY, helios.FAMILY)
+                   qwenimage21.FAMILY, helios.FAMILY, cosmos3.FAMILY)
 }
 
 # Aliases users type for families whose registry name is terse.

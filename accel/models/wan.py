@@ -23,24 +23,18 @@ def _tiny_shared(base: int) -> dict[str, Any]:
     Wan 2.1 T2V/I2V and Wan 2.2 A14B ship the same UMT5 and VAE, so the tiny builders do too.
     """
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
     tokenizer = parts.t5_tokenizer()
     text_encoder = parts.umt5_encoder(tokenizer, seed=base + 1)
-    with parts.seeded(base + 3):
-        # Wan 2.1's VAE shape: 8x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
-        vae = parts.finish(
-            AutoencoderKLWan(
-                base_dim=8,
-                z_dim=_Z_DIM,
-                dim_mult=[1, 2, 4, 4],
-                num_res_blocks=1,
-                attn_scales=[],
-                temperal_downsample=[False, True, True],
-            )
-        )
-    # Wan2.1-T2V's diffusers scheduler: UniPC over flow-matching sigmas with a fixed shift.
-    scheduler = UniPCMultistepScheduler(
+    vae = tiny_vae(base + 3)
+    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=tiny_scheduler())
+
+
+def tiny_scheduler() -> Any:
+    """Wan2.1-T2V's diffusers scheduler: UniPC over flow-matching sigmas with a fixed shift."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(
         num_train_timesteps=1000,
         prediction_type="flow_prediction",
         use_flow_sigmas=True,
@@ -51,7 +45,19 @@ def _tiny_shared(base: int) -> dict[str, Any]:
         lower_order_final=True,
         final_sigmas_type="zero",
     )
-    return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler)
+
+
+def tiny_vae(seed: int) -> Any:
+    """Wan 2.1's VAE scaled down (seeded): 8x spatial and 4x temporal compression (4k+1 frames -> k+1
+    latents) to _Z_DIM channels, with Wan 2.1's latent statistics (Cosmos 3 reuses it)."""
+    from accel.models import _tiny_parts as parts
+    from diffusers import AutoencoderKLWan
+
+    with parts.seeded(seed):
+        return parts.finish(
+            AutoencoderKLWan(base_dim=8, z_dim=_Z_DIM, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
+                             temperal_downsample=[False, True, True])
+        )
 
 
 def _tiny_transformer(seed: int, text_dim: int, cls: str = "WanTransformer3DModel", **config: Any) -> Any:

@@ -8,7 +8,9 @@ Pipelines run classifier-free guidance one of two ways, and each gets its own sp
   where the batch pads every sample to the longest (Z-Image), cut to the half's own length.
 - two calls ("calls"): the transformer is called once per branch per step. Half r computes call r
   and answers the other call with a placeholder tensor; when the second call ends the halves swap
-  results and the placeholder is filled in place, before the pipeline combines the two.
+  results and the placeholder is filled in place, before the pipeline combines the two. A
+  transformer that returns several predictions (Cosmos 3: vision, sound and action lists) is
+  answered with a placeholder for each, in the structure its family's `cfg_output_like` gives.
 
 Either way every rank returns what one process would. A step with one call (guidance off) or a
 batch that does not halve is refused with a message, never run on half the work. The one
@@ -59,12 +61,15 @@ class CfgParallel(StepListener):
         batch_items: tuple[str, ...] = (),
         padded: tuple[SequenceSplit, ...] = (),
         varying: bool = False,
+        output_like: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> None:
         """`batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred
         `at` a module (see ParallelPlan). `varying`: the two calls' outputs may differ in shape
-        (Family.cfg_outputs_vary), so the halves exchange shapes before results."""
+        (Family.cfg_outputs_vary), so the halves exchange shapes before results. `output_like`: the
+        structure of a call's several predictions (Acceleration.cfg_output_like; None: one sample)."""
         self.style = style
         self.varying = varying
+        self.output_like = output_like
         self.batch_args = batch_args
         self.batch_items = batch_items
         self.padded = padded
@@ -73,8 +78,8 @@ class CfgParallel(StepListener):
         self.half = torch.distributed.get_rank(mesh.cfg_group)
         self.events = events
         self._calls = 0  # transformer calls so far in this step ("calls" style)
-        self._computed: Tensor | None = None
-        self._placeholder: Pending | None = None
+        self._computed: list[Tensor] = []
+        self._placeholders: list[Pending] = []
         self._shape: tuple[int, ...] | None = None  # a branch output's shape, known after the first step
         self._guided_batch: int | None = None  # the batch of this generation's first call ("batch" style)
         self._undo: list[Callable[[], None]] = []
@@ -123,7 +128,7 @@ class CfgParallel(StepListener):
 
     # -- step events -----------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
-        self._calls, self._computed, self._placeholder = 0, None, None
+        self._calls, self._computed, self._placeholders = 0, [], []
         self._guided_batch = None
 
     def before_step(self, step_index: int) -> None:
@@ -171,25 +176,50 @@ class CfgParallel(StepListener):
                 "[parallel] cfg = 2: the pipeline called the transformer more than twice in one step; "
                 "CFG parallelism splits exactly two branches"
             )
+        if _waiting(list(bound.arguments.values())):  # the second branch computed from the first's output
+            raise NotAvailableError(_USED_EARLY)
         if index == self.half:
             output = original(*bound.args, **bound.kwargs)
-            self._computed = sample_of(output)
-            self._shape = tuple(self._computed.shape)
+            self._computed = _tensors(output) if self.output_like is not None else [sample_of(output)]
+            self._shape = tuple(self._computed[0].shape)
+        elif self.output_like is not None:  # one placeholder per prediction, each shaped as its like
+            output = _map_tensors(self.output_like(bound.arguments),
+                                  lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
+            self._placeholders = _tensors(output)
         else:
             like = _first_tensor(bound)
-            self._placeholder = Pending(self._shape, like.dtype, like.device)
-            output = as_output(self._placeholder, bound.arguments.get("return_dict", True))
+            self._placeholders = [Pending(self._shape, like.dtype, like.device)]
+            output = as_output(self._placeholders[0], bound.arguments.get("return_dict", True))
         if index == 1:
             self._swap()
         return output
 
     def _swap(self) -> None:
-        """Both branches are done: each half fills its placeholder, in place, with the other half's
-        result (the pipeline holds that very tensor)."""
-        assert self._computed is not None and self._placeholder is not None
-        results = _gather_varying(self._computed, self.group) if self.varying else all_gather(self._computed, self.group)
-        self._placeholder.fill(results[1 - self.half])
-        self._computed, self._placeholder = None, None
+        """Both branches are done: each half fills its placeholders, in place, with the other half's
+        results (the pipeline holds those very tensors)."""
+        assert len(self._computed) == len(self._placeholders) > 0
+        for computed, placeholder in zip(self._computed, self._placeholders):
+            results = _gather_varying(computed, self.group) if self.varying else all_gather(computed, self.group)
+            placeholder.fill(results[1 - self.half])
+        self._computed, self._placeholders = [], []
+
+
+def _tensors(output: Any) -> list[Tensor]:
+    """The tensors of a (nested) tuple or list output, in order; None items hold none."""
+    if isinstance(output, Tensor):
+        return [output]
+    if isinstance(output, (list, tuple)):
+        return [tensor for item in output for tensor in _tensors(item)]
+    return []
+
+
+def _map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """`value` (a tensor, or nested tuples and lists of them and None) with `fn` applied to each tensor."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(item, fn) for item in value)
+    return value
 
 
 def _gather_varying(tensor: Tensor, group: Group) -> list[Tensor]:
@@ -230,14 +260,20 @@ class Pending(Tensor):
     Indexing it (Kontext and Qwen-Image-Edit keep only the generated tokens, `out[:, :n]`, right
     after the call) gives another placeholder, filled from this one when it arrives. A pipeline
     that computes with the first branch's output before calling the second would get a wrong image
-    from any placeholder; this one refuses such a use with one line instead."""
+    from any placeholder; this one refuses such a use with one line instead, unless it `defers`:
+    a placeholder of a prediction whose family declares its structure (Cosmos 3 masks each branch's
+    predictions right after its call) answers an out-of-place tensor operation with another
+    placeholder, computed when its inputs arrive. What needs a value now (a bool, a number, an
+    in-place write, a transformer call) is refused all the same."""
 
     _ready: bool
+    _defers: bool
     _derived: list[tuple[Pending, Callable[[Tensor], Tensor]]]
 
-    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device) -> Pending:
+    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False) -> Pending:
         pending = Tensor._make_subclass(cls, torch.empty(shape or (0,), dtype=dtype, device=device))
         pending._ready = False
+        pending._defers = defers
         pending._derived = []
         return pending
 
@@ -247,10 +283,10 @@ class Pending(Tensor):
         if func is Tensor.__getitem__ and _waiting(args[0]) and not _waiting(args[1:]):
             return args[0]._index(args[1])
         if getattr(func, "__name__", "") != "__get__" and any(_waiting(value) for value in (*args, *kwargs.values())):
-            raise NotAvailableError(
-                "[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
-                "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1"
-            )
+            deferred = _deferred(func, args, kwargs)
+            if deferred is None:
+                raise NotAvailableError(_USED_EARLY)
+            return deferred
         with _plain_tensors():
             return func(*args, **kwargs)
 
@@ -258,7 +294,7 @@ class Pending(Tensor):
         """The placeholder of `self[index]`, in its shape where this one's is known."""
         with _plain_tensors():
             shape = tuple(torch.empty(self.shape, device="meta")[index].shape) if self.numel() else None
-        derived = Pending(shape, self.dtype, self.device)
+        derived = Pending(shape, self.dtype, self.device, self._defers)
         self._derived.append((derived, lambda value: value[index]))
         return derived
 
@@ -271,7 +307,46 @@ class Pending(Tensor):
         for derived, take in self._derived:
             with _plain_tensors():
                 part = take(value)
-            derived.fill(part)
+            if part is not None:
+                derived.fill(part)
+
+
+_USED_EARLY = ("[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
+               "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1")
+
+
+def _deferred(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pending | None:
+    """The placeholder of `func(*args, **kwargs)` on waiting placeholders that all defer, computed
+    when the last of them is filled; None where the operation cannot wait (it writes in place, or
+    gives no tensor: a bool, a number) or a placeholder does not defer."""
+    name = getattr(func, "__name__", "")
+    sources = [value for value in _flat((*args, *kwargs.values())) if isinstance(value, Pending) and not value._ready]
+    in_place = (name.endswith("_") and not name.startswith("__")) or name.startswith("__i") or name == "__setitem__" or "out" in kwargs
+    if in_place or not all(source._defers for source in sources):
+        return None
+    try:
+        with _plain_tensors():  # the result's shape and dtype, from the placeholders' current (empty) contents
+            trial = func(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an operation the placeholder's shape does not allow yet
+        return None
+    if any(trial is source for source in sources):  # a no-op (`.float()` of a float32 placeholder): that placeholder
+        return trial
+    if type(trial) is not Tensor:
+        return None
+    derived = Pending(tuple(trial.shape), trial.dtype, trial.device, defers=True)
+
+    def take(_value: Tensor) -> Tensor | None:
+        if any(not source._ready for source in sources):
+            return None  # another input has yet to arrive: the last one computes it
+        return func(*args, **kwargs)
+
+    for source in sources:
+        source._derived.append((derived, take))
+    return derived
+
+
+def _flat(values: Any) -> list[Any]:
+    return [item for value in values for item in (_flat(value) if isinstance(value, (list, tuple)) else (value,))]
 
 
 def _waiting(value: Any) -> bool:

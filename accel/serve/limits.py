@@ -57,12 +57,13 @@ class TokenCounter:
 
 
 def token_counters(pipe: Any) -> tuple[TokenCounter, ...]:
-    """A counter for every `tokenizer*` component of `pipe` that is a fast (Rust) tokenizer, in name
-    order. A slow (Python) one is skipped: counting with it costs as much as the tokenization the
-    limit protects, so only the character limit bounds what it sees."""
+    """A counter for every `tokenizer*` (or `*_tokenizer`: Cosmos 3's `text_tokenizer`) component of
+    `pipe` that is a fast (Rust) tokenizer, in name order. A slow (Python) one is skipped: counting with
+    it costs as much as the tokenization the limit protects, so only the character limit bounds what it
+    sees. A model named so (Cosmos 3's `sound_tokenizer`, an audio VAE) is no tokenizer and is skipped too."""
     components = getattr(pipe, "components", None) or {}
     return tuple(TokenCounter(name, component.backend_tokenizer) for name, component in sorted(components.items())
-                 if name.startswith("tokenizer") and getattr(component, "is_fast", False)
+                 if (name.startswith("tokenizer") or name.endswith("_tokenizer")) and getattr(component, "is_fast", False)
                  and getattr(component, "backend_tokenizer", None) is not None)
 
 

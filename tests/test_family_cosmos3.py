@@ -1,0 +1,119 @@
+"""Cosmos 3 (accel/models/cosmos3.py): what its shared matrix rows do not show. `accel run` writes
+the video with its sound track; a picture anchors the first latent frame (image-to-video), also on
+CFG halves with the cache, where the pipeline masks each branch's predictions before the other
+branch has run; one frame is a picture; Ulysses and Ring are one line before start; a checkpoint
+that asks for the safety checker loads without it where `cosmos_guardrail` is missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_parallel_families import FAMILY_CASES, TOLERANCE
+from typer.testing import CliRunner
+from variant_cases import picture, run_written
+
+import parallel_cases as cases
+from accel.cli import app
+from accel.models import cosmos3
+
+CALL = FAMILY_CASES["cosmos3"].call
+PIXELS = 5 * 64 * 64 * 3  # the output's frames; the sound's samples follow them
+
+
+def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
+    frames, sound = run_written(tmp_path / "fox.mp4", "tiny-cosmos3")
+    assert frames.shape == (5, 64, 64, 3)
+    assert sound is not None and sound.rate == 8000 and sound.samples.shape[0] == 2  # the tiny sound tokenizer's stereo
+    expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=64,
+                                                            num_frames=5, num_inference_steps=2, guidance_scale=5.0, enable_sound=True))
+    assert expected.size - PIXELS == 2 * 6 * 320  # 6 sound latents of 320 samples, two channels
+    assert sound.samples.shape[1] == 6 * 320
+
+
+def test_ulysses_is_one_line_before_start(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["run", "tiny-cosmos3", "--ulysses", "2", "--out", str(tmp_path / "x.mp4")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: [parallel] ulysses × ring = 2: context parallelism cannot split Cosmos3OmniPipeline: {cosmos3.NOT_SPLIT}; "
+        "set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)")
+
+
+def _noisy_frames(call: dict[str, Any]) -> list[list[int]]:
+    """The latent frames each transformer call of a one-step run denoises."""
+    seen: list[list[int]] = []
+    hook = cases.tiny_pipeline("tiny-cosmos3").transformer.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs["vision_noisy_frame_indexes"][0].tolist()), with_kwargs=True)
+    try:
+        cases.tiny_run("tiny-cosmos3", {}, dict(call, num_inference_steps=1))
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_a_picture_keeps_the_first_latent_frame_clean_and_one_frame_is_a_picture() -> None:
+    assert _noisy_frames(CALL) == [[0, 1], [0, 1]]  # text-to-video: both latent frames, prompt and negative
+    assert _noisy_frames(dict(CALL, image=picture())) == [[1], [1]]
+    still, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(CALL, num_frames=1, num_inference_steps=1))
+    assert still.size == 64 * 64 * 3 + 2 * 2 * 320  # one frame; 1/24 s of sound is 2 latents
+
+
+def test_image_to_video_on_cfg_halves_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+    """Each half computes its branch and masks the other's predictions (the clean first frame zeroed)
+    before they arrive: the masking waits for them. Calls cached alike on each half, sound included."""
+    call = dict(CALL, image=picture(), num_inference_steps=8)
+    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
+    assert 0 < sum(cached for *_, cached in records) < len(records)
+    runs = rank_pools(2).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"cfg": 2}}, call)
+    for half, (output, got, bytes_sent) in enumerate(runs):
+        assert bytes_sent > 0 and output.shape == expected.shape
+        assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in records if b == half]
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_a_checkpoint_asking_for_the_safety_checker_loads_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real checkpoints turn the safety checker on; diffusers then builds one, which raises
+    ImportError without `cosmos_guardrail`. accel loads them without it, as the tiny pipeline is built."""
+    import accel
+    from diffusers.utils import is_cosmos_guardrail_available
+
+    if is_cosmos_guardrail_available():
+        pytest.skip("cosmos_guardrail is installed: the checkpoint's own safety checker loads")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cases.tiny_pipeline("tiny-cosmos3").save_pretrained(tmp_path)
+    index = json.loads((tmp_path / "model_index.json").read_text())
+    index["enable_safety_checker"] = True
+    (tmp_path / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ImportError, match="cosmos_guardrail"):
+        type(cases.tiny_pipeline("tiny-cosmos3")).from_pretrained(tmp_path)
+    pipe = accel.load_pipeline(str(tmp_path), "float32")
+    assert pipe.safety_checker is None and pipe.config.enable_safety_checker is False
+    pipe.set_progress_bar_config(disable=True)
+    loaded = cases.output_of(pipe(**dict(CALL, num_inference_steps=1), generator=torch.Generator().manual_seed(0), output_type="np"), pipe)
+    expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(CALL, num_inference_steps=1))
+    assert np.abs(loaded - expected).max() <= 1e-5
+
+
+def test_accel_plan_offers_no_text_encoder_placement_where_there_is_no_text_encoder() -> None:
+    """The transformer embeds the token ids: the plan's layouts keep no text encoder on the CPU or sharded."""
+    from accel.memory.plan import make_plan
+    from accel.models.flagships import Size
+
+    plan = make_plan("cosmos3", 1, 80, size=Size(256, 256, 5))
+    assert [(c.offload, c.text_encoder) for c in plan.candidates] == [("none", "replicated"), ("model", "replicated"), ("group", "replicated")]
+    assert plan.chosen is not None and plan.chosen.estimate.weights.keys() == {"transformer", "vae", "sound_tokenizer"}
+
+
+def test_accel_serve_counts_the_prompt_with_its_text_tokenizer() -> None:
+    """Its tokenizer is `text_tokenizer`; `sound_tokenizer` is an audio VAE."""
+    from accel.serve.limits import token_counters
+
+    pipe = cases.tiny_pipeline("tiny-cosmos3")
+    counters = token_counters(pipe)
+    assert [counter.name for counter in counters] == ["text_tokenizer"]
+    assert counters[0].count("a red fox") == len(pipe.text_tokenizer("a red fox", add_special_tokens=False).input_ids) > 3
