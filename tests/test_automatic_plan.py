@@ -93,9 +93,13 @@ def _outputs(transformer: Any, plan: Any, call: TransformerCall, ulysses: int, r
     return [t for output in verify._split_run(transformer, plan, call, ulysses, ring) for t in tensors_of(output)]
 
 
-# Qwen-Image 2.1's hand plan cuts only the calls after its first, which the automatic plan never sees:
-# it refuses it (test_qwen_image_21_is_refused_by_the_automatic_plan).
-@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family) and family != "qwenimage21"])
+# Two hand plans the automatic plan cannot write, and refuses: Qwen-Image 2.1's cuts only the calls
+# after its first, which the automatic plan never sees (test_qwen_image_21_is_refused_by_the_automatic_plan);
+# Cosmos 3's transformer takes its streams without a batch dim (test_cosmos_3_is_refused_by_the_automatic_plan).
+REFUSED_AUTOMATICALLY = ("qwenimage21", "cosmos3")
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family) and family not in REFUSED_AUTOMATICALLY])
 def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(family: str, tmp_path: Any,
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
@@ -166,6 +170,17 @@ def test_qwen_image_21_is_refused_by_the_automatic_plan(ulysses: int, ring: int,
         "[parallel]: the automatic context-parallel plan for QwenImage21Transformer2DModel is refused: QwenImage21Transformer2DModel's "
         "transformer_blocks.*.attn attends 64 queries to 76 keys, which the automatic plan cannot place among the 76 stream tokens; "
         "run it on one process (cache, quantization and compile apply)")
+
+
+def test_cosmos_3_is_refused_by_the_automatic_plan(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+    pipe, call, other = _calls("cosmos3")
+    spec = FAMILIES["cosmos3"]
+    with pytest.raises(NotAvailableError) as refused:
+        verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]")
+    assert str(refused.value) == (
+        "[parallel]: the automatic context-parallel plan for Cosmos3OmniTransformer is refused: Cosmos3OmniTransformer's layers take "
+        "gen_seq that is not (batch, tokens, width); run it on one process (cache, quantization and compile apply)")
 
 
 # CFG halves × Ulysses on real gloo ranks with the cache on, the automatic plan in place of the hand

@@ -551,6 +551,14 @@ HOST_VALUES = {"qwenimage21": ("QwenImage21Transformer2DModel's forward reads it
                                "by it, the rotary positions and the block segments from its list)")}
 
 
+# Sequence layouts whose kernels, collectives and syncs this module's expectations do not model yet:
+# Cosmos 3's stream without a batch dim, its text whole on every rank attended causally (plain SDPA)
+# and as keys every rank holds whole (one more kernel per call). Its CFG and TP layouts run here; its
+# sequence layouts equal one process on gloo ranks (tests/test_parallel_families.py).
+UNMODELLED_SEQUENCE = {"cosmos3": "Cosmos 3's sequence layouts (text keys held whole, a causal local call, no batch dim) are not "
+                                  "modelled by this tier's kernel and sync expectations yet; its CFG and TP layouts run here"}
+
+
 @pytest.mark.parametrize("rank_of", ["first", "last"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -559,9 +567,9 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
     if name in HOST_VALUES:
         pytest.skip(HOST_VALUES[name])
-    if not splits_sequence(name):  # Ulysses and Ring refused up front: the layout's CFG and TP degrees alone, once each
+    if not splits_sequence(name) or name in UNMODELLED_SEQUENCE:  # the layout's CFG and TP degrees alone, once each
         if layout.cfg == layout.tp == 1:
-            pytest.skip(f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree")
+            pytest.skip(UNMODELLED_SEQUENCE.get(name, f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree"))
         layout = replace(layout, world=layout.cfg * layout.tp, ulysses=1, ring=1)
     cls, config, _, _ = tiny_configs[name]
     if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens

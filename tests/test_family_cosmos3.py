@@ -1,8 +1,9 @@
 """Cosmos 3 (accel/models/cosmos3.py): what its shared matrix rows do not show. `accel run` writes
 the video with its sound track; a picture anchors the first latent frame (image-to-video), also on
 CFG halves with the cache, where the pipeline masks each branch's predictions before the other
-branch has run; one frame is a picture; Ulysses and Ring are one line before start; a checkpoint
-that asks for the safety checker loads without it where `cosmos_guardrail` is missing."""
+branch has run, and on Ring 3 (the text whole on every rank, the video and sound tokens cut); one
+frame is a picture; a checkpoint that asks for the safety checker loads without it where
+`cosmos_guardrail` is missing."""
 
 from __future__ import annotations
 
@@ -14,12 +15,9 @@ import numpy as np
 import pytest
 import torch
 from test_parallel_families import FAMILY_CASES, TOLERANCE
-from typer.testing import CliRunner
 from variant_cases import picture, run_written
 
 import parallel_cases as cases
-from accel.cli import app
-from accel.models import cosmos3
 
 CALL = FAMILY_CASES["cosmos3"].call
 PIXELS = 5 * 64 * 64 * 3  # the output's frames; the sound's samples follow them
@@ -33,14 +31,6 @@ def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
                                                             num_frames=5, num_inference_steps=2, guidance_scale=5.0, enable_sound=True))
     assert expected.size - PIXELS == 2 * 6 * 320  # 6 sound latents of 320 samples, two channels
     assert sound.samples.shape[1] == 6 * 320
-
-
-def test_ulysses_is_one_line_before_start(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["run", "tiny-cosmos3", "--ulysses", "2", "--out", str(tmp_path / "x.mp4")])
-    assert result.exit_code == 2
-    assert result.stderr.strip() == (
-        f"error: [parallel] ulysses × ring = 2: context parallelism cannot split Cosmos3OmniPipeline: {cosmos3.NOT_SPLIT}; "
-        "set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)")
 
 
 def _noisy_frames(call: dict[str, Any]) -> list[list[int]]:
@@ -73,6 +63,20 @@ def test_image_to_video_on_cfg_halves_with_the_cache_equals_one_process(rank_poo
     for half, (output, got, bytes_sent) in enumerate(runs):
         assert bytes_sent > 0 and output.shape == expected.shape
         assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in records if b == half]
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_image_to_video_on_ring_3_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+    """The picture's clean latent frame, the noisy one and the sound tokens are the generation stream,
+    cut over 3 ranks; each rank attends to the text it holds whole and to every rank's generation
+    keys. Output (sound included) and cached calls as one process."""
+    call = dict(CALL, image=picture(), num_inference_steps=8)
+    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
+    runs = rank_pools(3).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"ring": 3}}, call)
+    for output, got, bytes_sent in runs:
+        assert bytes_sent > 0 and output.shape == expected.shape
+        assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in records]
         assert np.abs(output - expected).max() <= TOLERANCE
 
 

@@ -140,7 +140,7 @@ FAMILY_CASES = {
     "cosmos3": FamilyCase(
         # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
         dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
-        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens, 6 sound tokens (Ulysses and Ring are refused)
+        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
         threshold=0.06,
     ),
 }
@@ -156,8 +156,8 @@ CACHE_MODES = {**{k: v for k, v in MODES.items() if k != "ring2"}, "ring3": {"ri
 
 
 def splits_sequence(family: str) -> bool:
-    """Whether Ulysses and Ring may cut the family's own pipeline (see
-    test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut for one that may not)."""
+    """Whether Ulysses and Ring may cut the family's own pipeline (a pipeline that refuses them says why
+    in its variant's `not_split`; every family's own pipeline is cut today)."""
     return variant_of(FAMILIES[family], FAMILIES[family].pipeline_class).not_split is None
 
 
@@ -225,16 +225,6 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
     the calls of its own branch), with the same block-0 change, and the outputs agree."""
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold})
-
-
-@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if not splits_sequence(family)])
-def test_sequence_parallelism_is_refused_where_the_pipeline_cannot_be_cut(rank_pools, family: str) -> None:
-    """Every rank stops with the same line before the first step, naming why the sequence cannot be cut."""
-    spec = FAMILIES[family]
-    why = variant_of(spec, spec.pipeline_class).not_split
-    errors = rank_pools(2).run(cases.tiny_error, f"tiny-{family}", {"parallel": {"ulysses": 2}}, FAMILY_CASES[family].call)
-    assert errors == [f"UserError: [parallel] ulysses × ring = 2: context parallelism cannot split {spec.pipeline_class}: {why}; "
-                      "set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)"] * 2
 
 
 # DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double

@@ -194,6 +194,10 @@ class ParallelPlan:
     # attending to those cached keys, which every rank then holds whole (a replicated stream that is
     # keys only: see `attention_keys`).
     split_only_when: tuple[str, Any] | None = None
+    # Attention called causal (is_causal) runs on every rank unchanged: the plan keeps its tokens whole
+    # on every rank (Cosmos 3's text, attending causally to itself in every layer beside the video's
+    # call, which is routed).
+    causal_local: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ result holds one sample (`video` as (frames, H, W, 3), `sound` as (channels, sam
 prompt list. Classifier-free guidance is two transformer calls per step whose prompts differ in
 length; the outputs are the same size (the vision and sound predictions).
 
-Context parallelism cannot cut it (NOT_SPLIT): the transformer takes 2-D (tokens, width) tensors with
-no batch dim, runs two attention calls per layer (causal over the text, full from the video to the
-text and itself), and diffusers keeps context parallelism out of the model (its `_cp_shard_fn` seam,
-set by an external helper). Ulysses and Ring are refused before any rank starts; CFG parallelism (one
-branch per rank) cuts nothing and runs, as do the cache, quantization, compile and tensor parallelism
-(a hand plan: diffusers has no `_tp_plan` for it).
+Context parallelism has a hand plan (diffusers keeps Cosmos 3's outside the model, behind its
+`_cp_shard_fn` seam): the transformer takes 2-D (tokens, width) tensors with no batch dim and runs two
+attention calls per layer, causal over the text, then from the generation stream (video and sound) to
+the text's keys and its own. The generation stream is cut along its tokens where the layers start,
+with its rotary pair; the text stays whole on every rank, so its causal call runs locally and the
+generation stream's call attends to the text's keys locally and to its own cut keys across the ranks,
+merged by log-sum-exp (grouped key/value heads are repeated for the exchange). CFG parallelism (one
+branch per rank), the cache, quantization, compile and tensor parallelism (a hand plan: diffusers has
+no `_tp_plan` for it) apply as well.
 
 The safety checker needs `cosmos_guardrail`; accel loads the pipeline without it where that package
 is missing (`load_kwargs`). `build_tiny` makes a seeded, random-weight Cosmos3-shaped pipeline
@@ -30,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, AudioOutput, AutomaticPlan, BlockList, Family, GenerationDefaults, ResultField, TensorPlan,
-                               Variant, split_layers)
+from accel.models.base import (Acceleration, AudioOutput, BlockList, Family, GenerationDefaults, ParallelPlan, ResultField, SequenceSplit,
+                               TensorPlan, Variant, split_layers)
 
 if TYPE_CHECKING:
     from diffusers import Cosmos3OmniPipeline
@@ -44,9 +47,23 @@ _SEEDS = 5000
 _TEMPLATE = ("<|im_start|>system\nYou are a helpful assistant who will generate videos images from a give prompt.<|im_end|>\n"
              "<|im_start|>user\n{} The video is not seconds long and is of FPS. This video image is not of resolution.<|im_end|>\n"
              "<|im_start|>assistant\n")
-NOT_SPLIT = ("its transformer packs the text and the video into one sequence without a batch dim and attends twice per layer "
-             "(causally over the text, then from the video to the text and itself); diffusers keeps its context parallelism "
-             "outside the model")
+# The generation stream (video and sound tokens) is cut where the layers start, with its rotary
+# (cos, sin) pair; the text stays whole on every rank, where its causal self-attention runs locally.
+# The generation stream attends to the text's keys (every rank holds them whole: attended locally,
+# merged by log-sum-exp) and to its own, cut. Gathered before the final norm of the generation stream.
+PARALLEL_PLAN = ParallelPlan(
+    splits=(
+        SequenceSplit("gen_seq", "generation", dim=0, module="layers.0"),
+        SequenceSplit("rotary_emb", "generation", dim=0, module="layers.*", element=2),
+        SequenceSplit("rotary_emb", "generation", dim=0, module="layers.*", element=3),
+    ),
+    attention_keys=("text", "generation"),
+    output_stream="generation",
+    output_dim=0,
+    output_module="norm_moe_gen",
+    output_before=True,
+    causal_local=True,
+)
 _Z_DIM = 16  # Wan 2.1's tiny VAE (the real model uses Wan 2.2's 48-channel one)
 
 
@@ -131,8 +148,7 @@ FAMILY = Family(
         blocks=(BlockList("layers", returns=("und_seq", "gen_seq")),),
         primary_stream="gen_seq",
         tensor=TENSOR_PLAN,
-        # What CFG parallelism runs under; Ulysses and Ring are refused up front (NOT_SPLIT).
-        parallel=AutomaticPlan(),
+        parallel=PARALLEL_PLAN,
         cfg="calls",  # a conditional and an unconditional transformer call per step
         # Each call returns its vision, sound and action predictions; the two calls' sequences differ
         # in length (their prompts'), their predictions do not.
@@ -149,6 +165,6 @@ FAMILY = Family(
     load_kwargs=load_kwargs,
     audio=AudioOutput(field="sound", sample_rate="sound_tokenizer.config.sampling_rate", batched=False),
     # Image-to-video: the picture anchors the first latent frame (optional: text-to-video without).
-    variants=(Variant("Cosmos3OmniPipeline", image="image", optional=("image",), not_split=NOT_SPLIT,
+    variants=(Variant("Cosmos3OmniPipeline", image="image", optional=("image",),
                       tiny_fixed=(("enable_sound", True),)),),
 )

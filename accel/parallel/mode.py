@@ -27,15 +27,17 @@ class AttentionRouter(TorchFunctionMode):
     With `pairwise`, a square (B, 1, L, L) boolean mask is taken as one per-token mask ANDed with
     itself (the plan says the model builds them so) and reduced to its diagonal, the key mask."""
 
-    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False, pairwise: bool = False) -> None:
+    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False, pairwise: bool = False,
+                 causal_local: bool = False) -> None:
         super().__init__()
         self.attend = attend
         self.is_local = is_local
         self.pairwise = pairwise
+        self.causal_local = causal_local
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not self.is_local():
+        if func is F.scaled_dot_product_attention and not self.is_local() and not (self.causal_local and _causal(args, kwargs)):
             return self._route(*args, **kwargs)
         return func(*args, **kwargs)
 
@@ -65,7 +67,11 @@ class AttentionRouter(TorchFunctionMode):
                 f"(shape {tuple(attn_mask.shape)}, {attn_mask.dtype}); run it without [parallel]"
             )
         if key.shape[-3] != query.shape[-3]:
-            raise NotAvailableError("context parallelism: grouped-query attention (fewer key heads) is not handled yet")
+            if not enable_gqa or query.shape[-3] % key.shape[-3]:
+                raise NotAvailableError(f"context parallelism: {query.shape[-3]} query heads attend to {key.shape[-3]} key heads "
+                                        "without grouped-query attention; run it without [parallel]")
+            # Grouped-query attention: each key head serves a run of query heads, as SDPA's enable_gqa reads them.
+            key, value = (x.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3) for x in (key, value))
         return self.attend(query, key, value, attn_mask, scale)
 
 
@@ -93,6 +99,11 @@ def bypassing_backend(transformer: torch.nn.Module) -> str | None:
         if name not in SDPA_BACKENDS:
             return name
     return None
+
+
+def _causal(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an SDPA call asks for a causal mask (its sixth positional argument, or the keyword)."""
+    return bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
 
 
 def _is_key_mask(mask: Tensor) -> bool:

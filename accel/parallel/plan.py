@@ -250,7 +250,7 @@ class ContextParallel:
         self._refuse_diffusers_cache()
         self._active, self._routed = True, False
         try:
-            with AttentionRouter(self._attend, lambda: self._local_depth > 0, self.plan.pairwise_mask):
+            with AttentionRouter(self._attend, lambda: self._local_depth > 0, self.plan.pairwise_mask, self.plan.causal_local):
                 output = call_next(*bound.args, **bound.kwargs)
             if not self._routed and not self._proven:  # every rank ran the same code, so every rank raises here alike
                 raise NotAvailableError(self._unrouted())
