@@ -359,7 +359,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
         extra = plan.splits if isinstance(plan, ParallelPlan) else plan.extra_splits
         padded = tuple(split for split in extra if split.at and split.value in plan.batch_items)
         cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded,
-                          family.cfg_outputs_vary)
+                          family.cfg_outputs_vary, family.acceleration.cfg_predicted)
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were

@@ -102,8 +102,8 @@ def test_family_blocks_are_discovered(name: str, request: pytest.FixtureRequest)
 # What a tested family states by hand beyond what the generic path learns: its plans, how its pipeline
 # runs guidance, its heads' config key, its processors. Not learned: the pipeline attributes of
 # experts the tiny pipeline lacks (Wan 2.2's transformer_2).
-HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "cfg_outputs_vary", "heads_key", "heads_of_config",
-             "processors")
+HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "cfg_outputs_vary", "cfg_predicted", "heads_key",
+             "heads_of_config", "processors")
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

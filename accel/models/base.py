@@ -490,6 +490,10 @@ class Acceleration:
     # prompt's tokens too, and the prompts differ in length): CFG parallelism then exchanges shapes
     # before results, a host synchronisation the other families do without.
     cfg_outputs_vary: bool = False
+    # Transformer arguments each of which, when a call is given it, adds its own prediction to the
+    # output after the sample, in this order (Kandinsky 6 given audio latents predicts their velocity
+    # beside the video's): CFG parallelism in two calls answers the other half's call with as many.
+    cfg_predicted: tuple[str, ...] = ()
     # diffusers attention processors that accel swaps for an equivalent needing less memory, on every
     # module that uses one: (the diffusers class's name, a factory of accel's). Same outputs for every
     # real token (accel/optimize/processors.py installs them in every apply and in the memory plan).

@@ -30,7 +30,7 @@ from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle, SequenceSplit
 from accel.parallel.comm import Group, all_gather
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.outputs import as_output, map_samples, sample_of
+from accel.parallel.outputs import as_output, map_samples, predictions_of
 from accel.steps import StepEvents, StepListener
 
 
@@ -59,12 +59,15 @@ class CfgParallel(StepListener):
         batch_items: tuple[str, ...] = (),
         padded: tuple[SequenceSplit, ...] = (),
         varying: bool = False,
+        predicted: tuple[str, ...] = (),
     ) -> None:
         """`batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred
         `at` a module (see ParallelPlan). `varying`: the two calls' outputs may differ in shape
-        (Family.cfg_outputs_vary), so the halves exchange shapes before results."""
+        (Family.cfg_outputs_vary), so the halves exchange shapes before results. `predicted`: the
+        arguments whose predictions the output holds after the sample (Acceleration.cfg_predicted)."""
         self.style = style
         self.varying = varying
+        self.predicted = predicted
         self.batch_args = batch_args
         self.batch_items = batch_items
         self.padded = padded
@@ -73,9 +76,11 @@ class CfgParallel(StepListener):
         self.half = torch.distributed.get_rank(mesh.cfg_group)
         self.events = events
         self._calls = 0  # transformer calls so far in this step ("calls" style)
-        self._computed: Tensor | None = None
-        self._placeholder: Pending | None = None
-        self._shape: tuple[int, ...] | None = None  # a branch output's shape, known after the first step
+        # This step's own branch's predictions (the sample, then one per `predicted` argument given),
+        # and the placeholders of the other branch's.
+        self._computed: list[Tensor] = []
+        self._placeholders: list[Pending] = []
+        self._shapes: list[tuple[int, ...]] = []  # a branch's predictions' shapes, known after the first step
         self._guided_batch: int | None = None  # the batch of this generation's first call ("batch" style)
         self._undo: list[Callable[[], None]] = []
         for transformer in transformers.values():
@@ -123,7 +128,7 @@ class CfgParallel(StepListener):
 
     # -- step events -----------------------------------------------------------------------------
     def on_generation_start(self, num_steps: int) -> None:
-        self._calls, self._computed, self._placeholder = 0, None, None
+        self._calls, self._computed, self._placeholders = 0, [], []
         self._guided_batch = None
 
     def before_step(self, step_index: int) -> None:
@@ -171,25 +176,29 @@ class CfgParallel(StepListener):
                 "[parallel] cfg = 2: the pipeline called the transformer more than twice in one step; "
                 "CFG parallelism splits exactly two branches"
             )
+        # Both halves count the call's predictions alike, from its arguments.
+        count = 1 + sum(bound.arguments.get(name) is not None for name in self.predicted)
         if index == self.half:
             output = original(*bound.args, **bound.kwargs)
-            self._computed = sample_of(output)
-            self._shape = tuple(self._computed.shape)
+            self._computed = predictions_of(output)[:count]
+            self._shapes = [tuple(prediction.shape) for prediction in self._computed]
         else:
             like = _first_tensor(bound)
-            self._placeholder = Pending(self._shape, like.dtype, like.device)
-            output = as_output(self._placeholder, bound.arguments.get("return_dict", True))
+            shapes = self._shapes if len(self._shapes) == count else [None] * count
+            self._placeholders = [Pending(shape, like.dtype, like.device) for shape in shapes]
+            output = as_output(self._placeholders[0], bound.arguments.get("return_dict", True), tuple(self._placeholders[1:]))
         if index == 1:
             self._swap()
         return output
 
     def _swap(self) -> None:
-        """Both branches are done: each half fills its placeholder, in place, with the other half's
-        result (the pipeline holds that very tensor)."""
-        assert self._computed is not None and self._placeholder is not None
-        results = _gather_varying(self._computed, self.group) if self.varying else all_gather(self._computed, self.group)
-        self._placeholder.fill(results[1 - self.half])
-        self._computed, self._placeholder = None, None
+        """Both branches are done: each half fills its placeholders, in place, with the other half's
+        results (the pipeline holds those very tensors)."""
+        assert self._computed and len(self._computed) == len(self._placeholders)
+        for computed, placeholder in zip(self._computed, self._placeholders):
+            results = _gather_varying(computed, self.group) if self.varying else all_gather(computed, self.group)
+            placeholder.fill(results[1 - self.half])
+        self._computed, self._placeholders = [], []
 
 
 def _gather_varying(tensor: Tensor, group: Group) -> list[Tensor]:

@@ -37,10 +37,23 @@ def map_samples(output: Any, fn: Callable[[Any], Any]) -> Any:
     return type(output)(**{**output, **fields, "sample": fn(output.sample)})
 
 
-def as_output(sample: Tensor, return_dict: bool) -> Any:
-    """What a transformer called with `return_dict` returns for this sample."""
+def predictions_of(output: Any) -> list[Tensor]:
+    """The sample, then every other tensor the output holds, in order (`map_samples`'s tensors)."""
+    found: list[Tensor] = []
+    map_samples(output, lambda tensor: found.append(tensor) or tensor)
+    return found
+
+
+def as_output(sample: Tensor, return_dict: bool, others: tuple[Tensor, ...] = ()) -> Any:
+    """What a transformer called with `return_dict` returns for this sample, and for the `others`
+    it predicts beside it (as a tuple only: their output fields have no names here)."""
     if not return_dict:
-        return (sample,)
+        return (sample, *others)
+    if others:
+        from accel.errors import NotAvailableError
+
+        raise NotAvailableError("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its sample, "
+                                "whose output fields accel cannot name for the other branch; set cfg = 1")
     from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
     return Transformer2DModelOutput(sample=sample)
