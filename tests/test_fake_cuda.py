@@ -80,6 +80,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
     if name == "kandinsky5":  # no head count in its config: the width over the head width (sum of axes_dims)
         return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
+    if name == "kandinsky6":  # the same for its video and its audio stream
+        return {"model_dim": HEADS * sum(config["axes_dims"]), "model_dim_a": HEADS * sum(config["axes_dims_a"]), "num_text_blocks": 1}
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -114,6 +116,8 @@ class Grid:
 
 # LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
 LTX2_AUDIO = 13
+# Kandinsky 6's (44.1 kHz over a 1024-sample hop: 218 for 5 s): replicated too.
+K6_AUDIO = 11
 
 # Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
 DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
@@ -221,11 +225,17 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
                     timestep=t, pooled_projections=randn(batch, config["in_text_dim2"]), visual_rope_pos=positions,
                     text_rope_pos=torch.arange(text, device="cuda"), return_dict=False)
+    if name == "kandinsky6":  # as Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)
+        channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+        mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
+        return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
+                    encoder_hidden_states=randn(batch, text, config["in_text_dim"]), pooled_projections=randn(batch, config["in_text_dim2"]),
+                    timestep=t, encoder_attention_mask=mask, return_dict=False)
     raise KeyError(name)
 
 
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
-    if name == "kandinsky5":  # (B, F, H, W, C), as its latents
+    if name in ("kandinsky5", "kandinsky6"):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
         return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
     out = config.get("out_channels") or config["in_channels"]
     f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
@@ -591,6 +601,12 @@ CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim
 HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                    freq_dim=256, ffn_dim=13824, num_layers=2, rope_dim=(44, 42, 42), guidance_cross_attn=True, zero_history_timestep=True,
                    has_multi_term_memory_patch=True, is_amplify_history=False)
+# Kandinsky 6.0's transformer (the diffusers class defaults, whose audio stream is as wide as the video's, with the
+# released checkpoints' switches; one text and two fused blocks): 32 heads of 128, Qwen2.5-VL-7B's 3584-wide text.
+KANDINSKY6 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
+                  model_dim=4096, ff_dim=16384, num_text_blocks=1, num_visual_blocks=2, axes_dims=(32, 48, 48), visual_cond=True,
+                  in_audio_dim=20, out_audio_dim=20, text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True,
+                  visual_token_type_num_embeddings=2)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -618,6 +634,9 @@ REAL = {
     # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
     # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
     "helios": (HELIOS_BASE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512))),
+    # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a step
+    # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
+    "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
 }
 
 
