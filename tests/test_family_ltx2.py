@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import parallel_cases as cases
+from conftest import run_with_sound
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -78,12 +79,8 @@ def test_a_deep_copied_scheduler_leaves_accel_behind() -> None:
 
 
 def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
-    out = tmp_path / "fox.mp4"
-    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--steps", "2", "--warmup", "0", "--out", str(out)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert read_video(out).shape == (9, 64, 96, 3)
-    sound = read_audio(out)
+    video, sound = run_with_sound("tiny-ltx2", tmp_path / "fox.mp4")
+    assert video.shape == (9, 64, 96, 3)
     assert sound is not None and sound.rate == 24000 and sound.samples.shape[0] == 2
     expected, _, _ = cases.tiny_run("tiny-ltx2", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=96,
                                                          num_frames=9, num_inference_steps=2, guidance_scale=4.0))

@@ -1,0 +1,72 @@
+"""Kandinsky 6.0 (accel/models/kandinsky6.py): what its shared matrix rows do not show. The MP4 that
+`accel run` writes carries the generated sound; a picture to start from joins the video tokens as
+one more latent frame, cut with them; CFG halves answer each other's audio prediction beside the
+video's, and without audio only the video's. The shared rows compare the frames with the audio
+samples appended (tests/parallel_cases.output_of), so every mode there checks the sound too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import parallel_cases as cases
+from conftest import run_with_sound
+from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
+
+from accel.errors import NotAvailableError
+from accel.parallel.outputs import as_output
+
+CALL = FAMILY_CASES["kandinsky6"].call
+# 16 kHz over a 64-sample latent hop: 5 frames at 24 fps make 53 audio latents, 106 mel frames of 32 samples.
+SAMPLES = 53 * 64
+
+
+def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
+    video, sound = run_with_sound("tiny-kandinsky6", tmp_path / "fox.mp4")
+    assert video.shape == (5, 64, 64, 3)
+    assert sound is not None and sound.rate == 16000 and sound.samples.shape[0] == 1  # mono, the audio VAE's rate
+    assert sound.samples.shape[1] == SAMPLES  # the whole waveform, 0.21 s
+    assert np.abs(sound.samples).max() > 0
+
+
+def test_a_picture_to_start_from_on_ring2_equals_one_process(rank_pools: Any) -> None:
+    """The picture's latents join the video as a third latent frame (token type 1, the first frame's
+    rotary position): 48x80 makes 3 x 3x5 = 45 video tokens, which 2 ranks do not divide."""
+    call = dict(CALL, image=cases.gradient_image(64), height=48, width=80, num_inference_steps=3)
+    tokens: list[int] = []
+    pipe = cases.tiny_pipeline("tiny-kandinsky6")
+    hook = pipe.transformer.visual_transformer_blocks[0].register_forward_pre_hook(lambda _m, args: tokens.append(args[0].shape[1]))
+    try:
+        expected, _ = reference("kandinsky6", call)
+    finally:
+        hook.remove()
+    assert tokens == [45] * 6
+    for output, _, bytes_sent in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky6", {"parallel": {"ring": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_cfg_halves_without_audio_answer_the_video_alone(rank_pools: Any) -> None:
+    """sample_audio=False: the transformer gets no audio latents and returns the video's prediction
+    alone, so each half answers the other's call with one placeholder, not two."""
+    call = dict(CALL, sample_audio=False, num_inference_steps=2)
+    expected, _ = reference("kandinsky6", call)
+    assert expected.shape == (1, 5, 64, 64, 3)  # no audio samples appended
+    for output, _, bytes_sent in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky6", {"parallel": {"cfg": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_a_second_prediction_in_an_output_dataclass_is_refused_in_one_line() -> None:
+    """A placeholder output for a call with return_dict=True has no field names for the predictions
+    beside the sample (Kandinsky 6's pipeline asks for tuples)."""
+    sample = torch.zeros(1)
+    assert as_output(sample, False, (sample,)) == (sample, sample)
+    with pytest.raises(NotAvailableError) as refused:
+        as_output(sample, True, (sample,))
+    assert str(refused.value) == ("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its "
+                                  "sample, whose output fields accel cannot name for the other branch; set cfg = 1")
