@@ -601,12 +601,12 @@ CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim
 HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                    freq_dim=256, ffn_dim=13824, num_layers=2, rope_dim=(44, 42, 42), guidance_cross_attn=True, zero_history_timestep=True,
                    has_multi_term_memory_patch=True, is_amplify_history=False)
-# Kandinsky 6.0's transformer (the diffusers class defaults, whose audio stream is as wide as the video's, with the
-# released checkpoints' switches; one text and two fused blocks): 32 heads of 128, Qwen2.5-VL-7B's 3584-wide text.
+# Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
+# 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
 KANDINSKY6 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
                   model_dim=4096, ff_dim=16384, num_text_blocks=1, num_visual_blocks=2, axes_dims=(32, 48, 48), visual_cond=True,
-                  in_audio_dim=20, out_audio_dim=20, text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True,
-                  visual_token_type_num_embeddings=2)
+                  in_audio_dim=40, out_audio_dim=40, model_dim_a=2048, ff_dim_a=7168, time_dim_a=1024, text_token_padding=True,
+                  ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
