@@ -61,6 +61,26 @@ def test_cfg_halves_without_audio_answer_the_video_alone(rank_pools: Any) -> Non
         assert np.abs(output - expected).max() <= TOLERANCE
 
 
+DISTILLED = "accel.models.kandinsky6:build_tiny_distilled"
+
+
+def test_the_distilled_pipeline_on_ulysses2_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+    """A distilled checkpoint's shape: a PiflowScheduler (one copy for the audio, as the pipeline
+    deep-copies it) and a transformer predicting two values per latent channel of each stream, one call
+    a step (no guidance). Each rank caches the calls one process caches, and the outputs agree."""
+    pipe = cases.tiny_pipeline(DISTILLED)
+    assert type(pipe.scheduler).__name__ == "PiflowScheduler" and pipe.transformer.config.out_visual_dim == 32
+    call = dict(CALL, guidance_scale=1.0, num_inference_steps=4)
+    recipe = {"cache": {"threshold": FAMILY_CASES["kandinsky6"].threshold}}
+    expected, records, _ = cases.tiny_run(DISTILLED, recipe, call)
+    assert 0 < sum(cached for *_, cached in records) < len(records) == 4
+    runs = rank_pools(2).run(cases.tiny_run, DISTILLED, {**recipe, "parallel": {"ulysses": 2}}, call)
+    for output, got, bytes_sent in runs:
+        assert bytes_sent > 0
+        assert [(step, cached) for step, _, _, cached in got] == [(step, cached) for step, _, _, cached in records]
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
 def test_a_second_prediction_in_an_output_dataclass_is_refused_in_one_line() -> None:
     """A placeholder output for a call with return_dict=True has no field names for the predictions
     beside the sample (Kandinsky 6's pipeline asks for tuples)."""

@@ -8,7 +8,8 @@ MMAudio VAE the audio latents to a mel spectrogram and its BigVGAN vocoder that 
 With a picture, its latents join the video as one more latent frame at the end, marked by a token
 type and given the first frame's rotary position: the video stream is one frame longer.
 
-`build_tiny` makes a seeded, random-weight Kandinsky-6.0-shaped pipeline offline for tests.
+`build_tiny` makes a seeded, random-weight Kandinsky-6.0-shaped pipeline offline for tests;
+`build_tiny_distilled` the distilled checkpoints' shape (PiflowScheduler, widened outputs).
 """
 
 from __future__ import annotations
@@ -57,7 +58,28 @@ def build_tiny(seed: int = 0) -> "Kandinsky6TI2VAPipeline":
     prompt template's system part, which the pipeline crops off; CLIP gives the pooled vector. The
     MMAudio VAE (two levels, 16 mel bins) and a three-stage BigVGAN vocoder (32x) make the sound.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline, Kandinsky6Transformer3DModel, MMAudioVAE, MMAudioVocoder
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    # Kandinsky 5's flow shift; the distilled checkpoints ship a PiflowScheduler instead (build_tiny_distilled).
+    return _build(seed, FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0), grid=1)
+
+
+# Predictions per latent channel of the tiny distilled transformer (the real PiflowScheduler's default: 10).
+TINY_GRID = 2
+
+
+def build_tiny_distilled(seed: int = 0) -> "Kandinsky6TI2VAPipeline":
+    """The tiny pipeline as a distilled checkpoint: a PiflowScheduler integrating a policy between the
+    model's evaluations, from a transformer that predicts TINY_GRID values per latent channel of the
+    video and of the audio (its output layers that many times wider); no guidance (scale 1)."""
+    from diffusers import PiflowScheduler
+
+    return _build(seed, PiflowScheduler(shift=5.0, n_grid=TINY_GRID), grid=TINY_GRID)
+
+
+def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
+    """build_tiny's pipeline with `scheduler`, its transformer predicting `grid` values per latent channel."""
+    from diffusers import Kandinsky6TI2VAPipeline, Kandinsky6Transformer3DModel, MMAudioVAE, MMAudioVocoder
     from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_ti2va import _PROMPT_TEMPLATE, _QWEN_CROP_START
 
     from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
@@ -71,7 +93,7 @@ def build_tiny(seed: int = 0) -> "Kandinsky6TI2VAPipeline":
         transformer = parts.finish(
             Kandinsky6Transformer3DModel(
                 in_visual_dim=_Z_DIM,
-                out_visual_dim=_Z_DIM,
+                out_visual_dim=_Z_DIM * grid,
                 in_text_dim=text_encoder.config.text_config.hidden_size,
                 in_text_dim2=text_encoder_2.config.hidden_size,
                 time_dim=32,
@@ -83,7 +105,7 @@ def build_tiny(seed: int = 0) -> "Kandinsky6TI2VAPipeline":
                 axes_dims=(4, 6, 6),
                 visual_cond=True,
                 in_audio_dim=_AUDIO_Z_DIM,
-                out_audio_dim=_AUDIO_Z_DIM,
+                out_audio_dim=_AUDIO_Z_DIM * grid,
                 model_dim_a=32,
                 time_dim_a=32,
                 ff_dim_a=64,
@@ -116,8 +138,7 @@ def build_tiny(seed: int = 0) -> "Kandinsky6TI2VAPipeline":
         tokenizer=tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
-        # Kandinsky 5's flow shift; the distilled checkpoints ship a PiflowScheduler instead.
-        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
+        scheduler=scheduler,
         audio_vae=audio_vae,
         vocoder=vocoder,
     )
