@@ -31,15 +31,15 @@ def cold_compile_env(folder: Path, **extra: str) -> dict[str, str]:
     return {**env, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor-cache"), **extra}
 
 
-def run_with_sound(model: str, out: Path) -> tuple[np.ndarray, Any]:
-    """`accel run MODEL --steps 2 --warmup 0 --out OUT` for a family that makes sound: the frames and
-    the sound track (accel.media.Audio, None: none) of the MP4 it wrote."""
+def run_with_sound(model: str, out: Path, *extra: str) -> tuple[np.ndarray, Any]:
+    """`accel run MODEL --steps 2 --warmup 0 --out OUT EXTRA...` for a family that makes sound: the
+    frames and the sound track (accel.media.Audio, None: none) of the MP4 it wrote."""
     from typer.testing import CliRunner
 
     from accel.cli import app
     from accel.media import read_audio, read_video
 
-    result = CliRunner().invoke(app, ["run", model, "--steps", "2", "--warmup", "0", "--out", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(app, ["run", model, "--steps", "2", "--warmup", "0", "--out", str(out), *extra], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return read_video(out), read_audio(out)
 

@@ -21,15 +21,19 @@ from accel.errors import NotAvailableError
 from accel.parallel.outputs import as_output
 
 CALL = FAMILY_CASES["kandinsky6"].call
-# 16 kHz over a 64-sample latent hop: 5 frames at 24 fps make 53 audio latents, 106 mel frames of 32 samples.
-SAMPLES = 53 * 64
 
 
-def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
-    video, sound = run_with_sound("tiny-kandinsky6", tmp_path / "fox.mp4")
+def test_accel_run_writes_the_sound_into_the_mp4_at_the_calls_frame_rate(tmp_path: Path) -> None:
+    """At 12 frames a second the pipeline makes sound for 5/12 s: 16 kHz over a 64-sample latent hop is
+    105 audio latents, 210 mel frames of 32 samples; the MP4 plays its 5 frames at 12 fps, as long."""
+    import imageio_ffmpeg
+
+    out = tmp_path / "fox.mp4"
+    video, sound = run_with_sound("tiny-kandinsky6", out, "--arg", "frame_rate=12")
     assert video.shape == (5, 64, 64, 3)
+    assert next(imageio_ffmpeg.read_frames(str(out)))["fps"] == 12
     assert sound is not None and sound.rate == 16000 and sound.samples.shape[0] == 1  # mono, the audio VAE's rate
-    assert sound.samples.shape[1] == SAMPLES  # the whole waveform, 0.21 s
+    assert sound.samples.shape[1] == 105 * 64  # the whole waveform
     assert np.abs(sound.samples).max() > 0
 
 

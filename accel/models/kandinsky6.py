@@ -144,6 +144,12 @@ def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
     )
 
 
+def _frame_rate(call: Mapping[str, Any]) -> float:
+    """The rate the video plays at: the call's `frame_rate` (24 unless given), which also sets how long
+    the sound is made, so the MP4's picture and sound stay together."""
+    return float(call.get("frame_rate", 24.0))
+
+
 _FUSED = "visual_transformer_blocks.*"
 _ATTENTION = (("to_query", "to_key", "to_value"), ("out_layer",))
 TENSOR_PLAN = TensorPlan(
@@ -222,8 +228,9 @@ FAMILY = Family(
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
     # Text to video, or a picture to start from (`--image`, optional): its latents join the video
-    # tokens as one more frame (cut with them), as the first frame's condition.
-    variants=(Variant("Kandinsky6TI2VAPipeline", image="image", optional=("image",)),),
+    # tokens as one more frame (cut with them), as the first frame's condition. `--arg frame_rate=N`
+    # makes the sound for N frames a second, and the MP4 plays at N.
+    variants=(Variant("Kandinsky6TI2VAPipeline", image="image", optional=("image",), fps=_frame_rate),),
     # The waveform (batch, samples), mono, at the audio VAE's rate (44.1 kHz on the real models).
     audio=AudioOutput(field="audio", sample_rate="audio_sample_rate"),
 )
