@@ -101,7 +101,7 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwenimage", "flux2-klein", "flux2", "sd3", "zimage", "hunyuan15", "skyreels2", "ltx2", "hunyuanimage", "helios",
-                                    "cosmos3"])
+                                    "cosmos3", "kandinsky6"])
 def test_regional_compile_equals_eager_on_the_newer_families(family: str) -> None:
     """Each family's own block classes (Qwen-Image's dual-stream block, FLUX.2's single blocks on
     joined streams, SD 3.5's image-only attention, Z-Image's per-sample lists, LTX-2's two-stream blocks) trace and compile,

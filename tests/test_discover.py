@@ -50,7 +50,8 @@ NO_ENTRY = "diffusers' block registry has no entry for {}"
 # for `layers`; Kandinsky 5 encodes the text once per call before its visual blocks. The family's
 # cache and plan work on the joined / visual stream only; the generic path must pick the same by
 # probing (which list's output becomes the transformer's output).
-EXTRA_LISTS: dict[str, tuple[str, ...]] = {"zimage": ("noise_refiner", "context_refiner"), "kandinsky5": ("text_transformer_blocks",)}
+EXTRA_LISTS: dict[str, tuple[str, ...]] = {"zimage": ("noise_refiner", "context_refiner"), "kandinsky5": ("text_transformer_blocks",),
+                                           "kandinsky6": ("video_text_transformer_blocks", "audio_text_transformer_blocks")}
 
 # Where what a block returns is not read from diffusers' registry (left to the probe), and why.
 UNKNOWN_RETURNS: dict[str, str] = {
@@ -61,6 +62,7 @@ UNKNOWN_RETURNS: dict[str, str] = {
     "chronoedit": NO_ENTRY.format("WanTransformerBlock"),
     "qwenimage21": NO_ENTRY.format("QwenImage21TransformerBlock"),
     "helios": NO_ENTRY.format("HeliosTransformerBlock"),
+    "kandinsky6": NO_ENTRY.format("Kandinsky6FusedTransformerDecoderBlock"),
     # diffusers registers Z-Image's block with the default argument name, but its forward takes `x`.
     "zimage": "diffusers' block registry names 'hidden_states', which ZImageTransformerBlock.forward does not take",
 }

@@ -84,6 +84,8 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
         return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
     if name == "cosmos3":  # grouped keys and values: half as many heads
         return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
+    if name == "kandinsky6":  # the same for its video and its audio stream
+        return {"model_dim": HEADS * sum(config["axes_dims"]), "model_dim_a": HEADS * sum(config["axes_dims_a"]), "num_text_blocks": 1}
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -118,6 +120,8 @@ class Grid:
 
 # LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
 LTX2_AUDIO = 13
+# Kandinsky 6's (44.1 kHz over a 1024-sample hop: 218 for 5 s): replicated too.
+K6_AUDIO = 11
 
 # Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
 DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
@@ -234,11 +238,17 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
         return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
                     timestep=t, pooled_projections=randn(batch, config["in_text_dim2"]), visual_rope_pos=positions,
                     text_rope_pos=torch.arange(text, device="cuda"), return_dict=False)
+    if name == "kandinsky6":  # as Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)
+        channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+        mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
+        return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
+                    encoder_hidden_states=randn(batch, text, config["in_text_dim"]), pooled_projections=randn(batch, config["in_text_dim2"]),
+                    timestep=t, encoder_attention_mask=mask, return_dict=False)
     raise KeyError(name)
 
 
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
-    if name == "kandinsky5":  # (B, F, H, W, C), as its latents
+    if name in ("kandinsky5", "kandinsky6"):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
         return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
     if name == "cosmos3":  # its list of one sample's (1, C, F, H, W) prediction, stacked
         return (1, batch, config["latent_channel"], grid.frames, 2 * grid.rows, 2 * grid.cols)
@@ -623,6 +633,12 @@ HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_
 # heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
 COSMOS3 = dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288, num_hidden_layers=2,
                latent_channel=48, latent_patch_size=2, patch_latent_dim=192, vocab_size=151936)
+# Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
+# 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
+KANDINSKY6 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
+                  model_dim=4096, ff_dim=16384, num_text_blocks=1, num_visual_blocks=2, axes_dims=(32, 48, 48), visual_cond=True,
+                  in_audio_dim=40, out_audio_dim=40, model_dim_a=2048, ff_dim_a=7168, time_dim_a=1024, text_token_padding=True,
+                  ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -653,6 +669,9 @@ REAL = {
     # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt; its two calls a step on CFG
     # halves x tp 4 (8 query and 2 key/value heads a rank; Ulysses and Ring are refused), with the cache.
     "cosmos3": (COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
+    # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a step
+    # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
+    "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
 }
 
 

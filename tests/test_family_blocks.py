@@ -617,6 +617,38 @@ def cosmos3_inputs(drift: float) -> Inputs:
     )
 
 
+# -- kandinsky6: 2 text blocks per stream, then 2 fused blocks returning (video, audio); 32 video, 5 audio tokens --
+def build_kandinsky6() -> nn.Module:
+    from diffusers import Kandinsky6Transformer3DModel
+
+    from accel.models.kandinsky6 import random_modulation
+
+    def build() -> nn.Module:
+        # The released checkpoints' switches; the audio heads as wide as the video's (the cross-modal rotary tables need it).
+        model = Kandinsky6Transformer3DModel(
+            in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32, model_dim=HEADS * HEAD_DIM,
+            ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6), in_audio_dim=4, out_audio_dim=4,
+            text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2,
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return _seeded(24, build)
+
+
+def kandinsky6_inputs(drift: float) -> Inputs:
+    # (B, frames, H, W, C) latents with the condition channels and mask (2 x 4 + 1), (B, tokens, C) audio latents.
+    return dict(
+        hidden_states=_latents((1, 2, 8, 8, 9), drift),
+        audio_hidden_states=_latents((1, 5, 4), drift),
+        encoder_hidden_states=_text(),
+        pooled_projections=_noise(torch.Generator().manual_seed(2), 1, 16),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=_text_mask().bool(),
+        return_dict=False,
+    )
+
+
 CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "flux": (build_flux, flux_inputs),
     "wan": (build_wan, wan_inputs),
@@ -638,6 +670,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[float], Inputs]]] = {
     "qwenimage21": (build_qwenimage21, qwenimage21_inputs),
     "helios": (build_helios, helios_inputs),
     "cosmos3": (build_cosmos3, cosmos3_inputs),
+    "kandinsky6": (build_kandinsky6, kandinsky6_inputs),
 }
 DRIFTS = (0.0, 0.01, 0.02)  # three calls, as three neighbouring denoising steps
 

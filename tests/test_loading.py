@@ -19,7 +19,7 @@ from conftest import FLUX_CALL, generate
 def test_registry_has_every_family_with_its_facts() -> None:
     assert list(FAMILIES) == ["flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "qwenimage", "flux2-klein", "sd3", "flux2",
                               "zimage", "hunyuan15", "skyreels2", "kandinsky5", "ltx2", "chronoedit", "hunyuanimage", "qwenimage21", "helios",
-                              "cosmos3"]
+                              "cosmos3", "kandinsky6"]
     import diffusers
 
     for family in FAMILIES.values():

@@ -143,6 +143,13 @@ FAMILY_CASES = {
         odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
         threshold=0.06,
     ),
+    "kandinsky6": FamilyCase(
+        # Two calls a step; 2 latent frames x 4x4 patches = 32 video tokens, which 3 ranks do not divide
+        # (the odd size is this one: no second reference run), beside 53 audio tokens, whole on every rank.
+        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
+        odd={},
+        threshold=0.2,
+    ),
 }
 
 MODES = {

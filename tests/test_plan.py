@@ -145,7 +145,9 @@ PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenim
                       "chronoedit": (16.4, 1),
                       "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0), "hunyuanimage": (17, 0), "helios": (14, 0),
                       "qwenimage21": (7.1, 1),  # counted from the class defaults; no published figure to check it against
-                      "cosmos3": (15.2, 1)}  # the class defaults too (two 36-layer stacks of Qwen3-8B's width, a 152 k vocabulary)
+                      "cosmos3": (15.2, 1),
+                      # Kandinsky 6.0 Pro's released widths count 30.1 B (its model card says 29 B)
+                      "kandinsky6": (30.1, 1)}  # the class defaults too (two 36-layer stacks of Qwen3-8B's width, a 152 k vocabulary)
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -312,7 +314,7 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
 @pytest.mark.parametrize("argv, line", [
     (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
     (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage"),
+    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage"),
     (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
     (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
 ])

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
 from test_pipeline_contract import NO_RELOAD  # noqa: E402
@@ -368,6 +368,22 @@ CASES = {
         components=("transformer", "vae", "sound_tokenizer"),
         reload_tolerance=1e-5,
         inputs=("vision_tokens", "input_ids"),
+    ),
+    "kandinsky6": Case(
+        name="kandinsky6",
+        build=kandinsky6.build_tiny,
+        pipeline_class=diffusers.Kandinsky6TI2VAPipeline,
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
+                  guidance_scale=5.0, output_type="np"),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("video_text_transformer_blocks", "audio_text_transformer_blocks", "visual_transformer_blocks"),
+        transformer_calls=8,  # CFG: a positive and a negative call per step
+        # (B, frames, H, W, C): 16 noise channels, 16 (unused) condition channels and a condition mask
+        latent_shape=(1, 2, 8, 8, 33),
+        text_shape=(1, 1024, 32),  # Qwen padded to the pipeline's 1024 tokens after the template's 129 are cropped
+        components=("text_encoder", "text_encoder_2", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,  # seen: 0
     ),
 }
 

@@ -136,6 +136,11 @@ BYT5_SMALL = dict(d_model=1472, d_ff=3584, d_kv=64, num_heads=6, num_layers=12, 
 # condition latents and mask beside the noise. "regular" attention: the 5 s SD task runs no NABLA.
 KANDINSKY5_PRO = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
                       model_dim=4096, ff_dim=16384, num_text_blocks=4, num_visual_blocks=60, axes_dims=(32, 48, 48), visual_cond=True)
+# Kandinsky 6.0 Pro's released widths (the Diffusers repo's transformer/config.json was not at hand; ComfyUI's checkpoint
+# detection lists them): Kandinsky 5 Pro's video stream, a 2048-wide audio stream of 16 heads of 128 (the cross-modal
+# rotary tables need one head width) over the MMAudio VAE's 40 latent channels, and the released switches.
+KANDINSKY6_PRO = dict(KANDINSKY5_PRO, in_audio_dim=40, out_audio_dim=40, model_dim_a=2048, ff_dim_a=7168, time_dim_a=1024,
+                      text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2)
 # HunyuanImage 2.1's 32x image VAE: 64 latent channels, six levels, as the original HunyuanImage-2.1 code configures
 # it (its 32x VAE config; the Diffusers repo's vae/config.json was not at hand). diffusers' class has no defaults.
 HUNYUANIMAGE_VAE = dict(in_channels=3, out_channels=3, latent_channels=64, block_out_channels=(128, 256, 512, 512, 1024, 1024),
@@ -329,6 +334,33 @@ def _kandinsky5_inputs(size: Size) -> dict[str, Any]:
                 text_rope_pos=torch.arange(text), scale_factor=(1.0, scale, scale), return_dict=False)
 
 
+def _kandinsky6_inputs(size: Size) -> dict[str, Any]:
+    """Kandinsky 5's channels-last video latents (33 wide), the audio's latent frames (44.1 kHz over a
+    1024-sample hop for the video's length at 24 fps, 40 channels), the pipeline's 1024 Qwen tokens and
+    CLIP-L's pooled vector; the forward builds its rotary positions itself."""
+    import math
+
+    import torch
+
+    frames = size.frames or 121
+    f = (frames - 1) // 4 + 1
+    audio = math.ceil(((f - 1) * 4 + 1) / 24 * 44100 / 1024)
+    return dict(hidden_states=_randn(1, f, size.height // 8, size.width // 8, 33), audio_hidden_states=_randn(1, audio, 40),
+                encoder_hidden_states=_randn(1, 1024, 3584), pooled_projections=_randn(1, 768), timestep=torch.ones(1), return_dict=False)
+
+
+def _kandinsky(title: str, repo: str, transformer: str, config: dict[str, Any], inputs: Callable[[Size], dict[str, Any]]) -> Flagship:
+    """A Kandinsky 5 or 6 video checkpoint: its transformer beside Qwen2.5-VL-7B, CLIP-L and HunyuanVideo's VAE,
+    at the pipelines' default size (512x768, 121 frames)."""
+    return Flagship(
+        title, repo,
+        (Component("transformer", "diffusers", transformer, config),
+         Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
+         Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
+         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
+        Size(768, 512, 121), inputs, _video_latents(16, 4, 8, 121))
+
+
 def _zimage_inputs(size: Size) -> dict[str, Any]:
     """Lists of one latent (channels, frame, height, width) and one prompt's valid Qwen3 tokens, at
     most the pipeline's 512 (max_sequence_length); the flow time in [0, 1]."""
@@ -463,13 +495,11 @@ FLAGSHIPS: dict[str, Flagship] = {
          Component("text_encoder_2", "transformers", "T5EncoderModel", BYT5_SMALL, "t5"),
          Component("vae", "diffusers", "AutoencoderKLHunyuanImage", HUNYUANIMAGE_VAE)),
         Size(2048, 2048), _hunyuanimage_inputs, lambda s: (1, 64, s.height // 32, s.width // 32)),
-    "kandinsky5": Flagship(
-        "Kandinsky 5.0 Video Pro", "kandinskylab/Kandinsky-5.0-T2V-Pro-sft-5s-Diffusers",
-        (Component("transformer", "diffusers", "Kandinsky5Transformer3DModel", KANDINSKY5_PRO),
-         Component("text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration", QWEN25_VL_7B, "qwen2_5_vl"),
-         Component("text_encoder_2", "transformers", "CLIPTextModel", CLIP_L, "clip_text_model"),
-         Component("vae", "diffusers", "AutoencoderKLHunyuanVideo", {})),
-        Size(768, 512, 121), _kandinsky5_inputs, _video_latents(16, 4, 8, 121)),
+    "kandinsky5": _kandinsky("Kandinsky 5.0 Video Pro", "kandinskylab/Kandinsky-5.0-T2V-Pro-sft-5s-Diffusers", "Kandinsky5Transformer3DModel",
+                             KANDINSKY5_PRO, _kandinsky5_inputs),
+    # The audio VAE (0.3 B) and vocoder (0.1 B) are left out, as LTX-2's.
+    "kandinsky6": _kandinsky("Kandinsky 6.0 Pro", "kandinskylab/Kandinsky-6.0-Pro-5s-Diffusers", "Kandinsky6Transformer3DModel",
+                             KANDINSKY6_PRO, _kandinsky6_inputs),
     "zimage": Flagship(
         "Z-Image-Turbo", "Tongyi-MAI/Z-Image-Turbo",
         (Component("transformer", "diffusers", "ZImageTransformer2DModel", {}),

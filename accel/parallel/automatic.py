@@ -354,7 +354,10 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
                    if isinstance(first, Tensor) and length in tuple(first.shape)[1:]), None)
     if gather is not None:  # where the first module after the blocks starts: all after runs whole
         output_module, output_dim, before = gather[0], tuple(gather[1].shape).index(length, 1), True
-    elif lists[-1].returns == (primary,):  # the tokens are reshaped right after (Kandinsky 5): the last block's output
+    elif lists[-1].returns[0] == primary:
+        # The tokens are reshaped right after (Kandinsky 5): the last block's output. Where it returns more
+        # (Kandinsky 6's audio beside the video), only its first item is gathered; verification finds whether
+        # what the transformer does with the others after the blocks is exact on every rank.
         output_module, output_dim, before = f"{lists[-1].attr}.-1", 1, False
     else:
         raise AutomaticPlanRefused(f"{name} runs no module on the {primary} tokens after its blocks, "

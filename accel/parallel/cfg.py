@@ -183,6 +183,8 @@ class CfgParallel(StepListener):
             self._computed = _tensors(output) if self.output_like is not None else [sample_of(output)]
             self._shape = tuple(self._computed[0].shape)
         elif self.output_like is not None:  # one placeholder per prediction, each shaped as its like
+            if bound.arguments.get("return_dict", True):
+                raise NotAvailableError(_NAMELESS)
             output = _map_tensors(self.output_like(bound.arguments),
                                   lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
             self._placeholders = _tensors(output)
@@ -311,6 +313,9 @@ class Pending(Tensor):
                 derived.fill(part)
 
 
+# A family's output structure (cfg_output_like) is what a call with return_dict=False returns.
+_NAMELESS = ("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its sample, whose output "
+             "fields accel cannot name for the other branch; set cfg = 1")
 _USED_EARLY = ("[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
                "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1")
 

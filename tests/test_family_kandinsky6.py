@@ -1,0 +1,81 @@
+"""Kandinsky 6.0 (accel/models/kandinsky6.py): what its shared matrix rows do not show. The MP4 that
+`accel run` writes carries the generated sound; a picture to start from joins the video tokens as
+one more latent frame, cut with them; CFG halves answer each other's audio prediction beside the
+video's, and without audio only the video's. The shared rows compare the frames with the audio
+samples appended (tests/parallel_cases.output_of), so every mode there checks the sound too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from variant_cases import run_written
+
+import parallel_cases as cases
+from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
+
+
+CALL = FAMILY_CASES["kandinsky6"].call
+
+
+def test_accel_run_writes_the_sound_into_the_mp4_at_the_calls_frame_rate(tmp_path: Path) -> None:
+    """At 12 frames a second the pipeline makes sound for 5/12 s: 16 kHz over a 64-sample latent hop is
+    105 audio latents, 210 mel frames of 32 samples; the MP4 plays its 5 frames at 12 fps, as long."""
+    import imageio_ffmpeg
+
+    out = tmp_path / "fox.mp4"
+    video, sound = run_written(out, "tiny-kandinsky6", "--arg", "frame_rate=12")
+    assert video.shape == (5, 64, 64, 3)
+    assert next(imageio_ffmpeg.read_frames(str(out)))["fps"] == 12
+    assert sound is not None and sound.rate == 16000 and sound.samples.shape[0] == 1  # mono, the audio VAE's rate
+    assert sound.samples.shape[1] == 105 * 64  # the whole waveform
+    assert np.abs(sound.samples).max() > 0
+
+
+def test_a_picture_to_start_from_on_ring2_equals_one_process(rank_pools: Any) -> None:
+    """The picture's latents join the video as a third latent frame (token type 1, the first frame's
+    rotary position): 48x80 makes 3 x 3x5 = 45 video tokens, which 2 ranks do not divide."""
+    call = dict(CALL, image=cases.gradient_image(64), height=48, width=80, num_inference_steps=3)
+    tokens: list[int] = []
+    pipe = cases.tiny_pipeline("tiny-kandinsky6")
+    hook = pipe.transformer.visual_transformer_blocks[0].register_forward_pre_hook(lambda _m, args: tokens.append(args[0].shape[1]))
+    try:
+        expected, _ = reference("kandinsky6", call)
+    finally:
+        hook.remove()
+    assert tokens == [45] * 6
+    for output, _, bytes_sent in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky6", {"parallel": {"ring": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def test_cfg_halves_without_audio_answer_the_video_alone(rank_pools: Any) -> None:
+    """sample_audio=False: the transformer gets no audio latents and returns the video's prediction
+    alone, so each half answers the other's call with one placeholder, not two."""
+    call = dict(CALL, sample_audio=False, num_inference_steps=2)
+    expected, _ = reference("kandinsky6", call)
+    assert expected.shape == (1, 5, 64, 64, 3)  # no audio samples appended
+    for output, _, bytes_sent in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky6", {"parallel": {"cfg": 2}}, call):
+        assert bytes_sent > 0
+        assert np.abs(output - expected).max() <= TOLERANCE
+
+
+DISTILLED = "accel.models.kandinsky6:build_tiny_distilled"
+
+
+def test_the_distilled_pipeline_on_ulysses2_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+    """A distilled checkpoint's shape: a PiflowScheduler (one copy for the audio, as the pipeline
+    deep-copies it) and a transformer predicting two values per latent channel of each stream, one call
+    a step (no guidance). Each rank caches the calls one process caches, and the outputs agree."""
+    pipe = cases.tiny_pipeline(DISTILLED)
+    assert type(pipe.scheduler).__name__ == "PiflowScheduler" and pipe.transformer.config.out_visual_dim == 32
+    call = dict(CALL, guidance_scale=1.0, num_inference_steps=4)
+    recipe = {"cache": {"threshold": FAMILY_CASES["kandinsky6"].threshold}}
+    expected, records, _ = cases.tiny_run(DISTILLED, recipe, call)
+    assert 0 < sum(cached for *_, cached in records) < len(records) == 4
+    runs = rank_pools(2).run(cases.tiny_run, DISTILLED, {**recipe, "parallel": {"ulysses": 2}}, call)
+    for output, got, bytes_sent in runs:
+        assert bytes_sent > 0
+        assert [(step, cached) for step, _, _, cached in got] == [(step, cached) for step, _, _, cached in records]
+        assert np.abs(output - expected).max() <= TOLERANCE
