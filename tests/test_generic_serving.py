@@ -35,7 +35,9 @@ def chroma_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def chroma_server(chroma_folder: Path) -> Iterator[Server]:
-    server = start(str(chroma_folder), "--dtype", "float32", "--cache", "0.1", "--max-queue", "2")
+    # Two default steps: the warm-up generation runs at the model's default size (Chroma's 1024 px) and
+    # steps, where the requests here ask for 64 px and 3 steps themselves.
+    server = start(str(chroma_folder), "--dtype", "float32", "--cache", "0.1", "--max-queue", "2", "--steps", "2")
     yield server
     if server.process.poll() is None:
         server.process.kill()

@@ -31,10 +31,17 @@ def _pixels(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
 
 
-def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path) -> None:
-    one = _accel("run", "tiny-flux", "--out", "one.png", cwd=tmp_path)
-    two = _accel("run", "tiny-flux", "--gpus", "2", "--out", "two.png", "--json", "two.json", "--verbose", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def flux_one(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-flux's picture from one process at its defaults (the warm-up changes nothing in it)."""
+    folder = tmp_path_factory.mktemp("one")
+    one = _accel("run", "tiny-flux", "--warmup", "0", "--out", "one.png", cwd=folder)
     assert one.returncode == 0, one.stderr
+    return folder / "one.png"
+
+
+def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path, flux_one: Path) -> None:
+    two = _accel("run", "tiny-flux", "--gpus", "2", "--out", "two.png", "--json", "two.json", "--verbose", cwd=tmp_path)
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("accel run tiny-flux") == 1  # rank 0 alone prints
     assert "ulysses 2 (chosen for 2 processes)" in two.stdout
@@ -42,7 +49,7 @@ def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path) -
     parallel = json.loads((tmp_path / "two.json").read_text())["parallel"]
     assert (parallel["world_size"], parallel["ulysses"], parallel["ring"], parallel["chosen"]) == (2, 2, 1, True)
     assert parallel["bytes_sent_per_rank"]["all_to_all"] > 0
-    assert np.abs(_pixels(tmp_path / "one.png") - _pixels(tmp_path / "two.png")).max() <= 1
+    assert np.abs(_pixels(flux_one) - _pixels(tmp_path / "two.png")).max() <= 1
 
 
 def test_under_torchrun_the_command_uses_the_jobs_ranks(tmp_path: Path) -> None:
@@ -114,26 +121,14 @@ def test_cfg_and_ulysses_on_four_ranks_write_the_single_process_video(tmp_path: 
     assert np.abs(frames_one.astype(np.int16) - frames_four.astype(np.int16)).mean() < 0.5
 
 
-def test_parallel_vae_from_the_cli_writes_the_single_process_image_and_video(tmp_path: Path) -> None:
-    from accel.media import read_video
-
-    one = _accel("run", "tiny-flux", "--warmup", "0", "--out", "one.png", cwd=tmp_path)
+def test_parallel_vae_from_the_cli_writes_the_single_process_image(tmp_path: Path, flux_one: Path) -> None:
+    """--parallel-vae through the command line's relaunch; every family's VAE split equals its whole
+    decode on 2-4 ranks in tests/test_parallel_vae.py (Wan's at a row count 3 ranks do not divide)."""
     two = _accel("run", "tiny-flux", "--warmup", "0", "--gpus", "2", "--parallel-vae", "--out", "two.png",
                  "--json", "two.json", cwd=tmp_path)
-    assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     assert json.loads((tmp_path / "two.json").read_text())["parallel"]["vae_split"] is True
-    assert np.abs(_pixels(tmp_path / "one.png") - _pixels(tmp_path / "two.png")).max() <= 1
-
-    args = ("run", "tiny-wan", "--steps", "3", "--warmup", "0", "--height", "80")  # 10 latent rows
-    one = _accel(*args, "--out", "one.mp4", cwd=tmp_path)
-    three = _accel(*args, "--gpus", "3", "--oversubscribe", "--parallel-vae", "--out", "three.mp4", cwd=tmp_path)
-    assert one.returncode == 0, one.stderr
-    assert three.returncode == 0, three.stderr
-    frames_one, frames_three = read_video(tmp_path / "one.mp4"), read_video(tmp_path / "three.mp4")
-    assert frames_one.shape == frames_three.shape
-    # As above: the decoded frames agree to 1e-4 (test_parallel_vae); H.264 may round differently.
-    assert np.abs(frames_one.astype(np.int16) - frames_three.astype(np.int16)).mean() < 0.5
+    assert np.abs(_pixels(flux_one) - _pixels(tmp_path / "two.png")).max() <= 1
 
 
 def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) -> None:
