@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from accel.errors import NotAvailableError, UserError
 from accel.parallel import attention
 from accel.parallel.attention import leading_real, usp_attention
-from accel.parallel.cfg import Pending
+from accel.parallel.cfg import Pending, placeholders_like
 from accel.parallel.kernels import choose_kernel
 
 ALL = frozenset({"flash", "cudnn", "efficient"})
@@ -124,6 +124,21 @@ def test_a_deferring_placeholder_computes_what_was_asked_of_it_when_it_arrives()
     assert not combined._ready
     other.fill(other_value)
     torch.testing.assert_close(combined, other_value + 2 * (value * mask - other_value))
+
+
+def test_a_call_with_several_predictions_is_answered_with_one_placeholder_each() -> None:
+    """Kandinsky 6 given audio latents predicts (video, audio), each shaped as its latents; without
+    them the video's alone; an output dataclass (return_dict=True) has no names for the second."""
+    from accel.models.kandinsky6 import predictions_like
+
+    video, audio = torch.zeros(1, 2, 4, 4, 9), torch.zeros(1, 5, 4, dtype=torch.bfloat16)
+    answer = placeholders_like(predictions_like, {"hidden_states": video, "audio_hidden_states": audio, "return_dict": False})
+    assert [(type(p), p.shape, p.dtype) for p in answer] == [(Pending, video.shape, video.dtype), (Pending, audio.shape, torch.bfloat16)]
+    assert len(placeholders_like(predictions_like, {"hidden_states": video, "return_dict": False})) == 1
+    with pytest.raises(NotAvailableError) as refused:
+        placeholders_like(predictions_like, {"hidden_states": video, "audio_hidden_states": audio})
+    assert str(refused.value) == ("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its "
+                                  "sample, whose output fields accel cannot name for the other branch; set cfg = 1")
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["shape known", "first step"])

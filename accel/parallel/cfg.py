@@ -182,11 +182,8 @@ class CfgParallel(StepListener):
             output = original(*bound.args, **bound.kwargs)
             self._computed = _tensors(output) if self.output_like is not None else [sample_of(output)]
             self._shape = tuple(self._computed[0].shape)
-        elif self.output_like is not None:  # one placeholder per prediction, each shaped as its like
-            if bound.arguments.get("return_dict", True):
-                raise NotAvailableError(_NAMELESS)
-            output = _map_tensors(self.output_like(bound.arguments),
-                                  lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
+        elif self.output_like is not None:
+            output = placeholders_like(self.output_like, bound.arguments)
             self._placeholders = _tensors(output)
         else:
             like = _first_tensor(bound)
@@ -204,6 +201,16 @@ class CfgParallel(StepListener):
             results = _gather_varying(computed, self.group) if self.varying else all_gather(computed, self.group)
             placeholder.fill(results[1 - self.half])
         self._computed, self._placeholders = [], []
+
+
+def placeholders_like(output_like: Callable[[Mapping[str, Any]], Any], arguments: Mapping[str, Any]) -> Any:
+    """The other branch's answer to a call of a transformer with several predictions: its output's
+    structure (`output_like`, as a call with return_dict=False returns it), one deferring placeholder
+    per prediction, shaped as its like. A call with return_dict=True is refused: an output dataclass's
+    fields for the predictions beside the sample have no names here."""
+    if arguments.get("return_dict", True):
+        raise NotAvailableError(_NAMELESS)
+    return _map_tensors(output_like(arguments), lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
 
 
 def _tensors(output: Any) -> list[Tensor]:
