@@ -281,7 +281,7 @@ def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
     video = grid.tokens + (helios_history_tokens(grid) if family.name == "helios" else 0)  # Helios: history, then the chunk
-    lengths = {"text": grid.text, "video": video, "image": grid.tokens, "hidden": grid.tokens,  # hidden: the automatic plan's
+    lengths = {"text": grid.text, "video": video, "image": grid.tokens, "hidden": grid.tokens, "generation": grid.tokens,  # hidden: the automatic plan's
                "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32}  # Z-Image pads image and caption to 32s
     plan = family.parallel
     assert plan is not None
@@ -324,9 +324,14 @@ def whole_query_kernels(family: Family, grid: Grid, degrees: Degrees, rank: int,
 def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
     """Context-parallel attention calls per forward: one per block run (Mochi: per block and sample);
     a call the cache skips runs block 0 alone."""
-    blocks = 1 if cached else config.get("num_layers", config.get("n_layers", config.get("num_visual_blocks"))) + config.get("num_single_layers", 0)
+    layers = config.get("num_layers", config.get("n_layers", config.get("num_visual_blocks", config.get("num_hidden_layers"))))
+    blocks = 1 if cached else layers + config.get("num_single_layers", 0)
     return blocks * batch if name == "mochi" else blocks
 
+
+# Families whose cut stream attends to keys every rank holds whole besides its own (Cosmos 3's text):
+# the engine attends that stretch once per call on each rank's queries, then the cut keys by ring blocks.
+SHARED_KEYS = {"cosmos3": "text"}
 
 # Families whose forwards always hand their attention a mask (a joint text mask), whatever the call.
 MASKING = {"hunyuan", "hunyuan15", "hunyuanimage"}
@@ -529,6 +534,10 @@ def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout
         calls = attention_calls(name, config, local_batch, compared)
         expected = expected_kernels(family, layout.grid, layout.degrees, calls, masked)
         expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
+        if name in SHARED_KEYS:  # the shared stretch: one unmasked block per call, on every rank's own queries
+            cut = replace(family.parallel, attention_keys=tuple(k for k in family.parallel.attention_keys if k != SHARED_KEYS[name]))
+            expected = expected_kernels(family.with_acceleration(parallel=cut), layout.grid, layout.degrees, calls, masked)
+            expected[Kernel("flash", False)] += calls
         assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
     assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
     if layout.tp > 1:  # the row-wise layers' sums ran, on the GPU
@@ -561,14 +570,6 @@ HOST_VALUES = {"qwenimage21": ("QwenImage21Transformer2DModel's forward reads it
                                "by it, the rotary positions and the block segments from its list)")}
 
 
-# Sequence layouts whose kernels, collectives and syncs this module's expectations do not model yet:
-# Cosmos 3's stream without a batch dim, its text whole on every rank attended causally (plain SDPA)
-# and as keys every rank holds whole (one more kernel per call). Its CFG and TP layouts run here; its
-# sequence layouts equal one process on gloo ranks (tests/test_parallel_families.py).
-UNMODELLED_SEQUENCE = {"cosmos3": "Cosmos 3's sequence layouts (text keys held whole, a causal local call, no batch dim) are not "
-                                  "modelled by this tier's kernel and sync expectations yet; its CFG and TP layouts run here"}
-
-
 @pytest.mark.parametrize("rank_of", ["first", "last"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -577,9 +578,9 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
     if name in HOST_VALUES:
         pytest.skip(HOST_VALUES[name])
-    if not splits_sequence(name) or name in UNMODELLED_SEQUENCE:  # the layout's CFG and TP degrees alone, once each
+    if not splits_sequence(name):  # Ulysses and Ring refused up front: the layout's CFG and TP degrees alone, once each
         if layout.cfg == layout.tp == 1:
-            pytest.skip(UNMODELLED_SEQUENCE.get(name, f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree"))
+            pytest.skip(f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree")
         layout = replace(layout, world=layout.cfg * layout.tp, ulysses=1, ring=1)
     cls, config, _, _ = tiny_configs[name]
     if layout.cfg > 1 and FAMILIES[name].cfg is None:  # no CFG branches (FLUX.2-dev): every rank splits tokens
@@ -666,9 +667,9 @@ REAL = {
     # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
     # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
     "helios": (HELIOS_BASE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512))),
-    # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt; its two calls a step on CFG
-    # halves x tp 4 (8 query and 2 key/value heads a rank; Ulysses and Ring are refused), with the cache.
-    "cosmos3": (COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
+    # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt (whole on every rank);
+    # its two calls a step on CFG halves x Ulysses 4 (8 query and 2 key/value heads a rank), with the cache.
+    "cosmos3": (COSMOS3, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(48, 23, 40, 300))),
     # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a step
     # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
     "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
@@ -686,12 +687,15 @@ def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
 
 # Tensor parallelism at real widths: FLUX.1-dev's 24 heads as 12 per TP rank through Ulysses 4;
 # FLUX.2-dev's fused QKV + MLP projection split over tp 4; Wan 14B's across-heads norms over CFG
-# halves x tp 2 x Ulysses 2; LTX-2's per-head ("split") rotary tables and audio stream over tp 2 x Ulysses 4.
+# halves x tp 2 x Ulysses 2; LTX-2's per-head ("split") rotary tables and audio stream over tp 2 x Ulysses 4;
+# Cosmos 3's grouped key/value heads over CFG halves x tp 4.
 REAL_TP = {
     "flux-tp2-ulysses4": ("flux", FLUX_DEV, Layout(world=8, ulysses=4, tp=2, cache=True, grid=Grid(1, 64, 64, 512))),
     "flux2-tp4-ulysses2": ("flux2", FLUX2_DEV, Layout(world=8, ulysses=2, tp=4, cache=True, grid=Grid(1, 64, 64, 512))),
     "wan-cfg2-tp2-ulysses2": ("wan", WAN_14B, Layout(world=8, ulysses=2, cfg=2, tp=2, cache=True, grid=Grid(21, 30, 52, 512))),
     "ltx2-tp2-ulysses4": ("ltx2", LTX2, Layout(world=8, ulysses=4, tp=2, grid=Grid(16, 16, 24, 1024))),
+    # Cosmos 3's grouped key/value heads over tp 4 (8 query and 2 key/value heads a rank), its two calls on CFG halves.
+    "cosmos3-cfg2-tp4": ("cosmos3", COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
 }
 
 
