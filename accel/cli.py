@@ -848,7 +848,7 @@ def launch(
 
 @app.command(cls=_Command)
 def plan(
-    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (chronoedit, cogvideox, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage).", show_default=False)],
+    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage).", show_default=False)],
     gpus: Annotated[int, Opt("--gpus", help="GPUs to lay the model over.")] = 1,
     gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU.", show_default="the visible GPU's, else 80")] = None,
     width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
