@@ -29,7 +29,8 @@ from accel.models.base import BlockList
 from accel.models.registry import FAMILIES
 from accel.parallel import verify
 from accel.parallel.attention import usp_attention
-from accel.parallel.automatic import TransformerCall, tensors_of
+from accel.parallel.automatic import TransformerCall
+from accel.parallel.outputs import tensors_of
 from accel.parallel.derive import DIFFUSERS, resolve_plan
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes

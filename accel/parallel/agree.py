@@ -20,6 +20,7 @@ import torch.distributed as dist
 from accel.errors import UserError
 from accel.instance import CALL, NOISE, wrap, wrap_call
 from accel.parallel.comm import global_rank
+from accel.parallel.outputs import tensors_of
 
 # pipe.__call__: outermost of everything accel installs, so the check runs before any collective of
 # the call. (Belongs beside the other layers in accel.instance once another entry wraps __call__.)
@@ -38,7 +39,7 @@ def agree_on_noise(pipe: Any, group: dist.ProcessGroup | None = None) -> Callabl
             generator.set_state(state)
         _set_global_rng_state(global_state)  # a step callback or scheduler may draw from it later
         result = call_next(*args, **kwargs)
-        for tensor in _tensors(result):
+        for tensor in tensors_of(result):
             dist.broadcast(tensor, src=global_rank(group, 0), group=group)
         return result
 
@@ -77,14 +78,6 @@ def _generators(value: Any) -> Iterable[torch.Generator]:
         return [value]
     if isinstance(value, (list, tuple)):
         return [g for g in value if isinstance(g, torch.Generator)]
-    return []
-
-
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
     return []
 
 

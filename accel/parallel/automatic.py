@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from accel.models.base import BlockList, FromDiffusers, LeadingCount, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
+from accel.parallel.outputs import map_tensors
 
 STREAM = "hidden"  # the main stream: the first block list's hidden states
 TEXT = "text"  # the text stream, whole on every rank
@@ -59,34 +60,10 @@ class TransformerCall:
 
     def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The arguments with every tensor copied, so a model that writes into its inputs changes no other run."""
-        return _map_tensors(self.args, torch.clone), _map_tensors(self.kwargs, torch.clone)
+        return map_tensors(self.args, torch.clone), map_tensors(self.kwargs, torch.clone)
 
     def to(self, device: torch.device | str) -> TransformerCall:
-        return TransformerCall(_map_tensors(self.args, lambda t: t.to(device)), _map_tensors(self.kwargs, lambda t: t.to(device)))
-
-
-def _map_tensors(value: Any, fn: Any) -> Any:
-    if isinstance(value, Tensor):
-        return fn(value)
-    if isinstance(value, tuple):
-        return tuple(_map_tensors(item, fn) for item in value)
-    if isinstance(value, list):
-        return [_map_tensors(item, fn) for item in value]
-    if isinstance(value, dict):
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
-    return value
-
-
-def tensors_of(value: Any) -> Iterator[Tensor]:
-    """Every tensor a value holds (a model output: a tensor, a tuple, or diffusers' output dataclass)."""
-    if isinstance(value, Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from tensors_of(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_of(item)
+        return TransformerCall(map_tensors(self.args, lambda t: t.to(device)), map_tensors(self.kwargs, lambda t: t.to(device)))
 
 
 @dataclass

@@ -32,7 +32,7 @@ from accel.instance import CFG, wrap
 from accel.models.base import CfgStyle, SequenceSplit
 from accel.parallel.comm import Group, all_gather
 from accel.parallel.mesh import ParallelMesh
-from accel.parallel.outputs import as_output, map_samples, sample_of
+from accel.parallel.outputs import as_output, map_samples, map_tensors, sample_of, tensors_of
 from accel.steps import StepEvents, StepListener
 
 
@@ -180,11 +180,11 @@ class CfgParallel(StepListener):
             raise NotAvailableError(_USED_EARLY)
         if index == self.half:
             output = original(*bound.args, **bound.kwargs)
-            self._computed = _tensors(output) if self.output_like is not None else [sample_of(output)]
+            self._computed = list(tensors_of(output)) if self.output_like is not None else [sample_of(output)]
             self._shape = tuple(self._computed[0].shape)
         elif self.output_like is not None:
             output = placeholders_like(self.output_like, bound.arguments)
-            self._placeholders = _tensors(output)
+            self._placeholders = list(tensors_of(output))
         else:
             like = _first_tensor(bound)
             self._placeholders = [Pending(self._shape, like.dtype, like.device)]
@@ -210,25 +210,7 @@ def placeholders_like(output_like: Callable[[Mapping[str, Any]], Any], arguments
     fields for the predictions beside the sample have no names here."""
     if arguments.get("return_dict", True):
         raise NotAvailableError(_NAMELESS)
-    return _map_tensors(output_like(arguments), lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
-
-
-def _tensors(output: Any) -> list[Tensor]:
-    """The tensors of a (nested) tuple or list output, in order; None items hold none."""
-    if isinstance(output, Tensor):
-        return [output]
-    if isinstance(output, (list, tuple)):
-        return [tensor for item in output for tensor in _tensors(item)]
-    return []
-
-
-def _map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """`value` (a tensor, or nested tuples and lists of them and None) with `fn` applied to each tensor."""
-    if isinstance(value, Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(item, fn) for item in value)
-    return value
+    return map_tensors(output_like(arguments), lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
 
 
 def _gather_varying(tensor: Tensor, group: Group) -> list[Tensor]:

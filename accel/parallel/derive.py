@@ -47,11 +47,9 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
     """Translate diffusers' `_cp_plan` (ContextParallelInput / ContextParallelOutput entries) under `spec`."""
     streams = dict(spec.streams)
     splits: list[SequenceSplit] = []
-    outputs: list[tuple[str, int]] = []
     kept: set[str] = set()
     for module, entry in cp_plan.items():
         if _is_output(entry):
-            outputs.append((module, int(entry.gather_dim)))
             continue
         if not isinstance(entry, Mapping):
             raise PlanDerivationError(f"_cp_plan[{module!r}] is neither a mapping of inputs nor an output")
@@ -59,12 +57,12 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
             if isinstance(value, (list, tuple)):
                 raise PlanDerivationError(f"_cp_plan[{module!r}][{key!r}] lists several cuts of one tensor")
             if _is_output(value):
-                outputs.append((module, int(value.gather_dim)))
                 continue
             if _stream_key(module, key) in spec.keep_whole:
                 kept.add(_stream_key(module, key))
                 continue
             splits.append(_split(module, key, value, streams))
+    outputs = _gathers(cp_plan)
     if len(outputs) != 1:
         raise PlanDerivationError(f"_cp_plan gathers at {len(outputs)} places; accel gathers one output")
     module, dim = outputs[0]
@@ -93,10 +91,16 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
 def readable_cp_plan(transformer_class: type) -> bool:
     """Whether the class ships a `_cp_plan` accel's engine can follow: one gather (MiniMax-H3's
     gathers video and audio apart)."""
-    cp_plan = getattr(transformer_class, "_cp_plan", None) or {}
-    gathers = [entry for entry in cp_plan.values() if _is_output(entry)]
-    gathers += [value for entry in cp_plan.values() if isinstance(entry, Mapping) for value in entry.values() if _is_output(value)]
-    return len(gathers) == 1
+    return len(_gathers(getattr(transformer_class, "_cp_plan", None) or {})) == 1
+
+
+def _gathers(cp_plan: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(module, dim) of every gather a `_cp_plan` states, in its order."""
+    found = []
+    for module, entry in cp_plan.items():
+        values = entry.values() if isinstance(entry, Mapping) else (entry,)
+        found += [(module, int(value.gather_dim)) for value in values if _is_output(value)]
+    return found
 
 
 def cut_keys(cp_plan: Mapping[str, Any]) -> list[str]:

@@ -1,8 +1,9 @@
-"""The sample tensor of a transformer's output, in each shape diffusers returns it."""
+"""The sample tensor of a transformer's output, in each shape diffusers returns it, and the walks
+over every tensor such an output (or a call's arguments) holds."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import Tensor
@@ -44,3 +45,28 @@ def as_output(sample: Tensor, return_dict: bool) -> Any:
     from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
     return Transformer2DModelOutput(sample=sample)
+
+
+def map_tensors(value: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """`value` (a tensor, or tuples, lists and dicts of them, nested) with `fn` applied to each tensor."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(map_tensors(item, fn) for item in value)
+    if isinstance(value, list):
+        return [map_tensors(item, fn) for item in value]
+    if isinstance(value, dict):
+        return {key: map_tensors(item, fn) for key, item in value.items()}
+    return value
+
+
+def tensors_of(value: Any) -> Iterator[Tensor]:
+    """Every tensor a value holds, in order (a model output: a tensor, a tuple, or diffusers' output dataclass)."""
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from tensors_of(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_of(item)

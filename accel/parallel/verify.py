@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from accel.errors import NotAvailableError, first_line
 from accel.models.base import AutomaticPlan, BlockList, ParallelPlan
-from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, diffusers_candidates, observe, tensors_of
+from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, diffusers_candidates, observe
+from accel.parallel.outputs import tensors_of
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes, weight_sharing_copy
 
