@@ -16,8 +16,9 @@ a CPU run cannot see live. Three torch pieces make them checkable on the CPU:
 
 from __future__ import annotations
 
+import functools
 import os
-import traceback
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from accel.memory.estimate import KnownValues
 from accel.parallel.mesh import Degrees, ParallelMesh, build_mesh
 
 DTYPE = torch.bfloat16
@@ -87,8 +89,10 @@ class Probe(TorchDispatchMode):
     scripts the branch a data-dependent decision takes (the cache's skip-or-compute). A
     data-dependent shape (`nonzero`) gets its largest possible size: every element counts."""
 
-    def __init__(self, scalars: list[Any] | None = None, default: Any = 0) -> None:
+    def __init__(self, scalars: list[Any] | None = None, default: Any = 0, known: KnownValues | None = None) -> None:
         super().__init__()
+        self.known = known  # small tensors whose values are kept (entered below this mode): their reads are real
+        self._last_was_read = False
         self.scalars = list(scalars or [])
         self.default = default
         self.syncs: list[Sync] = []
@@ -97,6 +101,16 @@ class Probe(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.known is not None and self._reads_known(func, args, kwargs):
+            # A read of a value the mode below keeps (a mask made from known values): the GPU stalls
+            # here as anywhere, and the answer is the real one.
+            sync = Sync(str(func.overloadpacket.__name__), _caller())
+            if not (func is aten._local_scalar_dense.default and self.syncs and self.syncs[-1] == sync and self._last_was_read):
+                self.syncs.append(sync)  # `tolist()` reads element by element here, from one copy on a GPU: one sync
+            result = func(*args, **kwargs)
+            self._last_was_read = func is aten._local_scalar_dense.default
+            return result
+        self._last_was_read = False
         if func in SYNC_OPS:
             self.syncs.append(Sync(str(func.overloadpacket.__name__), _caller()))
             if func is aten.nonzero.default:
@@ -121,6 +135,16 @@ class Probe(TorchDispatchMode):
             devices = tuple(t.device.type for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
             self.collectives.append((func.overloadpacket.__name__, devices))
         return func(*args, **kwargs)
+
+    def _reads_known(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """A sync op, or `repeat_interleave` by a repeats tensor (its output size is the repeats' sum),
+        on a tensor whose values are known."""
+        assert self.known is not None
+        if func is aten.repeat_interleave.Tensor:
+            return args[0] in self.known.values and kwargs.get("output_size") is None
+        if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):  # `x[mask]`, `x[mask] = y`
+            return any(i is not None and i.dtype == torch.bool and i in self.known.values for i in args[1])
+        return func in SYNC_OPS and args[0] in self.known.values
 
     def _answer(self, tensor: torch.Tensor) -> Any:
         value = self.scalars.pop(0) if self.scalars else self.default
@@ -149,11 +173,18 @@ def _every_index(index: torch.Tensor | None) -> Any:
 def _caller() -> str:
     """`path:line` of the innermost frame outside torch and this harness (the code that synced);
     a function mode's `__torch_function__` only passes the call on, so the frame below it counts."""
-    for frame in reversed(traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if path != _HERE and not path.startswith(_TORCH) and frame.name != "__torch_function__":
-            return f"{_short(path)}:{frame.lineno}"
+    frame = sys._getframe(1)  # frames, not traceback.extract_stack: that reads every frame's source line
+    while frame is not None:
+        path = _absolute(frame.f_code.co_filename)
+        if path != _HERE and not path.startswith(_TORCH) and frame.f_code.co_name != "__torch_function__":
+            return f"{_short(path)}:{frame.f_lineno}"
+        frame = frame.f_back
     return "?"
+
+
+@functools.cache
+def _absolute(filename: str) -> str:
+    return os.path.abspath(filename)
 
 
 def _short(path: str) -> str:
@@ -228,9 +259,10 @@ class ToyScheduler:
         return None
 
 
-def run_probed(fn: Callable[[], Any], scalars: list[Any] | None = None) -> tuple[Any, Probe]:
-    """`fn()` under a fresh `Probe` (inside `fake_cuda()`): its result and what the probe saw."""
-    probe = Probe(scalars)
+def run_probed(fn: Callable[[], Any], scalars: list[Any] | None = None, known: KnownValues | None = None) -> tuple[Any, Probe]:
+    """`fn()` under a fresh `Probe` (inside `fake_cuda()`, and inside `known` if given): its result and
+    what the probe saw."""
+    probe = Probe(scalars, known=known)
     with torch.no_grad(), probe:
         result = fn()
     return result, probe

@@ -28,6 +28,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
 
 from collections import Counter  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, replace  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
@@ -44,6 +45,7 @@ from test_parallel_families import splits_sequence  # noqa: E402
 
 from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
+from accel.memory.estimate import KnownValues  # noqa: E402
 from accel.models.base import Family, ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from accel.optimize.processors import install_processors  # noqa: E402
@@ -247,7 +249,16 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     raise KeyError(name)
 
 
-def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) -> tuple[int, ...]:
+def kv_caches(name: str, config: dict[str, Any], calls: int) -> list[Any] | None:
+    """Qwen-Image 2.1's K/V caches, one per CFG branch, as its pipeline makes them; None for the others."""
+    if name != "qwenimage21":
+        return None
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    return [QwenImage21KVCache(config["num_layers"]) for _ in range(calls)]
+
+
+def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int, prefill: bool = False) -> tuple[int, ...]:
     if name in ("kandinsky5", "kandinsky6"):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
         return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
     if name == "cosmos3":  # its list of one sample's (1, C, F, H, W) prediction, stacked
@@ -272,7 +283,7 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int) ->
         "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
         "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
         "hunyuanimage": (batch, out, grid.rows, grid.cols),  # patch size 1, one picture
-        "qwenimage21": (batch, grid.text + h * w, out),  # unpatched; the prefill call returns the prompt's tokens too
+        "qwenimage21": (batch, grid.text * prefill + h * w, out),  # unpatched; the prefill call returns the prompt's tokens too
     }[name]
 
 
@@ -282,7 +293,8 @@ def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     stream's too: the engine shares it out among the ranks for the call)."""
     video = grid.tokens + (helios_history_tokens(grid) if family.name == "helios" else 0)  # Helios: history, then the chunk
     lengths = {"text": grid.text, "video": video, "image": grid.tokens, "hidden": grid.tokens, "generation": grid.tokens,  # hidden: the automatic plan's
-               "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32}  # Z-Image pads image and caption to 32s
+               "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32,  # Z-Image pads image and caption to 32s
+               "prompt": grid.text, "target": 4 * grid.rows * grid.cols}  # Qwen-Image 2.1: unpatched, 2x2 tokens a grid cell
     plan = family.parallel
     assert plan is not None
     # The automatic plan names its joint attentions' keys per module (one order for every list of a family here).
@@ -331,7 +343,7 @@ def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool)
 
 # Families whose cut stream attends to keys every rank holds whole besides its own (Cosmos 3's text):
 # the engine attends that stretch once per call on each rank's queries, then the cut keys by ring blocks.
-SHARED_KEYS = {"cosmos3": "text"}
+SHARED_KEYS = {"cosmos3": "text", "qwenimage21": "prompt"}
 
 # Families whose forwards always hand their attention a mask (a joint text mask), whatever the call.
 MASKING = {"hunyuan", "hunyuan15", "hunyuanimage"}
@@ -346,6 +358,8 @@ def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> 
         return 1 + 12 * batch
     if name == "hunyuanimage":  # the same reordering, with no image embeddings: eight selections a sample
         return 8 * batch
+    if name == "qwenimage21":  # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
+        return 8
     return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
 
 
@@ -486,41 +500,51 @@ def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, ran
     transformer = fake_transformer(cls, config, f"tp{layout.tp}.{rank % layout.tp}" if layout.tp > 1 else "")
     with fake_rank(rank, layout.world):
         mesh = fake_mesh(layout.degrees)  # outside fake mode: the mesh is built from real rank tensors
-        with fake_cuda(_MODE):
+        known = KnownValues() if name in HOST_VALUES else None
+        with fake_cuda(_MODE), known or nullcontext():
             accelerated = accelerate(transformer, family, layout, mesh, cache_class)
             try:
-                run_steps(name, family, config, layout, rank, accelerated, arguments)
+                run_steps(name, family, config, layout, rank, accelerated, arguments, known)
             finally:
                 accelerated.remove()
     return accelerated.masks
 
 
 def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout, rank: int, accelerated: Accelerated,
-              arguments: Arguments | None = None) -> None:
+              arguments: Arguments | None = None, known: KnownValues | None = None) -> None:
     # Batched CFG: both branches in one call; CFG in two calls: two calls per step, one per half.
     batch = 2 if family.cfg == "batch" and layout.cfg > 1 else 1
     calls = 2 if family.cfg == "calls" and layout.cfg > 1 else 1
     mine = rank // layout.degrees.sequence if calls == 2 else 0
-    steps = 2 if layout.cache else 1
+    caches = kv_caches(name, config, calls)  # the first step of each branch fills them, whole on every rank
+    prefill = 1 if caches else 0
+    steps = (2 if layout.cache else 1) + prefill
     accelerated.events.scheduler.set_timesteps(steps)
     for step in range(steps):
         outputs = []
         for call in range(calls):
             call_arguments = arguments(config, layout.grid, batch) if arguments else inputs(name, config, layout.grid, batch)
+            if caches:
+                call_arguments |= dict(kv_cache=caches[call], kv_cache_mode="extract" if step < prefill else "cached")
             seen = len(accelerated.masks)
             # The cache's scalar read is scripted "no change", so the second step skips.
-            output, probe = run_probed(lambda: accelerated.transformer(**call_arguments), scalars=[0.0])
+            output, probe = run_probed(lambda: accelerated.transformer(**call_arguments), scalars=[0.0], known=known)
             masked = any(mask is not None for mask in accelerated.masks[seen:])
             sample = sample_of(output)
             outputs.append(torch.stack(sample) if isinstance(sample, list) else sample)  # Z-Image: one tensor per sample
-            if call == mine:
-                compared = layout.cache and step == 1
+            if call == mine and step < prefill:  # not cut: no attention routed, no token exchanged (TP's sums and
+                # the CFG halves' gather after the second call are the only collectives)
+                gathers = 1 if calls == 2 and call == 1 else 0
+                exchanged = Counter(name for name, _ in probe.collectives if name != "allreduce_")
+                assert exchanged == Counter(allgather_=gathers), probe.collectives
+            elif call == mine:
+                compared = layout.cache and step == steps - 1
                 check_call(name, family, config, layout, probe, batch, compared, rank, masked)
                 if compared:
                     assert accelerated.cache is not None and accelerated.cache.stats.records[-1].cached
         accelerated.events.scheduler.step()
         for sample in outputs:  # the other half's output too, filled in place by now
-            assert sample.shape == expected_shape(name, config, layout.grid, batch), f"shape {tuple(sample.shape)}"
+            assert sample.shape == expected_shape(name, config, layout.grid, batch, prefill=step < prefill), f"shape {tuple(sample.shape)}"
             assert sample.dtype == DTYPE and sample.device.type == "cuda", f"{sample.dtype} on {sample.device}"
 
 
@@ -564,10 +588,11 @@ LAYOUTS = [
 ]
 
 
-# Families whose forward reads its inputs' values on the host, which fake tensors do not have (accel plan's
-# fake mode keeps small known tensors' values for them: tests/test_plan.py measures their flagships).
-HOST_VALUES = {"qwenimage21": ("QwenImage21Transformer2DModel's forward reads its slot mask's values on the host (repeat_interleave "
-                               "by it, the rotary positions and the block segments from its list)")}
+# Families whose forward reads its inputs' values on the host (Qwen-Image 2.1 lays out its tokens from the
+# encoder's slot mask: repeats, masked writes, positions). Fake tensors have no values, so these run inside
+# accel plan's KnownValues, which keeps the values of small tensors made from known data (the mask here);
+# the probe counts each read as the sync it is on a GPU and answers it with the real value.
+HOST_VALUES = {"qwenimage21"}
 
 
 @pytest.mark.parametrize("rank_of", ["first", "last"])
@@ -576,8 +601,6 @@ HOST_VALUES = {"qwenimage21": ("QwenImage21Transformer2DModel's forward reads it
 def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_configs: Any) -> None:
     """Device, dtype, shape, kernel, collective and sync checks of the module docstring, on each call
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
-    if name in HOST_VALUES:
-        pytest.skip(HOST_VALUES[name])
     if not splits_sequence(name):  # Ulysses and Ring refused up front: the layout's CFG and TP degrees alone, once each
         if layout.cfg == layout.tp == 1:
             pytest.skip(f"{FAMILIES[name].title}'s sequence is not cut, and this layout has no CFG or TP degree")
@@ -640,6 +663,10 @@ KANDINSKY6 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text
                   model_dim=4096, ff_dim=16384, num_text_blocks=1, num_visual_blocks=2, axes_dims=(32, 48, 48), visual_cond=True,
                   in_audio_dim=40, out_audio_dim=40, model_dim_a=2048, ff_dim_a=7168, time_dim_a=1024, text_token_padding=True,
                   ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2)
+# Qwen-Image 2.1's transformer (its class defaults, the released widths; two of its 32 blocks): 32 heads of 128, a
+# 4096-wide Qwen3-VL context, 64 latent channels.
+QWENIMAGE21 = dict(in_channels=64, out_channels=64, num_attention_heads=32, attention_head_dim=128, context_in_dim=4096, num_layers=2,
+                   causal_condition=True)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -673,6 +700,9 @@ REAL = {
     # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a step
     # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
     "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
+    # Qwen-Image 2.1 at 1024x1024: 64 x 64 = 4096 target tokens (16x VAE, unpatched; 32 x 32 encoder slots), a 512-token
+    # prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4, with the cache.
+    "qwenimage21": (QWENIMAGE21, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512))),
 }
 
 

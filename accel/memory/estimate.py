@@ -202,7 +202,7 @@ def _tensors_in(values: tuple[Any, ...] | list[Any]) -> list[torch.Tensor]:
     return found
 
 
-class _KnownValues(TorchDispatchMode):
+class KnownValues(TorchDispatchMode):
     """Fake tensors have shapes, not values, so an op whose output shape or Python result depends on
     values cannot run on them: HunyuanVideo 1.5's forward gathers its text tokens with boolean masks
     (`text[mask]`) and branches on `torch.all(image_embeds == 0)`. A shape environment would make the
@@ -291,14 +291,14 @@ class _KnownValues(TorchDispatchMode):
 @contextmanager
 def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
     """Fake tensors for "cuda" (no GPU needed, no memory used); real ones for "cpu", or for "cuda"
-    with `fake` off (the checks against a real run). Small known tensors keep their values (_KnownValues)."""
+    with `fake` off (the checks against a real run). Small known tensors keep their values (KnownValues)."""
     if device != "cuda" or not fake:
         yield
         return
     if not torch.backends.cuda.is_built():  # a CPU-only build cannot index a tensor on `cuda`, fake or not
         raise UserError(f"accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default "
                         f"wheel; no GPU needed): torch {torch.__version__} is CPU-only")
-    with FakeTensorMode(allow_non_fake_inputs=False), _KnownValues(), _FusedAttention():
+    with FakeTensorMode(allow_non_fake_inputs=False), KnownValues(), _FusedAttention():
         yield
 
 

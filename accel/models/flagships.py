@@ -7,7 +7,7 @@ memory. `inputs` makes the transformer's call at a size (batch 1: a CFG pipeline
 half, or once per rank under CFG parallel), in the current default dtype and device.
 
 HunyuanVideo 1.5's forward gathers its text tokens with boolean masks: the fake mode keeps the
-values of small tensors such as its masks to answer that (accel/memory/estimate.py, _KnownValues).
+values of small tensors such as its masks to answer that (accel/memory/estimate.py, KnownValues).
 
 CogVideoX's call takes the rotary tables its pipeline computes: `inputs` passes tables of their shape.
 
