@@ -18,7 +18,8 @@ show is checked instead:
   once it has a previous residual to compare with, (b) Mochi's own diffusers attention
   processor, which compacts each sample's text with `nonzero` (model code, one per sample and block),
   and (c) HunyuanVideo 1.5's and HunyuanImage 2.1's own forwards, which reorder their text streams
-  with boolean masks before the blocks (model code, once per call).
+  with boolean masks before the blocks, and Qwen-Image 2.1's, which lays out its tokens from the
+  encoder's slot mask (model code, once per call; that mask's values are kept: see HOST_VALUES).
 """
 
 from __future__ import annotations
