@@ -78,6 +78,8 @@ class Measured:
     # Where the context-parallel plan came from: "family", or, learned and verified, "automatic" or
     # "diffusers _cp_plan" (the class's own plan, its streams learned).
     plan: str = "family"
+    # Lines for the run's report about how the recipe met the calls (a context-parallel plan that cut none).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def bytes_sent_per_rank(self) -> dict[str, int] | None:
@@ -516,6 +518,7 @@ def measure_recipe(
             quant=handle.quant.as_dict() if handle.quant is not None else None,
             compile=compiled,
             plan=next((plan.origin for plan in handle.plans.values() if plan.origin), "automatic") if handle.plans else "family",
+            notes=[note for engine in handle.parallel.values() if (note := engine.uncut_note()) is not None],
         )
     finally:
         handle.remove()
@@ -685,7 +688,7 @@ def _run(
     device = _device_of(pipe)
     compared = baseline is not None and result.output is not None  # a rank that did not decode ([memory] vae = "rank0") has none
     written = _written_size(result.output)
-    notes += _size_notes(kwargs, written, family.frames_arg, variant.fps is None)
+    notes += accelerated.notes + _size_notes(kwargs, written, family.frames_arg, variant.fps is None)
     return Metrics(
         model=recipe.model.name,
         family=family.name,

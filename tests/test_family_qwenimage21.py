@@ -5,6 +5,8 @@ process, calls cached alike; so does Ring 3, which cuts the target's tokens of t
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import parallel_cases as cases
@@ -37,3 +39,27 @@ def test_a_condition_picture_on_ring_3_with_the_cache_equals_one_process(rank_po
         assert bytes_sent > 0
         assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in records]
         assert np.abs(output - expected).max() <= TOLERANCE
+
+
+def _measured_notes(recipe: dict[str, Any], call: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The tiny pipeline measured under `recipe` as `accel run` measures it: its output and the run's notes."""
+    from accel.recipe import Recipe
+    from accel.runner import measure_recipe
+
+    measured = measure_recipe(cases.tiny_pipeline("tiny-qwenimage21"), Recipe.from_dict(recipe), dict(call), warmup=0)
+    return np.asarray(measured.measurement.output), measured.notes
+
+
+def test_without_the_kv_cache_ring_2_runs_every_call_whole_and_says_so(rank_pools) -> None:
+    """use_kv_cache=False: no call passes kv_cache_mode="cached", so the plan cuts none. The run equals one
+    process (every rank computes the whole of each call) and its report says the sequence degree gained nothing."""
+    call = dict(CALL, num_inference_steps=2, use_kv_cache=False)
+    expected, notes = _measured_notes({}, call)
+    assert notes == []
+    for output, notes in rank_pools(2).run(_measured_notes, {"parallel": {"ring": 2}}, call):
+        assert np.abs(output - expected).max() <= TOLERANCE
+        assert notes == ["context parallelism cut none of QwenImage21Transformer2DModel's calls: its plan cuts only calls passing "
+                         "kv_cache_mode='cached', so every rank computed each call whole (no speedup from the sequence degree; "
+                         "the pipeline's own caching options decide which calls those are)"]
+    for _, notes in rank_pools(2).run(_measured_notes, {"parallel": {"ring": 2}}, dict(call, use_kv_cache=True)):
+        assert notes == []

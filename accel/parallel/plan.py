@@ -100,6 +100,9 @@ class ContextParallel:
         # so a later forward with no attention at all is a cache's (TaylorSeer extrapolates every
         # attention output of a call), not a processor that bypasses it.
         self._proven = False
+        # Whether any forward was cut, and any run whole (split_only_when): a run that cut none gained
+        # nothing. Flags, as `_routed`, not counters.
+        self.cut_any = self.ran_whole = False
         self._transformer = transformer
 
         self._signature = inspect.signature(transformer.forward)
@@ -241,7 +244,9 @@ class ContextParallel:
         if self.plan.split_only_when is not None:
             argument, value = self.plan.split_only_when
             if bound.arguments.get(argument) != value:  # a call the plan runs whole on every rank
+                self.ran_whole = True
                 return call_next(*args, **kwargs)
+            self.cut_any = True
         self._cut_arguments(bound.arguments, [split for split in self.plan.splits if not split.module and not split.at])
         self._rebase_counts(bound.arguments, self._counts)
         for split in self.plan.splits:
@@ -265,6 +270,15 @@ class ContextParallel:
             self._gathered_masks.clear()
             self._pair_masks.clear()
         return output
+
+    def uncut_note(self) -> str | None:
+        """A line for a run whose transformer calls all ran whole (split_only_when never matched)."""
+        if self.cut_any or not self.ran_whole or self.plan.split_only_when is None:
+            return None
+        argument, value = self.plan.split_only_when
+        return (f"context parallelism cut none of {type(self._transformer).__name__}'s calls: its plan cuts only "
+                f"calls passing {argument}={value!r}, so every rank computed each call whole (no speedup from the sequence "
+                "degree; the pipeline's own caching options decide which calls those are)")
 
     def _refuse_diffusers_cache(self) -> None:
         """diffusers' cache hooks (enabled after apply) decide from each rank's shard alone, so ranks
