@@ -173,8 +173,12 @@ def fit_bench(plan: BenchPlan, gpu_memory: float | None) -> BenchPlan:
 
     running = {variant.name: variant.recipe for variant in plan.variants if variant.skip is None}
     fits = planned_each(running, gpu_memory, lambda name: f"{plan.recipe.source}: [bench] variant {name!r}")
-    variants = tuple(dataclasses.replace(variant, recipe=fits[variant.name].recipe, planned_peak=fits[variant.name].peak)
-                     if variant.name in fits else variant for variant in plan.variants)
+    variants = tuple(
+        dataclasses.replace(variant, recipe=fits[variant.name].recipe, planned_peak=fits[variant.name].peak)
+        if variant.name in fits
+        else variant
+        for variant in plan.variants
+    )
     return dataclasses.replace(plan, variants=variants)
 
 
@@ -290,7 +294,9 @@ def _claim_folder(folder: Path) -> Any:
     try:
         make_folder(folder)
         if any(folder.iterdir()):
-            raise UserError(f"--out {folder} is no longer empty (another run wrote into it); bench never overwrites, choose another")
+            raise UserError(
+                f"--out {folder} is no longer empty (another run wrote into it); bench never overwrites, choose another"
+            )
     except BaseException:
         held.release()
         raise
@@ -298,8 +304,13 @@ def _claim_folder(folder: Path) -> Any:
 
 
 def _run_variants(
-    plan: BenchPlan, folder: Path | None, device: Any, rank: int, barrier: Callable[[], None],
-    progress: Progress | None, say: Callable[[str], None],
+    plan: BenchPlan,
+    folder: Path | None,
+    device: Any,
+    rank: int,
+    barrier: Callable[[], None],
+    progress: Progress | None,
+    say: Callable[[str], None],
 ) -> BenchResult | None:
     """`run_bench` once the job is joined: every variant in turn, then rank 0's result."""
     import torch
@@ -323,8 +334,14 @@ def _run_variants(
     count = len(plan.variants)
     for index, planned in enumerate(plan.variants, 1):
         layout = _layout(planned, pipe)
-        row = VariantResult(planned.name, planned.overrides, planned.world_size, layout, planned.skip,
-                            planned_peak_bytes=planned.planned_peak)
+        row = VariantResult(
+            planned.name,
+            planned.overrides,
+            planned.world_size,
+            layout,
+            planned.skip,
+            planned_peak_bytes=planned.planned_peak,
+        )
         results.append(row)
         if planned.skip is not None:
             say(f"[{index}/{count}] {planned.name}: skipped ({planned.skip})")
@@ -342,7 +359,12 @@ def _run_variants(
             pipe = pipelines.get(variant, say)
             kwargs = generation_kwargs(family, ref.tiny, variant, pipe)
             measured = measure_recipe(
-                pipe, variant, kwargs, recipe.bench.warmup, recipe.bench.repeats, step_progress(pipe, progress),
+                pipe,
+                variant,
+                kwargs,
+                recipe.bench.warmup,
+                recipe.bench.repeats,
+                step_progress(pipe, progress),
                 f"[{index}/{count}] {planned.name}",
             )
             if lead:
@@ -433,7 +455,9 @@ def _record(
     return baseline
 
 
-def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family: Any, kind: str, audio: Any = None) -> Path:
+def _save_output(
+    output: np.ndarray, folder: Path, index: int, name: str, family: Any, kind: str, audio: Any = None
+) -> Path:
     """Written whole (with its sound, where it has one), never over an existing file; an HDR video as
     its SDR preview, the viewable form (accel run --out X.npy keeps the linear frames)."""
     from accel.files import write_file
@@ -442,8 +466,12 @@ def _save_output(output: np.ndarray, folder: Path, index: int, name: str, family
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "variant"
     suffix = OUTPUT_FILES[kind][1][0][0]
-    return write_file(folder / f"{index:02d}-{slug}{suffix}", output_writer(output, kind, suffix, family.fps, audio), replace=False,
-                      hint=BENCH_HINT)
+    return write_file(
+        folder / f"{index:02d}-{slug}{suffix}",
+        output_writer(output, kind, suffix, family.fps, audio),
+        replace=False,
+        hint=BENCH_HINT,
+    )
 
 
 def _layout(planned: PlannedVariant, pipe: Any) -> str:
@@ -512,13 +540,21 @@ class _Pipelines:
 
         dropped = recipe.memory.text_encoder in ONE_RANK_PLACEMENTS and recipe.parallel.world_size > 1
         sharded = recipe.parallel.world_size if recipe.memory.text_encoder == SHARDED else 1
-        stale = (self.quant is not None and self.quant != wanted) or (self.split > 1 and self.split != split) or (self.dropped and not dropped)
+        stale = (
+            (self.quant is not None and self.quant != wanted)
+            or (self.split > 1 and self.split != split)
+            or (self.dropped and not dropped)
+        )
         stale = stale or (self.sharded > 1 and self.sharded != sharded)
         if self.pipe is None or recipe.model.dtype != self.model_dtype or stale:
             tell = say or (lambda _line: None)
             first = self.pipe is None
-            tell(f"loading {self.name}…" if first else
-                 "  reloading the pipeline (quantization, the tensor-parallel split, dropped or split text encoders and dtype cannot be undone in place)")
+            tell(
+                f"loading {self.name}…"
+                if first
+                else "  reloading the pipeline (quantization, the tensor-parallel split, dropped or split text "
+                "encoders and dtype cannot be undone in place)"
+            )
             start = time.perf_counter()
             self._load(recipe.model.dtype)
             tell(f"{'loaded' if first else '  reloaded'} {self.name} in {time.perf_counter() - start:.1f} s")

@@ -70,9 +70,16 @@ def _unknown_option(command: Any, given: str) -> str:
 
 
 # Recipe keys (and diffusers' call arguments) users type as flags, and the flag that sets them.
-_FLAG_OF_KEY = {"threshold": "--cache", "guidance-scale": "--guidance", "num-inference-steps": "--steps",
-                "num-frames": "--frames", "true-cfg-scale": "--true-cfg", "output": "--out", "cfg": "--cfg-parallel",
-                "method": "--cache-method"}
+_FLAG_OF_KEY = {
+    "threshold": "--cache",
+    "guidance-scale": "--guidance",
+    "num-inference-steps": "--steps",
+    "num-frames": "--frames",
+    "true-cfg-scale": "--true-cfg",
+    "output": "--out",
+    "cfg": "--cfg-parallel",
+    "method": "--cache-method",
+}
 
 
 app = typer.Typer(
@@ -109,8 +116,17 @@ def _installed_version() -> str:
 
 @app.callback()
 def _accel(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="", show_default=False,
-                                          help="Print accel's version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            metavar="",
+            show_default=False,
+            help="Print accel's version and exit.",
+        ),
+    ] = False,
 ) -> None:
     """Runs before every command (the app's help text is Typer's `help`): accel's own options."""
     from accel.noise import quiet_library_noise
@@ -163,79 +179,421 @@ def _flag(section: str, key: str) -> dict[str, Any]:
 @app.command(cls=_Command)
 def run(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …; accel models lists them), hub repo id or local folder.", show_default="the recipe's [model] name")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help="TOML recipe, or the JSON an accel run --json wrote (reruns it); flags override its values.", show_default="none")] = None,
-    prompt: Annotated[str | None, Opt("--prompt", "-p", help="Text prompt.", show_default=_recipe_default("generate", "prompt"))] = None,
-    negative_prompt: Annotated[str | None, Opt("--negative-prompt", help="Negative prompt (pipelines that take one).", show_default=_recipe_default("generate", "negative_prompt"))] = None,
-    steps: Annotated[int | None, Opt("--steps", help="Denoising steps.", show_default=_recipe_default("generate", "steps"))] = None,
-    height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default=_recipe_default("generate", "height"))] = None,
-    width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default=_recipe_default("generate", "width"))] = None,
-    frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default=_recipe_default("generate", "frames"))] = None,
-    seed: Annotated[int | None, Opt("--seed", help="Random seed, so runs are comparable.", show_default=_recipe_default("generate", "seed"))] = None,
-    guidance: Annotated[float | None, Opt("--guidance", help="Guidance scale.", show_default=_recipe_default("generate", "guidance_scale"))] = None,
-    true_cfg: Annotated[float | None, Opt("--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.", show_default=_recipe_default("generate", "true_cfg_scale"))] = None,
-    image: Annotated[str | None, Opt("--image", metavar="PATH", help="Input image (img2img, inpaint, Kontext, edit pipelines).", show_default="none")] = None,
-    mask: Annotated[str | None, Opt("--mask", metavar="PATH", help="Mask image (inpaint, fill pipelines; white is repainted).", show_default="none")] = None,
-    video: Annotated[str | None, Opt("--video", metavar="PATH", help="Input video (video-to-video, editing, VACE pipelines).", show_default="none")] = None,
-    conditions: Annotated[list[str] | None, Opt("--condition", metavar="PATH@INDEX:STRENGTH", help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.", show_default="none")] = None,
-    references: Annotated[list[str] | None, Opt("--reference", metavar="PATH@STRENGTH", help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.", show_default="none")] = None,
-    inputs: Annotated[list[str] | None, Opt("--input", metavar="KEYWORD=PATH", help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.", show_default="none")] = None,
-    arguments: Annotated[list[str] | None, Opt("--arg", metavar="KEYWORD=VALUE", help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a string); repeatable.", show_default="none")] = None,
-    lora: Annotated[list[str] | None, Opt("--lora", metavar="PATH@SCALE", help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left out); repeatable.", show_default="none")] = None,
-    pipeline: Annotated[str | None, Opt("--pipeline", metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline.", show_default=_recipe_default("model", "pipeline"))] = None,
-    components: Annotated[list[str] | None, Opt("--component", metavar="NAME=FOLDER", help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER (LTX2DFRTemporalRefinePipeline); repeatable.", show_default="none")] = None,
-    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype"))] = None,
-    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))] = None,
-    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).", show_default=_recipe_default("cache", "threshold"))] = None,
-    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache, dbcache, taylorseer or magcache.", show_default=_recipe_default("cache", "method"))] = None,
-    first_blocks: Annotated[int | None, Opt("--first-blocks", metavar="N", help="dbcache: blocks always computed first; they decide.", show_default=_recipe_default("cache", "first_blocks"))] = None,
-    last_blocks: Annotated[int | None, Opt("--last-blocks", metavar="N", help="dbcache: blocks always computed last.", show_default=_recipe_default("cache", "last_blocks"))] = None,
-    calibrator: Annotated[str | None, Opt("--calibrator", metavar="NAME", help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it).", show_default=_recipe_default("cache", "calibrator"))] = None,
-    taylor_order: Annotated[int | None, Opt("--taylor-order", metavar="N", help="taylorseer: 1 or 2.", show_default=_recipe_default("cache", "taylor_order"))] = None,
-    max_cached_steps: Annotated[int | None, Opt("--max-cached-steps", metavar="N", help="Most cached calls per generation (0 = no limit).", show_default=_recipe_default("cache", "max_cached_steps"))] = None,
-    interval: Annotated[int | None, Opt("--interval", metavar="N", help="taylorseer: compute every N-th step, extrapolate between.", show_default=_recipe_default("cache", "interval"))] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview, or .pt: the latents a multi-pass pipeline hands on.", show_default="a fresh name under outputs/")] = None,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="Registry alias (flux, tiny-flux, …; accel models lists them), hub repo id or local folder.",
+            show_default="the recipe's [model] name",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        Opt(
+            "--recipe",
+            "-r",
+            help="TOML recipe, or the JSON an accel run --json wrote (reruns it); flags override its values.",
+            show_default="none",
+        ),
+    ] = None,
+    prompt: Annotated[
+        str | None, Opt("--prompt", "-p", help="Text prompt.", show_default=_recipe_default("generate", "prompt"))
+    ] = None,
+    negative_prompt: Annotated[
+        str | None,
+        Opt(
+            "--negative-prompt",
+            help="Negative prompt (pipelines that take one).",
+            show_default=_recipe_default("generate", "negative_prompt"),
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None, Opt("--steps", help="Denoising steps.", show_default=_recipe_default("generate", "steps"))
+    ] = None,
+    height: Annotated[
+        int | None, Opt("--height", help="Output height in pixels.", show_default=_recipe_default("generate", "height"))
+    ] = None,
+    width: Annotated[
+        int | None, Opt("--width", help="Output width in pixels.", show_default=_recipe_default("generate", "width"))
+    ] = None,
+    frames: Annotated[
+        int | None, Opt("--frames", help="Frames (video families).", show_default=_recipe_default("generate", "frames"))
+    ] = None,
+    seed: Annotated[
+        int | None,
+        Opt("--seed", help="Random seed, so runs are comparable.", show_default=_recipe_default("generate", "seed")),
+    ] = None,
+    guidance: Annotated[
+        float | None,
+        Opt("--guidance", help="Guidance scale.", show_default=_recipe_default("generate", "guidance_scale")),
+    ] = None,
+    true_cfg: Annotated[
+        float | None,
+        Opt(
+            "--true-cfg",
+            help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt.",
+            show_default=_recipe_default("generate", "true_cfg_scale"),
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        Opt(
+            "--image",
+            metavar="PATH",
+            help="Input image (img2img, inpaint, Kontext, edit pipelines).",
+            show_default="none",
+        ),
+    ] = None,
+    mask: Annotated[
+        str | None,
+        Opt(
+            "--mask",
+            metavar="PATH",
+            help="Mask image (inpaint, fill pipelines; white is repainted).",
+            show_default="none",
+        ),
+    ] = None,
+    video: Annotated[
+        str | None,
+        Opt(
+            "--video",
+            metavar="PATH",
+            help="Input video (video-to-video, editing, VACE pipelines).",
+            show_default="none",
+        ),
+    ] = None,
+    conditions: Annotated[
+        list[str] | None,
+        Opt(
+            "--condition",
+            metavar="PATH@INDEX:STRENGTH",
+            help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    references: Annotated[
+        list[str] | None,
+        Opt(
+            "--reference",
+            metavar="PATH@STRENGTH",
+            help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        Opt(
+            "--input",
+            metavar="KEYWORD=PATH",
+            help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    arguments: Annotated[
+        list[str] | None,
+        Opt(
+            "--arg",
+            metavar="KEYWORD=VALUE",
+            help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a "
+            "string); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    lora: Annotated[
+        list[str] | None,
+        Opt(
+            "--lora",
+            metavar="PATH@SCALE",
+            help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left "
+            "out); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    pipeline: Annotated[
+        str | None,
+        Opt(
+            "--pipeline",
+            metavar="CLASS",
+            help="Pipeline class to run the model as, e.g. FluxKontextPipeline.",
+            show_default=_recipe_default("model", "pipeline"),
+        ),
+    ] = None,
+    components: Annotated[
+        list[str] | None,
+        Opt(
+            "--component",
+            metavar="NAME=FOLDER",
+            help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER "
+            "(LTX2DFRTemporalRefinePipeline); repeatable.",
+            show_default="none",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype")),
+    ] = None,
+    device: Annotated[
+        str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))
+    ] = None,
+    cache: Annotated[
+        float | None,
+        Opt(
+            "--cache",
+            metavar="THRESHOLD",
+            help="Cache threshold (0 = off).",
+            show_default=_recipe_default("cache", "threshold"),
+        ),
+    ] = None,
+    cache_method: Annotated[
+        str | None,
+        Opt(
+            "--cache-method",
+            metavar="METHOD",
+            help="fbcache, dbcache, taylorseer or magcache.",
+            show_default=_recipe_default("cache", "method"),
+        ),
+    ] = None,
+    first_blocks: Annotated[
+        int | None,
+        Opt(
+            "--first-blocks",
+            metavar="N",
+            help="dbcache: blocks always computed first; they decide.",
+            show_default=_recipe_default("cache", "first_blocks"),
+        ),
+    ] = None,
+    last_blocks: Annotated[
+        int | None,
+        Opt(
+            "--last-blocks",
+            metavar="N",
+            help="dbcache: blocks always computed last.",
+            show_default=_recipe_default("cache", "last_blocks"),
+        ),
+    ] = None,
+    calibrator: Annotated[
+        str | None,
+        Opt(
+            "--calibrator",
+            metavar="NAME",
+            help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it).",
+            show_default=_recipe_default("cache", "calibrator"),
+        ),
+    ] = None,
+    taylor_order: Annotated[
+        int | None,
+        Opt(
+            "--taylor-order",
+            metavar="N",
+            help="taylorseer: 1 or 2.",
+            show_default=_recipe_default("cache", "taylor_order"),
+        ),
+    ] = None,
+    max_cached_steps: Annotated[
+        int | None,
+        Opt(
+            "--max-cached-steps",
+            metavar="N",
+            help="Most cached calls per generation (0 = no limit).",
+            show_default=_recipe_default("cache", "max_cached_steps"),
+        ),
+    ] = None,
+    interval: Annotated[
+        int | None,
+        Opt(
+            "--interval",
+            metavar="N",
+            help="taylorseer: compute every N-th step, extrapolate between.",
+            show_default=_recipe_default("cache", "interval"),
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        Opt(
+            "--out",
+            "-o",
+            help="Output .png / .mp4, or for linear HDR video .npy frames / .mp4 SDR preview, or .pt: the latents a "
+            "multi-pass pipeline hands on.",
+            show_default="a fresh name under outputs/",
+        ),
+    ] = None,
     overwrite: Annotated[bool, Opt("--overwrite", help="Replace --out / --json if they exist.", **FLAG)] = False,
-    json_path: Annotated[Path | None, Opt("--json", help="Write every measured number to this JSON file.", show_default="none")] = None,
-    compare: Annotated[bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.", **FLAG)] = False,
+    json_path: Annotated[
+        Path | None, Opt("--json", help="Write every measured number to this JSON file.", show_default="none")
+    ] = None,
+    compare: Annotated[
+        bool, Opt("--compare", help="Also run the unaccelerated baseline: speedup and PSNR.", **FLAG)
+    ] = False,
     warmup: Annotated[int, Opt("--warmup", help="Untimed warm-up generations before the timed one.")] = 1,
-    repeats: Annotated[int, Opt("--repeats", help="Timed generations; the table shows their median and min–max (--compare alternates baseline and accelerated runs).")] = 1,
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.", show_default="recipe, else ulysses × ring × cfg × tp")] = None,
-    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
-    ring: Annotated[int | None, Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
-    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.", show_default=_recipe_default("parallel", "tp"))] = None,
-    cp_plan: Annotated[str | None, Opt("--cp-plan", metavar="FROM", help="family: the family's tested context-parallel plan; automatic: learned from the model and verified on simulated ranks before use.", show_default=_recipe_default("parallel", "plan"))] = None,
-    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as rank0, in host memory; sharded: split over the ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
-    vae_placement: Annotated[str | None, Opt("--vae-placement", metavar="PLACE", help="replicated; rank0: only the first rank, which writes the output, decodes; the others keep the VAE in host memory.", show_default=_recipe_default("memory", "vae"))] = None,
-    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
-    offload: Annotated[str | None, Opt("--offload", metavar="MODE", help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks streamed (diffusers' offloading).", show_default=_recipe_default("memory", "offload"))] = None,
-    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off")] = False,
-    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))] = False,
-    vae_tiling: Annotated[bool, Opt("--vae-tiling", help="Decode in tiles (the VAE's own tiling) to bound the decode's memory.", **_flag("vae", "tiling"))] = False,
-    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
-    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks.", **_flag("compile", "enabled"))] = False,
+    repeats: Annotated[
+        int,
+        Opt(
+            "--repeats",
+            help="Timed generations; the table shows their median and min–max (--compare alternates baseline and "
+            "accelerated runs).",
+        ),
+    ] = 1,
+    gpus: Annotated[
+        int | None,
+        Opt(
+            "--gpus",
+            help="Processes (GPUs; gloo ranks on a CPU-only machine); relaunches under torchrun.",
+            show_default="recipe, else ulysses × ring × cfg × tp",
+        ),
+    ] = None,
+    ulysses: Annotated[
+        int | None,
+        Opt(
+            "--ulysses",
+            help="Ulysses degree.",
+            show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus",
+        ),
+    ] = None,
+    ring: Annotated[
+        int | None,
+        Opt("--ring", help="Ring degree.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus"),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        Opt(
+            "--tp",
+            help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks.",
+            show_default=_recipe_default("parallel", "tp"),
+        ),
+    ] = None,
+    cp_plan: Annotated[
+        str | None,
+        Opt(
+            "--cp-plan",
+            metavar="FROM",
+            help="family: the family's tested context-parallel plan; automatic: learned from the model and verified "
+            "on simulated ranks before use.",
+            show_default=_recipe_default("parallel", "plan"),
+        ),
+    ] = None,
+    text_encoder: Annotated[
+        str | None,
+        Opt(
+            "--text-encoder",
+            metavar="PLACE",
+            help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as "
+            "rank0, in host memory; sharded: split over the ranks by transformers' TP plan.",
+            show_default=_recipe_default("memory", "text_encoder"),
+        ),
+    ] = None,
+    vae_placement: Annotated[
+        str | None,
+        Opt(
+            "--vae-placement",
+            metavar="PLACE",
+            help="replicated; rank0: only the first rank, which writes the output, decodes; the others keep the VAE "
+            "in host memory.",
+            show_default=_recipe_default("memory", "vae"),
+        ),
+    ] = None,
+    gpu_memory: Annotated[
+        float | None,
+        Opt(
+            "--gpu-memory",
+            help="GiB per GPU: a flagship checkpoint's layout is planned (with --gpus alone) or checked against it "
+            "before loading.",
+            show_default="the visible GPU's",
+        ),
+    ] = None,
+    offload: Annotated[
+        str | None,
+        Opt(
+            "--offload",
+            metavar="MODE",
+            help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks "
+            "streamed (diffusers' offloading).",
+            show_default=_recipe_default("memory", "offload"),
+        ),
+    ] = None,
+    cfg_parallel: Annotated[
+        bool,
+        Opt("--cfg-parallel", help="Run CFG halves on separate ranks.", metavar="", show_default="recipe, else off"),
+    ] = False,
+    parallel_vae: Annotated[
+        bool, Opt("--parallel-vae", help="Split the VAE decode over the ranks.", **_flag("vae", "parallel"))
+    ] = False,
+    vae_tiling: Annotated[
+        bool,
+        Opt(
+            "--vae-tiling",
+            help="Decode in tiles (the VAE's own tiling) to bound the decode's memory.",
+            **_flag("vae", "tiling"),
+        ),
+    ] = False,
+    quant: Annotated[
+        str | None,
+        Opt(
+            "--quant",
+            help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.",
+            show_default=_recipe_default("quant", "type"),
+        ),
+    ] = None,
+    compile_: Annotated[
+        bool, Opt("--compile", help="torch.compile the transformer blocks.", **_flag("compile", "enabled"))
+    ] = False,
     nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
-    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")] = None,
-    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)] = None,
+    master_addr: Annotated[
+        str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")
+    ] = None,
+    master_port: Annotated[
+        int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)
+    ] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.", **FLAG)] = False,
+    verbose: Annotated[
+        bool, Opt("--verbose", "-v", help="Also show each cache decision and the bytes each rank sent.", **FLAG)
+    ] = False,
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     overrides: dict[str, dict[str, Any]] = {
-        "model": {"name": model, "dtype": dtype, "device": device, "pipeline": pipeline, "lora": lora or None,
-                  "components": _pairs("--component", components, "temporal_latent_upsampler=upsampler", parse=False)},
+        "model": {
+            "name": model,
+            "dtype": dtype,
+            "device": device,
+            "pipeline": pipeline,
+            "lora": lora or None,
+            "components": _pairs("--component", components, "temporal_latent_upsampler=upsampler", parse=False),
+        },
         "generate": {
-            "prompt": prompt, "negative_prompt": negative_prompt, "steps": steps, "height": height,
-            "width": width, "frames": frames, "seed": seed, "guidance_scale": guidance,
-            "true_cfg_scale": true_cfg, "image": image, "mask": mask, "video": video,
-            "conditions": conditions or None, "references": references or None,
+            "prompt": prompt,
+            "negative_prompt": negative_prompt,
+            "steps": steps,
+            "height": height,
+            "width": width,
+            "frames": frames,
+            "seed": seed,
+            "guidance_scale": guidance,
+            "true_cfg_scale": true_cfg,
+            "image": image,
+            "mask": mask,
+            "video": video,
+            "conditions": conditions or None,
+            "references": references or None,
             "inputs": _pairs("--input", inputs, "pose_video=pose.mp4", parse=False),
             "arguments": _pairs("--arg", arguments, "overlap_history=17", parse=True),
         },
-        "cache": {"threshold": cache, "method": cache_method, "first_blocks": first_blocks, "last_blocks": last_blocks,
-                  "calibrator": calibrator, "taylor_order": taylor_order, "max_cached_steps": max_cached_steps, "interval": interval},
-        "parallel": {"gpus": gpus, "ulysses": ulysses, "ring": ring, "tp": tp, "cfg": 2 if cfg_parallel else None, "plan": cp_plan},
+        "cache": {
+            "threshold": cache,
+            "method": cache_method,
+            "first_blocks": first_blocks,
+            "last_blocks": last_blocks,
+            "calibrator": calibrator,
+            "taylor_order": taylor_order,
+            "max_cached_steps": max_cached_steps,
+            "interval": interval,
+        },
+        "parallel": {
+            "gpus": gpus,
+            "ulysses": ulysses,
+            "ring": ring,
+            "tp": tp,
+            "cfg": 2 if cfg_parallel else None,
+            "plan": cp_plan,
+        },
         "vae": {"parallel": True if parallel_vae else None, "tiling": True if vae_tiling else None},
         "quant": {"type": quant},
         "compile": {"enabled": True if compile_ else None},
@@ -265,8 +623,9 @@ def run(
         if settings.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
-            spec = LaunchSpec.for_world(settings.world_size, nnodes, node_rank, master_addr, master_port,
-                                        settings.parallel.timeout)
+            spec = LaunchSpec.for_world(
+                settings.world_size, nnodes, node_rank, master_addr, master_port, settings.parallel.timeout
+            )
             asked = f"--gpus {settings.world_size}" if gpus is not None else "the [parallel] layout"
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe, spec.nnodes, asked)
             preflight.check_master_port(master_addr, master_port, node_rank)
@@ -280,8 +639,17 @@ def run(
         # The JSON is this run's before the long work starts: a concurrent run is refused now, not after.
         json_claim = claim(json_path) if json_path is not None and lead else None
         try:
-            metrics = run_recipe(settings, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats,
-                                 progress=_progress(lead), announce=_say if lead else None, planned_peak=planned.peak)
+            metrics = run_recipe(
+                settings,
+                out=out,
+                overwrite=overwrite,
+                compare=compare,
+                warmup=warmup,
+                repeats=repeats,
+                progress=_progress(lead),
+                announce=_say if lead else None,
+                planned_peak=planned.peak,
+            )
             if lead:
                 _report_run(metrics, verbose, json_path, overwrite, (ctx.obj or {}).get("argv") or sys.argv[1:])
         finally:
@@ -370,7 +738,9 @@ def _relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2
     degrees = resolve_degrees(settings.parallel, heads_before_start(ref), settings.model.name)
-    if ref.family is None and degrees.sequence > 1:  # a refusal kept from an earlier verification: before any rank starts
+    if (
+        ref.family is None and degrees.sequence > 1
+    ):  # a refusal kept from an earlier verification: before any rank starts
         from accel.parallel.verify import refuse_kept_verdict
 
         refuse_kept_verdict(ref.name, degrees.ulysses, degrees.ring, "--gpus / [parallel]")
@@ -453,8 +823,12 @@ class _Lines:
 def _step_bar(label: str) -> Iterator[Any]:
     """A rich bar over denoising steps; the runner starts and advances it from scheduler events."""
     with Progress(
-        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as progress:
         yield _Bar(progress)
 
@@ -478,15 +852,51 @@ class _Bar:
 @app.command(cls=_Command)
 def bench(
     ctx: typer.Context,
-    recipe: Annotated[Path, typer.Argument(help=escape("TOML recipe with [bench] variants (e.g. recipes/tiny-flux.toml)."))],
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes for the whole bench.", show_default="what the largest variant needs, at most the GPUs here, or CPU cores without one")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Fresh folder for the outputs and reports.", show_default="a new one under outputs/")] = None,
-    json_path: Annotated[Path | None, Opt("--json", help="Also write the JSON report here.", show_default="none")] = None,
-    markdown_path: Annotated[Path | None, Opt("--markdown", help="Also write the Markdown report here.", show_default="none")] = None,
-    only: Annotated[list[str] | None, Opt("--only", metavar="NAME", help="Run only this variant (repeatable); the baseline always runs.", show_default="every variant")] = None,
-    repeats: Annotated[int | None, Opt("--repeats", help="Timed runs per variant.", show_default=_recipe_default("bench", "repeats"))] = None,
-    warmup: Annotated[int | None, Opt("--warmup", help="Warm-up runs per variant.", show_default=_recipe_default("bench", "warmup"))] = None,
-    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's variants left to accel take the plan's layout, the others are checked against it before loading.", show_default="the visible GPU's")] = None,
+    recipe: Annotated[
+        Path, typer.Argument(help=escape("TOML recipe with [bench] variants (e.g. recipes/tiny-flux.toml)."))
+    ],
+    gpus: Annotated[
+        int | None,
+        Opt(
+            "--gpus",
+            help="Processes for the whole bench.",
+            show_default="what the largest variant needs, at most the GPUs here, or CPU cores without one",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        Opt("--out", "-o", help="Fresh folder for the outputs and reports.", show_default="a new one under outputs/"),
+    ] = None,
+    json_path: Annotated[
+        Path | None, Opt("--json", help="Also write the JSON report here.", show_default="none")
+    ] = None,
+    markdown_path: Annotated[
+        Path | None, Opt("--markdown", help="Also write the Markdown report here.", show_default="none")
+    ] = None,
+    only: Annotated[
+        list[str] | None,
+        Opt(
+            "--only",
+            metavar="NAME",
+            help="Run only this variant (repeatable); the baseline always runs.",
+            show_default="every variant",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int | None, Opt("--repeats", help="Timed runs per variant.", show_default=_recipe_default("bench", "repeats"))
+    ] = None,
+    warmup: Annotated[
+        int | None, Opt("--warmup", help="Warm-up runs per variant.", show_default=_recipe_default("bench", "warmup"))
+    ] = None,
+    gpu_memory: Annotated[
+        float | None,
+        Opt(
+            "--gpu-memory",
+            help="GiB per GPU: a flagship checkpoint's variants left to accel take the plan's layout, the others are "
+            "checked against it before loading.",
+            show_default="the visible GPU's",
+        ),
+    ] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
     r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
@@ -510,11 +920,15 @@ def bench(
         given = {k: v for k, v in (("repeats", repeats), ("warmup", warmup)) if v is not None}
         if given:
             settings = settings.with_overrides({"bench": given}, source="command line")
-        if gpus is not None and gpus > 1 and not under_distributed_launcher():  # without --gpus the plan fits the machine
+        if (
+            gpus is not None and gpus > 1 and not under_distributed_launcher()
+        ):  # without --gpus the plan fits the machine
             preflight.check_process_count(gpus, settings.model.device, oversubscribe)
         from accel.bench import fit_bench, plan_bench
 
-        plan = fit_bench(plan_bench(settings, gpus, only), gpu_memory)  # a flagship's plan: seconds, so after the checks
+        plan = fit_bench(
+            plan_bench(settings, gpus, only), gpu_memory
+        )  # a flagship's plan: seconds, so after the checks
         if plan.world_size > 1 and not under_distributed_launcher():
             from accel.launch import LaunchSpec
 
@@ -566,25 +980,78 @@ def _fresh_folder(out: Path | None, recipe: Path) -> Path:
 def tune(
     ctx: typer.Context,
     recipe: Annotated[Path, typer.Argument(help="TOML recipe of the pipeline to tune (e.g. recipes/tiny-flux.toml).")],
-    target: Annotated[str | None, Opt("--target", metavar="METRIC=VALUE", help="Find the fastest cache setting whose worst-prompt quality meets this: psnr=32 (dB) or ssim=0.95, against the uncached output.", show_default="none")] = None,
-    calibrate: Annotated[bool, Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.", **FLAG)] = False,
-    prompts: Annotated[Path | None, Opt("--prompts", metavar="FILE", help="--target: the prompts to measure quality on, one a line.", show_default="2 built-in prompts of the family")] = None,
-    out: Annotated[Path | None, Opt("--out", "-o", help="The recipe to write; never overwritten.", show_default="<recipe>-tuned.toml (-magcache.toml with --calibrate) beside it")] = None,
-    plot: Annotated[Path | None, Opt("--plot", help="--target: the speedup / PSNR plot to write; never overwritten.", show_default="the written recipe's name, .png")] = None,
-    gpus: Annotated[int | None, Opt("--gpus", help="--target: processes the whole search runs on (relaunches under torchrun).", show_default="recipe, else ulysses × ring × cfg × tp")] = None,
-    repeats: Annotated[int, Opt("--repeats", help="--target: timed generations per setting and prompt; their median counts.")] = 1,
-    warmup: Annotated[int | None, Opt("--warmup", help="--target: untimed generations before each timed one.", show_default="1 with [compile] on, else 0")] = None,
+    target: Annotated[
+        str | None,
+        Opt(
+            "--target",
+            metavar="METRIC=VALUE",
+            help="Find the fastest cache setting whose worst-prompt quality meets this: psnr=32 (dB) or ssim=0.95, "
+            "against the uncached output.",
+            show_default="none",
+        ),
+    ] = None,
+    calibrate: Annotated[
+        bool,
+        Opt("--calibrate", help="Measure MagCache's per-step magnitude ratios and write a MagCache recipe.", **FLAG),
+    ] = False,
+    prompts: Annotated[
+        Path | None,
+        Opt(
+            "--prompts",
+            metavar="FILE",
+            help="--target: the prompts to measure quality on, one a line.",
+            show_default="2 built-in prompts of the family",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        Opt(
+            "--out",
+            "-o",
+            help="The recipe to write; never overwritten.",
+            show_default="<recipe>-tuned.toml (-magcache.toml with --calibrate) beside it",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        Opt(
+            "--plot",
+            help="--target: the speedup / PSNR plot to write; never overwritten.",
+            show_default="the written recipe's name, .png",
+        ),
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        Opt(
+            "--gpus",
+            help="--target: processes the whole search runs on (relaunches under torchrun).",
+            show_default="recipe, else ulysses × ring × cfg × tp",
+        ),
+    ] = None,
+    repeats: Annotated[
+        int, Opt("--repeats", help="--target: timed generations per setting and prompt; their median counts.")
+    ] = 1,
+    warmup: Annotated[
+        int | None,
+        Opt(
+            "--warmup",
+            help="--target: untimed generations before each timed one.",
+            show_default="1 with [compile] on, else 0",
+        ),
+    ] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
-    """Tune the cache on this pipeline: the fastest setting that meets a quality target (--target), or MagCache's curve (--calibrate)."""
+    """Tune the cache: the fastest setting that meets a quality target (--target), or MagCache's curve (--calibrate)."""
     from accel.launch import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
     try:
         if (target is None) == (not calibrate):
-            raise UserError("accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that "
-                            "meets it, or --calibrate to measure MagCache's curve" + ("; not both" if calibrate else ""))
+            raise UserError(
+                "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that "
+                "meets it, or --calibrate to measure MagCache's curve" + ("; not both" if calibrate else "")
+            )
         from accel.recipe import load_recipe
         from accel.tune import fresh_recipe_path
 
@@ -595,9 +1062,13 @@ def tune(
             path = out if out is not None else fresh_recipe_path(recipe, "magcache")
             calibrated = run_calibration(settings, path)
             ratios = calibrated.cache.mag_ratios
-            console.print(f"wrote {path}: [cache] method = \"magcache\", threshold = {calibrated.cache.threshold}, "
-                          f"{len(ratios[0])} ratios (one a step) for {len(ratios)} CFG branch{'es' if len(ratios) > 1 else ''}",
-                          markup=False, highlight=False, soft_wrap=True)
+            console.print(
+                f'wrote {path}: [cache] method = "magcache", threshold = {calibrated.cache.threshold}, '
+                f"{len(ratios[0])} ratios (one a step) for {len(ratios)} CFG branch{'es' if len(ratios) > 1 else ''}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
             return
         assert target is not None
         from accel import preflight
@@ -625,7 +1096,10 @@ def tune(
 
             spec = LaunchSpec.for_world(settings.world_size, timeout_s=settings.parallel.timeout)
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe)
-            pinned = (*(("--out", str(recipe_out)) if out is None else ()), *(("--plot", str(plot_out)) if plot is None else ()))
+            pinned = (
+                *(("--out", str(recipe_out)) if out is None else ()),
+                *(("--plot", str(plot_out)) if plot is None else ()),
+            )
             raise typer.Exit(_relaunch(ctx, settings, spec, pinned))
         settings = _fit_to_job(settings)
         from accel.tune.job import tune_to_target, write_outputs
@@ -647,11 +1121,22 @@ def tune(
     from accel.tune.search import describe
 
     best = result.best
-    console.print(f"chosen: {describe(best.cache)}: {best.final_speedup:.2f}× with worst-prompt PSNR "
-                  f"{best.psnr_db:.1f} dB, SSIM {best.ssim:.4f}", markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"chosen: {describe(best.cache)}: {best.final_speedup:.2f}× with worst-prompt PSNR "
+        f"{best.psnr_db:.1f} dB, SSIM {best.ssim:.4f}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     if best.final_speedup < 1:
-        console.print(f"note: even this setting is slower than the uncached run here ({best.final_speedup:.2f}×): on this machine the "
-                      "cache costs more than the blocks it skips", markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            f"note: even this setting is slower than the uncached run here ({best.final_speedup:.2f}×): on this "
+            "machine the "
+            "cache costs more than the blocks it skips",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(f"wrote {recipe_out} and {plot_out}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -671,8 +1156,10 @@ def _read_prompts(path: Path) -> tuple[str, ...]:
     limit = prompt_chars()
     for number, text in enumerate(found, 1):
         if len(text) > limit:
-            raise UserError(f"--prompts {path}: prompt {number} has {len(text):,} characters, more than {limit:,}; "
-                            f"shorten it ({PROMPT_CHARS_ENV} raises the limit)")
+            raise UserError(
+                f"--prompts {path}: prompt {number} has {len(text):,} characters, more than {limit:,}; "
+                f"shorten it ({PROMPT_CHARS_ENV} raises the limit)"
+            )
     return found
 
 
@@ -681,52 +1168,242 @@ def _unreachable(result: Any) -> str:
     goal = result.target
     cached = [t for t in result.trials if t.hit_rate > 0]
     if not cached:
-        return "accel tune: no setting tried cached any call on this pipeline, so none can be faster than the uncached run"
+        return (
+            "accel tune: no setting tried cached any call on this pipeline, so none can be faster than the uncached run"
+        )
     closest = max(cached, key=lambda t: goal.of(t.psnr_db, t.ssim))
     from accel.tune.search import describe
 
     reached = f"{closest.psnr_db:.1f} dB" if goal.metric == "psnr" else f"SSIM {closest.ssim:.4f}"
-    return (f"accel tune: no cache setting reaches {goal.describe()} on every prompt; the closest, "
-            f"{describe(closest.cache)}, reached {reached}; lower the target")
+    return (
+        f"accel tune: no cache setting reaches {goal.describe()} on every prompt; the closest, "
+        f"{describe(closest.cache)}, reached {reached}; lower the target"
+    )
 
 
 @app.command(cls=_Command)
 def serve(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.", show_default="the recipe's [model] name")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help=escape("TOML recipe; flags override its values. Its [generate] values are the requests' defaults."), show_default="none")] = None,
-    gpus: Annotated[int | None, Opt("--gpus", help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the replicas.", show_default="recipe, else ulysses × ring × cfg × tp, per replica")] = None,
-    replicas: Annotated[int, Opt("--replicas", help="Independent copies of the pipeline, each on --gpus / --replicas processes; requests go to a free one.")] = 1,
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.",
+            show_default="the recipe's [model] name",
+        ),
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        Opt(
+            "--recipe",
+            "-r",
+            help=escape("TOML recipe; flags override its values. Its [generate] values are the requests' defaults."),
+            show_default="none",
+        ),
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        Opt(
+            "--gpus",
+            help="Processes of the whole server (GPUs; gloo ranks on a CPU-only machine), split evenly over the "
+            "replicas.",
+            show_default="recipe, else ulysses × ring × cfg × tp, per replica",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int,
+        Opt(
+            "--replicas",
+            help="Independent copies of the pipeline, each on --gpus / --replicas processes; "
+            "requests go to a free one.",
+        ),
+    ] = 1,
     host: Annotated[str, Opt("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, Opt("--port", help="Port to listen on.")] = 8000,
-    max_queue: Annotated[int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")] = 4,
-    drain: Annotated[float, Opt("--drain", help="Seconds the accepted requests may take to finish after SIGINT / SIGTERM; then those still queued get HTTP 503 and those running stop at their next step.")] = 60.0,
-    request_timeout: Annotated[float | None, Opt("--request-timeout", metavar="SECONDS", help="Seconds one request may run; past them it stops at its next step and gets HTTP 504, and /health reports a replica still on it.", show_default="no limit")] = None,
-    max_prompt: Annotated[int, Opt("--max-prompt", metavar="CHARS", help="Longest prompt (and negative_prompt) a request may send, in characters; longer ones get HTTP 400.")] = Limits.max_prompt,
-    max_prompt_tokens: Annotated[int, Opt("--max-prompt-tokens", metavar="TOKENS", help="Most tokens a prompt (and negative_prompt) may make in any of the pipeline's fast tokenizers, after the --max-prompt check; more get HTTP 400.")] = Limits.max_prompt_tokens,
-    max_body: Annotated[int, Opt("--max-body", metavar="BYTES", help="Largest request body; larger ones get HTTP 413 before they are read.")] = Limits.max_body,
-    max_work: Annotated[int, Opt("--max-work", metavar="MPX_STEPS", help="Most work one request may ask for: width × height × frames × steps × n, in megapixel-steps; more gets HTTP 400.")] = Limits.max_work,
-    api_keys: Annotated[list[str] | None, Opt("--api-key", metavar="KEY", help="A key clients must send as 'Authorization: Bearer KEY' (every endpoint but /health); repeatable.", show_default="$ACCEL_API_KEY (comma-separated), else none")] = None,
-    trusted_hosts: Annotated[list[str] | None, Opt("--trusted-host", metavar="NAME", help="Another Host header name to answer (others get HTTP 421; * answers any); repeatable.", show_default="--host, localhost, 127.0.0.1, ::1")] = None,
-    steps: Annotated[int | None, Opt("--steps", help="Default denoising steps of a request.", show_default=_recipe_default("generate", "steps"))] = None,
-    dtype: Annotated[str | None, Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype"))] = None,
-    device: Annotated[str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))] = None,
-    cache: Annotated[float | None, Opt("--cache", metavar="THRESHOLD", help="Cache threshold (0 = off).", show_default=_recipe_default("cache", "threshold"))] = None,
-    cache_method: Annotated[str | None, Opt("--cache-method", metavar="METHOD", help="fbcache, dbcache, taylorseer or magcache.", show_default=_recipe_default("cache", "method"))] = None,
-    ulysses: Annotated[int | None, Opt("--ulysses", help="Ulysses degree of each replica.", show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus")] = None,
-    ring: Annotated[int | None, Opt("--ring", help="Ring degree of each replica.", show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus")] = None,
-    tp: Annotated[int | None, Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp"))] = None,
-    text_encoder: Annotated[str | None, Opt("--text-encoder", metavar="PLACE", help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host memory; sharded: split over each replica's ranks by transformers' TP plan.", show_default=_recipe_default("memory", "text_encoder"))] = None,
-    vae_placement: Annotated[str | None, Opt("--vae-placement", metavar="PLACE", help="replicated; rank0: only each replica's first rank decodes; the others keep the VAE in host memory.", show_default=_recipe_default("memory", "vae"))] = None,
-    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU: a flagship checkpoint's layout of each replica is planned (with --gpus alone) or checked against it before loading.", show_default="the visible GPU's")] = None,
-    cfg_parallel: Annotated[bool, Opt("--cfg-parallel", help="Run CFG halves on separate ranks of each replica.", metavar="", show_default="recipe, else off")] = False,
-    parallel_vae: Annotated[bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))] = False,
-    vae_tiling: Annotated[bool, Opt("--vae-tiling", help="Decode in tiles (the VAE's own tiling) to bound the decode's memory.", **_flag("vae", "tiling"))] = False,
-    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.", show_default=_recipe_default("quant", "type"))] = None,
-    compile_: Annotated[bool, Opt("--compile", help="torch.compile the transformer blocks (compiled during the warm-up).", **_flag("compile", "enabled"))] = False,
+    max_queue: Annotated[
+        int, Opt("--max-queue", help="Requests that may wait for a free replica; more get HTTP 429.")
+    ] = 4,
+    drain: Annotated[
+        float,
+        Opt(
+            "--drain",
+            help="Seconds the accepted requests may take to finish after SIGINT / SIGTERM; then those still queued "
+            "get HTTP 503 and those running stop at their next step.",
+        ),
+    ] = 60.0,
+    request_timeout: Annotated[
+        float | None,
+        Opt(
+            "--request-timeout",
+            metavar="SECONDS",
+            help="Seconds one request may run; past them it stops at its next step and gets HTTP 504, and /health "
+            "reports a replica still on it.",
+            show_default="no limit",
+        ),
+    ] = None,
+    max_prompt: Annotated[
+        int,
+        Opt(
+            "--max-prompt",
+            metavar="CHARS",
+            help="Longest prompt (and negative_prompt) a request may send, in characters; longer ones get HTTP 400.",
+        ),
+    ] = Limits.max_prompt,
+    max_prompt_tokens: Annotated[
+        int,
+        Opt(
+            "--max-prompt-tokens",
+            metavar="TOKENS",
+            help="Most tokens a prompt (and negative_prompt) may make in any of the pipeline's fast tokenizers, after "
+            "the --max-prompt check; more get HTTP 400.",
+        ),
+    ] = Limits.max_prompt_tokens,
+    max_body: Annotated[
+        int,
+        Opt("--max-body", metavar="BYTES", help="Largest request body; larger ones get HTTP 413 before they are read."),
+    ] = Limits.max_body,
+    max_work: Annotated[
+        int,
+        Opt(
+            "--max-work",
+            metavar="MPX_STEPS",
+            help="Most work one request may ask for: width × height × frames × steps × n, in megapixel-steps; more "
+            "gets HTTP 400.",
+        ),
+    ] = Limits.max_work,
+    api_keys: Annotated[
+        list[str] | None,
+        Opt(
+            "--api-key",
+            metavar="KEY",
+            help="A key clients must send as 'Authorization: Bearer KEY' (every endpoint but /health); repeatable.",
+            show_default="$ACCEL_API_KEY (comma-separated), else none",
+        ),
+    ] = None,
+    trusted_hosts: Annotated[
+        list[str] | None,
+        Opt(
+            "--trusted-host",
+            metavar="NAME",
+            help="Another Host header name to answer (others get HTTP 421; * answers any); repeatable.",
+            show_default="--host, localhost, 127.0.0.1, ::1",
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        Opt("--steps", help="Default denoising steps of a request.", show_default=_recipe_default("generate", "steps")),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        Opt("--dtype", help="auto, float32, float16 or bfloat16.", show_default=_recipe_default("model", "dtype")),
+    ] = None,
+    device: Annotated[
+        str | None, Opt("--device", help="auto, cpu or cuda.", show_default=_recipe_default("model", "device"))
+    ] = None,
+    cache: Annotated[
+        float | None,
+        Opt(
+            "--cache",
+            metavar="THRESHOLD",
+            help="Cache threshold (0 = off).",
+            show_default=_recipe_default("cache", "threshold"),
+        ),
+    ] = None,
+    cache_method: Annotated[
+        str | None,
+        Opt(
+            "--cache-method",
+            metavar="METHOD",
+            help="fbcache, dbcache, taylorseer or magcache.",
+            show_default=_recipe_default("cache", "method"),
+        ),
+    ] = None,
+    ulysses: Annotated[
+        int | None,
+        Opt(
+            "--ulysses",
+            help="Ulysses degree of each replica.",
+            show_default=_recipe_default("parallel", "ulysses") + ", or chosen for --gpus",
+        ),
+    ] = None,
+    ring: Annotated[
+        int | None,
+        Opt(
+            "--ring",
+            help="Ring degree of each replica.",
+            show_default=_recipe_default("parallel", "ring") + ", or chosen for --gpus",
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        Opt("--tp", help="Tensor-parallel degree of each replica.", show_default=_recipe_default("parallel", "tp")),
+    ] = None,
+    text_encoder: Annotated[
+        str | None,
+        Opt(
+            "--text-encoder",
+            metavar="PLACE",
+            help="replicated; rank0: only each replica's first rank holds the text encoders; cpu: as rank0, in host "
+            "memory; sharded: split over each replica's ranks by transformers' TP plan.",
+            show_default=_recipe_default("memory", "text_encoder"),
+        ),
+    ] = None,
+    vae_placement: Annotated[
+        str | None,
+        Opt(
+            "--vae-placement",
+            metavar="PLACE",
+            help="replicated; rank0: only each replica's first rank decodes; the others keep the VAE in host memory.",
+            show_default=_recipe_default("memory", "vae"),
+        ),
+    ] = None,
+    gpu_memory: Annotated[
+        float | None,
+        Opt(
+            "--gpu-memory",
+            help="GiB per GPU: a flagship checkpoint's layout of each replica is planned (with --gpus alone) or "
+            "checked against it before loading.",
+            show_default="the visible GPU's",
+        ),
+    ] = None,
+    cfg_parallel: Annotated[
+        bool,
+        Opt(
+            "--cfg-parallel",
+            help="Run CFG halves on separate ranks of each replica.",
+            metavar="",
+            show_default="recipe, else off",
+        ),
+    ] = False,
+    parallel_vae: Annotated[
+        bool, Opt("--parallel-vae", help="Split the VAE decode over each replica's ranks.", **_flag("vae", "parallel"))
+    ] = False,
+    vae_tiling: Annotated[
+        bool,
+        Opt(
+            "--vae-tiling",
+            help="Decode in tiles (the VAE's own tiling) to bound the decode's memory.",
+            **_flag("vae", "tiling"),
+        ),
+    ] = False,
+    quant: Annotated[
+        str | None,
+        Opt(
+            "--quant",
+            help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo.",
+            show_default=_recipe_default("quant", "type"),
+        ),
+    ] = None,
+    compile_: Annotated[
+        bool,
+        Opt(
+            "--compile",
+            help="torch.compile the transformer blocks (compiled during the warm-up).",
+            **_flag("compile", "enabled"),
+        ),
+    ] = False,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
 ) -> None:
-    """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, health, metrics)."""
+    """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, metrics)."""
     from accel import preflight
     from accel.launch import rank, world_size
     from accel.parallel.mesh import under_distributed_launcher
@@ -736,7 +1413,10 @@ def serve(
         if replicas < 1:
             raise UserError(f"--replicas must be >= 1, got {replicas}")
         if gpus is not None and (gpus < 1 or gpus % replicas):
-            raise UserError(f"--gpus {gpus}: it must be a multiple of --replicas ({replicas}), each replica gets --gpus / --replicas")
+            raise UserError(
+                f"--gpus {gpus}: it must be a multiple of --replicas ({replicas}), each replica gets --gpus / "
+                "--replicas"
+            )
         if max_queue < 0:
             raise UserError(f"--max-queue must be >= 0, got {max_queue}")
         if drain < 0:
@@ -745,22 +1425,33 @@ def serve(
             raise UserError(f"--request-timeout must be a number of seconds > 0, got {request_timeout:g}")
         if not 0 < port < 65536:
             raise UserError(f"--port must be between 1 and 65535, got {port}")
-        for option, value in (("--max-prompt", max_prompt), ("--max-prompt-tokens", max_prompt_tokens), ("--max-body", max_body),
-                              ("--max-work", max_work)):
+        for option, value in (
+            ("--max-prompt", max_prompt),
+            ("--max-prompt-tokens", max_prompt_tokens),
+            ("--max-body", max_body),
+            ("--max-work", max_work),
+        ):
             if value < 1:
                 raise UserError(f"{option} must be >= 1, got {value}")
         from accel.recipe import PROMPT_CHARS_ENV, prompt_chars
 
         if max_prompt > (every_run := prompt_chars()):  # each request becomes a recipe, which holds to that limit
-            raise UserError(f"--max-prompt {max_prompt} is above the {every_run:,} characters every accel run takes; "
-                            f"set {PROMPT_CHARS_ENV} to raise both")
+            raise UserError(
+                f"--max-prompt {max_prompt} is above the {every_run:,} characters every accel run takes; "
+                f"set {PROMPT_CHARS_ENV} to raise both"
+            )
         keys = _api_keys(api_keys)
         overrides: dict[str, dict[str, Any]] = {
             "model": {"name": model, "dtype": dtype, "device": device},
             "generate": {"steps": steps},
             "cache": {"threshold": cache, "method": cache_method},
-            "parallel": {"gpus": gpus // replicas if gpus is not None else None, "ulysses": ulysses, "ring": ring, "tp": tp,
-                         "cfg": 2 if cfg_parallel else None},
+            "parallel": {
+                "gpus": gpus // replicas if gpus is not None else None,
+                "ulysses": ulysses,
+                "ring": ring,
+                "tp": tp,
+                "cfg": 2 if cfg_parallel else None,
+            },
             "vae": {"parallel": True if parallel_vae else None, "tiling": True if vae_tiling else None},
             "quant": {"type": quant},
             "compile": {"enabled": True if compile_ else None},
@@ -788,15 +1479,27 @@ def serve(
             if world == 1 and replicas == 1:
                 settings = _fit_to_job(settings)
             else:
-                raise UserError(f"{replicas} replica(s) of {settings.world_size} process(es) need {world}, but this torchrun job has "
-                                f"{world_size()}; make them match")
+                raise UserError(
+                    f"{replicas} replica(s) of {settings.world_size} process(es) need {world}, but this torchrun job "
+                    "has "
+                    f"{world_size()}; make them match"
+                )
         from accel.serve.server import ServeOptions
         from accel.serve.server import serve as run_server
 
-        announce = (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)) if lead else (lambda _line: None)
+        announce = (
+            (lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+            if lead
+            else (lambda _line: None)
+        )
         limits = Limits(max_prompt, max_body, max_work, max_prompt_tokens, request_timeout)
-        run_server(settings, ServeOptions(host, port, replicas, max_queue, drain, planned.peak, limits, keys, tuple(trusted_hosts or ())),
-                   announce)
+        run_server(
+            settings,
+            ServeOptions(
+                host, port, replicas, max_queue, drain, planned.peak, limits, keys, tuple(trusted_hosts or ())
+            ),
+            announce,
+        )
     except UserError as error:
         _fail(str(error))
         return
@@ -813,19 +1516,34 @@ def _api_keys(given: list[str] | None) -> tuple[str, ...]:
 
 
 # Everything after SCRIPT is the script's, -h and --help included (torchrun's convention).
-@app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@app.command(
+    cls=_Command,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 def launch(
     ctx: typer.Context,
-    script: Annotated[Path, typer.Argument(help="Your Python script (e.g. one that calls accel.apply); its own arguments follow it.")],
+    script: Annotated[
+        Path, typer.Argument(help="Your Python script (e.g. one that calls accel.apply); its own arguments follow it.")
+    ],
     gpus: Annotated[int, Opt("--gpus", help="Processes (GPUs; gloo ranks on a CPU-only machine).")] = 2,
     nnodes: Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")] = 1,
     node_rank: Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")] = 0,
-    master_addr: Annotated[str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")] = None,
-    master_port: Annotated[int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)] = None,
+    master_addr: Annotated[
+        str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")
+    ] = None,
+    master_port: Annotated[
+        int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)
+    ] = None,
     oversubscribe: Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)] = False,
-    timeout: Annotated[float, Opt("--timeout", help="Seconds a rank may keep the others waiting in a collective before the job ends, naming it.")] = 600.0,
+    timeout: Annotated[
+        float,
+        Opt(
+            "--timeout",
+            help="Seconds a rank may keep the others waiting in a collective before the job ends, naming it.",
+        ),
+    ] = 600.0,
 ) -> None:
-    """Run your own script on N processes (torchrun's environment); a failing or stuck rank is named and ends the job."""
+    """Run your own script on N processes (torchrun's environment); a failing or stuck rank is named, ending the job."""
     from accel import preflight
     from accel.launch import LaunchSpec
     from accel.launch import launch as launch_job
@@ -848,14 +1566,48 @@ def launch(
 
 @app.command(cls=_Command)
 def plan(
-    model: Annotated[str, typer.Argument(help="Family whose flagship checkpoint to plan (chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage).", show_default=False)],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Family whose flagship checkpoint to plan (chronoedit, cogvideox, cosmos3, flux, flux2, helios, "
+            "hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, "
+            "skyreels2, wan, zimage).",
+            show_default=False,
+        ),
+    ],
     gpus: Annotated[int, Opt("--gpus", help="GPUs to lay the model over.")] = 1,
-    gpu_memory: Annotated[float | None, Opt("--gpu-memory", help="GiB per GPU.", show_default="the visible GPU's, else 80")] = None,
-    width: Annotated[int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")] = None,
-    height: Annotated[int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")] = None,
-    frames: Annotated[int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")] = None,
-    recipe: Annotated[Path | None, Opt("--recipe", "-r", help=escape("Recipe TOML whose [quant], [vae] tiling and [generate] size the plan measures; flags override its values."), show_default="none")] = None,
-    quant: Annotated[str | None, Opt("--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo: the blocks' weights counted as torchao stores them.", show_default=_recipe_default("quant", "type"))] = None,
+    gpu_memory: Annotated[
+        float | None, Opt("--gpu-memory", help="GiB per GPU.", show_default="the visible GPU's, else 80")
+    ] = None,
+    width: Annotated[
+        int | None, Opt("--width", help="Output width in pixels.", show_default="the checkpoint's")
+    ] = None,
+    height: Annotated[
+        int | None, Opt("--height", help="Output height in pixels.", show_default="the checkpoint's")
+    ] = None,
+    frames: Annotated[
+        int | None, Opt("--frames", help="Frames (video families).", show_default="the checkpoint's")
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        Opt(
+            "--recipe",
+            "-r",
+            help=escape(
+                "Recipe TOML whose [quant], [vae] tiling and [generate] size the plan measures; flags override its "
+                "values."
+            ),
+            show_default="none",
+        ),
+    ] = None,
+    quant: Annotated[
+        str | None,
+        Opt(
+            "--quant",
+            help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo: the blocks' weights counted as torchao stores them.",
+            show_default=_recipe_default("quant", "type"),
+        ),
+    ] = None,
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of a table.", **FLAG)] = False,
 ) -> None:
     """Which layouts fit your GPUs, measured on fake CUDA before any weight is read, and the fastest that does."""
@@ -868,11 +1620,17 @@ def plan(
 
     try:
         _, flagship = flagship_of(model)
-        settings = _recipe(recipe, {"quant": {"type": quant}, "generate": {"width": width, "height": height, "frames": frames}})
+        settings = _recipe(
+            recipe, {"quant": {"type": quant}, "generate": {"width": width, "height": height, "frames": frames}}
+        )
         if gpu_memory is None:
             gpu_memory = visible_gpu_gib("auto") or 80.0
         base, generate = flagship.size, settings.generate
-        size = Size(generate.width or base.width, generate.height or base.height, (generate.frames or base.frames) if base.frames else None)
+        size = Size(
+            generate.width or base.width,
+            generate.height or base.height,
+            (generate.frames or base.frames) if base.frames else None,
+        )
         result = make_plan(model, gpus, gpu_memory, size, settings.quant, settings.vae.tiling)
     except UserError as error:
         _fail(str(error))
@@ -895,15 +1653,33 @@ def models() -> None:
 
 @app.command(cls=_Command)
 def inspect(
-    model: Annotated[str, typer.Argument(help="Registry alias (flux, tiny-flux, …), hub repo id or local pipeline folder.", show_default=False)],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Registry alias (flux, tiny-flux, …), hub repo id or local pipeline folder.", show_default=False
+        ),
+    ],
     json_out: Annotated[bool, Opt("--json", help="Print JSON instead of tables.", **FLAG)] = False,
-    verify: Annotated[bool, Opt("--verify", help="Load the pipeline and verify the automatic context-parallel plan on simulated ranks in this process (no GPU per rank needed); the verdict is kept and shown.", **FLAG)] = False,
+    verify: Annotated[
+        bool,
+        Opt(
+            "--verify",
+            help="Load the pipeline and verify the automatic context-parallel plan on simulated ranks in this process "
+            "(no GPU per rank needed); the verdict is kept and shown.",
+            **FLAG,
+        ),
+    ] = False,
     ulysses: Annotated[int, Opt("--ulysses", help="--verify: the Ulysses degree simulated.", min=1)] = 2,
     ring: Annotated[int, Opt("--ring", help="--verify: the Ring degree simulated.", min=1)] = 1,
-    dtype: Annotated[str | None, Opt("--dtype", help="--verify: load dtype (auto, float32, float16, bfloat16).", show_default="the model's")] = None,
-    device: Annotated[str | None, Opt("--device", help="--verify: where to load and run (auto, cpu, cuda).", show_default="auto")] = None,
+    dtype: Annotated[
+        str | None,
+        Opt("--dtype", help="--verify: load dtype (auto, float32, float16, bfloat16).", show_default="the model's"),
+    ] = None,
+    device: Annotated[
+        str | None, Opt("--device", help="--verify: where to load and run (auto, cpu, cuda).", show_default="auto")
+    ] = None,
 ) -> None:
-    """What accel finds in a model: pipeline, transformers, block lists, streams, CP plan and the accelerators that apply."""
+    """What accel finds in a model: pipeline, transformers, blocks, streams, CP plan and the accelerators that apply."""
     import json
 
     from accel.inspect_view import inspect_view

@@ -19,7 +19,8 @@ Order (fixed; each step assumes the ones before it):
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
 except quantization, the tensor-parallel split, text encoders dropped by "rank0" placement or
-split by "sharded", and group offload: they free the weights this rank no longer needs (the point of them), so they stay,
+split by "sharded", and group offload: they free the weights this rank no longer needs (the point of them), so they
+stay,
 and a second apply with the same type or degree leaves them as they are.
 """
 
@@ -180,7 +181,11 @@ def _apply_quant(handle: AccelHandle) -> None:
     handle.quant = QuantSummary(settings.type)
     for attr, transformer in transformers.items():
         quantize_transformer(
-            transformer, handle.quant, handle.family.blocks, settings.scope, settings.exclude,
+            transformer,
+            handle.quant,
+            handle.family.blocks,
+            settings.scope,
+            settings.exclude,
             prefix=f"{attr}." if len(transformers) > 1 else "",
         )
     for method in ("fuse_lora", "unfuse_lora"):
@@ -256,7 +261,9 @@ def _join_mesh(handle: AccelHandle) -> None:
     if degrees.sequence > 1:
         _refuse_bypassing_attention(transformers, degrees)
         for attr, transformer in transformers.items():
-            if family.plan_for(transformer) is None:  # a variant's own transformer class has its own plan (VACE, Animate)
+            if (
+                family.plan_for(transformer) is None
+            ):  # a variant's own transformer class has its own plan (VACE, Animate)
                 raise NotAvailableError(
                     f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformer).__name__} has no "
                     "context-parallel plan yet; run it on one process, or with cfg = 2 alone"
@@ -295,9 +302,19 @@ def _automatic_plans(handle: AccelHandle, transformers: dict[str, Any], degrees:
             calls[kind] = probe_calls(handle.pipe, transformer)
         call, wider = calls[kind]
         if degrees.sequence > 1:
-            plans[attr] = automatic_plan(transformer, call, wider, family.blocks, family.primary_stream, degrees.ulysses,
-                                         degrees.ring, "[parallel]", share=every_rank_object, lead=dist.get_rank() == 0,
-                                         diffusers_first=isinstance(family.parallel, AutomaticPlan))
+            plans[attr] = automatic_plan(
+                transformer,
+                call,
+                wider,
+                family.blocks,
+                family.primary_stream,
+                degrees.ulysses,
+                degrees.ring,
+                "[parallel]",
+                share=every_rank_object,
+                lead=dist.get_rank() == 0,
+                diffusers_first=isinstance(family.parallel, AutomaticPlan),
+            )
         else:
             plans[attr] = batch_arguments_of(transformer, call, family.primary_stream)
     return plans
@@ -320,7 +337,8 @@ def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
             scheme = quantized_as(transformer)
             if scheme is not None:
                 raise UserError(
-                    f"[parallel] tp = {tp}: pipe.{attr} was quantized ('{scheme}') before it was split; load the pipeline "
+                    f"[parallel] tp = {tp}: pipe.{attr} was quantized ('{scheme}') before it was split; load the "
+                    "pipeline "
                     "again and apply [quant] and tp together (accel splits first, then quantizes each rank's shard)"
                 )
             problem = width_problem(transformer, plan, tp, type(transformer).__name__)
@@ -359,14 +377,25 @@ def _apply_parallel(handle: AccelHandle) -> None:
         assert family.cfg is not None
         extra = plan.splits if isinstance(plan, ParallelPlan) else plan.extra_splits
         padded = tuple(split for split in extra if split.at and split.value in plan.batch_items)
-        cfg = CfgParallel(transformers, family.cfg, plan.batch_args, mesh, StepEvents.of(handle.pipe), plan.batch_items, padded,
-                          family.cfg_outputs_vary, family.acceleration.cfg_output_like)
+        cfg = CfgParallel(
+            transformers,
+            family.cfg,
+            plan.batch_args,
+            mesh,
+            StepEvents.of(handle.pipe),
+            plan.batch_items,
+            padded,
+            family.cfg_outputs_vary,
+            family.acceleration.cfg_output_like,
+        )
         handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were
     # given, so that one argument may differ; every other one is still checked.
     may_differ = ("output_type",) if _skips_decode(handle) else ()
-    handle._undo.append(agree_on_arguments(handle.pipe, mesh.group, may_differ))  # first of every call: one message, no hang
+    handle._undo.append(
+        agree_on_arguments(handle.pipe, mesh.group, may_differ)
+    )  # first of every call: one message, no hang
 
 
 def _apply_memory(handle: AccelHandle) -> None:
@@ -401,8 +430,12 @@ def _skips_decode(handle: AccelHandle) -> bool:
     whose decode its call's output_type can skip (latent-only or VAE-less pipelines: nothing to skip)."""
     from accel.vae.placement import ONE_RANK, takes_output_type
 
-    return (handle.recipe.memory.vae == ONE_RANK and handle.mesh is not None and getattr(handle.pipe, "vae", None) is not None
-            and takes_output_type(handle.pipe))
+    return (
+        handle.recipe.memory.vae == ONE_RANK
+        and handle.mesh is not None
+        and getattr(handle.pipe, "vae", None) is not None
+        and takes_output_type(handle.pipe)
+    )
 
 
 def _apply_vae_placement(handle: AccelHandle) -> None:
@@ -446,8 +479,13 @@ def _apply_offload(handle: AccelHandle) -> None:
     # ([memory] text_encoder = "cpu") must not be hooked to move to the GPU, and diffusers' exclusion
     # moves the excluded components onto it.
     on_cpu = set(text_encoder_names(pipe)) if handle.recipe.memory.text_encoder == "cpu" else set()
-    options = dict(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1,
-                   use_stream=device.type == "cuda")
+    options = dict(
+        onload_device=device,
+        offload_device=torch.device("cpu"),
+        offload_type="block_level",
+        num_blocks_per_group=1,
+        use_stream=device.type == "cuda",
+    )
     for name, component in pipe.components.items():
         if name in on_cpu or not isinstance(component, torch.nn.Module):
             continue
@@ -468,7 +506,7 @@ def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) 
             raise NotAvailableError(
                 f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: pipe.{attr} uses the diffusers attention "
                 f"backend {backend!r}, which bypasses the scaled_dot_product_attention that context parallelism "
-                f"routes; call pipe.{attr}.set_attention_backend(\"native\") before accel.apply, or run on one process"
+                f'routes; call pipe.{attr}.set_attention_backend("native") before accel.apply, or run on one process'
             )
 
 
@@ -486,8 +524,8 @@ def _refuse_another_ranks_gpu(device: Any) -> None:
     if index != expected.index:
         raise UserError(
             f"accel.apply: the pipeline is on cuda:{index}, but this rank (LOCAL_RANK {expected.index}) runs on "
-            f"{expected}; load it with accel.load_pipeline(..., device=\"cuda\"), which picks the rank's GPU, "
-            f"or call pipe.to(\"{expected}\") before accel.apply"
+            f'{expected}; load it with accel.load_pipeline(..., device="cuda"), which picks the rank\'s GPU, '
+            f'or call pipe.to("{expected}") before accel.apply'
         )
 
 
@@ -496,7 +534,9 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
     share a forward with accel's cache; refused before anything is changed or any collective."""
     recipe = handle.recipe
     enabled = [attr for attr, t in _transformers(handle).items() if getattr(t, "is_cache_enabled", False)]
-    asked = [name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on]
+    asked = [
+        name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
+    ]
     if enabled and asked:
         raise UserError(
             f"{' and '.join(asked)}: pipe.{enabled[0]} already has diffusers' own cache enabled (enable_cache), which "
@@ -510,7 +550,9 @@ def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     call starts (a forward pre-hook, before diffusers' own hooks and any block runs), since its hooks
     would otherwise stack on accel's and miss the calls accel's cache skipped."""
     recipe = handle.recipe
-    asked = [name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on]
+    asked = [
+        name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
+    ]
     if not asked:
         return
     for attr, transformer in _transformers(handle).items():
@@ -549,7 +591,9 @@ def _components(pipe: Any) -> dict[str, Any]:
     """The modules and scheduler of `pipe` that accel may change (tokenizers and plain values aside)."""
     components = getattr(pipe, "components", None) or {}
     chosen = {name: c for name, c in components.items() if isinstance(c, torch.nn.Module) or name.endswith("scheduler")}
-    return dict(sorted(chosen.items(), key=lambda item: not item[0].startswith("transformer")))  # named first: where accel acts most
+    return dict(
+        sorted(chosen.items(), key=lambda item: not item[0].startswith("transformer"))
+    )  # named first: where accel acts most
 
 
 def transformers(handle: AccelHandle) -> dict[str, Any]:
@@ -571,7 +615,9 @@ def cache_sums(handle: AccelHandle, attr: str) -> dict[str, Any]:
     """Where a deciding cache on transformer `attr` measures its change, and over which ranks it
     sums it (the keywords `BlockCache` and `MagCache` take): one decision per layout, as one process."""
     stream = handle.family.primary_stream
-    return dict(primary_stream=stream, group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), stream))
+    return dict(
+        primary_stream=stream, group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), stream)
+    )
 
 
 def _cache_group(handle: AccelHandle) -> Any:
@@ -595,28 +641,48 @@ def _apply_cache(handle: AccelHandle) -> None:
     for attr, transformer in _transformers(handle).items():
         cache: StepCache[Any]
         if settings.method == "taylorseer":
-            cache = TaylorSeerCache(transformer, handle.family.blocks, interval=settings.interval, taylor_order=settings.taylor_order,
-                                    disable_before=settings.disable_before, disable_after=settings.disable_after,
-                                    interval_offset=settings.interval_offset,
-                                    extrapolate_early=settings.extrapolate_early, events=events)
+            cache = TaylorSeerCache(
+                transformer,
+                handle.family.blocks,
+                interval=settings.interval,
+                taylor_order=settings.taylor_order,
+                disable_before=settings.disable_before,
+                disable_after=settings.disable_after,
+                interval_offset=settings.interval_offset,
+                extrapolate_early=settings.extrapolate_early,
+                events=events,
+            )
         else:
             # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
             deciding = dict(
-                threshold=settings.threshold, warmup_steps=settings.warmup_steps, max_consecutive_cached=settings.max_consecutive_cached,
-                max_cached_steps=settings.max_cached_steps, events=events, **cache_sums(handle, attr),
+                threshold=settings.threshold,
+                warmup_steps=settings.warmup_steps,
+                max_consecutive_cached=settings.max_consecutive_cached,
+                max_cached_steps=settings.max_cached_steps,
+                events=events,
+                **cache_sums(handle, attr),
             )
             if settings.method == "magcache":
                 cache = MagCache(transformer, handle.family.blocks, mag_ratios=settings.mag_ratios, **deciding)
             else:
-                cache = BlockCache(transformer, handle.family.blocks, first_blocks=settings.first_blocks, last_blocks=settings.last_blocks,
-                                   calibrator=settings.calibrator, taylor_order=settings.taylor_order, **deciding)
+                cache = BlockCache(
+                    transformer,
+                    handle.family.blocks,
+                    first_blocks=settings.first_blocks,
+                    last_blocks=settings.last_blocks,
+                    calibrator=settings.calibrator,
+                    taylor_order=settings.taylor_order,
+                    **deciding,
+                )
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
     # cover the whole call, however many schedules it runs (Wan Animate's segments); a pipeline
     # without the method restarts them with each schedule.
     if handle.caches and callable(getattr(handle.pipe, "check_inputs", None)):
-        handle._undo.append(wrap(handle.pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, handle.caches)))
+        handle._undo.append(
+            wrap(handle.pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, handle.caches))
+        )
 
 
 def _check_cache_blocks(handle: AccelHandle) -> None:
@@ -632,7 +698,8 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
         least = BlockCache.least_first_blocks
         if count <= least:
             raise UserError(
-                f"[cache] method = '{settings.method}': {type(transformer).__name__} has {count} block, and the block cache "
+                f"[cache] method = '{settings.method}': {type(transformer).__name__} has {count} block, and the block "
+                "cache "
                 "needs one to decide and one to cache; use method = 'taylorseer' or 'magcache', or turn the cache off"
             )
         if settings.first_blocks + settings.last_blocks >= count:

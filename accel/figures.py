@@ -79,9 +79,7 @@ def comparison_grid(tiles: Sequence[Tile]) -> Image.Image:
     numbers = tiles[0].frame_numbers
     indices = ([0, shape[0] // 2, shape[0] - 1] if numbers is None else list(range(len(numbers)))) if video else [None]
     left = GAP + (ROW_LABEL + GAP if video else 0)
-    grid = Image.new(
-        "RGB", (left + len(tiles) * (fw + GAP), GAP + LABEL_BAND + len(indices) * (fh + GAP)), BACKGROUND
-    )
+    grid = Image.new("RGB", (left + len(tiles) * (fw + GAP), GAP + LABEL_BAND + len(indices) * (fh + GAP)), BACKGROUND)
     for column, tile in enumerate(tiles):
         x = left + column * (fw + GAP)
         grid.paste(_label_band(tile, fw), (x, GAP))
@@ -109,8 +107,14 @@ LEGEND_LABELS = ("faster than baseline", "slower than baseline", "min–max over
 
 
 def speedup_chart(
-    names: Sequence[str], speedups: Sequence[float | None], path: Path, title: str, *, replace: bool = False,
-    hint: str = OVERWRITE_HINT, spreads: Sequence[tuple[float, float] | None] | None = None,
+    names: Sequence[str],
+    speedups: Sequence[float | None],
+    path: Path,
+    title: str,
+    *,
+    replace: bool = False,
+    hint: str = OVERWRITE_HINT,
+    spreads: Sequence[tuple[float, float] | None] | None = None,
 ) -> None:
     """`speedup_figure` as a PNG, written whole (accel.files); an existing `path` is refused unless `replace`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # slow imports, only when drawing
@@ -121,7 +125,9 @@ def speedup_chart(
 
 
 def speedup_figure(
-    names: Sequence[str], speedups: Sequence[float | None], title: str,
+    names: Sequence[str],
+    speedups: Sequence[float | None],
+    title: str,
     spreads: Sequence[tuple[float, float] | None] | None = None,
 ) -> Any:
     """Horizontal bars, first variant on top, value at each bar's end; None is drawn as "skipped".
@@ -129,8 +135,8 @@ def speedup_figure(
     names the colours and, where drawn, the whiskers."""
     if len(names) != len(speedups) or (spreads is not None and len(spreads) != len(names)):
         raise ValueError(
-            f"speedup chart needs one speedup per name (and one spread, where given), got {len(names)} names, {len(speedups)} speedups"
-            + (f" and {len(spreads)} spreads" if spreads is not None else "")
+            f"speedup chart needs one speedup per name (and one spread, where given), got {len(names)} names, "
+            f"{len(speedups)} speedups" + (f" and {len(spreads)} spreads" if spreads is not None else "")
         )
     if not names:
         raise ValueError("speedup chart needs at least one variant")
@@ -145,13 +151,24 @@ def speedup_figure(
     values = [0.0 if speedup is None else speedup for speedup in speedups]
     colors = [FASTER if value >= 1.0 else SLOWER for value in values]
     axes.barh(rows, values, color=colors, height=0.6)
-    spans = [(row, value, spread) for row, value, spread in zip(rows, values, spreads or [None] * len(names))
-             if spread is not None and value > 0]
+    spans = [
+        (row, value, spread)
+        for row, value, spread in zip(rows, values, spreads or [None] * len(names))
+        if spread is not None and value > 0
+    ]
     if spans:
         low = [max(0.0, value - spread[0]) for _, value, spread in spans]
         high = [max(0.0, spread[1] - value) for _, value, spread in spans]
-        axes.errorbar([value for _, value, _ in spans], [row for row, _, _ in spans], xerr=[low, high], fmt="none",
-                      ecolor=WHISKER, elinewidth=1.2, capsize=4, label=LEGEND_LABELS[2])
+        axes.errorbar(
+            [value for _, value, _ in spans],
+            [row for row, _, _ in spans],
+            xerr=[low, high],
+            fmt="none",
+            ecolor=WHISKER,
+            elinewidth=1.2,
+            capsize=4,
+            label=LEGEND_LABELS[2],
+        )
     axes.set_yticks(rows, labels=list(names))
     axes.invert_yaxis()  # first variant on top, as listed
     axes.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
@@ -200,8 +217,14 @@ def _label_band(tile: Tile, width: int) -> Image.Image:
 
 
 def _centred(
-    draw: ImageDraw.ImageDraw, text: str, width: int, y: float, size: int, bold: bool,
-    color: tuple[int, int, int], anchor: str,
+    draw: ImageDraw.ImageDraw,
+    text: str,
+    width: int,
+    y: float,
+    size: int,
+    bold: bool,
+    color: tuple[int, int, int],
+    anchor: str,
 ) -> None:
     """Text centred on x = width / 2, placed at y by the anchor ("ms": baseline, "mm": middle)."""
     fitted, font = _fit(text, width - 2 * TEXT_PAD, size, bold)

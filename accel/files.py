@@ -55,7 +55,9 @@ _serial = itertools.count()
 _closing = threading.Event()  # discard_temps ran: the process is going away, nothing to rescue
 
 
-def write_file(path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE_HINT, rescue: Path | None = None) -> Path:
+def write_file(
+    path: Path, write: Write, *, replace: bool, hint: str = OVERWRITE_HINT, rescue: Path | None = None
+) -> Path:
     """`write(temp)` then publish temp as `path`: replacing what is there, or only if the name is
     still free (else UserError naming the path; `hint` says what to do). Returns `path`. A write
     that fails with an OSError is retried in `rescue` (default: the system's temporary folder) and
@@ -114,13 +116,15 @@ def _rescued(path: Path, write: Write, error: OSError, rescue: Path | None) -> E
         copy = folder / path.name
         write(copy)
     except OSError as second:
-        return UserError(f"cannot write {path} ({reason}), nor a copy in {rescue or tempfile.gettempdir()} "
-                         f"({_reason(second)}); the result is lost: free space or choose another folder")
+        return UserError(
+            f"cannot write {path} ({reason}), nor a copy in {rescue or tempfile.gettempdir()} "
+            f"({_reason(second)}); the result is lost: free space or choose another folder"
+        )
     return UserError(f"cannot write {path} ({reason}); the result was saved to {copy} instead")
 
 
 def _reason(error: OSError) -> str:
-    """"no space left on device": the OS's words, else the exception's own."""
+    """ "no space left on device": the OS's words, else the exception's own."""
     return error.strerror.lower() if error.strerror else (str(error) or type(error).__name__)
 
 
@@ -159,9 +163,11 @@ def by_descriptor(save: Callable[[BinaryIO], object]) -> Write:
     """The `Write` of a saver that takes a file object (PIL's save, numpy's save, matplotlib's
     print_png): it gets `open_created(path)`, never the name, so what it writes lands in the file
     `write_file` created, whatever is at the name by then."""
+
     def write(path: Path) -> None:
         with open_created(path) as file:
             save(file)
+
     return write
 
 
@@ -174,8 +180,10 @@ def _check_unswapped(path: Path) -> None:
         return
     ours, there = os.fstat(fd), os.lstat(path)
     if (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
-        raise UserError(f"{path} was replaced while accel wrote it (someone else writes this folder); "
-                        "nothing was published: write to a folder only you can write")
+        raise UserError(
+            f"{path} was replaced while accel wrote it (someone else writes this folder); "
+            "nothing was published: write to a folder only you can write"
+        )
 
 
 def _create(path: Path) -> int:
@@ -185,7 +193,9 @@ def _create(path: Path) -> int:
         return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except FileExistsError:
         kind = "a symbolic link" if os.path.islink(path) else "a file accel did not create"
-        raise UserError(f"{path} is {kind}; remove it (accel never writes through a name it did not create) and run again") from None
+        raise UserError(
+            f"{path} is {kind}; remove it (accel never writes through a name it did not create) and run again"
+        ) from None
 
 
 def fresh_folder(parent: Path, stem: str) -> Path:
@@ -251,7 +261,9 @@ class Claim:
     def __enter__(self) -> Claim:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.release()
 
 
@@ -268,7 +280,8 @@ def claim(path: Path) -> Claim:
         try:
             if not _lock(fd):
                 raise UserError(
-                    f"{path} is being written by another accel run (pid {_holder(fd)}); choose another name or wait for it"
+                    f"{path} is being written by another accel run (pid {_holder(fd)}); choose another name or wait "
+                    "for it"
                 )
             if _same_file(fd, lock):  # else its holder removed it between our open and our lock: again
                 try:
@@ -276,7 +289,9 @@ def claim(path: Path) -> Claim:
                     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
                 except OSError as error:  # ENOSPC, EIO: give the lock up rather than leave it behind
                     _unlink_if_same(fd, lock)
-                    raise UserError(f"cannot write the lock {lock} ({_reason(error)}); free space or choose another name") from None
+                    raise UserError(
+                        f"cannot write the lock {lock} ({_reason(error)}); free space or choose another name"
+                    ) from None
                 break
         except BaseException:
             os.close(fd)
@@ -296,10 +311,14 @@ def _open_lock(lock: Path, path: Path) -> int:
         return os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError as error:
         if os.path.islink(lock):
-            raise UserError(f"{lock} is a symbolic link, not an accel lock; remove it (accel never follows a link "
-                            f"there) and run again, or choose another name than {path}") from None
+            raise UserError(
+                f"{lock} is a symbolic link, not an accel lock; remove it (accel never follows a link "
+                f"there) and run again, or choose another name than {path}"
+            ) from None
         if isinstance(error, IsADirectoryError) or os.path.isdir(lock):
-            raise UserError(f"{lock} is a folder, not an accel lock; remove it or choose another name than {path}") from None
+            raise UserError(
+                f"{lock} is a folder, not an accel lock; remove it or choose another name than {path}"
+            ) from None
         raise UserError(f"cannot create the lock {lock} ({_reason(error)}); choose another name than {path}") from None
 
 

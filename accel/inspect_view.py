@@ -34,13 +34,23 @@ def inspect_view(found: dict[str, Any]) -> RenderableType:
     if parallel["plan"] == "automatic":
         plan += ": learned from the model and verified on simulated ranks at first use"
     elif parallel["plan"] == "diffusers _cp_plan" and not found["family"]["tested"]:
-        plan += ": its streams learned from the model, verified on simulated ranks at first use (else the automatic plan)"
+        plan += (
+            ": its streams learned from the model, verified on simulated ranks at first use (else the automatic plan)"
+        )
     summary.add_row("CP plan", plan)
     for verdict in parallel.get("verdicts", []):
         layout = f"ulysses {verdict['ulysses']} × ring {verdict['ring']}"
-        summary.add_row(f"  {layout}", ("verified exact" + (f" ({verdict['source']})" if verdict.get("source") else "")) if verdict["exact"] else f"refused: {verdict['reason']}")
+        summary.add_row(
+            f"  {layout}",
+            ("verified exact" + (f" ({verdict['source']})" if verdict.get("source") else ""))
+            if verdict["exact"]
+            else f"refused: {verdict['reason']}",
+        )
     modes = [f"{mode} {'yes' if on else 'no'}" for mode, on in parallel["modes"].items()]
-    summary.add_row("parallel", " · ".join(modes) + (f" (heads {parallel['heads']} bound ulysses and tp)" if parallel["heads"] else ""))
+    summary.add_row(
+        "parallel",
+        " · ".join(modes) + (f" (heads {parallel['heads']} bound ulysses and tp)" if parallel["heads"] else ""),
+    )
     for mode, why in parallel["refused"].items():
         summary.add_row(f"  no {mode}", why)
 

@@ -92,8 +92,9 @@ def _link(wrapper: Wrapper, call_next: Callable[..., Any]) -> Callable[..., Any]
     return linked
 
 
-def wrap(obj: Any, method: str, name: str, layer: int, wrapper: Wrapper,
-         on_copy: Callable[[Any], None] | None = None) -> Callable[[], None]:
+def wrap(
+    obj: Any, method: str, name: str, layer: int, wrapper: Wrapper, on_copy: Callable[[Any], None] | None = None
+) -> Callable[[], None]:
     """Run `wrapper(call_next, *args, **kwargs)` around `obj.<method>` at `layer`; returns the undo.
 
     Undoing in any order leaves the other entries nested by layer. A wrapper someone put on top
@@ -238,8 +239,14 @@ def _routed_class(base: type) -> type:
             own = vars(self).get("__call__")
             return own(*args, **kwargs) if own is not None else call(self, *args, **kwargs)
 
-        _routed[base] = type(base.__name__, (base,), {
-            "__call__": __call__, "__module__": base.__module__, "__qualname__": base.__qualname__,
-            "__doc__": base.__doc__,
-        })
+        _routed[base] = type(
+            base.__name__,
+            (base,),
+            {
+                "__call__": __call__,
+                "__module__": base.__module__,
+                "__qualname__": base.__qualname__,
+                "__doc__": base.__doc__,
+            },
+        )
     return _routed[base]

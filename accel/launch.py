@@ -73,13 +73,22 @@ class LaunchSpec:
     finish_grace_s: float = FINISH_GRACE_S
 
     @classmethod
-    def for_world(cls, world: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-                  master_port: int | None = None, timeout_s: float = 600.0) -> LaunchSpec:
+    def for_world(
+        cls,
+        world: int,
+        nnodes: int = 1,
+        node_rank: int = 0,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        timeout_s: float = 600.0,
+    ) -> LaunchSpec:
         """Split `world` processes evenly over `nnodes` nodes; refuse what does not split."""
         if nnodes < 1 or not 0 <= node_rank < nnodes:
             raise UserError(f"--node-rank {node_rank} must be between 0 and --nnodes - 1 ({nnodes - 1})")
         if world % nnodes:
-            raise UserError(f"{world} processes do not split evenly over --nnodes {nnodes}; use a multiple of {nnodes} GPUs")
+            raise UserError(
+                f"{world} processes do not split evenly over --nnodes {nnodes}; use a multiple of {nnodes} GPUs"
+            )
         if nnodes > 1 and master_addr is None:
             raise UserError("--nnodes > 1 needs --master-addr (the address of node 0) on every node")
         return cls(world // nnodes, nnodes, node_rank, master_addr, master_port, timeout_s)
@@ -99,10 +108,17 @@ class LaunchSpec:
         """What torchrun would give rank `local` of this node."""
         global_rank = self.node_rank * self.nproc + local
         return {
-            "RANK": str(global_rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(self.world),
-            "LOCAL_WORLD_SIZE": str(self.nproc), "GROUP_RANK": str(self.node_rank), "GROUP_WORLD_SIZE": str(self.nnodes),
-            "ROLE_RANK": str(global_rank), "ROLE_WORLD_SIZE": str(self.world), "ROLE_NAME": "default",
-            "MASTER_ADDR": address, "MASTER_PORT": str(port),
+            "RANK": str(global_rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": str(self.world),
+            "LOCAL_WORLD_SIZE": str(self.nproc),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_RANK": str(global_rank),
+            "ROLE_WORLD_SIZE": str(self.world),
+            "ROLE_NAME": "default",
+            "MASTER_ADDR": address,
+            "MASTER_PORT": str(port),
         }
 
 
@@ -179,7 +195,9 @@ class Supervisor:
                 next_look = time.monotonic() + 0.5
                 failed = self._reported_but_running(folder)
                 self._stop_lingering(folder)
-                stalled = None if failed else stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
+                stalled = (
+                    None if failed else stall(read_beats(folder), self._running(), self.spec.timeout_s, time.time())
+                )
                 if stalled is not None:
                     return self._fail(folder, stalled=stalled)
             if failed:
@@ -209,7 +227,10 @@ class Supervisor:
             finished = finished_at.get(rank.rank)
             if rank.exit_code is not None or finished is None or now - finished < self.spec.finish_grace_s:
                 continue
-            print(f"warning: {lingering(rank.rank, beats.get(rank.rank), self.spec.finish_grace_s, now)}; stopped it", file=sys.stderr)
+            print(
+                f"warning: {lingering(rank.rank, beats.get(rank.rank), self.spec.finish_grace_s, now)}; stopped it",
+                file=sys.stderr,
+            )
             _signal_group(rank.process.pid, signal.SIGKILL)
             rank.process.wait()
             rank.exit_code = 0
@@ -287,7 +308,11 @@ def lingering(rank: int, beat: dict | None, grace_s: float, now: float) -> str:
 def stall(beats: dict[int, dict], running: set[int], timeout_s: float, now: float) -> str | None:
     """The one line naming who the others wait for, once a rank has waited in a collective for
     `timeout_s`; None while nobody has waited that long."""
-    waited = {r: now - b["since"] for r, b in beats.items() if r in running and b["waiting"] and now - b["time"] < STALE_BEAT_S}
+    waited = {
+        r: now - b["since"]
+        for r, b in beats.items()
+        if r in running and b["waiting"] and now - b["time"] < STALE_BEAT_S
+    }
     if not waited or max(waited.values()) < timeout_s:
         return None
     return _culprits(beats, running, now, waited)
@@ -301,11 +326,15 @@ def _culprits(beats: dict[int, dict], running: set[int], now: float, waited: dic
     waiting_ranks = f"rank{'s' if len(waiters) > 1 else ''} {_list(waiters)}"
     if elsewhere:
         where = "; ".join(f"rank {r} was at {beats[r]['where']}" for r in elsewhere)
-        return (f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: {waiting_ranks} "
-                f"waited {how_long} for it in a collective ({where})")
+        return (
+            f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: {waiting_ranks} "
+            f"waited {how_long} for it in a collective ({where})"
+        )
     if silent:
-        return (f"rank{'s' if len(silent) > 1 else ''} {_list(silent)} stopped responding (no heartbeat); "
-                f"{waiting_ranks} waited {how_long} for it in a collective")
+        return (
+            f"rank{'s' if len(silent) > 1 else ''} {_list(silent)} stopped responding (no heartbeat); "
+            f"{waiting_ranks} waited {how_long} for it in a collective"
+        )
     where = "; ".join(f"rank {r} at {beats[r]['where']}" for r in waiters)
     return f"every rank waited {how_long} in a collective the others never joined ({where})"
 
@@ -314,7 +343,9 @@ def _list(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def failure_report(reports: list[dict], exits: dict[int, int], beats: dict[int, dict], stalled: str | None) -> tuple[list[str], int]:
+def failure_report(
+    reports: list[dict], exits: dict[int, int], beats: dict[int, dict], stalled: str | None
+) -> tuple[list[str], int]:
     """The lines naming what went wrong first, and the job's exit code (2 if it was a user error).
 
     A rank's own report (a user error, its exception) or a rank that died without one is the cause;
@@ -343,12 +374,17 @@ def failure_report(reports: list[dict], exits: dict[int, int], beats: dict[int, 
         elsewhere = sorted(r for r, beat in beats.items() if not beat["waiting"] and r not in gave_up)
         if elsewhere:
             where = "; ".join(f"rank {r} was at {beats[r]['where']}" for r in elsewhere)
-            lines.append(f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: "
-                         f"rank{'s' if len(gave_up) > 1 else ''} {_list(gave_up)} gave up waiting for it in a collective ({where})")
+            lines.append(
+                f"rank{'s' if len(elsewhere) > 1 else ''} {_list(elsewhere)} stopped making progress: "
+                f"rank{'s' if len(gave_up) > 1 else ''} {_list(gave_up)} gave up waiting for it in a collective "
+                f"({where})"
+            )
     if lost:
         ranks = sorted(r["rank"] for r in lost)
         if lines:
-            lines.append(f"rank{'s' if len(ranks) > 1 else ''} {_list(ranks)} stopped with it ({_short(lost[0]['message'])})")
+            lines.append(
+                f"rank{'s' if len(ranks) > 1 else ''} {_list(ranks)} stopped with it ({_short(lost[0]['message'])})"
+            )
         else:
             lines.extend(f"rank {r['rank']}: {r['message']}" for r in lost)
     if not lines:
@@ -431,8 +467,17 @@ def is_peer_loss(error: BaseException) -> bool:
     if dist_error is not None and isinstance(error, dist_error):
         return True
     text = str(error)
-    return any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                                         "Socket Timeout", "timed out", "Timed out"))
+    return any(
+        sign in text
+        for sign in (
+            "Connection reset by peer",
+            "Connection closed by peer",
+            "Broken pipe",
+            "Socket Timeout",
+            "timed out",
+            "Timed out",
+        )
+    )
 
 
 def exit_code(exit: SystemExit) -> int:

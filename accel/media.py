@@ -39,7 +39,13 @@ def save_image(image: np.ndarray, path: Path, *, replace: bool = False, hint: st
 
 
 def save_video(
-    frames: np.ndarray, path: Path, fps: int, *, audio: Audio | None = None, replace: bool = False, hint: str = OVERWRITE_HINT
+    frames: np.ndarray,
+    path: Path,
+    fps: int,
+    *,
+    audio: Audio | None = None,
+    replace: bool = False,
+    hint: str = OVERWRITE_HINT,
 ) -> Path:
     """Write an MP4 (with `audio` as its sound track); an existing `path` is refused (UserError) unless `replace`."""
     return write_file(path, video_writer(frames, fps, audio), replace=replace, hint=hint)
@@ -49,7 +55,9 @@ def sdr_preview(linear: np.ndarray) -> np.ndarray:
     """Linear light in [0, inf) → the [0, 1] values an sRGB display shows: clipped to [0, 1] (no tone
     curve: what the reference LTX-2 HDR code does by default), then the sRGB transfer function."""
     clipped = np.clip(np.asarray(linear, dtype=np.float32), 0.0, 1.0)
-    return np.where(clipped <= 0.0031308, clipped * 12.92, 1.055 * np.power(clipped, 1.0 / 2.4) - 0.055).astype(np.float32)
+    return np.where(clipped <= 0.0031308, clipped * 12.92, 1.055 * np.power(clipped, 1.0 / 2.4) - 0.055).astype(
+        np.float32
+    )
 
 
 def viewable(output: np.ndarray, kind: str) -> np.ndarray:
@@ -104,8 +112,14 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
 
         height, width = pixels.shape[1:3]
         writer = imageio_ffmpeg.write_frames(
-            str(path), (width, height), fps=fps, codec="libx264", macro_block_size=1, quality=8,
-            pix_fmt_out="yuv420p", ffmpeg_log_level="error",
+            str(path),
+            (width, height),
+            fps=fps,
+            codec="libx264",
+            macro_block_size=1,
+            quality=8,
+            pix_fmt_out="yuv420p",
+            ffmpeg_log_level="error",
         )
         writer.send(None)
         try:
@@ -123,8 +137,25 @@ def video_writer(frames: np.ndarray, fps: float, audio: Audio | None = None) -> 
             with created(silent), created(sound):
                 write(silent)
                 _write_wav(audio, sound)
-            _ffmpeg("-i", str(silent), "-i", str(sound), "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac",
-                    "-b:a", "192k", "-f", "mp4", str(path))
+            _ffmpeg(
+                "-i",
+                str(silent),
+                "-i",
+                str(sound),
+                "-map",
+                "0:v",
+                "-map",
+                "1:a",
+                "-c:v",
+                "copy",
+                "-c:a",
+                "aac",
+                "-b:a",
+                "192k",
+                "-f",
+                "mp4",
+                str(path),
+            )
         finally:
             silent.unlink(missing_ok=True)
             sound.unlink(missing_ok=True)

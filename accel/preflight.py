@@ -18,7 +18,12 @@ from pathlib import Path
 
 from accel.errors import UserError
 
-OUTPUT_SUFFIXES = (".png", ".mp4", ".npy", ".pt")  # what some pipeline writes (accel.models.base.OUTPUT_FILES; .pt: a pass's latents); runner._check_out matches it
+OUTPUT_SUFFIXES = (
+    ".png",
+    ".mp4",
+    ".npy",
+    ".pt",
+)  # what some pipeline writes (accel.models.base.OUTPUT_FILES; .pt: a pass's latents); runner._check_out matches it
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"})
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU where the NVIDIA driver is loaded
 
@@ -33,8 +38,11 @@ def check_out(out: Path | None, overwrite: bool) -> None:
         return
     _check_file_target(out, "--out", "out.png")
     if out.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise UserError(f"--out {out}: accel writes .png images, .mp4 videos, .npy linear HDR frames and .pt latents (of a multi-pass "
-                        "pipeline); end the name in .png, .mp4, .npy or .pt")
+        raise UserError(
+            f"--out {out}: accel writes .png images, .mp4 videos, .npy linear HDR frames and .pt latents (of a "
+            "multi-pass "
+            "pipeline); end the name in .png, .mp4, .npy or .pt"
+        )
     if os.path.lexists(out) and not overwrite:
         raise UserError(f"{_existing(out)} already exists; pass --overwrite to replace it or choose another --out")
 
@@ -63,9 +71,14 @@ def check_bench_folder(out: Path | None, check_exists: bool = True) -> None:
         return
     _check_parent(out, "--out")
     if check_exists and out.is_symlink():  # bench creates the folder itself; a link there could send its files anywhere
-        raise UserError(f"--out {out} is a symbolic link (to {os.readlink(out)}); bench never writes through a link, give a new or empty folder")
+        raise UserError(
+            f"--out {out} is a symbolic link (to {os.readlink(out)}); bench never writes through a link, give a new "
+            "or empty folder"
+        )
     if check_exists and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} already exists and is not an empty folder; bench never overwrites, choose another")
+        raise UserError(
+            f"--out {out} already exists and is not an empty folder; bench never overwrites, choose another"
+        )
 
 
 def _existing(path: Path) -> str:
@@ -101,7 +114,9 @@ def _check_writable(path: Path, folder: Path, flag: str) -> None:
         descriptor, probe = tempfile.mkstemp(prefix=".accel-probe-", dir=folder)
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise UserError(f"{flag} {path}: cannot create files in {folder} ({reason.lower()}); choose another {flag}") from None
+        raise UserError(
+            f"{flag} {path}: cannot create files in {folder} ({reason.lower()}); choose another {flag}"
+        ) from None
     os.close(descriptor)
     os.unlink(probe)
 
@@ -115,16 +130,23 @@ def check_master_port(master_addr: str | None, master_port: int | None, node_ran
     if master_port is None:
         return
     if not 1 <= master_port <= 65535:
-        raise UserError(f"--master-port {master_port} is not a port number; use one from 1 to 65535 or leave --master-port out to pick one")
+        raise UserError(
+            f"--master-port {master_port} is not a port number; use one from 1 to 65535 or leave --master-port out to "
+            "pick one"
+        )
     if node_rank != 0 or not is_local_address(master_addr):
         return
     problem = _bind_error(master_port)
     if problem == errno.EACCES:
-        raise UserError(f"--master-port {master_port} needs root on this machine (ports below 1024 are privileged); "
-                        f"choose one above 1023 or leave --master-port out to pick one")
+        raise UserError(
+            f"--master-port {master_port} needs root on this machine (ports below 1024 are privileged); "
+            f"choose one above 1023 or leave --master-port out to pick one"
+        )
     if problem == errno.EADDRINUSE:
-        raise UserError(f"--master-port {master_port} is in use on this machine (another job?); "
-                        f"choose a free port or leave --master-port out to pick one")
+        raise UserError(
+            f"--master-port {master_port} is in use on this machine (another job?); "
+            f"choose a free port or leave --master-port out to pick one"
+        )
 
 
 def is_local_address(address: str | None) -> bool:
@@ -199,8 +221,9 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def check_process_count(nproc_per_node: int, device: str, oversubscribe: bool = False, nnodes: int = 1,
-                        asked: str | None = None) -> None:
+def check_process_count(
+    nproc_per_node: int, device: str, oversubscribe: bool = False, nnodes: int = 1, asked: str | None = None
+) -> None:
     """Ranks beyond the GPUs fail at start-up; beyond the CPU cores (no GPU) they thrash or exhaust
     memory. `device` is the recipe's auto / cpu / cuda; `asked` names what set the count (default
     --gpus); `oversubscribe` allows more CPU ranks than cores, for testing."""
@@ -210,9 +233,15 @@ def check_process_count(nproc_per_node: int, device: str, oversubscribe: bool = 
     gpus = visible_gpus() if device != "cpu" and _torch_build_has_gpu() else 0
     if gpus:
         if nproc_per_node > gpus:
-            source = f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in os.environ else "nvidia driver"
-            raise UserError(f"{asked} needs {nproc_per_node} GPUs{node or ' on this node'}, but {gpus} "
-                            f"{'is' if gpus == 1 else 'are'} visible ({source}); use --gpus {gpus * nnodes} or fewer")
+            source = (
+                f"CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}"
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else "nvidia driver"
+            )
+            raise UserError(
+                f"{asked} needs {nproc_per_node} GPUs{node or ' on this node'}, but {gpus} "
+                f"{'is' if gpus == 1 else 'are'} visible ({source}); use --gpus {gpus * nnodes} or fewer"
+            )
         return
     if device == "cuda":
         return  # no GPU found here: resolving the device says so, in torch's own terms
@@ -220,8 +249,15 @@ def check_process_count(nproc_per_node: int, device: str, oversubscribe: bool = 
     if nproc_per_node <= cores or oversubscribe:
         return
     have = f"{cores} CPU core{'s' if cores > 1 else ''}"
-    why = f"they run on the CPU (device cpu) and this machine has {have}" if device == "cpu" else f"this machine has no GPU and {have}"
-    raise UserError(f"{asked} starts {nproc_per_node} processes{node}, but {why}; use --gpus {cores * nnodes} or fewer, or pass --oversubscribe")
+    why = (
+        f"they run on the CPU (device cpu) and this machine has {have}"
+        if device == "cpu"
+        else f"this machine has no GPU and {have}"
+    )
+    raise UserError(
+        f"{asked} starts {nproc_per_node} processes{node}, but {why}; use --gpus {cores * nnodes} or fewer, or pass "
+        "--oversubscribe"
+    )
 
 
 def _torch_build_has_gpu() -> bool:

@@ -35,7 +35,9 @@ def truncation_notes(pipe: Any, call: dict[str, Any], tokenizers: tuple[str, ...
         limits = [n for n in given if isinstance(n, int) and 0 < n < _NO_LIMIT]
         if not limits:
             continue
-        total = len(tokenizer(prompt, truncation=False, verbose=False)["input_ids"])  # verbose: no "longer than" warning
+        total = len(
+            tokenizer(prompt, truncation=False, verbose=False)["input_ids"]
+        )  # verbose: no "longer than" warning
         if total > min(limits):
             notes.append(f"prompt: {min(limits)} of {total} tokens kept ({type(tokenizer).__name__}'s limit, {name})")
     return notes

@@ -95,7 +95,10 @@ def leave_finished(threads_bound_s: float = THREADS_BOUND_S, handlers_bound_s: f
             warn(f"rank {rank()}: a threading exit hook failed: {type(error).__name__}: {error}")
     left = join_threads(deadline)
     if left:
-        warn(f"rank {rank()} leaves {describe_threads(left)} still running after {threads_bound_s:.0f} s (its work is done)")
+        warn(
+            f"rank {rank()} leaves {describe_threads(left)} still running after {threads_bound_s:.0f} s (its work is "
+            "done)"
+        )
     backstop.arm(handlers_bound_s, "closing the process groups or an atexit handler")
     leave_distributed()
     run_handlers = exit_handlers()
@@ -155,6 +158,8 @@ class Backstop:
         where = describe(sys._current_frames().get(self.main.ident or 0))[1]
         left = [t for t in _non_daemon_threads() if t is not self.main]
         others = f"; {describe_threads(left)} still running" if left else ""
-        warn(f"rank {self.rank} left without finishing its exit: {self.step} was still running after "
-             f"{self.bound_s:.0f} s at {where}{others}")
+        warn(
+            f"rank {self.rank} left without finishing its exit: {self.step} was still running after "
+            f"{self.bound_s:.0f} s at {where}{others}"
+        )
         exit_now(0)

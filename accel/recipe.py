@@ -80,7 +80,9 @@ def prompt_chars() -> int:
     if not raw:
         return PROMPT_CHARS
     if not raw.isdigit() or int(raw) < 1 or len(raw) > 12:
-        raise RecipeError(f"{PROMPT_CHARS_ENV}={raw[:40]}: must be a positive integer (characters), e.g. {PROMPT_CHARS}")
+        raise RecipeError(
+            f"{PROMPT_CHARS_ENV}={raw[:40]}: must be a positive integer (characters), e.g. {PROMPT_CHARS}"
+        )
     return int(raw)
 
 
@@ -94,15 +96,19 @@ class ModelSection:
     )
     device: Literal["auto", "cpu", "cuda"] = _key("auto", "Where to run; auto picks cuda when available.")
     pipeline: str = _key(
-        "", "Pipeline class to run the model as (FluxKontextPipeline, QwenImageEditPipeline, …); empty: the model's own."
+        "",
+        "Pipeline class to run the model as (FluxKontextPipeline, QwenImageEditPipeline, …); empty: the model's own.",
     )
     lora: tuple[str, ...] | None = _key(
-        None, "LoRA weights fused into the model before it is accelerated: \"PATH@SCALE\", a .safetensors file, a folder or a hub "
-        "repo id, SCALE 1 when left out; several are fused together."
+        None,
+        'LoRA weights fused into the model before it is accelerated: "PATH@SCALE", a .safetensors file, a folder or a '
+        "hub "
+        "repo id, SCALE 1 when left out; several are fused together.",
     )
     components: Mapping[str, str] = _table(
         "Components the pipeline variant needs beyond the model's, by name: the folder each was saved to, e.g. "
-        "temporal_latent_upsampler = \"ltx-2.5-temporal-upsampler\" (LTX2DFRTemporalRefinePipeline); the variant says which."
+        'temporal_latent_upsampler = "ltx-2.5-temporal-upsampler" (LTX2DFRTemporalRefinePipeline); the variant says '
+        "which."
     )
 
 
@@ -118,24 +124,33 @@ class GenerateSection:
     frames: int | None = _key(None, "Number of frames (video families).", min=1, max=MAX_FRAMES)
     guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
     true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
-    image: str | None = _key(None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit).")
-    mask: str | None = _key(None, "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks for VACE.")
+    image: str | None = _key(
+        None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit)."
+    )
+    mask: str | None = _key(
+        None,
+        "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks "
+        "for VACE.",
+    )
     video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0, max=MAX_SEED)
     conditions: tuple[str, ...] | None = _key(
-        None, "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
-        "\"PATH@INDEX:STRENGTH\", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts."
+        None,
+        "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
+        '"PATH@INDEX:STRENGTH", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts.',
     )
     references: tuple[str, ...] | None = _key(
-        None, "Reference pictures or clips without a position, for in-context pipelines (LTX-2 IC-LoRA): \"PATH@STRENGTH\", "
-        "STRENGTH optional (1)."
+        None,
+        'Reference pictures or clips without a position, for in-context pipelines (LTX-2 IC-LoRA): "PATH@STRENGTH", '
+        "STRENGTH optional (1).",
     )
     inputs: Mapping[str, str] = _table(
-        "Other input files, by the pipeline's keyword: pose_video = \"pose.mp4\" (Wan Animate), control_video (CogVideoX Fun); "
+        'Other input files, by the pipeline\'s keyword: pose_video = "pose.mp4" (Wan Animate), control_video '
+        "(CogVideoX Fun); "
         "the pipeline variant says which it takes."
     )
     arguments: Mapping[str, Any] = _table(
-        "Other arguments of the pipeline call, by keyword: mode = \"replace\", overlap_history = 17; "
+        'Other arguments of the pipeline call, by keyword: mode = "replace", overlap_history = 17; '
         "numbers, strings, booleans or lists of them."
     )
 
@@ -143,7 +158,8 @@ class GenerateSection:
 @dataclass(frozen=True)
 class CacheSection:
     """Step caching: skip the middle blocks of a transformer call when the first blocks' output barely changed,
-    extrapolate attention and feed-forward outputs between computed steps, or skip whole calls along a calibrated curve."""
+    extrapolate attention and feed-forward outputs between computed steps, or skip whole calls along a calibrated
+    curve."""
 
     @property
     def enabled(self) -> bool:
@@ -151,37 +167,50 @@ class CacheSection:
         return self.method == "taylorseer" or self.threshold > 0
 
     threshold: float = _key(
-        0.0, "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
-        "difference); 0 is off.", min=0
+        0.0,
+        "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
+        "difference); 0 is off.",
+        min=0,
     )
     method: Literal["fbcache", "dbcache", "taylorseer", "magcache"] = _key(
-        "fbcache", "fbcache: block 0 decides, every later block is cached; dbcache: the first first_blocks decide and "
+        "fbcache",
+        "fbcache: block 0 decides, every later block is cached; dbcache: the first first_blocks decide and "
         "always run, the last last_blocks always run, the blocks between are cached; taylorseer: inside every block, "
         "attention and feed-forward outputs are computed every interval steps and extrapolated between (no threshold); "
         "magcache: whole calls are skipped while the calibrated residual-magnitude curve's accumulated error stays "
-        "under the threshold."
+        "under the threshold.",
     )
-    first_blocks: int = _key(1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1)
+    first_blocks: int = _key(
+        1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1
+    )
     last_blocks: int = _key(0, "dbcache: blocks always computed at the end, on the cached middle's output.", min=0)
     calibrator: Literal["none", "taylorseer"] = _key(
-        "none", "fbcache / dbcache: what a cached call adds for the skipped blocks: none reuses their last computed "
-        "residual, taylorseer extrapolates it from the last computed ones (finite differences over the steps)."
+        "none",
+        "fbcache / dbcache: what a cached call adds for the skipped blocks: none reuses their last computed "
+        "residual, taylorseer extrapolates it from the last computed ones (finite differences over the steps).",
     )
-    taylor_order: Literal[1, 2] = _key(1, "taylorseer (method or calibrator): order of the extrapolation (1 linear, 2 quadratic).")
+    taylor_order: Literal[1, 2] = _key(
+        1, "taylorseer (method or calibrator): order of the extrapolation (1 linear, 2 quadratic)."
+    )
     interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
     disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
     disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
     interval_offset: int = _key(
-        0, "taylorseer: the first interval-th step comes this many steps after disable_before, the steps between "
-        "extrapolated (diffusers' TaylorSeer schedule is 1, with extrapolate_early); below interval.", min=0
+        0,
+        "taylorseer: the first interval-th step comes this many steps after disable_before, the steps between "
+        "extrapolated (diffusers' TaylorSeer schedule is 1, with extrapolate_early); below interval.",
+        min=0,
     )
     extrapolate_early: bool = _key(
-        False, "taylorseer: extrapolate once a module has one computed output, at the order its outputs so far allow "
-        "(the first extrapolated step reuses it, as diffusers' TaylorSeer does); false computes the first taylor_order + 1 steps."
+        False,
+        "taylorseer: extrapolate once a module has one computed output, at the order its outputs so far allow "
+        "(the first extrapolated step reuses it, as diffusers' TaylorSeer does); false computes the first "
+        "taylor_order + 1 steps.",
     )
     mag_ratios: tuple[tuple[float, ...], ...] = _key(
-        (), "magcache: the pipeline's residual-magnitude ratio per step, one list per CFG branch; accel tune RECIPE "
-        "--calibrate measures them and writes them here."
+        (),
+        "magcache: the pipeline's residual-magnitude ratio per step, one list per CFG branch; accel tune RECIPE "
+        "--calibrate measures them and writes them here.",
     )
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
@@ -193,20 +222,35 @@ class ParallelSection:
     """Context and tensor parallelism: one process per GPU (gloo ranks on a CPU-only machine)."""
 
     gpus: int = _key(
-        0, "Processes (GPUs); 0 means ulysses × ring × cfg × tp. With gpus set and no ulysses or ring, those two are "
+        0,
+        "Processes (GPUs); 0 means ulysses × ring × cfg × tp. With gpus set and no ulysses or ring, those two are "
         "chosen to fill gpus / (cfg × tp): Ulysses over all of them when it divides the head count or pads it by at "
-        "most 25 %, else the largest degree dividing both and the rest Ring.", min=0
+        "most 25 %, else the largest degree dividing both and the rest Ring.",
+        min=0,
     )
-    ulysses: int = _key(1, "Ulysses (all-to-all head) parallel degree; at most the head count, which it need not "
-                        "divide (heads are padded).", min=1)
+    ulysses: int = _key(
+        1,
+        "Ulysses (all-to-all head) parallel degree; at most the head count, which it need not "
+        "divide (heads are padded).",
+        min=1,
+    )
     ring: int = _key(1, "Ring attention parallel degree.", min=1)
     cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
-    tp: int = _key(1, "Tensor-parallel degree: each block's attention heads and MLP width are split over tp GPUs, "
-                   "which hold 1/tp of those weights each; it must divide the heads and every split width.", min=1)
-    timeout: float = _key(600.0, "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.", min=1)
+    tp: int = _key(
+        1,
+        "Tensor-parallel degree: each block's attention heads and MLP width are split over tp GPUs, "
+        "which hold 1/tp of those weights each; it must divide the heads and every split width.",
+        min=1,
+    )
+    timeout: float = _key(
+        600.0,
+        "Seconds a collective may wait for the other ranks before the job fails, naming the rank it waited for.",
+        min=1,
+    )
     plan: Literal["family", "automatic"] = _key(
-        "family", "Where the context-parallel plan comes from: the family's tested one, or the automatic one accel learns "
-        "from the model and verifies on simulated ranks before use (what a pipeline no family describes always gets)."
+        "family",
+        "Where the context-parallel plan comes from: the family's tested one, or the automatic one accel learns "
+        "from the model and verifies on simulated ranks before use (what a pipeline no family describes always gets).",
     )
 
     @property
@@ -242,16 +286,22 @@ class QuantSection:
         "none", "Quantization scheme; none keeps the model dtype."
     )
     scope: Literal["blocks", "transformer"] = _key(
-        "blocks", "Quantize the repeated blocks' Linear layers (embedders and output layers keep the model dtype) or every Linear layer."
+        "blocks",
+        "Quantize the repeated blocks' Linear layers (embedders and output layers keep the model dtype) or every "
+        "Linear layer.",
     )
-    exclude: tuple[str, ...] = _key((), "Module-name patterns left unquantized (fnmatch, * also spans dots: \"*.norm1.linear\").")
+    exclude: tuple[str, ...] = _key(
+        (), 'Module-name patterns left unquantized (fnmatch, * also spans dots: "*.norm1.linear").'
+    )
 
 
 @dataclass(frozen=True)
 class CompileSection:
     """torch.compile options."""
 
-    enabled: bool = _key(False, "Compile the transformer with torch.compile (the first run compiles; it is timed as warm-up).")
+    enabled: bool = _key(
+        False, "Compile the transformer with torch.compile (the first run compiles; it is timed as warm-up)."
+    )
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _key(
         "default", "torch.compile mode."
     )
@@ -265,22 +315,27 @@ class MemorySection:
     """Where the large components live, so that a model fits the GPUs there are."""
 
     text_encoder: Literal["replicated", "rank0", "cpu", "sharded"] = _key(
-        "replicated", "replicated: every rank holds the text encoders and encodes; rank0: only the first rank of the layout "
+        "replicated",
+        "replicated: every rank holds the text encoders and encodes; rank0: only the first rank of the layout "
         "holds them and encodes each prompt once, sending the embeddings to the other ranks, which never load them; "
         "cpu: as rank0, and that rank keeps them in host memory and encodes there (no GPU memory for them); "
         "sharded: transformers' own tensor-parallel plan splits each text encoder that has one (Llama, Mistral, "
         "Qwen2.5-VL, Qwen3, Gemma 3; not T5, UMT5 or CLIP, which stay whole) over the layout's ranks, which encode "
-        "together and each get the whole embeddings (one process: nothing to split)."
+        "together and each get the whole embeddings (one process: nothing to split).",
     )
     vae: Literal["replicated", "rank0"] = _key(
-        "replicated", "replicated: every rank decodes the whole output (or its share of it with [vae] parallel); rank0: only "
+        "replicated",
+        "replicated: every rank decodes the whole output (or its share of it with [vae] parallel); rank0: only "
         "the layout's first rank, the one that writes the output, decodes: the others stop at the latents and keep the "
-        "VAE in host memory (no GPU memory, no decode time for them; one process: nothing changes)."
+        "VAE in host memory (no GPU memory, no decode time for them; one process: nothing changes).",
     )
     offload: Literal["none", "model", "group"] = _key(
-        "none", "none: every component stays on the GPU; model: diffusers' model offload, each whole component moved to the "
-        "GPU while it runs (the transformer must fit); group: diffusers' group offload, the transformer's blocks streamed "
-        "one at a time with prefetch on a side stream (slowest; the least GPU memory). One process only, without compile."
+        "none",
+        "none: every component stays on the GPU; model: diffusers' model offload, each whole component moved to the "
+        "GPU while it runs (the transformer must fit); group: diffusers' group offload, the transformer's blocks "
+        "streamed "
+        "one at a time with prefetch on a side stream (slowest; the least GPU memory). One process only, without "
+        "compile.",
     )
 
 
@@ -288,8 +343,11 @@ def vae_placement_refusal(recipe: "Recipe") -> str | None:
     """Why [memory] vae = "rank0" cannot run with the rest of `recipe` (None: it can): the split decode
     of [vae] parallel needs every rank of the layout to decode."""
     if recipe.memory.vae == "rank0" and recipe.vae.parallel:
-        return ('[memory] vae = "rank0" and [vae] parallel = true do not compose: the split decode needs every rank to decode; '
-                'set vae = "replicated" to split the decode, or parallel = false to decode on the first rank alone')
+        return (
+            '[memory] vae = "rank0" and [vae] parallel = true do not compose: the split decode needs every rank to '
+            "decode; "
+            'set vae = "replicated" to split the decode, or parallel = false to decode on the first rank alone'
+        )
     return None
 
 
@@ -306,16 +364,27 @@ def offload_refusal(recipe: "Recipe", replicas: int = 1) -> str | None:
     if mode == "none":
         return None
     if recipe.world_size > 1:
-        return (f'[memory] offload = "{mode}" runs one process: each rank would stream its own whole copy; '
-                f'set offload = "none" with a parallel layout, or run one process')
+        return (
+            f'[memory] offload = "{mode}" runs one process: each rank would stream its own whole copy; '
+            f'set offload = "none" with a parallel layout, or run one process'
+        )
     if replicas > 1:
-        return (f'[memory] offload = "{mode}" serves one replica: each of the {replicas} replicas would stream its own whole '
-                f'copy from host memory; set offload = "none" with --replicas, or serve one replica')
+        return (
+            f'[memory] offload = "{mode}" serves one replica: each of the {replicas} replicas would stream its own '
+            "whole "
+            f'copy from host memory; set offload = "none" with --replicas, or serve one replica'
+        )
     if recipe.compile.enabled:
-        return f'[memory] offload = "{mode}" and [compile] do not compose: compiled graphs would capture weights that offloading moves; turn one of them off'
+        return (
+            f'[memory] offload = "{mode}" and [compile] do not compose: compiled graphs would capture weights that '
+            "offloading moves; turn one of them off"
+        )
     if mode == "model" and recipe.memory.text_encoder == "cpu":
-        return ('[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on the GPU; '
-                'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU')
+        return (
+            '[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on '
+            "the GPU; "
+            'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU'
+        )
     return None
 
 
@@ -332,7 +401,9 @@ class Variant:
 class BenchSection:
     """Benchmark: variants of the recipe, measured the same way and compared with the first."""
 
-    variants: tuple[Variant, ...] = _key((), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}; the first is the baseline.')
+    variants: tuple[Variant, ...] = _key(
+        (), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}; the first is the baseline.'
+    )
     repeats: int = _key(3, "Timed runs per variant.", min=1)
     warmup: int = _key(1, "Untimed runs per variant before timing (compilation, caches).", min=0)
 
@@ -439,7 +510,9 @@ def load_recipe(path: str | PathLike[str]) -> Recipe:
     except OSError as e:
         raise RecipeError(f"{source}: cannot read: {e.strerror}") from None
     except (ValueError, RecursionError) as e:  # a number of more than 4300 digits, tables nested thousands deep
-        raise RecipeError(f"{source}: not valid {language}: {str(e).splitlines()[0][:120] or type(e).__name__}") from None
+        raise RecipeError(
+            f"{source}: not valid {language}: {str(e).splitlines()[0][:120] or type(e).__name__}"
+        ) from None
     if is_json and isinstance(data, Mapping) and isinstance(data.get("recipe"), Mapping):
         data = data["recipe"]  # an `accel run --json` report (no recipe has a [recipe] section): its effective recipe
     return Recipe.from_dict(data, source)
@@ -468,10 +541,19 @@ def read_capped(path: str | PathLike[str], source: str, advice: str) -> bytes:
 # The methods that read each [cache] key; one another method would ignore is refused, not ignored.
 _DECIDING = ("fbcache", "dbcache", "magcache")
 _CACHE_KEY_METHODS = {
-    "threshold": _DECIDING, "first_blocks": ("dbcache",), "last_blocks": ("dbcache",), "calibrator": ("fbcache", "dbcache"),
-    "warmup_steps": _DECIDING, "max_consecutive_cached": _DECIDING, "max_cached_steps": _DECIDING,
-    "interval": ("taylorseer",), "disable_before": ("taylorseer",), "disable_after": ("taylorseer",),
-    "interval_offset": ("taylorseer",), "extrapolate_early": ("taylorseer",), "mag_ratios": ("magcache",),
+    "threshold": _DECIDING,
+    "first_blocks": ("dbcache",),
+    "last_blocks": ("dbcache",),
+    "calibrator": ("fbcache", "dbcache"),
+    "warmup_steps": _DECIDING,
+    "max_consecutive_cached": _DECIDING,
+    "max_cached_steps": _DECIDING,
+    "interval": ("taylorseer",),
+    "disable_before": ("taylorseer",),
+    "disable_after": ("taylorseer",),
+    "interval_offset": ("taylorseer",),
+    "extrapolate_early": ("taylorseer",),
+    "mag_ratios": ("magcache",),
 }
 
 
@@ -481,24 +563,31 @@ def _check_cache(source: str, cache: CacheSection) -> None:
         if cache.method not in methods and getattr(cache, key) != getattr(defaults, key):
             quoted = [f'"{m}"' for m in methods]
             named = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-            raise RecipeError(f'{source}: [cache] {key} is for method = {named}, not "{cache.method}"; set method = "{methods[0]}" or remove {key}')
+            raise RecipeError(
+                f'{source}: [cache] {key} is for method = {named}, not "{cache.method}"; set method = "{methods[0]}" '
+                f"or remove {key}"
+            )
     if cache.taylor_order != defaults.taylor_order and "taylorseer" not in (cache.method, cache.calibrator):
         raise RecipeError(
-            f'{source}: [cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; set one of them or remove taylor_order'
+            f'{source}: [cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; set one of '
+            "them or remove taylor_order"
         )
     if cache.method == "magcache" and cache.threshold > 0 and not any(cache.mag_ratios):
         raise RecipeError(
-            f'{source}: [cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude ratios of this pipeline; '
+            f'{source}: [cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude ratios of this '
+            "pipeline; "
             f"measure them with accel tune RECIPE --calibrate"
         )
     if cache.interval_offset >= cache.interval:
         raise RecipeError(
             f"{source}: [cache] interval_offset ({cache.interval_offset}) must be below interval ({cache.interval}); "
-            f"an offset of a whole interval or more is the same schedule as interval_offset = {cache.interval_offset % cache.interval}"
+            "an offset of a whole interval or more is the same schedule as interval_offset = "
+            f"{cache.interval_offset % cache.interval}"
         )
     if cache.disable_after and cache.disable_after <= cache.disable_before:
         raise RecipeError(
-            f"{source}: [cache] disable_after ({cache.disable_after}) must be above disable_before ({cache.disable_before}), or 0 for none"
+            f"{source}: [cache] disable_after ({cache.disable_after}) must be above disable_before "
+            f"({cache.disable_before}), or 0 for none"
         )
 
 
@@ -604,7 +693,12 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
     if hint is int:
         return type(value) is int and (low is None or value >= low) and (high is None or value <= high), value
     if hint is float:
-        number = type(value) in (int, float) and math.isfinite(value) and abs(value) <= FLOAT32_MAX and (low is None or value >= low)
+        number = (
+            type(value) in (int, float)
+            and math.isfinite(value)
+            and abs(value) <= FLOAT32_MAX
+            and (low is None or value >= low)
+        )
         return number, float(value) if number else value
     if hint is str:
         return isinstance(value, str) and (not meta.get("prompt") or len(value) <= prompt_chars()), value
@@ -612,17 +706,22 @@ def _coerce(hint: Any, meta: Mapping[str, Any], value: Any) -> tuple[bool, Any]:
         return any(type(value) is type(c) and value == c for c in get_args(hint)), value
     if hint == tuple[tuple[float, ...], ...]:
         ok = isinstance(value, list | tuple) and all(
-            isinstance(row, list | tuple) and all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in row) for row in value
+            isinstance(row, list | tuple) and all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in row)
+            for row in value
         )
         return ok, tuple(tuple(float(v) for v in row) for row in value) if ok else value
     if hint == tuple[str, ...]:
         ok = isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
         return ok, tuple(value) if ok else value
     if hint == Mapping[str, str]:
-        ok = isinstance(value, Mapping) and all(isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in value.items())
+        ok = isinstance(value, Mapping) and all(
+            isinstance(k, str) and k.isidentifier() and isinstance(v, str) for k, v in value.items()
+        )
         return ok, types.MappingProxyType(dict(value)) if ok else value
     if hint == Mapping[str, Any]:
-        ok = isinstance(value, Mapping) and all(isinstance(k, str) and k.isidentifier() and _argument_value(v) for k, v in value.items())
+        ok = isinstance(value, Mapping) and all(
+            isinstance(k, str) and k.isidentifier() and _argument_value(v) for k, v in value.items()
+        )
         frozen = {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in value.items()} if ok else value
         return ok, types.MappingProxyType(frozen) if ok else value
     raise TypeError(f"no validator for annotation {hint!r}")  # a programming error, not a user one
@@ -632,7 +731,10 @@ def _refusal(hint: Any, meta: Mapping[str, Any], value: Any) -> str:
     """'<requirement>, got <value>': the bound a value passed where it passed one of those that keep
     numbers from overflowing and prompts from swamping the tokenizer."""
     if meta.get("prompt") and isinstance(value, str):
-        return f"a string of at most {prompt_chars():,} characters ({PROMPT_CHARS_ENV} raises the limit), got {len(value):,} characters"
+        return (
+            f"a string of at most {prompt_chars():,} characters ({PROMPT_CHARS_ENV} raises the limit), got "
+            f"{len(value):,} characters"
+        )
     if type(value) is int and "max" in meta and value > meta["max"]:
         return f"an integer from {meta.get('min', 0)} to {meta['max']}, got {_show(value)}"
     shown = _show(value)
@@ -664,7 +766,7 @@ def _requirement(hint: Any, meta: Mapping[str, Any]) -> str:
         choices = [str(c) for c in get_args(hint)]
         return " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
     if hint == Mapping[str, str]:
-        return "a table of keyword = \"file path\""
+        return 'a table of keyword = "file path"'
     if hint == Mapping[str, Any]:
         return "a table of keyword = value (numbers, strings, booleans or lists of them)"
     if hint == tuple[tuple[float, ...], ...]:
@@ -699,8 +801,11 @@ def _plain(value: Any) -> Any:
         return {"name": value.name, **_plain(value.overrides)}
     if dataclasses.is_dataclass(value):
         # An empty table is the default, so it is left out as None is.
-        return {f.name: _plain(v) for f in dataclasses.fields(value)
-                if (v := getattr(value, f.name)) is not None and not (isinstance(v, Mapping) and not v)}
+        return {
+            f.name: _plain(v)
+            for f in dataclasses.fields(value)
+            if (v := getattr(value, f.name)) is not None and not (isinstance(v, Mapping) and not v)
+        }
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, tuple):

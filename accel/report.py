@@ -78,7 +78,9 @@ def run_table(metrics: Metrics) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     written = {"frames": metrics.output_frames, "width": metrics.output_width, "height": metrics.output_height}
-    size = _size(dict(metrics.recipe["generate"], **{key: value for key, value in written.items() if value}), metrics.output_kind)
+    size = _size(
+        dict(metrics.recipe["generate"], **{key: value for key, value in written.items() if value}), metrics.output_kind
+    )
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
@@ -102,10 +104,17 @@ def run_table(metrics: Metrics) -> Table:
     if metrics.planned_peak_bytes is not None:
         rows.append(("peak memory (accel plan's estimate)", _bytes(metrics.planned_peak_bytes)))
     if metrics.baseline_s is not None:
-        rows.append(("baseline generation", _timed(metrics.baseline_times_s) if metrics.baseline_times_s else _seconds(metrics.baseline_s)))
+        rows.append(
+            (
+                "baseline generation",
+                _timed(metrics.baseline_times_s) if metrics.baseline_times_s else _seconds(metrics.baseline_s),
+            )
+        )
         rows.append(("speedup", _speedup(metrics)))
         psnr = metrics.psnr_db
-        rows.append(("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB"))
+        rows.append(
+            ("PSNR vs baseline", "identical (∞ dB)" if psnr is not None and math.isinf(psnr) else f"{psnr:.2f} dB")
+        )
         rows.append(("SSIM vs baseline", f"{metrics.ssim:.4f}" if metrics.ssim is not None else "—"))
     if metrics.threads is not None and metrics.device.startswith("cpu"):
         rows.append(("CPU threads", _threads(metrics.threads)))
@@ -171,7 +180,9 @@ def versions() -> dict[str, str]:
 def _parallel(parallel: dict[str, Any] | None) -> str:
     if parallel is None:
         return "off (1 process)"
-    layout = " × ".join(f"{name} {parallel[name]}" for name in ("tp", "ulysses", "ring", "cfg") if parallel.get(name, 1) > 1)
+    layout = " × ".join(
+        f"{name} {parallel[name]}" for name in ("tp", "ulysses", "ring", "cfg") if parallel.get(name, 1) > 1
+    )
     vae = ", VAE decode split" if parallel.get("vae_split") else ""
     if parallel.get("plan") not in (None, "family"):  # learned from the model and verified, not a family's tested plan
         vae = f", {'automatic plan' if parallel['plan'] == 'automatic' else parallel['plan']} (verified)" + vae
@@ -254,7 +265,9 @@ def family_features(family: Family) -> list[str]:
     if family.parallel is not None and family.cfg is not None:
         features.append(f"cfg: {'batched' if family.cfg == 'batch' else 'two calls'}")
     features.append("vae-tiling")
-    methods = dict.fromkeys(plan.method for plan in map(vae_plan, family.vaes) if plan is not None)  # its variants' VAEs too
+    methods = dict.fromkeys(
+        plan.method for plan in map(vae_plan, family.vaes) if plan is not None
+    )  # its variants' VAEs too
     features += [f"vae: {method}-parallel" for method in methods]
     if family.blocks:
         features += ["quant", "compile"]
@@ -262,7 +275,9 @@ def family_features(family: Family) -> list[str]:
 
 
 # Under `accel models`: where to look for a pipeline the registry does not list.
-INSPECT_HINT = "tested: a family accel was taught and tests; for any other pipeline, accel inspect MODEL says what accel finds"
+INSPECT_HINT = (
+    "tested: a family accel was taught and tests; for any other pipeline, accel inspect MODEL says what accel finds"
+)
 
 
 def models_table(families: list[Family]) -> Fit:
@@ -302,7 +317,9 @@ def _models_blocks(families: list[Family], width: int) -> Table:
     rest = max(20, width - alias_width - 2)  # each column is padded by one on its right
     table.add_column("what", no_wrap=True)
     for family in families:
-        head = _packed(["tested", f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · ")
+        head = _packed(
+            ["tested", f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · "
+        )
         lines = [head, _packed(family.pipeline_classes, rest, ", "), _packed(family_features(family), rest, " · ")]
         table.add_row(family.name, Text("\n".join(lines)))
     return table
@@ -318,11 +335,15 @@ def environment() -> dict[str, Any]:
     with cpu_threads(torch.device("cpu")) as threads:  # what a CPU run here would use
         pass
     plural = "s" if threads.count > 1 else ""
-    devices = [f"cpu ({platform.machine()}, {cpu_cores()} cores; {threads.count} thread{plural} per run: {threads.source})"]
+    devices = [
+        f"cpu ({platform.machine()}, {cpu_cores()} cores; {threads.count} thread{plural} per run: {threads.source})"
+    ]
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            devices.append(f"cuda:{index} {props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor})")
+            devices.append(
+                f"cuda:{index} {props.name} ({props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor})"
+            )
     return {"versions": versions(), "devices": devices, "attention_kernels": attention_kernels()}
 
 
@@ -355,7 +376,18 @@ def environment_table(env: dict[str, Any]) -> Table:
 
 # --- accel bench ------------------------------------------------------------------------------
 
-BENCH_COLUMNS = ("variant", "layout", "median", "min–max", "per step", "speedup", "cache hits", "peak memory", "PSNR", "SSIM")
+BENCH_COLUMNS = (
+    "variant",
+    "layout",
+    "median",
+    "min–max",
+    "per step",
+    "speedup",
+    "cache hits",
+    "peak memory",
+    "PSNR",
+    "SSIM",
+)
 
 
 def bench_rows(result: BenchResult) -> list[list[str]]:
@@ -366,18 +398,20 @@ def bench_rows(result: BenchResult) -> list[list[str]]:
             rows.append([row.name, "skipped (below)", *("—" for _ in BENCH_COLUMNS[2:])])
             continue
         baseline = row.name == result.baseline
-        rows.append([
-            row.name,
-            row.layout,
-            _seconds(row.median_s),
-            _span(min(row.times_s), max(row.times_s)) if len(row.times_s) > 1 else SINGLE_REPEAT,
-            _seconds(row.per_step_s),
-            f"{row.speedup:.2f}×" if row.speedup is not None else "—",
-            f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
-            _peak_cell(row),
-            "baseline" if baseline else _psnr(row.psnr_db),
-            "baseline" if baseline else (f"{row.ssim:.4f}" if row.ssim is not None else "—"),
-        ])
+        rows.append(
+            [
+                row.name,
+                row.layout,
+                _seconds(row.median_s),
+                _span(min(row.times_s), max(row.times_s)) if len(row.times_s) > 1 else SINGLE_REPEAT,
+                _seconds(row.per_step_s),
+                f"{row.speedup:.2f}×" if row.speedup is not None else "—",
+                f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
+                _peak_cell(row),
+                "baseline" if baseline else _psnr(row.psnr_db),
+                "baseline" if baseline else (f"{row.ssim:.4f}" if row.ssim is not None else "—"),
+            ]
+        )
     return rows
 
 
@@ -391,7 +425,10 @@ def bench_notes(result: BenchResult) -> list[str]:
     """Lines under the table: why each skipped variant did not run; a warning when each time is one run."""
     notes = [f"{row.name} skipped: {row.skip_reason}" for row in result.variants if not row.ran]
     if result.repeats == 1:
-        notes.append(f"speedups are from a {SINGLE_REPEAT} per variant and may be noise; pass --repeats 5 for a median and spread")
+        notes.append(
+            f"speedups are from a {SINGLE_REPEAT} per variant and may be noise; pass --repeats 5 for a median and "
+            "spread"
+        )
     return notes
 
 
@@ -420,7 +457,11 @@ def _bench_context(result: BenchResult) -> str:
         f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
         f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
         f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
-        + (f"; CPU threads: {_threads(result.threads)}" if result.threads is not None and result.device.startswith("cpu") else "")
+        + (
+            f"; CPU threads: {_threads(result.threads)}"
+            if result.threads is not None and result.device.startswith("cpu")
+            else ""
+        )
     )
 
 
@@ -428,8 +469,11 @@ def bench_table(result: BenchResult) -> Fit:
     """Every column where it fits; else two lines a variant (layout under its name, min–max under the
     median, cache hits under the speedup, SSIM under PSNR) without the time per step (the median over
     the caption's steps); else without min–max too. Never a cut number."""
-    return Fit(lambda _width: _bench_wide(result), lambda _width: _bench_stacked(result, spans=True),
-               lambda _width: _bench_stacked(result, spans=False))
+    return Fit(
+        lambda _width: _bench_wide(result),
+        lambda _width: _bench_stacked(result, spans=True),
+        lambda _width: _bench_stacked(result, spans=False),
+    )
 
 
 def _bench_wide(result: BenchResult) -> Table:
@@ -442,8 +486,9 @@ def _bench_wide(result: BenchResult) -> Table:
 
 
 def _bench_stacked(result: BenchResult, spans: bool) -> Table:
-    table = Table(title=_bench_title(result), caption=_bench_context(result), header_style="bold",
-                  show_edge=False, pad_edge=False)
+    table = Table(
+        title=_bench_title(result), caption=_bench_context(result), header_style="bold", show_edge=False, pad_edge=False
+    )
     table.add_column("variant\nlayout")
     table.add_column("median\nmin–max" if spans else "median", justify="right", no_wrap=True)
     table.add_column("speedup\ncache", justify="right", no_wrap=True)
@@ -480,7 +525,9 @@ def bench_markdown(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None, markdown_copy: Path | None = None) -> None:
+def write_bench(
+    result: BenchResult, folder: Path, json_copy: Path | None = None, markdown_copy: Path | None = None
+) -> None:
     """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
     and speedup.png; the paths are recorded in `result.files` (and so in the JSON). Each file is
     written whole, and none replaces an existing one (UserError): bench never overwrites."""
@@ -495,10 +542,17 @@ def write_bench(result: BenchResult, folder: Path, json_copy: Path | None = None
         save_grid(result.tiles, files["grid"], hint=hint)
     files["chart"] = folder / "speedup.png"
     speedup_chart(
-        [row.name for row in result.variants], [row.speedup if row.ran else None for row in result.variants],
-        files["chart"], f"{result.model}: speedup vs {result.baseline}", hint=hint,
-        spreads=[(row.speedup_min, row.speedup_max) if row.speedup_min is not None and row.speedup_max is not None
-                 and len(row.times_s) > 1 else None for row in result.variants],
+        [row.name for row in result.variants],
+        [row.speedup if row.ran else None for row in result.variants],
+        files["chart"],
+        f"{result.model}: speedup vs {result.baseline}",
+        hint=hint,
+        spreads=[
+            (row.speedup_min, row.speedup_max)
+            if row.speedup_min is not None and row.speedup_max is not None and len(row.times_s) > 1
+            else None
+            for row in result.variants
+        ],
     )
     result.files = {name: str(path) for name, path in files.items()}
     markdown = bench_markdown(result)

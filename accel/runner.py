@@ -31,9 +31,25 @@ from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_text_enc
 from accel.vae.placement import decodes_here, loads_vae_on_gpu
 from accel.parallel.mesh import Degrees, init_distributed, tp_slice
 from accel.models.registry import family_of
-from accel.models.variants import (LATENTS_MARK, InputLatents, InputVideo, call_arguments, check_out_suffix, clip_frames, component_folders,
-                                   condition_arguments, input_arguments, latent_settings, made_by, named_input_arguments, open_inputs,
-                                   refuse_split, refuse_together, variant_of, variant_of_class)
+from accel.models.variants import (
+    LATENTS_MARK,
+    InputLatents,
+    InputVideo,
+    call_arguments,
+    check_out_suffix,
+    clip_frames,
+    component_folders,
+    condition_arguments,
+    input_arguments,
+    latent_settings,
+    made_by,
+    named_input_arguments,
+    open_inputs,
+    refuse_split,
+    refuse_together,
+    variant_of,
+    variant_of_class,
+)
 from accel.prompts import truncation_notes
 from accel.quality import psnr, ssim
 from accel.recipe import Recipe
@@ -169,9 +185,15 @@ class Metrics:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         spread = self.speedup_spread
-        data.update(per_step_s=self.per_step_s, steps_per_s=self.steps_per_s, speedup=self.speedup,
-                    min_s=min(self.times_s) if self.times_s else None, max_s=max(self.times_s) if self.times_s else None,
-                    speedup_min=spread[0] if spread else None, speedup_max=spread[1] if spread else None)
+        data.update(
+            per_step_s=self.per_step_s,
+            steps_per_s=self.steps_per_s,
+            speedup=self.speedup,
+            min_s=min(self.times_s) if self.times_s else None,
+            max_s=max(self.times_s) if self.times_s else None,
+            speedup_min=spread[0] if spread else None,
+            speedup_max=spread[1] if spread else None,
+        )
         return data
 
 
@@ -189,7 +211,9 @@ def speedup_range(baseline_times: list[float], times: list[float]) -> tuple[floa
     return min(baseline_times) / max(times), max(baseline_times) / min(times)
 
 
-def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = None, loads_as: str | None = None) -> dict[str, Any]:
+def generation_kwargs(
+    family: Family, tiny: bool, recipe: Recipe, pipe: Any = None, loads_as: str | None = None
+) -> dict[str, Any]:
     """The pipeline call's keyword arguments: recipe values over the family's (or tiny) defaults, and
     the input files the pipeline variant needs (`[model] pipeline`, else the loaded `pipe`'s class, else
     `loads_as`: the class a saved folder names, known before loading)."""
@@ -229,11 +253,17 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
         kwargs[family.frames_arg] = pick("frames", defaults.frames)
     elif settings.frames is not None:
         raise UserError(f"[generate] frames: {maker} makes images; remove frames")
-    refuse_together(variant, {"image": settings.image, "mask": settings.mask, "video": settings.video, "conditions": settings.conditions})
+    refuse_together(
+        variant,
+        {"image": settings.image, "mask": settings.mask, "video": settings.video, "conditions": settings.conditions},
+    )
     inputs = input_arguments(variant, settings.image, settings.mask, settings.video)
     kwargs.update(inputs)
-    # A missing component: one line before a long load (a tiny variant's builder, a folder saved as the variant, hold theirs).
-    component_folders(variant, recipe.model.components, not tiny and variant.pipeline_class != (loads_as or _class_of(pipe)))
+    # A missing component: one line before a long load (a tiny variant's builder, a folder saved as the variant, hold
+    # theirs).
+    component_folders(
+        variant, recipe.model.components, not tiny and variant.pipeline_class != (loads_as or _class_of(pipe))
+    )
     named = named_input_arguments(variant, settings.inputs, settings.arguments)
     kwargs.update(named)
     for path in named.values():  # a latent pass fixes the canvas the call works on
@@ -244,7 +274,13 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(references)
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise
-    elif video and settings.frames is None and variant.references is not None and variant.references.sets_frames and references:
+    elif (
+        video
+        and settings.frames is None
+        and variant.references is not None
+        and variant.references.sets_frames
+        and references
+    ):
         first = next(iter(references.values()))[0][0]  # (file, index, strength) of the first reference
         if isinstance(first, InputVideo):
             kwargs[family.frames_arg] = clip_frames(first)  # HDR converts the whole clip, unless asked otherwise
@@ -255,26 +291,49 @@ def generation_kwargs(family: Family, tiny: bool, recipe: Recipe, pipe: Any = No
     kwargs.update(variant.fixed)
     if tiny:
         kwargs.update(variant.tiny_fixed)
-    if pipe is not None or recipe.model.pipeline:  # the family's own pipeline takes its defaults: no diffusers import before start
+    if (
+        pipe is not None or recipe.model.pipeline
+    ):  # the family's own pipeline takes its defaults: no diffusers import before start
         _fit_to_call(kwargs, type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class), settings)
     taken = dict(kwargs)  # what accel fills: `[generate] arguments` may not replace it, the variant's defaults it may
     taken.update({keyword: None for spec in variant.inputs for _, keyword in spec.fields})  # filled from a latent pass
     kwargs.update(variant.arguments)
     if settings.arguments:
-        sources = {**_RECIPE_KEYS, **{keyword: name for name, keyword in (("frames", family.frames_arg), ("image", variant.image),
-                                                                             ("mask", variant.mask), ("video", variant.video)) if keyword},
-                   **{spec.keyword: "inputs" for spec in variant.inputs}, **({variant.seed: "seed"} if variant.seed else {}),
-                   **{keyword: "inputs" for spec in variant.inputs for _, keyword in spec.fields}}
+        sources = {
+            **_RECIPE_KEYS,
+            **{
+                keyword: name
+                for name, keyword in (
+                    ("frames", family.frames_arg),
+                    ("image", variant.image),
+                    ("mask", variant.mask),
+                    ("video", variant.video),
+                )
+                if keyword
+            },
+            **{spec.keyword: "inputs" for spec in variant.inputs},
+            **({variant.seed: "seed"} if variant.seed else {}),
+            **{keyword: "inputs" for spec in variant.inputs for _, keyword in spec.fields},
+        }
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
     refuse_split(variant, recipe.parallel.sequence_ranks)
     if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
         raise UserError(no_guidance_message(family.title))
-    if recipe.parallel.cfg > 1 and (pipe is not None or recipe.model.pipeline) and not _takes_guidance(family, pipe, variant):
-        raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {variant.pipeline_class} runs none "
-                        f"(its call takes no {family.cfg_scale}); set cfg = 1")
+    if (
+        recipe.parallel.cfg > 1
+        and (pipe is not None or recipe.model.pipeline)
+        and not _takes_guidance(family, pipe, variant)
+    ):
+        raise UserError(
+            f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {variant.pipeline_class} runs none "
+            f"(its call takes no {family.cfg_scale}); set cfg = 1"
+        )
     if recipe.parallel.cfg > 1 and (reason := family.cfg_off(kwargs)):
-        raise UserError(f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set cfg = 1")
+        raise UserError(
+            f"[parallel] cfg = 2 splits the classifier-free guidance branches, but {reason}; turn guidance on or set "
+            "cfg = 1"
+        )
     _refuse_rounded(family, settings, kwargs)
     return kwargs
 
@@ -284,7 +343,12 @@ def _refuse_rounded(family: Family, settings: Any, kwargs: Mapping[str, Any]) ->
     line naming the sizes it makes, so the file written is the size asked."""
     for key, keyword in (("height", "height"), ("width", "width"), ("frames", family.frames_arg)):
         value = getattr(settings, key)
-        if value is not None and keyword in kwargs and kwargs[keyword] == value and (problem := family.size_problem(key, value)):
+        if (
+            value is not None
+            and keyword in kwargs
+            and kwargs[keyword] == value
+            and (problem := family.size_problem(key, value))
+        ):
             raise UserError(problem)
 
 
@@ -292,28 +356,42 @@ def _takes_guidance(family: Family, pipe: Any, variant: Any) -> bool:
     """Whether the pipeline's call (or its guider) takes the family's guidance scale: a distilled one (DFR) does not."""
     pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
     parameters = inspect.signature(pipeline.__call__).parameters
-    return family.cfg_scale in parameters or guided_by_guider(pipeline) or any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+    return (
+        family.cfg_scale in parameters
+        or guided_by_guider(pipeline)
+        or any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+    )
 
 
 def _class_of(pipe: Any) -> str | None:
     return type(pipe).__name__ if pipe is not None else None
 
 
-def _take_settings(kwargs: dict[str, Any], fixed: Mapping[str, Any], path: str, settings: Any, frames_arg: str | None) -> None:
+def _take_settings(
+    kwargs: dict[str, Any], fixed: Mapping[str, Any], path: str, settings: Any, frames_arg: str | None
+) -> None:
     """The call keywords a latent pass fixes replace the defaults; a recipe value that differs is one line."""
     for keyword, value in fixed.items():
         key = "frames" if keyword == frames_arg else _RECIPE_KEYS.get(keyword, keyword)
         asked = getattr(settings, key, None)
         if asked is not None and asked != value:
-            raise UserError(f"[generate] {key}: the latent pass {path} holds {keyword} = {value}, not {asked}; remove {key} "
-                            "(the pass sets it)")
+            raise UserError(
+                f"[generate] {key}: the latent pass {path} holds {keyword} = {value}, not {asked}; remove {key} "
+                "(the pass sets it)"
+            )
         kwargs[keyword] = value
 
 
 # The recipe key each call keyword comes from (frames: any family's frame keyword).
-_RECIPE_KEYS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "num_inference_steps": "steps", "height": "height",
-                "width": "width", "guidance_scale": "guidance_scale", "true_cfg_scale": "true_cfg_scale"}
+_RECIPE_KEYS = {
+    "prompt": "prompt",
+    "negative_prompt": "negative_prompt",
+    "num_inference_steps": "steps",
+    "height": "height",
+    "width": "width",
+    "guidance_scale": "guidance_scale",
+    "true_cfg_scale": "true_cfg_scale",
+}
 
 
 def _pipeline_class(name: str) -> type:
@@ -333,7 +411,11 @@ def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
         key = _RECIPE_KEYS.get(keyword, "frames")
         if getattr(settings, key, None) is not None:
             # A distilled schedule (LTX-2.5 DFR) is its steps: say where they are set.
-            hint = " (its steps are its schedule: --arg sigmas=[…])" if keyword == "num_inference_steps" and "sigmas" in parameters else ""
+            hint = (
+                " (its steps are its schedule: --arg sigmas=[…])"
+                if keyword == "num_inference_steps" and "sigmas" in parameters
+                else ""
+            )
             raise UserError(f"[generate] {key}: {pipeline.__name__} takes no {keyword}; remove it{hint}")
         del kwargs[keyword]
 
@@ -341,8 +423,10 @@ def _fit_to_call(kwargs: dict[str, Any], pipeline: type, settings: Any) -> None:
 def guided_by_guider(pipeline: type) -> bool:
     """Whether the pipeline takes its guidance scale from a `guider` component (diffusers' guiders:
     HunyuanVideo 1.5) rather than from a call keyword; accel then sets `guidance_scale` there."""
-    return ("guidance_scale" not in inspect.signature(pipeline.__call__).parameters
-            and "guider" in inspect.signature(pipeline.__init__).parameters)
+    return (
+        "guidance_scale" not in inspect.signature(pipeline.__call__).parameters
+        and "guider" in inspect.signature(pipeline.__init__).parameters
+    )
 
 
 def guiders_of(pipe: Any) -> list[Any]:
@@ -413,7 +497,9 @@ def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     return generate_with_audio(pipe, kwargs, seed)[0]
 
 
-def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: tuple[str, ...] = ()) -> tuple[Any, Audio | None]:
+def generate_with_audio(
+    pipe: Any, kwargs: dict[str, Any], seed: int, latents: tuple[str, ...] = ()
+) -> tuple[Any, Audio | None]:
     """`generate`, and the sound the pipeline made with the video where its family says it makes some.
     With `latents` (a variant's `latent_output`), the call returns latents and the output is what
     `--out NAME.pt` saves: those fields, on the CPU, marked with the pipeline that made them. On a rank
@@ -425,7 +511,11 @@ def generate_with_audio(pipe: Any, kwargs: dict[str, Any], seed: int, latents: t
         result = pipe(**call, generator=generator, output_type="latent" if latents else "np")
     if latents:
         fields = {name: _on_cpu(getattr(result, name)) for name in latents}
-        return {"kind": LATENTS_MARK, "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class, "fields": fields}, None
+        return {
+            "kind": LATENTS_MARK,
+            "pipeline": variant_of_class(family_of(pipe), type(pipe)).pipeline_class,
+            "fields": fields,
+        }, None
     if not decodes_here(pipe):
         return None, None
     return np.asarray(output_array(result, pipe))[0], audio_of(pipe, result)
@@ -483,8 +573,15 @@ def measure(
                 times.append(time.perf_counter() - start)
     graphs_after = compiled_graphs()
     return Measurement(
-        output, times, warmup_seconds, call_steps(pipe, kwargs), memory.peak, dict(TRAFFIC.bytes_sent),
-        _difference(graphs_warmed, graphs_before), _difference(graphs_after, graphs_warmed), audio,
+        output,
+        times,
+        warmup_seconds,
+        call_steps(pipe, kwargs),
+        memory.peak,
+        dict(TRAFFIC.bytes_sent),
+        _difference(graphs_warmed, graphs_before),
+        _difference(graphs_after, graphs_warmed),
+        audio,
     )
 
 
@@ -506,9 +603,11 @@ def measure_recipe(
         compiled = None
         if recipe.compile.enabled:
             compiled = {
-                "scope": recipe.compile.scope, "mode": recipe.compile.mode,
+                "scope": recipe.compile.scope,
+                "mode": recipe.compile.mode,
                 "compiled_modules": sum(len(regions.modules) for regions in handle.compiled),
-                "graphs_warmup": result.graphs_warmup, "graphs_timed": result.graphs_timed,
+                "graphs_warmup": result.graphs_warmup,
+                "graphs_timed": result.graphs_timed,
             }
         return Measured(
             result,
@@ -517,7 +616,9 @@ def measure_recipe(
             vae_split=handle.vae_decode is not None,
             quant=handle.quant.as_dict() if handle.quant is not None else None,
             compile=compiled,
-            plan=next((plan.origin for plan in handle.plans.values() if plan.origin), "automatic") if handle.plans else "family",
+            plan=next((plan.origin for plan in handle.plans.values() if plan.origin), "automatic")
+            if handle.plans
+            else "family",
             notes=[note for engine in handle.parallel.values() if (note := engine.uncut_note()) is not None],
         )
     finally:
@@ -547,18 +648,29 @@ def measure_compared(
     """The baseline's and the recipe's measurements for --compare, in `order` (`compare_order`)."""
     unaccelerated = recipe.unaccelerated()
     if order == "sequential":
-        return (measure_recipe(pipe, unaccelerated, kwargs, warmup, repeats, progress, "baseline").measurement,
-                measure_recipe(pipe, recipe, kwargs, warmup, repeats, progress, "accelerated"))
+        return (
+            measure_recipe(pipe, unaccelerated, kwargs, warmup, repeats, progress, "baseline").measurement,
+            measure_recipe(pipe, recipe, kwargs, warmup, repeats, progress, "accelerated"),
+        )
     baselines: list[Measurement] = []
     rounds: list[Measured] = []
     for index in range(repeats):
         label = "" if repeats == 1 else f": run {index + 1}/{repeats}"
         first = warmup if index == 0 else 0  # each side warms up once, before its first timed run
-        baselines.append(measure_recipe(pipe, unaccelerated, kwargs, first, 1, progress, "baseline" + label).measurement)
+        baselines.append(
+            measure_recipe(pipe, unaccelerated, kwargs, first, 1, progress, "baseline" + label).measurement
+        )
         rounds.append(measure_recipe(pipe, recipe, kwargs, first, 1, progress, "accelerated" + label))
     last = rounds[-1]
-    return _joined(baselines), Measured(_joined([measured.measurement for measured in rounds]), last.cache, last.degrees,
-                                        last.vae_split, last.quant, last.compile, last.plan)
+    return _joined(baselines), Measured(
+        _joined([measured.measurement for measured in rounds]),
+        last.cache,
+        last.degrees,
+        last.vae_split,
+        last.quant,
+        last.compile,
+        last.plan,
+    )
 
 
 def _joined(parts: list[Measurement]) -> Measurement:
@@ -568,8 +680,17 @@ def _joined(parts: list[Measurement]) -> Measurement:
         for kind, count in part.bytes_sent.items():
             sent[kind] = sent.get(kind, 0) + count
     last = parts[-1]
-    return Measurement(last.output, [time for part in parts for time in part.times], parts[0].warmup_seconds, last.steps,
-                       max(part.peak_memory_bytes for part in parts), sent, parts[0].graphs_warmup, last.graphs_timed, last.audio)
+    return Measurement(
+        last.output,
+        [time for part in parts for time in part.times],
+        parts[0].warmup_seconds,
+        last.steps,
+        max(part.peak_memory_bytes for part in parts),
+        sent,
+        parts[0].graphs_warmup,
+        last.graphs_timed,
+        last.audio,
+    )
 
 
 def _difference(after: int | None, before: int | None) -> int | None:
@@ -593,8 +714,16 @@ def run(
     says when the load (often the longest wait) starts and how long it took. On a CPU the run
     computes with accel.threads' count (restored after)."""
     with cpu_threads(resolve_device(recipe.model.device)) as threads:
-        metrics = _run(recipe, out=out, overwrite=overwrite, compare=compare, warmup=warmup, repeats=repeats, progress=progress,
-                       announce=announce)
+        metrics = _run(
+            recipe,
+            out=out,
+            overwrite=overwrite,
+            compare=compare,
+            warmup=warmup,
+            repeats=repeats,
+            progress=progress,
+            announce=announce,
+        )
     metrics.threads = threads.as_dict()
     metrics.planned_peak_bytes = planned_peak
     return metrics
@@ -616,14 +745,20 @@ def _run(
     if repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     ref = resolve_model(recipe.model.name)
-    planned = made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
+    planned = (
+        made_by(ref.family, recipe.model.pipeline or ref.pipeline or ref.family.pipeline_class) if ref.family else None
+    )
     planned_variant = variant_of(ref.family, planned_class(ref, recipe)) if ref.family else None
     _check_out(out, overwrite, planned, planned_variant)
     if compare and recipe.memory.offload != "none":
-        raise UserError(f'--compare with [memory] offload = "{recipe.memory.offload}": the baseline would run from host memory on '
-                        f'the CPU, which says nothing of the speedup; drop one of them')
+        raise UserError(
+            f'--compare with [memory] offload = "{recipe.memory.offload}": the baseline would run from host memory on '
+            f"the CPU, which says nothing of the speedup; drop one of them"
+        )
     if compare and _latent(out):
-        raise UserError(f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare")
+        raise UserError(
+            f"--compare measures the picture against the baseline's; --out {out} saves latents, so drop --compare"
+        )
     if ref.family is not None:
         generation_kwargs(ref.family, ref.tiny, recipe, loads_as=ref.pipeline)  # refuse bad settings before a long load
     if recipe.memory.text_encoder == SHARDED and (refusal := refusal_before_start(ref)) is not None:
@@ -638,7 +773,9 @@ def _run(
     # The writing rank claims --out now, so a second run aiming at it is refused before its load.
     with claim(out) if lead and out is not None else nullcontext():
         if lead:
-            _check_out(out, overwrite, planned, planned_variant)  # again, now that it is ours: it may have appeared meanwhile
+            _check_out(
+                out, overwrite, planned, planned_variant
+            )  # again, now that it is ours: it may have appeared meanwhile
         say = announce or (lambda _line: None)
         say(f"loading {recipe.model.name}…")
         start = time.perf_counter()
@@ -646,13 +783,19 @@ def _run(
         # only its slice of them ("sharded": transformers splits them as it loads, over the whole job), unless
         # --compare needs the whole pipeline on every rank for its baseline.
         # Offloaded, the pipeline loads into host memory and accel.apply streams it to the device.
-        pipe = load_pipeline(recipe.model.name, recipe.model.dtype, "cpu" if recipe.memory.offload != "none" else device,
-                             recipe.model.pipeline or None, recipe.model.lora,
-                             recipe.model.components, tp_slice=None if compare else tp_slice(recipe.parallel),
-                             text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
-                             text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare,
-                             text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1,
-                             vae_on_cpu=not compare and not loads_vae_on_gpu(recipe.memory.vae, recipe.world_size))
+        pipe = load_pipeline(
+            recipe.model.name,
+            recipe.model.dtype,
+            "cpu" if recipe.memory.offload != "none" else device,
+            recipe.model.pipeline or None,
+            recipe.model.lora,
+            recipe.model.components,
+            tp_slice=None if compare else tp_slice(recipe.parallel),
+            text_encoders=compare or loads_text_encoders(recipe.memory.text_encoder, recipe.world_size),
+            text_encoders_on_cpu=recipe.memory.text_encoder == "cpu" and not compare,
+            text_encoders_tp=recipe.world_size if recipe.memory.text_encoder == SHARDED and not compare else 1,
+            vae_on_cpu=not compare and not loads_vae_on_gpu(recipe.memory.vae, recipe.world_size),
+        )
         load_s = time.perf_counter() - start
         say(f"loaded {recipe.model.name} in {load_s:.1f} s")
         family = family_of(pipe)
@@ -681,12 +824,20 @@ def _run(
     parallel = None
     if degrees is not None:
         parallel = {
-            "world_size": degrees.world_size, "ulysses": degrees.ulysses, "ring": degrees.ring, "cfg": degrees.cfg, "tp": degrees.tp,
-            "chosen": recipe.parallel.chooses_degrees, "vae_split": accelerated.vae_split, "plan": accelerated.plan,
+            "world_size": degrees.world_size,
+            "ulysses": degrees.ulysses,
+            "ring": degrees.ring,
+            "cfg": degrees.cfg,
+            "tp": degrees.tp,
+            "chosen": recipe.parallel.chooses_degrees,
+            "vae_split": accelerated.vae_split,
+            "plan": accelerated.plan,
             "bytes_sent_per_rank": accelerated.bytes_sent_per_rank,
         }
     device = _device_of(pipe)
-    compared = baseline is not None and result.output is not None  # a rank that did not decode ([memory] vae = "rank0") has none
+    compared = (
+        baseline is not None and result.output is not None
+    )  # a rank that did not decode ([memory] vae = "rank0") has none
     written = _written_size(result.output)
     notes += accelerated.notes + _size_notes(kwargs, written, family.frames_arg, variant.fps is None)
     return Metrics(
@@ -695,7 +846,9 @@ def _run(
         output_kind=made[1],
         device=str(device),
         dtype=str(pipe.transformer.dtype).removeprefix("torch."),
-        recipe=effective_recipe(recipe, kwargs, family.frames_arg, device.type, str(dtype).removeprefix("torch.")).to_dict(),
+        recipe=effective_recipe(
+            recipe, kwargs, family.frames_arg, device.type, str(dtype).removeprefix("torch.")
+        ).to_dict(),
         load_s=load_s,
         warmup_s=result.warmup_seconds,
         generate_s=result.seconds,
@@ -720,13 +873,20 @@ def _run(
     )
 
 
-def effective_recipe(recipe: Recipe, call: Mapping[str, Any], frames_arg: str | None, device: str, dtype: str) -> Recipe:
+def effective_recipe(
+    recipe: Recipe, call: Mapping[str, Any], frames_arg: str | None, device: str, dtype: str
+) -> Recipe:
     """`recipe` as the run resolved it: the device and dtype "auto" picked, and the [generate] keys
     it left unset as the call got them (the family's defaults, a clip's frame count), in recipe key names."""
     keys = {**_RECIPE_KEYS, **({frames_arg: "frames"} if frames_arg else {})}
-    filled = {keys[keyword]: value for keyword, value in call.items()
-              if keyword in keys and getattr(recipe.generate, keys[keyword]) is None and isinstance(value, (int, float, str))}
-    return recipe.with_overrides({"model": {"device": device, "dtype": dtype}, "generate": filled}, source=recipe.source)
+    filled = {
+        keys[keyword]: value
+        for keyword, value in call.items()
+        if keyword in keys and getattr(recipe.generate, keys[keyword]) is None and isinstance(value, (int, float, str))
+    }
+    return recipe.with_overrides(
+        {"model": {"device": device, "dtype": dtype}, "generate": filled}, source=recipe.source
+    )
 
 
 def _written_size(output: np.ndarray | dict[str, Any]) -> tuple[int, int, int] | None:
@@ -736,15 +896,20 @@ def _written_size(output: np.ndarray | dict[str, Any]) -> tuple[int, int, int] |
     return int(output.shape[-2]), int(output.shape[-3]), int(output.shape[0]) if output.ndim == 4 else 1
 
 
-def _size_notes(call: Mapping[str, Any], written: tuple[int, int, int] | None, frames_arg: str | None, frames_as_asked: bool) -> list[str]:
+def _size_notes(
+    call: Mapping[str, Any], written: tuple[int, int, int] | None, frames_arg: str | None, frames_as_asked: bool
+) -> list[str]:
     """A size the pipeline changed on the way (one Family.size_step does not foresee): said, not silent."""
     if written is None:
         return []
     asked = [("width", call.get("width"), written[0]), ("height", call.get("height"), written[1])]
     if frames_arg is not None and frames_as_asked:
         asked.append(("frames", call.get(frames_arg), written[2]))
-    return [f"{key}: {value} asked, {made} made (the pipeline rounds it)" for key, value, made in asked
-            if isinstance(value, int) and value != made]
+    return [
+        f"{key}: {value} asked, {made} made (the pipeline rounds it)"
+        for key, value, made in asked
+        if isinstance(value, int) and value != made
+    ]
 
 
 def step_progress(pipe: Any, progress: Callable[[str], Any] | None) -> Callable[[str], Any] | None:
@@ -788,7 +953,9 @@ def _suffix(kind: OutputKind) -> str:
 
 def planned_class(ref: Any, recipe: Recipe) -> str:
     """The pipeline class a run will make, known before loading (a folder's own class, else the family's)."""
-    return recipe.model.pipeline or (ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class)
+    return recipe.model.pipeline or (
+        ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class
+    )
 
 
 def _latent(out: Path | None) -> bool:
@@ -804,14 +971,23 @@ def _check_out(out: Path | None, overwrite: bool, made: tuple[str, OutputKind] |
     if out.exists() and not overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
     if _latent(out) and made is not None and not (variant is not None and variant.latent_output):
-        raise UserError(f"--out {out}: {variant.pipeline_class if variant else made[0]} hands on no latents, so the name must end in "
-                        f"{_suffix(made[1])}")
+        raise UserError(
+            f"--out {out}: {variant.pipeline_class if variant else made[0]} hands on no latents, so the name must end "
+            "in "
+            f"{_suffix(made[1])}"
+        )
     if made is not None and not _latent(out):
         check_out_suffix(out, *made)
 
 
 def _write_output(
-    name: str, fps: float, kind: OutputKind, out: Path | None, overwrite: bool, output: np.ndarray | dict[str, Any], audio: Audio | None = None
+    name: str,
+    fps: float,
+    kind: OutputKind,
+    out: Path | None,
+    overwrite: bool,
+    output: np.ndarray | dict[str, Any],
+    audio: Audio | None = None,
 ) -> Path:
     """Write the output whole (accel.files), with its sound where it has some: to `out` as given
     (replaced only with --overwrite), else to a fresh name under outputs/ taken exclusively; a latent

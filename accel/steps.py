@@ -58,8 +58,11 @@ class StepEvents:
         if events is None:
             # The denoisers: the pipeline's transformer components (Wan 2.2 has two).
             components = getattr(pipe, "components", {}) or {}
-            denoisers = [module for name, module in components.items()
-                         if name.startswith("transformer") and hasattr(module, "register_forward_pre_hook")]
+            denoisers = [
+                module
+                for name, module in components.items()
+                if name.startswith("transformer") and hasattr(module, "register_forward_pre_hook")
+            ]
             events = cls(scheduler, denoisers)
             cls._by_scheduler[scheduler] = events
         return events
@@ -106,4 +109,3 @@ class StepEvents:
         for listener in list(self._listeners):
             listener.on_step_end(finished)
         return result
-

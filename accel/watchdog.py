@@ -93,7 +93,14 @@ class Heartbeat:
         now = time.time()
         if (waiting, where) != self.state:
             self.state, self.since = (waiting, where), now
-        document = {"rank": self.rank, "pid": os.getpid(), "time": now, "waiting": waiting, "since": self.since, "where": where}
+        document = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "time": now,
+            "waiting": waiting,
+            "since": self.since,
+            "where": where,
+        }
         path = self.folder / f"beat-{self.rank}.json"
         temp = path.with_suffix(".tmp")
         temp.write_text(json.dumps(document))

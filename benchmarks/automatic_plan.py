@@ -58,8 +58,11 @@ def main() -> None:
     from accel.parallel.verify import automatic_plan
 
     names = [n for n in args.families.split(",") if n] or list(FAMILIES)
-    print(f"{'family':<12} {'text':<6} {'hand KiB':>9} {'auto KiB':>9} {'bytes':>6} {'hand ms':>8} {'auto ms':>8} {'time':>6} "
-          f"{'first sight':<11} {'KiB':>7} {'bytes':>6}")
+    print(
+        f"{'family':<12} {'text':<6} {'hand KiB':>9} {'auto KiB':>9} {'bytes':>6} {'hand ms':>8} {'auto ms':>8} "
+        f"{'time':>6} "
+        f"{'first sight':<11} {'KiB':>7} {'bytes':>6}"
+    )
     for name in names:
         family = FAMILIES[name]
         pipe = accel.load_pipeline(f"tiny-{name}")
@@ -68,9 +71,20 @@ def main() -> None:
         call = first_transformer_call(pipe, transformer, args.size)
         other = other_transformer_call(pipe, transformer)
         try:
-            auto = automatic_plan(transformer, call, other, family.blocks, family.primary_stream, args.ulysses, args.ring, name)
-            first = automatic_plan(transformer, call, other, family.blocks, family.primary_stream, args.ulysses, args.ring, name,
-                                   diffusers_first=True)
+            auto = automatic_plan(
+                transformer, call, other, family.blocks, family.primary_stream, args.ulysses, args.ring, name
+            )
+            first = automatic_plan(
+                transformer,
+                call,
+                other,
+                family.blocks,
+                family.primary_stream,
+                args.ulysses,
+                args.ring,
+                name,
+                diffusers_first=True,
+            )
         except NotAvailableError as refused:
             print(f"{name:<12} refused: {str(refused)[:100]}")
             continue
@@ -80,9 +94,12 @@ def main() -> None:
         first_bytes, _ = measure(transformer, first, call, args.ulysses, args.ring, 1)
         text = "whole" if auto.whole_streams else "cut"
         source = "diffusers" if first.origin == DIFFUSERS else first.origin
-        print(f"{name:<12} {text:<6} {hand_bytes / 1024:9.1f} {auto_bytes / 1024:9.1f} {auto_bytes / max(hand_bytes, 1):6.2f} "
-              f"{hand_time * 1e3:8.1f} {auto_time * 1e3:8.1f} {auto_time / hand_time:6.2f} "
-              f"{source:<11} {first_bytes / 1024:7.1f} {first_bytes / max(hand_bytes, 1):6.2f}")
+        print(
+            f"{name:<12} {text:<6} {hand_bytes / 1024:9.1f} {auto_bytes / 1024:9.1f} "
+            f"{auto_bytes / max(hand_bytes, 1):6.2f} "
+            f"{hand_time * 1e3:8.1f} {auto_time * 1e3:8.1f} {auto_time / hand_time:6.2f} "
+            f"{source:<11} {first_bytes / 1024:7.1f} {first_bytes / max(hand_bytes, 1):6.2f}"
+        )
 
 
 if __name__ == "__main__":

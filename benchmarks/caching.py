@@ -11,7 +11,8 @@ at equal PSNR, not the thresholds.
 
 cache-dit is optional (`pip install accel[bench]`); without it its settings are skipped with one line.
 
-    python benchmarks/caching.py [--family flux|wan|all] [--steps 12] [--repeats 7] [--plot outputs/caching-{family}.png]
+    python benchmarks/caching.py [--family flux|wan|all] [--steps 12] [--repeats 7] [--plot
+    outputs/caching-{family}.png]
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 
 LEVELS = (70, 60, 50, 40, 30)
+
+
 @dataclass
 class Setting:
     name: str
@@ -57,8 +60,14 @@ def deep_flux(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config = {k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}
     torch.manual_seed(0)
     pipe.transformer = FluxTransformer2DModel.from_config({**config, "num_layers": 4, "num_single_layers": 16}).eval()
-    call = dict(prompt="a red fox in the snow, photograph", height=args.size, width=args.size, num_inference_steps=args.steps,
-                guidance_scale=3.5, output_type="np")
+    call = dict(
+        prompt="a red fox in the snow, photograph",
+        height=args.size,
+        width=args.size,
+        num_inference_steps=args.steps,
+        guidance_scale=3.5,
+        output_type="np",
+    )
     return pipe, call
 
 
@@ -71,9 +80,17 @@ def deep_wan(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     config = {k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}
     torch.manual_seed(0)
     pipe.transformer = WanTransformer3DModel.from_config({**config, "num_layers": 20}).eval()
-    call = dict(prompt="a red fox running in the snow", negative_prompt="blurry", height=args.video_size, width=args.video_size,
-                num_frames=args.frames, num_inference_steps=args.steps, guidance_scale=5.0, max_sequence_length=args.text_tokens,
-                output_type="np")
+    call = dict(
+        prompt="a red fox running in the snow",
+        negative_prompt="blurry",
+        height=args.video_size,
+        width=args.video_size,
+        num_frames=args.frames,
+        num_inference_steps=args.steps,
+        guidance_scale=5.0,
+        max_sequence_length=args.text_tokens,
+        output_type="np",
+    )
     return pipe, call
 
 
@@ -125,9 +142,16 @@ def cache_dit_setting(name: str, steps: int, first: int, last: int, threshold: f
         original = pipe.transformer
         pipe.transformer = _CACHE_DIT_COPIES.setdefault(id(original), copy.deepcopy(original))
         cache_dit.enable_cache(
-            pipe, cache_config=cache_dit.DBCacheConfig(Fn_compute_blocks=first, Bn_compute_blocks=last, residual_diff_threshold=threshold,
-                                                       max_warmup_steps=1, num_inference_steps=steps),
-            calibrator_config=cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=1) if taylorseer else None)
+            pipe,
+            cache_config=cache_dit.DBCacheConfig(
+                Fn_compute_blocks=first,
+                Bn_compute_blocks=last,
+                residual_diff_threshold=threshold,
+                max_warmup_steps=1,
+                num_inference_steps=steps,
+            ),
+            calibrator_config=cache_dit.TaylorSeerCalibratorConfig(taylorseer_order=1) if taylorseer else None,
+        )
 
         def undo() -> int:
             stats = cache_dit.summary(pipe, logging=False)
@@ -158,36 +182,87 @@ def settings(family: str, curve: list[list[float]], steps: int, peers: tuple[str
     # Random weights: block 0 moves far more a step than trained ones (FLUX here 0.3-0.6, Wan 0.06-0.12).
     thresholds = (0.3, 0.6, 1.0) if family == "flux" else (0.08, 0.1, 0.15)
     for threshold in thresholds:
-        found.append(diffusers_setting(f"diffusers FBCache {threshold}", lambda t=threshold: FirstBlockCacheConfig(threshold=t)))
+        found.append(
+            diffusers_setting(f"diffusers FBCache {threshold}", lambda t=threshold: FirstBlockCacheConfig(threshold=t))
+        )
         for first, last in ((1, 0), (8, 0), (4, 4)):
             for taylorseer in (False, True):
                 label = "+taylorseer" if taylorseer else ""
                 method = {"method": "dbcache", "first_blocks": first, "last_blocks": last} if first > 1 else {}
                 name = f"fbcache{label} {threshold}" if first == 1 else f"dbcache F{first}B{last}{label} {threshold}"
-                found.append(accel_setting(name, {"threshold": threshold, **method, "calibrator": "taylorseer" if taylorseer else "none"}))
-                # cache-dit's residual_diff_threshold is the same relative L1 of the first blocks' residual as accel's threshold.
-                found.append(cache_dit_setting(f"cache-dit F{first}B{last}{label} {threshold}", steps, first, last, threshold, taylorseer))
+                found.append(
+                    accel_setting(
+                        name, {"threshold": threshold, **method, "calibrator": "taylorseer" if taylorseer else "none"}
+                    )
+                )
+                # cache-dit's residual_diff_threshold is the same relative L1 of the first blocks' residual as accel's
+                # threshold.
+                found.append(
+                    cache_dit_setting(
+                        f"cache-dit F{first}B{last}{label} {threshold}", steps, first, last, threshold, taylorseer
+                    )
+                )
     # diffusers' TaylorSeer hooks modules named *attn by default: FLUX's attn, none of Wan's (attn1, attn2).
     attention = None if family == "flux" else [r"blocks\.\d+\.attn[12]"]
     for interval in (2, 3, 4):
         found.append(accel_setting(f"taylorseer every {interval}", {"method": "taylorseer", "interval": interval}))
-        found.append(accel_setting(f"taylorseer early every {interval}", {"method": "taylorseer", "interval": interval, "extrapolate_early": True}))
+        found.append(
+            accel_setting(
+                f"taylorseer early every {interval}",
+                {"method": "taylorseer", "interval": interval, "extrapolate_early": True},
+            )
+        )
         # diffusers' own schedule: step 0, one reused step, then every interval-th from step 2.
-        found.append(accel_setting(f"taylorseer early+1 every {interval}", {"method": "taylorseer", "interval": interval, "disable_before": 1,
-                                                                          "interval_offset": 1, "extrapolate_early": True}))
-        found.append(diffusers_setting(f"diffusers TaylorSeer every {interval}",
-                                       lambda i=interval: TaylorSeerCacheConfig(cache_interval=i, disable_cache_before_step=1, max_order=1,
-                                                                                taylor_factors_dtype=torch.float32, cache_identifiers=attention)))
+        found.append(
+            accel_setting(
+                f"taylorseer early+1 every {interval}",
+                {
+                    "method": "taylorseer",
+                    "interval": interval,
+                    "disable_before": 1,
+                    "interval_offset": 1,
+                    "extrapolate_early": True,
+                },
+            )
+        )
+        found.append(
+            diffusers_setting(
+                f"diffusers TaylorSeer every {interval}",
+                lambda i=interval: TaylorSeerCacheConfig(
+                    cache_interval=i,
+                    disable_cache_before_step=1,
+                    max_order=1,
+                    taylor_factors_dtype=torch.float32,
+                    cache_identifiers=attention,
+                ),
+            )
+        )
     for interval in (2, 3):
-        found.append(accel_setting(f"taylorseer from 1 every {interval}", {"method": "taylorseer", "interval": interval, "disable_before": 1}))
+        found.append(
+            accel_setting(
+                f"taylorseer from 1 every {interval}",
+                {"method": "taylorseer", "interval": interval, "disable_before": 1},
+            )
+        )
     for threshold in (0.02, 0.05, 0.1, 0.2):
-        found.append(accel_setting(f"magcache {threshold}", {"method": "magcache", "threshold": threshold, "mag_ratios": curve}))
+        found.append(
+            accel_setting(f"magcache {threshold}", {"method": "magcache", "threshold": threshold, "mag_ratios": curve})
+        )
         # diffusers' MagCache stops after 3 skipped steps in a row (max_skip_steps); accel's limit is off unless set.
-        found.append(accel_setting(f"magcache max 3 {threshold}", {"method": "magcache", "threshold": threshold, "mag_ratios": curve,
-                                                                  "max_consecutive_cached": 3}))
-        found.append(diffusers_setting(f"diffusers MagCache {threshold}",
-                                       lambda t=threshold: MagCacheConfig(threshold=t, mag_ratios=curve[0], num_inference_steps=steps,
-                                                                          retention_ratio=0.0)))
+        found.append(
+            accel_setting(
+                f"magcache max 3 {threshold}",
+                {"method": "magcache", "threshold": threshold, "mag_ratios": curve, "max_consecutive_cached": 3},
+            )
+        )
+        found.append(
+            diffusers_setting(
+                f"diffusers MagCache {threshold}",
+                lambda t=threshold: MagCacheConfig(
+                    threshold=t, mag_ratios=curve[0], num_inference_steps=steps, retention_ratio=0.0
+                ),
+            )
+        )
     return [s for s in found if s.family == "accel" or s.family in peers]
 
 
@@ -197,7 +272,9 @@ def psnr(output: np.ndarray, reference: np.ndarray) -> float:
     return measure(output, reference)
 
 
-def measure(family: Family, args: argparse.Namespace, peers: tuple[str, ...]) -> list[tuple[str, str, float, float, int]]:
+def measure(
+    family: Family, args: argparse.Namespace, peers: tuple[str, ...]
+) -> list[tuple[str, str, float, float, int]]:
     """Every setting and the uncached run, interleaved; rows of (family, name, speedup, PSNR, cached)."""
     import accel
     from accel.tune import calibrate_magcache
@@ -206,10 +283,14 @@ def measure(family: Family, args: argparse.Namespace, peers: tuple[str, ...]) ->
     run = lambda: getattr(pipe(**call, generator=torch.Generator().manual_seed(0)), family.output)  # noqa: E731
     reference = run()
     handle = accel.apply(pipe, {})
-    curve = [list(c) for c in calibrate_magcache(pipe, handle, {k: v for k, v in call.items() if k != "output_type"}, 0)]
+    curve = [
+        list(c) for c in calibrate_magcache(pipe, handle, {k: v for k, v in call.items() if k != "output_type"}, 0)
+    ]
     handle.remove()
 
-    found = [s for s in settings(family.name, curve, args.steps, peers) if not args.only or s.name in args.only.split(",")]
+    found = [
+        s for s in settings(family.name, curve, args.steps, peers) if not args.only or s.name in args.only.split(",")
+    ]
     outputs: dict[str, np.ndarray] = {}
     hits: dict[str, int] = {}
     times: dict[str, list[float]] = {setting.name: [] for setting in found}
@@ -233,27 +314,49 @@ def measure(family: Family, args: argparse.Namespace, peers: tuple[str, ...]) ->
                 outputs[name], hits[name] = output, cached
     base = statistics.median(times["no cache"])
     calls = args.steps * (2 if family.name == "wan" else 1)
-    shape = (f"{args.size}x{args.size}" if family.name == "flux"
-             else f"{args.frames} frames {args.video_size}x{args.video_size}, {args.text_tokens} text tokens")
-    print(f"\n{family.title}, {shape}, {args.steps} steps ({calls} transformer calls), median CPU time of {args.repeats} interleaved runs; "
-          f"no cache {base * 1e3:.0f} ms")
+    shape = (
+        f"{args.size}x{args.size}"
+        if family.name == "flux"
+        else f"{args.frames} frames {args.video_size}x{args.video_size}, {args.text_tokens} text tokens"
+    )
+    print(
+        f"\n{family.title}, {shape}, {args.steps} steps ({calls} transformer calls), median CPU time of "
+        f"{args.repeats} interleaved runs; "
+        f"no cache {base * 1e3:.0f} ms"
+    )
     print(f"{'setting':40} {'speedup':>8} {'PSNR dB':>8} {'cached':>7}")
     rows = []
     for setting in found:
-        row = (setting.family, setting.name, base / statistics.median(times[setting.name]), psnr(outputs[setting.name], reference),
-               hits[setting.name])
+        row = (
+            setting.family,
+            setting.name,
+            base / statistics.median(times[setting.name]),
+            psnr(outputs[setting.name], reference),
+            hits[setting.name],
+        )
         rows.append(row)
         print(f"{row[1]:40} {row[2]:8.2f} {row[3]:8.1f} {row[4] if row[4] >= 0 else '':>7}")
     return rows
 
 
 def best_at_levels(rows: list[tuple[str, str, float, float, int]], peers: tuple[str, ...]) -> None:
-    print(f"\nfastest setting at each PSNR level (accel | {' | '.join(peers)}), and whether accel is at least as fast as the best peer:")
+    print(
+        f"\nfastest setting at each PSNR level (accel | {' | '.join(peers)}), and whether accel is at least as fast "
+        "as the best peer:"
+    )
     for level in LEVELS:
         # A setting as exact as the uncached run (infinite PSNR) cached nothing: it is no cache, not a method.
-        best = {group: max(((speed, name) for g, name, speed, quality, _ in rows if g == group and level <= quality < float("inf")),
-                           default=None)
-                for group in ("accel", *peers)}
+        best = {
+            group: max(
+                (
+                    (speed, name)
+                    for g, name, speed, quality, _ in rows
+                    if g == group and level <= quality < float("inf")
+                ),
+                default=None,
+            )
+            for group in ("accel", *peers)
+        }
         shown = [f"{b[0]:.2f}x ({b[1]})" if b else "none" for b in best.values()]
         peer_best = max((b[0] for g, b in best.items() if g != "accel" and b), default=0.0)
         met = "met" if best["accel"] and best["accel"][0] >= peer_best else "NOT met"
@@ -277,7 +380,9 @@ def plot(rows: list[tuple[str, str, float, float, int]], path: str, title: str) 
     for index, (method, points) in enumerate(sorted(groups.items())):
         points.sort()
         style = next((v for k, v in styles.items() if method.startswith(k)), "o-")
-        axes.plot([p[0] for p in points], [p[1] for p in points], style, label=method, markersize=4, color=colours(index % 20))
+        axes.plot(
+            [p[0] for p in points], [p[1] for p in points], style, label=method, markersize=4, color=colours(index % 20)
+        )
     for level in (70, 60, 50):
         axes.axvline(level, color="grey", alpha=0.3)
     axes.set_title(title, fontsize=9)
@@ -297,13 +402,19 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128, help="FLUX output height and width (128: 64 image tokens)")
     parser.add_argument("--video-size", type=int, default=128, help="Wan output height and width")
     parser.add_argument("--frames", type=int, default=5, help="Wan frames (4k + 1; 5 at 128: 2x8x8 = 128 video tokens)")
-    parser.add_argument("--text-tokens", type=int, default=64, help="Wan text length (the pipeline pads the prompt to it)")
+    parser.add_argument(
+        "--text-tokens", type=int, default=64, help="Wan text length (the pipeline pads the prompt to it)"
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true", help="accel's settings only")
-    parser.add_argument("--only", default="", help="comma-separated setting names to run (a head-to-head with more repeats)")
-    parser.add_argument("--plot", default="", help="write the speedup / PSNR curves to this PNG; {family} is replaced by the family")
+    parser.add_argument(
+        "--only", default="", help="comma-separated setting names to run (a head-to-head with more repeats)"
+    )
+    parser.add_argument(
+        "--plot", default="", help="write the speedup / PSNR curves to this PNG; {family} is replaced by the family"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     peers = () if args.no_peers else ("diffusers", "cache-dit") if have_cache_dit() else ("diffusers",)
@@ -312,7 +423,11 @@ def main() -> None:
         rows = measure(family, args, peers)
         best_at_levels(rows, peers)
         if args.plot:
-            plot(rows, args.plot.replace("{family}", name), f"{family.title}, {args.steps} steps, median of {args.repeats} interleaved runs")
+            plot(
+                rows,
+                args.plot.replace("{family}", name),
+                f"{family.title}, {args.steps} steps, median of {args.repeats} interleaved runs",
+            )
 
 
 if __name__ == "__main__":

@@ -116,7 +116,10 @@ def _fake_ranks(_index: int, shape: tuple[int, int, int, int], dtype: torch.dtyp
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     q, k, v = (torch.randn(*shape, dtype=dtype, device=device) for _ in range(3))
     single = median_time(lambda: attention_with_lse(q, k, v), repeats, sync, warmup=1)
-    print(f"\n3. per-rank attention time, fake process group, shape {shape} {str(dtype).removeprefix('torch.')} on {device}")
+    print(
+        f"\n3. per-rank attention time, fake process group, shape {shape} {str(dtype).removeprefix('torch.')} on "
+        f"{device}"
+    )
     print(f"   one device, whole sequence: {single * 1000:.1f} ms", flush=True)
     for world in (2, 4, 8):
         dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
@@ -142,7 +145,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, default=8192, help="sequence length of section 2")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--skip-cpu-ranks", action="store_true", help="only section 3 (gpu_check.py: sections 1-2 are CPU figures)")
+    parser.add_argument(
+        "--skip-cpu-ranks", action="store_true", help="only section 3 (gpu_check.py: sections 1-2 are CPU figures)"
+    )
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device {args.device}", flush=True)
     if not args.skip_cpu_ranks:

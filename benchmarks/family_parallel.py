@@ -47,15 +47,18 @@ LONG = {
     "ltx2": dict(height=512, width=512, num_frames=25),  # 4 x 16 x 16 = 1024 video tokens, 26 audio tokens (replicated)
     "hunyuanimage": dict(height=1024, width=1024),  # 32 x 32 = 1024 image tokens (32x VAE, patch 1) + 1128 text
 }
-CFG_ON = {"flux": dict(negative_prompt="blurry", true_cfg_scale=2.0), "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
-          "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
-          "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
-          "hunyuan15": dict(negative_prompt="blurry"),  # the guider's CFG (scale 6 in the tiny pipeline): two calls
-          "hunyuanimage": dict(negative_prompt="blurry"),  # the guider's CFG (scale 3.5 in the tiny pipeline): two calls
-          "kandinsky5": dict(guidance_scale=5.0),  # two calls per step
-          # LTX-2: batched CFG; the pipeline's default spatio-temporal and modality guidance add two batch-1 calls a
-          # step, which every CFG half runs whole
-          "ltx2": dict(guidance_scale=4.0)}
+CFG_ON = {
+    "flux": dict(negative_prompt="blurry", true_cfg_scale=2.0),
+    "hunyuan": dict(negative_prompt="blurry", true_cfg_scale=2.0),
+    "qwenimage": dict(negative_prompt="blurry", true_cfg_scale=4.0),
+    "zimage": dict(guidance_scale=4.0),  # the base model's batched CFG (Turbo runs without)
+    "hunyuan15": dict(negative_prompt="blurry"),  # the guider's CFG (scale 6 in the tiny pipeline): two calls
+    "hunyuanimage": dict(negative_prompt="blurry"),  # the guider's CFG (scale 3.5 in the tiny pipeline): two calls
+    "kandinsky5": dict(guidance_scale=5.0),  # two calls per step
+    # LTX-2: batched CFG; the pipeline's default spatio-temporal and modality guidance add two batch-1 calls a
+    # step, which every CFG half runs whole
+    "ltx2": dict(guidance_scale=4.0),
+}
 # Call keywords a family's pipeline does not take (FLUX.2 [klein] has no negative prompt; HunyuanVideo 1.5's
 # and HunyuanImage 2.1's guidance scales sit on their guiders).
 NOT_TAKEN = {"flux2-klein": ("negative_prompt",), "hunyuan15": ("guidance_scale",), "hunyuanimage": ("guidance_scale",)}
@@ -69,8 +72,14 @@ def _call(family: str, size: str, steps: int) -> dict[str, Any]:
 
     defaults = FAMILIES[family].tiny_defaults
     assert defaults is not None
-    call: dict[str, Any] = dict(prompt="a red fox", negative_prompt="blurry", num_inference_steps=steps,
-                                height=defaults.height, width=defaults.width, guidance_scale=defaults.guidance_scale)
+    call: dict[str, Any] = dict(
+        prompt="a red fox",
+        negative_prompt="blurry",
+        num_inference_steps=steps,
+        height=defaults.height,
+        width=defaults.width,
+        guidance_scale=defaults.guidance_scale,
+    )
     if defaults.frames is not None:
         call["num_frames"] = defaults.frames
     call.update(CFG_ON.get(family, {}))
@@ -88,10 +97,13 @@ def _step_time(pipe: Any, recipe: dict[str, Any], call: dict[str, Any], repeats:
     transformer = pipe.transformer
     hooks = [
         transformer.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter())),
-        transformer.register_forward_hook(lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - starts.pop())),
+        transformer.register_forward_hook(
+            lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - starts.pop())
+        ),
     ]
     handle = accel.apply(pipe, recipe)
     try:
+
         def run() -> None:
             pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent")
 
@@ -151,39 +163,102 @@ def family_section(families: list[str], steps: int, repeats: int) -> None:
 
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed tokens of 64 channels, 512 T5 tokens.
-    "flux": dict(cls="FluxTransformer2DModel", config=dict(in_channels=64, num_layers=19, num_single_layers=38,
-                 attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                 pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56)), tokens=(64, 64)),
+    "flux": dict(
+        cls="FluxTransformer2DModel",
+        config=dict(
+            in_channels=64,
+            num_layers=19,
+            num_single_layers=38,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            pooled_projection_dim=768,
+            guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56),
+        ),
+        tokens=(64, 64),
+    ),
     # Wan 2.1 T2V 14B at 1280x720, 33 frames: 9 x 90 x 160 latents, (1, 2, 2) patches.
-    "wan": dict(cls="WanTransformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
-                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads", eps=1e-6), latents=(9, 90, 160)),
+    "wan": dict(
+        cls="WanTransformer3DModel",
+        config=dict(
+            num_attention_heads=40,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=13824,
+            num_layers=40,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+        ),
+        latents=(9, 90, 160),
+    ),
     # SkyReels-V2 T2V 14B at 544x960, 97 frames (its defaults): 25 x 68 x 120 latents, Wan 2.1 14B's DiT.
-    "skyreels2": dict(cls="SkyReelsV2Transformer3DModel", config=dict(num_attention_heads=40, attention_head_dim=128, in_channels=16,
-                      out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-                      qk_norm="rms_norm_across_heads", eps=1e-6), latents=(25, 68, 120)),
+    "skyreels2": dict(
+        cls="SkyReelsV2Transformer3DModel",
+        config=dict(
+            num_attention_heads=40,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=13824,
+            num_layers=40,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+        ),
+        latents=(25, 68, 120),
+    ),
     # FLUX.2-dev at 1024x1024: 64x64 packed tokens of 128 channels, 512 Mistral tokens (3 layers stacked: 15360 wide).
     # (--smoke: a quarter of the heads too; at full width one double block alone is 4 GB in float32.)
-    "flux2": dict(cls="Flux2Transformer2DModel", config=dict(), tokens=(64, 64), text=512, family="flux2-klein",
-                  smoke=dict(num_attention_heads=12)),
+    "flux2": dict(
+        cls="Flux2Transformer2DModel",
+        config=dict(),
+        tokens=(64, 64),
+        text=512,
+        family="flux2-klein",
+        smoke=dict(num_attention_heads=12),
+    ),
     # Qwen-Image at 1328x1328: 83x83 packed tokens of 64 channels, a 256-token prompt.
     "qwenimage": dict(cls="QwenImageTransformer2DModel", config=dict(), tokens=(83, 83), text=256),
     # HunyuanVideo 1.5 (the diffusers defaults: 54 blocks, 16 heads of 128) at 1280x720, 121 frames: 31 x 45 x 80
     # latents (16x VAE, patch 1) = 111600 video tokens, then the 1985-token joint text stream (128 of the 1000
     # prompt tokens real, no glyph text, 729 zero image tokens). On one device diffusers' processor builds a
     # (L, L) mask per block (13 GB of bools at this L); under accel each rank's L is 1/N of it.
-    "hunyuan15": dict(cls="HunyuanVideo15Transformer3DModel", config=dict(), latents=(31, 45, 80), prompt=128,
-                      smoke=dict(num_attention_heads=4)),
+    "hunyuan15": dict(
+        cls="HunyuanVideo15Transformer3DModel",
+        config=dict(),
+        latents=(31, 45, 80),
+        prompt=128,
+        smoke=dict(num_attention_heads=4),
+    ),
     # HunyuanImage 2.1 (the diffusers defaults: 20 double and 40 single blocks, 28 heads of 128) at 2048x2048:
     # 64 x 64 latents (32x VAE, patch 1) = 4096 image tokens, then 1000 Qwen tokens (128 real) and 128 ByT5
     # slots (no glyph text), joined valid first. (--smoke: 4 heads.)
-    "hunyuanimage": dict(cls="HunyuanImageTransformer2DModel", config=dict(text_embed_2_dim=1472), latents=(64, 64), prompt=128,
-                         smoke=dict(num_attention_heads=4)),
+    "hunyuanimage": dict(
+        cls="HunyuanImageTransformer2DModel",
+        config=dict(text_embed_2_dim=1472),
+        latents=(64, 64),
+        prompt=128,
+        smoke=dict(num_attention_heads=4),
+    ),
     # LTX-2 (48 blocks, 32 video heads of 128, 32 audio heads of 64) at 512x768, 121 frames: 16 x 16 x 24 latents,
     # 126 audio tokens (5 s), 1024 Gemma 3 tokens. (--smoke: 8 heads of each kind.)
-    "ltx2": dict(cls="LTX2VideoTransformer3DModel", config=dict(num_layers=48, rope_type="split"), latents=(16, 16, 24),
-                 audio=126, text=1024, smoke=dict(num_attention_heads=8, cross_attention_dim=1024, audio_num_attention_heads=8,
-                                                  audio_cross_attention_dim=512)),
+    "ltx2": dict(
+        cls="LTX2VideoTransformer3DModel",
+        config=dict(num_layers=48, rope_type="split"),
+        latents=(16, 16, 24),
+        audio=126,
+        text=1024,
+        smoke=dict(
+            num_attention_heads=8, cross_attention_dim=1024, audio_num_attention_heads=8, audio_cross_attention_dim=512
+        ),
+    ),
 }
 SMOKE = {"num_layers": 1, "num_single_layers": 1}  # CPU (--smoke): same attention shapes, far fewer layers
 
@@ -199,53 +274,96 @@ def _inputs(family: str, spec: dict[str, Any], scale: int, dtype: torch.dtype, d
     make = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
     if family == "flux":
         h, w = (n // scale for n in spec["tokens"])
-        ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij"), -1)
-        return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, 512, 4096), pooled_projections=make(1, 768),
-                    timestep=torch.ones(1, device=device, dtype=dtype), guidance=torch.full((1,), 3.5, device=device, dtype=dtype),
-                    img_ids=ids.reshape(-1, 3).to(device, dtype), txt_ids=torch.zeros(512, 3, device=device, dtype=dtype),
-                    return_dict=False)
+        ids = torch.stack(
+            torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij"), -1
+        )
+        return dict(
+            hidden_states=make(1, h * w, 64),
+            encoder_hidden_states=make(1, 512, 4096),
+            pooled_projections=make(1, 768),
+            timestep=torch.ones(1, device=device, dtype=dtype),
+            guidance=torch.full((1,), 3.5, device=device, dtype=dtype),
+            img_ids=ids.reshape(-1, 3).to(device, dtype),
+            txt_ids=torch.zeros(512, 3, device=device, dtype=dtype),
+            return_dict=False,
+        )
     if family == "flux2":
         h, w = (n // scale for n in spec["tokens"])
         text = spec["text"]
-        return dict(hidden_states=make(1, h * w, 128), encoder_hidden_states=make(1, text, 15360),
-                    timestep=torch.ones(1, device=device, dtype=dtype), guidance=torch.full((1,), 4.0, device=device, dtype=dtype),
-                    img_ids=_grid_ids(4, 1, h, w)[None].to(device, dtype), txt_ids=_grid_ids(4, text)[None].to(device, dtype),
-                    return_dict=False)
+        return dict(
+            hidden_states=make(1, h * w, 128),
+            encoder_hidden_states=make(1, text, 15360),
+            timestep=torch.ones(1, device=device, dtype=dtype),
+            guidance=torch.full((1,), 4.0, device=device, dtype=dtype),
+            img_ids=_grid_ids(4, 1, h, w)[None].to(device, dtype),
+            txt_ids=_grid_ids(4, text)[None].to(device, dtype),
+            return_dict=False,
+        )
     if family == "qwenimage":
         h, w = (n // scale for n in spec["tokens"])
         text = spec["text"]
-        return dict(hidden_states=make(1, h * w, 64), encoder_hidden_states=make(1, text, 3584),
-                    encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool, device=device),
-                    timestep=torch.ones(1, device=device, dtype=dtype), img_shapes=[[(1, h, w)]], return_dict=False)
+        return dict(
+            hidden_states=make(1, h * w, 64),
+            encoder_hidden_states=make(1, text, 3584),
+            encoder_hidden_states_mask=torch.ones(1, text, dtype=torch.bool, device=device),
+            timestep=torch.ones(1, device=device, dtype=dtype),
+            img_shapes=[[(1, h, w)]],
+            return_dict=False,
+        )
     if family == "hunyuan15":
         f, h, w = spec["latents"]
         f = (f - 1) // scale + 1  # --smoke: fewer frames too
         prompt = torch.zeros(1, 1000, dtype=torch.long, device=device)
         prompt[:, : spec["prompt"]] = 1
-        return dict(hidden_states=make(1, 65, f, h // scale, w // scale), timestep=torch.ones(1, device=device, dtype=dtype),
-                    encoder_hidden_states=make(1, 1000, 3584), encoder_attention_mask=prompt,
-                    encoder_hidden_states_2=make(1, 256, 1472), encoder_attention_mask_2=torch.zeros(1, 256, dtype=torch.long, device=device),
-                    image_embeds=torch.zeros(1, 729, 1152, dtype=dtype, device=device), return_dict=False)
+        return dict(
+            hidden_states=make(1, 65, f, h // scale, w // scale),
+            timestep=torch.ones(1, device=device, dtype=dtype),
+            encoder_hidden_states=make(1, 1000, 3584),
+            encoder_attention_mask=prompt,
+            encoder_hidden_states_2=make(1, 256, 1472),
+            encoder_attention_mask_2=torch.zeros(1, 256, dtype=torch.long, device=device),
+            image_embeds=torch.zeros(1, 729, 1152, dtype=dtype, device=device),
+            return_dict=False,
+        )
     if family == "hunyuanimage":
         h, w = (n // scale for n in spec["latents"])
         prompt = torch.zeros(1, 1000, dtype=torch.long, device=device)
         prompt[:, : spec["prompt"]] = 1
-        return dict(hidden_states=make(1, 64, h, w), timestep=torch.ones(1, device=device, dtype=dtype),
-                    encoder_hidden_states=make(1, 1000, 3584), encoder_attention_mask=prompt,
-                    encoder_hidden_states_2=make(1, 128, 1472), encoder_attention_mask_2=torch.zeros(1, 128, dtype=torch.long, device=device),
-                    return_dict=False)
+        return dict(
+            hidden_states=make(1, 64, h, w),
+            timestep=torch.ones(1, device=device, dtype=dtype),
+            encoder_hidden_states=make(1, 1000, 3584),
+            encoder_attention_mask=prompt,
+            encoder_hidden_states_2=make(1, 128, 1472),
+            encoder_attention_mask_2=torch.zeros(1, 128, dtype=torch.long, device=device),
+            return_dict=False,
+        )
     if family == "ltx2":
         f, h, w = spec["latents"]
         h, w = max(1, h // scale), max(1, w // scale)
         audio, text = spec["audio"], spec["text"]
         mask = torch.ones(1, text, dtype=torch.long, device=device)
-        return dict(hidden_states=make(1, f * h * w, 128), audio_hidden_states=make(1, audio, 128),
-                    encoder_hidden_states=make(1, text, 3840), audio_encoder_hidden_states=make(1, text, 3840),
-                    timestep=torch.full((1,), 500.0, device=device, dtype=dtype), encoder_attention_mask=mask,
-                    audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w, audio_num_frames=audio, return_dict=False)
+        return dict(
+            hidden_states=make(1, f * h * w, 128),
+            audio_hidden_states=make(1, audio, 128),
+            encoder_hidden_states=make(1, text, 3840),
+            audio_encoder_hidden_states=make(1, text, 3840),
+            timestep=torch.full((1,), 500.0, device=device, dtype=dtype),
+            encoder_attention_mask=mask,
+            audio_encoder_attention_mask=mask,
+            num_frames=f,
+            height=h,
+            width=w,
+            audio_num_frames=audio,
+            return_dict=False,
+        )
     f, h, w = spec["latents"]
-    return dict(hidden_states=make(1, 16, f, h // scale, w // scale), encoder_hidden_states=make(1, 512, 4096),
-                timestep=torch.ones(1, device=device), return_dict=False)
+    return dict(
+        hidden_states=make(1, 16, f, h // scale, w // scale),
+        encoder_hidden_states=make(1, 512, 4096),
+        timestep=torch.ones(1, device=device),
+        return_dict=False,
+    )
 
 
 def _defaults(cls: str) -> set[str]:
@@ -311,16 +429,23 @@ def _fake_family(_index: int, family: str, device: str, repeats: int) -> None:
             for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
                 if heads % degrees.ulysses:
                     continue
-                engine = ContextParallel(transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device))
+                engine = ContextParallel(
+                    transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device)
+                )
                 seconds = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
                 engine.remove()
-                cells.append(f"{name} {seconds * 1000:.1f} ms" + (f" ({single / seconds:.2f}x, ideal {world}x)" if single else ""))
+                cells.append(
+                    f"{name} {seconds * 1000:.1f} ms"
+                    + (f" ({single / seconds:.2f}x, ideal {world}x)" if single else "")
+                )
             dist.destroy_process_group()
             print(f"     N={world}: " + ";  ".join(cells), flush=True)
 
 
 def fake_section(families: list[str], device: str, repeats: int) -> None:
-    what = "real-size configs, bf16" if device == "cuda" else "CPU smoke test: 1-layer configs at 1/4 of the size, float32"
+    what = (
+        "real-size configs, bf16" if device == "cuda" else "CPU smoke test: 1-layer configs at 1/4 of the size, float32"
+    )
     print(f"\n2. per-rank transformer forward time, fake process group, {what}, on {device}", flush=True)
     for family in families:
         mp.spawn(_fake_family, args=(family, device, repeats), nprocs=1)
@@ -328,8 +453,11 @@ def fake_section(families: list[str], device: str, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2,kandinsky5,ltx2,"
-                        "hunyuanimage")
+    parser.add_argument(
+        "--families",
+        default="flux,wan,hunyuan,cogvideox,mochi,ltx,qwenimage,flux2-klein,sd3,flux2,zimage,hunyuan15,skyreels2,kandinsky5,ltx2,"
+        "hunyuanimage",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -28,10 +28,24 @@ KINDS = ("raise", "exit", "kill", "hang")
 def one_run(kind: str, ranks: int, timeout_s: float) -> tuple[float, str]:
     """(seconds from the fault to the launcher's exit, the first error line it printed)."""
     with tempfile.TemporaryDirectory(prefix="accel-faults-") as folder:
-        command = [sys.executable, "-m", "accel.cli", "launch", "--gpus", str(ranks), "--oversubscribe",
-                   "--timeout", str(timeout_s), str(RANK_SCRIPT), folder, kind, str(ranks - 1)]
-        result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                timeout=300)
+        command = [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "launch",
+            "--gpus",
+            str(ranks),
+            "--oversubscribe",
+            "--timeout",
+            str(timeout_s),
+            str(RANK_SCRIPT),
+            folder,
+            kind,
+            str(ranks - 1),
+        ]
+        result = subprocess.run(
+            command, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300
+        )
         ended = time.time()
         failed_at = float((Path(folder) / "failed-at").read_text())
     first = next((line for line in result.stderr.splitlines() if line.startswith("error: ")), "(no error line)")
@@ -46,8 +60,10 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
 
-    rows = ["| fault | ranks | fault → job exit, median (min–max) | beyond --timeout | rank named as |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| fault | ranks | fault → job exit, median (min–max) | beyond --timeout | rank named as |",
+        "|---|---|---|---|---|",
+    ]
     for ranks in args.ranks:
         for kind in KINDS:
             runs = [one_run(kind, ranks, args.timeout) for _ in range(args.repeats)]
@@ -55,7 +71,9 @@ def main() -> None:
             median = statistics.median(times)
             beyond = f"{median - args.timeout:.2f} s" if kind == "hang" else "–"
             named = runs[0][1].removeprefix("error: ")
-            rows.append(f"| {kind} | {ranks} | {median:.2f} s ({min(times):.2f}–{max(times):.2f}) | {beyond} | `{named}` |")
+            rows.append(
+                f"| {kind} | {ranks} | {median:.2f} s ({min(times):.2f}–{max(times):.2f}) | {beyond} | `{named}` |"
+            )
             print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(f"\n{table}")

@@ -45,9 +45,16 @@ def deep_transformer(tokens: int, repeats: int) -> None:
     torch.manual_seed(0)
     double, single = 4, 16
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=double, num_single_layers=single,
-        attention_head_dim=64, num_attention_heads=4, joint_attention_dim=64,
-        pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(16, 24, 24),
+        patch_size=1,
+        in_channels=16,
+        num_layers=double,
+        num_single_layers=single,
+        attention_head_dim=64,
+        num_attention_heads=4,
+        joint_attention_dim=64,
+        pooled_projection_dim=32,
+        guidance_embeds=True,
+        axes_dims_rope=(16, 24, 24),
     ).eval()
     text = 64
     side = int(tokens**0.5)
@@ -57,7 +64,14 @@ def deep_transformer(tokens: int, repeats: int) -> None:
         pooled_projections=torch.randn(1, 32),
         timestep=torch.tensor([0.5]),
         guidance=torch.tensor([3.5]),
-        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(tokens // side).float(), indexing="ij"), -1).reshape(-1, 3).float(),
+        img_ids=torch.stack(
+            torch.meshgrid(
+                torch.zeros(1), torch.arange(side).float(), torch.arange(tokens // side).float(), indexing="ij"
+            ),
+            -1,
+        )
+        .reshape(-1, 3)
+        .float(),
         txt_ids=torch.zeros(text, 3),
         return_dict=False,
     )
@@ -107,7 +121,10 @@ def apply_overhead(repeats: int) -> None:
     again = median_time(call, repeats)
     baseline = (raw + again) / 2
     print("tiny-flux pipeline call (4 steps, 64×64)")
-    print(f"  raw pipeline                     {baseline * 1e3:8.2f} ms  (before {raw * 1e3:.2f}, after {again * 1e3:.2f})")
+    print(
+        f"  raw pipeline                     {baseline * 1e3:8.2f} ms  (before {raw * 1e3:.2f}, after "
+        f"{again * 1e3:.2f})"
+    )
     print(f"  accel.apply, everything off ÷ raw {off / baseline:7.3f}   (target ≤ 1.02)")
     print(f"  cache wrappers at threshold 0 ÷ raw {wrapped / baseline:5.3f}")
 

@@ -42,28 +42,96 @@ class Step:
 # in plan order) with room to spare; sizes and repeats are cut from the
 # scripts' defaults only where the default would not fit (each flag is named in its script).
 PLAN: tuple[Step, ...] = (
-    Step("tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"), 80,
-         "CUDA-only tests: attention kernels vs the reference, cache, int8wo / fp8dq, compile on tiny-flux"),
-    Step("context_parallel", ("benchmarks/context_parallel.py", "--device", "cuda", "--skip-cpu-ranks", "--repeats", "3"), 40,
-         "per-rank attention time, fake process group, FLUX-1024 shapes bf16 (sections 1-2 are CPU figures, skipped)"),
-    Step("vae_parallel", ("benchmarks/vae_parallel.py", "--device", "cuda", "--repeats", "1"), 60,
-         "per-rank VAE decode time and peak memory, fake process group, FLUX 2048² and Wan 720p×81"),
-    Step("family_parallel-flux", ("benchmarks/family_parallel.py", "--device", "cuda", "--skip-cpu-ranks",
-                                  "--families", "flux", "--repeats", "2"), 50,
-         "per-rank transformer forward, fake process group, FLUX.1-dev 1024² bf16"),
-    Step("family_parallel-wan", ("benchmarks/family_parallel.py", "--device", "cuda", "--skip-cpu-ranks",
-                                 "--families", "wan", "--repeats", "1"), 60,
-         "per-rank transformer forward, fake process group, Wan 2.1 14B 720p×33 bf16"),
-    Step("optimize", ("benchmarks/optimize.py", "--device", "cuda", "--repeats", "3", "--no-whole-compile"), 100,
-         "FLUX.1-dev step: eager, regional compile, cached step, fp8dq (+ compile)"),
-    Step("plan_check", ("benchmarks/plan_check.py",), 60,
-         "accel plan's fake-CUDA estimate against torch.cuda.max_memory_allocated: FLUX.1-dev and Wan 14B forward, VAE decodes"),
-    Step("offload", ("benchmarks/offload.py", "--device", "cuda"), 90,
-         "[memory] offload none / model / group: GPU peak and time, a 2.5 GB FLUX-class transformer in bf16"),
-    Step("tiny-flux-2gpus", ("-m", "accel.cli", "run", "tiny-flux", "--device", "cuda", "--gpus", "2", "--ulysses", "2",
-                                 "--parallel-vae", "--compare", "--out", "outputs/gpu-check/tiny-flux-ulysses2.png",
-                                 "--overwrite"), 60,
-         "real NCCL ranks: Ulysses 2 + parallel VAE against one GPU", gpus=2),
+    Step(
+        "tests",
+        ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"),
+        80,
+        "CUDA-only tests: attention kernels vs the reference, cache, int8wo / fp8dq, compile on tiny-flux",
+    ),
+    Step(
+        "context_parallel",
+        ("benchmarks/context_parallel.py", "--device", "cuda", "--skip-cpu-ranks", "--repeats", "3"),
+        40,
+        "per-rank attention time, fake process group, FLUX-1024 shapes bf16 (sections 1-2 are CPU figures, skipped)",
+    ),
+    Step(
+        "vae_parallel",
+        ("benchmarks/vae_parallel.py", "--device", "cuda", "--repeats", "1"),
+        60,
+        "per-rank VAE decode time and peak memory, fake process group, FLUX 2048² and Wan 720p×81",
+    ),
+    Step(
+        "family_parallel-flux",
+        (
+            "benchmarks/family_parallel.py",
+            "--device",
+            "cuda",
+            "--skip-cpu-ranks",
+            "--families",
+            "flux",
+            "--repeats",
+            "2",
+        ),
+        50,
+        "per-rank transformer forward, fake process group, FLUX.1-dev 1024² bf16",
+    ),
+    Step(
+        "family_parallel-wan",
+        (
+            "benchmarks/family_parallel.py",
+            "--device",
+            "cuda",
+            "--skip-cpu-ranks",
+            "--families",
+            "wan",
+            "--repeats",
+            "1",
+        ),
+        60,
+        "per-rank transformer forward, fake process group, Wan 2.1 14B 720p×33 bf16",
+    ),
+    Step(
+        "optimize",
+        ("benchmarks/optimize.py", "--device", "cuda", "--repeats", "3", "--no-whole-compile"),
+        100,
+        "FLUX.1-dev step: eager, regional compile, cached step, fp8dq (+ compile)",
+    ),
+    Step(
+        "plan_check",
+        ("benchmarks/plan_check.py",),
+        60,
+        "accel plan's fake-CUDA estimate against torch.cuda.max_memory_allocated: FLUX.1-dev and Wan 14B forward, VAE "
+        "decodes",
+    ),
+    Step(
+        "offload",
+        ("benchmarks/offload.py", "--device", "cuda"),
+        90,
+        "[memory] offload none / model / group: GPU peak and time, a 2.5 GB FLUX-class transformer in bf16",
+    ),
+    Step(
+        "tiny-flux-2gpus",
+        (
+            "-m",
+            "accel.cli",
+            "run",
+            "tiny-flux",
+            "--device",
+            "cuda",
+            "--gpus",
+            "2",
+            "--ulysses",
+            "2",
+            "--parallel-vae",
+            "--compare",
+            "--out",
+            "outputs/gpu-check/tiny-flux-ulysses2.png",
+            "--overwrite",
+        ),
+        60,
+        "real NCCL ranks: Ulysses 2 + parallel VAE against one GPU",
+        gpus=2,
+    ),
 )
 
 
@@ -102,8 +170,15 @@ def run_step(step: Step, log_dir: Path) -> Result:
     """Run one step in its own process group, so a step stopped at its budget takes its spawned ranks with it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, *step.args], cwd=ROOT, env=env, text=True, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, *step.args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         stdout, stderr = process.communicate(timeout=step.budget_s)
         status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
@@ -128,9 +203,11 @@ def environment() -> str:
 
     props = torch.cuda.get_device_properties(0)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return (f"{props.name} (compute capability {props.major}.{props.minor}, {props.total_memory / 2**30:.0f} GiB), "
-            f"{torch.cuda.device_count()} visible; torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}, "
-            f"diffusers {version('diffusers')}, torchao {version('torchao')}, Python {platform.python_version()}")
+    return (
+        f"{props.name} (compute capability {props.major}.{props.minor}, {props.total_memory / 2**30:.0f} GiB), "
+        f"{torch.cuda.device_count()} visible; torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}, "
+        f"diffusers {version('diffusers')}, torchao {version('torchao')}, Python {platform.python_version()}"
+    )
 
 
 def summary(result: Result) -> str:
@@ -142,8 +219,14 @@ def summary(result: Result) -> str:
 
 def markdown(results: list[Result], env: str) -> str:
     today = datetime.date.today().isoformat()
-    out = [f"### GPU check ({today}, `make gpu-check`)", "", env, "",
-           "| step | command | budget | took | result |", "|---|---|--:|--:|---|"]
+    out = [
+        f"### GPU check ({today}, `make gpu-check`)",
+        "",
+        env,
+        "",
+        "| step | command | budget | took | result |",
+        "|---|---|--:|--:|---|",
+    ]
     for r in results:
         took = f"{r.seconds:.0f} s" if r.seconds else "—"
         out.append(f"| {r.step.name} | `{command(r.step)}` | {r.step.budget_s} s | {took} | {summary(r)} |")
@@ -190,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"gpu-check: {step.name} (budget {step.budget_s} s) …", file=sys.stderr, flush=True)
         results.append(run_step(step, log_dir))
-        print(f"gpu-check: {step.name}: {results[-1].status} in {results[-1].seconds:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"gpu-check: {step.name}: {results[-1].status} in {results[-1].seconds:.0f} s", file=sys.stderr, flush=True
+        )
     block = markdown(results, env)
     args.out.write_text(block)
     print(block)

@@ -33,11 +33,19 @@ def main() -> None:
                 chosen = plan.chosen
                 if chosen is None:
                     smallest = plan.smallest
-                    cells.append(f"no fit (smallest {(smallest.estimate.peak + RESERVED) / GiB:.1f} GiB: {smallest.describe()})")
+                    cells.append(
+                        f"no fit (smallest {(smallest.estimate.peak + RESERVED) / GiB:.1f} GiB: {smallest.describe()})"
+                    )
                 else:
-                    cells.append(f"{chosen.describe()}: {(chosen.estimate.peak + RESERVED) / GiB:.1f} GiB, ~{chosen.speedup:.1f}×")
+                    cells.append(
+                        f"{chosen.describe()}: {(chosen.estimate.peak + RESERVED) / GiB:.1f} GiB, "
+                        f"~{chosen.speedup:.1f}×"
+                    )
             title = f"{plan.flagship.title}, {plan.size.describe()}"
-            print(f"| {title} | {gpus} | " + " | ".join(cells) + f" |  <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+            print(
+                f"| {title} | {gpus} | " + " | ".join(cells) + f" |  <!-- {time.perf_counter() - start:.0f} s -->",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

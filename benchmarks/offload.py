@@ -32,9 +32,16 @@ def pipeline(layers: int, single: int, heads: int, dtype: torch.dtype) -> object
     torch.set_default_dtype(dtype)  # built in its dtype: a float32 build and cast takes twice the time and memory
     try:
         transformer = diffusers.FluxTransformer2DModel(
-            in_channels=config.in_channels, num_layers=layers, num_single_layers=single, attention_head_dim=128,
-            num_attention_heads=heads, joint_attention_dim=config.joint_attention_dim, pooled_projection_dim=config.pooled_projection_dim,
-            guidance_embeds=config.guidance_embeds, axes_dims_rope=(16, 56, 56))
+            in_channels=config.in_channels,
+            num_layers=layers,
+            num_single_layers=single,
+            attention_head_dim=128,
+            num_attention_heads=heads,
+            joint_attention_dim=config.joint_attention_dim,
+            pooled_projection_dim=config.pooled_projection_dim,
+            guidance_embeds=config.guidance_embeds,
+            axes_dims_rope=(16, 56, 56),
+        )
     finally:
         torch.set_default_dtype(previous)
     pipe.register_modules(transformer=transformer.eval())
@@ -55,9 +62,17 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     call = dict(prompt="a fox", num_inference_steps=args.steps, height=args.size, width=args.size, output_type="np")
     base: tuple[float, int, np.ndarray] | None = None
-    print(f"FLUX-class transformer {args.layers} + {args.single_layers} blocks, {args.heads} heads x 128, {args.size}x{args.size}, "
-          f"{args.steps} steps, {str(dtype).removeprefix('torch.')}, {args.device}", flush=True)
-    print(f"   {'offload':<8}{'generation':>12}{'÷ none':>9}{'peak GPU':>11}{'÷ none':>9}{'max |diff|':>12}   (transformer weights)", flush=True)
+    print(
+        f"FLUX-class transformer {args.layers} + {args.single_layers} blocks, {args.heads} heads x 128, "
+        f"{args.size}x{args.size}, "
+        f"{args.steps} steps, {str(dtype).removeprefix('torch.')}, {args.device}",
+        flush=True,
+    )
+    print(
+        f"   {'offload':<8}{'generation':>12}{'÷ none':>9}{'peak GPU':>11}{'÷ none':>9}{'max |diff|':>12}   "
+        "(transformer weights)",
+        flush=True,
+    )
     for mode in ("none", "model", "group"):
         pipe = pipeline(args.layers, args.single_layers, args.heads, dtype)
         weights = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
@@ -82,8 +97,12 @@ def main() -> None:
         base = base or (seconds, peak, image)
         base_s, base_peak, base_image = base
         ratio = f"{peak / base_peak:>9.3f}" if base_peak else f"{'—':>9}"
-        print(f"   {mode:<8}{seconds:>11.3f}s{seconds / base_s:>9.2f}{peak / GiB:>10.2f}G{ratio}"
-              f"{float(np.abs(image - base_image).max()):>12.2e}   ({weights / GiB:.2f} GiB; {time.perf_counter() - start:.0f} s in all)", flush=True)
+        print(
+            f"   {mode:<8}{seconds:>11.3f}s{seconds / base_s:>9.2f}{peak / GiB:>10.2f}G{ratio}"
+            f"{float(np.abs(image - base_image).max()):>12.2e}   ({weights / GiB:.2f} GiB; "
+            f"{time.perf_counter() - start:.0f} s in all)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

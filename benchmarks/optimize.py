@@ -29,13 +29,27 @@ from timing import median_time
 
 XDIT_H100 = {"eager": 6.71, "compile": 4.30}  # s for 28 steps, FLUX.1-dev 1024², xDiT's published table
 FLUX_DEV = dict(
-    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+    patch_size=1,
+    in_channels=64,
+    num_layers=19,
+    num_single_layers=38,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
     axes_dims_rope=(16, 56, 56),
 )
 TINY_DEEP = dict(
-    patch_size=1, in_channels=16, num_layers=4, num_single_layers=16, attention_head_dim=64,
-    num_attention_heads=4, joint_attention_dim=64, pooled_projection_dim=32, guidance_embeds=True,
+    patch_size=1,
+    in_channels=16,
+    num_layers=4,
+    num_single_layers=16,
+    attention_head_dim=64,
+    num_attention_heads=4,
+    joint_attention_dim=64,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
     axes_dims_rope=(16, 24, 24),
 )
 
@@ -53,9 +67,13 @@ def build(config: dict[str, Any], device: torch.device, dtype: torch.dtype) -> t
         torch.set_default_dtype(default)
 
 
-def step_inputs(config: dict[str, Any], tokens: int, text: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def step_inputs(
+    config: dict[str, Any], tokens: int, text: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     side = int(tokens**0.5)
-    grid = torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(tokens // side).float(), indexing="ij")
+    grid = torch.meshgrid(
+        torch.zeros(1), torch.arange(side).float(), torch.arange(tokens // side).float(), indexing="ij"
+    )
     return dict(
         hidden_states=torch.randn(1, tokens, config["in_channels"], device=device, dtype=dtype),
         encoder_hidden_states=torch.randn(1, text, config["joint_attention_dim"], device=device, dtype=dtype),
@@ -71,7 +89,9 @@ def step_inputs(config: dict[str, Any], tokens: int, text: int, device: torch.de
 class Bench:
     def __init__(self, model: torch.nn.Module, inputs: dict[str, Any], repeats: int, device: torch.device) -> None:
         self.model, self.inputs, self.repeats = model, inputs, repeats
-        self.sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        self.sync: Callable[[], None] = (
+            (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        )
         self.rows: list[tuple[str, float, float | None]] = []
 
     @torch.no_grad()
@@ -86,12 +106,23 @@ class Bench:
             first = time.perf_counter() - start
         step = median_time(call, self.repeats, self.sync, warmup=1)
         self.rows.append((name, step, first))
-        print(f"  {name:<34} {step * 1e3:9.1f} ms" + (f"   (first call, compiling: {first:.1f} s)" if first else ""), flush=True)
+        print(
+            f"  {name:<34} {step * 1e3:9.1f} ms" + (f"   (first call, compiling: {first:.1f} s)" if first else ""),
+            flush=True,
+        )
         return step
 
 
-def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dtype: torch.dtype, repeats: int,
-        schemes: list[str], whole: bool = True) -> None:
+def run(
+    device: torch.device,
+    config: dict[str, Any],
+    tokens: int,
+    text: int,
+    dtype: torch.dtype,
+    repeats: int,
+    schemes: list[str],
+    whole: bool = True,
+) -> None:
     from accel.cache import FirstBlockCache
     from accel.models.flux import FAMILY
     from accel.optimize.compile import CompiledRegions
@@ -100,8 +131,11 @@ def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dt
     model = build(config, device, dtype)
     inputs = step_inputs(config, tokens, text, device, dtype)
     blocks = len(model.transformer_blocks) + len(model.single_transformer_blocks)
-    print(f"FLUX-class transformer: {len(model.transformer_blocks)} double + {len(model.single_transformer_blocks)} single "
-          f"blocks, {tokens} image + {text} text tokens, {str(dtype).removeprefix('torch.')}, {device}")
+    print(
+        f"FLUX-class transformer: {len(model.transformer_blocks)} double + {len(model.single_transformer_blocks)} "
+        "single "
+        f"blocks, {tokens} image + {text} text tokens, {str(dtype).removeprefix('torch.')}, {device}"
+    )
     bench = Bench(model, inputs, repeats, device)
 
     def compiled(scope: str) -> CompiledRegions:
@@ -154,16 +188,39 @@ def run(device: torch.device, config: dict[str, Any], tokens: int, text: int, dt
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--tokens", type=int, default=None, help="image tokens (default: 1024 CPU, 4096 = 1024² on CUDA)")
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="image tokens (default: 1024 CPU, 4096 = 1024² on CUDA)"
+    )
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--no-whole-compile", action="store_true",
-                        help="skip compiling the whole transformer (minutes at FLUX.1-dev size; gpu_check.py skips it)")
+    parser.add_argument(
+        "--no-whole-compile",
+        action="store_true",
+        help="skip compiling the whole transformer (minutes at FLUX.1-dev size; gpu_check.py skips it)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
-        run(device, FLUX_DEV, args.tokens or 4096, 512, torch.bfloat16, args.repeats or 10, ["fp8dq"], not args.no_whole_compile)
+        run(
+            device,
+            FLUX_DEV,
+            args.tokens or 4096,
+            512,
+            torch.bfloat16,
+            args.repeats or 10,
+            ["fp8dq"],
+            not args.no_whole_compile,
+        )
     else:
-        run(device, TINY_DEEP, args.tokens or 1024, 64, torch.float32, args.repeats or 7, ["int8wo", "int8dq"], not args.no_whole_compile)
+        run(
+            device,
+            TINY_DEEP,
+            args.tokens or 1024,
+            64,
+            torch.float32,
+            args.repeats or 7,
+            ["int8wo", "int8dq"],
+            not args.no_whole_compile,
+        )
 
 
 if __name__ == "__main__":

@@ -43,16 +43,23 @@ def main() -> int:
         transformer = flagship.of_kind("transformer")[0]
         vae = flagship.of_kind("vae")[0]
         cases = [
-            (f"{flagship.title} transformer forward, {flagship.size.describe()}",
-             lambda fake: transformer_working(family, flagship, flagship.size, Degrees(), "cuda", fake),
-             weight_bytes(build(transformer, "meta", cut_config(transformer)))),
-            (f"{flagship.title} VAE decode, {flagship.size.describe()}",
-             lambda fake: vae_working(flagship, flagship.size, "cuda", fake), weight_bytes(build(vae))),
+            (
+                f"{flagship.title} transformer forward, {flagship.size.describe()}",
+                lambda fake: transformer_working(family, flagship, flagship.size, Degrees(), "cuda", fake),
+                weight_bytes(build(transformer, "meta", cut_config(transformer))),
+            ),
+            (
+                f"{flagship.title} VAE decode, {flagship.size.describe()}",
+                lambda fake: vae_working(flagship, flagship.size, "cuda", fake),
+                weight_bytes(build(vae)),
+            ),
         ]
         for label, work, weights in cases:
             estimate = work(True)
             measured = real_working(lambda: work(False), weights)
-            print(f"   {label:<44}{estimate / GiB:>10.2f}{measured / GiB:>10.2f}{estimate / measured:>8.3f}", flush=True)
+            print(
+                f"   {label:<44}{estimate / GiB:>10.2f}{measured / GiB:>10.2f}{estimate / measured:>8.3f}", flush=True
+            )
     return 0
 
 

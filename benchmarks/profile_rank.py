@@ -38,8 +38,10 @@ def _profile(run, repeats: int) -> None:
     gpu = sum(e.self_device_time_total for e in prof.events() if e.device_type == DeviceType.CUDA) / repeats / 1e3
     events = prof.key_averages()
     launches = {e.key: e for e in events if e.key.startswith("cuda") and e.key != "cudaDeviceSynchronize"}
-    print(f"     {plain * 1e3:.1f} ms per forward unprofiled; profiled {wall * 1e3:.1f} ms, GPU kernels busy "
-          f"{gpu:.1f} ms ({gpu / plain / 10:.0f} % of the unprofiled time)")
+    print(
+        f"     {plain * 1e3:.1f} ms per forward unprofiled; profiled {wall * 1e3:.1f} ms, GPU kernels busy "
+        f"{gpu:.1f} ms ({gpu / plain / 10:.0f} % of the unprofiled time)"
+    )
     for key, e in sorted(launches.items(), key=lambda kv: -kv[1].self_cpu_time_total)[:6]:
         print(f"       {key:<34} {e.count // repeats:>6} calls  {e.self_cpu_time_total / repeats / 1e3:8.1f} ms CPU")
     print("     top GPU kernels / ops:")
@@ -69,17 +71,25 @@ def main() -> None:
         from accel.optimize.compile import CompiledRegions
 
         CompiledRegions(transformer, FAMILIES[spec.get("family", args.family)].blocks, "blocks", "default")
-    print(f"{args.family}, bf16{', compiled blocks' if args.compile else ''}, {torch.cuda.get_device_name(0)}, "
-          f"torch {torch.__version__}", flush=True)
+    print(
+        f"{args.family}, bf16{', compiled blocks' if args.compile else ''}, {torch.cuda.get_device_name(0)}, "
+        f"torch {torch.__version__}",
+        flush=True,
+    )
     with torch.no_grad():
         for world in (int(w) for w in args.worlds.split(",")):
-            print(f"\n   N={world}" + (" (one device)" if world == 1 else ", Ulysses, rank 0 of a fake group"), flush=True)
+            print(
+                f"\n   N={world}" + (" (one device)" if world == 1 else ", Ulysses, rank 0 of a fake group"), flush=True
+            )
             if world == 1:
                 _profile(lambda: transformer(**inputs), args.repeats)
                 continue
             dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-            engine = ContextParallel(transformer, FAMILIES[spec.get("family", args.family)].parallel,
-                                     build_mesh(Degrees(ulysses=world), "cuda"))
+            engine = ContextParallel(
+                transformer,
+                FAMILIES[spec.get("family", args.family)].parallel,
+                build_mesh(Degrees(ulysses=world), "cuda"),
+            )
             _profile(lambda: transformer(**inputs), args.repeats)
             engine.remove()
             dist.destroy_process_group()

@@ -55,7 +55,9 @@ async def closed_loop(server: Server, model: str, clients: int, requests: int) -
         while remaining:
             seed = remaining.pop()
             sent = time.perf_counter()
-            response = await http.post(f"{server.url}{path}", json={"prompt": "a red fox in the snow", "seed": seed, **extra})
+            response = await http.post(
+                f"{server.url}{path}", json={"prompt": "a red fox in the snow", "seed": seed, **extra}
+            )
             response.raise_for_status()
             latencies.append(time.perf_counter() - sent)
 
@@ -69,11 +71,22 @@ def served(model: str, replicas: int, clients_levels: list[int], requests: int) 
     server = start(model, "--gpus", "2", "--replicas", str(replicas), "--max-queue", "64")
     rows = []
     try:
-        asyncio.run(closed_loop(server, model, 1, 1))  # one request first: the page cache and allocator are warm for all levels
+        asyncio.run(
+            closed_loop(server, model, 1, 1)
+        )  # one request first: the page cache and allocator are warm for all levels
         for clients in clients_levels:
             seconds, latencies = asyncio.run(closed_loop(server, model, clients, requests))
-            rows.append(Row(model, f"serve, {replicas} replica{'s' if replicas > 1 else ''} × {2 // replicas} rank{'s' if replicas == 1 else ''}",
-                            clients, requests, seconds, latencies))
+            rows.append(
+                Row(
+                    model,
+                    f"serve, {replicas} replica{'s' if replicas > 1 else ''} × {2 // replicas} "
+                    f"rank{'s' if replicas == 1 else ''}",
+                    clients,
+                    requests,
+                    seconds,
+                    latencies,
+                )
+            )
     finally:
         server.stop()
     return rows
@@ -84,9 +97,26 @@ def runs(model: str, count: int) -> Row:
     latencies = []
     for seed in range(count):
         sent = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "accel.cli", "run", model, "--gpus", "2", "--seed", str(seed), "--warmup", "1",
-                        "--out", f"/tmp/accel-bench-serve-{os.getpid()}-{seed}{'.png' if model == 'tiny-flux' else '.mp4'}"],
-                       env=ENV, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "accel.cli",
+                "run",
+                model,
+                "--gpus",
+                "2",
+                "--seed",
+                str(seed),
+                "--warmup",
+                "1",
+                "--out",
+                f"/tmp/accel-bench-serve-{os.getpid()}-{seed}{'.png' if model == 'tiny-flux' else '.mp4'}",
+            ],
+            env=ENV,
+            check=True,
+            capture_output=True,
+        )
         latencies.append(time.perf_counter() - sent)
     return Row(model, "accel run each time", 1, count, sum(latencies), latencies)
 
@@ -107,8 +137,11 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         base = next(r for r in rows if r.model == row.model and r.setup.startswith("accel run"))
-        print(f"| {row.model} | {row.setup} | {row.clients} | {row.requests} | {row.per_minute:.1f} | {row.per_minute / base.per_minute:.1f}× | "
-              f"{statistics.median(row.latencies):.2f} | {row.percentile(0.95):.2f} |")
+        print(
+            f"| {row.model} | {row.setup} | {row.clients} | {row.requests} | {row.per_minute:.1f} | "
+            f"{row.per_minute / base.per_minute:.1f}× | "
+            f"{statistics.median(row.latencies):.2f} | {row.percentile(0.95):.2f} |"
+        )
 
 
 if __name__ == "__main__":

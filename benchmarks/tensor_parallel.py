@@ -35,19 +35,33 @@ def flux_shaped(seed: int = 0) -> Any:
     from diffusers import FluxTransformer2DModel
 
     torch.manual_seed(seed)
-    return FluxTransformer2DModel(in_channels=64, num_layers=2, num_single_layers=2, attention_head_dim=64,
-                                  num_attention_heads=8, joint_attention_dim=256, pooled_projection_dim=128,
-                                  axes_dims_rope=(16, 24, 24)).eval()
+    return FluxTransformer2DModel(
+        in_channels=64,
+        num_layers=2,
+        num_single_layers=2,
+        attention_head_dim=64,
+        num_attention_heads=8,
+        joint_attention_dim=256,
+        pooled_projection_dim=128,
+        axes_dims_rope=(16, 24, 24),
+    ).eval()
 
 
 def inputs(tokens: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1)
-    side = int(tokens ** 0.5)
-    image_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(), indexing="ij"), -1).reshape(-1, 3)
-    return dict(hidden_states=torch.randn(1, side * side, 64, generator=generator),
-                encoder_hidden_states=torch.randn(1, TEXT_TOKENS, 256, generator=generator),
-                pooled_projections=torch.randn(1, 128, generator=generator), timestep=torch.tensor([0.5]),
-                img_ids=image_ids, txt_ids=torch.zeros(TEXT_TOKENS, 3), return_dict=False)
+    side = int(tokens**0.5)
+    image_ids = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(), indexing="ij"), -1
+    ).reshape(-1, 3)
+    return dict(
+        hidden_states=torch.randn(1, side * side, 64, generator=generator),
+        encoder_hidden_states=torch.randn(1, TEXT_TOKENS, 256, generator=generator),
+        pooled_projections=torch.randn(1, 128, generator=generator),
+        timestep=torch.tensor([0.5]),
+        img_ids=image_ids,
+        txt_ids=torch.zeros(TEXT_TOKENS, 3),
+        return_dict=False,
+    )
 
 
 def theoretical_bytes(transformer: Any, tokens: int, tp: int) -> int:
@@ -56,7 +70,13 @@ def theoretical_bytes(transformer: Any, tokens: int, tp: int) -> int:
     from accel.parallel.tensor import planned_layers, resolve_tensor_plan
 
     image, text = tokens, TEXT_TOKENS
-    seen = {"to_out.0": image, "to_add_out": text, "ff.net.2": image, "ff_context.net.2": text, "proj_out": image + text}
+    seen = {
+        "to_out.0": image,
+        "to_add_out": text,
+        "ff.net.2": image,
+        "ff_context.net.2": text,
+        "proj_out": image + text,
+    }
     total = 0
     for layer in planned_layers(transformer, resolve_tensor_plan(FAMILIES["flux"].tensor, transformer)):
         if layer.style == "rowwise":
@@ -78,7 +98,9 @@ def _apply(transformer: Any, degrees: Any) -> None:
         ContextParallel(transformer, FAMILIES["flux"].parallel, mesh)
 
 
-def _rank(rank: int, world: int, port: int, layouts: dict[str, dict[str, int]], tokens: int, repeats: int, results: Any) -> None:
+def _rank(
+    rank: int, world: int, port: int, layouts: dict[str, dict[str, int]], tokens: int, repeats: int, results: Any
+) -> None:
     import torch.distributed as dist
 
     from accel.parallel.comm import TRAFFIC
@@ -98,7 +120,9 @@ def _rank(rank: int, world: int, port: int, layouts: dict[str, dict[str, int]], 
             results[name] = (sent, seconds)
 
 
-def run_layouts(world: int, layouts: dict[str, dict[str, int]], tokens: int, repeats: int) -> dict[str, tuple[int, float]]:
+def run_layouts(
+    world: int, layouts: dict[str, dict[str, int]], tokens: int, repeats: int
+) -> dict[str, tuple[int, float]]:
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(world, free_port(), layouts, tokens, repeats, results), nprocs=world)
     return dict(results)
@@ -148,16 +172,26 @@ def memory_section() -> None:
         pipe = accel.load_pipeline("tiny-flux")
         torch.manual_seed(0)
         tiny = pipe.transformer.config
-        pipe.transformer = FluxTransformer2DModel(in_channels=tiny.in_channels, num_layers=4, num_single_layers=8, attention_head_dim=128,
-                                                  num_attention_heads=8, joint_attention_dim=tiny.joint_attention_dim,
-                                                  pooled_projection_dim=tiny.pooled_projection_dim, axes_dims_rope=(16, 56, 56))
+        pipe.transformer = FluxTransformer2DModel(
+            in_channels=tiny.in_channels,
+            num_layers=4,
+            num_single_layers=8,
+            attention_head_dim=128,
+            num_attention_heads=8,
+            joint_attention_dim=tiny.joint_attention_dim,
+            pooled_projection_dim=tiny.pooled_projection_dim,
+            axes_dims_rope=(16, 56, 56),
+        )
         whole = sum(p.numel() * p.element_size() for p in pipe.transformer.parameters())
         pipe.save_pretrained(folder)
         del pipe
         results = mp.Manager().dict()
         for sliced in (False, True):
             mp.spawn(_load_rank, args=(2, free_port(), folder, sliced, results), nprocs=2)
-    print(f"\n3. host memory of loading, 2 ranks, transformer {whole / 2**30:.2f} GiB float32: each rank's peak private memory")
+    print(
+        f"\n3. host memory of loading, 2 ranks, transformer {whole / 2**30:.2f} GiB float32: each rank's peak private "
+        "memory"
+    )
     print("   (RssAnon, sampled every 5 ms) while loading, and its transformer's parameters")
     print(f"   {'load':<14}{'rank':>5}{'loading peak':>14}{'transformer':>14}{'both ranks':>12}")
     for sliced in (False, True):
@@ -172,17 +206,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=1024, help="image tokens (a square number)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-memory", action="store_true", help="leave out section 3 (writes about 1.2 GB to a temporary folder)")
+    parser.add_argument(
+        "--skip-memory", action="store_true", help="leave out section 3 (writes about 1.2 GB to a temporary folder)"
+    )
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores; FLUX.1-shaped transformer, 8 heads x 64, "
-          f"{args.tokens} image + {TEXT_TOKENS} text tokens, float32, 1 thread per rank")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPU cores; FLUX.1-shaped transformer, 8 heads x 64, "
+        f"{args.tokens} image + {TEXT_TOKENS} text tokens, float32, 1 thread per rank"
+    )
     torch.set_num_threads(1)
     transformer, arguments = flux_shaped(), inputs(args.tokens)
     with torch.no_grad():
         single = median_time(lambda: transformer(**arguments), args.repeats, warmup=1)
     two = run_layouts(2, {"ulysses 2": {"ulysses": 2}, "tp 2": {"tp": 2}}, args.tokens, args.repeats)
-    four = run_layouts(4, {"ulysses 4": {"ulysses": 4}, "tp 2 x ulysses 2": {"tp": 2, "ulysses": 2}, "tp 4": {"tp": 4}},
-                       args.tokens, args.repeats)
+    four = run_layouts(
+        4,
+        {"ulysses 4": {"ulysses": 4}, "tp 2 x ulysses 2": {"tp": 2, "ulysses": 2}, "tp 4": {"tp": 4}},
+        args.tokens,
+        args.repeats,
+    )
     print("\n1. bytes sent per rank in one transformer step")
     print(f"   {'layout':<18}{'measured':>14}{'theoretical':>14}{'ratio':>8}")
     for name, results, tp in (("tp 2", two, 2), ("tp 4", four, 4)):
@@ -192,7 +234,8 @@ def main() -> None:
     print(f"   {'layout':<18}{'ms':>8}{'vs 1 process':>14}{'vs Ulysses alone':>18}{'bytes/rank':>14}")
     for results, baseline in ((two, "ulysses 2"), (four, "ulysses 4")):
         for name, (sent, seconds) in results.items():
-            print(f"   {name:<18}{seconds * 1000:>8.0f}{single / seconds:>13.2f}x{results[baseline][1] / seconds:>17.2f}x{sent:>14,}")
+            versus_one, versus_ulysses = single / seconds, results[baseline][1] / seconds
+            print(f"   {name:<18}{seconds * 1000:>8.0f}{versus_one:>13.2f}x{versus_ulysses:>17.2f}x{sent:>14,}")
     if not args.skip_memory:
         memory_section()
 

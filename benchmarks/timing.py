@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 
 
-def median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None, warmup: int = 0) -> float:
+def median_time(
+    fn: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None, warmup: int = 0
+) -> float:
     """Median wall time of `fn` over `repeats` runs after `warmup` untimed ones; `sync` brackets each
     timed run (a device synchronize, a barrier across ranks)."""
     for _ in range(warmup):

@@ -35,9 +35,16 @@ def flux_vae() -> Any:
 
     torch.manual_seed(0)
     return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-        latent_channels=16, norm_num_groups=32, use_quant_conv=False, use_post_quant_conv=False,
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(128, 256, 512, 512),
+        layers_per_block=2,
+        latent_channels=16,
+        norm_num_groups=32,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
     ).eval()
 
 
@@ -85,7 +92,9 @@ def cpu(size: int) -> None:
     for label, (world, split) in runs.items():
         results = context.Queue()
         port = free_port()
-        processes = [context.Process(target=_cpu_rank, args=(r, world, port, size, split, results)) for r in range(world)]
+        processes = [
+            context.Process(target=_cpu_rank, args=(r, world, port, size, split, results)) for r in range(world)
+        ]
         for process in processes:
             process.start()
         measured = sorted(results.get() for _ in range(world))
@@ -95,10 +104,14 @@ def cpu(size: int) -> None:
         print(f"  {label}: decode {rows[-1][0]:.1f} s, peak added per rank {rows[-1][1] / 2**30:.2f} GiB", flush=True)
     (one_s, one_peak), (two_s, two_peak), (bound_s, _) = rows
     print(f"\nFLUX VAE, {size}x{size}, float32, CPU: 2 ranks vs 1")
-    print(f"  decode time      {two_s:.1f} s vs {one_s:.1f} s  -> {one_s / two_s:.2f}x speedup "
-          f"(this machine's bound, two halves decoded side by side with no exchange: {one_s / bound_s:.2f}x)")
-    print(f"  peak per rank    {two_peak / 2**30:.2f} GiB vs {one_peak / 2**30:.2f} GiB  -> "
-          f"{two_peak / one_peak:.2f} of one process")
+    print(
+        f"  decode time      {two_s:.1f} s vs {one_s:.1f} s  -> {one_s / two_s:.2f}x speedup "
+        f"(this machine's bound, two halves decoded side by side with no exchange: {one_s / bound_s:.2f}x)"
+    )
+    print(
+        f"  peak per rank    {two_peak / 2**30:.2f} GiB vs {one_peak / 2**30:.2f} GiB  -> "
+        f"{two_peak / one_peak:.2f} of one process"
+    )
 
 
 def fake_ranks(device: str, smoke: bool, repeats: int = 3) -> None:
@@ -108,7 +121,10 @@ def fake_ranks(device: str, smoke: bool, repeats: int = 3) -> None:
         "Wan 2.1 VAE 1280x720x81": (wan_vae, (1, 16, 21, 90, 160)),
     }
     if smoke:
-        cases = {"FLUX VAE 256x256": (flux_vae, (1, 16, 32, 32)), "Wan 2.1 VAE 128x128x5": (wan_vae, (1, 16, 2, 16, 16))}
+        cases = {
+            "FLUX VAE 256x256": (flux_vae, (1, 16, 32, 32)),
+            "Wan 2.1 VAE 128x128x5": (wan_vae, (1, 16, 2, 16, 16)),
+        }
     for name, (build, shape) in cases.items():
         _fake_case(name, build(), shape, device, repeats=1 if smoke else repeats)
 
@@ -153,7 +169,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="image side for the CPU comparison")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--smoke", action="store_true", help="run the fake-rank section on the CPU at small sizes")
-    parser.add_argument("--repeats", type=int, default=3, help="timed decodes per N on CUDA (gpu_check.py uses 1 to fit its budget)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed decodes per N on CUDA (gpu_check.py uses 1 to fit its budget)"
+    )
     args = parser.parse_args()
     if args.device == "cuda":
         fake_ranks("cuda", smoke=False, repeats=args.repeats)

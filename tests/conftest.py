@@ -18,8 +18,13 @@ os.environ.setdefault("ACCEL_CACHE_DIR", tempfile.mkdtemp(prefix="accel-test-cac
 
 FLUX_CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=3.5)
 WAN_CALL = dict(
-    prompt="a red fox", negative_prompt="blurry", height=64, width=64, num_frames=5,
-    num_inference_steps=4, guidance_scale=5.0,
+    prompt="a red fox",
+    negative_prompt="blurry",
+    height=64,
+    width=64,
+    num_frames=5,
+    num_inference_steps=4,
+    guidance_scale=5.0,
 )
 
 

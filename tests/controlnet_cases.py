@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 
-def run(builder: str, recipe: dict[str, Any], call: dict[str, Any], global_seed: int | None = 0) -> tuple[Any, Any, int]:
+def run(
+    builder: str, recipe: dict[str, Any], call: dict[str, Any], global_seed: int | None = 0
+) -> tuple[Any, Any, int]:
     """parallel_cases.tiny_run with the global random state seeded first (None: this rank's index):
     SD 3.5's ControlNet pipelines draw the control picture's latents from it, not from the generator."""
     import torch.distributed as dist
@@ -40,7 +42,11 @@ def build_flux() -> Any:
     pipe = flux.build_tiny()
     with parts.seeded(1000):
         controlnet = diffusers.FluxControlNetModel.from_transformer(
-            pipe.transformer, num_layers=2, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+            pipe.transformer,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=4,
             load_weights_from_transformer=False,
         )
     return diffusers.FluxControlNetPipeline.from_pipe(pipe, controlnet=_unzeroed(controlnet, 1001))
@@ -56,7 +62,11 @@ def build_qwenimage(pipeline: str = "QwenImageControlNetPipeline", extra_channel
     pipe = qwenimage.build_tiny()
     with parts.seeded(1010):
         controlnet = diffusers.QwenImageControlNetModel.from_transformer(
-            pipe.transformer, num_layers=2, attention_head_dim=16, num_attention_heads=4, load_weights_from_transformer=False,
+            pipe.transformer,
+            num_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=4,
+            load_weights_from_transformer=False,
             extra_condition_channels=extra_channels,
         )
     return getattr(diffusers, pipeline).from_pipe(pipe, controlnet=_unzeroed(controlnet, 1011))
@@ -77,7 +87,10 @@ def build_sd3(pipeline: str = "StableDiffusion3ControlNetPipeline", extra_channe
     pipe = sd3.build_tiny()
     with parts.seeded(1020):
         controlnet = diffusers.SD3ControlNetModel.from_transformer(
-            pipe.transformer, num_layers=2, num_extra_conditioning_channels=extra_channels, load_weights_from_transformer=False,
+            pipe.transformer,
+            num_layers=2,
+            num_extra_conditioning_channels=extra_channels,
+            load_weights_from_transformer=False,
         )
     return getattr(diffusers, pipeline).from_pipe(pipe, controlnet=_unzeroed(controlnet, 1021))
 
@@ -99,8 +112,12 @@ def build_zimage(pipeline: str = "ZImageControlNetPipeline", inputs: int = 1) ->
     config = pipe.transformer.config
     with parts.seeded(1030):
         controlnet = diffusers.ZImageControlNetModel(
-            control_layers_places=[0, 1], control_in_dim=inputs * config.in_channels + (inputs > 1), dim=config.dim,
-            n_refiner_layers=config.n_refiner_layers, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
+            control_layers_places=[0, 1],
+            control_in_dim=inputs * config.in_channels + (inputs > 1),
+            dim=config.dim,
+            n_refiner_layers=config.n_refiner_layers,
+            n_heads=config.n_heads,
+            n_kv_heads=config.n_kv_heads,
         )
     # Unzeroed before the pipeline shares the transformer's modules with it.
     return getattr(diffusers, pipeline).from_pipe(pipe, controlnet=_unzeroed(controlnet, 1031))

@@ -99,13 +99,20 @@ class Probe(TorchDispatchMode):
         self.kernels: list[Kernel] = []
         self.collectives: list[tuple[str, tuple[str, ...]]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if self.known is not None and self._reads_known(func, args, kwargs):
             # A read of a value the mode below keeps (a mask made from known values): the GPU stalls
             # here as anywhere, and the answer is the real one.
             sync = Sync(str(func.overloadpacket.__name__), _caller())
-            if not (func is aten._local_scalar_dense.default and self.syncs and self.syncs[-1] == sync and self._last_was_read):
+            if not (
+                func is aten._local_scalar_dense.default
+                and self.syncs
+                and self.syncs[-1] == sync
+                and self._last_was_read
+            ):
                 self.syncs.append(sync)  # `tolist()` reads element by element here, from one copy on a GPU: one sync
             result = func(*args, **kwargs)
             self._last_was_read = func is aten._local_scalar_dense.default
@@ -123,7 +130,9 @@ class Probe(TorchDispatchMode):
             self.syncs.append(Sync("index with a boolean mask", _caller()))
             return func(args[0], [_every_index(i) for i in args[1]])
         if func in (aten._to_copy.default, aten.copy_.default):
-            source, target = (args[0], kwargs.get("device")) if func is aten._to_copy.default else (args[1], args[0].device)
+            source, target = (
+                (args[0], kwargs.get("device")) if func is aten._to_copy.default else (args[1], args[0].device)
+            )
             if source.device.type == "cuda" and target is not None and torch.device(target).type == "cpu":
                 self.syncs.append(Sync("device-to-host copy", _caller()))
         kernel = KERNELS.get(func)
@@ -259,7 +268,9 @@ class ToyScheduler:
         return None
 
 
-def run_probed(fn: Callable[[], Any], scalars: list[Any] | None = None, known: KnownValues | None = None) -> tuple[Any, Probe]:
+def run_probed(
+    fn: Callable[[], Any], scalars: list[Any] | None = None, known: KnownValues | None = None
+) -> tuple[Any, Probe]:
     """`fn()` under a fresh `Probe` (inside `fake_cuda()`, and inside `known` if given): its result and
     what the probe saw."""
     probe = Probe(scalars, known=known)

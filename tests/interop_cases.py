@@ -101,12 +101,18 @@ def native_backend_output() -> np.ndarray:
 class HandAttention(torch.nn.Module):
     """Joint (text, image) attention over 2 heads computed by hand (matmul + softmax), never through SDPA."""
 
-    def forward(self, hidden_states: torch.Tensor, img_ids: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                txt_ids: torch.Tensor, controlnet_block_samples: None = None,
-                controlnet_single_block_samples: None = None) -> torch.Tensor:  # FLUX's arguments the plan names
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        img_ids: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        txt_ids: torch.Tensor,
+        controlnet_block_samples: None = None,
+        controlnet_single_block_samples: None = None,
+    ) -> torch.Tensor:  # FLUX's arguments the plan names
         x = self.heads(torch.cat([encoder_hidden_states, hidden_states], dim=1))
         out = self.attend(x)
-        return out.transpose(1, 2).flatten(2)[:, encoder_hidden_states.shape[1]:]
+        return out.transpose(1, 2).flatten(2)[:, encoder_hidden_states.shape[1] :]
 
     @staticmethod
     def heads(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +137,12 @@ def toy_attention_runs() -> tuple[str, float]:
 
     mesh = build_mesh(Degrees(ulysses=2), "cpu")
     generator = torch.Generator().manual_seed(0)
-    inputs = (torch.randn(1, 6, 8, generator=generator), torch.zeros(6, 3), torch.randn(1, 4, 8, generator=generator), torch.zeros(4, 3))
+    inputs = (
+        torch.randn(1, 6, 8, generator=generator),
+        torch.zeros(6, 3),
+        torch.randn(1, 4, 8, generator=generator),
+        torch.zeros(4, 3),
+    )
     hand, sdpa = HandAttention(), SdpaAttention()
     expected = sdpa(*inputs)
     assert torch.allclose(hand(*inputs), expected, atol=1e-5)  # the same attention, computed two ways
@@ -179,7 +190,9 @@ def make_lora(directory: str) -> None:
     transformer = fresh_flux().transformer
     with torch.random.fork_rng():
         torch.manual_seed(0)  # init_lora_weights=False: lora_B is random too, so the LoRA changes the image
-        transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False))
+        transformer.add_adapter(
+            LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False)
+        )
     FluxPipeline.save_lora_weights(directory, transformer_lora_layers=get_peft_model_state_dict(transformer))
 
 

@@ -16,8 +16,19 @@ from accel.parallel.mesh import Degrees, build_mesh
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int, q_len: int, k_len: int,
-                    dim: int, masked: bool, seed: int = 0, host_hint: bool = False) -> float:
+def attention_error(
+    ulysses: int,
+    ring: int,
+    dtype: str,
+    batch: int,
+    heads: int,
+    q_len: int,
+    k_len: int,
+    dim: int,
+    masked: bool,
+    seed: int = 0,
+    host_hint: bool = False,
+) -> float:
     """Max-abs error of this rank's context-parallel output against SDPA on the full tensors.
 
     The reference runs in float64 on the same (possibly low-precision) inputs. `host_hint` also
@@ -32,8 +43,9 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     if masked:  # key padding that differs per batch row; row 0 keeps at least one key
         lengths = torch.randint(1, k_len + 1, (batch,), generator=generator)
         real = torch.arange(k_len)[None, :] < lengths[:, None]
-    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                               attn_mask=real[:, None, None, :] if masked else None)
+    reference = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=real[:, None, None, :] if masked else None
+    )
 
     q_layout, k_layout = SequenceLayout(q_len, world), SequenceLayout(k_len, world)
     shard = lambda x, layout: layout.split(x, 2, rank)  # noqa: E731
@@ -43,9 +55,16 @@ def attention_error(ulysses: int, ring: int, dtype: str, batch: int, heads: int,
     elif not k_layout.pad:
         key_valid = None
     real_keys = [k_layout.real(p) for p in range(world)] if host_hint and key_valid is not None and not masked else None
-    out = usp_attention(shard(q, q_layout), shard(k, k_layout), shard(v, k_layout),
-                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid,
-                        None, real_keys)
+    out = usp_attention(
+        shard(q, q_layout),
+        shard(k, k_layout),
+        shard(v, k_layout),
+        mesh.ulysses_group if ulysses > 1 else None,
+        mesh.ring_group if ring > 1 else None,
+        key_valid,
+        None,
+        real_keys,
+    )
     assert out.dtype == q.dtype and out.shape == (batch, heads, q_layout.shard, dim)
     expected = shard(reference, q_layout)
     rows = min(q_layout.shard, q_len - rank * q_layout.shard)  # padded query rows are dropped later
@@ -71,14 +90,25 @@ def pair_mask_error(ulysses: int, ring: int, tokens: int, block: int, additive: 
         mask = -torch.rand(1, heads, tokens, tokens, generator=generator) * 3
         mask[..., ::4] = -10000.0
         mask = mask.masked_fill(~allowed, float("-inf"))
-    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask.double() if additive else mask)
+    reference = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=mask.double() if additive else mask
+    )
     layout = SequenceLayout(tokens, world)
     pairs = F.pad(mask if additive else mask[None, None], (0, layout.pad, 0, layout.pad), value=0)
     if not additive:
         pairs[..., tokens:, :] = True
     shard = lambda x: layout.split(x, 2, rank)  # noqa: E731
-    out = usp_attention(shard(q), shard(k), shard(v), mesh.ulysses_group if ulysses > 1 else None,
-                        mesh.ring_group if ring > 1 else None, layout.valid()[:, None, :] if layout.pad else None, None, None, pairs)
+    out = usp_attention(
+        shard(q),
+        shard(k),
+        shard(v),
+        mesh.ulysses_group if ulysses > 1 else None,
+        mesh.ring_group if ring > 1 else None,
+        layout.valid()[:, None, :] if layout.pad else None,
+        None,
+        None,
+        pairs,
+    )
     rows = min(layout.shard, tokens - rank * layout.shard)
     assert not out.isnan().any()
     return (out[:, :, :rows].double() - shard(reference)[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
@@ -102,8 +132,15 @@ def whole_query_error(world: int, q_len: int, k_len: int, masked: bool, host_hin
     if masked:
         key_valid = key_valid & torch.stack([layout.split(real, 1, r) for r in range(world)])
     real_keys = [layout.real(p) for p in range(world)] if host_hint else None
-    out = whole_query_attention(q, layout.split(k, 2, rank), layout.split(v, 2, rank), mesh.sequence_group,
-                                key_valid if layout.pad or masked else None, None, real_keys)
+    out = whole_query_attention(
+        q,
+        layout.split(k, 2, rank),
+        layout.split(v, 2, rank),
+        mesh.sequence_group,
+        key_valid if layout.pad or masked else None,
+        None,
+        real_keys,
+    )
     return (out.double() - reference).abs().max().item()
 
 
@@ -119,13 +156,23 @@ def shared_keys_error(ulysses: int, ring: int, heads: int, tokens: int, shared: 
     shared_valid = torch.ones(2, shared, dtype=torch.bool)
     shared_valid[1, shared // 2 :] = False
     real = torch.cat([shared_valid, torch.ones(2, tokens, dtype=torch.bool)], dim=1)
-    reference = F.scaled_dot_product_attention(q.double(), torch.cat([shared_k, k], 2).double(), torch.cat([shared_v, v], 2).double(),
-                                               attn_mask=real[:, None, None, :])
+    reference = F.scaled_dot_product_attention(
+        q.double(),
+        torch.cat([shared_k, k], 2).double(),
+        torch.cat([shared_v, v], 2).double(),
+        attn_mask=real[:, None, None, :],
+    )
     layout = SequenceLayout(tokens, world)
     key_valid = layout.valid()[:, None, :] if layout.pad else None
-    out = usp_attention(layout.split(q, 2, rank), layout.split(k, 2, rank), layout.split(v, 2, rank),
-                        mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, key_valid,
-                        shared=(shared_k, shared_v, shared_valid))
+    out = usp_attention(
+        layout.split(q, 2, rank),
+        layout.split(k, 2, rank),
+        layout.split(v, 2, rank),
+        mesh.ulysses_group if ulysses > 1 else None,
+        mesh.ring_group if ring > 1 else None,
+        key_valid,
+        shared=(shared_k, shared_v, shared_valid),
+    )
     rows = min(layout.shard, tokens - rank * layout.shard)
     expected = layout.split(reference, 2, rank)
     return (out[:, :, :rows].double() - expected[:, :, :rows]).abs().max().item() if rows > 0 else 0.0
@@ -150,8 +197,10 @@ def group_ranks(ulysses: int, ring: int, fallback: bool) -> dict[str, Any]:
 
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     sequence = flattened_group_fallback(mesh.device_mesh, ("ring", "ulysses")) if fallback else mesh.sequence_group
-    return {name: dist.get_process_group_ranks(group) for name, group in
-            (("ulysses", mesh.ulysses_group), ("ring", mesh.ring_group), ("sequence", sequence))}
+    return {
+        name: dist.get_process_group_ranks(group)
+        for name, group in (("ulysses", mesh.ulysses_group), ("ring", mesh.ring_group), ("sequence", sequence))
+    }
 
 
 _pipelines: dict[str, Any] = {}
@@ -187,15 +236,25 @@ class Float32RotaryProcessor:
     and keys stay float32: diffusers' rounds them to bfloat16 whatever the model's dtype, which
     turns last-bit differences (a ring merge order, a fused compiled kernel) into bfloat16 steps."""
 
-    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 rotary_emb: torch.Tensor | None = None, sparse_params: Any = None) -> torch.Tensor:
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        rotary_emb: torch.Tensor | None = None,
+        sparse_params: Any = None,
+    ) -> torch.Tensor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         if sparse_params is not None:
             raise NotImplementedError("NABLA sparse attention")
         context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         heads = lambda x: x.reshape(*x.shape[:-1], attn.num_heads, -1)  # noqa: E731
-        query, key, value = heads(attn.to_query(hidden_states)), heads(attn.to_key(context)), heads(attn.to_value(context))
+        query, key, value = (
+            heads(attn.to_query(hidden_states)),
+            heads(attn.to_key(context)),
+            heads(attn.to_value(context)),
+        )
         query = attn.query_norm(query.float()).type_as(query)
         key = attn.key_norm(key.float()).type_as(key)
         if rotary_emb is not None:
@@ -256,8 +315,12 @@ def tiny_hunyuan_i2v_33ch() -> Any:
 
     pipe = hunyuan.build_tiny_i2v()
     pipe.transformer = hunyuan._tiny_transformer(
-        9, text_dim=pipe.text_encoder.config.text_config.hidden_size, pooled_dim=pipe.text_encoder_2.config.hidden_size,
-        in_channels=2 * 16 + 1, guidance_embeds=False, image_condition_type="latent_concat",
+        9,
+        text_dim=pipe.text_encoder.config.text_config.hidden_size,
+        pooled_dim=pipe.text_encoder_2.config.hidden_size,
+        in_channels=2 * 16 + 1,
+        guidance_embeds=False,
+        image_condition_type="latent_concat",
     )
     return pipe
 
@@ -352,7 +415,9 @@ def output_of(result: Any, pipe: Any = None) -> Any:
     audio = getattr(result, spec.field if spec is not None else "audio", None)
     if audio is None:
         return output
-    return np.concatenate([output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()])
+    return np.concatenate(
+        [output.ravel(), np.asarray(audio.float().cpu() if isinstance(audio, torch.Tensor) else audio).ravel()]
+    )
 
 
 def tiny_error(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> str:
@@ -373,7 +438,10 @@ def held_bytes(model: str, recipe: dict[str, Any], call: dict[str, Any]) -> tupl
     pipe = pipeline_for(model, recipe)
     transformer = pipe.transformer
     return sum(p.numel() * p.element_size() for p in transformer.parameters()), [
-        m.weight.shape[0] * 10_000 + m.weight.shape[1] for m in transformer.transformer_blocks[0].modules() if isinstance(m, torch.nn.Linear)]
+        m.weight.shape[0] * 10_000 + m.weight.shape[1]
+        for m in transformer.transformer_blocks[0].modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
 
 
 def split_load_run(folder: str, tp: int, call: dict[str, Any]) -> tuple[Any, int, bool]:
@@ -430,7 +498,9 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     timestep = torch.linspace(0, 999, 30)[None, :]  # (batch, tokens): differs per token
     with torch.no_grad():
         expected = transformer(latents, timestep, text, return_dict=False)[0]
-        engine = ContextParallel(transformer, FAMILIES["wan"].parallel, build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu"))
+        engine = ContextParallel(
+            transformer, FAMILIES["wan"].parallel, build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+        )
         try:
             got = transformer(latents, timestep, text, return_dict=False)[0]
         finally:
@@ -438,7 +508,9 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     return (got - expected).abs().max().item()
 
 
-def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4, pairs: bool = False) -> tuple[float, int | None]:
+def compiled_attention(
+    ulysses: int, ring: int, keys: int, heads: int = 4, pairs: bool = False
+) -> tuple[float, int | None]:
     """(max-abs difference of `usp_attention` compiled with fullgraph=True from eager, graphs built by
     a second compiled call) on this rank; `keys` tokens that may not divide the ranks (pad keys);
     `pairs`: under a causal additive (1, heads, N, N) pair mask (-inf above the diagonal)."""
@@ -452,7 +524,11 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4, pairs
     groups = (mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None)
     tokens = layout.shard * ulysses * ring
     causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
-    mask = torch.randn(1, heads, tokens, tokens, generator=generator).masked_fill(~causal, float("-inf")) if pairs else None
+    mask = (
+        torch.randn(1, heads, tokens, tokens, generator=generator).masked_fill(~causal, float("-inf"))
+        if pairs
+        else None
+    )
     extra = (None, None, mask)  # scale, real_keys, pair_mask
     eager = usp_attention(q, k, v, *groups, key_valid, *extra)
     compiled = torch.compile(usp_attention, fullgraph=True)  # any graph break raises
@@ -463,7 +539,9 @@ def compiled_attention(ulysses: int, ring: int, keys: int, heads: int = 4, pairs
     return (out - eager).abs().max().item(), (after - before) if after is not None and before is not None else None
 
 
-def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh: bool = False) -> tuple[Any, Any, list[int]]:
+def counted_run(
+    model: str, recipe: dict[str, Any], call: dict[str, Any], fresh: bool = False
+) -> tuple[Any, Any, list[int]]:
     """Two pipeline calls under one `accel.apply`: the second's output and cache records, and the
     graphs torch.compile built during each call. `fresh`: a new pipeline (quantization changes
     one for good), else the process's shared one."""
@@ -489,8 +567,9 @@ def counted_run(model: str, recipe: dict[str, Any], call: dict[str, Any], fresh:
     return output_of(result, pipe), decisions, graphs
 
 
-def per_rank_call(model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
-                  seeds: list[int]) -> tuple[str, Any, bool]:
+def per_rank_call(
+    model: str, recipe: dict[str, Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]], seeds: list[int]
+) -> tuple[str, Any, bool]:
     """Each rank calls the tiny pipeline under `recipe` with its own (args, kwargs) and seed: ("ok",
     output) or ("error", "Type: message"), and whether `remove()` left the pipeline as it was."""
     import numpy as np
@@ -528,14 +607,17 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
     text = torch.randn(1, 512, 32, generator=generator)
     calls = {
         "tiny-wan": dict(timestep=torch.linspace(0, 999, 50)[None, :]),
-        "accel.models.wan:build_tiny_vace": dict(timestep=torch.tensor([500.0]),
-                                                 control_hidden_states=torch.randn(1, 96, 2, 10, 10, generator=generator)),
+        "accel.models.wan:build_tiny_vace": dict(
+            timestep=torch.tensor([500.0]), control_hidden_states=torch.randn(1, 96, 2, 10, 10, generator=generator)
+        ),
         "tiny-skyreels2": dict(timestep=torch.tensor([[900.0, 300.0]]), enable_diffusion_forcing=True),
         # 36 channels (noise, mask, reference), a pose latent frame per frame after the first, one face crop.
-        "accel.models.wan:build_tiny_animate": dict(timestep=torch.tensor([500.0]),
-                                                    hidden_states=torch.randn(1, 36, 2, 10, 10, generator=generator),
-                                                    pose_hidden_states=torch.randn(1, 16, 1, 10, 10, generator=generator),
-                                                    face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator)),
+        "accel.models.wan:build_tiny_animate": dict(
+            timestep=torch.tensor([500.0]),
+            hidden_states=torch.randn(1, 36, 2, 10, 10, generator=generator),
+            pose_hidden_states=torch.randn(1, 16, 1, 10, 10, generator=generator),
+            face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator),
+        ),
     }
     mesh = build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
     errors = []
@@ -554,8 +636,9 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
     return errors
 
 
-def first_rank_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any],
-                           placement: str = "rank0") -> tuple[Any, list[str], list[str]]:
+def first_rank_encodes_run(
+    model: str, parallel: dict[str, int], call: dict[str, Any], placement: str = "rank0"
+) -> tuple[Any, list[str], list[str]]:
     """(output, the text encoders this rank still holds, the devices they were on during the call) of
     the tiny pipeline with [memory] text_encoder = `placement` ("rank0" or "cpu") under `parallel`, on
     a copy of its own (the dropped encoders stay dropped)."""
@@ -647,7 +730,7 @@ def vae_moves_run() -> dict[str, Any]:
     applied = list(pipe.vae.moves)
     placed.remove()
     pipe("a fox")
-    return {"asked": pipe.asked, "applied": applied, "after": pipe.vae.moves[len(applied):]}
+    return {"asked": pipe.asked, "applied": applied, "after": pipe.vae.moves[len(applied) :]}
 
 
 def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, Any]) -> dict[str, Any]:
@@ -670,12 +753,22 @@ def sharded_encodes_run(model: str, parallel: dict[str, int], call: dict[str, An
         result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     finally:
         handle.remove()
-    split = {name: {n: p for n, p in getattr(pipe, name).named_parameters() if isinstance(p, DTensor)} for name in names}
+    split = {
+        name: {n: p for n, p in getattr(pipe, name).named_parameters() if isinstance(p, DTensor)} for name in names
+    }
     return dict(
-        output=output_of(result, pipe), embeds=embeds, before=before, after={name: local_bytes(getattr(pipe, name)) for name in names},
+        output=output_of(result, pipe),
+        embeds=embeds,
+        before=before,
+        after={name: local_bytes(getattr(pipe, name)) for name in names},
         split={name: sorted(params) for name, params in split.items() if params},
-        split_local={name: sum(p.to_local().numel() * p.element_size() for p in params.values()) for name, params in split.items()},
-        split_whole={name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()},
+        split_local={
+            name: sum(p.to_local().numel() * p.element_size() for p in params.values())
+            for name, params in split.items()
+        },
+        split_whole={
+            name: sum(p.numel() * p.element_size() for p in params.values()) for name, params in split.items()
+        },
     )
 
 

@@ -22,8 +22,15 @@ COLLECTIVE_TIMEOUT_S = 60
 
 
 def _worker(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), HF_HUB_OFFLINE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        HF_HUB_OFFLINE="1",
+    )
     import torch
     import torch.distributed as dist
 
@@ -52,7 +59,9 @@ class RankPool:
         self._results = context.Queue()
         self._tasks = [context.Queue() for _ in range(self.world)]
         self._processes = [
-            context.Process(target=_worker, args=(rank, self.world, port, self._tasks[rank], self._results), daemon=True)
+            context.Process(
+                target=_worker, args=(rank, self.world, port, self._tasks[rank], self._results), daemon=True
+            )
             for rank in range(self.world)
         ]
         for process in self._processes:
@@ -70,7 +79,9 @@ class RankPool:
                     break
         except queue.Empty:
             self._restart()
-            raise AssertionError(f"ranks {sorted(set(range(self.world)) - set(outcomes))} gave no result in {timeout} s") from None
+            raise AssertionError(
+                f"ranks {sorted(set(range(self.world)) - set(outcomes))} gave no result in {timeout} s"
+            ) from None
         failures = [f"rank {rank}:\n{value}" for rank, (ok, value) in sorted(outcomes.items()) if not ok]
         if failures:
             self._restart()

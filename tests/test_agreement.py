@@ -17,8 +17,13 @@ CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=2, guid
 TAIL = "; call the pipeline with the same arguments on every rank"
 
 
-def run(rank_pools: Any, rank0: dict[str, Any], rank1: dict[str, Any], args1: tuple[Any, ...] = (),
-        seeds: tuple[int, int] = (0, 0)) -> list[tuple[str, Any]]:
+def run(
+    rank_pools: Any,
+    rank0: dict[str, Any],
+    rank1: dict[str, Any],
+    args1: tuple[Any, ...] = (),
+    seeds: tuple[int, int] = (0, 0),
+) -> list[tuple[str, Any]]:
     runs = rank_pools(2).run(cases.per_rank_call, "tiny-flux", ULYSSES, [((), rank0), (args1, rank1)], list(seeds))
     assert all(restored for _, _, restored in runs), "remove() must give back the pipeline's class and attributes"
     return [(kind, value) for kind, value, _ in runs]
@@ -41,15 +46,23 @@ def test_different_steps_stop_every_rank_with_one_message_and_the_pool_stays_usa
         assert kind == "ok" and np.abs(output - reference()).max() <= 1e-4
 
 
-@pytest.mark.parametrize("change, named", [
-    (dict(prompt="a blue fox"), "prompt (rank 0: 'a red fox', rank 1: 'a blue fox')"),
-    (dict(height=48), "height (rank 0: 64, rank 1: 48)"),
-    (dict(prompt="x" * 100, width=48, guidance_scale=2.0),
-     f"prompt (rank 0: 'a red fox', rank 1: '{'x' * 38}…), width (rank 0: 64, rank 1: 48) and "
-     "guidance_scale (rank 0: 3.5, rank 1: 2.0)"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (dict(prompt="a blue fox"), "prompt (rank 0: 'a red fox', rank 1: 'a blue fox')"),
+        (dict(height=48), "height (rank 0: 64, rank 1: 48)"),
+        (
+            dict(prompt="x" * 100, width=48, guidance_scale=2.0),
+            f"prompt (rank 0: 'a red fox', rank 1: '{'x' * 38}…), width (rank 0: 64, rank 1: 48) and "
+            "guidance_scale (rank 0: 3.5, rank 1: 2.0)",
+        ),
+    ],
+)
 def test_each_differing_setting_is_named_with_its_value_per_rank(rank_pools: Any, change: dict, named: str) -> None:
-    assert run(rank_pools, CALL, dict(CALL, **change)) == [("error", f"UserError: ranks were called with different {named}{TAIL}")] * 2
+    assert (
+        run(rank_pools, CALL, dict(CALL, **change))
+        == [("error", f"UserError: ranks were called with different {named}{TAIL}")] * 2
+    )
 
 
 def test_positional_keyword_and_default_spellings_agree_and_rank_0_seed_wins(rank_pools: Any) -> None:
@@ -57,7 +70,9 @@ def test_positional_keyword_and_default_spellings_agree_and_rank_0_seed_wins(ran
     # width, num_inference_steps, …): rank 1 spells the call positionally, with defaults written out,
     # and seeds differently; rank 0's noise wins (agree_on_noise), so both give the seed-0 image.
     positional = ("a red fox", None, None, None, 1.0, 64, 64, 2)
-    for kind, output in run(rank_pools, CALL, dict(guidance_scale=3.5, max_sequence_length=512), positional, seeds=(0, 7)):
+    for kind, output in run(
+        rank_pools, CALL, dict(guidance_scale=3.5, max_sequence_length=512), positional, seeds=(0, 7)
+    ):
         assert kind == "ok" and np.abs(output - reference()).max() <= 1e-4
 
 
@@ -77,5 +92,8 @@ def test_message_groups_ranks_and_summarises_tensors_without_their_contents() ->
     assert _differences(same) == []  # contents are not compared (rank 0's latents win)
     shapes = [(rank, {"latents": _describe(torch.zeros(1, 4 + rank))}) for rank in range(2)]
     assert _differences(shapes) == ["latents (rank 0: tensor 1x4 float32 on cpu, rank 1: tensor 1x5 float32 on cpu)"]
-    kwargs = [(rank, {"joint_attention_kwargs": _describe({"scale": 1.0, "mask": torch.ones(2), "fn": print})}) for rank in range(2)]
+    kwargs = [
+        (rank, {"joint_attention_kwargs": _describe({"scale": 1.0, "mask": torch.ones(2), "fn": print})})
+        for rank in range(2)
+    ]
     assert _differences(kwargs) == []

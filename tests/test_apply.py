@@ -21,7 +21,9 @@ CASES = [("tiny_flux", FLUX_CALL, "flux", 1), ("tiny_wan", WAN_CALL, "wan", 2)] 
 
 
 @pytest.mark.parametrize("fixture, call, family, branches", CASES)
-def test_cache_at_threshold_zero_is_bit_identical(request: Any, fixture: str, call: dict, family: str, branches: int) -> None:
+def test_cache_at_threshold_zero_is_bit_identical(
+    request: Any, fixture: str, call: dict, family: str, branches: int
+) -> None:
     pipe = request.getfixturevalue(fixture)
     reference = request.getfixturevalue(f"{family}_reference")
     cache = FirstBlockCache(pipe.transformer, FAMILIES[family].blocks, threshold=0.0)
@@ -33,7 +35,9 @@ def test_cache_at_threshold_zero_is_bit_identical(request: Any, fixture: str, ca
 
 
 @pytest.mark.parametrize("fixture, call, family, branches", CASES)
-def test_huge_threshold_caches_every_call_after_warmup(request: Any, fixture: str, call: dict, family: str, branches: int) -> None:
+def test_huge_threshold_caches_every_call_after_warmup(
+    request: Any, fixture: str, call: dict, family: str, branches: int
+) -> None:
     pipe = request.getfixturevalue(fixture)
     reference = request.getfixturevalue(f"{family}_reference")
     handle = accel.apply(pipe, {"cache": {"threshold": 1e9, "warmup_steps": 2}})
@@ -86,7 +90,12 @@ def test_apply_with_nothing_on_leaves_output_identical(tiny_flux: Any, flux_refe
 def test_recipe_may_be_a_recipe_a_dict_or_a_path(tiny_flux: Any, tmp_path: Path) -> None:
     path = tmp_path / "r.toml"
     path.write_text("[cache]\nthreshold = 0.5\n")
-    for recipe in (accel.Recipe.from_dict({"cache": {"threshold": 0.5}}), {"cache": {"threshold": 0.5}}, path, str(path)):
+    for recipe in (
+        accel.Recipe.from_dict({"cache": {"threshold": 0.5}}),
+        {"cache": {"threshold": 0.5}},
+        path,
+        str(path),
+    ):
         handle = accel.apply(tiny_flux, recipe)
         assert handle.recipe.cache.threshold == 0.5 and len(handle.caches) == 1
         handle.remove()
@@ -95,7 +104,9 @@ def test_recipe_may_be_a_recipe_a_dict_or_a_path(tiny_flux: Any, tmp_path: Path)
 def test_applying_twice_is_refused_until_removed(tiny_flux: Any) -> None:
     handle = accel.apply(tiny_flux, {"cache": {"threshold": 0.1}})
     try:
-        with pytest.raises(UserError, match=re.escape("accel.apply: this pipeline is already accelerated; call remove()")):
+        with pytest.raises(
+            UserError, match=re.escape("accel.apply: this pipeline is already accelerated; call remove()")
+        ):
             accel.apply(tiny_flux, {"cache": {"threshold": 0.1}})
     finally:
         handle.remove()
@@ -109,27 +120,37 @@ def test_a_pipeline_without_a_transformer_or_blocks_is_refused_in_one_line() -> 
     with pytest.raises(ModelError) as refused:
         accel.apply(SimpleNamespace(transformer=torch.nn.Linear(2, 2)), {"cache": {"threshold": 0.1}})
     assert str(refused.value) == (
-        "Linear has no repeated blocks: no _repeated_blocks or _no_split_modules, and no module list of two or more blocks "
-        "of one class holding an attention. accel's cache, compile and parallelism work block by block, so none applies to "
-        "SimpleNamespace; diffusers' VAE tiling and offload still do")
+        "Linear has no repeated blocks: no _repeated_blocks or _no_split_modules, and no module list of two or more "
+        "blocks "
+        "of one class holding an attention. accel's cache, compile and parallelism work block by block, so none "
+        "applies to "
+        "SimpleNamespace; diffusers' VAE tiling and offload still do"
+    )
     with pytest.raises(ModelError) as refused:
         accel.apply(SimpleNamespace(vae=torch.nn.Linear(2, 2)), {})
     assert str(refused.value) == (
-        "SimpleNamespace has no transformer: accel accelerates diffusion transformers (pipe.transformer); diffusers' own "
-        "VAE tiling (pipe.vae.enable_tiling()) and offload still work on it")
+        "SimpleNamespace has no transformer: accel accelerates diffusion transformers (pipe.transformer); diffusers' "
+        "own "
+        "VAE tiling (pipe.vae.enable_tiling()) and offload still work on it"
+    )
 
 
 def test_parallel_outside_a_distributed_job_is_refused(tiny_flux: Any) -> None:
-    with pytest.raises(UserError, match=re.escape(
-        "[parallel] asks for several processes, but this is a single process: use `accel run … --gpus N`, "
-        "or start your script with `accel launch --gpus N` or torchrun"
-    )):
+    with pytest.raises(
+        UserError,
+        match=re.escape(
+            "[parallel] asks for several processes, but this is a single process: use `accel run … --gpus N`, "
+            "or start your script with `accel launch --gpus N` or torchrun"
+        ),
+    ):
         accel.apply(tiny_flux, {"parallel": {"ulysses": 2}})
     accel.apply(tiny_flux, {}).remove()  # nothing was left applied
 
 
 def test_bad_recipe_dict_is_a_value_error(tiny_flux: Any) -> None:
-    with pytest.raises(RecipeError, match=re.escape("<dict>: unknown key [cache] treshold (did you mean 'threshold'?)")):
+    with pytest.raises(
+        RecipeError, match=re.escape("<dict>: unknown key [cache] treshold (did you mean 'threshold'?)")
+    ):
         accel.apply(tiny_flux, {"cache": {"treshold": 0.1}})
     assert issubclass(RecipeError, ValueError)
 

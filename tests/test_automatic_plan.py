@@ -50,7 +50,9 @@ def test_simulated_ranks_attend_as_one_process(ulysses: int, ring: int) -> None:
 
     def rank(index: int, mesh: Any) -> torch.Tensor:
         shards = (layout.split(x, -2, index) for x in (q, k, v))
-        return usp_attention(*shards, mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, valid)
+        return usp_attention(
+            *shards, mesh.ulysses_group if ulysses > 1 else None, mesh.ring_group if ring > 1 else None, valid
+        )
 
     joined = layout.join(run_ranks(simulated_meshes(ulysses, ring), rank), -2)
     assert (joined - F.scaled_dot_product_attention(q, k, v)).abs().max() < 1e-6
@@ -100,9 +102,12 @@ def _outputs(transformer: Any, plan: Any, call: TransformerCall, ulysses: int, r
 REFUSED_AUTOMATICALLY = ("qwenimage21", "cosmos3")
 
 
-@pytest.mark.parametrize("family", [family for family in FAMILY_CASES if splits_sequence(family) and family not in REFUSED_AUTOMATICALLY])
-def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(family: str, tmp_path: Any,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "family", [family for family in FAMILY_CASES if splits_sequence(family) and family not in REFUSED_AUTOMATICALLY]
+)
+def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(
+    family: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     assert {plan.origin for plan in _planned_exactly(family, diffusers_first=False)} == {"automatic"}
 
@@ -112,26 +117,49 @@ def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly
 # LTX-Video's cuts the text with its additive mask, which the engine cannot split, so the verification
 # refuses it; Qwen-Image's cuts a text mask its probe never passes (an unmasked prompt), whose stream
 # cannot be learned: both take the automatic plan.
-@pytest.mark.parametrize("family, origin", [("flux", DIFFUSERS), ("wan", DIFFUSERS), ("ltx", "automatic"), ("qwenimage", "automatic")])
-def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(family: str, origin: str, tmp_path: Any,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "family, origin", [("flux", DIFFUSERS), ("wan", DIFFUSERS), ("ltx", "automatic"), ("qwenimage", "automatic")]
+)
+def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(
+    family: str, origin: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
-    if origin == DIFFUSERS:  # a verdict kept for the automatic plan alone (--cp-plan automatic) does not answer for this
+    if (
+        origin == DIFFUSERS
+    ):  # a verdict kept for the automatic plan alone (--cp-plan automatic) does not answer for this
         pipe, call, other = _calls(family)
         spec = FAMILIES[family]
-        assert verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]").origin == "automatic"
-    plans = _planned_exactly(family, diffusers_first=True, layouts=((2, 1), (1, 3)) if origin == DIFFUSERS else ((2, 1),))
+        assert (
+            verify.automatic_plan(
+                pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]"
+            ).origin
+            == "automatic"
+        )
+    plans = _planned_exactly(
+        family, diffusers_first=True, layouts=((2, 1), (1, 3)) if origin == DIFFUSERS else ((2, 1),)
+    )
     assert {plan.origin for plan in plans} == {origin}
     if origin == DIFFUSERS:  # diffusers' cuts and gather, as its plan states them
         cp_plan = type(pipe.transformer)._cp_plan
-        assert {split.module for split in plans[0].splits} == {module for module, entry in cp_plan.items() if isinstance(entry, dict)}
-        assert plans[0].output_module == next(module for module, entry in cp_plan.items() if not isinstance(entry, dict))
+        assert {split.module for split in plans[0].splits} == {
+            module for module, entry in cp_plan.items() if isinstance(entry, dict)
+        }
+        assert plans[0].output_module == next(
+            module for module, entry in cp_plan.items() if not isinstance(entry, dict)
+        )
         kept = [json.loads(path.read_text()) for path in (tmp_path / "plans").glob("*.json")]
-        assert sorted((verdict["source"], verdict.get("sources"), verdict["ulysses"], verdict["ring"]) for verdict in kept) == [
-            ("automatic", None, 2, 1), (DIFFUSERS, verify.DIFFUSERS_FIRST, 1, 3), (DIFFUSERS, verify.DIFFUSERS_FIRST, 2, 1)]
+        assert sorted(
+            (verdict["source"], verdict.get("sources"), verdict["ulysses"], verdict["ring"]) for verdict in kept
+        ) == [
+            ("automatic", None, 2, 1),
+            (DIFFUSERS, verify.DIFFUSERS_FIRST, 1, 3),
+            (DIFFUSERS, verify.DIFFUSERS_FIRST, 2, 1),
+        ]
 
 
-def _planned_exactly(family: str, diffusers_first: bool, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 3))) -> list[Any]:
+def _planned_exactly(
+    family: str, diffusers_first: bool, layouts: tuple[tuple[int, int], ...] = ((2, 1), (1, 3))
+) -> list[Any]:
     """The learned plan of `family`'s tiny transformer for each layout (Ulysses 2 at the probe's size,
     Ring 3 at a size three ranks do not divide), each checked equal to one process and to the hand plan."""
     pipe, call, other = _calls(family)
@@ -141,8 +169,17 @@ def _planned_exactly(family: str, diffusers_first: bool, layouts: tuple[tuple[in
     plans = []
     for ulysses, ring in layouts:
         on = call if ring == 1 else odd
-        plan = verify.automatic_plan(transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]",
-                                     diffusers_first=diffusers_first)
+        plan = verify.automatic_plan(
+            transformer,
+            call,
+            other,
+            spec.blocks,
+            spec.primary_stream,
+            ulysses,
+            ring,
+            "[parallel]",
+            diffusers_first=diffusers_first,
+        )
         args, kwargs = on.fresh()
         with torch.no_grad():
             expected = list(tensors_of(transformer(*args, **kwargs)))
@@ -159,18 +196,25 @@ def _planned_exactly(family: str, diffusers_first: bool, layouts: tuple[tuple[in
 
 
 @pytest.mark.parametrize("ulysses, ring", [(2, 1), (1, 3)])
-def test_qwen_image_21_is_refused_by_the_automatic_plan(ulysses: int, ring: int, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_qwen_image_21_is_refused_by_the_automatic_plan(
+    ulysses: int, ring: int, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its SDPA processor attends the joint sequence segment by segment at whole-sequence positions (the
     target's queries to every key): no cut of one stream is exact, and the plan says where in one line."""
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     pipe, call, other = _calls("qwenimage21")
     spec = FAMILIES["qwenimage21"]
     with pytest.raises(NotAvailableError) as refused:
-        verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]")
+        verify.automatic_plan(
+            pipe.transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]"
+        )
     assert str(refused.value) == (
-        "[parallel]: the automatic context-parallel plan for QwenImage21Transformer2DModel is refused: QwenImage21Transformer2DModel's "
-        "transformer_blocks.*.attn attends 64 queries to 76 keys, which the automatic plan cannot place among the 76 stream tokens; "
-        "run it on one process (cache, quantization and compile apply)")
+        "[parallel]: the automatic context-parallel plan for QwenImage21Transformer2DModel is refused: "
+        "QwenImage21Transformer2DModel's "
+        "transformer_blocks.*.attn attends 64 queries to 76 keys, which the automatic plan cannot place among the 76 "
+        "stream tokens; "
+        "run it on one process (cache, quantization and compile apply)"
+    )
 
 
 def test_cosmos_3_is_refused_by_the_automatic_plan(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,8 +224,10 @@ def test_cosmos_3_is_refused_by_the_automatic_plan(tmp_path: Any, monkeypatch: p
     with pytest.raises(NotAvailableError) as refused:
         verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]")
     assert str(refused.value) == (
-        "[parallel]: the automatic context-parallel plan for Cosmos3OmniTransformer is refused: Cosmos3OmniTransformer's layers take "
-        "gen_seq that is not (batch, tokens, width); run it on one process (cache, quantization and compile apply)")
+        "[parallel]: the automatic context-parallel plan for Cosmos3OmniTransformer is refused: "
+        "Cosmos3OmniTransformer's layers take "
+        "gen_seq that is not (batch, tokens, width); run it on one process (cache, quantization and compile apply)"
+    )
 
 
 # CFG halves × Ulysses on real gloo ranks with the cache on, the automatic plan in place of the hand
@@ -236,22 +282,38 @@ class _Toy(ModelMixin, ConfigMixin):
 
 
 def _toy_plan(pool: bool, **ranks: Any) -> Any:
-    calls = [TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
-             for tokens in (21, 30)]
-    return verify.automatic_plan(_Toy(pool), *calls, (BlockList("blocks", returns=("hidden_states",)),),
-                                 "hidden_states", 2, 1, "--ulysses", **ranks)
+    calls = [
+        TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
+        for tokens in (21, 30)
+    ]
+    return verify.automatic_plan(
+        _Toy(pool),
+        *calls,
+        (BlockList("blocks", returns=("hidden_states",)),),
+        "hidden_states",
+        2,
+        1,
+        "--ulysses",
+        **ranks,
+    )
 
 
-def test_a_transformer_that_pools_over_the_sequence_is_refused_naming_the_block(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_transformer_that_pools_over_the_sequence_is_refused_naming_the_block(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     plan = _toy_plan(pool=False)  # the same transformer without the pooling is verified
     assert plan.output_module == "norm_out" and plan.output_before
     with pytest.raises(NotAvailableError) as refused:
         _toy_plan(pool=True)
     message = str(refused.value)
-    assert message.startswith("--ulysses: the automatic context-parallel plan for _Toy is refused: on 2 simulated ranks its "
-                              "output differs from one process's by ")
-    assert message.endswith(" of its scale, first at blocks.1 (_Block); run it on one process (cache, quantization and compile apply)")
+    assert message.startswith(
+        "--ulysses: the automatic context-parallel plan for _Toy is refused: on 2 simulated ranks its "
+        "output differs from one process's by "
+    )
+    assert message.endswith(
+        " of its scale, first at blocks.1 (_Block); run it on one process (cache, quantization and compile apply)"
+    )
 
 
 def test_verdicts_are_kept_on_disk_and_reused(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,6 +342,7 @@ def test_every_rank_takes_the_first_ranks_verdict(tmp_path: Any, monkeypatch: py
         def share(mine: Any) -> list[Any]:
             seen.append(mine)
             return [lead_view(mine), mine]
+
         return share
 
     def never(*_: Any, **__: Any) -> Any:
@@ -295,7 +358,9 @@ def test_every_rank_takes_the_first_ranks_verdict(tmp_path: Any, monkeypatch: py
     assert str(refused.value) == refusal
     with pytest.raises(NotAvailableError) as differ:
         _toy_plan(False, share=as_rank_1(lambda mine: (None, ["0" * 16], ("0" * 16, ""))), lead=False)
-    assert str(differ.value) == verify.refusal("--ulysses", "_Toy", "the ranks learned different plans from the same call")
+    assert str(differ.value) == verify.refusal(
+        "--ulysses", "_Toy", "the ranks learned different plans from the same call"
+    )
 
 
 def _candidate_plans_of_toy() -> list[Any]:
@@ -303,6 +368,8 @@ def _candidate_plans_of_toy() -> list[Any]:
 
     lists = (BlockList("blocks", returns=("hidden_states",)),)
     toy = _Toy(False)
-    calls = [TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
-             for tokens in (21, 30)]
+    calls = [
+        TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
+        for tokens in (21, 30)
+    ]
     return candidate_plans(toy, observe(toy, calls[0], lists), observe(toy, calls[1], lists), lists, "hidden_states")

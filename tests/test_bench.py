@@ -38,12 +38,51 @@ def _documented(marker: str) -> set[str]:
     return set(re.findall(r"`([a-z_]+)`", paragraph))
 
 
-TOP_FIELDS = {"recipe", "model", "family", "output_kind", "device", "dtype", "world_size", "repeats", "warmup",
-              "settings", "peak_memory_kind", "threads", "baseline", "folder", "files", "variants"}
-VARIANT_FIELDS = {"name", "overrides", "status", "skip_reason", "world_size", "layout", "times_s", "median_s", "min_s",
-                  "max_s", "warmup_s", "steps", "per_step_s", "speedup", "speedup_min", "speedup_max", "cache_hit_rate", "peak_memory_bytes",
-                  "planned_peak_bytes",
-                  "psnr_db", "ssim", "output_path", "quant", "compile", "bytes_sent_per_rank"}
+TOP_FIELDS = {
+    "recipe",
+    "model",
+    "family",
+    "output_kind",
+    "device",
+    "dtype",
+    "world_size",
+    "repeats",
+    "warmup",
+    "settings",
+    "peak_memory_kind",
+    "threads",
+    "baseline",
+    "folder",
+    "files",
+    "variants",
+}
+VARIANT_FIELDS = {
+    "name",
+    "overrides",
+    "status",
+    "skip_reason",
+    "world_size",
+    "layout",
+    "times_s",
+    "median_s",
+    "min_s",
+    "max_s",
+    "warmup_s",
+    "steps",
+    "per_step_s",
+    "speedup",
+    "speedup_min",
+    "speedup_max",
+    "cache_hit_rate",
+    "peak_memory_bytes",
+    "planned_peak_bytes",
+    "psnr_db",
+    "ssim",
+    "output_path",
+    "quant",
+    "compile",
+    "bytes_sent_per_rank",
+}
 
 
 def test_the_readme_documents_exactly_the_json_fields() -> None:
@@ -64,7 +103,9 @@ def test_every_shipped_recipe_validates_with_every_variant(path: Path, tmp_path:
     recipe = load_recipe(path)
     family = path.stem.removeprefix("tiny-")
     assert recipe.model.name == (f"tiny-{family}" if path.stem.startswith("tiny-") else family)
-    if needs_picture(family):  # the user's picture, as the recipe's comment asks: its paths are read from where accel runs
+    if needs_picture(
+        family
+    ):  # the user's picture, as the recipe's comment asks: its paths are read from where accel runs
         assert recipe.generate.image is None
         Image.new("RGB", (64, 64), (200, 120, 40)).save(tmp_path / "in.png")
         recipe = recipe.with_overrides({"generate": {"image": str(tmp_path / "in.png")}})
@@ -93,8 +134,14 @@ def _grid_size(frame_hw: tuple[int, int], tiles: int, video: bool) -> tuple[int,
 
 def _bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     # tiny-flux's compile variants compile from a cold cache, as a new user's first bench does
-    return subprocess.run([sys.executable, "-m", "accel.cli", "bench", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=cold_compile_env(cwd))
+    return subprocess.run(
+        [sys.executable, "-m", "accel.cli", "bench", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=cold_compile_env(cwd),
+    )
 
 
 # One bench run per kind of output: an image with compile variants, a video with true CFG, a video
@@ -164,10 +211,13 @@ def test_tiny_recipe_runs_on_two_ranks_and_writes_every_report(family: str, tmp_
 
 
 def _tiny_recipe(variants: list[dict[str, Any]], **generate: Any) -> Recipe:
-    return Recipe.from_dict({
-        "model": {"name": "tiny-flux"}, "generate": {"steps": 3, **generate},
-        "bench": {"repeats": 1, "warmup": 0, "variants": variants},
-    })
+    return Recipe.from_dict(
+        {
+            "model": {"name": "tiny-flux"},
+            "generate": {"steps": 3, **generate},
+            "bench": {"repeats": 1, "warmup": 0, "variants": variants},
+        }
+    )
 
 
 def test_a_quantized_variant_is_followed_by_a_fresh_pipeline(tmp_path: Path) -> None:
@@ -178,12 +228,22 @@ def test_a_quantized_variant_is_followed_by_a_fresh_pipeline(tmp_path: Path) -> 
     assert quantized.quant is not None and quantized.quant["quantized_layers"] > 0
     assert math.isfinite(quantized.psnr_db)
     assert again.psnr_db == math.inf and again.ssim == 1.0  # not still quantized
-    assert [Path(v.output_path).name for v in result.variants] == ["01-plain.png", "02-int8wo.png", "03-plain_again.png"]
+    assert [Path(v.output_path).name for v in result.variants] == [
+        "01-plain.png",
+        "02-int8wo.png",
+        "03-plain_again.png",
+    ]
 
 
 def test_no_variants_compares_the_recipe_with_every_accelerator_off(tmp_path: Path) -> None:
-    recipe = Recipe.from_dict({"model": {"name": "tiny-flux"}, "generate": {"steps": 6}, "cache": {"threshold": 0.4},
-                               "bench": {"repeats": 1, "warmup": 0}})
+    recipe = Recipe.from_dict(
+        {
+            "model": {"name": "tiny-flux"},
+            "generate": {"steps": 6},
+            "cache": {"threshold": 0.4},
+            "bench": {"repeats": 1, "warmup": 0},
+        }
+    )
     plan = plan_bench(recipe, gpus=1)
     assert [v.name for v in plan.variants] == ["baseline", "recipe"]
     result = run_bench(plan, None)
@@ -200,11 +260,18 @@ def _bench_on_rank(recipe_dict: dict[str, Any]) -> dict[str, Any] | None:
 
 def test_smaller_variants_run_on_the_first_ranks_of_a_larger_job(rank_pools: Any) -> None:
     recipe = {
-        "model": {"name": "tiny-flux"}, "generate": {"steps": 2, "height": 48, "width": 80},
-        "bench": {"repeats": 1, "warmup": 0, "variants": [
-            {"name": "one"}, {"name": "ulysses", "parallel": {"ulysses": 2}},
-            {"name": "usp", "parallel": {"ulysses": 2, "ring": 2}}, {"name": "ring", "parallel": {"ring": 2}},
-        ]},
+        "model": {"name": "tiny-flux"},
+        "generate": {"steps": 2, "height": 48, "width": 80},
+        "bench": {
+            "repeats": 1,
+            "warmup": 0,
+            "variants": [
+                {"name": "one"},
+                {"name": "ulysses", "parallel": {"ulysses": 2}},
+                {"name": "usp", "parallel": {"ulysses": 2, "ring": 2}},
+                {"name": "ring", "parallel": {"ring": 2}},
+            ],
+        },
     }
     lead, *others = rank_pools(4).run(_bench_on_rank, recipe)
     assert others == [None, None, None]
@@ -218,10 +285,17 @@ def test_a_cached_cfg_split_on_two_of_four_ranks_decides_as_one_process(rank_poo
     """Batched CFG split over a sub-job: the cache sums block 0's change over that sub-job's ranks
     and the ranks outside it stay out of every collective."""
     recipe = {
-        "model": {"name": "tiny-cogvideox"}, "generate": {"steps": 6}, "cache": {"threshold": 0.7},
-        "bench": {"repeats": 1, "warmup": 0, "variants": [
-            {"name": "one"}, {"name": "cfg", "parallel": {"cfg": 2}},
-        ]},
+        "model": {"name": "tiny-cogvideox"},
+        "generate": {"steps": 6},
+        "cache": {"threshold": 0.7},
+        "bench": {
+            "repeats": 1,
+            "warmup": 0,
+            "variants": [
+                {"name": "one"},
+                {"name": "cfg", "parallel": {"cfg": 2}},
+            ],
+        },
     }
     lead, *others = rank_pools(4).run(_bench_on_rank, recipe)
     assert others == [None, None, None]
@@ -237,17 +311,30 @@ def _write(tmp_path: Path, variants: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("variant", "message"), [
-    ('{ name = "x", cache = { treshold = 0.1 } }',
-     "[bench] variant 'x': unknown key [cache] treshold (did you mean 'threshold'?)"),
-    ('{ name = "x", cache = { threshold = -1 } }', "[bench] variant 'x': [cache] threshold must be a number >= 0, got -1"),
-    ('{ name = "x", parallel = { ulysses = 8 } }',
-     "[bench] variant 'x': [parallel] ulysses = 8 is more than the 4 attention heads of tiny-flux"),
-    ('{ name = "x", model = { name = "tiny-wan" } }', "[bench] variant 'x' changes [model] name"),
-    ('{ name = "x", model = { lora = ["style.safetensors"] } }', "[bench] variant 'x' changes [model] lora"),
-    ('{ name = "x", generate = { frames = 3 } }', "[bench] variant 'x': [generate] frames: FLUX.1 makes images; remove frames"),
-    ('{ name = "baseline" }', "[bench] variant name 'baseline' is used twice"),
-])
+@pytest.mark.parametrize(
+    ("variant", "message"),
+    [
+        (
+            '{ name = "x", cache = { treshold = 0.1 } }',
+            "[bench] variant 'x': unknown key [cache] treshold (did you mean 'threshold'?)",
+        ),
+        (
+            '{ name = "x", cache = { threshold = -1 } }',
+            "[bench] variant 'x': [cache] threshold must be a number >= 0, got -1",
+        ),
+        (
+            '{ name = "x", parallel = { ulysses = 8 } }',
+            "[bench] variant 'x': [parallel] ulysses = 8 is more than the 4 attention heads of tiny-flux",
+        ),
+        ('{ name = "x", model = { name = "tiny-wan" } }', "[bench] variant 'x' changes [model] name"),
+        ('{ name = "x", model = { lora = ["style.safetensors"] } }', "[bench] variant 'x' changes [model] lora"),
+        (
+            '{ name = "x", generate = { frames = 3 } }',
+            "[bench] variant 'x': [generate] frames: FLUX.1 makes images; remove frames",
+        ),
+        ('{ name = "baseline" }', "[bench] variant name 'baseline' is used twice"),
+    ],
+)
 def test_a_bad_variant_is_refused_with_one_line(tmp_path: Path, variant: str, message: str) -> None:
     result = runner.invoke(app, ["bench", str(_write(tmp_path, variant)), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
@@ -273,8 +360,9 @@ def test_bench_refuses_an_unknown_only_and_anything_it_would_overwrite(tmp_path:
 def test_bench_in_process_writes_a_fresh_folder_each_time_and_copies(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     recipe = _write(tmp_path, '{ name = "cache", cache = { threshold = 0.4 } }')
-    first = runner.invoke(app, ["bench", str(recipe), "--repeats", "1", "--warmup", "0", "--json", "copy.json",
-                                "--markdown", "copy.md"])
+    first = runner.invoke(
+        app, ["bench", str(recipe), "--repeats", "1", "--warmup", "0", "--json", "copy.json", "--markdown", "copy.md"]
+    )
     assert first.exit_code == 0, first.output
     second = runner.invoke(app, ["bench", str(recipe), "--repeats", "1", "--warmup", "0", "--only", "cache"])
     assert second.exit_code == 0, second.output
@@ -291,7 +379,9 @@ def test_bench_in_process_writes_a_fresh_folder_each_time_and_copies(tmp_path: P
     assert [p.name for p in tmp_path.iterdir() if ".accel" in p.name] == []  # claims released, no temporaries
 
 
-def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(tmp_path: Path, monkeypatch: Any) -> None:
+def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     from accel.files import claim
 
     monkeypatch.chdir(tmp_path)
@@ -299,7 +389,11 @@ def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(t
     with claim(tmp_path / "held.json"):  # as a concurrent bench aiming at the same copy
         result = runner.invoke(app, ["bench", str(recipe), "--json", "held.json"])
     assert result.exit_code == 2
-    assert result.stderr.strip() == f"error: held.json is being written by another accel run (pid {os.getpid()}); choose another name or wait for it"
+    assert (
+        result.stderr.strip()
+        == f"error: held.json is being written by another accel run (pid {os.getpid()}); choose another name or wait "
+        "for it"
+    )
     assert not (tmp_path / "outputs").exists()  # refused before any measuring
 
 
@@ -308,12 +402,18 @@ def test_tensor_parallel_variants_and_a_fresh_pipeline_after_them(rank_pools: An
     split and the dropped encoders cannot be undone, so the last variant gets a fresh pipeline and
     equals the first to the bit."""
     recipe = {
-        "model": {"name": "tiny-flux"}, "generate": {"steps": 2},
-        "bench": {"repeats": 1, "warmup": 0, "variants": [
-            {"name": "one"}, {"name": "tp", "parallel": {"tp": 2}},
-            {"name": "tp-usp", "parallel": {"tp": 2, "ulysses": 2}, "memory": {"text_encoder": "rank0"}},
-            {"name": "one again"},
-        ]},
+        "model": {"name": "tiny-flux"},
+        "generate": {"steps": 2},
+        "bench": {
+            "repeats": 1,
+            "warmup": 0,
+            "variants": [
+                {"name": "one"},
+                {"name": "tp", "parallel": {"tp": 2}},
+                {"name": "tp-usp", "parallel": {"tp": 2, "ulysses": 2}, "memory": {"text_encoder": "rank0"}},
+                {"name": "one again"},
+            ],
+        },
     }
     lead, *others = rank_pools(4).run(_bench_on_rank, recipe)
     assert others == [None, None, None]

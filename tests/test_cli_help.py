@@ -48,7 +48,8 @@ def test_every_option_has_help_and_shows_its_default(name: str) -> None:
         if param.param_type_name == "argument" and param.required:
             continue
         assert isinstance(param.show_default, str) or (param.default is not None and not param.is_flag), (
-            f"accel {name}: {param.name} shows no default")
+            f"accel {name}: {param.name} shows no default"
+        )
         shown += 1
     assert text.count("[default:") == shown
     assert "<bool>" not in text
@@ -76,9 +77,14 @@ def test_dash_h_is_help(args: list[str]) -> None:
 def test_launch_leaves_everything_after_the_script_to_it(tmp_path: Path) -> None:
     script = tmp_path / "echo.py"
     script.write_text("import sys\nprint('args', sys.argv[1:])\n")
-    result = subprocess.run([sys.executable, "-m", "accel.cli", "launch", "--gpus", "1", str(script), "-h", "--gpus", "3"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    result = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "launch", "--gpus", "1", str(script), "-h", "--gpus", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "args ['-h', '--gpus', '3']"
 
@@ -89,17 +95,26 @@ def test_version_prints_the_installed_version() -> None:
     assert result.stdout == f"accel {importlib.metadata.version('accel')}\n"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["run", "tiny-flux", "--model", "flux"], "No such option: --model; the model is the first argument: accel run MODEL"),
-    (["bench", "--recipe", "x.toml"], "No such option: --recipe; the recipe is the first argument: accel bench RECIPE"),
-    (["run", "--gpu", "2"], "No such option: --gpu; did you mean --gpus or --gpu-memory?"),
-    (["run", "--threshold", "0.2"], "No such option: --threshold; did you mean --cache?"),
-    (["run", "--guidance-scale", "3"], "No such option: --guidance-scale; did you mean --guidance?"),
-    (["run", "--cfg"], "No such option: --cfg; did you mean --cfg-parallel?"),
-    (["run", "--prompts", "x"], "No such option: --prompts; did you mean --prompt?"),
-    (["bench", "--repeat", "2", "r.toml"], "No such option: --repeat; did you mean --repeats?"),
-    (["run", "--zzz"], "No such option: --zzz"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["run", "tiny-flux", "--model", "flux"],
+            "No such option: --model; the model is the first argument: accel run MODEL",
+        ),
+        (
+            ["bench", "--recipe", "x.toml"],
+            "No such option: --recipe; the recipe is the first argument: accel bench RECIPE",
+        ),
+        (["run", "--gpu", "2"], "No such option: --gpu; did you mean --gpus or --gpu-memory?"),
+        (["run", "--threshold", "0.2"], "No such option: --threshold; did you mean --cache?"),
+        (["run", "--guidance-scale", "3"], "No such option: --guidance-scale; did you mean --guidance?"),
+        (["run", "--cfg"], "No such option: --cfg; did you mean --cfg-parallel?"),
+        (["run", "--prompts", "x"], "No such option: --prompts; did you mean --prompt?"),
+        (["bench", "--repeat", "2", "r.toml"], "No such option: --repeat; did you mean --repeats?"),
+        (["run", "--zzz"], "No such option: --zzz"),
+    ],
+)
 def test_unknown_option_suggests_real_neighbours(args: list[str], message: str) -> None:
     result = runner.invoke(app, args, env={"COLUMNS": "400"})
     assert result.exit_code == 2
@@ -112,7 +127,8 @@ def test_models_help_and_refusals_do_not_import_torch() -> None:
     probe = (
         "import sys\n"
         "from accel.cli import main\n"
-        "for args in (['models'], ['run', '--help'], ['bench', '--help'], ['run', 'tiny-flux', '--cache', '-2'], ['run', 'tiny-flx'],\n"
+        "for args in (['models'], ['run', '--help'], ['bench', '--help'], ['run', 'tiny-flux', '--cache', '-2'], "
+        "['run', 'tiny-flx'],\n"
         "             ['run', 'tiny-flux', '-o', 'x.mp4'], ['inspect', 'tiny-fluxx']):\n"
         "    try:\n"
         "        main(args)\n"
@@ -120,8 +136,13 @@ def test_models_help_and_refusals_do_not_import_torch() -> None:
         "        pass\n"
         "print(sorted(m for m in ('torch', 'diffusers', 'transformers', 'accel.runner') if m in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"))
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"),
+    )
     assert "tiny-flux" in result.stdout
     assert "error: unknown model 'tiny-flx' (did you mean 'tiny-flux'?)" in result.stderr
     assert "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png" in result.stderr
@@ -138,18 +159,26 @@ NOISE = (
     "class Mode(str, enum.Enum):  # as torchao registers its own\n"
     "    A = 'a'\n"
     "pytree.register_constant(Mode)\n"
-    "warnings.warn_explicit('In CPU autocast, but the target dtype is not supported. Disabling autocast.', UserWarning,\n"
+    "warnings.warn_explicit('In CPU autocast, but the target dtype is not supported. Disabling autocast.', "
+    "UserWarning,\n"
     "                       'transformer_mochi.py', 286, module='diffusers.models.transformers.transformer_mochi')\n"
-    "warnings.warn_explicit('In CPU autocast, but the target dtype is not supported.', UserWarning, 'mine.py', 1, module='mine')\n"
+    "warnings.warn_explicit('In CPU autocast, but the target dtype is not supported.', UserWarning, 'mine.py', 1, "
+    "module='mine')\n"
 )
 
 
 def test_known_library_noise_is_quiet_in_accel_commands_only() -> None:
     """Torch's pytree deprecation notice and Mochi's autocast warning are silenced where the CLI asks,
     and nothing else: the same warning from another module still shows."""
+
     def stderr(mode: str) -> str:
-        result = subprocess.run([sys.executable, "-c", NOISE, mode], capture_output=True, text=True, timeout=120,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        result = subprocess.run(
+            [sys.executable, "-c", NOISE, mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         assert result.returncode == 0, result.stderr
         return result.stderr
 
@@ -162,11 +191,16 @@ def test_known_library_noise_is_quiet_in_accel_commands_only() -> None:
 def test_piped_run_says_loading_and_prints_a_line_a_block_of_steps(tmp_path: Path) -> None:
     """Output to a pipe (CliRunner is one) gets plain lines: the load with its time, then a line per
     quarter of the steps (8 steps: every 2nd), never a bar's redraws."""
-    result = runner.invoke(app, ["run", "tiny-flux", "--steps", "8", "--warmup", "0", "-o", str(tmp_path / "x.png")],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        ["run", "tiny-flux", "--steps", "8", "--warmup", "0", "-o", str(tmp_path / "x.png")],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "loading tiny-flux…"
     assert re.fullmatch(r"loaded tiny-flux in \d+\.\d s", lines[1])
-    assert [re.sub(r", \d+\.\d s$", "", line) for line in lines[2:6]] == [f"generating: step {n}/8" for n in (2, 4, 6, 8)]
+    assert [re.sub(r", \d+\.\d s$", "", line) for line in lines[2:6]] == [
+        f"generating: step {n}/8" for n in (2, 4, 6, 8)
+    ]
     assert "accel run tiny-flux" in lines[6]

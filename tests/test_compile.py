@@ -51,10 +51,21 @@ def test_whole_transformer_scope_equals_eager(tiny_flux: Any, flux_reference: np
     assert np.abs(output - flux_reference).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("ulysses, ring, keys, heads, pairs", [(2, 1, 16, 4, False), (1, 2, 16, 4, False), (2, 1, 15, 4, False),
-                                                              (1, 2, 13, 4, False), (2, 1, 15, 3, False), (2, 1, 15, 3, True),
-                                                              (1, 2, 13, 4, True)])
-def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses: int, ring: int, keys: int, heads: int, pairs: bool) -> None:
+@pytest.mark.parametrize(
+    "ulysses, ring, keys, heads, pairs",
+    [
+        (2, 1, 16, 4, False),
+        (1, 2, 16, 4, False),
+        (2, 1, 15, 4, False),
+        (1, 2, 13, 4, False),
+        (2, 1, 15, 3, False),
+        (2, 1, 15, 3, True),
+        (1, 2, 13, 4, True),
+    ],
+)
+def test_attention_functions_compile_fullgraph_on_two_ranks(
+    rank_pools, ulysses: int, ring: int, keys: int, heads: int, pairs: bool
+) -> None:
     """fullgraph=True raises on any graph break: Ulysses' all-to-all, the ring's shift, the pad-key
     mask, the zero heads padding 3 heads to 4 and a per-head additive pair mask (its heads padded
     likewise, a ring block all -inf for some queries) all stay inside one graph, which a second call reuses."""
@@ -67,11 +78,16 @@ def test_attention_functions_compile_fullgraph_on_two_ranks(rank_pools, ulysses:
 # and the TaylorSeer calibrator: the cache wraps the compiled blocks from outside, so neither
 # recompiles. TaylorSeer inside the blocks: its modules run outside the compiled graphs (a graph
 # break each), so the step schedule is never a guard either.
-@pytest.mark.parametrize("cache", [{"threshold": 0.5},
-                                   {"threshold": 0.5, "method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer"},
-                                   {"method": "taylorseer", "interval": 2},
-                                   {"method": "magcache", "threshold": 0.1, "mag_ratios": [[1.0, 0.95, 1.05, 1.0, 0.97, 1.02]]}],
-                         ids=["fbcache", "dbcache-taylorseer", "taylorseer", "magcache"])
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {"threshold": 0.5},
+        {"threshold": 0.5, "method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer"},
+        {"method": "taylorseer", "interval": 2},
+        {"method": "magcache", "threshold": 0.1, "mag_ratios": [[1.0, 0.95, 1.05, 1.0, 0.97, 1.02]]},
+    ],
+    ids=["fbcache", "dbcache-taylorseer", "taylorseer", "magcache"],
+)
 def test_compile_cache_ulysses_equals_eager_cache_ulysses(rank_pools, cache: dict[str, Any]) -> None:
     eager_recipe = {"parallel": {"ulysses": 2}, "cache": cache}
     compiled_recipe = dict(eager_recipe, compile={"enabled": True})
@@ -103,11 +119,29 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
 COMPILE_CALL = {"qwenimage21": dict(true_cfg_scale=1.0, negative_prompt=None)}
 
 
-@pytest.mark.parametrize("family", ["qwenimage", "flux2-klein", "flux2", "sd3", "zimage", "hunyuan15", "skyreels2", "ltx2", "hunyuanimage", "helios",
-                                    "cosmos3", "kandinsky6", "chronoedit", "qwenimage21"])
+@pytest.mark.parametrize(
+    "family",
+    [
+        "qwenimage",
+        "flux2-klein",
+        "flux2",
+        "sd3",
+        "zimage",
+        "hunyuan15",
+        "skyreels2",
+        "ltx2",
+        "hunyuanimage",
+        "helios",
+        "cosmos3",
+        "kandinsky6",
+        "chronoedit",
+        "qwenimage21",
+    ],
+)
 def test_regional_compile_equals_eager_on_the_newer_families(family: str) -> None:
     """Each family's own block classes (Qwen-Image's dual-stream block, FLUX.2's single blocks on
-    joined streams, SD 3.5's image-only attention, Z-Image's per-sample lists, LTX-2's two-stream blocks) trace and compile,
+    joined streams, SD 3.5's image-only attention, Z-Image's per-sample lists, LTX-2's two-stream blocks) trace and
+    compile,
     equal eager, and a second generation builds no graph; HunyuanVideo 1.5's blocks take the (B, L, L) mask they build
     (Kandinsky 5: tests/test_family_kandinsky5.py). Qwen-Image 2.1's blocks build three graphs, all in the first
     generation: the call that fills the K/V cache, the cached call, and that call again once dynamo stops

@@ -27,28 +27,51 @@ TOLERANCE = 1e-4
 
 
 def call(height: int, width: int, **extra: Any) -> dict[str, Any]:
-    return dict(prompt="a red fox", height=height, width=width, num_inference_steps=4,
-                control_image=variant_cases.picture((width, height)), **extra)
+    return dict(
+        prompt="a red fox",
+        height=height,
+        width=width,
+        num_inference_steps=4,
+        control_image=variant_cases.picture((width, height)),
+        **extra,
+    )
 
 
 # family: (builder, small call, a call whose token counts 3 ranks do not divide, CFG call, cache threshold)
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], float]] = {
     # 3x5 = 15 image tokens and 512 text tokens; CFG: a second call (true_cfg_scale)
-    "flux": ("controlnet_cases:build_flux", call(64, 64, guidance_scale=3.5), call(48, 80, guidance_scale=3.5),
-             call(48, 80, guidance_scale=3.5, true_cfg_scale=2.0, negative_prompt="blurry"), 0.5),
+    "flux": (
+        "controlnet_cases:build_flux",
+        call(64, 64, guidance_scale=3.5),
+        call(48, 80, guidance_scale=3.5),
+        call(48, 80, guidance_scale=3.5, true_cfg_scale=2.0, negative_prompt="blurry"),
+        0.5,
+    ),
     # 15 image tokens, 4 and 2 prompt tokens; CFG: a second call
-    "qwenimage": ("controlnet_cases:build_qwenimage", call(64, 64, true_cfg_scale=4.0, negative_prompt="blurry"),
-                  call(48, 80, true_cfg_scale=4.0, negative_prompt="blurry"),
-                  call(48, 80, true_cfg_scale=4.0, negative_prompt="blurry"), 0.5),
+    "qwenimage": (
+        "controlnet_cases:build_qwenimage",
+        call(64, 64, true_cfg_scale=4.0, negative_prompt="blurry"),
+        call(48, 80, true_cfg_scale=4.0, negative_prompt="blurry"),
+        call(48, 80, true_cfg_scale=4.0, negative_prompt="blurry"),
+        0.5,
+    ),
     # 15 image tokens, 333 text tokens; CFG batched, the residuals with it
-    "sd3": ("controlnet_cases:build_sd3", call(64, 64, guidance_scale=3.5, negative_prompt="blurry"),
-            call(48, 80, guidance_scale=3.5, negative_prompt="blurry"),
-            call(48, 80, guidance_scale=3.5, negative_prompt="blurry"), 0.5),
+    "sd3": (
+        "controlnet_cases:build_sd3",
+        call(64, 64, guidance_scale=3.5, negative_prompt="blurry"),
+        call(48, 80, guidance_scale=3.5, negative_prompt="blurry"),
+        call(48, 80, guidance_scale=3.5, negative_prompt="blurry"),
+        0.5,
+    ),
     # 5x7 = 35 image tokens (padded to 64) and 17 / 43 caption tokens (32 / 64): 96 and 128 unified
     # tokens, the batch padded to 128 under a key mask; CFG batched, each half its own length
-    "zimage": ("controlnet_cases:build_zimage", call(64, 64, guidance_scale=4.0, negative_prompt="blurry"),
-               call(80, 112, guidance_scale=4.0, negative_prompt="blurry, low quality, jpeg artifacts"),
-               call(80, 112, guidance_scale=4.0, negative_prompt="blurry, low quality, jpeg artifacts"), 1.15),
+    "zimage": (
+        "controlnet_cases:build_zimage",
+        call(64, 64, guidance_scale=4.0, negative_prompt="blurry"),
+        call(80, 112, guidance_scale=4.0, negative_prompt="blurry, low quality, jpeg artifacts"),
+        call(80, 112, guidance_scale=4.0, negative_prompt="blurry, low quality, jpeg artifacts"),
+        1.15,
+    ),
 }
 
 
@@ -82,7 +105,9 @@ def test_controlnet_equals_one_process(rank_pools, family: str, mode: str) -> No
         assert {record[3] for record in decisions} == {True, False}
     world = parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1)
     # Each rank seeds its global random state with its own index: rank 0's (the reference's) must win.
-    for output, records, bytes_sent in rank_pools(world).run(controlnet_cases.run, builder, {**recipe, "parallel": parallel}, call, None):
+    for output, records, bytes_sent in rank_pools(world).run(
+        controlnet_cases.run, builder, {**recipe, "parallel": parallel}, call, None
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
         if threshold and parallel.get("cfg", 1) == 1:
@@ -116,7 +141,9 @@ def test_a_cached_call_counts_the_controlnet_residuals_once(family: str) -> None
     builder, _, odd, _, _ = CASES[family]
     inputs = dict(transformer_inputs(builder, odd), return_dict=False)
     transformer = cases.tiny_pipeline(builder).transformer
-    cache = FirstBlockCache(transformer, FAMILIES[family].blocks, threshold=1e9, primary_stream=FAMILIES[family].primary_stream)
+    cache = FirstBlockCache(
+        transformer, FAMILIES[family].blocks, threshold=1e9, primary_stream=FAMILIES[family].primary_stream
+    )
     try:
         with torch.no_grad():
             (computed,), (cached,) = transformer(**inputs), transformer(**inputs)
@@ -127,11 +154,14 @@ def test_a_cached_call_counts_the_controlnet_residuals_once(family: str) -> None
     assert torch.allclose(cached, computed, atol=1e-5)
 
 
-
 def inpaint_call(family: str) -> dict[str, Any]:
     _, _, odd, _, _ = CASES[family]
     size = (odd["width"], odd["height"])
-    masks = dict(image=odd["control_image"], mask_image=variant_cases.mask(size)) if family == "zimage" else dict(control_mask=variant_cases.mask(size))
+    masks = (
+        dict(image=odd["control_image"], mask_image=variant_cases.mask(size))
+        if family == "zimage"
+        else dict(control_mask=variant_cases.mask(size))
+    )
     return dict(odd, **masks)
 
 
@@ -144,7 +174,9 @@ def test_inpaint_controlnet_equals_one_process_on_ring3_at_an_odd_size(rank_pool
     expected, _, _ = controlnet_cases.run(builder, {}, call)
     without, _, _ = controlnet_cases.run(builder, {}, dict(call, controlnet_conditioning_scale=0.0))
     assert np.abs(expected - without).max() > 0.1
-    for output, _, bytes_sent in rank_pools(3).run(controlnet_cases.run, builder, {"parallel": {"ring": 3}}, call, None):
+    for output, _, bytes_sent in rank_pools(3).run(
+        controlnet_cases.run, builder, {"parallel": {"ring": 3}}, call, None
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
 

@@ -32,17 +32,25 @@ def test_threshold_zero_is_bit_identical(structure: type, first: int, last: int)
     model = make(structure)
     sequence = drifting_inputs(4)
     reference = [model(*args) for args in sequence]
-    cache = BlockCache(model, model.block_lists, threshold=0.0, first_blocks=first, last_blocks=last, calibrator="taylorseer")
+    cache = BlockCache(
+        model, model.block_lists, threshold=0.0, first_blocks=first, last_blocks=last, calibrator="taylorseer"
+    )
     assert all(torch.equal(model(*args), expected) for args, expected in zip(sequence, reference))
     assert cache.stats.calls == 4 and cache.stats.cached == 0
 
 
 # TwoListTransformer: 3 double blocks then 3 single blocks, one sequence of six. (2, 2) puts the
 # head in the double list and the tail in the single list; (4, 1) puts both in the single list.
-@pytest.mark.parametrize("structure, first, last", [
-    (TwoListTransformer, 2, 2), (TwoListTransformer, 4, 1), (TwoListTransformer, 1, 4),
-    (SingleTensorTransformer, 2, 1), (JointTransformer, 1, 2),
-])
+@pytest.mark.parametrize(
+    "structure, first, last",
+    [
+        (TwoListTransformer, 2, 2),
+        (TwoListTransformer, 4, 1),
+        (TwoListTransformer, 1, 4),
+        (SingleTensorTransformer, 2, 1),
+        (JointTransformer, 1, 2),
+    ],
+)
 @torch.no_grad()
 def test_a_cached_call_runs_exactly_the_head_and_the_tail(structure: type, first: int, last: int) -> None:
     model = make(structure)
@@ -55,8 +63,9 @@ def test_a_cached_call_runs_exactly_the_head_and_the_tail(structure: type, first
     assert [record.cached for record in cache.stats.records] == [False] + [True] * 4
 
 
-def _block_streams(model: nn.Module, args: tuple[torch.Tensor, ...], replace: dict[int, dict[str, torch.Tensor]] | None = None
-                   ) -> list[dict[str, torch.Tensor]]:
+def _block_streams(
+    model: nn.Module, args: tuple[torch.Tensor, ...], replace: dict[int, dict[str, torch.Tensor]] | None = None
+) -> list[dict[str, torch.Tensor]]:
     """Stream values before block 0 and after each block (after block i, `replace[i]` instead of
     what it computed, when given), running the blocks by hand as the toy transformers do."""
     hidden, text, temb = args
@@ -66,7 +75,9 @@ def _block_streams(model: nn.Module, args: tuple[torch.Tensor, ...], replace: di
         for block in getattr(model, spec.attr):
             output = block(streams[-1]["hidden_states"], streams[-1]["encoder_hidden_states"], temb)
             values = output if isinstance(output, tuple) else (output,)
-            streams.append(replace[index] if replace and index in replace else streams[-1] | dict(zip(spec.returns, values)))
+            streams.append(
+                replace[index] if replace and index in replace else streams[-1] | dict(zip(spec.returns, values))
+            )
             index += 1
     return streams
 
@@ -99,7 +110,9 @@ def test_fbcache_is_dbcache_with_one_head_block_and_no_tail() -> None:
     for cls, options in ((FirstBlockCache, {}), (BlockCache, {"first_blocks": 1, "last_blocks": 0})):
         model = make(TwoListTransformer)
         cache = cls(model, model.block_lists, threshold=0.05, **options)
-        outputs.append(([model(*args) for args in drifting_inputs(6, drift=0.02)], [r.cached for r in cache.stats.records]))
+        outputs.append(
+            ([model(*args) for args in drifting_inputs(6, drift=0.02)], [r.cached for r in cache.stats.records])
+        )
     (fb, fb_cached), (db, db_cached) = outputs
     assert fb_cached == db_cached and any(fb_cached) and not all(fb_cached)
     assert all(torch.equal(a, b) for a, b in zip(fb, db))
@@ -116,7 +129,10 @@ def test_max_cached_steps_caps_the_cached_calls_of_a_generation() -> None:
 
 def test_counts_that_leave_no_middle_block_are_refused() -> None:
     model = make(SingleTensorTransformer)  # four blocks
-    with pytest.raises(ValueError, match=r"the transformer has 4 blocks: first_blocks \(3\) \+ last_blocks \(1\) must leave at least one to cache"):
+    with pytest.raises(
+        ValueError,
+        match=r"the transformer has 4 blocks: first_blocks \(3\) \+ last_blocks \(1\) must leave at least one to cache",
+    ):
         BlockCache(model, model.block_lists, threshold=1.0, first_blocks=3, last_blocks=1)
     with pytest.raises(ValueError, match="taylor_order must be 1 or 2, got 3"):
         BlockCache(model, model.block_lists, threshold=1.0, calibrator="taylorseer", taylor_order=3)
@@ -128,7 +144,9 @@ def test_counts_that_leave_no_middle_block_are_refused() -> None:
 def test_remove_restores_the_original_forwards(first: int, last: int) -> None:
     model = make(TwoListTransformer)
     reference = [model(*args) for args in drifting_inputs(3)]
-    cache = BlockCache(model, model.block_lists, threshold=1e9, first_blocks=first, last_blocks=last, calibrator="taylorseer")
+    cache = BlockCache(
+        model, model.block_lists, threshold=1e9, first_blocks=first, last_blocks=last, calibrator="taylorseer"
+    )
     model(*drifting_inputs(1)[0])
     cache.remove()
     assert all(torch.equal(model(*args), expected) for args, expected in zip(drifting_inputs(3), reference))
@@ -180,8 +198,16 @@ def test_taylorseer_reproduces_a_residual_polynomial_in_the_step_while_caching(o
     model = StepModel(quadratic)
     expected = _steps(model, 7)
     model.blocks[1].calls = 0
-    cache = BlockCache(model, model.block_lists, threshold=1e9, first_blocks=1, last_blocks=1, calibrator="taylorseer",
-                       taylor_order=order, warmup_steps=order + 1)
+    cache = BlockCache(
+        model,
+        model.block_lists,
+        threshold=1e9,
+        first_blocks=1,
+        last_blocks=1,
+        calibrator="taylorseer",
+        taylor_order=order,
+        warmup_steps=order + 1,
+    )
     got = _steps(model, 7)
     assert [record.cached for record in cache.stats.records] == [False] * (order + 1) + [True] * (6 - order)
     assert model.blocks[1].calls == order + 1

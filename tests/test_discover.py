@@ -50,8 +50,11 @@ NO_ENTRY = "diffusers' block registry has no entry for {}"
 # for `layers`; Kandinsky 5 encodes the text once per call before its visual blocks. The family's
 # cache and plan work on the joined / visual stream only; the generic path must pick the same by
 # probing (which list's output becomes the transformer's output).
-EXTRA_LISTS: dict[str, tuple[str, ...]] = {"zimage": ("noise_refiner", "context_refiner"), "kandinsky5": ("text_transformer_blocks",),
-                                           "kandinsky6": ("video_text_transformer_blocks", "audio_text_transformer_blocks")}
+EXTRA_LISTS: dict[str, tuple[str, ...]] = {
+    "zimage": ("noise_refiner", "context_refiner"),
+    "kandinsky5": ("text_transformer_blocks",),
+    "kandinsky6": ("video_text_transformer_blocks", "audio_text_transformer_blocks"),
+}
 
 # Where what a block returns is not read from diffusers' registry (left to the probe), and why.
 UNKNOWN_RETURNS: dict[str, str] = {
@@ -69,7 +72,9 @@ UNKNOWN_RETURNS: dict[str, str] = {
 
 # Where the forward's source does not name the block list (it runs it from a helper), so discovery
 # orders the lists by definition, and why that is the same order.
-DEFINITION_ORDER: dict[str, str] = {"cosmos3": "Cosmos3OmniTransformer runs `layers` from _run_decoder_stack; one list, nothing to order"}
+DEFINITION_ORDER: dict[str, str] = {
+    "cosmos3": "Cosmos3OmniTransformer runs `layers` from _run_decoder_stack; one list, nothing to order"
+}
 
 # FLUX.2's single blocks run on text then image joined into one tensor: the family's `joins` says so,
 # diffusers' registry (index 0 is the hidden states, no encoder output) cannot.
@@ -90,7 +95,9 @@ def test_family_blocks_are_discovered(name: str, request: pytest.FixtureRequest)
         assert found.attrs == extra + tuple(block.attr for block in family.blocks)
         for item in found.lists:
             assert item.count == len(transformer.get_submodule(item.attr)) == 2
-            assert item.found_by == ("_no_split_modules" if name in ("cogvideox", "mochi", "sd3") else "_repeated_blocks")
+            assert item.found_by == (
+                "_no_split_modules" if name in ("cogvideox", "mochi", "sd3") else "_repeated_blocks"
+            )
         lists = {item.attr: item for item in found.lists}
         for block in family.blocks:
             item = lists[block.attr]
@@ -108,8 +115,19 @@ def test_family_blocks_are_discovered(name: str, request: pytest.FixtureRequest)
 # What a tested family states by hand beyond what the generic path learns: its plans, how its pipeline
 # runs guidance, its heads' config key, its processors. Not learned: the pipeline attributes of
 # experts the tiny pipeline lacks (Wan 2.2's transformer_2).
-HAND_ONLY = ("parallel", "tensor", "cfg", "cfg_scale", "cfg_above", "cfg_needs_negative", "cfg_outputs_vary", "cfg_output_like", "heads_key",
-             "heads_of_config", "processors")
+HAND_ONLY = (
+    "parallel",
+    "tensor",
+    "cfg",
+    "cfg_scale",
+    "cfg_above",
+    "cfg_needs_negative",
+    "cfg_outputs_vary",
+    "cfg_output_like",
+    "heads_key",
+    "heads_of_config",
+    "processors",
+)
 # The stream the cache compares, where the learned one (the first a block returns) would not do: Cosmos 3's
 # first is its text, which attends only to itself and so is the same at every step; the family compares
 # its generation stream (video and sound).
@@ -124,12 +142,15 @@ def test_a_tested_family_is_the_learned_record_with_overrides(name: str, request
     pipe.set_progress_bar_config(disable=True)
     learned = learned_acceleration(pipe, pipe.transformer)
     assert learned.learned and learned.transformer_attrs == tuple(
-        attr for attr in family.transformer_attrs if getattr(pipe, attr, None) is not None)
+        attr for attr in family.transformer_attrs if getattr(pipe, attr, None) is not None
+    )
     overrides = {field: getattr(family.acceleration, field) for field in HAND_ONLY}
     if name in HAND_PRIMARY:
         assert (learned.primary_stream, family.primary_stream) == (family.blocks[0].returns[0], HAND_PRIMARY[name])
         overrides["primary_stream"] = family.primary_stream
-    assert replace(learned, **overrides, learned=False, transformer_attrs=family.transformer_attrs) == family.acceleration
+    assert (
+        replace(learned, **overrides, learned=False, transformer_attrs=family.transformer_attrs) == family.acceleration
+    )
 
 
 def _flux_like(**extra: Any) -> dict[str, Any]:
@@ -140,9 +161,25 @@ def _flux_like(**extra: Any) -> dict[str, Any]:
 # lists as (attr, block class, count, found by, returns)), each list configured to a count of its own.
 OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[str, ...] | None], ...]]] = {
     "MotifVideoTransformer3DModel": (
-        _flux_like(num_layers=2, num_single_layers=3, text_embed_dim=32, rope_axes_dim=(4, 6, 6), in_channels=8, out_channels=8),
-        (("transformer_blocks", "MotifVideoTransformerBlock", 2, "_repeated_blocks", ("hidden_states", "encoder_hidden_states")),
-         ("single_transformer_blocks", "MotifVideoSingleTransformerBlock", 3, "_repeated_blocks", ("hidden_states", "encoder_hidden_states"))),
+        _flux_like(
+            num_layers=2, num_single_layers=3, text_embed_dim=32, rope_axes_dim=(4, 6, 6), in_channels=8, out_channels=8
+        ),
+        (
+            (
+                "transformer_blocks",
+                "MotifVideoTransformerBlock",
+                2,
+                "_repeated_blocks",
+                ("hidden_states", "encoder_hidden_states"),
+            ),
+            (
+                "single_transformer_blocks",
+                "MotifVideoSingleTransformerBlock",
+                3,
+                "_repeated_blocks",
+                ("hidden_states", "encoder_hidden_states"),
+            ),
+        ),
     ),
     # AnyFlow's own Wan-shaped block, which the registry lacks (Helios, formerly here, is a family now).
     "AnyFlowTransformer3DModel": (
@@ -150,9 +187,18 @@ OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[s
         (("blocks", "AnyFlowTransformerBlock", 4, "_repeated_blocks", None),),
     ),
     "BriaFiboTransformer2DModel": (
-        _flux_like(num_layers=2, num_single_layers=3, joint_attention_dim=32, axes_dims_rope=[4, 6, 6], text_encoder_dim=32, in_channels=8),
-        (("transformer_blocks", "BriaFiboTransformerBlock", 2, "_repeated_blocks", None),
-         ("single_transformer_blocks", "BriaFiboSingleTransformerBlock", 3, "_repeated_blocks", None)),
+        _flux_like(
+            num_layers=2,
+            num_single_layers=3,
+            joint_attention_dim=32,
+            axes_dims_rope=[4, 6, 6],
+            text_encoder_dim=32,
+            in_channels=8,
+        ),
+        (
+            ("transformer_blocks", "BriaFiboTransformerBlock", 2, "_repeated_blocks", None),
+            ("single_transformer_blocks", "BriaFiboSingleTransformerBlock", 3, "_repeated_blocks", None),
+        ),
     ),
     # PRX and Allegro declare neither _repeated_blocks nor _no_split_modules: found by structure.
     "PRXTransformer2DModel": (
@@ -160,50 +206,127 @@ OUTSIDE: dict[str, tuple[dict[str, Any], tuple[tuple[str, str, int, str, tuple[s
         (("blocks", "PRXBlock", 3, "structure", None),),
     ),
     "AllegroTransformer3DModel": (
-        _flux_like(num_layers=3, cross_attention_dim=32, caption_channels=32, sample_height=8, sample_width=8, sample_frames=2),
+        _flux_like(
+            num_layers=3, cross_attention_dim=32, caption_channels=32, sample_height=8, sample_width=8, sample_frames=2
+        ),
         (("transformer_blocks", "AllegroTransformerBlock", 3, "structure", None),),
     ),
     # Lumina 2 defines noise_refiner before context_refiner but runs the text refiner first.
     "Lumina2Transformer2DModel": (
-        dict(hidden_size=32, num_layers=3, num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2, multiple_of=16,
-             axes_dim_rope=(4, 6, 6), cap_feat_dim=32, in_channels=4),
-        (("context_refiner", "Lumina2TransformerBlock", 1, "_no_split_modules", None),
-         ("noise_refiner", "Lumina2TransformerBlock", 1, "_no_split_modules", None),
-         ("layers", "Lumina2TransformerBlock", 3, "_no_split_modules", None)),
+        dict(
+            hidden_size=32,
+            num_layers=3,
+            num_refiner_layers=1,
+            num_attention_heads=2,
+            num_kv_heads=2,
+            multiple_of=16,
+            axes_dim_rope=(4, 6, 6),
+            cap_feat_dim=32,
+            in_channels=4,
+        ),
+        (
+            ("context_refiner", "Lumina2TransformerBlock", 1, "_no_split_modules", None),
+            ("noise_refiner", "Lumina2TransformerBlock", 1, "_no_split_modules", None),
+            ("layers", "Lumina2TransformerBlock", 3, "_no_split_modules", None),
+        ),
     ),
     # HiDream declares its inner block classes, but its lists hold HiDreamBlock wrappers: found by structure.
     "HiDreamImageTransformer2DModel": (
-        _flux_like(num_layers=2, num_single_layers=3, caption_channels=[32, 32], text_emb_dim=32, num_routed_experts=2,
-                   num_activated_experts=1, axes_dims_rope=(8, 8), llama_layers=[0, 1], in_channels=4, patch_size=2),
-        (("double_stream_blocks", "HiDreamBlock", 2, "structure", None), ("single_stream_blocks", "HiDreamBlock", 3, "structure", None)),
+        _flux_like(
+            num_layers=2,
+            num_single_layers=3,
+            caption_channels=[32, 32],
+            text_emb_dim=32,
+            num_routed_experts=2,
+            num_activated_experts=1,
+            axes_dims_rope=(8, 8),
+            llama_layers=[0, 1],
+            in_channels=4,
+            patch_size=2,
+        ),
+        (
+            ("double_stream_blocks", "HiDreamBlock", 2, "structure", None),
+            ("single_stream_blocks", "HiDreamBlock", 3, "structure", None),
+        ),
     ),
     "SanaTransformer2DModel": (
-        _flux_like(num_layers=3, num_cross_attention_heads=2, cross_attention_head_dim=16, cross_attention_dim=32, caption_channels=32,
-                   in_channels=4, out_channels=4, sample_size=8),
+        _flux_like(
+            num_layers=3,
+            num_cross_attention_heads=2,
+            cross_attention_head_dim=16,
+            cross_attention_dim=32,
+            caption_channels=32,
+            in_channels=4,
+            out_channels=4,
+            sample_size=8,
+        ),
         (("transformer_blocks", "SanaTransformerBlock", 3, "_no_split_modules", None),),
     ),
     "PixArtTransformer2DModel": (
-        _flux_like(num_layers=3, cross_attention_dim=32, caption_channels=32, in_channels=4, out_channels=8, sample_size=8),
+        _flux_like(
+            num_layers=3, cross_attention_dim=32, caption_channels=32, in_channels=4, out_channels=8, sample_size=8
+        ),
         (("transformer_blocks", "BasicTransformerBlock", 3, "_no_split_modules", ("hidden_states",)),),
     ),
     "CogView4Transformer2DModel": (
-        _flux_like(num_layers=3, text_embed_dim=32, time_embed_dim=16, condition_dim=8, rope_axes_dim=(8, 8), pos_embed_max_size=16, sample_size=8),
-        (("transformer_blocks", "CogView4TransformerBlock", 3, "_no_split_modules", ("hidden_states", "encoder_hidden_states")),),
+        _flux_like(
+            num_layers=3,
+            text_embed_dim=32,
+            time_embed_dim=16,
+            condition_dim=8,
+            rope_axes_dim=(8, 8),
+            pos_embed_max_size=16,
+            sample_size=8,
+        ),
+        (
+            (
+                "transformer_blocks",
+                "CogView4TransformerBlock",
+                3,
+                "_no_split_modules",
+                ("hidden_states", "encoder_hidden_states"),
+            ),
+        ),
     ),
     "ChromaTransformer2DModel": (
-        _flux_like(num_layers=2, num_single_layers=3, joint_attention_dim=32, axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
-                   approximator_hidden_dim=32, approximator_layers=2, in_channels=8),
-        (("transformer_blocks", "ChromaTransformerBlock", 2, "_repeated_blocks", None),
-         ("single_transformer_blocks", "ChromaSingleTransformerBlock", 3, "_repeated_blocks", None)),
+        _flux_like(
+            num_layers=2,
+            num_single_layers=3,
+            joint_attention_dim=32,
+            axes_dims_rope=(4, 6, 6),
+            approximator_num_channels=8,
+            approximator_hidden_dim=32,
+            approximator_layers=2,
+            in_channels=8,
+        ),
+        (
+            ("transformer_blocks", "ChromaTransformerBlock", 2, "_repeated_blocks", None),
+            ("single_transformer_blocks", "ChromaSingleTransformerBlock", 3, "_repeated_blocks", None),
+        ),
     ),
     "AuraFlowTransformer2DModel": (
-        _flux_like(num_mmdit_layers=2, num_single_dit_layers=3, joint_attention_dim=32, caption_projection_dim=32, sample_size=8, pos_embed_max_size=64),
-        (("joint_transformer_blocks", "AuraFlowJointTransformerBlock", 2, "_no_split_modules", None),
-         ("single_transformer_blocks", "AuraFlowSingleTransformerBlock", 3, "_no_split_modules", None)),
+        _flux_like(
+            num_mmdit_layers=2,
+            num_single_dit_layers=3,
+            joint_attention_dim=32,
+            caption_projection_dim=32,
+            sample_size=8,
+            pos_embed_max_size=64,
+        ),
+        (
+            ("joint_transformer_blocks", "AuraFlowJointTransformerBlock", 2, "_no_split_modules", None),
+            ("single_transformer_blocks", "AuraFlowSingleTransformerBlock", 3, "_no_split_modules", None),
+        ),
     ),
     "CosmosTransformer3DModel": (
-        _flux_like(num_layers=3, text_embed_dim=32, adaln_lora_dim=8, max_size=(4, 16, 16), encoder_hidden_states_channels=32,
-                   crossattn_proj_in_channels=32),
+        _flux_like(
+            num_layers=3,
+            text_embed_dim=32,
+            adaln_lora_dim=8,
+            max_size=(4, 16, 16),
+            encoder_hidden_states_channels=32,
+            crossattn_proj_in_channels=32,
+        ),
         (("transformer_blocks", "CosmosTransformerBlock", 3, "_no_split_modules", None),),
     ),
 }
@@ -232,9 +355,12 @@ def test_order_by_call_confirms_lumina2_runs_text_refiner_first() -> None:
 
     def call() -> Any:
         with torch.no_grad():
-            return transformer(hidden_states=torch.randn(1, 4, 8, 8, generator=generator), timestep=torch.tensor([0.5]),
-                               encoder_hidden_states=torch.randn(1, 5, 32, generator=generator),
-                               encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool))
+            return transformer(
+                hidden_states=torch.randn(1, 4, 8, 8, generator=generator),
+                timestep=torch.tensor([0.5]),
+                encoder_hidden_states=torch.randn(1, 5, 32, generator=generator),
+                encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool),
+            )
 
     order = order_by_call(transformer, call)
     assert order == ("context_refiner", "noise_refiner", "layers") == discover_blocks(transformer).attrs
@@ -242,6 +368,7 @@ def test_order_by_call_confirms_lumina2_runs_text_refiner_first() -> None:
 
 
 # Toy transformers for what no diffusers class shows.
+
 
 class _Attention(nn.Module):
     def __init__(self) -> None:
@@ -282,10 +409,14 @@ class HelperRun(ModelMixin, ConfigMixin):
 def test_order_unknown_from_source_is_learned_by_call() -> None:
     transformer = HelperRun()
     found = discover_blocks(transformer)
-    assert found == Discovery("HelperRun", (
-        FoundList("late", "_Block", 2, "structure", None, NO_ENTRY.format("_Block")),
-        FoundList("early", "_Block", 3, "structure", None, NO_ENTRY.format("_Block")),
-    ), "definition")
+    assert found == Discovery(
+        "HelperRun",
+        (
+            FoundList("late", "_Block", 2, "structure", None, NO_ENTRY.format("_Block")),
+            FoundList("early", "_Block", 3, "structure", None, NO_ENTRY.format("_Block")),
+        ),
+        "definition",
+    )
     order = order_by_call(transformer, lambda: transformer(torch.ones(1, 4)))
     assert order == ("early", "late")
     ordered = found.ordered(order)
@@ -313,10 +444,14 @@ class Staged(ModelMixin, ConfigMixin):
 def test_nested_lists_are_found_and_their_order_taken_from_definition() -> None:
     found = discover_blocks(Staged())
     # Both lists sit under `stages`: the forward's source names only that, so it cannot order them.
-    assert found == Discovery("Staged", (
-        FoundList("stages.0", "_Block", 2, "_repeated_blocks", None, NO_ENTRY.format("_Block")),
-        FoundList("stages.1", "_Block", 1, "_repeated_blocks", None, NO_ENTRY.format("_Block")),
-    ), "definition")
+    assert found == Discovery(
+        "Staged",
+        (
+            FoundList("stages.0", "_Block", 2, "_repeated_blocks", None, NO_ENTRY.format("_Block")),
+            FoundList("stages.1", "_Block", 1, "_repeated_blocks", None, NO_ENTRY.format("_Block")),
+        ),
+        "definition",
+    )
 
 
 class NoBlocks(ModelMixin, ConfigMixin):
@@ -339,10 +474,16 @@ class DeclaredMissing(NoBlocks):
 
 
 REFUSALS: dict[str, tuple[Callable[[], nn.Module], str]] = {
-    "undeclared": (NoBlocks, "NoBlocks has no repeated blocks: no _repeated_blocks or _no_split_modules, "
-                             "and no module list of two or more blocks of one class holding an attention"),
-    "declared": (DeclaredMissing, "DeclaredMissing has no repeated blocks: no module list of its declared blocks "
-                                  "(MissingBlock, PatchEmbed), and no module list of two or more blocks of one class holding an attention"),
+    "undeclared": (
+        NoBlocks,
+        "NoBlocks has no repeated blocks: no _repeated_blocks or _no_split_modules, "
+        "and no module list of two or more blocks of one class holding an attention",
+    ),
+    "declared": (
+        DeclaredMissing,
+        "DeclaredMissing has no repeated blocks: no module list of its declared blocks "
+        "(MissingBlock, PatchEmbed), and no module list of two or more blocks of one class holding an attention",
+    ),
 }
 
 

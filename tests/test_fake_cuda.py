@@ -38,8 +38,18 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from fakecuda import (  # noqa: E402
-    DTYPE, Kernel, Probe, ToyScheduler, fake_cuda, fake_mesh, fake_rank, needs_cuda_build, new_fake_mode, on_fake_cuda,
-    randn, run_probed,
+    DTYPE,
+    Kernel,
+    Probe,
+    ToyScheduler,
+    fake_cuda,
+    fake_mesh,
+    fake_rank,
+    needs_cuda_build,
+    new_fake_mode,
+    on_fake_cuda,
+    randn,
+    run_probed,
 )
 
 from test_parallel_families import splits_sequence  # noqa: E402
@@ -88,7 +98,11 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
     if name == "cosmos3":  # grouped keys and values: half as many heads
         return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
     if name == "kandinsky6":  # the same for its video and its audio stream
-        return {"model_dim": HEADS * sum(config["axes_dims"]), "model_dim_a": HEADS * sum(config["axes_dims_a"]), "num_text_blocks": 1}
+        return {
+            "model_dim": HEADS * sum(config["axes_dims"]),
+            "model_dim_a": HEADS * sum(config["axes_dims_a"]),
+            "num_text_blocks": 1,
+        }
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
@@ -102,8 +116,11 @@ def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
     if name == "chronoedit":  # the picture's keys and values are projected from the blocks' width
         overrides["added_kv_proj_dim"] = width
     if name == "ltx2":  # audio heads as many as video heads (as on LTX-2: the cross-modal rotary tables need it)
-        overrides.update(cross_attention_dim=width, audio_num_attention_heads=HEADS,
-                         audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"])
+        overrides.update(
+            cross_attention_dim=width,
+            audio_num_attention_heads=HEADS,
+            audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"],
+        )
     return overrides
 
 
@@ -137,9 +154,14 @@ HELIOS_HISTORY = (16, 2, 2)
 
 def helios_history_tokens(grid: Grid) -> int:
     """The history tokens Helios puts in front of the chunk's: 2x2 patches of the last frame and the first
-    frame's slot, 4x4 over two frames of the 2 before, 8x8 over four of the 16 before (latents padded to whole patches)."""
+    frame's slot, 4x4 over two frames of the 2 before, 8x8 over four of the 16 before (latents padded to whole
+    patches)."""
     long, mid, short = HELIOS_HISTORY
-    return short * grid.rows * grid.cols + mid // 2 * -(-grid.rows // 2) * -(-grid.cols // 2) + long // 4 * -(-grid.rows // 4) * -(-grid.cols // 4)
+    return (
+        short * grid.rows * grid.cols
+        + mid // 2 * -(-grid.rows // 2) * -(-grid.cols // 2)
+        + long // 4 * -(-grid.rows // 4) * -(-grid.cols // 4)
+    )
 
 
 def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
@@ -148,105 +170,241 @@ def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[st
     f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
     if name == "flux":
         ids = torch.zeros(h * w, 3, device="cuda", dtype=DTYPE)
-        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-                    pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t / 1000, img_ids=ids,
-                    txt_ids=torch.zeros(text, 3, device="cuda", dtype=DTYPE), guidance=t, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, h * w, config["in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+            pooled_projections=randn(batch, config["pooled_projection_dim"]),
+            timestep=t / 1000,
+            img_ids=ids,
+            txt_ids=torch.zeros(text, 3, device="cuda", dtype=DTYPE),
+            guidance=t,
+            return_dict=False,
+        )
     if name == "wan":
-        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
-                    encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
-    if name == "chronoedit":  # noise, first-frame mask and picture latents in channels; CLIP ViT-H/14's 257 picture tokens
-        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
-                    encoder_hidden_states=randn(batch, text, config["text_dim"]),
-                    encoder_hidden_states_image=randn(batch, 257, config["image_dim"]), return_dict=False)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_dim"]),
+            return_dict=False,
+        )
+    if (
+        name == "chronoedit"
+    ):  # noise, first-frame mask and picture latents in channels; CLIP ViT-H/14's 257 picture tokens
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_dim"]),
+            encoder_hidden_states_image=randn(batch, 257, config["image_dim"]),
+            return_dict=False,
+        )
     if name == "skyreels2":  # diffusion forcing: one timestep per latent frame, expanded to one per token
-        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-                    timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE), enable_diffusion_forcing=True,
-                    encoder_hidden_states=randn(batch, text, config["text_dim"]), return_dict=False)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+            timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE),
+            enable_diffusion_forcing=True,
+            encoder_hidden_states=randn(batch, text, config["text_dim"]),
+            return_dict=False,
+        )
     if name == "hunyuan":
-        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), timestep=t,
-                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-                    encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
-                    pooled_projections=randn(batch, config["pooled_projection_dim"]), guidance=t, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+            pooled_projections=randn(batch, config["pooled_projection_dim"]),
+            guidance=t,
+            return_dict=False,
+        )
     if name == "cogvideox":
         rope = tuple(torch.randn(grid.tokens, config["attention_head_dim"], device="cuda") for _ in range(2))
-        return dict(hidden_states=randn(batch, f, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-                    timestep=t, image_rotary_emb=rope, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, f, config["in_channels"], 2 * h, 2 * w),
+            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+            timestep=t,
+            image_rotary_emb=rope,
+            return_dict=False,
+        )
     if name == "mochi":
-        return dict(hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-                    timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long), return_dict=False)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+            timestep=t,
+            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+            return_dict=False,
+        )
     if name == "ltx":
-        return dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["caption_channels"]),
-                    timestep=t, encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
-                    num_frames=f, height=h, width=w, rope_interpolation_scale=(20 / 25, 32, 32), return_dict=False)
+        return dict(
+            hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+            timestep=t,
+            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+            num_frames=f,
+            height=h,
+            width=w,
+            rope_interpolation_scale=(20 / 25, 32, 32),
+            return_dict=False,
+        )
     if name == "ltx2":  # packed video tokens and LTX2_AUDIO audio tokens, each with its own text
         mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
-        return {**dict(hidden_states=randn(batch, grid.tokens, config["in_channels"]),
-                    audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
-                    encoder_hidden_states=randn(batch, text, config["caption_channels"]),
-                    audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]), timestep=t,
-                    encoder_attention_mask=mask, audio_encoder_attention_mask=mask, num_frames=f, height=h, width=w,
-                    audio_num_frames=LTX2_AUDIO, return_dict=False), **dfr_inputs(config, grid, batch, t)}
+        return {
+            **dict(
+                hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+                audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
+                encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+                audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+                timestep=t,
+                encoder_attention_mask=mask,
+                audio_encoder_attention_mask=mask,
+                num_frames=f,
+                height=h,
+                width=w,
+                audio_num_frames=LTX2_AUDIO,
+                return_dict=False,
+            ),
+            **dfr_inputs(config, grid, batch, t),
+        }
     if name == "sd3":  # latents before patching (2x2)
-        return dict(hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-                    pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w),
+            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+            pooled_projections=randn(batch, config["pooled_projection_dim"]),
+            timestep=t,
+            return_dict=False,
+        )
     if name in ("flux2-klein", "flux2"):  # 4-axis ids (t, h, w, l) with a batch dim; FLUX.2-dev embeds the guidance
         img_ids = torch.zeros(batch, h * w, 4, device="cuda", dtype=DTYPE)
         guidance = dict(guidance=t) if config["guidance_embeds"] else {}
-        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-                    timestep=t / 1000, img_ids=img_ids, txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE), return_dict=False,
-                    **guidance)
+        return dict(
+            hidden_states=randn(batch, h * w, config["in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+            timestep=t / 1000,
+            img_ids=img_ids,
+            txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE),
+            return_dict=False,
+            **guidance,
+        )
     if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
-        return dict(hidden_states=randn(batch, h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-                    timestep=t / 1000, img_shapes=[[(1, h, w)]] * batch, return_dict=False)
-    if name == "qwenimage21":  # unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens
-        slots = torch.cat([torch.zeros(batch, text, device="cuda", dtype=torch.bool),
-                           torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool)], dim=1)
-        return dict(hidden_states=randn(batch, 4 * h * w, config["in_channels"]), encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
-                    timestep=t / 1000, img_shapes=[[(1, 2 * h, 2 * w)]] * batch, img_mask=slots, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, h * w, config["in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+            timestep=t / 1000,
+            img_shapes=[[(1, h, w)]] * batch,
+            return_dict=False,
+        )
+    if (
+        name == "qwenimage21"
+    ):  # unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens
+        slots = torch.cat(
+            [
+                torch.zeros(batch, text, device="cuda", dtype=torch.bool),
+                torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool),
+            ],
+            dim=1,
+        )
+        return dict(
+            hidden_states=randn(batch, 4 * h * w, config["in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
+            timestep=t / 1000,
+            img_shapes=[[(1, 2 * h, 2 * w)]] * batch,
+            img_mask=slots,
+            return_dict=False,
+        )
     if name == "zimage":  # lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features
-        return dict(x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)], t=t / 1000,
-                    cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)], return_dict=False)
-    if name == "hunyuan15":  # patch size 1: the latent grid is the token grid; 3 image tokens (zero: text-to-video), 4 glyph tokens
+        return dict(
+            x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)],
+            t=t / 1000,
+            cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)],
+            return_dict=False,
+        )
+    if (
+        name == "hunyuan15"
+    ):  # patch size 1: the latent grid is the token grid; 3 image tokens (zero: text-to-video), 4 glyph tokens
         mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
-        return dict(hidden_states=randn(batch, config["in_channels"], f, h, w), timestep=t,
-                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
-                    encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4),
-                    image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE), return_dict=False)
-    if name == "hunyuanimage":  # (B, C, H, W) latents, patch 1: the latent grid is the token grid (2-D: no frames); 4 glyph tokens
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], f, h, w),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+            encoder_attention_mask=mask(text),
+            encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
+            encoder_attention_mask_2=mask(4),
+            image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE),
+            return_dict=False,
+        )
+    if (
+        name == "hunyuanimage"
+    ):  # (B, C, H, W) latents, patch 1: the latent grid is the token grid (2-D: no frames); 4 glyph tokens
         mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
-        return dict(hidden_states=randn(batch, config["in_channels"], h, w), timestep=t,
-                    encoder_hidden_states=randn(batch, text, config["text_embed_dim"]), encoder_attention_mask=mask(text),
-                    encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]), encoder_attention_mask_2=mask(4), return_dict=False)
-    if name == "helios":  # the chunk's latents and the history's, with frame positions as the pipeline makes them (on the CPU)
+        return dict(
+            hidden_states=randn(batch, config["in_channels"], h, w),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+            encoder_attention_mask=mask(text),
+            encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
+            encoder_attention_mask_2=mask(4),
+            return_dict=False,
+        )
+    if (
+        name == "helios"
+    ):  # the chunk's latents and the history's, with frame positions as the pipeline makes them (on the CPU)
         long, mid, short = HELIOS_HISTORY
         latents = lambda frames: randn(batch, config["in_channels"], frames, 2 * h, 2 * w)  # noqa: E731
         positions = torch.arange(1 + long + mid + 1 + f).unsqueeze(0)
-        return dict(hidden_states=latents(f), timestep=t, encoder_hidden_states=randn(batch, text, config["text_dim"]),
-                    indices_hidden_states=positions[:, -f:], indices_latents_history_long=positions[:, 1 : 1 + long],
-                    indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
-                    indices_latents_history_short=positions[:, [0, 1 + long + mid]], latents_history_short=latents(short),
-                    latents_history_mid=latents(mid), latents_history_long=latents(long), return_dict=False)
+        return dict(
+            hidden_states=latents(f),
+            timestep=t,
+            encoder_hidden_states=randn(batch, text, config["text_dim"]),
+            indices_hidden_states=positions[:, -f:],
+            indices_latents_history_long=positions[:, 1 : 1 + long],
+            indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
+            indices_latents_history_short=positions[:, [0, 1 + long + mid]],
+            latents_history_short=latents(short),
+            latents_history_mid=latents(mid),
+            latents_history_long=latents(long),
+            return_dict=False,
+        )
     if name == "cosmos3":  # one sample packed without a batch dim: the prompt's token ids, then the video's 2x2 patches
         assert batch == 1
         video, at = grid.tokens, torch.arange(text, text + grid.tokens, device="cuda")
-        return dict(input_ids=torch.zeros(text, dtype=torch.long, device="cuda"), text_indexes=torch.arange(text, device="cuda"),
-                    und_len=text, sequence_length=text + video,
-                    position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
-                    vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)], vision_token_shapes=[(f, h, w)],
-                    vision_sequence_indexes=at, vision_mse_loss_indexes=at, vision_timesteps=torch.full((video,), 500.0, device="cuda"),
-                    vision_noisy_frame_indexes=[torch.arange(f, device="cuda")], return_dict=False)
+        return dict(
+            input_ids=torch.zeros(text, dtype=torch.long, device="cuda"),
+            text_indexes=torch.arange(text, device="cuda"),
+            und_len=text,
+            sequence_length=text + video,
+            position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
+            vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)],
+            vision_token_shapes=[(f, h, w)],
+            vision_sequence_indexes=at,
+            vision_mse_loss_indexes=at,
+            vision_timesteps=torch.full((video,), 500.0, device="cuda"),
+            vision_noisy_frame_indexes=[torch.arange(f, device="cuda")],
+            return_dict=False,
+        )
     if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
         channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
         positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
-        return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
-                    timestep=t, pooled_projections=randn(batch, config["in_text_dim2"]), visual_rope_pos=positions,
-                    text_rope_pos=torch.arange(text, device="cuda"), return_dict=False)
-    if name == "kandinsky6":  # as Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)
+        return dict(
+            hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+            encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+            timestep=t,
+            pooled_projections=randn(batch, config["in_text_dim2"]),
+            visual_rope_pos=positions,
+            text_rope_pos=torch.arange(text, device="cuda"),
+            return_dict=False,
+        )
+    if (
+        name == "kandinsky6"
+    ):  # as Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)
         channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
         mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
-        return dict(hidden_states=randn(batch, f, 2 * h, 2 * w, channels), audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
-                    encoder_hidden_states=randn(batch, text, config["in_text_dim"]), pooled_projections=randn(batch, config["in_text_dim2"]),
-                    timestep=t, encoder_attention_mask=mask, return_dict=False)
+        return dict(
+            hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+            audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
+            encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+            pooled_projections=randn(batch, config["in_text_dim2"]),
+            timestep=t,
+            encoder_attention_mask=mask,
+            return_dict=False,
+        )
     raise KeyError(name)
 
 
@@ -260,7 +418,10 @@ def kv_caches(name: str, config: dict[str, Any], calls: int) -> list[Any] | None
 
 
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int, prefill: bool = False) -> tuple[int, ...]:
-    if name in ("kandinsky5", "kandinsky6"):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
+    if name in (
+        "kandinsky5",
+        "kandinsky6",
+    ):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
         return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
     if name == "cosmos3":  # its list of one sample's (1, C, F, H, W) prediction, stacked
         return (1, batch, config["latent_channel"], grid.frames, 2 * grid.rows, 2 * grid.cols)
@@ -277,14 +438,22 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int, pr
         "mochi": (batch, out, f, h, w),
         "ltx": (batch, grid.tokens, out),
         "ltx2": (batch, grid.tokens, out),  # the video; the audio prediction comes beside it
-        "qwenimage": (batch, grid.rows * grid.cols, 4 * out),  # 2x2 patches (the dict is built for every family: no tuple ** 2)
+        "qwenimage": (
+            batch,
+            grid.rows * grid.cols,
+            4 * out,
+        ),  # 2x2 patches (the dict is built for every family: no tuple ** 2)
         "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
         "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
         "sd3": (batch, out, h, w),
         "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
         "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
         "hunyuanimage": (batch, out, grid.rows, grid.cols),  # patch size 1, one picture
-        "qwenimage21": (batch, grid.text * prefill + h * w, out),  # unpatched; the prefill call returns the prompt's tokens too
+        "qwenimage21": (
+            batch,
+            grid.text * prefill + h * w,
+            out,
+        ),  # unpatched; the prefill call returns the prompt's tokens too
     }[name]
 
 
@@ -292,14 +461,27 @@ def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int, pr
 def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
-    video = grid.tokens + (helios_history_tokens(grid) if family.name == "helios" else 0)  # Helios: history, then the chunk
-    lengths = {"text": grid.text, "video": video, "image": grid.tokens, "hidden": grid.tokens, "generation": grid.tokens,  # hidden: the automatic plan's
-               "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32,  # Z-Image pads image and caption to 32s
-               "prompt": grid.text, "target": 4 * grid.rows * grid.cols}  # Qwen-Image 2.1: unpatched, 2x2 tokens a grid cell
+    video = grid.tokens + (
+        helios_history_tokens(grid) if family.name == "helios" else 0
+    )  # Helios: history, then the chunk
+    lengths = {
+        "text": grid.text,
+        "video": video,
+        "image": grid.tokens,
+        "hidden": grid.tokens,
+        "generation": grid.tokens,  # hidden: the automatic plan's
+        "unified": -(-grid.tokens // 32) * 32 + -(-grid.text // 32) * 32,  # Z-Image pads image and caption to 32s
+        "prompt": grid.text,
+        "target": 4 * grid.rows * grid.cols,
+    }  # Qwen-Image 2.1: unpatched, 2x2 tokens a grid cell
     plan = family.parallel
     assert plan is not None
     # The automatic plan names its joint attentions' keys per module (one order for every list of a family here).
-    keys = plan.module_keys[0][1] if isinstance(plan, ParallelPlan) and plan.output_before and plan.module_keys else plan.attention_keys
+    keys = (
+        plan.module_keys[0][1]
+        if isinstance(plan, ParallelPlan) and plan.output_before and plan.module_keys
+        else plan.attention_keys
+    )
     return [SequenceLayout(lengths[stream], world) for stream in keys]
 
 
@@ -310,7 +492,9 @@ def expected_kernels(family: Family, grid: Grid, degrees: Degrees, calls: int, m
     layouts = key_layouts(family, grid, degrees.sequence)
 
     def valid(shard: int) -> list[bool]:  # which of shard p's key slots are real, stream after stream
-        return [p * layout.shard + i < layout.length for layout in layouts for i in range(layout.shard) for p in [shard]]
+        return [
+            p * layout.shard + i < layout.length for layout in layouts for i in range(layout.shard) for p in [shard]
+        ]
 
     kernels: Counter[Kernel] = Counter()
     for source in range(degrees.ring):  # ring rank `source` holds Ulysses shards source*U .. source*U+U-1
@@ -337,7 +521,9 @@ def whole_query_kernels(family: Family, grid: Grid, degrees: Degrees, rank: int,
 def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
     """Context-parallel attention calls per forward: one per block run (Mochi: per block and sample);
     a call the cache skips runs block 0 alone."""
-    layers = config.get("num_layers", config.get("n_layers", config.get("num_visual_blocks", config.get("num_hidden_layers"))))
+    layers = config.get(
+        "num_layers", config.get("n_layers", config.get("num_visual_blocks", config.get("num_hidden_layers")))
+    )
     blocks = 1 if cached else layers + config.get("num_single_layers", 0)
     return blocks * batch if name == "mochi" else blocks
 
@@ -359,7 +545,9 @@ def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> 
         return 1 + 12 * batch
     if name == "hunyuanimage":  # the same reordering, with no image embeddings: eight selections a sample
         return 8 * batch
-    if name == "qwenimage21":  # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
+    if (
+        name == "qwenimage21"
+    ):  # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
         return 8
     return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
 
@@ -382,7 +570,9 @@ class Layout:
         return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg, tp=self.tp)
 
     def __str__(self) -> str:
-        parts = [f"w{self.world}"] + [f"{k}{getattr(self, k)}" for k in ("tp", "ulysses", "ring", "cfg") if getattr(self, k) > 1]
+        parts = [f"w{self.world}"] + [
+            f"{k}{getattr(self, k)}" for k in ("tp", "ulysses", "ring", "cfg") if getattr(self, k) > 1
+        ]
         return "-".join(parts + ["cache" if self.cache else "nocache", "even" if self.grid == DIVIDING else "uneven"])
 
 
@@ -402,8 +592,13 @@ class Accelerated:
             self.undo.pop()()
 
 
-def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mesh: ParallelMesh,
-               cache_class: type[FirstBlockCache] = FirstBlockCache) -> Accelerated:
+def accelerate(
+    transformer: torch.nn.Module,
+    family: Family,
+    layout: Layout,
+    mesh: ParallelMesh,
+    cache_class: type[FirstBlockCache] = FirstBlockCache,
+) -> Accelerated:
     """compose's steps (leaner processors, TP split, parallel, CFG, cache) with compose's own cache
     group and real-token count. The split is not undone: `fake_transformer` keeps a split copy per TP slice."""
     assert family.parallel is not None
@@ -419,21 +614,36 @@ def accelerate(transformer: torch.nn.Module, family: Family, layout: Layout, mes
         undo.append(engine.remove)
         attend = engine._attend
 
-        def seeing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+        def seeing(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+        ) -> torch.Tensor:
             masks.append(None if mask is None else (tuple(mask.shape), mask.dtype))
             return attend(q, k, v, mask, scale)
 
         engine._attend = seeing  # type: ignore[method-assign]  # this instance's router is made from it at each forward
     if layout.cfg > 1:
         assert family.cfg is not None
-        cfg = CfgParallel({"transformer": transformer}, family.cfg, getattr(family.parallel, "batch_args", ()), mesh, events,
-                          output_like=family.acceleration.cfg_output_like)
+        cfg = CfgParallel(
+            {"transformer": transformer},
+            family.cfg,
+            getattr(family.parallel, "batch_args", ()),
+            mesh,
+            events,
+            output_like=family.acceleration.cfg_output_like,
+        )
         undo.append(cfg.remove)
     cache = None
     if layout.cache:
         handle = SimpleNamespace(mesh=mesh, family=family)
-        cache = cache_class(transformer, family.blocks, threshold=0.1, primary_stream=family.primary_stream, events=events,
-                            group=_cache_group(handle), real_tokens=_real_tokens(engine, family.primary_stream))
+        cache = cache_class(
+            transformer,
+            family.blocks,
+            threshold=0.1,
+            primary_stream=family.primary_stream,
+            events=events,
+            group=_cache_group(handle),
+            real_tokens=_real_tokens(engine, family.primary_stream),
+        )
         undo.append(cache.remove)
     return Accelerated(transformer, events, cache, undo, masks)
 
@@ -443,7 +653,9 @@ class PlainPending:
     later): a tensor subclass cannot wrap a FakeTensor, so this is a plain tensor made where Pending
     makes its own (the call's device and dtype) and filled the way Pending fills."""
 
-    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False) -> Any:
+    def __new__(
+        cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False
+    ) -> Any:
         tensor = torch.empty(shape or (0,), dtype=dtype, device=device)
 
         def fill(value: torch.Tensor) -> None:
@@ -478,21 +690,41 @@ def fake_transformer(cls: type, config: dict[str, Any], split: str = "") -> torc
     return _BUILT[key]
 
 
-Arguments = Callable[[dict[str, Any], Grid, int], dict[str, Any]]  # (config, grid, batch) -> the transformer's arguments
+Arguments = Callable[
+    [dict[str, Any], Grid, int], dict[str, Any]
+]  # (config, grid, batch) -> the transformer's arguments
+
+
 def dfr_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
     """LTX-2.5 DFR's transformer: a per-token keyframe marker (the first latent frame's tokens, 1) and
     per-token timesteps (its conditioning lowers some), both cut with the video tokens."""
     if not config.get("use_keyframes_abs_pos_embedding"):
         return {}
     first = torch.arange(grid.tokens, device="cuda") < grid.rows * grid.cols
-    scalar = t.reshape(-1)[:1].expand(batch)  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
-    return dict(video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1), timestep=scalar[:, None] * (~first).to(DTYPE),
-                sigma=scalar, audio_timestep=scalar, audio_sigma=scalar, use_cross_timestep=True)
+    scalar = t.reshape(-1)[:1].expand(
+        batch
+    )  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
+    return dict(
+        video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1),
+        timestep=scalar[:, None] * (~first).to(DTYPE),
+        sigma=scalar,
+        audio_timestep=scalar,
+        audio_sigma=scalar,
+        use_cross_timestep=True,
+    )
 
 
-def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, rank: int,
-               cache_class: type[FirstBlockCache] = FirstBlockCache, overrides: dict[str, Any] | None = None,
-               family: Family | None = None, arguments: Arguments | None = None) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
+def run_layout(
+    name: str,
+    cls: type,
+    config: dict[str, Any],
+    layout: Layout,
+    rank: int,
+    cache_class: type[FirstBlockCache] = FirstBlockCache,
+    overrides: dict[str, Any] | None = None,
+    family: Family | None = None,
+    arguments: Arguments | None = None,
+) -> list[tuple[tuple[int, ...], torch.dtype] | None]:
     """Denoising steps of `layout` as `rank` (two with the cache: the second is its first comparison),
     every check of the module docstring on each call this rank computes. `family` (a variant's plan)
     and `arguments` replace the family's and `inputs`; returns the masks the engine was handed."""
@@ -511,8 +743,16 @@ def run_layout(name: str, cls: type, config: dict[str, Any], layout: Layout, ran
     return accelerated.masks
 
 
-def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout, rank: int, accelerated: Accelerated,
-              arguments: Arguments | None = None, known: KnownValues | None = None) -> None:
+def run_steps(
+    name: str,
+    family: Family,
+    config: dict[str, Any],
+    layout: Layout,
+    rank: int,
+    accelerated: Accelerated,
+    arguments: Arguments | None = None,
+    known: KnownValues | None = None,
+) -> None:
     # Batched CFG: both branches in one call; CFG in two calls: two calls per step, one per half.
     batch = 2 if family.cfg == "batch" and layout.cfg > 1 else 1
     calls = 2 if family.cfg == "calls" and layout.cfg > 1 else 1
@@ -524,7 +764,9 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
     for step in range(steps):
         outputs = []
         for call in range(calls):
-            call_arguments = arguments(config, layout.grid, batch) if arguments else inputs(name, config, layout.grid, batch)
+            call_arguments = (
+                arguments(config, layout.grid, batch) if arguments else inputs(name, config, layout.grid, batch)
+            )
             if caches:
                 call_arguments |= dict(kv_cache=caches[call], kv_cache_mode="extract" if step < prefill else "cached")
             seen = len(accelerated.masks)
@@ -532,7 +774,9 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
             output, probe = run_probed(lambda: accelerated.transformer(**call_arguments), scalars=[0.0], known=known)
             masked = any(mask is not None for mask in accelerated.masks[seen:])
             sample = sample_of(output)
-            outputs.append(torch.stack(sample) if isinstance(sample, list) else sample)  # Z-Image: one tensor per sample
+            outputs.append(
+                torch.stack(sample) if isinstance(sample, list) else sample
+            )  # Z-Image: one tensor per sample
             if call == mine and step < prefill:  # not cut: no attention routed, no token exchanged (TP's sums and
                 # the CFG halves' gather after the second call are the only collectives)
                 gathers = 1 if calls == 2 and call == 1 else 0
@@ -545,12 +789,23 @@ def run_steps(name: str, family: Family, config: dict[str, Any], layout: Layout,
                     assert accelerated.cache is not None and accelerated.cache.stats.records[-1].cached
         accelerated.events.scheduler.step()
         for sample in outputs:  # the other half's output too, filled in place by now
-            assert sample.shape == expected_shape(name, config, layout.grid, batch, prefill=step < prefill), f"shape {tuple(sample.shape)}"
+            assert sample.shape == expected_shape(name, config, layout.grid, batch, prefill=step < prefill), (
+                f"shape {tuple(sample.shape)}"
+            )
             assert sample.dtype == DTYPE and sample.device.type == "cuda", f"{sample.dtype} on {sample.device}"
 
 
-def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout, probe: Probe, batch: int, compared: bool,
-               rank: int = 0, masked: bool = False) -> None:
+def check_call(
+    name: str,
+    family: Family,
+    config: dict[str, Any],
+    layout: Layout,
+    probe: Probe,
+    batch: int,
+    compared: bool,
+    rank: int = 0,
+    masked: bool = False,
+) -> None:
     """Kernels, collectives and syncs of one transformer call this rank computed (`compared`: the
     cache compared this call with the last and, as scripted, skipped the later blocks; `masked`: the
     model handed the engine an attention mask in it)."""
@@ -560,8 +815,13 @@ def check_call(name: str, family: Family, config: dict[str, Any], layout: Layout
         expected = expected_kernels(family, layout.grid, layout.degrees, calls, masked)
         expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
         if name in SHARED_KEYS:  # the shared stretch: one unmasked block per call, on every rank's own queries
-            cut = replace(family.parallel, attention_keys=tuple(k for k in family.parallel.attention_keys if k != SHARED_KEYS[name]))
-            expected = expected_kernels(family.with_acceleration(parallel=cut), layout.grid, layout.degrees, calls, masked)
+            cut = replace(
+                family.parallel,
+                attention_keys=tuple(k for k in family.parallel.attention_keys if k != SHARED_KEYS[name]),
+            )
+            expected = expected_kernels(
+                family.with_acceleration(parallel=cut), layout.grid, layout.degrees, calls, masked
+            )
             expected[Kernel("flash", False)] += calls
         assert probe.fused() == expected, f"attention kernels {dict(probe.fused())}, expected {dict(expected)}"
     assert not probe.non_cuda_collectives(), f"collectives off the GPU: {probe.non_cuda_collectives()}"
@@ -615,59 +875,227 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
 
 
 # -- real widths ------------------------------------------------------------------------------------------
-FLUX_DEV = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=24,
-                joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-WAN_14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
-               freq_dim=256, ffn_dim=13824, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-HUNYUAN = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128, num_layers=1, num_single_layers=1,
-               num_refiner_layers=1, mlp_ratio=4.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm", guidance_embeds=True,
-               text_embed_dim=4096, pooled_projection_dim=768, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+FLUX_DEV = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+WAN_14B = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=40,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=13824,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
+HUNYUAN = dict(
+    in_channels=16,
+    out_channels=16,
+    num_attention_heads=24,
+    attention_head_dim=128,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=4.0,
+    patch_size=2,
+    patch_size_t=1,
+    qk_norm="rms_norm",
+    guidance_embeds=True,
+    text_embed_dim=4096,
+    pooled_projection_dim=768,
+    rope_theta=256.0,
+    rope_axes_dim=(16, 56, 56),
+)
 # FLUX.2-dev's transformer (the diffusers defaults): 48 heads, text of three stacked 5120-wide Mistral layers.
-FLUX2_DEV = dict(patch_size=1, in_channels=128, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=48,
-                 joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
-                 guidance_embeds=True)
-# Z-Image's transformer (diffusers' defaults, Z-Image's shape; two main layers, one refiner of each kind): 30 heads of 128,
+FLUX2_DEV = dict(
+    patch_size=1,
+    in_channels=128,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=48,
+    joint_attention_dim=15360,
+    timestep_guidance_channels=256,
+    mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32),
+    guidance_embeds=True,
+)
+# Z-Image's transformer (diffusers' defaults, Z-Image's shape; two main layers, one refiner of each kind): 30 heads of
+# 128,
 # Qwen3-4B's 2560-wide text.
-Z_IMAGE = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=2, n_refiner_layers=1, n_heads=30,
-               n_kv_heads=30, cap_feat_dim=2560, axes_dims=[32, 48, 48], axes_lens=[1024, 512, 512])
+Z_IMAGE = dict(
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    in_channels=16,
+    dim=3840,
+    n_layers=2,
+    n_refiner_layers=1,
+    n_heads=30,
+    n_kv_heads=30,
+    cap_feat_dim=2560,
+    axes_dims=[32, 48, 48],
+    axes_lens=[1024, 512, 512],
+)
 # HunyuanVideo 1.5's transformer (the diffusers defaults, two of its 54 blocks): 16 heads of 128, Qwen2.5-VL-7B's
 # 3584-wide text, ByT5's 1472, SigLIP's 1152; 32 latent channels (65 in: noise, condition latents, mask).
-HUNYUAN15 = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=2, num_refiner_layers=2,
-                 mlp_ratio=4.0, patch_size=1, patch_size_t=1, qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
-                 image_embed_dim=1152, rope_theta=256.0, rope_axes_dim=(16, 56, 56), target_size=640, task_type="t2v")
+HUNYUAN15 = dict(
+    in_channels=65,
+    out_channels=32,
+    num_attention_heads=16,
+    attention_head_dim=128,
+    num_layers=2,
+    num_refiner_layers=2,
+    mlp_ratio=4.0,
+    patch_size=1,
+    patch_size_t=1,
+    qk_norm="rms_norm",
+    text_embed_dim=3584,
+    text_embed_2_dim=1472,
+    image_embed_dim=1152,
+    rope_theta=256.0,
+    rope_axes_dim=(16, 56, 56),
+    target_size=640,
+    task_type="t2v",
+)
 # HunyuanImage 2.1's transformer (the diffusers class defaults, which are its shape; one block of each of its 20 double
-# and 40 single): 28 heads of 128, 64 latent channels (32x VAE, patch 1), Qwen2.5-VL-7B's 3584-wide text, ByT5-small's 1472.
-HUNYUANIMAGE = dict(in_channels=64, out_channels=64, num_attention_heads=28, attention_head_dim=128, num_layers=1, num_single_layers=1,
-                    num_refiner_layers=2, mlp_ratio=4.0, patch_size=(1, 1), qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472,
-                    rope_theta=256.0, rope_axes_dim=(64, 64))
+# and 40 single): 28 heads of 128, 64 latent channels (32x VAE, patch 1), Qwen2.5-VL-7B's 3584-wide text, ByT5-small's
+# 1472.
+HUNYUANIMAGE = dict(
+    in_channels=64,
+    out_channels=64,
+    num_attention_heads=28,
+    attention_head_dim=128,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=2,
+    mlp_ratio=4.0,
+    patch_size=(1, 1),
+    qk_norm="rms_norm",
+    text_embed_dim=3584,
+    text_embed_2_dim=1472,
+    rope_theta=256.0,
+    rope_axes_dim=(64, 64),
+)
 # Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
-KANDINSKY5_LITE = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=512, patch_size=(1, 2, 2),
-                       model_dim=1792, ff_dim=7168, num_text_blocks=1, num_visual_blocks=2, axes_dims=(16, 24, 24), visual_cond=True)
-# LTX-2's transformer (diffusers' defaults, two blocks): 32 video heads of 128, 32 audio heads of 64, Gemma 3's 3840-wide text.
-LTX2 = dict(in_channels=128, out_channels=128, num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096,
-            audio_in_channels=128, audio_out_channels=128, audio_num_attention_heads=32, audio_attention_head_dim=64,
-            audio_cross_attention_dim=2048, num_layers=2, caption_channels=3840, rope_type="split")
-# ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40 heads of
-# 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture latents).
+KANDINSKY5_LITE = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=512,
+    patch_size=(1, 2, 2),
+    model_dim=1792,
+    ff_dim=7168,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(16, 24, 24),
+    visual_cond=True,
+)
+# LTX-2's transformer (diffusers' defaults, two blocks): 32 video heads of 128, 32 audio heads of 64, Gemma 3's
+# 3840-wide text.
+LTX2 = dict(
+    in_channels=128,
+    out_channels=128,
+    num_attention_heads=32,
+    attention_head_dim=128,
+    cross_attention_dim=4096,
+    audio_in_channels=128,
+    audio_out_channels=128,
+    audio_num_attention_heads=32,
+    audio_attention_head_dim=64,
+    audio_cross_attention_dim=2048,
+    num_layers=2,
+    caption_channels=3840,
+    rope_type="split",
+)
+# ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40
+# heads of
+# 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture
+# latents).
 CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
 # Helios-Base's transformer (the diffusers defaults, two of its 40 blocks): 40 heads of 128, UMT5-XXL's 4096-wide text.
-HELIOS_BASE = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
-                   freq_dim=256, ffn_dim=13824, num_layers=2, rope_dim=(44, 42, 42), guidance_cross_attn=True, zero_history_timestep=True,
-                   has_multi_term_memory_patch=True, is_amplify_history=False)
-# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8 key/value
+HELIOS_BASE = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=40,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=13824,
+    num_layers=2,
+    rope_dim=(44, 42, 42),
+    guidance_cross_attn=True,
+    zero_history_timestep=True,
+    has_multi_term_memory_patch=True,
+    is_amplify_history=False,
+)
+# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8
+# key/value
 # heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
-COSMOS3 = dict(hidden_size=4096, head_dim=128, num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288, num_hidden_layers=2,
-               latent_channel=48, latent_patch_size=2, patch_latent_dim=192, vocab_size=151936)
+COSMOS3 = dict(
+    hidden_size=4096,
+    head_dim=128,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=12288,
+    num_hidden_layers=2,
+    latent_channel=48,
+    latent_patch_size=2,
+    patch_latent_dim=192,
+    vocab_size=151936,
+)
 # Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
 # 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
-KANDINSKY6 = dict(in_visual_dim=16, out_visual_dim=16, in_text_dim=3584, in_text_dim2=768, time_dim=1024, patch_size=(1, 2, 2),
-                  model_dim=4096, ff_dim=16384, num_text_blocks=1, num_visual_blocks=2, axes_dims=(32, 48, 48), visual_cond=True,
-                  in_audio_dim=40, out_audio_dim=40, model_dim_a=2048, ff_dim_a=7168, time_dim_a=1024, text_token_padding=True,
-                  ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2)
+KANDINSKY6 = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=1024,
+    patch_size=(1, 2, 2),
+    model_dim=4096,
+    ff_dim=16384,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(32, 48, 48),
+    visual_cond=True,
+    in_audio_dim=40,
+    out_audio_dim=40,
+    model_dim_a=2048,
+    ff_dim_a=7168,
+    time_dim_a=1024,
+    text_token_padding=True,
+    ca_rope=True,
+    cross_gates=True,
+    fix_modulation=True,
+    visual_token_type_num_embeddings=2,
+)
 # Qwen-Image 2.1's transformer (its class defaults, the released widths; two of its 32 blocks): 32 heads of 128, a
 # 4096-wide Qwen3-VL context, 64 latent channels.
-QWENIMAGE21 = dict(in_channels=64, out_channels=64, num_attention_heads=32, attention_head_dim=128, context_in_dim=4096, num_layers=2,
-                   causal_condition=True)
+QWENIMAGE21 = dict(
+    in_channels=64,
+    out_channels=64,
+    num_attention_heads=32,
+    attention_head_dim=128,
+    context_in_dim=4096,
+    num_layers=2,
+    causal_condition=True,
+)
 REAL = {
     # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
     "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
@@ -683,7 +1111,8 @@ REAL = {
     # HunyuanVideo 1.5 at 720p, 121 frames: 31 x 45 x 80 = 111600 video tokens (16x VAE, patch 1), 1000 prompt
     # tokens; the guider's two calls on CFG halves x Ulysses 4, with the cache.
     "hunyuan15": (HUNYUAN15, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000))),
-    # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x Ulysses 4.
+    # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x Ulysses
+    # 4.
     "kandinsky5": (KANDINSKY5_LITE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256))),
     # LTX-2 at 512x768, 121 frames: 16 x 16 x 24 = 6144 video tokens, 1024 text tokens; CFG halves x Ulysses 4.
     "ltx2": (LTX2, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024))),
@@ -702,7 +1131,8 @@ REAL = {
     # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
     "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
     # Qwen-Image 2.1 at 1024x1024: 64 x 64 = 4096 target tokens (16x VAE, unpatched; 32 x 32 encoder slots), a 512-token
-    # prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4, with the cache.
+    # prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4, with the
+    # cache.
     "qwenimage21": (QWENIMAGE21, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512))),
 }
 
@@ -723,7 +1153,11 @@ def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
 REAL_TP = {
     "flux-tp2-ulysses4": ("flux", FLUX_DEV, Layout(world=8, ulysses=4, tp=2, cache=True, grid=Grid(1, 64, 64, 512))),
     "flux2-tp4-ulysses2": ("flux2", FLUX2_DEV, Layout(world=8, ulysses=2, tp=4, cache=True, grid=Grid(1, 64, 64, 512))),
-    "wan-cfg2-tp2-ulysses2": ("wan", WAN_14B, Layout(world=8, ulysses=2, cfg=2, tp=2, cache=True, grid=Grid(21, 30, 52, 512))),
+    "wan-cfg2-tp2-ulysses2": (
+        "wan",
+        WAN_14B,
+        Layout(world=8, ulysses=2, cfg=2, tp=2, cache=True, grid=Grid(21, 30, 52, 512)),
+    ),
     "ltx2-tp2-ulysses4": ("ltx2", LTX2, Layout(world=8, ulysses=4, tp=2, grid=Grid(16, 16, 24, 1024))),
     # Cosmos 3's grouped key/value heads over tp 4 (8 query and 2 key/value heads a rank), its two calls on CFG halves.
     "cosmos3-cfg2-tp4": ("cosmos3", COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
@@ -760,7 +1194,13 @@ def test_token_replace_first_frame_count_on_fake_cuda(rank_of: str, tiny_configs
     Ring 3 put 24, 11 and 0 of the first frame's 35 tokens on the three ranks."""
     cls, config, _, _ = tiny_configs["hunyuan"]
     layout = Layout(world=3, ring=3, grid=Grid(frames=2, rows=5, cols=7, text=37))
-    run_layout("hunyuan", cls, {**config, "image_condition_type": "token_replace"}, layout, 0 if rank_of == "first" else layout.world - 1)
+    run_layout(
+        "hunyuan",
+        cls,
+        {**config, "image_condition_type": "token_replace"},
+        layout,
+        0 if rank_of == "first" else layout.world - 1,
+    )
 
 
 # -- plan features one rank at a time: grouped tokens, whole-sequence pair masks ----------------------------
@@ -779,20 +1219,28 @@ def animate_inputs(config: dict[str, Any], grid: Grid, batch: int) -> dict[str, 
     after the reference's (the transformer prepends a zero item for it)."""
     f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
     latent = config["latent_channels"]
-    return dict(hidden_states=randn(batch, 2 * latent + 4, f, h, w), pose_hidden_states=randn(batch, latent, f - 1, h, w),
-                timestep=torch.full((batch,), 500.0, device="cuda", dtype=DTYPE),
-                encoder_hidden_states=randn(batch, grid.text, config["text_dim"]),
-                encoder_hidden_states_image=randn(batch, 5, config["image_dim"]),
-                face_pixel_values=randn(batch, 3, 4 * (f - 1) - 3, config["motion_encoder_size"], config["motion_encoder_size"]),
-                return_dict=False)
+    return dict(
+        hidden_states=randn(batch, 2 * latent + 4, f, h, w),
+        pose_hidden_states=randn(batch, latent, f - 1, h, w),
+        timestep=torch.full((batch,), 500.0, device="cuda", dtype=DTYPE),
+        encoder_hidden_states=randn(batch, grid.text, config["text_dim"]),
+        encoder_hidden_states_image=randn(batch, 5, config["image_dim"]),
+        face_pixel_values=randn(
+            batch, 3, 4 * (f - 1) - 3, config["motion_encoder_size"], config["motion_encoder_size"]
+        ),
+        return_dict=False,
+    )
 
 
-# 5 latent frames of 3x5 patches, 75 tokens: Ulysses 2's shards of 38 end mid-frame 2, Ring 3's of 25 mid-frames 1 and 3.
+# 5 latent frames of 3x5 patches, 75 tokens: Ulysses 2's shards of 38 end mid-frame 2, Ring 3's of 25 mid-frames 1 and
+# 3.
 ANIMATE_GRID = Grid(frames=5, rows=3, cols=5, text=37)
 
 
 @pytest.mark.parametrize("rank_of", ["first", "last"])
-@pytest.mark.parametrize("layout", [Layout(world=2, ulysses=2, grid=ANIMATE_GRID), Layout(world=3, ring=3, grid=ANIMATE_GRID)], ids=str)
+@pytest.mark.parametrize(
+    "layout", [Layout(world=2, ulysses=2, grid=ANIMATE_GRID), Layout(world=3, ring=3, grid=ANIMATE_GRID)], ids=str
+)
 def test_grouped_tokens_on_fake_cuda(layout: Layout, rank_of: str, animate_config: dict[str, Any]) -> None:
     """Wan Animate's face adapter (GroupedTokens) on each rank's own frames, a frame the ranks cut run
     as a frame of its own: the runs are host arithmetic on the layout, so no sync; every slice, the
@@ -807,22 +1255,36 @@ def test_grouped_tokens_on_fake_cuda(layout: Layout, rank_of: str, animate_confi
     rank = 0 if rank_of == "first" else layout.world - 1
     runs: list[int] = []  # tokens of each face adapter call
     adapters = fake_transformer(WanAnimateTransformer3DModel, animate_config).face_adapter
-    hooks = [adapter.to_q.register_forward_pre_hook(lambda _m, args: runs.append(args[0].shape[1])) for adapter in adapters]
+    hooks = [
+        adapter.to_q.register_forward_pre_hook(lambda _m, args: runs.append(args[0].shape[1])) for adapter in adapters
+    ]
     try:
-        masks = run_layout("wan", WanAnimateTransformer3DModel, animate_config, layout, rank, overrides={}, family=family,
-                           arguments=animate_inputs)
+        masks = run_layout(
+            "wan",
+            WanAnimateTransformer3DModel,
+            animate_config,
+            layout,
+            rank,
+            overrides={},
+            family=family,
+            arguments=animate_inputs,
+        )
     finally:
         for hook in hooks:
             hook.remove()
     assert masks and not any(masks)
-    own = [run.tokens for run in group_runs(SequenceLayout(ANIMATE_GRID.tokens, layout.world), rank, ANIMATE_GRID.frames)]
+    own = [
+        run.tokens for run in group_runs(SequenceLayout(ANIMATE_GRID.tokens, layout.world), rank, ANIMATE_GRID.frames)
+    ]
     assert len(own) == 2 and runs == own * len(adapters)  # a part of a cut frame and whole frames, per adapter
 
 
 # SkyReels-V2 diffusion forcing with causal blocks of 2 latent frames: 4 frames of 5x7 (140 tokens) on Ring 3,
 # 6 of them (210) on CFG-free USP 2x2 with the cache; neither divides.
-CAUSAL_BLOCKS = [Layout(world=3, ring=3, grid=Grid(frames=4, rows=5, cols=7, text=37)),
-                 Layout(world=4, ulysses=2, ring=2, cache=True, grid=Grid(frames=6, rows=5, cols=7, text=37))]
+CAUSAL_BLOCKS = [
+    Layout(world=3, ring=3, grid=Grid(frames=4, rows=5, cols=7, text=37)),
+    Layout(world=4, ulysses=2, ring=2, cache=True, grid=Grid(frames=6, rows=5, cols=7, text=37)),
+]
 
 
 @pytest.mark.parametrize("rank_of", ["first", "last"])
@@ -842,12 +1304,18 @@ def test_block_causal_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_
 def ltx2_reference_mask_inputs(config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
     """LTX-2's inputs with LTX2InContextPipeline's (B, L, L) float self-attention mask over the video
     tokens (multiplicative strengths in [0, 1], made an additive bias by the transformer)."""
-    return dict(inputs("ltx2", config, grid, batch), video_self_attention_mask=torch.rand(batch, grid.tokens, grid.tokens, device="cuda"))
+    return dict(
+        inputs("ltx2", config, grid, batch),
+        video_self_attention_mask=torch.rand(batch, grid.tokens, grid.tokens, device="cuda"),
+    )
 
 
 @pytest.mark.parametrize("rank_of", ["first", "last"])
-@pytest.mark.parametrize("layout", [Layout(world=3, ring=3, grid=UNEVEN),
-                                    Layout(world=8, ulysses=2, ring=2, cfg=2, cache=True, grid=UNEVEN)], ids=str)
+@pytest.mark.parametrize(
+    "layout",
+    [Layout(world=3, ring=3, grid=UNEVEN), Layout(world=8, ulysses=2, ring=2, cfg=2, cache=True, grid=UNEVEN)],
+    ids=str,
+)
 def test_additive_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_configs: Any) -> None:
     """LTX-2 IC-LoRA's reference-strength mask: diffusers' attention pads it with the cut key count and
     repeats it per head, (B, H, L, L + keys); the engine drops those columns, takes its rows, Ulysses
@@ -857,8 +1325,12 @@ def test_additive_pair_mask_on_fake_cuda(layout: Layout, rank_of: str, tiny_conf
     cls, config, _, _ = tiny_configs["ltx2"]
     rank = 0 if rank_of == "first" else layout.world - 1
     masks = run_layout("ltx2", cls, config, layout, rank, arguments=ltx2_reference_mask_inputs)
-    heads = tiny_overrides("ltx2", config)["num_attention_heads"]  # a CFG half's batch of 1, its padding columns dropped
+    heads = tiny_overrides("ltx2", config)[
+        "num_attention_heads"
+    ]  # a CFG half's batch of 1, its padding columns dropped
     assert set(masks) == {None, ((1, heads, UNEVEN.tokens, UNEVEN.tokens), torch.bfloat16)}
+
+
 @pytest.mark.parametrize("rank_of", ["first", "last"])
 def test_dfr_keyframe_marker_on_fake_cuda(rank_of: str, tiny_configs: Any) -> None:
     """LTX-2.5 DFR's transformer on Ring 3 at 7 latent frames of 5x7 (a DFR canvas with an appended
@@ -866,7 +1338,13 @@ def test_dfr_keyframe_marker_on_fake_cuda(rank_of: str, tiny_configs: Any) -> No
     tokens, on the device, with no host sync."""
     cls, config, _, _ = tiny_configs["ltx2"]
     layout = Layout(world=3, ring=3, grid=Grid(frames=7, rows=5, cols=7, text=37))
-    run_layout("ltx2", cls, {**config, "use_keyframes_abs_pos_embedding": True}, layout, 0 if rank_of == "first" else layout.world - 1)
+    run_layout(
+        "ltx2",
+        cls,
+        {**config, "use_keyframes_abs_pos_embedding": True},
+        layout,
+        0 if rank_of == "first" else layout.world - 1,
+    )
 
 
 def test_cudnn_where_the_gpu_is_hopper(monkeypatch: pytest.MonkeyPatch, tiny_configs: Any) -> None:
@@ -923,7 +1401,9 @@ def test_tier_catches_a_host_sync_in_the_ring(monkeypatch: pytest.MonkeyPatch, t
 
     monkeypatch.setattr(attention, "_block", syncing_block)
     cls, config, _, _ = tiny_configs["wan"]
-    with pytest.raises(AssertionError, match="host sync in the forward: _local_scalar_dense at tests/test_fake_cuda.py"):
+    with pytest.raises(
+        AssertionError, match="host sync in the forward: _local_scalar_dense at tests/test_fake_cuda.py"
+    ):
         run_layout("wan", cls, config, Layout(world=3, ring=3, grid=UNEVEN), 2)
 
 
@@ -982,25 +1462,43 @@ def test_dbcache_with_taylorseer_on_fake_cuda(tiny_configs: Any) -> None:
     assert family.parallel is not None
     blocks = [block for spec in family.blocks for block in getattr(transformer, spec.attr)]
     ran: Counter[int] = Counter()
-    hooks = [block.attn.register_forward_pre_hook(lambda *_, index=index: ran.update([index])) for index, block in enumerate(blocks)]
+    hooks = [
+        block.attn.register_forward_pre_hook(lambda *_, index=index: ran.update([index]))
+        for index, block in enumerate(blocks)
+    ]
     try:
         with fake_rank(1, 2):
             mesh = fake_mesh(layout.degrees)
             with fake_cuda(_MODE):
                 engine = ContextParallel(transformer, family.parallel, mesh)
-                cache = BlockCache(transformer, family.blocks, threshold=0.1, first_blocks=2, last_blocks=1, calibrator="taylorseer",
-                                   taylor_order=2, primary_stream=family.primary_stream, group=mesh.sequence_group,
-                                   real_tokens=_real_tokens(engine, family.primary_stream))
+                cache = BlockCache(
+                    transformer,
+                    family.blocks,
+                    threshold=0.1,
+                    first_blocks=2,
+                    last_blocks=1,
+                    calibrator="taylorseer",
+                    taylor_order=2,
+                    primary_stream=family.primary_stream,
+                    group=mesh.sequence_group,
+                    real_tokens=_real_tokens(engine, family.primary_stream),
+                )
                 try:
                     # Call 0 has nothing to compare with; calls 1 and 2 are scripted "changed", call 3 "unchanged".
                     for call, answer in enumerate((None, 1.0, 1.0, 0.0)):
                         ran.clear()
-                        output, probe = run_probed(lambda: transformer(**inputs("flux", config, UNEVEN, 1)),
-                                                   scalars=[] if answer is None else [answer])
+                        output, probe = run_probed(
+                            lambda: transformer(**inputs("flux", config, UNEVEN, 1)),
+                            scalars=[] if answer is None else [answer],
+                        )
                         sample = sample_of(output)
-                        assert sample.shape == expected_shape("flux", config, UNEVEN, 1) and sample.device.type == "cuda"
+                        assert (
+                            sample.shape == expected_shape("flux", config, UNEVEN, 1) and sample.device.type == "cuda"
+                        )
                         syncs = [s for s in probe.syncs if not s.where.startswith("diffusers/")]
-                        assert [s.where.startswith("accel/cache/") for s in syncs] == ([] if answer is None else [True]), syncs
+                        assert [s.where.startswith("accel/cache/") for s in syncs] == (
+                            [] if answer is None else [True]
+                        ), syncs
                         assert not probe.non_cuda_collectives()
                         assert sorted(ran) == ([0, 1, 3] if call == 3 else [0, 1, 2, 3])
                 finally:
@@ -1064,12 +1562,22 @@ def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
         mesh = fake_mesh(layout.degrees)
         with fake_cuda(_MODE):
             engine = ContextParallel(transformer, family.parallel, mesh)
-            cache = MagCache(transformer, family.blocks, threshold=0.5, mag_ratios=[[1.0, 0.9, 0.9, 0.9]], primary_stream=family.primary_stream,
-                             group=mesh.sequence_group, real_tokens=_real_tokens(engine, family.primary_stream))
+            cache = MagCache(
+                transformer,
+                family.blocks,
+                threshold=0.5,
+                mag_ratios=[[1.0, 0.9, 0.9, 0.9]],
+                primary_stream=family.primary_stream,
+                group=mesh.sequence_group,
+                real_tokens=_real_tokens(engine, family.primary_stream),
+            )
             try:
                 for call in range(4):  # accumulated errors 0, 0.1, 0.29, 0.561: computed, skipped, skipped, computed
                     output, probe = run_probed(lambda: transformer(**inputs("flux", config, UNEVEN, 1)))
-                    assert sample_of(output).shape == expected_shape("flux", config, UNEVEN, 1) and sample_of(output).device.type == "cuda"
+                    assert (
+                        sample_of(output).shape == expected_shape("flux", config, UNEVEN, 1)
+                        and sample_of(output).device.type == "cuda"
+                    )
                     assert not [s for s in probe.syncs if not s.where.startswith("diffusers/")], probe.syncs
                     assert bool(probe.fused()) == (call in (0, 3))
             finally:
@@ -1086,8 +1594,9 @@ def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
 # CFG halves; HunyuanVideo 1.5: its pair masks read as key masks; all gathered before the first module
 # after the blocks (output_before).
 @pytest.mark.parametrize("name", ["flux", "wan", "hunyuan15"])
-def test_automatic_plan_at_real_width_on_fake_cuda(name: str, tiny_configs: Any, tmp_path: Any,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_automatic_plan_at_real_width_on_fake_cuda(
+    name: str, tiny_configs: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import parallel_cases as cases
     from accel.parallel.verify import automatic_plan, probe_calls
 
@@ -1098,4 +1607,12 @@ def test_automatic_plan_at_real_width_on_fake_cuda(name: str, tiny_configs: Any,
     plan = automatic_plan(pipe.transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
     assert plan.output_before
     config, layout = REAL[name]
-    run_layout(name, tiny_configs[name][0], config, layout, layout.world - 1, overrides={}, family=family.with_acceleration(parallel=plan))
+    run_layout(
+        name,
+        tiny_configs[name][0],
+        config,
+        layout,
+        layout.world - 1,
+        overrides={},
+        family=family.with_acceleration(parallel=plan),
+    )

@@ -137,15 +137,27 @@ def wan_inputs(drift: float) -> Inputs:
 
 
 def _wan_shaped(cls: str, seed: int, **extra: Any) -> nn.Module:
-    """A transformer class of Wan 2.1's shape (SkyReels-V2's, ChronoEdit's) at build_wan's sizes; `extra` adds settings."""
+    """A transformer class of Wan 2.1's shape (SkyReels-V2's, ChronoEdit's) at build_wan's sizes; `extra` adds
+    settings."""
     import diffusers
 
     return _seeded(
         seed,
         lambda: getattr(diffusers, cls)(
-            patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
-            text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-            eps=1e-6, rope_max_seq_len=64, **extra,
+            patch_size=(1, 2, 2),
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=64,
+            **extra,
         ),
     )
 
@@ -306,9 +318,16 @@ def build_qwenimage() -> nn.Module:
 
     return _seeded(
         16,
-        lambda: QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
-                                            attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
-                                            joint_attention_dim=TEXT_DIM, axes_dims_rope=(4, 6, 6)),
+        lambda: QwenImageTransformer2DModel(
+            patch_size=2,
+            in_channels=16,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
     )
 
 
@@ -329,14 +348,25 @@ def build_flux2() -> nn.Module:
 
     return _seeded(
         17,
-        lambda: Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
-                                        attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
-                                        timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False),
+        lambda: Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=TEXT_DIM,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=False,
+        ),
     )
 
 
 def flux2_inputs(drift: float) -> Inputs:
-    grid = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), torch.zeros(1), indexing="ij"), -1)
+    grid = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), torch.zeros(1), indexing="ij"), -1
+    )
     text = torch.stack([torch.zeros(TEXT_TOKENS)] * 3 + [torch.arange(float(TEXT_TOKENS))], -1)
     return dict(
         hidden_states=_latents((1, 16, 16), drift),
@@ -354,9 +384,18 @@ def build_flux2_dev() -> nn.Module:
 
     return _seeded(
         19,
-        lambda: Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
-                                        attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
-                                        timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=True),
+        lambda: Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=TEXT_DIM,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=True,
+        ),
     )
 
 
@@ -370,10 +409,21 @@ def build_sd3() -> nn.Module:
 
     return _seeded(
         18,
-        lambda: SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=2,
-                                      attention_head_dim=HEAD_DIM, num_attention_heads=HEADS, joint_attention_dim=TEXT_DIM,
-                                      caption_projection_dim=HEADS * HEAD_DIM, pooled_projection_dim=16, pos_embed_max_size=16,
-                                      dual_attention_layers=(0,), qk_norm="rms_norm"),
+        lambda: SD3Transformer2DModel(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            joint_attention_dim=TEXT_DIM,
+            caption_projection_dim=HEADS * HEAD_DIM,
+            pooled_projection_dim=16,
+            pos_embed_max_size=16,
+            dual_attention_layers=(0,),
+            qk_norm="rms_norm",
+        ),
     )
 
 
@@ -393,8 +443,16 @@ def build_zimage() -> nn.Module:
 
     return _seeded(
         20,
-        lambda: ZImageTransformer2DModel(in_channels=4, dim=HEADS * HEAD_DIM, n_layers=2, n_refiner_layers=2, n_heads=HEADS,
-                                         n_kv_heads=HEADS, cap_feat_dim=TEXT_DIM, axes_dims=[4, 6, 6]),
+        lambda: ZImageTransformer2DModel(
+            in_channels=4,
+            dim=HEADS * HEAD_DIM,
+            n_layers=2,
+            n_refiner_layers=2,
+            n_heads=HEADS,
+            n_kv_heads=HEADS,
+            cap_feat_dim=TEXT_DIM,
+            axes_dims=[4, 6, 6],
+        ),
     )
 
 
@@ -414,16 +472,29 @@ def build_qwenimage21() -> nn.Module:
 
     return _seeded(
         22,
-        lambda: QwenImage21Transformer2DModel(in_channels=4, out_channels=4, num_layers=2, attention_head_dim=HEAD_DIM,
-                                              num_attention_heads=HEADS, context_in_dim=TEXT_DIM, axes_dims_rope=(4, 6, 6)),
+        lambda: QwenImage21Transformer2DModel(
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=HEAD_DIM,
+            num_attention_heads=HEADS,
+            context_in_dim=TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
     )
 
 
 def qwenimage21_inputs(drift: float) -> Inputs:
     # Unpatched 4x4 target latents; the encoder's mask holds one slot per 2x2 of them after the text.
     slots = torch.cat([torch.zeros(1, TEXT_TOKENS, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool)], dim=1)
-    return dict(hidden_states=_latents((1, 16, 4), drift), encoder_hidden_states=_text(), timestep=torch.tensor([0.7 - drift]),
-                img_shapes=[[(1, 4, 4)]], img_mask=slots, return_dict=False)
+    return dict(
+        hidden_states=_latents((1, 16, 4), drift),
+        encoder_hidden_states=_text(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_shapes=[[(1, 4, 4)]],
+        img_mask=slots,
+        return_dict=False,
+    )
 
 
 # -- hunyuan15: 2 double-stream blocks, 2 latent frames of 4x4 (32 tokens, patch 1), a joint text stream --
@@ -432,9 +503,19 @@ def build_hunyuan15() -> nn.Module:
 
     return _seeded(
         21,
-        lambda: HunyuanVideo15Transformer3DModel(in_channels=9, out_channels=4, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
-                                                 num_layers=2, num_refiner_layers=1, mlp_ratio=2.0, text_embed_dim=TEXT_DIM,
-                                                 text_embed_2_dim=16, image_embed_dim=16, rope_axes_dim=(4, 6, 6)),
+        lambda: HunyuanVideo15Transformer3DModel(
+            in_channels=9,
+            out_channels=4,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            num_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            text_embed_dim=TEXT_DIM,
+            text_embed_2_dim=16,
+            image_embed_dim=16,
+            rope_axes_dim=(4, 6, 6),
+        ),
     )
 
 
@@ -460,8 +541,16 @@ def build_kandinsky5() -> nn.Module:
 
     def build() -> nn.Module:
         model = Kandinsky5Transformer3DModel(
-            in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32, model_dim=HEADS * HEAD_DIM,
-            ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6),
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=HEADS * HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
         )
         random_modulation(model)  # diffusers zeroes it: every block would be an identity
         return model
@@ -488,10 +577,21 @@ def build_ltx2() -> nn.Module:
 
     return _seeded(
         22,
-        lambda: LTX2VideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
-                                            cross_attention_dim=HEADS * HEAD_DIM, audio_in_channels=4, audio_out_channels=4,
-                                            audio_num_attention_heads=HEADS, audio_attention_head_dim=8, audio_cross_attention_dim=16,
-                                            num_layers=2, caption_channels=TEXT_DIM, rope_type="split"),
+        lambda: LTX2VideoTransformer3DModel(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            cross_attention_dim=HEADS * HEAD_DIM,
+            audio_in_channels=4,
+            audio_out_channels=4,
+            audio_num_attention_heads=HEADS,
+            audio_attention_head_dim=8,
+            audio_cross_attention_dim=16,
+            num_layers=2,
+            caption_channels=TEXT_DIM,
+            rope_type="split",
+        ),
     )
 
 
@@ -529,15 +629,26 @@ def chronoedit_inputs(drift: float) -> Inputs:
     )
 
 
-# -- hunyuanimage: 2 double-stream + 2 single-stream blocks, 4x4 latents (16 tokens, patch 1), 8 prompt and 4 glyph tokens --
+# -- hunyuanimage: 2 double-stream + 2 single-stream blocks, 4x4 latents (16 tokens, patch 1), 8 prompt and 4 glyph
+# tokens --
 def build_hunyuanimage() -> nn.Module:
     from diffusers import HunyuanImageTransformer2DModel
 
     return _seeded(
         23,
-        lambda: HunyuanImageTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM,
-                                               num_layers=2, num_single_layers=2, num_refiner_layers=1, mlp_ratio=2.0,
-                                               text_embed_dim=TEXT_DIM, text_embed_2_dim=16, rope_axes_dim=(8, 8)),
+        lambda: HunyuanImageTransformer2DModel(
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            num_layers=2,
+            num_single_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            text_embed_dim=TEXT_DIM,
+            text_embed_2_dim=16,
+            rope_axes_dim=(8, 8),
+        ),
     )
 
 
@@ -561,8 +672,16 @@ def build_helios() -> nn.Module:
     return _seeded(
         23,
         lambda: HeliosTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
-            text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, rope_dim=(4, 6, 6),
+            patch_size=(1, 2, 2),
+            num_attention_heads=HEADS,
+            attention_head_dim=HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            rope_dim=(4, 6, 6),
         ),
     )
 
@@ -594,9 +713,20 @@ def build_cosmos3() -> nn.Module:
 
     return _seeded(
         24,
-        lambda: Cosmos3OmniTransformer(head_dim=HEAD_DIM, hidden_size=TEXT_DIM, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=HEADS, num_key_value_heads=1, latent_channel=4, patch_latent_dim=16,
-                                       vocab_size=64, rope_axes_dim=(4, 2, 2), sound_gen=True, sound_dim=4),
+        lambda: Cosmos3OmniTransformer(
+            head_dim=HEAD_DIM,
+            hidden_size=TEXT_DIM,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=HEADS,
+            num_key_value_heads=1,
+            latent_channel=4,
+            patch_latent_dim=16,
+            vocab_size=64,
+            rope_axes_dim=(4, 2, 2),
+            sound_gen=True,
+            sound_dim=4,
+        ),
     )
 
 
@@ -605,13 +735,22 @@ def cosmos3_inputs(drift: float) -> Inputs:
     text, video, sound = TEXT_TOKENS, 12, 3
     video_at, sound_at = torch.arange(text, text + video), torch.arange(text + video, text + video + sound)
     return dict(
-        input_ids=torch.arange(text) * 7 % 64, text_indexes=torch.arange(text), und_len=text, sequence_length=text + video + sound,
+        input_ids=torch.arange(text) * 7 % 64,
+        text_indexes=torch.arange(text),
+        und_len=text,
+        sequence_length=text + video + sound,
         position_ids=torch.arange(text + video + sound, dtype=torch.float32).expand(3, -1),
-        vision_tokens=[_latents((1, 4, 2, 4, 6), drift)], vision_token_shapes=[(2, 2, 3)], vision_sequence_indexes=video_at,
-        vision_mse_loss_indexes=video_at, vision_timesteps=torch.full((video,), 700.0 - 1000 * drift),
+        vision_tokens=[_latents((1, 4, 2, 4, 6), drift)],
+        vision_token_shapes=[(2, 2, 3)],
+        vision_sequence_indexes=video_at,
+        vision_mse_loss_indexes=video_at,
+        vision_timesteps=torch.full((video,), 700.0 - 1000 * drift),
         vision_noisy_frame_indexes=[torch.arange(2)],
-        sound_tokens=[_noise(torch.Generator().manual_seed(3), 4, sound)], sound_token_shapes=[(sound, 1, 1)],
-        sound_sequence_indexes=sound_at, sound_mse_loss_indexes=sound_at, sound_timesteps=torch.full((sound,), 700.0 - 1000 * drift),
+        sound_tokens=[_noise(torch.Generator().manual_seed(3), 4, sound)],
+        sound_token_shapes=[(sound, 1, 1)],
+        sound_sequence_indexes=sound_at,
+        sound_mse_loss_indexes=sound_at,
+        sound_timesteps=torch.full((sound,), 700.0 - 1000 * drift),
         sound_noisy_frame_indexes=[torch.arange(sound)],
         return_dict=False,
     )
@@ -624,11 +763,26 @@ def build_kandinsky6() -> nn.Module:
     from accel.models.kandinsky6 import random_modulation
 
     def build() -> nn.Module:
-        # The released checkpoints' switches; the audio heads as wide as the video's (the cross-modal rotary tables need it).
+        # The released checkpoints' switches; the audio heads as wide as the video's (the cross-modal rotary tables need
+        # it).
         model = Kandinsky6Transformer3DModel(
-            in_visual_dim=4, out_visual_dim=4, in_text_dim=TEXT_DIM, in_text_dim2=16, time_dim=32, model_dim=HEADS * HEAD_DIM,
-            ff_dim=64, num_text_blocks=2, num_visual_blocks=2, axes_dims=(4, 6, 6), in_audio_dim=4, out_audio_dim=4,
-            text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True, visual_token_type_num_embeddings=2,
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=HEADS * HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+            in_audio_dim=4,
+            out_audio_dim=4,
+            text_token_padding=True,
+            ca_rope=True,
+            cross_gates=True,
+            fix_modulation=True,
+            visual_token_type_num_embeddings=2,
         )
         random_modulation(model)  # diffusers zeroes it: every block would be an identity
         return model

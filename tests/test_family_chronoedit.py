@@ -21,14 +21,19 @@ REASONING = dict(num_frames=13, enable_temporal_reasoning=True, num_temporal_rea
 THRESHOLD = {"threshold": 0.1}
 
 
-def test_temporal_reasoning_drops_latent_frames_mid_run_and_ring3_with_the_cache_equals_one_process(rank_pools: Any) -> None:
+def test_temporal_reasoning_drops_latent_frames_mid_run_and_ring3_with_the_cache_equals_one_process(
+    rank_pools: Any,
+) -> None:
     """Each rank caches the calls one process caches, the first call after the cut computing afresh
     (no residual of the new shape to compare with), and the outputs agree."""
     frames: list[int] = []
     hook = cases.tiny_pipeline("tiny-chronoedit").transformer.register_forward_pre_hook(
-        lambda _module, _args, kwargs: frames.append(kwargs["hidden_states"].shape[2]), with_kwargs=True)
+        lambda _module, _args, kwargs: frames.append(kwargs["hidden_states"].shape[2]), with_kwargs=True
+    )
     try:
-        _, records = reference("chronoedit", dict(FAMILY_CASES["chronoedit"].call, **REASONING, num_inference_steps=8), THRESHOLD)
+        _, records = reference(
+            "chronoedit", dict(FAMILY_CASES["chronoedit"].call, **REASONING, num_inference_steps=8), THRESHOLD
+        )
     finally:
         hook.remove()
     assert frames == [4] * 6 + [2] * 10  # two calls a step: 3 reasoning steps, then 5 on the first and last frames
@@ -39,16 +44,23 @@ def test_temporal_reasoning_drops_latent_frames_mid_run_and_ring3_with_the_cache
 def test_accel_run_edits_the_picture_it_is_given_into_a_clip(tmp_path: Path) -> None:
     image, out = tmp_path / "in.png", tmp_path / "edit.mp4"
     picture().save(image)
-    result = CliRunner().invoke(app, ["run", "tiny-chronoedit", "--image", str(image), "--steps", "2", "--warmup", "0",
-                                      "--out", str(out)], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        ["run", "tiny-chronoedit", "--image", str(image), "--steps", "2", "--warmup", "0", "--out", str(out)],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     assert read_video(out).shape == (5, 64, 64, 3)  # the picture first, the edit last
     missing = CliRunner().invoke(app, ["run", "tiny-chronoedit", "--steps", "2", "--out", str(tmp_path / "none.mp4")])
     assert missing.exit_code == 2
-    assert missing.stderr.strip() == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+    assert (
+        missing.stderr.strip() == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+    )
 
 
 def test_without_temporal_reasoning_the_call_makes_five_frames_whatever_it_is_asked() -> None:
     """What the family's default of 5 frames, and the note accel prints for another count, rest on."""
-    output, _, _ = cases.tiny_run("tiny-chronoedit", {}, dict(FAMILY_CASES["chronoedit"].call, num_frames=9, num_inference_steps=1))
+    output, _, _ = cases.tiny_run(
+        "tiny-chronoedit", {}, dict(FAMILY_CASES["chronoedit"].call, num_frames=9, num_inference_steps=1)
+    )
     assert output.shape == (1, 5, 64, 64, 3)

@@ -27,8 +27,19 @@ def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
     frames, sound = run_written(tmp_path / "fox.mp4", "tiny-cosmos3")
     assert frames.shape == (5, 64, 64, 3)
     assert sound is not None and sound.rate == 8000 and sound.samples.shape[0] == 2  # the tiny sound tokenizer's stereo
-    expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=64,
-                                                            num_frames=5, num_inference_steps=2, guidance_scale=5.0, enable_sound=True))
+    expected, _, _ = cases.tiny_run(
+        "tiny-cosmos3",
+        {},
+        dict(
+            prompt="a red fox in the snow, photograph",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=2,
+            guidance_scale=5.0,
+            enable_sound=True,
+        ),
+    )
     assert expected.size - PIXELS == 2 * 6 * 320  # 6 sound latents of 320 samples, two channels
     assert sound.samples.shape[1] == 6 * 320
 
@@ -37,7 +48,8 @@ def _noisy_frames(call: dict[str, Any]) -> list[list[int]]:
     """The latent frames each transformer call of a one-step run denoises."""
     seen: list[list[int]] = []
     hook = cases.tiny_pipeline("tiny-cosmos3").transformer.register_forward_pre_hook(
-        lambda _module, _args, kwargs: seen.append(kwargs["vision_noisy_frame_indexes"][0].tolist()), with_kwargs=True)
+        lambda _module, _args, kwargs: seen.append(kwargs["vision_noisy_frame_indexes"][0].tolist()), with_kwargs=True
+    )
     try:
         cases.tiny_run("tiny-cosmos3", {}, dict(call, num_inference_steps=1))
     finally:
@@ -80,7 +92,9 @@ def test_image_to_video_on_ring_3_with_the_cache_equals_one_process(rank_pools: 
         assert np.abs(output - expected).max() <= TOLERANCE
 
 
-def test_a_checkpoint_asking_for_the_safety_checker_loads_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_asking_for_the_safety_checker_loads_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real checkpoints turn the safety checker on; diffusers then builds one, which raises
     ImportError without `cosmos_guardrail`. accel loads them without it, as the tiny pipeline is built."""
     import accel
@@ -98,7 +112,9 @@ def test_a_checkpoint_asking_for_the_safety_checker_loads_without_it(tmp_path: P
     pipe = accel.load_pipeline(str(tmp_path), "float32")
     assert pipe.safety_checker is None and pipe.config.enable_safety_checker is False
     pipe.set_progress_bar_config(disable=True)
-    loaded = cases.output_of(pipe(**dict(CALL, num_inference_steps=1), generator=torch.Generator().manual_seed(0), output_type="np"), pipe)
+    loaded = cases.output_of(
+        pipe(**dict(CALL, num_inference_steps=1), generator=torch.Generator().manual_seed(0), output_type="np"), pipe
+    )
     expected, _, _ = cases.tiny_run("tiny-cosmos3", {}, dict(CALL, num_inference_steps=1))
     assert np.abs(loaded - expected).max() <= 1e-5
 
@@ -109,7 +125,11 @@ def test_accel_plan_offers_no_text_encoder_placement_where_there_is_no_text_enco
     from accel.models.flagships import Size
 
     plan = make_plan("cosmos3", 1, 80, size=Size(256, 256, 5))
-    assert [(c.offload, c.text_encoder) for c in plan.candidates] == [("none", "replicated"), ("model", "replicated"), ("group", "replicated")]
+    assert [(c.offload, c.text_encoder) for c in plan.candidates] == [
+        ("none", "replicated"),
+        ("model", "replicated"),
+        ("group", "replicated"),
+    ]
     assert plan.chosen is not None and plan.chosen.estimate.weights.keys() == {"transformer", "vae", "sound_tokenizer"}
 
 
@@ -120,4 +140,6 @@ def test_accel_serve_counts_the_prompt_with_its_text_tokenizer() -> None:
     pipe = cases.tiny_pipeline("tiny-cosmos3")
     counters = token_counters(pipe)
     assert [counter.name for counter in counters] == ["text_tokenizer"]
-    assert counters[0].count("a red fox") == len(pipe.text_tokenizer("a red fox", add_special_tokens=False).input_ids) > 3
+    assert (
+        counters[0].count("a red fox") == len(pipe.text_tokenizer("a red fox", add_special_tokens=False).input_ids) > 3
+    )

@@ -52,7 +52,9 @@ def test_the_reference_tokens_follow_the_generated_ones() -> None:
     pipe = cases.tiny_pipeline("tiny-flux2")
     seen: list[tuple[int, int, float]] = []
     hook = pipe.transformer.register_forward_pre_hook(
-        lambda _m, _a, kw: seen.append((kw["hidden_states"].shape[1], kw["img_ids"].shape[1], float(kw["img_ids"][0, -1, 0]))),
+        lambda _m, _a, kw: seen.append(
+            (kw["hidden_states"].shape[1], kw["img_ids"].shape[1], float(kw["img_ids"][0, -1, 0]))
+        ),
         with_kwargs=True,
     )
     try:
@@ -67,8 +69,14 @@ def test_cfg_parallel_is_refused_for_the_guidance_distilled_dev_model() -> None:
     pipe = cases.tiny_pipeline("tiny-flux2")
     with pytest.raises(NotAvailableError) as error:
         accel.apply(pipe, {"parallel": {"cfg": 2}})
-    assert str(error.value) == "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"
-    assert FAMILIES["flux2"].cfg_off(FAMILY_CASES["flux2"].call) == "FLUX.2 [dev] pipelines have no classifier-free guidance"
+    assert (
+        str(error.value)
+        == "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"
+    )
+    assert (
+        FAMILIES["flux2"].cfg_off(FAMILY_CASES["flux2"].call)
+        == "FLUX.2 [dev] pipelines have no classifier-free guidance"
+    )
 
 
 def test_dev_and_klein_are_told_apart_by_their_pipeline() -> None:
@@ -84,10 +92,28 @@ def test_a_reference_picture_is_optional_through_the_command_line(tmp_path: Path
     picture, out = tmp_path / "reference.png", tmp_path / "out.png"
     reference_picture().save(picture)
     accel_bin = str(Path(sys.executable).parent / "accel")
-    done = subprocess.run([accel_bin, "run", "tiny-flux2-klein", "--image", str(picture), "--steps", "2", "--warmup", "0", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            accel_bin,
+            "run",
+            "tiny-flux2-klein",
+            "--image",
+            str(picture),
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=4.0)
+    call = dict(
+        prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=4.0
+    )
     with_picture, _, _ = cases.tiny_run("tiny-flux2-klein", {}, dict(call, image=Image.open(picture).convert("RGB")))
     without, _, _ = cases.tiny_run("tiny-flux2-klein", {}, call)
     written = np.asarray(Image.open(out), dtype=np.float32)

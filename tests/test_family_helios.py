@@ -53,8 +53,16 @@ def test_amplified_history_keys_equal_one_process(rank_pools: Any, parallel: dic
 
 # 64x192 (the narrowest pyramid CFG-Zero* runs at, see build_tiny_pyramid): 126, 144 and 216 tokens
 # at the three stages, the first of which 4 ranks pad (to 128).
-PYRAMID = dict(prompt="a red fox", negative_prompt="blurry", height=64, width=192, num_frames=5, guidance_scale=5.0,
-               num_latent_frames_per_chunk=TINY_CHUNK, pyramid_num_inference_steps_list=(2, 1, 1))
+PYRAMID = dict(
+    prompt="a red fox",
+    negative_prompt="blurry",
+    height=64,
+    width=192,
+    num_frames=5,
+    guidance_scale=5.0,
+    num_latent_frames_per_chunk=TINY_CHUNK,
+    pyramid_num_inference_steps_list=(2, 1, 1),
+)
 
 
 @pytest.mark.parametrize("parallel", [{"ring": 4}, {"cfg": 2, "ring": 2}], ids=["ring4", "cfg2xring2"])

@@ -41,7 +41,9 @@ def test_the_guidance_scale_goes_to_the_guider_for_the_call_only() -> None:
 
 
 def test_cfg_parallel_is_refused_where_the_guider_would_not_guide() -> None:
-    recipe = Recipe.from_dict({"model": {"name": "tiny-hunyuan15"}, "generate": {"guidance_scale": 1.0}, "parallel": {"cfg": 2}})
+    recipe = Recipe.from_dict(
+        {"model": {"name": "tiny-hunyuan15"}, "generate": {"guidance_scale": 1.0}, "parallel": {"cfg": 2}}
+    )
     with pytest.raises(UserError, match="guidance_scale is 1.0, and guidance runs only above 1"):
         generation_kwargs(FAMILIES["hunyuan15"], True, recipe)
 

@@ -34,8 +34,12 @@ def _transformer_calls(pipe: Any, kwargs: dict[str, Any]) -> int:
 
 
 def _kwargs(pipe: Any, prompt: str, guidance_scale: float) -> dict[str, Any]:
-    recipe = Recipe.from_dict({"model": {"name": "tiny-hunyuanimage"},
-                               "generate": {"steps": 1, "prompt": prompt, "guidance_scale": guidance_scale}})
+    recipe = Recipe.from_dict(
+        {
+            "model": {"name": "tiny-hunyuanimage"},
+            "generate": {"steps": 1, "prompt": prompt, "guidance_scale": guidance_scale},
+        }
+    )
     return generation_kwargs(FAMILIES["hunyuanimage"], True, recipe, pipe)
 
 
@@ -47,11 +51,16 @@ def test_the_guidance_scale_reaches_the_guider_the_prompt_picks_for_the_call_onl
     original = chosen.set_state
     chosen.set_state = lambda **state: (seen.append(chosen.guidance_scale), original(**state))[1]
     try:
-        assert _transformer_calls(pipe, _kwargs(pipe, prompt, 1.0)) == 1  # scale 1: the chosen guider runs the prompt alone
+        assert (
+            _transformer_calls(pipe, _kwargs(pipe, prompt, 1.0)) == 1
+        )  # scale 1: the chosen guider runs the prompt alone
     finally:
         del chosen.set_state
     assert seen == [1.0]  # that guider ran the step, at the scale asked
-    assert (pipe.guider.guidance_scale, pipe.ocr_guider.guidance_scale) == (3.5, 3.5)  # the pipeline's own scales are back
+    assert (pipe.guider.guidance_scale, pipe.ocr_guider.guidance_scale) == (
+        3.5,
+        3.5,
+    )  # the pipeline's own scales are back
 
 
 def test_a_pipeline_loaded_without_a_guider_takes_the_call_without_the_scale() -> None:
@@ -71,10 +80,16 @@ def test_the_distilled_transformer_equals_one_process(rank_pools: Any, mode: str
     """HunyuanImage-2.1-Distilled: no guider (one call a step), the guidance scale and MeanFlow's next
     timestep embedded per sample, neither of which a split touches."""
     pipe = cases.tiny_pipeline(DISTILLED)
-    assert (pipe.guider, pipe.transformer.config.use_meanflow, pipe.transformer.config.guidance_embeds) == (None, True, True)
+    assert (pipe.guider, pipe.transformer.config.use_meanflow, pipe.transformer.config.guidance_embeds) == (
+        None,
+        True,
+        True,
+    )
     call = dict(FAMILY_CASES["hunyuanimage"].call, num_inference_steps=2)
     expected, _, _ = cases.tiny_run(DISTILLED, {}, call)
-    for output, _, bytes_sent in rank_pools(world_of(MODES[mode])).run(cases.tiny_run, DISTILLED, {"parallel": MODES[mode]}, call):
+    for output, _, bytes_sent in rank_pools(world_of(MODES[mode])).run(
+        cases.tiny_run, DISTILLED, {"parallel": MODES[mode]}, call
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
 

@@ -69,8 +69,13 @@ def test_image_to_video_equals_one_process(rank_pools: Any) -> None:
     recipe = {"cache": {"threshold": CASE.threshold}}
     expected, skipped, _ = variant_cases.variant_run("kandinsky5", "Kandinsky5I2VPipeline", recipe, call)
     assert np.isfinite(expected).all() and skipped > 0
-    runs = rank_pools(4).run(variant_cases.variant_run, "kandinsky5", "Kandinsky5I2VPipeline",
-                             {**recipe, "parallel": {"cfg": 2, "ulysses": 2}}, call)
+    runs = rank_pools(4).run(
+        variant_cases.variant_run,
+        "kandinsky5",
+        "Kandinsky5I2VPipeline",
+        {**recipe, "parallel": {"cfg": 2, "ulysses": 2}},
+        call,
+    )
     assert runs[0][1] + runs[-1][1] == skipped  # each CFG half caches its own branch's calls
     for output, _, bytes_sent in runs:
         assert bytes_sent > 0
@@ -80,16 +85,25 @@ def test_image_to_video_equals_one_process(rank_pools: Any) -> None:
 def test_parallel_vae_decode_equals_one_process(rank_pools: Any) -> None:
     """HunyuanVideo's VAE, split over 2 ranks (rank 0 gets the pixels)."""
     expected, _ = reference("kandinsky5", CASE.call)
-    lead, other = (run[0] for run in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky5", {"vae": {"parallel": True}}, CASE.call))
+    lead, other = (
+        run[0] for run in rank_pools(2).run(cases.tiny_run, "tiny-kandinsky5", {"vae": {"parallel": True}}, CASE.call)
+    )
     assert np.abs(lead - expected).max() <= TOLERANCE
 
 
 def test_nabla_sparse_attention_is_refused_with_one_line(rank_pools: Any) -> None:
-    errors = rank_pools(2).run(cases.tiny_error, "parallel_cases:tiny_kandinsky5_nabla", {"parallel": {"ulysses": 2}}, CASE.call)
-    assert errors == [
-        "NotAvailableError: context parallelism: Kandinsky5Transformer3DModel with attention_type = 'nabla' (NABLA sparse "
-        "attention, a block mask over the whole sequence) cannot be split over ranks; run it on one process"
-    ] * 2
+    errors = rank_pools(2).run(
+        cases.tiny_error, "parallel_cases:tiny_kandinsky5_nabla", {"parallel": {"ulysses": 2}}, CASE.call
+    )
+    assert (
+        errors
+        == [
+            "NotAvailableError: context parallelism: Kandinsky5Transformer3DModel with attention_type = 'nabla' "
+            "(NABLA sparse "
+            "attention, a block mask over the whole sequence) cannot be split over ranks; run it on one process"
+        ]
+        * 2
+    )
 
 
 def test_regional_compile_equals_eager() -> None:
@@ -108,8 +122,28 @@ def test_image_to_video_from_the_command_line(tmp_path: Path) -> None:
     image = tmp_path / "in.png"
     variant_cases.picture((64, 64)).save(image)
     out = tmp_path / "clip.mp4"
-    done = subprocess.run([ACCEL, "run", "tiny-kandinsky5", "--pipeline", "Kandinsky5I2VPipeline", "--image", str(image),
-                           "--frames", "17", "--steps", "2", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            ACCEL,
+            "run",
+            "tiny-kandinsky5",
+            "--pipeline",
+            "Kandinsky5I2VPipeline",
+            "--image",
+            str(image),
+            "--frames",
+            "17",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     frames = read_video(out)
     assert frames.shape == (17, 64, 64, 3) and frames.std() > 1
@@ -127,8 +161,10 @@ def test_image_lite_heads_follow_the_width_over_the_head_width() -> None:
         assert FAMILY.heads_in(transformer.config) == FAMILY.tiny_heads == 4
 
 
-@pytest.mark.parametrize("pipeline_class, crop, rest", [(T2I, 40, "a red fox<|im_end|>"),
-                                                        (I2I, 54, "a red fox<|vision_start|><|image_pad|><|vision_end|><|im_end|>")])
+@pytest.mark.parametrize(
+    "pipeline_class, crop, rest",
+    [(T2I, 40, "a red fox<|im_end|>"), (I2I, 54, "a red fox<|vision_start|><|image_pad|><|vision_end|><|im_end|>")],
+)
 def test_the_image_pipelines_crop_exactly_their_template_prefix(pipeline_class: str, crop: int, rest: str) -> None:
     """The tiny tokenizers spend on each template's system part as many tokens as the pipeline crops."""
     pipe = variant_cases.variant_pipeline("kandinsky5", pipeline_class)
@@ -146,13 +182,23 @@ def test_image_variants_make_pictures_without_a_frame_count() -> None:
     from accel.runner import _check_out, generation_kwargs, made_by
 
     recipe = Recipe.from_dict({"model": {"pipeline": T2I}})
-    assert generation_kwargs(FAMILY, False, recipe) == {"prompt": "a red fox in the snow, photograph", "num_inference_steps": 50,
-                                                        "height": 1024, "width": 1024, "guidance_scale": 3.5}
+    assert generation_kwargs(FAMILY, False, recipe) == {
+        "prompt": "a red fox in the snow, photograph",
+        "num_inference_steps": 50,
+        "height": 1024,
+        "width": 1024,
+        "guidance_scale": 3.5,
+    }
     assert "num_frames" not in generation_kwargs(FAMILY, True, recipe)
     with pytest.raises(UserError, match=r"^\[generate\] frames: Kandinsky5T2IPipeline makes images; remove frames$"):
         generation_kwargs(FAMILY, True, Recipe.from_dict({"model": {"pipeline": T2I}, "generate": {"frames": 5}}))
-    assert made_by(FAMILY, I2I) == (I2I, "image") and made_by(FAMILY, "Kandinsky5I2VPipeline") == ("Kandinsky 5.0 Video", "video")
-    with pytest.raises(UserError, match=r"^--out x.mp4: Kandinsky5I2IPipeline makes images, so the name must end in .png$"):
+    assert made_by(FAMILY, I2I) == (I2I, "image") and made_by(FAMILY, "Kandinsky5I2VPipeline") == (
+        "Kandinsky 5.0 Video",
+        "video",
+    )
+    with pytest.raises(
+        UserError, match=r"^--out x.mp4: Kandinsky5I2IPipeline makes images, so the name must end in .png$"
+    ):
         _check_out(Path("x.mp4"), False, made_by(FAMILY, I2I))
 
 
@@ -165,7 +211,10 @@ def test_image_variants_decode_with_flux_vae_split_over_ranks(rank_pools: Any) -
     assert FAMILY.vaes == ("AutoencoderKLHunyuanVideo", "AutoencoderKL") and "AutoencoderKL" in VAE_PLANS
     call = dict(CASE.call, width=80, num_inference_steps=2)
     expected, _, _ = variant_cases.variant_run("kandinsky5", T2I, {}, call)
-    lead, _ = (run[0] for run in rank_pools(2).run(variant_cases.variant_run, "kandinsky5", T2I, {"vae": {"parallel": True}}, call))
+    lead, _ = (
+        run[0]
+        for run in rank_pools(2).run(variant_cases.variant_run, "kandinsky5", T2I, {"vae": {"parallel": True}}, call)
+    )
     assert lead.shape == expected.shape == (1, 64, 80, 3)
     assert np.abs(lead - expected).max() <= TOLERANCE
 
@@ -178,10 +227,30 @@ def test_image_to_image_from_the_command_line_writes_the_picture(tmp_path: Path)
     image = tmp_path / "in.png"
     variant_cases.picture((64, 64)).save(image)
     out = tmp_path / "picture.png"
-    done = subprocess.run([ACCEL, "run", "tiny-kandinsky5", "--pipeline", I2I, "--image", str(image), "--steps", "2", "--warmup", "0",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            ACCEL,
+            "run",
+            "tiny-kandinsky5",
+            "--pipeline",
+            I2I,
+            "--image",
+            str(image),
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    call = dict(prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0)  # tiny defaults
+    call = dict(
+        prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0
+    )  # tiny defaults
     expected = variant_cases.variant_run("kandinsky5", I2I, {}, call)[0][0]
     assert Image.open(out).size == (64, 64)
     assert np.abs(np.asarray(Image.open(out), dtype=np.float32) - np.round(expected * 255)).max() <= 1
@@ -199,5 +268,7 @@ def test_a_saved_image_pipeline_is_known_to_make_pictures_before_loading(tmp_pat
     ref = resolve_model(str(tmp_path / "t2i"))
     assert (ref.family, ref.pipeline) == (FAMILY, T2I)
     assert "num_frames" not in generation_kwargs(FAMILY, False, Recipe.from_dict({}), loads_as=ref.pipeline)
-    with pytest.raises(UserError, match=r"^--out .*x\.mp4: Kandinsky5T2IPipeline makes images, so the name must end in \.png$"):
+    with pytest.raises(
+        UserError, match=r"^--out .*x\.mp4: Kandinsky5T2IPipeline makes images, so the name must end in \.png$"
+    ):
         run(Recipe.from_dict({"model": {"name": str(tmp_path / "t2i")}}), out=tmp_path / "x.mp4")

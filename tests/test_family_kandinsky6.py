@@ -39,7 +39,9 @@ def test_a_picture_to_start_from_on_ring2_equals_one_process(rank_pools: Any) ->
     call = dict(CALL, image=cases.gradient_image(64), height=48, width=80, num_inference_steps=3)
     tokens: list[int] = []
     pipe = cases.tiny_pipeline("tiny-kandinsky6")
-    hook = pipe.transformer.visual_transformer_blocks[0].register_forward_pre_hook(lambda _m, args: tokens.append(args[0].shape[1]))
+    hook = pipe.transformer.visual_transformer_blocks[0].register_forward_pre_hook(
+        lambda _m, args: tokens.append(args[0].shape[1])
+    )
     try:
         expected, _ = reference("kandinsky6", call)
     finally:

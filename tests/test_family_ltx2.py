@@ -31,7 +31,15 @@ from accel.models.variants import variant_of
 from accel.parallel.derive import resolve_plan
 
 FAMILY = FAMILIES["ltx2"]
-CALL = dict(prompt="a red fox", negative_prompt="blurry", height=64, width=96, num_frames=9, num_inference_steps=2, guidance_scale=4.0)
+CALL = dict(
+    prompt="a red fox",
+    negative_prompt="blurry",
+    height=64,
+    width=96,
+    num_frames=9,
+    num_inference_steps=2,
+    guidance_scale=4.0,
+)
 
 
 def test_the_plan_follows_diffusers_and_keeps_text_and_audio_whole() -> None:
@@ -39,7 +47,9 @@ def test_the_plan_follows_diffusers_and_keeps_text_and_audio_whole() -> None:
     plan = resolve_plan(FAMILY.parallel, pipe.transformer)
     cut = {(split.module, split.value, split.element, split.ndim): split.stream for split in plan.splits}
     # diffusers' cuts of the video and its interleaved rotary tables, and accel's additions
-    assert cut[("", "hidden_states", None, 3)] == cut[("rope", "output", 0, 3)] == cut[("rope", "output", 1, 3)] == "video"
+    assert (
+        cut[("", "hidden_states", None, 3)] == cut[("rope", "output", 0, 3)] == cut[("rope", "output", 1, 3)] == "video"
+    )
     assert cut[("rope", "output", None, 4)] == cut[("cross_attn_rope", "output", None, 4)] == "video"
     assert cut[("", "timestep", None, 2)] == "video"
     assert cut[("", "video_keyframes_mask", None, None)] == "video"  # LTX-2.5 DFR's marker of single-frame latents
@@ -83,8 +93,18 @@ def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
     frames, sound = run_written(tmp_path / "fox.mp4", "tiny-ltx2")
     assert frames.shape == (9, 64, 96, 3)
     assert sound is not None and sound.rate == 24000 and sound.samples.shape[0] == 2
-    expected, _, _ = cases.tiny_run("tiny-ltx2", {}, dict(prompt="a red fox in the snow, photograph", height=64, width=96,
-                                                         num_frames=9, num_inference_steps=2, guidance_scale=4.0))
+    expected, _, _ = cases.tiny_run(
+        "tiny-ltx2",
+        {},
+        dict(
+            prompt="a red fox in the snow, photograph",
+            height=64,
+            width=96,
+            num_frames=9,
+            num_inference_steps=2,
+            guidance_scale=4.0,
+        ),
+    )
     samples = expected.size - 9 * 64 * 96 * 3
     assert sound.samples.shape[1] == samples // 2  # the whole waveform, 0.33 s
     assert sound.seconds == pytest.approx(samples / 2 / 24000)
@@ -95,16 +115,32 @@ def test_image_to_video_through_the_command_line(tmp_path: Path) -> None:
     cases.gradient_image().save(picture)
     accel_bin = str(Path(sys.executable).parent / "accel")
     done = subprocess.run(
-        [accel_bin, "run", "tiny-ltx2", "--pipeline", "LTX2ImageToVideoPipeline", "--image", str(picture), "--steps", "2",
-         "--warmup", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            accel_bin,
+            "run",
+            "tiny-ltx2",
+            "--pipeline",
+            "LTX2ImageToVideoPipeline",
+            "--image",
+            str(picture),
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_video(out).shape == (9, 64, 96, 3)
     assert read_audio(out) is not None
 
 
-# 20 video tokens with per-token timesteps; no H.264 round trip of the picture (it needs PyAV), as accel runs the tiny variant
+# 20 video tokens with per-token timesteps; no H.264 round trip of the picture (it needs PyAV), as accel runs the tiny
+# variant
 I2V = dict(CALL, num_inference_steps=3, width=160, image=cases.gradient_image(), image_crf=0)
 
 
@@ -113,7 +149,9 @@ def test_image_to_video_equals_one_process(rank_pools: Any, parallel: dict[str, 
     """The conditioned first frame gives every video token its own timestep: cut with the tokens."""
     expected, _, _ = cases.tiny_run("parallel_cases:tiny_ltx2_i2v", {}, I2V)
     world = parallel.get("ring", 1) * parallel.get("ulysses", 1) * parallel.get("cfg", 1)
-    for output, _, bytes_sent in rank_pools(world).run(cases.tiny_run, "parallel_cases:tiny_ltx2_i2v", {"parallel": parallel}, I2V):
+    for output, _, bytes_sent in rank_pools(world).run(
+        cases.tiny_run, "parallel_cases:tiny_ltx2_i2v", {"parallel": parallel}, I2V
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= 1e-4
 
@@ -139,22 +177,48 @@ def test_hdr_through_the_command_line_writes_linear_npy_and_an_sdr_preview(tmp_p
     clip = tmp_path / "clip.mp4"
     save_video(np.stack([np.asarray(cases.gradient_image(), dtype=np.float32) / 255] * 9), clip, fps=24)
     recipe = tmp_path / "hdr.toml"
-    recipe.write_text(f'[model]\nname = "tiny-ltx2"\npipeline = "{HDR}"\n[generate]\nsteps = 2\nreferences = ["{clip}@1.0"]\n')
+    recipe.write_text(
+        f'[model]\nname = "tiny-ltx2"\npipeline = "{HDR}"\n[generate]\nsteps = 2\nreferences = ["{clip}@1.0"]\n'
+    )
     accel_bin = str(Path(sys.executable).parent / "accel")
-    for args in (["tiny-ltx2", "--pipeline", HDR, "--reference", f"{clip}@1.0", "--steps", "2", "--out", str(tmp_path / "hdr.mp4")],
-                 ["--recipe", str(recipe), "--out", str(tmp_path / "hdr.npy")]):
+    for args in (
+        [
+            "tiny-ltx2",
+            "--pipeline",
+            HDR,
+            "--reference",
+            f"{clip}@1.0",
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path / "hdr.mp4"),
+        ],
+        ["--recipe", str(recipe), "--out", str(tmp_path / "hdr.npy")],
+    ):
         done = subprocess.run([accel_bin, "run", *args, "--warmup", "0"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     pipe = accel.load_pipeline("tiny-ltx2", pipeline=HDR)
-    expected = pipe(prompt="a red fox in the snow, photograph", reference_conditions=[LTX2HDRReferenceCondition(read_clip(str(clip)), 1.0)],
-                    height=64, width=96, num_frames=9, num_inference_steps=2, guidance_scale=4.0,
-                    generator=torch.Generator("cpu").manual_seed(0), output_type="np").frames[0]
-    assert expected.dtype == np.float32 and expected.min() >= -0.02 and expected.max() > 1  # linear light, past SDR's white
+    expected = pipe(
+        prompt="a red fox in the snow, photograph",
+        reference_conditions=[LTX2HDRReferenceCondition(read_clip(str(clip)), 1.0)],
+        height=64,
+        width=96,
+        num_frames=9,
+        num_inference_steps=2,
+        guidance_scale=4.0,
+        generator=torch.Generator("cpu").manual_seed(0),
+        output_type="np",
+    ).frames[0]
+    assert (
+        expected.dtype == np.float32 and expected.min() >= -0.02 and expected.max() > 1
+    )  # linear light, past SDR's white
     frames = np.load(tmp_path / "hdr.npy")
     assert frames.dtype == np.float32 and frames.shape == (9, 64, 96, 3)
     assert np.array_equal(frames, expected)
     preview = read_video(tmp_path / "hdr.mp4")
-    assert preview.shape == (9, 64, 96, 3) and read_audio(tmp_path / "hdr.mp4") is None  # no sound: the pipeline makes none
+    assert (
+        preview.shape == (9, 64, 96, 3) and read_audio(tmp_path / "hdr.mp4") is None
+    )  # no sound: the pipeline makes none
     # H.264 at 4:2:0 cannot keep the tiny model's pixel noise, so: the file is what encoding the
     # tone-mapped frames gives (as in tests/test_variants.py), and its 8x8 block means match theirs
     # within a few levels (the untone-mapped frames are 35 levels off on average).
@@ -215,15 +279,24 @@ def test_hdr_with_precomputed_connector_embeds_equals_one_process(rank_pools: An
     import variant_cases
 
     video, audio = hdr_connector_embeds()
-    call = dict(CALL, num_inference_steps=3, guidance_scale=1.0, connector_video_embeds=video, connector_audio_embeds=audio)
+    call = dict(
+        CALL, num_inference_steps=3, guidance_scale=1.0, connector_video_embeds=video, connector_audio_embeds=audio
+    )
     expected, _, _ = variant_cases.variant_run("ltx2", HDR, {}, call)
-    prompted, _, _ = variant_cases.variant_run("ltx2", HDR, {}, dict(call, connector_video_embeds=None, connector_audio_embeds=None))
+    prompted, _, _ = variant_cases.variant_run(
+        "ltx2", HDR, {}, dict(call, connector_video_embeds=None, connector_audio_embeds=None)
+    )
     assert np.abs(expected - prompted).max() > 1e-2  # the embeds (of another prompt), not the call's prompt, made it
     recipe = {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.3}}
     reference, _, _ = variant_cases.variant_run("ltx2", HDR, {"cache": {"threshold": 0.3}}, call)
     for output, _, bytes_sent in rank_pools(2).run(variant_cases.variant_run, "ltx2", HDR, recipe, call):
         assert bytes_sent > 0
-        assert np.abs(variant_cases.as_decoded(output, "ltx2", HDR) - variant_cases.as_decoded(reference, "ltx2", HDR)).max() <= 1e-4
+        assert (
+            np.abs(
+                variant_cases.as_decoded(output, "ltx2", HDR) - variant_cases.as_decoded(reference, "ltx2", HDR)
+            ).max()
+            <= 1e-4
+        )
 
 
 def test_hdr_converts_the_whole_reference_clip_unless_frames_say_otherwise(tmp_path: Path) -> None:
@@ -235,9 +308,17 @@ def test_hdr_converts_the_whole_reference_clip_unless_frames_say_otherwise(tmp_p
     clip, picture = tmp_path / "clip.mp4", tmp_path / "still.png"
     save_video(np.zeros((17, 64, 64, 3), dtype=np.float32), clip, fps=24)
     cases.gradient_image().save(picture)
-    for references, frames, expected in (([f"{clip}@0.9"], None, 17), ([str(clip)], 9, 9), ([str(picture), str(clip)], None, 9)):
-        recipe = Recipe.from_dict({"model": {"pipeline": HDR}, "generate": {"references": references, "frames": frames}})
+    for references, frames, expected in (
+        ([f"{clip}@0.9"], None, 17),
+        ([str(clip)], 9, 9),
+        ([str(picture), str(clip)], None, 9),
+    ):
+        recipe = Recipe.from_dict(
+            {"model": {"pipeline": HDR}, "generate": {"references": references, "frames": frames}}
+        )
         assert generation_kwargs(FAMILY, True, recipe)["num_frames"] == expected
+
+
 def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sound(tmp_path: Path) -> None:
     """LTX2DFRPipeline pads 9 frames to a 25-frame canvas with a keyframe slot and, with --condition,
     an appended keyframe; the MP4 holds the 9 frames asked for and their 0.375 s of sound. It takes
@@ -245,9 +326,24 @@ def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sou
     picture, out = tmp_path / "last.png", tmp_path / "dfr.mp4"
     cases.gradient_image().save(picture)
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "accel"), "run", "tiny-ltx2", "--pipeline", "LTX2DFRPipeline", "--condition",
-         f"{picture}@-1:0.8", "--warmup", "0", "--out", str(out), "--json", str(tmp_path / "run.json")],
-        capture_output=True, text=True, timeout=300,
+        [
+            str(Path(sys.executable).parent / "accel"),
+            "run",
+            "tiny-ltx2",
+            "--pipeline",
+            "LTX2DFRPipeline",
+            "--condition",
+            f"{picture}@-1:0.8",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "run.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_video(out).shape == (9, 64, 96, 3)
@@ -268,14 +364,43 @@ def test_a_dfr_pass_then_its_temporal_refine_round_through_the_command_line(tmp_
     the refine round, on 2 ranks, reads them, doubles the canvas in time (49 frames) and writes them
     at twice the frame rate with the pass's sound."""
     saved, out = tmp_path / "pass.pt", tmp_path / "refined.mp4"
-    first = subprocess.run([ACCEL, "run", "tiny-ltx2", "--pipeline", DFR, "--warmup", "0", "--out", str(saved)],
-                           capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [ACCEL, "run", "tiny-ltx2", "--pipeline", DFR, "--warmup", "0", "--out", str(saved)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     payload = torch.load(saved, weights_only=True)
     assert payload["pipeline"] == DFR and payload["fields"]["keyframe_positions"] == [24]
-    assert payload["fields"]["frames"].shape == (1, 16, 4, 2, 3) and payload["fields"]["keyframes"].shape == (1, 16, 1, 2, 3)
-    second = subprocess.run([ACCEL, "run", "tiny-ltx2", "--pipeline", REFINE, "--input", f"latents={saved}", "--gpus", "2",
-                             "--oversubscribe", "--warmup", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert payload["fields"]["frames"].shape == (1, 16, 4, 2, 3) and payload["fields"]["keyframes"].shape == (
+        1,
+        16,
+        1,
+        2,
+        3,
+    )
+    second = subprocess.run(
+        [
+            ACCEL,
+            "run",
+            "tiny-ltx2",
+            "--pipeline",
+            REFINE,
+            "--input",
+            f"latents={saved}",
+            "--gpus",
+            "2",
+            "--oversubscribe",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr[-2000:]
     assert read_video(out).shape == (49, 64, 96, 3)
     sound = read_audio(out)
@@ -294,56 +419,119 @@ def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     pipe = accel.load_pipeline("tiny-ltx2", pipeline=DFR)
     pipe.set_progress_bar_config(disable=True)
-    fields, _ = generate_with_audio(pipe, dict(prompt="a red fox", height=64, width=96, num_frames=9, sigmas=[1.0, 0.5]), 0,
-                                    variant_of(FAMILY, DFR).latent_output)
+    fields, _ = generate_with_audio(
+        pipe,
+        dict(prompt="a red fox", height=64, width=96, num_frames=9, sigmas=[1.0, 0.5]),
+        0,
+        variant_of(FAMILY, DFR).latent_output,
+    )
     return _write_output("pass", 24, "video", tmp_path_factory.mktemp("dfr") / "pass.pt", False, fields)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], f"{REFINE} needs an input latents: pass --input latents=PATH ([generate] inputs), the .pt file "
-             f"`accel run --pipeline {DFR} --out NAME.pt` wrote"),
-        (["--input", "latents={other}"], f"[generate] inputs latents: {{other}} is not the latent output of a {DFR} or {REFINE} pass; "
-                                         f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
-        (["--input", "latents={clip}"], f"[generate] inputs latents: {{clip}} is not a latent pass (.pt); "
-                                        f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
-        (["--input", "latents={missing}"], f"[generate] inputs latents: {{missing}} does not exist; "
-                                           f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
-        (["--input", "latents={garbage}"], f"[generate] inputs latents: {{garbage}} is not a file of tensors torch can load safely "
-                                           f"(weights only); pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote"),
-        (["--input", "latents={pass}", "--frames", "9"],
-         "[generate] frames: the latent pass {pass} holds num_frames = 25, not 9; remove frames (the pass sets it)"),
-        (["--input", "latents={pass}", "--arg", "keyframe_positions=[8]"],
-         "[generate] arguments: keyframe_positions is one accel fills itself; set it with [generate] inputs"),
-        (["--input", "latents={pass}", "--component", "upsampler={folder}"],
-         f"[model] components: {REFINE} takes no component upsampler (it takes temporal_latent_upsampler, scheduler)"),
-        (["--input", "latents={pass}", "--component", "temporal_latent_upsampler={missing}"],
-         "[model] components: temporal_latent_upsampler: {missing} is not a folder; pass the folder a LTX2LatentUpsamplerModel "
-         "was saved to (save_pretrained)"),
+        (
+            [],
+            f"{REFINE} needs an input latents: pass --input latents=PATH ([generate] inputs), the .pt file "
+            f"`accel run --pipeline {DFR} --out NAME.pt` wrote",
+        ),
+        (
+            ["--input", "latents={other}"],
+            f"[generate] inputs latents: {{other}} is not the latent output of a {DFR} or {REFINE} pass; "
+            f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote",
+        ),
+        (
+            ["--input", "latents={clip}"],
+            f"[generate] inputs latents: {{clip}} is not a latent pass (.pt); "
+            f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote",
+        ),
+        (
+            ["--input", "latents={missing}"],
+            f"[generate] inputs latents: {{missing}} does not exist; "
+            f"pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote",
+        ),
+        (
+            ["--input", "latents={garbage}"],
+            f"[generate] inputs latents: {{garbage}} is not a file of tensors torch can load safely "
+            f"(weights only); pass the .pt file `accel run --pipeline {DFR} --out NAME.pt` wrote",
+        ),
+        (
+            ["--input", "latents={pass}", "--frames", "9"],
+            "[generate] frames: the latent pass {pass} holds num_frames = 25, not 9; remove frames (the pass sets it)",
+        ),
+        (
+            ["--input", "latents={pass}", "--arg", "keyframe_positions=[8]"],
+            "[generate] arguments: keyframe_positions is one accel fills itself; set it with [generate] inputs",
+        ),
+        (
+            ["--input", "latents={pass}", "--component", "upsampler={folder}"],
+            f"[model] components: {REFINE} takes no component upsampler "
+            "(it takes temporal_latent_upsampler, scheduler)",
+        ),
+        (
+            ["--input", "latents={pass}", "--component", "temporal_latent_upsampler={missing}"],
+            "[model] components: temporal_latent_upsampler: {missing} is not a folder; pass the folder a "
+            "LTX2LatentUpsamplerModel "
+            "was saved to (save_pretrained)",
+        ),
     ],
-    ids=["missing", "not a pass", "wrong suffix", "missing file", "not a torch file", "frames against the pass", "argument the pass fills",
-         "unknown component", "component folder missing"],
+    ids=[
+        "missing",
+        "not a pass",
+        "wrong suffix",
+        "missing file",
+        "not a torch file",
+        "frames against the pass",
+        "argument the pass fills",
+        "unknown component",
+        "component folder missing",
+    ],
 )
-def test_a_bad_latent_input_is_one_line_before_any_rank_starts(tmp_path: Path, dfr_pass: Path, args: list[str], message: str) -> None:
+def test_a_bad_latent_input_is_one_line_before_any_rank_starts(
+    tmp_path: Path, dfr_pass: Path, args: list[str], message: str
+) -> None:
     other, clip = tmp_path / "other.pt", tmp_path / "clip.mp4"
     torch.save({"frames": torch.zeros(1, 16, 4, 2, 3)}, other)
     clip.write_bytes(b"")
     (tmp_path / "garbage.pt").write_text("not a checkpoint")
-    paths = {"other": str(other), "clip": str(clip), "missing": str(tmp_path / "nope.pt"), "pass": str(dfr_pass), "folder": str(tmp_path),
-             "garbage": str(tmp_path / "garbage.pt")}
-    result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", REFINE, "--gpus", "2", "-o", str(tmp_path / "o.mp4"),
-                                      *(arg.format(**paths) for arg in args)])
+    paths = {
+        "other": str(other),
+        "clip": str(clip),
+        "missing": str(tmp_path / "nope.pt"),
+        "pass": str(dfr_pass),
+        "folder": str(tmp_path),
+        "garbage": str(tmp_path / "garbage.pt"),
+    }
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "tiny-ltx2",
+            "--pipeline",
+            REFINE,
+            "--gpus",
+            "2",
+            "-o",
+            str(tmp_path / "o.mp4"),
+            *(arg.format(**paths) for arg in args),
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == "error: " + message.format(**paths)
 
 
 def test_latents_are_written_only_by_a_pipeline_that_hands_them_on(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "tiny-ltx2", "-o", str(tmp_path / "o.pt")])
-    assert result.stderr.strip() == f"error: --out {tmp_path / 'o.pt'}: LTX2Pipeline hands on no latents, so the name must end in .mp4"
+    assert (
+        result.stderr.strip()
+        == f"error: --out {tmp_path / 'o.pt'}: LTX2Pipeline hands on no latents, so the name must end in .mp4"
+    )
     result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", DFR, "--compare", "-o", str(tmp_path / "o.pt")])
-    assert result.stderr.strip() == (f"error: --compare measures the picture against the baseline's; --out {tmp_path / 'o.pt'} saves "
-                                     "latents, so drop --compare")
+    assert result.stderr.strip() == (
+        f"error: --compare measures the picture against the baseline's; --out {tmp_path / 'o.pt'} saves "
+        "latents, so drop --compare"
+    )
 
 
 def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_its_scheduler(tmp_path: Path) -> None:
@@ -361,13 +549,21 @@ def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_
     recipe = Recipe.from_dict({"model": {"name": str(tmp_path / "dfr"), "pipeline": REFINE}})
     with pytest.raises(UserError) as refused:
         generation_kwargs(FAMILY, False, recipe, loads_as=DFR)
-    assert str(refused.value) == (f"{REFINE} needs a temporal_latent_upsampler (LTX2LatentUpsamplerModel) the model does not hold: "
-                                  "pass --component temporal_latent_upsampler=FOLDER ([model] components), the folder it was saved to")
-    pipe = accel.load_pipeline(str(tmp_path / "dfr"), "float32", pipeline=REFINE,
-                               components={"temporal_latent_upsampler": str(tmp_path / "upsampler")})
+    assert str(refused.value) == (
+        f"{REFINE} needs a temporal_latent_upsampler (LTX2LatentUpsamplerModel) the model does not hold: "
+        "pass --component temporal_latent_upsampler=FOLDER ([model] components), the folder it was saved to"
+    )
+    pipe = accel.load_pipeline(
+        str(tmp_path / "dfr"),
+        "float32",
+        pipeline=REFINE,
+        components={"temporal_latent_upsampler": str(tmp_path / "upsampler")},
+    )
     assert type(pipe).__name__ == REFINE and type(pipe.scheduler).__name__ == "LTXEulerAncestralRFScheduler"
     expected = tiny_temporal_upsampler(seed=3).state_dict()
-    assert all(torch.equal(value, expected[name]) for name, value in pipe.temporal_latent_upsampler.state_dict().items())
+    assert all(
+        torch.equal(value, expected[name]) for name, value in pipe.temporal_latent_upsampler.state_dict().items()
+    )
 
 
 def test_a_refine_round_of_two_tiles_equals_one_process_on_usp_with_the_cache(rank_pools: Any) -> None:
@@ -380,13 +576,16 @@ def test_a_refine_round_of_two_tiles_equals_one_process_on_usp_with_the_cache(ra
     seen: list[int] = []
     pipe = variant_cases.variant_pipeline("ltx2", REFINE)
     hook = pipe.transformer.transformer_blocks[0].register_forward_pre_hook(
-        lambda _m, _a, kwargs: seen.append(kwargs["hidden_states"].shape[1]), with_kwargs=True)
+        lambda _m, _a, kwargs: seen.append(kwargs["hidden_states"].shape[1]), with_kwargs=True
+    )
     try:
         expected, skipped, _ = variant_cases.variant_run("ltx2", REFINE, recipe, call)
     finally:
         hook.remove()
     assert sorted(set(seen)) == [54, 102] and expected.shape == (1, 97, 64, 96, 3) and 0 < skipped < 8
-    runs = rank_pools(4).run(variant_cases.variant_run, "ltx2", REFINE, {**recipe, "parallel": {"ulysses": 2, "ring": 2}}, call)
+    runs = rank_pools(4).run(
+        variant_cases.variant_run, "ltx2", REFINE, {**recipe, "parallel": {"ulysses": 2, "ring": 2}}, call
+    )
     for output, cached, bytes_sent in runs:
         assert bytes_sent > 0 and cached == skipped
         assert np.abs(output - expected).max() <= 1e-4
@@ -398,10 +597,18 @@ def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> 
     from accel.models.ltx2 import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
 
     state = torch.random.get_rng_state()
-    plain, dfr, refine = build_tiny().transformer.state_dict(), build_tiny_dfr().transformer.state_dict(), build_tiny_dfr_refine()
+    plain, dfr, refine = (
+        build_tiny().transformer.state_dict(),
+        build_tiny_dfr().transformer.state_dict(),
+        build_tiny_dfr_refine(),
+    )
     assert torch.equal(torch.random.get_rng_state(), state)
     marker = dfr.pop("keyframes_abs_pos_embedding")
-    assert marker.abs().min() > 0 and dfr.keys() == plain.keys() and all(torch.equal(dfr[name], plain[name]) for name in plain)
+    assert (
+        marker.abs().min() > 0
+        and dfr.keys() == plain.keys()
+        and all(torch.equal(dfr[name], plain[name]) for name in plain)
+    )
     again = build_tiny_dfr_refine()
     for module in ("transformer", "temporal_latent_upsampler"):
         first, second = getattr(refine, module).state_dict(), getattr(again, module).state_dict()
@@ -411,13 +618,24 @@ def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--steps", "4"], f"[generate] steps: {DFR} takes no num_inference_steps; remove it (its steps are its schedule: --arg sigmas=[…])"),
-        (["--gpus", "2", "--cfg-parallel"], f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {DFR} runs none "
-                                            "(its call takes no guidance_scale); set cfg = 1"),
+        (
+            ["--steps", "4"],
+            f"[generate] steps: {DFR} takes no num_inference_steps; remove it (its steps are its schedule: --arg "
+            "sigmas=[…])",
+        ),
+        (
+            ["--gpus", "2", "--cfg-parallel"],
+            f"[parallel] cfg = 2 splits the classifier-free guidance branches, and {DFR} runs none "
+            "(its call takes no guidance_scale); set cfg = 1",
+        ),
     ],
     ids=["steps", "cfg"],
 )
-def test_the_dfr_pass_says_where_its_steps_are_and_that_it_runs_no_guidance(tmp_path: Path, args: list[str], message: str) -> None:
+def test_the_dfr_pass_says_where_its_steps_are_and_that_it_runs_no_guidance(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     result = CliRunner().invoke(app, ["run", "tiny-ltx2", "--pipeline", DFR, "-o", str(tmp_path / "o.mp4"), *args])
     assert result.exit_code == 2
-    assert result.stderr.strip().splitlines()[-1] == "error: " + message  # after torch's import-time warnings, when first
+    assert (
+        result.stderr.strip().splitlines()[-1] == "error: " + message
+    )  # after torch's import-time warnings, when first

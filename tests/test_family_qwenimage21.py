@@ -58,8 +58,10 @@ def test_without_the_kv_cache_ring_2_runs_every_call_whole_and_says_so(rank_pool
     assert notes == []
     for output, notes in rank_pools(2).run(_measured_notes, {"parallel": {"ring": 2}}, call):
         assert np.abs(output - expected).max() <= TOLERANCE
-        assert notes == ["context parallelism cut none of QwenImage21Transformer2DModel's calls: its plan cuts only calls passing "
-                         "kv_cache_mode='cached', so every rank computed each call whole (no speedup from the sequence degree; "
-                         "the pipeline's own caching options decide which calls those are)"]
+        assert notes == [
+            "context parallelism cut none of QwenImage21Transformer2DModel's calls: its plan cuts only calls passing "
+            "kv_cache_mode='cached', so every rank computed each call whole (no speedup from the sequence degree; "
+            "the pipeline's own caching options decide which calls those are)"
+        ]
     for _, notes in rank_pools(2).run(_measured_notes, {"parallel": {"ring": 2}}, dict(call, use_kv_cache=True)):
         assert notes == []

@@ -21,18 +21,32 @@ def animate_call(frames: int = 5, size: tuple[int, int] = (64, 64), **more: obje
     """A reference picture, `frames` pose frames and as many 16x16 face crops (the tiny motion
     encoder's size); one segment of `frames` frames unless `more` says otherwise."""
     width, height = size
-    return {**dict(image=cases.picture(size), pose_video=cases.clip(size, frames), face_video=cases.clip((16, 16), frames),
-                   prompt="a red fox", negative_prompt="blurry", height=height, width=width, segment_frame_length=frames,
-                   num_inference_steps=2, guidance_scale=5.0), **more}
+    return {
+        **dict(
+            image=cases.picture(size),
+            pose_video=cases.clip(size, frames),
+            face_video=cases.clip((16, 16), frames),
+            prompt="a red fox",
+            negative_prompt="blurry",
+            height=height,
+            width=width,
+            segment_frame_length=frames,
+            num_inference_steps=2,
+            guidance_scale=5.0,
+        ),
+        **more,
+    }
 
 
 # 5 frames at 64x64: 2 latent frames and the reference picture's, of 4x4 patches: 48 tokens, 16 a
 # frame; Ulysses 2 cuts frame 1 in half. 13 frames at 80x112: (4 + 1) latent frames of 5x7 = 175
 # tokens, which 3, 4 and 8 do not divide; Ring 3's shards of 59 tokens cut frames 1 and 3.
 ODD = dict(frames=13, size=(112, 80))
-MODES = {"ulysses2": ({"ulysses": 2}, {}, {}),
-         "ring3, odd size": ({"ring": 3}, ODD, {}),
-         "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, dict(num_inference_steps=6), {"cache": {"threshold": 0.1}})}
+MODES = {
+    "ulysses2": ({"ulysses": 2}, {}, {}),
+    "ring3, odd size": ({"ring": 3}, ODD, {}),
+    "cfg2 x ulysses2 + cache": ({"cfg": 2, "ulysses": 2}, dict(num_inference_steps=6), {"cache": {"threshold": 0.1}}),
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -53,8 +67,14 @@ def test_animate_split_equals_one_process(rank_pools, mode: str) -> None:
 def test_animate_two_segments_in_replace_mode_equal_one_process(rank_pools) -> None:
     """The segment loop (9 pose frames in segments of 5 that share 1 frame: two segments, the second
     conditioned on the first's last frame) and replace mode (a background video and a per-frame mask)."""
-    call = animate_call(frames=9, segment_frame_length=5, prev_segment_conditioning_frames=1, mode="replace",
-                        background_video=cases.clip((64, 64), 9)[::-1], mask_video=[cases.mask((64, 64))] * 9)
+    call = animate_call(
+        frames=9,
+        segment_frame_length=5,
+        prev_segment_conditioning_frames=1,
+        mode="replace",
+        background_video=cases.clip((64, 64), 9)[::-1],
+        mask_video=[cases.mask((64, 64))] * 9,
+    )
     calls: list[int] = []
     pipe = parallel_cases.tiny_pipeline(ANIMATE)
     hook = pipe.transformer.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -66,7 +86,10 @@ def test_animate_two_segments_in_replace_mode_equal_one_process(rank_pools) -> N
     assert expected.shape == (1, 9, 64, 64, 3)
     # The cache's statistics cover the whole call, though the pipeline restarts its schedule per segment.
     _, decisions, _ = parallel_cases.tiny_run(ANIMATE, {"cache": {"threshold": 0.1}}, call)
-    assert decisions is not None and [(step, branch) for step, branch, _, _ in decisions] == [(0, 0), (0, 1), (1, 0), (1, 1)] * 2
+    assert (
+        decisions is not None
+        and [(step, branch) for step, branch, _, _ in decisions] == [(0, 0), (0, 1), (1, 0), (1, 1)] * 2
+    )
     for output, _, _ in rank_pools(2).run(parallel_cases.tiny_run, ANIMATE, {"parallel": {"ring": 2}}, call):
         assert np.abs(output - expected).max() <= TOLERANCE
 
@@ -75,7 +98,9 @@ def test_the_odd_size_cuts_latent_frames_across_ranks() -> None:
     """The ring-3 case runs 175 video tokens (3, 4 and 8 do not divide them) in 5 frames of 35."""
     pipe = parallel_cases.tiny_pipeline(ANIMATE)
     seen: list[tuple[int, int]] = []
-    hook = pipe.transformer.face_adapter[0].register_forward_pre_hook(lambda _m, args: seen.append((args[0].shape[1], args[1].shape[1])))
+    hook = pipe.transformer.face_adapter[0].register_forward_pre_hook(
+        lambda _m, args: seen.append((args[0].shape[1], args[1].shape[1]))
+    )
     try:
         parallel_cases.tiny_run(ANIMATE, {}, animate_call(**ODD, num_inference_steps=1))
     finally:
@@ -98,10 +123,14 @@ def padding_rank_error() -> float:
     from accel.parallel.plan import ContextParallel
 
     generator = torch.Generator().manual_seed(0)
-    call = dict(hidden_states=torch.randn(1, 36, 2, 2, 2, generator=generator), timestep=torch.tensor([500.0]),
-                encoder_hidden_states=torch.randn(1, 512, 32, generator=generator),
-                pose_hidden_states=torch.randn(1, 16, 1, 2, 2, generator=generator),
-                face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator), return_dict=False)
+    call = dict(
+        hidden_states=torch.randn(1, 36, 2, 2, 2, generator=generator),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(1, 512, 32, generator=generator),
+        pose_hidden_states=torch.randn(1, 16, 1, 2, 2, generator=generator),
+        face_pixel_values=torch.randn(1, 3, 1, 16, 16, generator=generator),
+        return_dict=False,
+    )
     transformer = parallel_cases.tiny_pipeline(ANIMATE).transformer
     with torch.no_grad():
         expected = transformer(**call)[0]
@@ -142,7 +171,10 @@ def test_group_runs_give_the_whole_sequence_result_at_any_length(world: int) -> 
                 shard, runs = layout.split(x, 1, rank), group_runs(layout, rank, groups)
                 assert len(runs) <= 3 and sum(run.tokens for run in runs) == layout.real(rank)
                 assert all(run.tokens == run.groups * size or run.groups == 1 for run in runs)
-                pieces = [_per_group(shard.narrow(1, run.start, run.tokens), by.narrow(1, run.first, run.groups)) for run in runs]
+                pieces = [
+                    _per_group(shard.narrow(1, run.start, run.tokens), by.narrow(1, run.first, run.groups))
+                    for run in runs
+                ]
                 shards.append(torch.cat([*pieces, x.new_zeros(2, layout.shard - layout.real(rank), 3)], 1))
             torch.testing.assert_close(layout.join(shards, 1), _per_group(x, by), rtol=0, atol=0)
 

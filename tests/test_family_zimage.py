@@ -54,7 +54,9 @@ def test_cfg_halves_of_different_lengths_equal_one_process(rank_pools: Any, mode
     """The halves split the batched call into its samples: each runs its own unified length (96, 128)."""
     expected, _ = reference("zimage", ODD)
     parallel = MODES[mode]
-    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, "tiny-zimage", {"parallel": parallel}, ODD):
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(
+        cases.tiny_run, "tiny-zimage", {"parallel": parallel}, ODD
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
 
@@ -64,8 +66,13 @@ def test_guidance_runs_above_zero_on_z_image() -> None:
     refused at 0 (Turbo's setting) with the family's own threshold in the message."""
     family = FAMILIES["zimage"]
     assert family.cfg_off(dict(CASE.call, guidance_scale=0.5)) is None
-    assert family.cfg_off(dict(CASE.call, guidance_scale=0.0)) == "guidance_scale is 0.0, and guidance runs only above 0"
-    assert FAMILIES["flux2-klein"].cfg_off(dict(guidance_scale=1.0)) == "guidance_scale is 1.0, and guidance runs only above 1"
+    assert (
+        family.cfg_off(dict(CASE.call, guidance_scale=0.0)) == "guidance_scale is 0.0, and guidance runs only above 0"
+    )
+    assert (
+        FAMILIES["flux2-klein"].cfg_off(dict(guidance_scale=1.0))
+        == "guidance_scale is 1.0, and guidance runs only above 1"
+    )
 
 
 def test_steps_left_unguided_by_cfg_truncation_run_whole_on_each_half(rank_pools: Any) -> None:

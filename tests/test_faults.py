@@ -29,10 +29,22 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _start(tmp_path: Path, kind: str, failing: int = 1, gpus: int = 2, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "accel.cli", "launch", "--gpus", str(gpus), *extra,
-               str(RANK_SCRIPT), str(tmp_path), kind, str(failing)]
-    return subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "accel.cli",
+        "launch",
+        "--gpus",
+        str(gpus),
+        *extra,
+        str(RANK_SCRIPT),
+        str(tmp_path),
+        kind,
+        str(failing),
+    ]
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _finish(launcher: subprocess.Popen[str], timeout: float = START_GUARD_S) -> tuple[int, str, float]:
@@ -172,6 +184,7 @@ def test_ranks_of_a_killed_launcher_exit_without_writing_outputs(tmp_path: Path)
 
 # The launcher's judgement on what the ranks left behind, without starting any.
 
+
 def _beat(rank: int, waiting: bool, since: float, where: str, time_: float = 100.0) -> dict:
     return {"rank": rank, "waiting": waiting, "since": since, "where": where, "time": time_}
 
@@ -179,46 +192,78 @@ def _beat(rank: int, waiting: bool, since: float, where: str, time_: float = 100
 def test_a_rank_the_others_wait_for_is_named_once_they_waited_the_timeout() -> None:
     from accel.launch import stall
 
-    beats = {0: _beat(0, True, 90.0, "a.py:3 in f"), 1: _beat(1, False, 99.0, "b.py:7 in g"), 2: _beat(2, True, 95.0, "a.py:3 in f")}
+    beats = {
+        0: _beat(0, True, 90.0, "a.py:3 in f"),
+        1: _beat(1, False, 99.0, "b.py:7 in g"),
+        2: _beat(2, True, 95.0, "a.py:3 in f"),
+    }
     assert stall(beats, {0, 1, 2}, 20.0, 100.0) is None  # nobody waited 20 s yet
     assert stall(beats, {0, 1, 2}, 10.0, 100.0) == (
-        "rank 1 stopped making progress: ranks 0, 2 waited 10 s for it in a collective (rank 1 was at b.py:7 in g)")
+        "rank 1 stopped making progress: ranks 0, 2 waited 10 s for it in a collective (rank 1 was at b.py:7 in g)"
+    )
     frozen = {0: _beat(0, True, 80.0, "a.py:3 in f"), 1: _beat(1, False, 50.0, "b.py:7 in g", time_=60.0)}
     assert stall(frozen, {0, 1}, 10.0, 100.0) == (
-        "rank 1 stopped responding (no heartbeat); rank 0 waited 20 s for it in a collective")
+        "rank 1 stopped responding (no heartbeat); rank 0 waited 20 s for it in a collective"
+    )
     deadlock = {0: _beat(0, True, 80.0, "a.py:3 in f"), 1: _beat(1, True, 85.0, "b.py:9 in h")}
     assert stall(deadlock, {0, 1}, 10.0, 100.0) == (
-        "every rank waited 20 s in a collective the others never joined (rank 0 at a.py:3 in f; rank 1 at b.py:9 in h)")
+        "every rank waited 20 s in a collective the others never joined (rank 0 at a.py:3 in f; rank 1 at b.py:9 in h)"
+    )
 
 
 def test_the_cause_comes_first_and_follow_on_errors_are_one_line() -> None:
     from accel.launch import failure_report
 
-    reset = "RuntimeError: [../gloo/pair.cc:545] Read error [127.0.0.1]:25812: Connection reset by peer. This is typically caused by"
-    lost = [{"rank": 0, "message": reset, "exit_code": 1, "lost": True}, {"rank": 2, "message": reset, "exit_code": 1, "lost": True}]
+    reset = (
+        "RuntimeError: [../gloo/pair.cc:545] Read error [127.0.0.1]:25812: Connection reset by peer. This is "
+        "typically caused by"
+    )
+    lost = [
+        {"rank": 0, "message": reset, "exit_code": 1, "lost": True},
+        {"rank": 2, "message": reset, "exit_code": 1, "lost": True},
+    ]
     # rank 1 died without a word; ranks 0 and 2 only lost it
     assert failure_report(lost, {0: 1, 1: -9, 2: 1}, {}, None) == (
-        ["rank 1 was killed by signal 9 (SIGKILL)", "ranks 0, 2 stopped with it (RuntimeError: Read error Connection reset by peer)"], 1)
+        [
+            "rank 1 was killed by signal 9 (SIGKILL)",
+            "ranks 0, 2 stopped with it (RuntimeError: Read error Connection reset by peer)",
+        ],
+        1,
+    )
     same = [{"rank": r, "message": "--out x.mp4: wrong suffix", "exit_code": 2, "lost": False} for r in (0, 1)]
     assert failure_report(same, {0: 2, 1: 2}, {}, None) == (["--out x.mp4: wrong suffix"], 2)
     timed_out = [{"rank": 0, "message": "DistBackendError: timed out", "exit_code": 1, "lost": True}]
     beats = {0: _beat(0, True, 90.0, "a.py:3 in f"), 1: _beat(1, False, 99.0, "b.py:7 in g")}
     lines, code = failure_report(timed_out, {0: 1}, beats, None)
-    assert (lines[0], code) == ("rank 1 stopped making progress: rank 0 gave up waiting for it in a collective (rank 1 was at b.py:7 in g)", 1)
+    assert (lines[0], code) == (
+        "rank 1 stopped making progress: rank 0 gave up waiting for it in a collective (rank 1 was at b.py:7 in g)",
+        1,
+    )
 
 
 def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
     """No launcher: the lone process unwinds (its outputs' temporaries are removed on the way) to one line."""
-    run = subprocess.Popen([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--steps", "200", "--out", "x.png"],
-                           cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--steps", "200", "--out", "x.png"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(tmp_path / ".x.png.accel-lock")  # claimed: the run is past its checks and loading
     run.send_signal(signal.SIGINT)
     code, output, _ = _finish(run, timeout=30)
     # Before it, only what a piped run says while it works: the load, then a line a quarter of the steps.
     *progress, last = output.strip().splitlines()
     assert (code, last) == (130, "interrupted")
-    assert all(re.fullmatch(r"loading tiny-flux…|loaded tiny-flux in \d+\.\d s|generating(: warm-up 1/1)?: step \d+/200, \d+\.\d s", line)
-               for line in progress), progress
+    assert all(
+        re.fullmatch(
+            r"loading tiny-flux…|loaded tiny-flux in \d+\.\d s|generating(: warm-up 1/1)?: step \d+/200, \d+\.\d s",
+            line,
+        )
+        for line in progress
+    ), progress
     assert [p.name for p in tmp_path.iterdir() if p.name != "tmp"] == []  # no image, no temporary, no lock
 
 
@@ -256,7 +301,9 @@ def test_an_interruption_lost_in_a_finalizer_still_stops_the_run(tmp_path: Path,
     it is raised again at the next denoising step or before an output file takes its name, so the
     run ends interrupted with nothing written (seen once in CI: a run that exited 0 after Ctrl-C)."""
     out = tmp_path / "x.png"
-    done = subprocess.run([sys.executable, "-c", LOST_IN_A_FINALIZER, str(out), where], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", LOST_IN_A_FINALIZER, str(out), where], capture_output=True, text=True, timeout=120
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "carried on\ninterrupted 2\n", "")
     assert list(tmp_path.iterdir()) == []
 

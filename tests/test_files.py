@@ -43,7 +43,8 @@ def _paused_child(tmp_path: Path, body: str, job_dir: Path | None = None) -> sub
         env[JOB_DIR_ENV] = str(job_dir)
     marker = tmp_path / "paused"
     child = subprocess.Popen(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(tmp_path / "out"), str(marker)], env=env,
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body), str(tmp_path / "out"), str(marker)],
+        env=env,
     )
     deadline = time.monotonic() + 20
     while not marker.exists():
@@ -64,7 +65,9 @@ def test_a_kill_mid_write_leaves_no_file_and_the_launcher_removes_the_rest(tmp_p
     out.mkdir()
     if replace:
         (out / "r.bin").write_bytes(b"old")
-    child = _paused_child(tmp_path, f"""
+    child = _paused_child(
+        tmp_path,
+        f"""
         from accel.files import claim, write_file
         def write(temp):
             with open(temp, "wb") as f:
@@ -72,7 +75,9 @@ def test_a_kill_mid_write_leaves_no_file_and_the_launcher_removes_the_rest(tmp_p
             pause()
         with claim(folder / "r.bin"):
             write_file(folder / "r.bin", write, replace={replace})
-    """, job)
+    """,
+        job,
+    )
     _kill(child)
     if replace:  # the old file stays whole until the new one is complete
         assert (out / "r.bin").read_bytes() == b"old"
@@ -86,7 +91,9 @@ def test_a_kill_mid_write_leaves_no_file_and_the_launcher_removes_the_rest(tmp_p
 
 
 def test_a_kill_while_pil_writes_leaves_no_png(tmp_path: Path) -> None:
-    child = _paused_child(tmp_path, """
+    child = _paused_child(
+        tmp_path,
+        """
         import io
         import numpy as np
         from PIL import Image
@@ -100,7 +107,9 @@ def test_a_kill_while_pil_writes_leaves_no_png(tmp_path: Path) -> None:
             pause()
         Image.Image.save = save
         save_image(np.zeros((16, 16, 3)), folder / "a.png")
-    """, tmp_path / "job")
+    """,
+        tmp_path / "job",
+    )
     _kill(child)
     out = tmp_path / "out"
     assert not (out / "a.png").exists()
@@ -110,7 +119,9 @@ def test_a_kill_while_pil_writes_leaves_no_png(tmp_path: Path) -> None:
 
 
 def test_a_kill_while_ffmpeg_writes_leaves_no_mp4(tmp_path: Path) -> None:
-    child = _paused_child(tmp_path, """
+    child = _paused_child(
+        tmp_path,
+        """
         import imageio_ffmpeg
         import numpy as np
         from accel.media import save_video
@@ -129,7 +140,9 @@ def test_a_kill_while_ffmpeg_writes_leaves_no_mp4(tmp_path: Path) -> None:
             return Pausing()
         imageio_ffmpeg.write_frames = write_frames
         save_video(np.random.default_rng(0).random((8, 16, 16, 3)), folder / "v.mp4", fps=8)
-    """, tmp_path / "job")
+    """,
+        tmp_path / "job",
+    )
     ffmpeg = _children(child.pid)
     _kill(child)
     _wait_gone(ffmpeg)  # ffmpeg, its input cut, finishes the temporary and exits
@@ -146,7 +159,10 @@ def test_media_writes_whole_files_and_refuses_to_overwrite(tmp_path: Path) -> No
     assert np.asarray(Image.open(tmp_path / "a.png")).shape == (6, 10, 3)
     with pytest.raises(UserError) as refused:
         save_image(image, tmp_path / "a.png")
-    assert str(refused.value) == f"{tmp_path / 'a.png'} already exists; choose another name or pass --overwrite to replace it"
+    assert (
+        str(refused.value)
+        == f"{tmp_path / 'a.png'} already exists; choose another name or pass --overwrite to replace it"
+    )
     save_image(np.zeros((4, 4, 3)), tmp_path / "a.png", replace=True)
     assert Image.open(tmp_path / "a.png").size == (4, 4)
     save_video(np.random.default_rng(0).random((3, 8, 8, 3)), tmp_path / "v.mp4", fps=4)
@@ -265,11 +281,14 @@ def test_a_claim_refuses_a_second_claimer_until_released(tmp_path: Path) -> None
 
 
 def test_a_claim_held_by_another_process_is_refused_and_taken_over_when_it_dies(tmp_path: Path) -> None:
-    child = _paused_child(tmp_path, """
+    child = _paused_child(
+        tmp_path,
+        """
         from accel.files import claim
         held = claim(folder / "a.png")
         pause()
-    """)
+    """,
+    )
     path = tmp_path / "out" / "a.png"
     with pytest.raises(UserError) as refused:
         claim(path)
@@ -317,7 +336,9 @@ def test_remove_listed_temps_leaves_a_live_claim(tmp_path: Path, monkeypatch: py
         assert (tmp_path / ".a.png.accel-lock").exists() and (tmp_path / "b.png").read_text() == "b"
 
 
-def test_run_refuses_an_out_another_run_is_writing_before_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_refuses_an_out_another_run_is_writing_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from accel import runner
     from accel.recipe import Recipe
 

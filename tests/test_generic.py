@@ -49,80 +49,197 @@ STEPS = 4
 def small_vae() -> Any:
     """A two-level AutoencoderKL (2x downsampling, 4 latent channels), for the SD-style latents these take."""
     return diffusers.AutoencoderKL(
-        block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=4, norm_num_groups=4, layers_per_block=1, sample_size=32)
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=4,
+        layers_per_block=1,
+        sample_size=32,
+    )
 
 
-def t5_pipeline(cls: str, scheduler: Any, transformer: Callable[[], Any], vae: Callable[[], Any] = small_vae,
-                encoder: Callable[..., Any] = parts.t5_encoder) -> Any:
+def t5_pipeline(
+    cls: str,
+    scheduler: Any,
+    transformer: Callable[[], Any],
+    vae: Callable[[], Any] = small_vae,
+    encoder: Callable[..., Any] = parts.t5_encoder,
+) -> Any:
     """A pipeline of diffusers' `cls` with the tiny T5 tokenizer and `encoder`, a seeded VAE and transformer."""
     tokenizer = parts.t5_tokenizer()
     text_encoder = encoder(tokenizer, 1)
     with parts.seeded(2):
         parts_vae, model = parts.finish(vae()), parts.finish(transformer())
-    return getattr(diffusers, cls)(tokenizer=tokenizer, text_encoder=text_encoder, vae=parts_vae, transformer=model, scheduler=scheduler)
+    return getattr(diffusers, cls)(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=parts_vae, transformer=model, scheduler=scheduler
+    )
 
 
 def tiny_chroma() -> Any:
-    return t5_pipeline("ChromaPipeline", diffusers.FlowMatchEulerDiscreteScheduler(), lambda: diffusers.ChromaTransformer2DModel(
-        in_channels=64, num_layers=2, num_single_layers=3, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=parts.T5_HIDDEN, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
-        approximator_layers=2), vae=parts.flux1_vae)
+    return t5_pipeline(
+        "ChromaPipeline",
+        diffusers.FlowMatchEulerDiscreteScheduler(),
+        lambda: diffusers.ChromaTransformer2DModel(
+            in_channels=64,
+            num_layers=2,
+            num_single_layers=3,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=parts.T5_HIDDEN,
+            axes_dims_rope=(4, 6, 6),
+            approximator_num_channels=16,
+            approximator_hidden_dim=32,
+            approximator_layers=2,
+        ),
+        vae=parts.flux1_vae,
+    )
 
 
 def tiny_pixart_sigma() -> Any:
-    return t5_pipeline("PixArtSigmaPipeline", diffusers.DPMSolverMultistepScheduler(), lambda: diffusers.PixArtTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=3, cross_attention_dim=16,
-        caption_channels=parts.T5_HIDDEN, sample_size=32, norm_num_groups=4))
+    return t5_pipeline(
+        "PixArtSigmaPipeline",
+        diffusers.DPMSolverMultistepScheduler(),
+        lambda: diffusers.PixArtTransformer2DModel(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            out_channels=8,
+            num_layers=3,
+            cross_attention_dim=16,
+            caption_channels=parts.T5_HIDDEN,
+            sample_size=32,
+            norm_num_groups=4,
+        ),
+    )
 
 
 def tiny_auraflow() -> Any:
     # pos_embed_max_size: positions for the 128 px probe call over this 2x VAE (a real one holds 1024 for 8x).
-    return t5_pipeline("AuraFlowPipeline", diffusers.FlowMatchEulerDiscreteScheduler(), lambda: diffusers.AuraFlowTransformer2DModel(
-        sample_size=16, patch_size=2, in_channels=4, num_mmdit_layers=2, num_single_dit_layers=3, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=parts.T5_HIDDEN, caption_projection_dim=16, out_channels=4,
-        pos_embed_max_size=1024), encoder=parts.umt5_encoder)
+    return t5_pipeline(
+        "AuraFlowPipeline",
+        diffusers.FlowMatchEulerDiscreteScheduler(),
+        lambda: diffusers.AuraFlowTransformer2DModel(
+            sample_size=16,
+            patch_size=2,
+            in_channels=4,
+            num_mmdit_layers=2,
+            num_single_dit_layers=3,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            joint_attention_dim=parts.T5_HIDDEN,
+            caption_projection_dim=16,
+            out_channels=4,
+            pos_embed_max_size=1024,
+        ),
+        encoder=parts.umt5_encoder,
+    )
 
 
 def tiny_latte() -> Any:
     # Learned temporal positions for 16 frames, the pipeline's default frame count.
-    return t5_pipeline("LattePipeline", diffusers.DDIMScheduler(), lambda: diffusers.LatteTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, cross_attention_dim=16,
-        sample_size=8, patch_size=2, num_embeds_ada_norm=1000, norm_type="ada_norm_single", norm_elementwise_affine=False,
-        norm_eps=1e-6, caption_channels=parts.T5_HIDDEN, video_length=16))
+    return t5_pipeline(
+        "LattePipeline",
+        diffusers.DDIMScheduler(),
+        lambda: diffusers.LatteTransformer3DModel(
+            num_attention_heads=2,
+            attention_head_dim=8,
+            in_channels=4,
+            out_channels=8,
+            num_layers=2,
+            cross_attention_dim=16,
+            sample_size=8,
+            patch_size=2,
+            num_embeds_ada_norm=1000,
+            norm_type="ada_norm_single",
+            norm_elementwise_affine=False,
+            norm_eps=1e-6,
+            caption_channels=parts.T5_HIDDEN,
+            video_length=16,
+        ),
+    )
 
 
 def tiny_cogview3() -> Any:
-    return t5_pipeline("CogView3PlusPipeline", diffusers.CogVideoXDDIMScheduler(), lambda: diffusers.CogView3PlusTransformer2DModel(
-        patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=2, out_channels=4,
-        text_embed_dim=parts.T5_HIDDEN, time_embed_dim=16, condition_dim=4, pos_embed_max_size=32, sample_size=16))
+    return t5_pipeline(
+        "CogView3PlusPipeline",
+        diffusers.CogVideoXDDIMScheduler(),
+        lambda: diffusers.CogView3PlusTransformer2DModel(
+            patch_size=2,
+            in_channels=4,
+            num_layers=3,
+            attention_head_dim=8,
+            num_attention_heads=2,
+            out_channels=4,
+            text_embed_dim=parts.T5_HIDDEN,
+            time_embed_dim=16,
+            condition_dim=4,
+            pos_embed_max_size=32,
+            sample_size=16,
+        ),
+    )
 
 
 def tiny_allegro() -> Any:
     # attention_head_dim 12: Allegro's rotary splits each head over three axes, in pairs.
-    return t5_pipeline("AllegroPipeline", diffusers.EulerAncestralDiscreteScheduler(), lambda: diffusers.AllegroTransformer3DModel(
-        patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=3,
-        cross_attention_dim=24, caption_channels=parts.T5_HIDDEN, sample_height=16, sample_width=16, sample_frames=8),
-        vae=lambda: diffusers.AutoencoderKLAllegro(block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1,
-                                                   latent_channels=4, sample_size=32))
+    return t5_pipeline(
+        "AllegroPipeline",
+        diffusers.EulerAncestralDiscreteScheduler(),
+        lambda: diffusers.AllegroTransformer3DModel(
+            patch_size=2,
+            patch_size_t=1,
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=4,
+            out_channels=4,
+            num_layers=3,
+            cross_attention_dim=24,
+            caption_channels=parts.T5_HIDDEN,
+            sample_height=16,
+            sample_width=16,
+            sample_frames=8,
+        ),
+        vae=lambda: diffusers.AutoencoderKLAllegro(
+            block_out_channels=(8, 16, 16, 16), norm_num_groups=4, layers_per_block=1, latent_channels=4, sample_size=32
+        ),
+    )
 
 
-BUILDERS = {"chroma": tiny_chroma, "pixart": tiny_pixart_sigma, "auraflow": tiny_auraflow, "latte": tiny_latte,
-            "cogview3": tiny_cogview3, "allegro": tiny_allegro}
+BUILDERS = {
+    "chroma": tiny_chroma,
+    "pixart": tiny_pixart_sigma,
+    "auraflow": tiny_auraflow,
+    "latte": tiny_latte,
+    "cogview3": tiny_cogview3,
+    "allegro": tiny_allegro,
+}
 # What the generic path learns for each: the block lists (joins where the probe saw streams joined),
 # and for Latte, whose spatial and temporal blocks take turns, why the caches are refused.
 LISTS = {
-    "chroma": (BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
-               BlockList("single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states"))),
+    "chroma": (
+        BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+        BlockList(
+            "single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")
+        ),
+    ),
     "pixart": (BlockList("transformer_blocks", returns=("hidden_states",)),),
-    "auraflow": (BlockList("joint_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
-                 BlockList("single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states"))),
-    "latte": (BlockList("transformer_blocks", returns=("hidden_states",)), BlockList("temporal_transformer_blocks", returns=("hidden_states",))),
+    "auraflow": (
+        BlockList("joint_transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
+        BlockList(
+            "single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")
+        ),
+    ),
+    "latte": (
+        BlockList("transformer_blocks", returns=("hidden_states",)),
+        BlockList("temporal_transformer_blocks", returns=("hidden_states",)),
+    ),
     "cogview3": (BlockList("transformer_blocks", returns=("hidden_states", "encoder_hidden_states")),),
     "allegro": (BlockList("transformer_blocks", returns=("hidden_states",)),),
 }
-LATTE_REFUSED = ("LatteTransformer3DModel runs transformer_blocks and temporal_transformer_blocks interleaved (one block of each "
-                 "in turn), and accel's step caches need lists that run one after another; quantization and compile apply")
+LATTE_REFUSED = (
+    "LatteTransformer3DModel runs transformer_blocks and temporal_transformer_blocks interleaved (one block of each "
+    "in turn), and accel's step caches need lists that run one after another; quantization and compile apply"
+)
 _PIPES: dict[str, Any] = {}
 
 
@@ -140,26 +257,45 @@ def generate(pipe: Any, output_type: str = "latent") -> Any:
     family = family_of(pipe)
     if family.frames_arg:
         extra[family.frames_arg] = 16 if isinstance(pipe, diffusers.LattePipeline) else 5
-    output = pipe(prompt="a red fox", num_inference_steps=STEPS, height=64, width=64, output_type=output_type,
-                  generator=torch.Generator().manual_seed(0), **extra)
+    output = pipe(
+        prompt="a red fox",
+        num_inference_steps=STEPS,
+        height=64,
+        width=64,
+        output_type=output_type,
+        generator=torch.Generator().manual_seed(0),
+        **extra,
+    )
     return output.frames if hasattr(output, "frames") else output.images
 
 
 def test_the_record_is_learned_from_the_model() -> None:
     chroma = family_of(pipeline("chroma"))
     assert (chroma.learned, chroma.title, chroma.transformer_class, chroma.output) == (
-        True, "ChromaPipeline", "ChromaTransformer2DModel", "image")
+        True,
+        "ChromaPipeline",
+        "ChromaTransformer2DModel",
+        "image",
+    )
     # The single blocks run on text then image in one tensor: seen in the probe call, not declared anywhere.
     assert chroma.blocks == (
         BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
-        BlockList("single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")))
+        BlockList(
+            "single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")
+        ),
+    )
     assert chroma.primary_stream == "hidden_states" and chroma.heads == 2 and chroma.vae == "AutoencoderKL"
     # ChromaPipeline.__call__'s own defaults (35 steps, guidance 5.0); no size in its signature: 1024².
     assert chroma.defaults == GenerationDefaults(steps=35, height=1024, width=1024, guidance_scale=5.0)
     pixart = family_of(pipeline("pixart"))
     assert (pixart.defaults.steps, pixart.defaults.guidance_scale, pixart.name) == (20, 4.5, "pix-art-sigma")
     latte = family_of(pipeline("latte"))  # a video pipeline that calls its frame count video_length
-    assert (latte.output, latte.frames_arg, latte.defaults.frames, latte.cache_refused) == ("video", "video_length", 16, LATTE_REFUSED)
+    assert (latte.output, latte.frames_arg, latte.defaults.frames, latte.cache_refused) == (
+        "video",
+        "video_length",
+        16,
+        LATTE_REFUSED,
+    )
     assert family_of(pipeline("chroma")) is chroma  # learned once per process
 
 
@@ -217,12 +353,17 @@ def test_quantization_applies_to_the_blocks() -> None:
 
 
 def test_cfg_parallelism_is_refused_in_one_line() -> None:
-    assert isinstance(plan_of(family_of(pipeline("pixart")), "--ulysses"), AutomaticPlan)  # context parallelism: automatic
+    assert isinstance(
+        plan_of(family_of(pipeline("pixart")), "--ulysses"), AutomaticPlan
+    )  # context parallelism: automatic
     assert untaught_message("[parallel] cfg = 2", "PixArtSigmaPipeline", "CFG parallelism") == (
         "[parallel] cfg = 2: PixArtSigmaPipeline is not a family accel was taught, and CFG parallelism needs one (its "
-        "context parallelism is planned automatically and verified before use); use ulysses / ring alone, or one process")
+        "context parallelism is planned automatically and verified before use); use ulysses / ring alone, or one "
+        "process"
+    )
     assert family_of(pipeline("pixart")).cfg_off({"guidance_scale": 4.5}) == (
-        "accel has not learned how PixArtSigmaPipeline runs classifier-free guidance (no family describes it)")
+        "accel has not learned how PixArtSigmaPipeline runs classifier-free guidance (no family describes it)"
+    )
 
 
 # The automatic plan on simulated ranks: exact for three, refused by the verification for the other three
@@ -232,8 +373,9 @@ VERIFIED = {"pixart": True, "auraflow": True, "cogview3": True, "chroma": False,
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
-def test_context_parallelism_is_the_verified_automatic_plan_or_refused(name: str, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_context_parallelism_is_the_verified_automatic_plan_or_refused(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     pipe = pipeline(name)
     family, transformer = family_of(pipe), pipe.transformer
@@ -241,13 +383,16 @@ def test_context_parallelism_is_the_verified_automatic_plan_or_refused(name: str
     if not VERIFIED[name]:
         with pytest.raises(NotAvailableError) as refused:
             automatic_plan(transformer, call, other, family.blocks, family.primary_stream, 2, 1, "[parallel]")
-        assert str(refused.value).startswith(f"[parallel]: the automatic context-parallel plan for {type(transformer).__name__} "
-                                             "is refused: ")
+        assert str(refused.value).startswith(
+            f"[parallel]: the automatic context-parallel plan for {type(transformer).__name__} is refused: "
+        )
         assert "2 simulated ranks" in str(refused.value)
         assert str(refused.value).endswith("; run it on one process (cache, quantization and compile apply)")
         return
     for ulysses, ring in ((2, 1), (1, 3)):
-        plan = automatic_plan(transformer, call, other, family.blocks, family.primary_stream, ulysses, ring, "[parallel]")
+        plan = automatic_plan(
+            transformer, call, other, family.blocks, family.primary_stream, ulysses, ring, "[parallel]"
+        )
         args, kwargs = call.fresh()
         with torch.no_grad():
             expected = transformer(*args, **kwargs)[0]
@@ -268,8 +413,22 @@ def cli(*args: str) -> Any:
 
 def test_accel_run_takes_a_saved_folder_of_an_unknown_pipeline(chroma_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "fox.png"
-    result = cli("run", str(chroma_folder), "--steps", "3", "--height", "64", "--width", "64", "--cache", "0.1",
-                 "--dtype", "float32", "--out", str(out))
+    result = cli(
+        "run",
+        str(chroma_folder),
+        "--steps",
+        "3",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--cache",
+        "0.1",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     with Image.open(out) as image:
         assert image.size == (64, 64)
@@ -277,8 +436,10 @@ def test_accel_run_takes_a_saved_folder_of_an_unknown_pipeline(chroma_folder: Pa
 
 def test_accel_bench_takes_a_recipe_naming_such_a_folder(chroma_folder: Path, tmp_path: Path) -> None:
     recipe = tmp_path / "chroma.toml"
-    recipe.write_text(f'[model]\nname = "{chroma_folder}"\ndtype = "float32"\ndevice = "cpu"\n'
-                      '[generate]\nsteps = 3\nheight = 64\nwidth = 64\n[cache]\nthreshold = 1e9\n[bench]\nrepeats = 1\n')
+    recipe.write_text(
+        f'[model]\nname = "{chroma_folder}"\ndtype = "float32"\ndevice = "cpu"\n'
+        "[generate]\nsteps = 3\nheight = 64\nwidth = 64\n[cache]\nthreshold = 1e9\n[bench]\nrepeats = 1\n"
+    )
     result = cli("bench", str(recipe), "--out", str(tmp_path / "bench"))
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())
@@ -289,16 +450,24 @@ def test_accel_bench_takes_a_recipe_naming_such_a_folder(chroma_folder: Path, tm
 
 def accel_command(*args: str) -> subprocess.CompletedProcess[str]:
     """accel in a process of its own: a layout of several ranks relaunches the command line."""
-    return subprocess.run([sys.executable, "-m", "accel.cli", *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "accel.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_cfg_parallelism_is_refused_before_any_rank_starts(chroma_folder: Path) -> None:
     result = cli("run", str(chroma_folder), "--gpus", "2", "--cfg-parallel", "--steps", "2")
     assert result.exit_code == 2
     assert result.stderr == (
-        "error: --gpus / [parallel]: ChromaPipeline is not a family accel was taught, and CFG parallelism needs one (its "
-        "context parallelism is planned automatically and verified before use); use ulysses / ring alone, or one process\n")
+        "error: --gpus / [parallel]: ChromaPipeline is not a family accel was taught, and CFG parallelism needs one "
+        "(its "
+        "context parallelism is planned automatically and verified before use); use ulysses / ring alone, or one "
+        "process\n"
+    )
     assert "loading" not in result.stdout  # refused from model_index.json, before any rank or load
 
 
@@ -306,8 +475,25 @@ def test_two_ranks_run_a_saved_unknown_pipeline_on_its_verified_plan(tmp_path: P
     folder = tmp_path / "pixart"
     pipeline("pixart").save_pretrained(folder)
     report = tmp_path / "run.json"
-    result = accel_command("run", str(folder), "--ulysses", "2", "--steps", "2", "--height", "64", "--width", "64", "--dtype",
-                           "float32", "--compare", "--out", str(tmp_path / "fox.png"), "--json", str(report))
+    result = accel_command(
+        "run",
+        str(folder),
+        "--ulysses",
+        "2",
+        "--steps",
+        "2",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+        "--compare",
+        "--out",
+        str(tmp_path / "fox.png"),
+        "--json",
+        str(report),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = json.loads(report.read_text())
     assert metrics["parallel"]["plan"] == "automatic" and metrics["parallel"]["ulysses"] == 2
@@ -316,44 +502,82 @@ def test_two_ranks_run_a_saved_unknown_pipeline_on_its_verified_plan(tmp_path: P
     assert psnr_db == "inf" or psnr_db >= 60.0, psnr_db  # the split run equals one process
     found = json.loads(cli("inspect", str(folder), "--json").stdout)  # the verdict the ranks kept
     assert found["parallel"]["plan"] == "automatic"
-    assert found["parallel"]["verdicts"] == [{"ulysses": 2, "ring": 1, "exact": True, "reason": None, "source": "automatic"}]
+    assert found["parallel"]["verdicts"] == [
+        {"ulysses": 2, "ring": 1, "exact": True, "reason": None, "source": "automatic"}
+    ]
 
 
 def test_the_report_names_where_a_learned_plan_came_from() -> None:
     from accel.report import _parallel
 
     layout = {"ulysses": 2, "ring": 1, "cfg": 1, "tp": 1, "chosen": False, "world_size": 2}
-    assert _parallel({**layout, "plan": "diffusers _cp_plan"}) == "ulysses 2 on 2 processes, diffusers _cp_plan (verified)"
+    assert (
+        _parallel({**layout, "plan": "diffusers _cp_plan"}) == "ulysses 2 on 2 processes, diffusers _cp_plan (verified)"
+    )
     assert _parallel({**layout, "plan": "automatic"}) == "ulysses 2 on 2 processes, automatic plan (verified)"
     assert _parallel({**layout, "plan": "family"}) == "ulysses 2 on 2 processes"
 
 
 def test_two_ranks_of_a_pipeline_the_verification_refuses_stop_with_its_line(chroma_folder: Path) -> None:
-    result = accel_command("run", str(chroma_folder), "--ulysses", "2", "--steps", "2", "--height", "64", "--width", "64",
-                           "--dtype", "float32")
+    result = accel_command(
+        "run",
+        str(chroma_folder),
+        "--ulysses",
+        "2",
+        "--steps",
+        "2",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--dtype",
+        "float32",
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "the automatic context-parallel plan for ChromaTransformer2DModel is refused: " in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    parallel = json.loads(cli("inspect", str(chroma_folder), "--json").stdout)["parallel"]  # the refusal is kept, and told
+    parallel = json.loads(cli("inspect", str(chroma_folder), "--json").stdout)[
+        "parallel"
+    ]  # the refusal is kept, and told
     [verdict] = parallel["verdicts"]
     assert (verdict["ulysses"], verdict["ring"], verdict["exact"]) == (2, 1, False)
     assert verdict["reason"] in result.stderr and not parallel["modes"]["ulysses"]
     assert parallel["refused"]["ring"] == f"the automatic plan was refused on this model: {verdict['reason']}"
     again = cli("run", str(chroma_folder), "--ulysses", "2", "--steps", "2")  # the kept refusal: before any rank starts
     assert again.exit_code == 2
-    assert again.stderr == (f"error: --gpus / [parallel]: the automatic context-parallel plan for ChromaTransformer2DModel is "
-                            f"refused: {verdict['reason']}; run it on one process (cache, quantization and compile apply)\n")
+    assert again.stderr == (
+        f"error: --gpus / [parallel]: the automatic context-parallel plan for ChromaTransformer2DModel is "
+        f"refused: {verdict['reason']}; run it on one process (cache, quantization and compile apply)\n"
+    )
 
 
-def test_inspect_verifies_the_automatic_plan_on_simulated_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inspect_verifies_the_automatic_plan_on_simulated_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
     folder = tmp_path / "cogview3"
     pipeline("cogview3").save_pretrained(folder)
     before = json.loads(cli("inspect", str(folder), "--json").stdout)["parallel"]
     assert before["plan"] == "automatic" and before["verdicts"] == []
-    found = json.loads(cli("inspect", str(folder), "--json", "--verify", "--ring", "3", "--ulysses", "1", "--dtype", "float32",
-                           "--device", "cpu").stdout)
-    assert found["parallel"]["verdicts"] == [{"ulysses": 1, "ring": 3, "exact": True, "reason": None, "source": "automatic"}]
+    found = json.loads(
+        cli(
+            "inspect",
+            str(folder),
+            "--json",
+            "--verify",
+            "--ring",
+            "3",
+            "--ulysses",
+            "1",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+        ).stdout
+    )
+    assert found["parallel"]["verdicts"] == [
+        {"ulysses": 1, "ring": 3, "exact": True, "reason": None, "source": "automatic"}
+    ]
     table = cli("inspect", str(folder)).stdout
     assert "ulysses 1 × ring 3" in table and "verified exact (automatic)" in table
 
@@ -390,7 +614,9 @@ def test_the_run_order_comes_from_the_same_single_probe_call() -> None:
     assert family.primary_stream == "x" and pipe.calls == 1
 
 
-def test_an_edit_pipeline_no_family_describes_takes_its_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_edit_pipeline_no_family_describes_takes_its_picture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A call that requires a picture: the probe gives it a grey one, --image fills it, and its automatic
     plan is verified (cross-attention local, the rotary table cut with the video).
 
@@ -406,7 +632,9 @@ def test_an_edit_pipeline_no_family_describes_takes_its_picture(tmp_path: Path, 
 
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "cache"))
     # A copy without it (deleting the key would put it back last, reordering the registry for later tests).
-    monkeypatch.setattr(registry, "FAMILIES", {name: family for name, family in registry.FAMILIES.items() if name != "chronoedit"})
+    monkeypatch.setattr(
+        registry, "FAMILIES", {name: family for name, family in registry.FAMILIES.items() if name != "chronoedit"}
+    )
     pipe = chronoedit.build_tiny()
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
@@ -424,11 +652,34 @@ def test_an_edit_pipeline_no_family_describes_takes_its_picture(tmp_path: Path, 
     folder, picture, out = tmp_path / "chronoedit", tmp_path / "in.png", tmp_path / "edit.mp4"
     pipe.save_pretrained(folder)
     Image.new("RGB", (64, 64), (200, 120, 40)).save(picture)
-    result = cli("run", str(folder), "--image", str(picture), "--steps", "2", "--height", "64", "--width", "64", "--frames", "5",
-                 "--cache", "0.1", "--dtype", "float32", "--out", str(out))
+    result = cli(
+        "run",
+        str(folder),
+        "--image",
+        str(picture),
+        "--steps",
+        "2",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--frames",
+        "5",
+        "--cache",
+        "0.1",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     assert read_video(out).shape == (5, 64, 64, 3)
-    missing = cli("run", str(folder), "--steps", "2", "--height", "64", "--width", "64", "--frames", "5", "--dtype", "float32")
+    missing = cli(
+        "run", str(folder), "--steps", "2", "--height", "64", "--width", "64", "--frames", "5", "--dtype", "float32"
+    )
     assert missing.exit_code == 2
-    assert missing.stderr.splitlines()[-1] == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+    assert (
+        missing.stderr.splitlines()[-1]
+        == "error: ChronoEditPipeline needs an input image: pass --image PATH ([generate] image)"
+    )
     assert "Traceback" not in missing.stderr

@@ -50,14 +50,45 @@ def _pixels(data: bytes) -> np.ndarray:
 
 
 def test_the_server_makes_what_accel_run_makes(chroma_server: Server, chroma_folder: Path, tmp_path: Path) -> None:
-    response = httpx.post(f"{chroma_server.url}/v1/images/generations", timeout=300,
-                          json={"prompt": PROMPT, "size": "64x64", "seed": 3, "steps": 3, "response_format": "b64_json"})
+    response = httpx.post(
+        f"{chroma_server.url}/v1/images/generations",
+        timeout=300,
+        json={"prompt": PROMPT, "size": "64x64", "seed": 3, "steps": 3, "response_format": "b64_json"},
+    )
     assert response.status_code == 200, response.text
     served = _pixels(base64.b64decode(response.json()["data"][0]["b64_json"]))
     out = tmp_path / "run.png"
-    done = subprocess.run([sys.executable, "-m", "accel.cli", "run", str(chroma_folder), "--prompt", PROMPT, "--seed", "3",
-                           "--steps", "3", "--width", "64", "--height", "64", "--cache", "0.1", "--dtype", "float32",
-                           "--warmup", "0", "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "run",
+            str(chroma_folder),
+            "--prompt",
+            PROMPT,
+            "--seed",
+            "3",
+            "--steps",
+            "3",
+            "--width",
+            "64",
+            "--height",
+            "64",
+            "--cache",
+            "0.1",
+            "--dtype",
+            "float32",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert served.shape == (64, 64, 3) and np.array_equal(served, _pixels(out.read_bytes()))
     bad = httpx.post(f"{chroma_server.url}/v1/images/generations", json={"prompt": PROMPT, "steps": 0}, timeout=60)
@@ -66,13 +97,19 @@ def test_the_server_makes_what_accel_run_makes(chroma_server: Server, chroma_fol
 
 def test_tune_calibrates_magcache_on_the_learned_blocks(chroma_folder: Path, tmp_path: Path) -> None:
     recipe, out = tmp_path / "chroma.toml", tmp_path / "chroma-magcache.toml"
-    recipe.write_bytes(tomli_w.dumps({
-        "model": {"name": str(chroma_folder), "dtype": "float32", "device": "cpu"},
-        "generate": {"steps": 4, "height": 32, "width": 32},
-    }).encode())
+    recipe.write_bytes(
+        tomli_w.dumps(
+            {
+                "model": {"name": str(chroma_folder), "dtype": "float32", "device": "cpu"},
+                "generate": {"steps": 4, "height": 32, "width": 32},
+            }
+        ).encode()
+    )
     result = CliRunner().invoke(app, ["tune", str(recipe), "--calibrate", "--out", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     tuned = load_recipe(out)
     assert tuned.cache.method == "magcache" and tuned.model.name == str(chroma_folder)
     # One measured ratio per step of the learned blocks' call sequence (per CFG branch the pipeline runs).
-    assert tuned.cache.mag_ratios and all(len(branch) == 4 and all(ratio > 0 for ratio in branch) for branch in tuned.cache.mag_ratios)
+    assert tuned.cache.mag_ratios and all(
+        len(branch) == 4 and all(ratio > 0 for ratio in branch) for branch in tuned.cache.mag_ratios
+    )

@@ -35,7 +35,9 @@ OUT_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 LSE_TOLERANCE = 2e-3
 
 
-def qkv(dtype: torch.dtype, q_len: int, k_len: int, dim: int = 128, seq_major: bool = False) -> tuple[torch.Tensor, ...]:
+def qkv(
+    dtype: torch.dtype, q_len: int, k_len: int, dim: int = 128, seq_major: bool = False
+) -> tuple[torch.Tensor, ...]:
     """(B, H, S, D) tensors; `seq_major`: stored as (B, S, H, D) and transposed, as models hand them to SDPA."""
     generator = torch.Generator("cuda").manual_seed(0)
 
@@ -47,8 +49,9 @@ def qkv(dtype: torch.dtype, q_len: int, k_len: int, dim: int = 128, seq_major: b
     return make(q_len), make(k_len), make(k_len)
 
 
-def assert_matches_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
-                             scale: float | None = None) -> None:
+def assert_matches_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None, scale: float | None = None
+) -> None:
     out, lse = attention_with_lse(q, k, v, bias, scale)
     ref_out, ref_lse = reference_attention_with_lse(q, k, v, bias, scale)
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
@@ -77,7 +80,8 @@ def test_default_choice_matches_reference() -> None:
     """No backend forced: the kernel attention_with_lse picks on this GPU (cuDNN on Hopper, else flash)."""
     q, k, v = qkv(torch.bfloat16, 1000, 1000)
     assert choose_kernel("cuda", q.dtype, 128, False, capability(), enabled_backends()) == (
-        "cudnn" if capability() >= (9, 0) else "flash")
+        "cudnn" if capability() >= (9, 0) else "flash"
+    )
     assert_matches_reference(q, k, v)
 
 
@@ -131,7 +135,9 @@ def cuda_reference(cuda_flux: Any) -> np.ndarray:
     return generate(cuda_flux, FLUX_CALL)
 
 
-def test_cuda_pipeline_matches_the_cpu_one(cuda_flux: Any, cuda_reference: np.ndarray, flux_reference: np.ndarray) -> None:
+def test_cuda_pipeline_matches_the_cpu_one(
+    cuda_flux: Any, cuda_reference: np.ndarray, flux_reference: np.ndarray
+) -> None:
     assert next(cuda_flux.transformer.parameters()).device.type == "cuda"
     assert np.abs(cuda_reference - flux_reference).max() <= CPU_TOLERANCE
 

@@ -19,14 +19,16 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
 def check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def cuda_benchmarks() -> list[str]:
     """Benchmark scripts that take a --device option, i.e. have a CUDA section to measure."""
     return sorted(
-        path.name for path in (ROOT / "benchmarks").glob("*.py")
+        path.name
+        for path in (ROOT / "benchmarks").glob("*.py")
         if re.search(r"add_argument\(\s*\"--device\"", path.read_text())
     )
 
@@ -88,10 +90,15 @@ def test_a_step_past_its_budget_is_stopped_with_its_children_and_reported(tmp_pa
     """A benchmark that spawns ranks and overruns must not leave them holding the GPU for the next step."""
     check_module = load_check()
     Step, Result = check_module.Step, check_module.Result
-    code = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print('child', child.pid, flush=True); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(60)']); "
+        "print('child', child.pid, flush=True); time.sleep(60)"
+    )
     slow = check_module.run_step(Step("slow", ("-c", code), 3, "outlives its budget"), tmp_path)
-    failing = check_module.run_step(Step("failing", ("-c", "import sys; print('partial'); sys.exit('broken here')"), 30, "fails"), tmp_path)
+    failing = check_module.run_step(
+        Step("failing", ("-c", "import sys; print('partial'); sys.exit('broken here')"), 30, "fails"), tmp_path
+    )
     assert slow.status == "stopped at its budget" and 3 <= slow.seconds < 30
     child = int(slow.stdout.split()[1])
     for _ in range(50):

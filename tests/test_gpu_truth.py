@@ -132,13 +132,20 @@ def test_a_call_with_several_predictions_is_answered_with_one_placeholder_each()
     from accel.models.kandinsky6 import predictions_like
 
     video, audio = torch.zeros(1, 2, 4, 4, 9), torch.zeros(1, 5, 4, dtype=torch.bfloat16)
-    answer = placeholders_like(predictions_like, {"hidden_states": video, "audio_hidden_states": audio, "return_dict": False})
-    assert [(type(p), p.shape, p.dtype) for p in answer] == [(Pending, video.shape, video.dtype), (Pending, audio.shape, torch.bfloat16)]
+    answer = placeholders_like(
+        predictions_like, {"hidden_states": video, "audio_hidden_states": audio, "return_dict": False}
+    )
+    assert [(type(p), p.shape, p.dtype) for p in answer] == [
+        (Pending, video.shape, video.dtype),
+        (Pending, audio.shape, torch.bfloat16),
+    ]
     assert len(placeholders_like(predictions_like, {"hidden_states": video, "return_dict": False})) == 1
     with pytest.raises(NotAvailableError) as refused:
         placeholders_like(predictions_like, {"hidden_states": video, "audio_hidden_states": audio})
-    assert str(refused.value) == ("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its "
-                                  "sample, whose output fields accel cannot name for the other branch; set cfg = 1")
+    assert str(refused.value) == (
+        "[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its "
+        "sample, whose output fields accel cannot name for the other branch; set cfg = 1"
+    )
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["shape known", "first step"])
@@ -173,8 +180,9 @@ def test_apply_refuses_a_pipeline_on_another_ranks_gpu(monkeypatch) -> None:
     with pytest.raises(UserError) as error:
         _refuse_another_ranks_gpu(torch.device("cuda:0"))
     assert str(error.value) == (
-        'accel.apply: the pipeline is on cuda:0, but this rank (LOCAL_RANK 1) runs on cuda:1; load it with '
-        'accel.load_pipeline(..., device="cuda"), which picks the rank\'s GPU, or call pipe.to("cuda:1") before accel.apply'
+        "accel.apply: the pipeline is on cuda:0, but this rank (LOCAL_RANK 1) runs on cuda:1; load it with "
+        'accel.load_pipeline(..., device="cuda"), which picks the rank\'s GPU, or call pipe.to("cuda:1") before '
+        "accel.apply"
     )
     _refuse_another_ranks_gpu(torch.device("cuda:1"))
     _refuse_another_ranks_gpu(torch.device("cpu"))

@@ -61,12 +61,16 @@ def test_run_refuses_a_planted_lock_link_before_loading(tmp_path: Path) -> None:
     target = tmp_path / "precious.txt"
     target.write_text("keep me")
     (tmp_path / ".m.json.accel-lock").symlink_to(target)
-    code, output = _cli("run", "tiny-flux", "--steps", "1", "--out", str(tmp_path / "a.png"), "--json", str(tmp_path / "m.json"))
+    code, output = _cli(
+        "run", "tiny-flux", "--steps", "1", "--out", str(tmp_path / "a.png"), "--json", str(tmp_path / "m.json")
+    )
     assert code == 2 and "is a symbolic link, not an accel lock" in output and "Traceback" not in output
     assert target.read_text() == "keep me" and not (tmp_path / "a.png").exists()
 
 
-def test_a_temporary_name_taken_by_a_link_is_refused_and_its_target_untouched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_temporary_name_taken_by_a_link_is_refused_and_its_target_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import itertools
 
     monkeypatch.setattr(files, "_serial", itertools.count(7))  # the name the next temporary takes
@@ -106,7 +110,8 @@ def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError) as refused:
         preflight.check_bench_folder(tmp_path / "report")
     assert str(refused.value) == (
-        f"--out {tmp_path / 'report'} is a symbolic link (to {tmp_path / 'elsewhere'}); bench never writes through a link, "
+        f"--out {tmp_path / 'report'} is a symbolic link (to {tmp_path / 'elsewhere'}); bench never writes through a "
+        "link, "
         "give a new or empty folder"
     )
 
@@ -114,10 +119,12 @@ def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
 def _swapped_for_a_link(target: Path, write: files.Write) -> files.Write:
     """`write`, after someone swapped the temporary it was given for a link to `target`: the race
     between creating the temporary and opening it."""
+
     def swap_then_write(temp: Path) -> None:
         temp.unlink()
         temp.symlink_to(target)
         write(temp)
+
     return swap_then_write
 
 
@@ -132,11 +139,16 @@ def test_a_link_swapped_in_after_the_temporary_was_created_is_not_written_throug
     out = tmp_path / "a.png"
     frames = np.zeros((1, 8, 8, 3) if kind == "hdr-video" else (8, 8, 3), dtype=np.float32)
     with pytest.raises(UserError) as refused:
-        write_file(out, _swapped_for_a_link(target, output_writer(frames, kind, ".npy" if kind == "hdr-video" else ".png", 8)),
-                   replace=True)
-    assert re.fullmatch(rf"{re.escape(str(tmp_path))}/\.a\.png\.accel-\d+-\d+\.tmp\.png was replaced while accel wrote it "
-                        r"\(someone else writes this folder\); nothing was published: write to a folder only you can write",
-                        str(refused.value))
+        write_file(
+            out,
+            _swapped_for_a_link(target, output_writer(frames, kind, ".npy" if kind == "hdr-video" else ".png", 8)),
+            replace=True,
+        )
+    assert re.fullmatch(
+        rf"{re.escape(str(tmp_path))}/\.a\.png\.accel-\d+-\d+\.tmp\.png was replaced while accel wrote it "
+        r"\(someone else writes this folder\); nothing was published: write to a folder only you can write",
+        str(refused.value),
+    )
     assert target.read_text() == "keep me" and sorted(os.listdir(tmp_path)) == ["precious.txt"]
 
 
@@ -167,17 +179,21 @@ def test_a_writer_given_a_name_accel_did_not_create_creates_it_exclusively(tmp_p
 
 def _full_in(folder: Path):  # type: ignore[no-untyped-def]
     """A writer that hits ENOSPC inside `folder` and writes everywhere else."""
+
     def write(path: Path) -> None:
         if path.parent == folder:
             with open(path, "wb") as file:
                 file.write(b"par")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         path.write_bytes(b"result")
+
     return write
 
 
 @pytest.mark.parametrize("fresh", [False, True])
-def test_enospc_saves_the_result_elsewhere_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: bool) -> None:
+def test_enospc_saves_the_result_elsewhere_and_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: bool
+) -> None:
     monkeypatch.setattr(files, "_closing", threading.Event())  # an earlier test may have run discard_temps
     out, spare = tmp_path / "out", tmp_path / "spare"
     out.mkdir()
@@ -188,7 +204,10 @@ def test_enospc_saves_the_result_elsewhere_and_says_where(tmp_path: Path, monkey
         else:
             write_file(out / "a.png", _full_in(out), replace=False, rescue=spare)
     (rescued,) = spare.glob("accel-rescued-*/a.png")
-    assert str(refused.value) == f"cannot write {out / 'a.png'} (no space left on device); the result was saved to {rescued} instead"
+    assert (
+        str(refused.value)
+        == f"cannot write {out / 'a.png'} (no space left on device); the result was saved to {rescued} instead"
+    )
     assert rescued.read_bytes() == b"result"
     assert not held.held and os.listdir(out) == []  # no temporary, no lock
 
@@ -202,7 +221,8 @@ def test_enospc_everywhere_says_the_result_is_lost(tmp_path: Path, monkeypatch: 
     with pytest.raises(UserError) as refused:
         write_file(tmp_path / "a.png", full, replace=True, rescue=tmp_path)
     assert str(refused.value) == (
-        f"cannot write {tmp_path / 'a.png'} (no space left on device), nor a copy in {tmp_path} (no space left on device); "
+        f"cannot write {tmp_path / 'a.png'} (no space left on device), nor a copy in {tmp_path} (no space left on "
+        "device); "
         "the result is lost: free space or choose another folder"
     )
 
@@ -215,7 +235,8 @@ def test_enospc_writing_the_lock_leaves_no_lock(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(UserError) as refused:
         claim(tmp_path / "a.png")
     assert str(refused.value) == (
-        f"cannot write the lock {tmp_path / '.a.png.accel-lock'} (no space left on device); free space or choose another name"
+        f"cannot write the lock {tmp_path / '.a.png.accel-lock'} (no space left on device); free space or choose "
+        "another name"
     )
     assert os.listdir(tmp_path) == []
 
@@ -224,7 +245,9 @@ def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> No
     (tmp_path / "outputs").write_text("a file where the folder goes")
     with pytest.raises(UserError) as refused:
         files.fresh_folder(tmp_path / "outputs", "bench-tiny")
-    assert str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
+    assert (
+        str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
+    )
 
 
 def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,7 +265,10 @@ def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, mo
     monkeypatch.setattr(Path, "mkdir", denied)
     with pytest.raises(UserError) as refused:
         _claim_folder(folder)
-    assert str(refused.value) == f"cannot create the folder {folder} (permission denied); pass --out with a folder you may write"
+    assert (
+        str(refused.value)
+        == f"cannot create the folder {folder} (permission denied); pass --out with a folder you may write"
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -254,7 +280,10 @@ def _small_tmpfs(mount: Path, options: str, covered_by: str) -> Iterator[Path]:
     mount.mkdir()
     made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); {covered_by} covers the path")
+        pytest.skip(
+            f"cannot mount a small tmpfs here ({made.stderr.decode().strip() or 'mount failed'}); {covered_by} covers "
+            "the path"
+        )
     try:
         yield mount
     finally:
@@ -264,7 +293,9 @@ def _small_tmpfs(mount: Path, options: str, covered_by: str) -> Iterator[Path]:
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """64 KiB and 2 inodes: its root's and one more."""
-    with _small_tmpfs(tmp_path / "small", "size=64k,nr_inodes=2", "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock") as mount:
+    with _small_tmpfs(
+        tmp_path / "small", "size=64k,nr_inodes=2", "test_a_bench_folder_denied_is_one_line_and_leaves_no_lock"
+    ) as mount:
         yield mount
 
 
@@ -275,7 +306,9 @@ def test_a_bench_folder_on_a_full_tmpfs_is_one_line_and_leaves_no_lock(tiny_tmpf
     folder = tiny_tmpfs / "report"
     with pytest.raises(UserError) as refused:
         _claim_folder(folder)
-    assert str(refused.value) == f"cannot create the folder {folder} (no space left on device); free space or pass --out"
+    assert (
+        str(refused.value) == f"cannot create the folder {folder} (no space left on device); free space or pass --out"
+    )
     assert os.listdir(tiny_tmpfs) == []
 
 
@@ -284,7 +317,10 @@ def test_accel_bench_on_a_full_tmpfs_exits_2_in_one_line(tiny_tmpfs: Path, tmp_p
     folder, recipe = tiny_tmpfs / "report", tmp_path / "bench.toml"
     recipe.write_text('[model]\nname = "tiny-flux"\n\n[bench]\nvariants = [{name = "plain"}]\n')
     code, output = _cli("bench", str(recipe), "--gpus", "1", "--out", str(folder))
-    assert (code, output) == (2, f"error: cannot create the folder {folder} (no space left on device); free space or pass --out\n")
+    assert (code, output) == (
+        2,
+        f"error: cannot create the folder {folder} (no space left on device); free space or pass --out\n",
+    )
     assert os.listdir(tiny_tmpfs) == []
 
 
@@ -304,7 +340,10 @@ def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_recipe_dev_zero_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as refused:
         load_recipe("/dev/zero")
-    assert str(refused.value) == "/dev/zero: a device, not a recipe file; pass a .toml recipe or an accel run --json report"
+    assert (
+        str(refused.value)
+        == "/dev/zero: a device, not a recipe file; pass a .toml recipe or an accel run --json report"
+    )
 
 
 def test_a_recipe_past_the_cap_is_refused_after_reading_one_byte_more(tmp_path: Path) -> None:
@@ -313,7 +352,10 @@ def test_a_recipe_past_the_cap_is_refused_after_reading_one_byte_more(tmp_path: 
         file.truncate(MAX_RECIPE_BYTES + 10)  # sparse: costs no disk
     with pytest.raises(RecipeError) as refused:
         load_recipe(big)
-    assert str(refused.value) == f"{big}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report"
+    assert (
+        str(refused.value)
+        == f"{big}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report"
+    )
 
 
 def test_a_10mb_prompt_in_a_recipe_is_refused_in_one_line_before_loading(tmp_path: Path) -> None:
@@ -328,12 +370,15 @@ def test_a_10mb_prompt_in_a_recipe_is_refused_in_one_line_before_loading(tmp_pat
     recipe.write_text('[generate]\nprompt = "' + "a" * 10_000_000 + '"\n')  # 10 MB: past the file's own cap
     code, output = _cli("run", "--recipe", str(recipe), "--out", str(tmp_path / "a.png"))
     assert code == 2 and output.strip() == (
-        f"error: {recipe}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json report"
+        f"error: {recipe}: larger than 8 MiB; a recipe is a few kilobytes, pass a .toml recipe or an accel run --json "
+        "report"
     )
 
 
 def test_the_prompt_limit_applies_on_the_command_line_and_the_env_raises_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(RecipeError, match=r"negative_prompt must be a string of at most 20,000 characters .* got 20,001 characters$"):
+    with pytest.raises(
+        RecipeError, match=r"negative_prompt must be a string of at most 20,000 characters .* got 20,001 characters$"
+    ):
         Recipe.from_dict({"generate": {"negative_prompt": "n" * 20_001}})
     monkeypatch.setenv("ACCEL_MAX_PROMPT_CHARS", "30000")
     assert Recipe.from_dict({"generate": {"prompt": "p" * 20_001}}).generate.prompt == "p" * 20_001
@@ -354,7 +399,8 @@ def test_a_tune_prompts_file_is_capped(tmp_path: Path) -> None:
     with pytest.raises(UserError) as refused:
         _read_prompts(long)
     assert str(refused.value) == (
-        f"--prompts {long}: prompt 2 has 20,001 characters, more than 20,000; shorten it (ACCEL_MAX_PROMPT_CHARS raises the limit)"
+        f"--prompts {long}: prompt 2 has 20,001 characters, more than 20,000; shorten it (ACCEL_MAX_PROMPT_CHARS "
+        "raises the limit)"
     )
 
 
@@ -368,17 +414,42 @@ def test_a_recipe_number_of_5000_digits_is_one_line(tmp_path: Path) -> None:
 # --- numbers that overflow ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--guidance", "1e308", "[generate] guidance_scale must be a number >= 0, got 1e+308 (past float32's range, 3.4e+38, "
-                            "which pipelines compute in)"),
-    ("--true-cfg", "1e39", "[generate] true_cfg_scale must be a number >= 1, got 1e+39 (past float32's range, 3.4e+38, "
-                           "which pipelines compute in)"),
-    ("--seed", "99999999999999999999999", "[generate] seed must be an integer from 0 to 18446744073709551615, got 99999999999999999999999"),
-    ("--steps", "99999999999999999999", "[generate] steps must be an integer from 1 to 10000, got 99999999999999999999"),
-    ("--height", "99999999999999999984", "[generate] height must be an integer from 16 to 65536, got 99999999999999999984"),
-    ("--frames", "100001", "[generate] frames must be an integer from 1 to 100000, got 100001"),
-])
-def test_numbers_that_overflow_are_one_line_naming_the_option(tmp_path: Path, flag: str, value: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        (
+            "--guidance",
+            "1e308",
+            "[generate] guidance_scale must be a number >= 0, got 1e+308 (past float32's range, 3.4e+38, "
+            "which pipelines compute in)",
+        ),
+        (
+            "--true-cfg",
+            "1e39",
+            "[generate] true_cfg_scale must be a number >= 1, got 1e+39 (past float32's range, 3.4e+38, "
+            "which pipelines compute in)",
+        ),
+        (
+            "--seed",
+            "99999999999999999999999",
+            "[generate] seed must be an integer from 0 to 18446744073709551615, got 99999999999999999999999",
+        ),
+        (
+            "--steps",
+            "99999999999999999999",
+            "[generate] steps must be an integer from 1 to 10000, got 99999999999999999999",
+        ),
+        (
+            "--height",
+            "99999999999999999984",
+            "[generate] height must be an integer from 16 to 65536, got 99999999999999999984",
+        ),
+        ("--frames", "100001", "[generate] frames must be an integer from 1 to 100000, got 100001"),
+    ],
+)
+def test_numbers_that_overflow_are_one_line_naming_the_option(
+    tmp_path: Path, flag: str, value: str, message: str
+) -> None:
     code, output = _cli("run", "tiny-flux", flag, value, "--out", str(tmp_path / "a.png"))
     assert code == 2 and output.strip() == f"error: command line: {message}"
     assert os.listdir(tmp_path) == []
@@ -401,18 +472,23 @@ def _bomb(path: Path, side: int = 100_000) -> Path:
     Image.new("L", (1, 1)).save(buffer, "PNG")
     data = bytearray(buffer.getvalue())
     at = data.index(b"IHDR")
-    data[at + 4:at + 12] = struct.pack(">II", side, side)
-    data[at + 17:at + 21] = struct.pack(">I", zlib.crc32(bytes(data[at:at + 17])))
+    data[at + 4 : at + 12] = struct.pack(">II", side, side)
+    data[at + 17 : at + 21] = struct.pack(">I", zlib.crc32(bytes(data[at : at + 17])))
     path.write_bytes(bytes(data))
     return path
 
 
-@pytest.mark.parametrize("side", [100_000, 10_000])  # past Pillow's error limit, and between its warning and error limits
+@pytest.mark.parametrize(
+    "side", [100_000, 10_000]
+)  # past Pillow's error limit, and between its warning and error limits
 def test_a_decompression_bomb_image_is_one_line(tmp_path: Path, side: int) -> None:
     from accel.models.variants import _picture_or_clip, _readable_image
 
     bomb = _bomb(tmp_path / "bomb.png", side)
-    message = f"[generate] image: {bomb} has more than 89,478,485 pixels (Pillow's decompression-bomb limit); pass a smaller image"
+    message = (
+        f"[generate] image: {bomb} has more than 89,478,485 pixels (Pillow's decompression-bomb limit); pass a "
+        "smaller image"
+    )
     with pytest.raises(UserError) as refused:
         _readable_image("image", str(bomb))
     assert str(refused.value) == message

@@ -173,6 +173,7 @@ def test_dispatcher_keeps_torch_hooks_and_module_call_working() -> None:
 
 # -- real pipelines: other libraries' hooks installed after accel.apply ------------------------------------
 
+
 def _fresh_flux() -> Any:
     pipe = accel.load_pipeline("tiny-flux")
     pipe.set_progress_bar_config(disable=True)
@@ -188,8 +189,11 @@ CACHE_EVERYTHING = {"cache": {"threshold": 1e9, "warmup_steps": 2}}
 
 def _offload_to_disk(pipe: Any, folder: Path) -> None:
     pipe.transformer.enable_group_offload(
-        onload_device=torch.device("cpu"), offload_device=torch.device("cpu"), offload_type="block_level",
-        num_blocks_per_group=1, offload_to_disk_path=str(folder),
+        onload_device=torch.device("cpu"),
+        offload_device=torch.device("cpu"),
+        offload_type="block_level",
+        num_blocks_per_group=1,
+        offload_to_disk_path=str(folder),
     )
 
 

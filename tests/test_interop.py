@@ -147,7 +147,9 @@ def test_lora_reference_is_meaningful(lora_reference: list[np.ndarray], flux_ref
     assert np.abs(fused - loaded).max() <= TOLERANCE and np.abs(unloaded - flux_reference).max() <= TOLERANCE
 
 
-def test_a_recipe_lora_is_fused_at_its_scale_before_accelerating(rank_pools, lora_dir: str, lora_reference: list[np.ndarray]) -> None:
+def test_a_recipe_lora_is_fused_at_its_scale_before_accelerating(
+    rank_pools, lora_dir: str, lora_reference: list[np.ndarray]
+) -> None:
     """`[model] lora`: the transformer holds plain weights W + scale * B A (no adapter layers left), so
     Ulysses 2 and int8 quantization see an ordinary checkpoint; at scale 1 it makes the fused image."""
     from safetensors.torch import load_file
@@ -157,7 +159,9 @@ def test_a_recipe_lora_is_fused_at_its_scale_before_accelerating(rank_pools, lor
     assert not [name for name, _ in half.transformer.named_modules() if "lora" in name]
     lora = load_file(f"{lora_dir}/pytorch_lora_weights.safetensors")
     down, up = (lora[f"transformer.transformer_blocks.0.attn.to_k.lora_{part}.weight"] for part in "AB")
-    expected = plain.transformer.transformer_blocks[0].attn.to_k.weight + 0.5 * (up @ down)  # alpha = rank: no extra factor
+    expected = plain.transformer.transformer_blocks[0].attn.to_k.weight + 0.5 * (
+        up @ down
+    )  # alpha = rank: no extra factor
     assert torch.allclose(half.transformer.transformer_blocks[0].attn.to_k.weight, expected, atol=1e-6)
     assert np.abs(cases.fused_lora_run(lora_dir, {}) - lora_reference[1]).max() <= TOLERANCE
     for output in rank_pools(2).run(cases.fused_lora_run, lora_dir, {"parallel": {"ulysses": 2}}):
@@ -174,25 +178,58 @@ def test_accel_run_fuses_the_lora_flag(tmp_path: Path, lora_dir: str, lora_refer
 
     out = tmp_path / "lora.png"
     call = cases.FLUX_CALL
-    result = CliRunner().invoke(app, ["run", "tiny-flux", "--lora", lora_dir, "--prompt", call["prompt"], "--steps",
-                                      str(call["num_inference_steps"]), "--height", str(call["height"]), "--width", str(call["width"]),
-                                      "--guidance", str(call["guidance_scale"]), "--warmup", "0", "-o", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "tiny-flux",
+            "--lora",
+            lora_dir,
+            "--prompt",
+            call["prompt"],
+            "--steps",
+            str(call["num_inference_steps"]),
+            "--height",
+            str(call["height"]),
+            "--width",
+            str(call["width"]),
+            "--guidance",
+            str(call["guidance_scale"]),
+            "--warmup",
+            "0",
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     written = np.asarray(Image.open(out), dtype=np.float32) / 255
     assert np.abs(written - lora_reference[1][0]).max() <= 1 / 255 + 1e-6
 
 
-@pytest.mark.parametrize("value, message", [
-    ("{missing}", "[model] lora: {missing} does not exist; pass a LoRA .safetensors file, its folder, or a hub repo id"),
-    ("{lora}@half", "[model] lora: {lora}@half: write PATH@SCALE (a .safetensors file, a folder, or a hub repo id; SCALE 1 when "
-                    "left out), e.g. style.safetensors@0.8"),
-], ids=["missing", "scale"])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            "{missing}",
+            "[model] lora: {missing} does not exist; pass a LoRA .safetensors file, its folder, or a hub repo id",
+        ),
+        (
+            "{lora}@half",
+            "[model] lora: {lora}@half: write PATH@SCALE (a .safetensors file, a folder, or a hub repo id; SCALE 1 "
+            "when "
+            "left out), e.g. style.safetensors@0.8",
+        ),
+    ],
+    ids=["missing", "scale"],
+)
 def test_a_bad_lora_flag_is_one_line_before_loading(tmp_path: Path, lora_dir: str, value: str, message: str) -> None:
     from accel.cli import app
 
     paths = {"missing": str(tmp_path / "nope.safetensors"), "lora": lora_dir}
     for gpus in ([], ["--gpus", "2"]):  # before any rank starts
-        result = CliRunner().invoke(app, ["run", "tiny-flux", "--lora", value.format(**paths), *gpus, "-o", str(tmp_path / "o.png")])
+        result = CliRunner().invoke(
+            app, ["run", "tiny-flux", "--lora", value.format(**paths), *gpus, "-o", str(tmp_path / "o.png")]
+        )
         assert result.exit_code == 2
         assert result.stderr.strip() == "error: " + message.format(**paths)
 
@@ -202,18 +239,27 @@ def test_a_file_that_is_not_a_lora_for_the_model_is_one_line(tmp_path: Path) -> 
 
     pytest.importorskip("peft")
     save_file({"foo.weight": torch.zeros(2, 2)}, tmp_path / "foo.safetensors")
-    save_file({"transformer.nowhere.lora_A.weight": torch.zeros(4, 8), "transformer.nowhere.lora_B.weight": torch.zeros(8, 4)},
-              tmp_path / "other.safetensors")
+    save_file(
+        {
+            "transformer.nowhere.lora_A.weight": torch.zeros(4, 8),
+            "transformer.nowhere.lora_B.weight": torch.zeros(8, 4),
+        },
+        tmp_path / "other.safetensors",
+    )
     with pytest.raises(UserError) as refused:
         accel.load_pipeline("tiny-flux", lora=[str(tmp_path / "foo.safetensors")])
-    assert str(refused.value) == (f"[model] lora: {tmp_path / 'foo.safetensors'} is not a LoRA FluxPipeline can load (Invalid LoRA "
-                                  "checkpoint. Make sure all LoRA param names contain `'lora'` substring.)")
+    assert str(refused.value) == (
+        f"[model] lora: {tmp_path / 'foo.safetensors'} is not a LoRA FluxPipeline can load (Invalid LoRA "
+        "checkpoint. Make sure all LoRA param names contain `'lora'` substring.)"
+    )
     with pytest.raises(UserError) as refused:
         accel.load_pipeline("tiny-flux", lora=[str(tmp_path / "other.safetensors")])
     assert str(refused.value).startswith(f"[model] lora: {tmp_path / 'other.safetensors'} ")
 
 
-def test_lora_after_apply_equals_lora_without_accel(rank_pools, lora_dir: str, lora_reference: list[np.ndarray]) -> None:
+def test_lora_after_apply_equals_lora_without_accel(
+    rank_pools, lora_dir: str, lora_reference: list[np.ndarray]
+) -> None:
     for outputs in rank_pools(2).run(cases.lora_after_apply, lora_dir, {"parallel": {"ulysses": 2}}):
         for output, expected in zip(outputs, lora_reference, strict=True):  # loaded, fused, unloaded
             assert np.abs(output - expected).max() <= TOLERANCE
@@ -225,13 +271,21 @@ def test_lora_after_apply_with_the_cache_equals_one_process(lora_dir: str, lora_
         assert np.abs(output - expected).max() <= TOLERANCE
 
 
-def test_int8_quantization_keeps_lora_layers_and_refuses_fusing(lora_dir: str, lora_reference: list[np.ndarray]) -> None:
+def test_int8_quantization_keeps_lora_layers_and_refuses_fusing(
+    lora_dir: str, lora_reference: list[np.ndarray]
+) -> None:
     pipe = cases.fresh_flux()
     pipe.load_lora_weights(lora_dir, adapter_name="test")
     handle = accel.apply(pipe, {"quant": {"type": "int8wo"}})
     try:
-        lora = {name: m for name, m in pipe.transformer.named_modules() if isinstance(m, torch.nn.Linear) and ".lora_" in name}
-        assert len(lora) == 2 * 3 * (len(pipe.transformer.transformer_blocks) + len(pipe.transformer.single_transformer_blocks))
+        lora = {
+            name: m
+            for name, m in pipe.transformer.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".lora_" in name
+        }
+        assert len(lora) == 2 * 3 * (
+            len(pipe.transformer.transformer_blocks) + len(pipe.transformer.single_transformer_blocks)
+        )
         for name, module in lora.items():
             assert type(module.weight) is torch.nn.Parameter and module.weight.dtype == torch.float32, name
         assert sorted(handle.quant.kept["LoRA adapter"]) == sorted(lora)
@@ -266,11 +320,17 @@ def test_callback_drawing_global_noise_agrees_across_ranks(rank_pools) -> None:
 
 
 # -- output forms ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("one, parallel", [
-    ({}, {"parallel": {"ulysses": 2}}),
-    ({"cache": {"threshold": 0.4}}, {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.4}}),
-], ids=["ulysses2", "ulysses2-cache"])
-def test_latent_output_and_tuple_return_equal_one_process(rank_pools, one: dict[str, Any], parallel: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "one, parallel",
+    [
+        ({}, {"parallel": {"ulysses": 2}}),
+        ({"cache": {"threshold": 0.4}}, {"parallel": {"ulysses": 2}, "cache": {"threshold": 0.4}}),
+    ],
+    ids=["ulysses2", "ulysses2-cache"],
+)
+def test_latent_output_and_tuple_return_equal_one_process(
+    rank_pools, one: dict[str, Any], parallel: dict[str, Any]
+) -> None:
     latents, images = cases.output_forms(one)
     assert latents.ndim == 3 and images.shape == (1, 64, 64, 3)  # packed FLUX latents; one RGB image
     for got_latents, got_images in rank_pools(2).run(cases.output_forms, parallel):

@@ -54,8 +54,24 @@ def test_gpus_2_relaunches_and_writes_the_single_process_image(tmp_path: Path, f
 
 def test_under_torchrun_the_command_uses_the_jobs_ranks(tmp_path: Path) -> None:
     result = _run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "accel.cli", "run", "tiny-flux", "--ring", "2", "--out", "t.png", "--json", "t.json"],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "accel.cli",
+            "run",
+            "tiny-flux",
+            "--ring",
+            "2",
+            "--out",
+            "t.png",
+            "--json",
+            "t.json",
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -70,8 +86,21 @@ def test_an_error_every_rank_hits_is_shown_once(tmp_path: Path) -> None:
     import accel
 
     accel.load_pipeline("tiny-flux").save_pretrained(tmp_path / "saved-flux")
-    result = _accel("run", "saved-flux", "--gpus", "2", "--height", "48", "--width", "48", "--steps", "1",
-                    "--out", "x.mp4", cwd=tmp_path)
+    result = _accel(
+        "run",
+        "saved-flux",
+        "--gpus",
+        "2",
+        "--height",
+        "48",
+        "--width",
+        "48",
+        "--steps",
+        "1",
+        "--out",
+        "x.mp4",
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --out x.mp4: FLUX.1 makes images, so the name must end in .png"
 
@@ -81,12 +110,14 @@ def test_an_error_every_rank_hits_is_shown_once(tmp_path: Path) -> None:
     [("tiny-flux", FLUX_CALL, {"ulysses": 2}), ("tiny-wan", WAN_CALL, {"cfg": 2})],
     ids=["flux-ulysses2", "wan-cfg2"],
 )
-def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, request: pytest.FixtureRequest, model: str,
-                                               call: dict, parallel: dict) -> None:
+def test_apply_in_a_users_script_joins_the_job(
+    tmp_path: Path, request: pytest.FixtureRequest, model: str, call: dict, parallel: dict
+) -> None:
     """The process group comes from the environment; every rank returns the full output."""
     reference = request.getfixturevalue("flux_reference" if model == "tiny-flux" else "wan_reference")
     script = tmp_path / "mine.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, numpy as np, torch, torch.distributed as dist
         import accel
         pipe = accel.load_pipeline({model!r})
@@ -97,7 +128,8 @@ def test_apply_in_a_users_script_joins_the_job(tmp_path: Path, request: pytest.F
         result = pipe(**{call!r}, generator=torch.Generator().manual_seed(seed), output_type="np")
         output = result.frames if hasattr(result, "frames") else result.images
         np.save(f"{{sys.argv[1]}}/rank{{dist.get_rank()}}.npy", np.asarray(output))
-    """))
+    """)
+    )
     result = _accel("launch", "--gpus", "2", str(script), str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
@@ -109,7 +141,20 @@ def test_cfg_and_ulysses_on_four_ranks_write_the_single_process_video(tmp_path: 
 
     args = ("run", "tiny-cogvideox", "--steps", "3", "--warmup", "0")
     one = _accel(*args, "--out", "one.mp4", cwd=tmp_path)
-    four = _accel(*args, "--gpus", "4", "--oversubscribe", "--cfg-parallel", "--ulysses", "2", "--out", "four.mp4", "--json", "four.json", cwd=tmp_path)
+    four = _accel(
+        *args,
+        "--gpus",
+        "4",
+        "--oversubscribe",
+        "--cfg-parallel",
+        "--ulysses",
+        "2",
+        "--out",
+        "four.mp4",
+        "--json",
+        "four.json",
+        cwd=tmp_path,
+    )
     assert one.returncode == 0, one.stderr
     assert four.returncode == 0, four.stderr
     parallel = json.loads((tmp_path / "four.json").read_text())["parallel"]
@@ -124,8 +169,20 @@ def test_cfg_and_ulysses_on_four_ranks_write_the_single_process_video(tmp_path: 
 def test_parallel_vae_from_the_cli_writes_the_single_process_image(tmp_path: Path, flux_one: Path) -> None:
     """--parallel-vae through the command line's relaunch; every family's VAE split equals its whole
     decode on 2-4 ranks in tests/test_parallel_vae.py (Wan's at a row count 3 ranks do not divide)."""
-    two = _accel("run", "tiny-flux", "--warmup", "0", "--gpus", "2", "--parallel-vae", "--out", "two.png",
-                 "--json", "two.json", cwd=tmp_path)
+    two = _accel(
+        "run",
+        "tiny-flux",
+        "--warmup",
+        "0",
+        "--gpus",
+        "2",
+        "--parallel-vae",
+        "--out",
+        "two.png",
+        "--json",
+        "two.json",
+        cwd=tmp_path,
+    )
     assert two.returncode == 0, two.stderr
     assert json.loads((tmp_path / "two.json").read_text())["parallel"]["vae_split"] is True
     assert np.abs(_pixels(flux_one) - _pixels(tmp_path / "two.png")).max() <= 1
@@ -135,7 +192,8 @@ def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) 
     """[parallel] timeout reaches the process group: rank 0 gives up after 3 s instead of waiting
     for rank 1's 200 s sleep (the job would otherwise finish, with exit code 0)."""
     script = tmp_path / "slow.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import time, torch.distributed as dist
         from accel.parallel.mesh import init_distributed
         init_distributed("cpu", timeout_s=3)
@@ -143,12 +201,16 @@ def test_collective_timeout_ends_a_job_whose_rank_never_arrives(tmp_path: Path) 
             time.sleep(200)
         dist.barrier()
         print("finished")
-    """))
+    """)
+    )
     result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
     assert result.returncode == 1 and "finished" not in result.stdout
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     # rank 0's time-out is the consequence; the heartbeats name the rank it waited for, and where
-    assert errors[0].startswith("error: rank 1 stopped making progress: rank 0 gave up waiting for it in a collective (rank 1 was at slow.py:6 in <module>)")
+    assert errors[0].startswith(
+        "error: rank 1 stopped making progress: rank 0 gave up waiting for it in a collective (rank 1 was at "
+        "slow.py:6 in <module>)"
+    )
     assert errors[1].startswith("error: rank 0 stopped with it (") and "Timed out waiting 3000ms" in errors[1]
 
 
@@ -157,7 +219,8 @@ def test_a_finished_rank_ends_as_python_would_with_its_process_groups_closed(tmp
     SIGABRT after its work succeeded), but what a script relies on at exit still happens, in
     Python's order: its other threads finish, then its exit hooks run, the groups already closed."""
     script = tmp_path / "groups.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os, threading, time, torch.distributed as dist
         from accel.parallel.mesh import init_distributed
         say = lambda text: os.write(1, f"{text}\\n".encode())  # one write: the ranks share stdout
@@ -167,7 +230,8 @@ def test_a_finished_rank_ends_as_python_would_with_its_process_groups_closed(tmp
         rank = dist.get_rank()
         atexit.register(lambda: say(f"exit hook {rank}: open={dist.is_initialized()}"))
         threading.Thread(target=lambda: (time.sleep(0.5), say(f"thread {rank} done"))).start()
-    """))
+    """)
+    )
     result = _accel("launch", "--gpus", "2", str(script), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
@@ -180,8 +244,23 @@ def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
     rank (from a cold inductor cache, as a new user's), and the picture equals the one-process eager
     run with the same cache."""
     one = _accel("run", "tiny-flux", "--cache", "0.08", "--out", "one.png", cwd=tmp_path)
-    four = _accel("run", "tiny-flux", "--gpus", "4", "--oversubscribe", "--cache", "0.08", "--compile", "--out", "four.png",
-                  "--json", "four.json", "--verbose", cwd=tmp_path, env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"))
+    four = _accel(
+        "run",
+        "tiny-flux",
+        "--gpus",
+        "4",
+        "--oversubscribe",
+        "--cache",
+        "0.08",
+        "--compile",
+        "--out",
+        "four.png",
+        "--json",
+        "four.json",
+        "--verbose",
+        cwd=tmp_path,
+        env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"),
+    )
     assert one.returncode == 0, one.stderr
     assert four.returncode == 0, four.stderr
     assert four.stdout.count("accel run tiny-flux") == 1 and "warm-up (compile)" in four.stdout

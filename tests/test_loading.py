@@ -17,9 +17,29 @@ from conftest import FLUX_CALL, generate
 
 
 def test_registry_has_every_family_with_its_facts() -> None:
-    assert list(FAMILIES) == ["flux", "hunyuan", "wan", "cogvideox", "mochi", "ltx", "qwenimage", "flux2-klein", "sd3", "flux2",
-                              "zimage", "hunyuan15", "skyreels2", "kandinsky5", "ltx2", "chronoedit", "hunyuanimage", "qwenimage21", "helios",
-                              "cosmos3", "kandinsky6"]
+    assert list(FAMILIES) == [
+        "flux",
+        "hunyuan",
+        "wan",
+        "cogvideox",
+        "mochi",
+        "ltx",
+        "qwenimage",
+        "flux2-klein",
+        "sd3",
+        "flux2",
+        "zimage",
+        "hunyuan15",
+        "skyreels2",
+        "kandinsky5",
+        "ltx2",
+        "chronoedit",
+        "hunyuanimage",
+        "qwenimage21",
+        "helios",
+        "cosmos3",
+        "kandinsky6",
+    ]
     import diffusers
 
     for family in FAMILIES.values():
@@ -71,12 +91,16 @@ def test_real_model_not_available_offline_says_how_to_get_it() -> None:
     with pytest.raises(ModelError) as caught:
         accel.load_pipeline("flux")
     message = str(caught.value)
-    assert message.startswith("model 'black-forest-labs/FLUX.1-dev' is not available locally and could not be downloaded (")
+    assert message.startswith(
+        "model 'black-forest-labs/FLUX.1-dev' is not available locally and could not be downloaded ("
+    )
     assert "hf download black-forest-labs/FLUX.1-dev" in message and "\n" not in message
 
 
 def test_unknown_model_gets_did_you_mean() -> None:
-    with pytest.raises(ModelError, match=re.escape("unknown model 'tiny-flx' (did you mean 'tiny-flux'?): use one of flux, hunyuan,")):
+    with pytest.raises(
+        ModelError, match=re.escape("unknown model 'tiny-flx' (did you mean 'tiny-flux'?): use one of flux, hunyuan,")
+    ):
         accel.load_pipeline("tiny-flx")
 
 

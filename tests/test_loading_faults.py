@@ -99,7 +99,8 @@ def test_class_name_that_is_no_pipeline(folder: Path) -> None:
         ("transformer", ["diffusers", "NoSuchModel"], "diffusers has no class NoSuchModel"),
         ("text_encoder", ["transformers", "NoSuchEncoder"], "transformers has no class NoSuchEncoder"),
         (
-            "transformer", ["transformerz", "X"],
+            "transformer",
+            ["transformerz", "X"],
             "'transformerz' is not a library diffusers loads components from "
             "(diffusers, transformers, onnxruntime.training)",
         ),
@@ -213,8 +214,10 @@ def test_pickle_saved_under_a_safetensors_name(folder: Path) -> None:
 
 @pytest.mark.parametrize(
     "weights, stem",
-    [("transformer/diffusion_pytorch_model.safetensors", "diffusion_pytorch_model"),
-     ("text_encoder_2/model.safetensors", "model")],
+    [
+        ("transformer/diffusion_pytorch_model.safetensors", "diffusion_pytorch_model"),
+        ("text_encoder_2/model.safetensors", "model"),
+    ],
 )
 def test_weights_missing(folder: Path, weights: str, stem: str) -> None:
     (folder / weights).unlink()
@@ -281,7 +284,10 @@ def test_the_cli_prints_one_line_and_exits_2(saved: Path, tmp_path: Path) -> Non
     runs = {  # both at once: each spends most of its time importing torch and diffusers
         folder: subprocess.Popen(
             [sys.executable, "-m", "accel.cli", "run", str(folder), "--steps", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
         for folder in expected
     }

@@ -36,7 +36,9 @@ def test_calibration_records_the_ratio_of_mean_token_norms_of_the_whole_residual
     outputs = [model(*args) for args in sequence]
     norms = [torch.linalg.vector_norm(out - args[0], dim=-1).mean().item() for out, args in zip(outputs, sequence)]
     assert [step for _, step, _ in cache.recorded] == [0, 1, 2] and not any(r.cached for r in cache.stats.records)
-    assert [ratio for *_, ratio in cache.recorded] == pytest.approx([1.0, norms[1] / norms[0], norms[2] / norms[1]], rel=1e-6)
+    assert [ratio for *_, ratio in cache.recorded] == pytest.approx(
+        [1.0, norms[1] / norms[0], norms[2] / norms[1]], rel=1e-6
+    )
 
 
 @torch.no_grad()
@@ -82,9 +84,11 @@ def test_a_curve_of_another_step_count_is_read_at_the_same_fraction_of_the_sched
 def test_tune_calibrate_writes_a_magcache_recipe_that_runs(tmp_path: Path) -> None:
     out = tmp_path / "tuned.toml"
     runner = CliRunner()
-    result = runner.invoke(app, ["tune", "recipes/tiny-flux.toml", "--calibrate", "--out", str(out)], catch_exceptions=False)
+    result = runner.invoke(
+        app, ["tune", "recipes/tiny-flux.toml", "--calibrate", "--out", str(out)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
-    assert f"wrote {out}: [cache] method = \"magcache\"" in result.stdout
+    assert f'wrote {out}: [cache] method = "magcache"' in result.stdout
     tuned = load_recipe(out)
     source = load_recipe("recipes/tiny-flux.toml")
     assert tuned.cache.method == "magcache" and tuned.cache.threshold > 0 and tuned.model == source.model
@@ -93,8 +97,13 @@ def test_tune_calibrate_writes_a_magcache_recipe_that_runs(tmp_path: Path) -> No
     assert [len(curve) for curve in tuned.cache.mag_ratios] == [steps] and tuned.cache.mag_ratios[0][0] == 1.0
     assert tomllib.loads(out.read_text())["cache"]["method"] == "magcache"
 
-    again = runner.invoke(app, ["tune", "recipes/tiny-flux.toml", "--calibrate", "--out", str(out)], catch_exceptions=False)
-    assert again.exit_code == 2 and again.stderr.strip() == f"error: {out} exists: accel tune never overwrites a recipe; pass another --out"
+    again = runner.invoke(
+        app, ["tune", "recipes/tiny-flux.toml", "--calibrate", "--out", str(out)], catch_exceptions=False
+    )
+    assert (
+        again.exit_code == 2
+        and again.stderr.strip() == f"error: {out} exists: accel tune never overwrites a recipe; pass another --out"
+    )
 
     image = tmp_path / "a.png"
     ran = runner.invoke(app, ["run", "--recipe", str(out), "-o", str(image), "--warmup", "0"], catch_exceptions=False)

@@ -23,27 +23,35 @@ def _heads(ulysses: int) -> int:
 @pytest.mark.parametrize("ulysses,ring", MESHES, ids=lambda v: str(v))
 @pytest.mark.parametrize("tokens", [64, 1241])
 def test_self_attention_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int) -> None:
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, _heads(ulysses), tokens, tokens, 16, False)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 1, _heads(ulysses), tokens, tokens, 16, False
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 3), (2, 2)], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision(rank_pools, ulysses: int, ring: int, dtype: str) -> None:
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, dtype, 2, _heads(ulysses), 301, 301, 64, False)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, dtype, 2, _heads(ulysses), 301, 301, 64, False
+    )
     assert max(errors) <= TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2), (1, 3), (2, 2), (1, 4)], ids=lambda v: str(v))
 def test_cross_attention_with_key_padding_mask(rank_pools, ulysses: int, ring: int) -> None:
     """Query and key lengths differ and neither divides the world; batch rows mask different keys."""
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 3, _heads(ulysses), 97, 41, 16, True, 3)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 3, _heads(ulysses), 97, 41, 16, True, 3
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
 @pytest.mark.parametrize("ulysses,ring,dim", [(2, 1, 128), (1, 2, 128), (2, 2, 64)])
 def test_realistic_head_dims(rank_pools, ulysses: int, ring: int, dim: int) -> None:
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, 4, 203, 203, dim, True, 1)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 1, 4, 203, 203, dim, True, 1
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
@@ -57,7 +65,9 @@ def test_fully_padded_shard(rank_pools) -> None:
 def test_padding_known_on_the_host_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int) -> None:
     """With the layout's real-key counts, padded blocks are cut to their real keys (or skipped when
     all padding, as with 5 tokens on 4 ranks) instead of masked: still equal to SDPA."""
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, 4, tokens, tokens, 16, False, 0, True)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 1, 4, tokens, tokens, 16, False, 0, True
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
@@ -69,8 +79,12 @@ def test_a_whole_sequence_pair_mask_equals_sdpa(rank_pools, ulysses: int, ring: 
     assert max(errors) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("ulysses,ring,tokens,heads", [(2, 1, 37, 4), (1, 3, 37, 4), (2, 2, 37, 4), (2, 1, 37, 3)], ids=str)
-def test_an_additive_pair_mask_per_head_equals_sdpa(rank_pools, ulysses: int, ring: int, tokens: int, heads: int) -> None:
+@pytest.mark.parametrize(
+    "ulysses,ring,tokens,heads", [(2, 1, 37, 4), (1, 3, 37, 4), (2, 2, 37, 4), (2, 1, 37, 3)], ids=str
+)
+def test_an_additive_pair_mask_per_head_equals_sdpa(
+    rank_pools, ulysses: int, ring: int, tokens: int, heads: int
+) -> None:
     """A float (1, H, L, L) bias (LTX-2 IC-LoRA's reference strength): each rank's rows, its Ulysses
     heads (3 heads on 2 ranks: padded as q's), each key block's columns; -inf blocks drop out of the
     merge without NaN, -10000 counts as on one process; padded keys stay excluded (37 on 2, 3, 4)."""
@@ -86,7 +100,9 @@ UNEVEN_HEADS = [(2, 1, 3), (3, 1, 4), (4, 1, 5), (4, 1, 7), (2, 2, 3), (2, 2, 5)
 @pytest.mark.parametrize("tokens", [64, 301])
 def test_heads_the_ulysses_degree_does_not_divide(rank_pools, ulysses: int, ring: int, heads: int, tokens: int) -> None:
     """Zero heads pad the all-to-all and are dropped after it; token counts that divide and do not."""
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 2, heads, tokens, tokens, 16, False)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 2, heads, tokens, tokens, 16, False
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
@@ -94,24 +110,33 @@ def test_heads_the_ulysses_degree_does_not_divide(rank_pools, ulysses: int, ring
 def test_uneven_heads_with_a_key_padding_mask(rank_pools, ulysses: int, ring: int, heads: int) -> None:
     """Cross-attention, lengths no rank count divides, batch rows masking different keys: padded
     heads meet masked and empty key blocks (and the ring's merge) without NaN."""
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 3, heads, 97, 41, 16, True, 3)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 3, heads, 97, 41, 16, True, 3
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
 @pytest.mark.parametrize("ulysses,ring,heads,tokens", [(2, 2, 3, 5), (4, 1, 5, 7), (2, 1, 3, 301)], ids=str)
-def test_uneven_heads_with_padding_known_on_the_host(rank_pools, ulysses: int, ring: int, heads: int, tokens: int) -> None:
+def test_uneven_heads_with_padding_known_on_the_host(
+    rank_pools, ulysses: int, ring: int, heads: int, tokens: int
+) -> None:
     """Padded heads with cut and skipped (all-padding) key blocks: 5 tokens on 4 ranks leave one empty."""
-    errors = rank_pools(ulysses * ring).run(cases.attention_error, ulysses, ring, "float32", 1, heads, tokens, tokens, 16, False, 0, True)
+    errors = rank_pools(ulysses * ring).run(
+        cases.attention_error, ulysses, ring, "float32", 1, heads, tokens, tokens, 16, False, 0, True
+    )
     assert max(errors) <= TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("heads,world,real", [
-    (3, 2, [2, 1]),  # 4 slots: rank 1 holds head 2 and one zero head
-    (5, 4, [2, 1, 1, 1]),
-    (24, 16, [2] * 8 + [1] * 8),  # FLUX at Ulysses 16: 32 slots, no rank with padding only
-    (40, 16, [3] * 8 + [2] * 8),  # Wan 14B at Ulysses 16: 48 slots
-    (40, 32, [2] * 8 + [1] * 24),
-])
+@pytest.mark.parametrize(
+    "heads,world,real",
+    [
+        (3, 2, [2, 1]),  # 4 slots: rank 1 holds head 2 and one zero head
+        (5, 4, [2, 1, 1, 1]),
+        (24, 16, [2] * 8 + [1] * 8),  # FLUX at Ulysses 16: 32 slots, no rank with padding only
+        (40, 16, [3] * 8 + [2] * 8),  # Wan 14B at Ulysses 16: 48 slots
+        (40, 32, [2] * 8 + [1] * 24),
+    ],
+)
 def test_head_padding_spreads_the_real_heads(heads: int, world: int, real: list[int]) -> None:
     from accel.parallel.attention import _pad_heads, _unpad_heads
 
@@ -181,17 +206,26 @@ def test_layout_pads_and_joins() -> None:
         layout.split(torch.zeros(1, 5, 1), 1, 0)
 
 
-@pytest.mark.parametrize("world, q_len, k_len, masked, host_hint", [(2, 9, 20, False, False), (3, 9, 20, False, True), (3, 13, 7, True, False)],
-                         ids=["2 ranks", "3 ranks, padding on the host", "3 ranks, a key mask"])
-def test_whole_queries_against_cut_keys_equal_sdpa(rank_pools, world: int, q_len: int, k_len: int, masked: bool, host_hint: bool) -> None:
-    """LTX-2's audio (every rank all of it) attending to the cut video: merged by log-sum-exp, every rank the whole result."""
+@pytest.mark.parametrize(
+    "world, q_len, k_len, masked, host_hint",
+    [(2, 9, 20, False, False), (3, 9, 20, False, True), (3, 13, 7, True, False)],
+    ids=["2 ranks", "3 ranks, padding on the host", "3 ranks, a key mask"],
+)
+def test_whole_queries_against_cut_keys_equal_sdpa(
+    rank_pools, world: int, q_len: int, k_len: int, masked: bool, host_hint: bool
+) -> None:
+    """LTX-2's audio (every rank all of it) attending to the cut video: merged by log-sum-exp, every rank the whole
+    result."""
     errors = rank_pools(world).run(cases.whole_query_error, world, q_len, k_len, masked, host_hint)
     assert max(errors) <= 1e-5
 
 
-@pytest.mark.parametrize("ulysses,ring,heads,tokens", [(2, 1, 4, 16), (1, 3, 4, 16), (2, 2, 4, 5), (2, 1, 3, 7)], ids=str)
-def test_queries_of_a_cut_stream_against_keys_every_rank_holds_whole_equal_sdpa(rank_pools, ulysses: int, ring: int, heads: int,
-                                                                               tokens: int) -> None:
+@pytest.mark.parametrize(
+    "ulysses,ring,heads,tokens", [(2, 1, 4, 16), (1, 3, 4, 16), (2, 2, 4, 5), (2, 1, 3, 7)], ids=str
+)
+def test_queries_of_a_cut_stream_against_keys_every_rank_holds_whole_equal_sdpa(
+    rank_pools, ulysses: int, ring: int, heads: int, tokens: int
+) -> None:
     """Qwen-Image 2.1's cached calls: the target's queries attend to the cached prompt keys (whole on
     every rank, one row's last keys padding) and to the target's keys (cut, padded where the ranks do
     not divide them, with heads Ulysses does not divide): each rank's result equals SDPA's rows."""

@@ -44,7 +44,9 @@ FAMILY_CASES = {
     ),
     "skyreels2": FamilyCase(
         dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
-        odd=dict(height=80, width=112, num_frames=17),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
+        odd=dict(
+            height=80, width=112, num_frames=17
+        ),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
         threshold=0.1,
     ),
     "hunyuan": FamilyCase(
@@ -73,7 +75,9 @@ FAMILY_CASES = {
         threshold=0.5,
     ),
     "flux2-klein": FamilyCase(
-        dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # CFG on the empty prompt
+        dict(
+            prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
+        ),  # CFG on the empty prompt
         odd=dict(height=64, width=80),  # 4x5 = 20 image tokens, 512 text tokens (inpaint needs 64 px at least)
         threshold=0.8,
     ),
@@ -83,12 +87,16 @@ FAMILY_CASES = {
         threshold=0.5,
     ),
     "flux2": FamilyCase(
-        dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # embedded guidance, no CFG
+        dict(
+            prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
+        ),  # embedded guidance, no CFG
         odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
         threshold=0.7,
     ),
     "zimage": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # batched CFG, as the base model runs
+        dict(
+            PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0
+        ),  # batched CFG, as the base model runs
         # 5x7 = 35 image tokens and 17 caption tokens, each padded to 32s: 96 unified tokens; the
         # negative's 43 caption tokens make 128, so the batch pads the positive with a key mask.
         odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
@@ -100,7 +108,9 @@ FAMILY_CASES = {
         threshold=0.3,
     ),
     "kandinsky5": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
+        dict(
+            PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0
+        ),  # two calls per step
         odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
         threshold=0.2,
     ),
@@ -111,7 +121,8 @@ FAMILY_CASES = {
         threshold=0.3,
     ),
     "chronoedit": FamilyCase(
-        # The picture to edit, resized by the pipeline to the call's size; 5 frames, as it makes without temporal reasoning.
+        # The picture to edit, resized by the pipeline to the call's size; 5 frames, as it makes without temporal
+        # reasoning.
         dict(PROMPT, image=picture(), height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
         odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens (3, 4, 8 do not divide)
         threshold=0.1,
@@ -131,7 +142,15 @@ FAMILY_CASES = {
     "helios": FamilyCase(
         # Chunks of 2 latent frames (the tiny family's), two calls a step: 5 frames are one chunk,
         # 2 x 4x4 chunk tokens after 40 history tokens.
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, num_latent_frames_per_chunk=2),
+        dict(
+            PROMPT,
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            num_latent_frames_per_chunk=2,
+        ),
         # Two chunks (the second's history is the first's latents) of 2 x 3x5 = 30 tokens after 30 + 6 + 8
         # history tokens (2x2, 4x4 and 8x8 patches, padded): 74.
         odd=dict(height=48, width=80, num_frames=9),
@@ -140,7 +159,9 @@ FAMILY_CASES = {
     "cosmos3": FamilyCase(
         # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
         dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
-        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
+        odd=dict(
+            height=80, width=112
+        ),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
         threshold=0.06,
     ),
     "kandinsky6": FamilyCase(
@@ -172,9 +193,13 @@ def family_modes(modes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
     """(family, mode) pairs; the CFG modes only for families whose pipelines run CFG (FLUX.2-dev
     embeds its guidance scale instead: cfg = 2 is refused for it, see tests/test_family_flux2.py),
     the modes that cut the sequence only for families whose pipeline can be cut."""
-    return [(family, mode) for family in FAMILY_CASES for mode in modes
-            if ("cfg" not in modes[mode] or FAMILIES[family].cfg is not None)
-            and (world_of(modes[mode]) == modes[mode].get("cfg", 1) or splits_sequence(family))]
+    return [
+        (family, mode)
+        for family in FAMILY_CASES
+        for mode in modes
+        if ("cfg" not in modes[mode] or FAMILIES[family].cfg is not None)
+        and (world_of(modes[mode]) == modes[mode].get("cfg", 1) or splits_sequence(family))
+    ]
 
 
 def world_of(parallel: dict[str, int]) -> int:
@@ -239,7 +264,10 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
 # LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers. TaylorSeer inside
 # the blocks (method = "taylorseer": its schedule needs no exchange) and MagCache (its curve's) on the same three.
 CACHE_METHODS = {
-    "flux-dbcache": ("flux", {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2}),
+    "flux-dbcache": (
+        "flux",
+        {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2},
+    ),
     "wan-calibrator": ("wan", {"calibrator": "taylorseer"}),
     "ltx-calibrator": ("ltx", {"calibrator": "taylorseer"}),
     "flux-taylorseer": ("flux", {"method": "taylorseer", "interval": 3, "taylor_order": 2}),
@@ -255,9 +283,15 @@ CACHE_METHODS = {
 # Each method on each of the three families once, the modes rotated so that every family and every
 # method meets all three (Ulysses, Ring at a token count 3 does not divide, CFG halves x Ulysses).
 METHOD_MODES = {
-    "flux-dbcache": "ulysses2", "wan-calibrator": "ring3", "ltx-calibrator": "cfg2xulysses2",
-    "flux-taylorseer": "ring3", "wan-taylorseer": "cfg2xulysses2", "ltx-taylorseer": "ulysses2",
-    "flux-magcache": "cfg2xulysses2", "wan-magcache": "ulysses2", "ltx-magcache": "ring3",
+    "flux-dbcache": "ulysses2",
+    "wan-calibrator": "ring3",
+    "ltx-calibrator": "cfg2xulysses2",
+    "flux-taylorseer": "ring3",
+    "wan-taylorseer": "cfg2xulysses2",
+    "ltx-taylorseer": "ulysses2",
+    "flux-magcache": "cfg2xulysses2",
+    "wan-magcache": "ulysses2",
+    "ltx-magcache": "ring3",
 }
 
 
@@ -271,12 +305,16 @@ def check_cache_method_on_ranks(rank_pools: Any, case: str, parallel: dict[str, 
     family, cache = CACHE_METHODS[case]
     threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
     if cache.get("method") == "magcache":
-        cache = dict(cache, mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)))
+        cache = dict(
+            cache,
+            mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)),
+        )
     check_cache_on_ranks(rank_pools, family, parallel, {**threshold, **cache})
 
 
-def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any],
-                         size: dict[str, Any] | None = None) -> None:
+def check_cache_on_ranks(
+    rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any], size: dict[str, Any] | None = None
+) -> None:
     """`size` replaces the case's size (its `odd` one: token counts the ranks do not divide)."""
     case = FAMILY_CASES[family]
     call = dict(case.call, **(size or {}), num_inference_steps=8)
@@ -302,15 +340,22 @@ def check_cache_on_ranks(rank_pools: Any, family: str, parallel: dict[str, int],
         ("ltx", dict(guidance_scale=1.0), "the transformer got a batch of 1"),
     ],
 )
-def test_cfg_parallel_without_guidance_stops_every_rank_with_one_message(rank_pools, family: str, off: dict, detail: str) -> None:
+def test_cfg_parallel_without_guidance_stops_every_rank_with_one_message(
+    rank_pools, family: str, off: dict, detail: str
+) -> None:
     """accel.apply cannot see the call's settings beforehand: the first step with nothing to split
     stops every rank with the same message (no hang, no half-computed output)."""
     call = dict(FAMILY_CASES[family].call, **off)
     errors = rank_pools(4).run(cases.tiny_error, f"tiny-{family}", {"parallel": {"cfg": 2, "ulysses": 2}}, call)
-    assert errors == [
-        f"UserError: [parallel] cfg = 2 splits the classifier-free guidance branches, but {detail}; turn guidance on "
-        "(a guidance scale above 1, with a negative prompt where the model needs one) or set cfg = 1"
-    ] * 4
+    assert (
+        errors
+        == [
+            f"UserError: [parallel] cfg = 2 splits the classifier-free guidance branches, but {detail}; turn guidance "
+            "on "
+            "(a guidance scale above 1, with a negative prompt where the model needs one) or set cfg = 1"
+        ]
+        * 4
+    )
 
 
 # Wan 2.1 I2V (and VACE, video-to-video, Lucy-Edit) are pipeline variants: tests/test_variants.py.
@@ -326,7 +371,9 @@ def test_wan_two_expert_variant(rank_pools, variant: str, mode: str) -> None:
     builder, call = WAN_VARIANTS[variant]
     expected, _, _ = cases.tiny_run(builder, {}, call)
     parallel = MODES[mode]
-    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, builder, {"parallel": parallel}, call):
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(
+        cases.tiny_run, builder, {"parallel": parallel}, call
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
 
@@ -354,6 +401,8 @@ def test_heads_the_ulysses_degree_does_not_divide(rank_pools, mode: str) -> None
     expected, _, _ = cases.tiny_run(builder, {}, call)
     assert cases.tiny_pipeline(builder).transformer.config.num_attention_heads == 3
     parallel = MODES[mode]
-    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(cases.tiny_run, builder, {"parallel": parallel}, call):
+    for output, _, bytes_sent in rank_pools(world_of(parallel)).run(
+        cases.tiny_run, builder, {"parallel": parallel}, call
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE

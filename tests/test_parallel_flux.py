@@ -24,7 +24,9 @@ def test_parallel_equals_single_process(rank_pools, tiny_flux, flux_reference, p
         assert np.abs(output - flux_reference).max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("parallel", [{"ulysses": 2}, {"ring": 3}, {"ulysses": 2, "ring": 2}], ids=["ulysses2", "ring3", "usp2x2"])
+@pytest.mark.parametrize(
+    "parallel", [{"ulysses": 2}, {"ring": 3}, {"ulysses": 2, "ring": 2}], ids=["ulysses2", "ring3", "usp2x2"]
+)
 def test_token_count_that_does_not_divide_the_world(rank_pools, tiny_flux, parallel) -> None:
     """48x80 gives 3x5 = 15 image tokens (and 512 text tokens, which 3 does not divide either)."""
     call = dict(FLUX_CALL, height=48, width=80)

@@ -16,7 +16,9 @@ from accel.parallel.plan import ContextParallel
 def test_only_sdpa_inside_the_router_is_routed() -> None:
     calls: list[tuple[int, ...]] = []
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    def attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+    ) -> torch.Tensor:
         calls.append((*q.shape, scale))
         return torch.zeros_like(q)
 
@@ -35,7 +37,10 @@ def test_only_sdpa_inside_the_router_is_routed() -> None:
     [
         ({"attn_mask": torch.ones(3, 3, dtype=torch.bool)}, r"mask is not a boolean per-key mask \(shape \(3, 3\)"),
         ({"attn_mask": torch.ones(1, 2, 1, 3, dtype=torch.bool)}, "mask is not a boolean per-key mask"),
-        ({"attn_mask": torch.zeros(1, 1, 1, 3)}, r"mask is not a boolean per-key mask \(shape \(1, 1, 1, 3\), torch.float32\)"),
+        (
+            {"attn_mask": torch.zeros(1, 1, 1, 3)},
+            r"mask is not a boolean per-key mask \(shape \(1, 1, 1, 3\), torch.float32\)",
+        ),
         ({"is_causal": True}, "calls attention with a causal flag or dropout"),
         ({"dropout_p": 0.1}, "calls attention with a causal flag or dropout"),
     ],
@@ -62,11 +67,14 @@ def test_a_pairwise_mask_reaches_the_engine_as_its_key_mask_where_the_plan_says_
     seen: list[torch.Tensor] = []
     q = torch.randn(2, 2, 3, 4)
     token = torch.tensor([[True, False, True], [True, True, False]])
-    square = (token[:, None, :, None] & token[:, None, None, :])
+    square = token[:, None, :, None] & token[:, None, None, :]
     with AttentionRouter(lambda q, k, v, m, s: seen.append(m) or q, pairwise=True):
         F.scaled_dot_product_attention(q, q, q, attn_mask=square)
     assert torch.equal(key_mask(seen[0]), token)
-    with AttentionRouter(lambda *a: q), pytest.raises(NotAvailableError, match=r"not a boolean per-key mask \(shape \(2, 1, 3, 3\)"):
+    with (
+        AttentionRouter(lambda *a: q),
+        pytest.raises(NotAvailableError, match=r"not a boolean per-key mask \(shape \(2, 1, 3, 3\)"),
+    ):
         F.scaled_dot_product_attention(q, q, q, attn_mask=square)
 
 
@@ -95,9 +103,15 @@ def test_local_calls_keep_plain_sdpa_masks_included() -> None:
 
 def test_the_router_is_left_even_when_the_forward_fails() -> None:
     class Broken(torch.nn.Module):
-        def forward(self, hidden_states: torch.Tensor, img_ids: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                    txt_ids: torch.Tensor, controlnet_block_samples: None = None,
-                    controlnet_single_block_samples: None = None) -> torch.Tensor:  # FLUX's arguments the plan names
+        def forward(
+            self,
+            hidden_states: torch.Tensor,
+            img_ids: torch.Tensor,
+            encoder_hidden_states: torch.Tensor,
+            txt_ids: torch.Tensor,
+            controlnet_block_samples: None = None,
+            controlnet_single_block_samples: None = None,
+        ) -> torch.Tensor:  # FLUX's arguments the plan names
             raise RuntimeError("inside")
 
     mesh = ParallelMesh(Degrees(), None, None, None, None, None, sequence_rank=0)  # one rank: no groups needed
@@ -106,7 +120,9 @@ def test_the_router_is_left_even_when_the_forward_fails() -> None:
     with pytest.raises(RuntimeError, match="inside"):
         module(torch.zeros(1, 4, 2), torch.zeros(4, 3), torch.zeros(1, 2, 2), torch.zeros(2, 3))
     q = torch.randn(1, 1, 2, 4)
-    assert torch.allclose(F.scaled_dot_product_attention(q, q, q), F.softmax(q @ q.transpose(-1, -2) / 2, -1) @ q, atol=1e-6)
+    assert torch.allclose(
+        F.scaled_dot_product_attention(q, q, q), F.softmax(q @ q.transpose(-1, -2) / 2, -1) @ q, atol=1e-6
+    )
     engine.remove()
     assert "forward" not in vars(module)
 

@@ -46,9 +46,17 @@ def test_given_degrees_are_kept_and_checked() -> None:
     assert resolve_degrees(ParallelSection(ulysses=16), 24) == Degrees(ulysses=16)
     assert resolve_degrees(ParallelSection(ulysses=32), 40) == Degrees(ulysses=32)
     assert resolve_degrees(ParallelSection(ulysses=6), 6) == Degrees(ulysses=6)
-    with pytest.raises(UserError, match=r"^\[parallel\] ulysses = 8 is more than the 6 attention heads of m; use ulysses = 2, ring = 4 for 8 sequence-parallel ranks$"):
+    with pytest.raises(
+        UserError,
+        match=r"^\[parallel\] ulysses = 8 is more than the 6 attention heads of m; use ulysses = 2, ring = 4 for 8 "
+        r"sequence-parallel ranks$",
+    ):
         resolve_degrees(ParallelSection(ulysses=8), 6, "m")
-    with pytest.raises(UserError, match=r"^\[parallel\] ulysses = 7 is more than the 6 attention heads of m; use ulysses = 2, ring = 7 for 14 sequence-parallel ranks$"):
+    with pytest.raises(
+        UserError,
+        match=r"^\[parallel\] ulysses = 7 is more than the 6 attention heads of m; use ulysses = 2, ring = 7 for 14 "
+        r"sequence-parallel ranks$",
+    ):
         resolve_degrees(ParallelSection(ulysses=7, ring=2), 6, "m")
     with pytest.raises(UserError, match=r"^\[parallel\] gpus = 3 does not split into cfg = 2 halves"):
         resolve_degrees(ParallelSection(gpus=3, cfg=2), 24)
@@ -57,13 +65,25 @@ def test_given_degrees_are_kept_and_checked() -> None:
 def test_launch_spec_single_node_uses_a_free_port_and_multi_node_the_given_one() -> None:
     address, port = LaunchSpec.for_world(2).rendezvous()
     assert address == "127.0.0.1" and 1024 <= port < 65536
-    assert LaunchSpec.for_world(2, master_port=29411).rendezvous() == ("127.0.0.1", 29411)  # --master-port alone is honoured
+    assert LaunchSpec.for_world(2, master_port=29411).rendezvous() == (
+        "127.0.0.1",
+        29411,
+    )  # --master-port alone is honoured
     spec = LaunchSpec.for_world(8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400)
     assert (spec.nproc, spec.world, spec.rendezvous()) == (4, 8, ("10.0.0.1", 29400))
     env = spec.rank_environment(3, "10.0.0.1", 29400)
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "7", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert {
+        k: env[k]
+        for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    } == {
+        "RANK": "7",
+        "LOCAL_RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29400",
+    }
     with pytest.raises(UserError, match=r"^--node-rank 2 must be between 0 and --nnodes - 1 \(1\)$"):
         LaunchSpec.for_world(4, nnodes=2, node_rank=2, master_addr="h")
 
@@ -74,6 +94,8 @@ def test_a_family_without_a_plan_is_refused_by_name() -> None:
     from accel.parallel.plan import plan_of
 
     unplanned = FAMILIES["wan"].with_acceleration(parallel=None)
-    with pytest.raises(NotAvailableError, match=r"^--gpus: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process$"):
+    with pytest.raises(
+        NotAvailableError, match=r"^--gpus: Wan 2.1 / 2.2 has no context-parallel plan yet; run it on one process$"
+    ):
         plan_of(unplanned, "--gpus")
     assert plan_of(FAMILIES["wan"], "--gpus") is FAMILIES["wan"].parallel

@@ -39,8 +39,12 @@ VAES = {
     "AutoencoderKLQwenImage21": ("tiny-qwenimage21", 1),
 }
 KL_TILES = {"tile_sample_min_size": 32, "tile_latent_min_size": 4, "tile_overlap_factor": 0.25}
-WAN_TILES = {"tile_sample_min_height": 32, "tile_sample_min_width": 32,
-             "tile_sample_stride_height": 24, "tile_sample_stride_width": 24}
+WAN_TILES = {
+    "tile_sample_min_height": 32,
+    "tile_sample_min_width": 32,
+    "tile_sample_stride_height": 24,
+    "tile_sample_stride_width": 24,
+}
 
 
 def test_every_family_vae_has_a_plan() -> None:
@@ -104,15 +108,29 @@ def test_plain_torch_layers_split_without_a_plan(rank_pools, world: int, rows: i
 @pytest.mark.parametrize(
     "last, rows, message",
     [
-        ("bilinear", 9, "NotAvailableError: parallel VAE: the decoder resizes with 'bilinear' interpolation, "
-                        "which blends neighbouring rows; set [vae] parallel = false"),
-        ("transposed", 9, "NotAvailableError: parallel VAE: the decoder upsamples with a transposed convolution, "
-                          "which the row split does not handle; set [vae] parallel = false"),
-        ("wide", 3, "NotAvailableError: parallel VAE: an operation reaches 3 rows past a rank that holds only 1 "
-                    "at this resolution; decode on fewer ranks or a larger image"),
+        (
+            "bilinear",
+            9,
+            "NotAvailableError: parallel VAE: the decoder resizes with 'bilinear' interpolation, "
+            "which blends neighbouring rows; set [vae] parallel = false",
+        ),
+        (
+            "transposed",
+            9,
+            "NotAvailableError: parallel VAE: the decoder upsamples with a transposed convolution, "
+            "which the row split does not handle; set [vae] parallel = false",
+        ),
+        (
+            "wide",
+            3,
+            "NotAvailableError: parallel VAE: an operation reaches 3 rows past a rank that holds only 1 "
+            "at this resolution; decode on fewer ranks or a larger image",
+        ),
     ],
 )
-def test_layers_the_split_cannot_follow_stop_every_rank_with_one_message(rank_pools, last: str, rows: int, message: str) -> None:
+def test_layers_the_split_cannot_follow_stop_every_rank_with_one_message(
+    rank_pools, last: str, rows: int, message: str
+) -> None:
     assert rank_pools(3).run(vae_cases.toy_decode_case, last, rows) == [message] * 3
 
 
@@ -156,8 +174,12 @@ PIPELINE_MODES = {
 }
 # Every family with Ulysses and with the transformer whole; CFG halves and 3 ranks for one image
 # and one video family.
-PIPELINE_CASES = [(family, mode) for family in FAMILY_CASES for mode in ("ulysses2", "transformer whole")
-                  if mode != "ulysses2" or splits_sequence(family)]
+PIPELINE_CASES = [
+    (family, mode)
+    for family in FAMILY_CASES
+    for mode in ("ulysses2", "transformer whole")
+    if mode != "ulysses2" or splits_sequence(family)
+]
 PIPELINE_CASES += [(family, mode) for family in ("flux", "wan") for mode in ("cfg2", "ring3")]
 
 

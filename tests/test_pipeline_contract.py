@@ -27,10 +27,19 @@ from accel.errors import UserError
 from accel.instance import wrappers
 from accel.models.registry import FAMILIES
 
-FLUX = dict(prompt="a red fox", height=32, width=32, num_inference_steps=2, guidance_scale=3.5,
-            max_sequence_length=16)  # 16 text tokens, not 512: fast; embedded guidance (Wan runs true CFG)
-WAN = dict(prompt="a red fox", negative_prompt="blurry", height=32, width=32, num_frames=5,
-           num_inference_steps=2, guidance_scale=5.0, max_sequence_length=16)
+FLUX = dict(
+    prompt="a red fox", height=32, width=32, num_inference_steps=2, guidance_scale=3.5, max_sequence_length=16
+)  # 16 text tokens, not 512: fast; embedded guidance (Wan runs true CFG)
+WAN = dict(
+    prompt="a red fox",
+    negative_prompt="blurry",
+    height=32,
+    width=32,
+    num_frames=5,
+    num_inference_steps=2,
+    guidance_scale=5.0,
+    max_sequence_length=16,
+)
 NEVER_REUSES = {"cache": {"threshold": 1e-12}}  # the cache in place; no change is that small
 
 
@@ -85,8 +94,11 @@ def test_diffusers_cache_enabled_after_apply_is_refused_before_the_step(tiny_flu
     steps: list[int] = []
     try:
         tiny_flux.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.4))
-        message = refusal(lambda: tiny_flux(**FLUX, output_type="latent",
-                                            callback_on_step_end=lambda p, i, t, kw: steps.append(i) or kw))
+        message = refusal(
+            lambda: tiny_flux(
+                **FLUX, output_type="latent", callback_on_step_end=lambda p, i, t, kw: steps.append(i) or kw
+            )
+        )
         assert message == (
             "[cache]: pipe.transformer.enable_cache() was called after accel.apply; diffusers' own cache cannot run "
             "beside accel's cache or across parallel ranks; call pipe.transformer.disable_cache(), or remove() "
@@ -137,13 +149,16 @@ def safetensors_refusal(where: str) -> str:
 def test_int8_safetensors_save_and_qkv_fusing_are_refused_in_one_line(int8_flux: Any, tmp_path: Path) -> None:
     assert refusal(lambda: int8_flux.save_pretrained(tmp_path)) == safetensors_refusal("pipe")
     assert refusal(lambda: int8_flux.transformer.save_pretrained(tmp_path, safe_serialization=True)) == (
-        safetensors_refusal("pipe.transformer"))
+        safetensors_refusal("pipe.transformer")
+    )
     assert files_in(tmp_path) == []  # refused before any component was written
     assert refusal(int8_flux.transformer.fuse_qkv_projections) == (
         "[quant] type = 'int8wo': pipe.transformer.fuse_qkv_projections() cannot concatenate torchao's quantized q, k "
         "and v weights; call it before accel.apply (the fused layers are then quantized)"
     )
-    assert all(getattr(block.attn, "fused_projections", False) is False for block in int8_flux.transformer.transformer_blocks)
+    assert all(
+        getattr(block.attn, "fused_projections", False) is False for block in int8_flux.transformer.transformer_blocks
+    )
 
 
 def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
@@ -160,12 +175,18 @@ def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
 # others' parallel-test call at 32 px with 16 text tokens where the pipeline takes a length.
 SIZES = {"ltx2": dict(height=64, width=96)}  # its audio VAE pads past a 32 px latent
 # Where diffusers itself fails on two outputs per prompt (without accel), one is asked for.
-ONE_PER_PROMPT = {"hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
-                  "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video",
-                  "helios": "diffusers 0.42's Helios repeats the text per video but makes latents and history for one"}
+ONE_PER_PROMPT = {
+    "hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
+    "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video",
+    "helios": "diffusers 0.42's Helios repeats the text per video but makes latents and history for one",
+}
 # Tiny pipelines a saved folder cannot load back here, and why.
-NO_RELOAD = {"qwenimage21": ("diffusers loads a processor only of transformers' own classes, and Qwen3VLProcessor's loads a video "
-                             "processor, which needs torchvision")}
+NO_RELOAD = {
+    "qwenimage21": (
+        "diffusers loads a processor only of transformers' own classes, and Qwen3VLProcessor's loads a video "
+        "processor, which needs torchvision"
+    )
+}
 # Qwen-Image 2.1's first step also computes the prompt's tokens (kept as keys and values after), so its
 # second step's block output has another shape and no residual to compare: the third is the first that can reuse.
 STEPS = {"qwenimage21": 3}
@@ -175,7 +196,11 @@ REUSES = {"cache": {"threshold": 100.0}}  # every call after a step's first deci
 def family_call(pipe: Any, family: str) -> dict[str, Any]:
     if family in ("flux", "wan"):
         return dict(FLUX if family == "flux" else WAN)
-    call = dict(FAMILY_CASES[family].call, num_inference_steps=STEPS.get(family, 2), **SIZES.get(family, dict(height=32, width=32)))
+    call = dict(
+        FAMILY_CASES[family].call,
+        num_inference_steps=STEPS.get(family, 2),
+        **SIZES.get(family, dict(height=32, width=32)),
+    )
     if "max_sequence_length" in inspect.signature(pipe.__call__).parameters:
         call["max_sequence_length"] = 16
     return call
@@ -200,27 +225,42 @@ def pixels_of(result: Any, pipe: Any) -> np.ndarray:
     return np.asarray(output_array(result, pipe))
 
 
-def run_contract_calls(pipe: Any, family: str, capsys: pytest.CaptureFixture[str], as_np: bool = True) -> dict[str, Any]:
+def run_contract_calls(
+    pipe: Any, family: str, capsys: pytest.CaptureFixture[str], as_np: bool = True
+) -> dict[str, Any]:
     """The calls diffusers' pipeline tests make, as one family's pipeline takes them: two outputs per
     prompt through `return_dict=False` with `output_type="pt"`, numpy through the output object, and
     latents with a step callback reading `latents` and the progress bar on."""
     call = family_call(pipe, family)
     per_prompt = per_prompt_keyword(pipe, family)
-    pt = pipe(**call, **({per_prompt: 2} if per_prompt else {}), generator=torch.Generator().manual_seed(0),
-              output_type="pt", return_dict=False)
+    pt = pipe(
+        **call,
+        **({per_prompt: 2} if per_prompt else {}),
+        generator=torch.Generator().manual_seed(0),
+        output_type="pt",
+        return_dict=False,
+    )
     assert isinstance(pt, tuple)
-    pixels = pixels_of(pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np"), pipe) if as_np else None
+    pixels = (
+        pixels_of(pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np"), pipe) if as_np else None
+    )
     seen: list[torch.Tensor] = []
 
     def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
         seen.append(tensors["latents"].clone())
         return tensors
 
-    callback = dict(callback_on_step_end=on_step_end, callback_on_step_end_tensor_inputs=["latents"]) if takes_callbacks(pipe) else {}
+    callback = (
+        dict(callback_on_step_end=on_step_end, callback_on_step_end_tensor_inputs=["latents"])
+        if takes_callbacks(pipe)
+        else {}
+    )
     capsys.readouterr()
     pipe.set_progress_bar_config(disable=False)
     try:
-        latent = pipe(**call, **callback, generator=torch.Generator().manual_seed(0), output_type="latent", return_dict=False)[0]
+        latent = pipe(
+            **call, **callback, generator=torch.Generator().manual_seed(0), output_type="latent", return_dict=False
+        )[0]
     finally:
         pipe.set_progress_bar_config(disable=True)
     steps = call["num_inference_steps"]
@@ -277,7 +317,9 @@ def plain_outputs(request: pytest.FixtureRequest, family: str, capsys: pytest.Ca
 
 def processor_types(transformer: torch.nn.Module) -> dict[str, type]:
     """The attention processors in place (Mochi's and Z-Image's transformers list none themselves)."""
-    return {name: type(module.processor) for name, module in transformer.named_modules() if hasattr(module, "processor")}
+    return {
+        name: type(module.processor) for name, module in transformer.named_modules() if hasattr(module, "processor")
+    }
 
 
 def latent_call(pipe: Any, family: str) -> torch.Tensor:
@@ -286,8 +328,9 @@ def latent_call(pipe: Any, family: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_contract_with_the_cache_equals_the_plain_pipeline(request: pytest.FixtureRequest, family: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_contract_with_the_cache_equals_the_plain_pipeline(
+    request: pytest.FixtureRequest, family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Never reusing, the applied pipeline is the plain one bit for bit: after `to("cpu")`, attention
     slicing (a no-op for every DiT pipeline in diffusers 0.42: no component has `set_attention_slice`)
     and a scheduler swap, and under model CPU offload onto the CPU; reusing, it keeps the contract."""
@@ -329,8 +372,9 @@ def test_contract_with_the_cache_equals_the_plain_pipeline(request: pytest.Fixtu
 
 
 def group_offloaded(pipe: Any, folder: Path) -> Any:
-    pipe.transformer.enable_group_offload(torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1,
-                                          offload_to_disk_path=str(folder))
+    pipe.transformer.enable_group_offload(
+        torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1, offload_to_disk_path=str(folder)
+    )
     return pipe
 
 
@@ -355,7 +399,9 @@ def test_group_offload_after_apply_equals_the_plain_pipeline(family: str, tmp_pa
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_contract_with_int8_weights(request: pytest.FixtureRequest, family: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_contract_with_int8_weights(
+    request: pytest.FixtureRequest, family: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """int8 weights change the numbers, not the contract (a fresh pipeline: quantization stays)."""
     plain = plain_outputs(request, family, capsys)
     pipe = fresh_pipeline(family)
@@ -367,10 +413,15 @@ def test_contract_with_int8_weights(request: pytest.FixtureRequest, family: str,
 def test_offload_refusals_are_diffusers_own_with_accel_applied(tiny_flux: Any) -> None:
     """What diffusers refuses on a CPU-only machine it refuses the same with accel applied, and the
     pipeline still runs after."""
+
     def refusals() -> list[str]:
         found = []
-        for action in (tiny_flux.enable_model_cpu_offload,
-                       lambda: tiny_flux.transformer.enable_group_offload(torch.device("cpu"), num_blocks_per_group=1, use_stream=True)):
+        for action in (
+            tiny_flux.enable_model_cpu_offload,
+            lambda: tiny_flux.transformer.enable_group_offload(
+                torch.device("cpu"), num_blocks_per_group=1, use_stream=True
+            ),
+        ):
             with pytest.raises((RuntimeError, ValueError)) as caught:
                 action()
             found.append(f"{type(caught.value).__name__}: {caught.value}")
@@ -389,12 +440,15 @@ def test_offload_refusals_are_diffusers_own_with_accel_applied(tiny_flux: Any) -
         handle.remove()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: to('cuda'), offload onto it, streamed group offload")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU: to('cuda'), offload onto it, streamed group offload"
+)
 @pytest.mark.parametrize("placement", ["to", "model_offload", "group_offload_stream"])
 def test_placement_on_the_gpu_after_apply_equals_the_plain_pipeline(placement: str) -> None:
     """Applied on the CPU, then placed on the GPU as a user would: the plain pipeline's latents on the
     GPU, with accel's wrappers acting; streamed group offload also with a cache that reuses (a cached
     step skips blocks, whose prefetch diffusers falls back from)."""
+
     def place(pipe: Any) -> None:
         if placement == "to":
             pipe.to("cuda")
@@ -403,8 +457,9 @@ def test_placement_on_the_gpu_after_apply_equals_the_plain_pipeline(placement: s
         else:
             pipe.to("cuda")
             pipe.transformer.to("cpu")
-            pipe.transformer.enable_group_offload(torch.device("cuda"), offload_type="block_level", num_blocks_per_group=1,
-                                                  use_stream=True)
+            pipe.transformer.enable_group_offload(
+                torch.device("cuda"), offload_type="block_level", num_blocks_per_group=1, use_stream=True
+            )
 
     plain_pipe = fresh_pipeline("flux")
     place(plain_pipe)

@@ -22,7 +22,8 @@ def test_first_rank_encodes_for_every_rank(rank_pools, family: str) -> None:
     expected, _ = reference(family, case.call)
     parallel = {"ulysses": 2} if splits_sequence(family) else {"cfg": 2}  # Qwen-Image 2.1's sequence is not cut
     (lead, lead_encoders, _), (other, other_encoders, _) = rank_pools(2).run(
-        cases.first_rank_encodes_run, f"tiny-{family}", parallel, case.call)
+        cases.first_rank_encodes_run, f"tiny-{family}", parallel, case.call
+    )
     assert lead_encoders and "text_encoder" in lead_encoders
     assert other_encoders == []  # dropped at apply: the memory is given back
     for output in (lead, other):
@@ -34,7 +35,8 @@ def test_first_rank_encodes_on_the_cpu_for_every_rank(rank_pools, family: str) -
     case = FAMILY_CASES[family]
     expected, _ = reference(family, case.call)
     (lead, lead_encoders, devices), (other, other_encoders, _) = rank_pools(2).run(
-        cases.first_rank_encodes_run, f"tiny-{family}", {"ulysses": 2}, case.call, "cpu")
+        cases.first_rank_encodes_run, f"tiny-{family}", {"ulysses": 2}, case.call, "cpu"
+    )
     assert "text_encoder" in lead_encoders and set(devices) == {"cpu"} and other_encoders == []
     for output in (lead, other):
         assert np.abs(output - expected).max() <= TOLERANCE
@@ -81,8 +83,10 @@ def test_cpu_placement_needs_an_encode_prompt_that_takes_a_device() -> None:
 
     with pytest.raises(NotAvailableError) as refused:
         EncodesOnCpu(NoDevice(), torch.device("meta"))
-    assert str(refused.value) == ('[memory] text_encoder = "cpu": NoDevice has no encode_prompt(device=...) to run on the CPU; '
-                                  'set text_encoder = "replicated" or "rank0"')
+    assert str(refused.value) == (
+        '[memory] text_encoder = "cpu": NoDevice has no encode_prompt(device=...) to run on the CPU; '
+        'set text_encoder = "replicated" or "rank0"'
+    )
 
 
 def test_text_encoders_loaded_for_the_cpu_never_reach_the_device() -> None:
@@ -106,7 +110,9 @@ def _saved(family: str, builder: str, folder) -> np.ndarray:
     cases.tiny_pipeline(builder).save_pretrained(folder)
     whole = accel.load_pipeline(str(folder), "float32")
     whole.set_progress_bar_config(disable=True)
-    return cases.output_of(whole(**FAMILY_CASES[family].call, generator=torch.Generator().manual_seed(0), output_type="np"))
+    return cases.output_of(
+        whole(**FAMILY_CASES[family].call, generator=torch.Generator().manual_seed(0), output_type="np")
+    )
 
 
 def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) -> None:
@@ -120,8 +126,10 @@ def test_ranks_that_do_not_encode_never_load_the_encoders(rank_pools, tmp_path) 
 
 # -- [memory] text_encoder = "sharded" ---------------------------------------------------------------------
 
-SHARDED_NO_PLAN = ('[memory] text_encoder = "sharded": the text encoders of FluxPipeline (CLIPTextModel, T5EncoderModel) '
-                   'have no tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"')
+SHARDED_NO_PLAN = (
+    '[memory] text_encoder = "sharded": the text encoders of FluxPipeline (CLIPTextModel, T5EncoderModel) '
+    'have no tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"'
+)
 
 
 @pytest.mark.parametrize("family", ["qwenimage", "hunyuan"])
@@ -140,9 +148,13 @@ def test_sharded_text_encoder_equals_one_process_with_half_its_weights(rank_pool
         assert list(run["split"]) == ["text_encoder"]  # attention, MLP and embeddings; never CLIP
         assert (run["embeds"] - embeds).abs().max().item() <= TOLERANCE
         assert np.abs(run["output"] - expected).max() <= TOLERANCE
-        assert run["after"]["text_encoder"] == run["before"]["text_encoder"] - run["split_whole"]["text_encoder"] + run["split_local"]["text_encoder"]
-        assert {name: size for name, size in run["after"].items() if name != "text_encoder"} == \
-            {name: size for name, size in run["before"].items() if name != "text_encoder"}
+        assert (
+            run["after"]["text_encoder"]
+            == run["before"]["text_encoder"] - run["split_whole"]["text_encoder"] + run["split_local"]["text_encoder"]
+        )
+        assert {name: size for name, size in run["after"].items() if name != "text_encoder"} == {
+            name: size for name, size in run["before"].items() if name != "text_encoder"
+        }
     assert sum(run["split_local"]["text_encoder"] for run in runs) == runs[0]["split_whole"]["text_encoder"]
     if family == "qwenimage":  # every split width is even: exactly half each
         assert runs[0]["split_local"]["text_encoder"] * 2 == runs[0]["split_whole"]["text_encoder"]
@@ -175,8 +187,10 @@ def test_sharded_refuses_uneven_heads() -> None:
     from accel.parallel.encoders import sharded_refusal
 
     assert sharded_refusal(cases.tiny_pipeline("tiny-zimage"), 2) == (
-        '[memory] text_encoder = "sharded": Qwen3ForCausalLM has 2 attention heads and 1 key-value heads, which 2 ranks '
-        'do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
+        '[memory] text_encoder = "sharded": Qwen3ForCausalLM has 2 attention heads and 1 key-value heads, which 2 '
+        "ranks "
+        'do not divide; set text_encoder = "replicated", "rank0" or "cpu"'
+    )
     assert sharded_refusal(cases.tiny_pipeline("tiny-zimage"), 1) is None
 
 
@@ -187,7 +201,9 @@ def test_sharded_refuses_encoders_without_a_plan_before_any_rank_starts(tmp_path
 
     folder = tmp_path / "tiny-flux"
     cases.tiny_pipeline("tiny-flux").save_pretrained(folder)
-    result = CliRunner().invoke(app, ["run", str(folder), "--gpus", "2", "--text-encoder", "sharded"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app, ["run", str(folder), "--gpus", "2", "--text-encoder", "sharded"], catch_exceptions=False
+    )
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == f"error: {SHARDED_NO_PLAN}"
 
@@ -196,7 +212,12 @@ def test_sharded_loads_the_encoders_into_host_memory_on_several_ranks() -> None:
     """accel run / serve: apply moves each rank's slice to the GPU, so the whole encoder never goes there."""
     from accel.parallel.encoders import loads_into_host_memory, loads_text_encoders
 
-    assert [loads_into_host_memory(placement, 2) for placement in ("replicated", "rank0", "cpu", "sharded")] == [False, False, True, True]
+    assert [loads_into_host_memory(placement, 2) for placement in ("replicated", "rank0", "cpu", "sharded")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
     assert not loads_into_host_memory("sharded", 1) and loads_text_encoders("sharded", 2)
 
 
@@ -206,17 +227,30 @@ def test_which_encoder_classes_have_a_plan() -> None:
 
     from accel.parallel.encoders import class_has_tp_plan
 
-    planned = ["LlamaModel", "Mistral3ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLTextModel",
-               "Qwen3ForCausalLM", "Gemma3ForConditionalGeneration"]
+    planned = [
+        "LlamaModel",
+        "Mistral3ForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2_5_VLTextModel",
+        "Qwen3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+    ]
     unplanned = ["T5EncoderModel", "UMT5EncoderModel", "CLIPTextModel", "CLIPTextModelWithProjection"]
     assert [name for name in planned + unplanned if class_has_tp_plan(getattr(transformers, name))] == planned
 
 
 def test_an_unknown_placement_is_one_line() -> None:
-    run = subprocess.run([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--text-encoder", "rank1"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--text-encoder", "rank1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1] == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, sharded, got 'rank1'"
+    assert (
+        run.stderr.strip().splitlines()[-1]
+        == "error: command line: [memory] text_encoder must be one of replicated, rank0, cpu, sharded, got 'rank1'"
+    )
 
 
 # -- [memory] offload ----------------------------------------------------------------------------------
@@ -254,8 +288,12 @@ def test_offload_changes_no_number_with_or_without_the_cache(mode: str) -> None:
         assert getattr(offloaded.transformer.transformer_blocks[0], "_diffusers_hook", None) is not None
     np.testing.assert_array_equal(output, expected)
     handle.remove()
-    both, handle = _offload_output(offloaded, {"memory": {"offload": mode}, "cache": {"threshold": 0.6, "warmup_steps": 1}})
-    assert any(record.cached for record in handle.cache_stats.records)  # the cache skipped blocks under the offload hooks
+    both, handle = _offload_output(
+        offloaded, {"memory": {"offload": mode}, "cache": {"threshold": 0.6, "warmup_steps": 1}}
+    )
+    assert any(
+        record.cached for record in handle.cache_stats.records
+    )  # the cache skipped blocks under the offload hooks
     np.testing.assert_array_equal(both, cached)
     handle.remove()
     if mode == "model":  # undone by remove(): no accelerate hook left; group offload stays, like the TP split
@@ -274,28 +312,50 @@ def test_group_offload_leaves_encoders_kept_on_the_cpu_unhooked() -> None:
     pipe = accel.load_pipeline("tiny-flux", "float32", "cpu")
     pipe.set_progress_bar_config(disable=True)
     output, handle = _offload_output(pipe, {"memory": {"offload": "group", "text_encoder": "cpu"}})
-    hooked = {name for name, part in pipe.components.items()
-              if isinstance(part, torch.nn.Module) and any(getattr(m, "_diffusers_hook", None) is not None for m in part.modules())}
+    hooked = {
+        name
+        for name, part in pipe.components.items()
+        if isinstance(part, torch.nn.Module)
+        and any(getattr(m, "_diffusers_hook", None) is not None for m in part.modules())
+    }
     assert hooked == {"transformer", "vae"}
     np.testing.assert_array_equal(output, expected)
     handle.remove()
 
 
-@pytest.mark.parametrize("argv, line", [
-    (["run", "tiny-flux", "--gpus", "2", "--offload", "model"],
-     '[memory] offload = "model" runs one process: each rank would stream its own whole copy; set offload = "none" with a '
-     'parallel layout, or run one process'),
-    (["run", "tiny-flux", "--offload", "group", "--compile"],
-     '[memory] offload = "group" and [compile] do not compose: compiled graphs would capture weights that offloading moves; '
-     'turn one of them off'),
-    (["run", "tiny-flux", "--offload", "model", "--compare"],
-     '--compare with [memory] offload = "model": the baseline would run from host memory on the CPU, which says nothing of '
-     'the speedup; drop one of them'),
-    (["run", "tiny-flux", "--offload", "disk"], "command line: [memory] offload must be one of none, model, group, got 'disk'"),
-    (["run", "tiny-flux", "--offload", "model", "--text-encoder", "cpu"],
-     '[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on the GPU; '
-     'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU'),
-])
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (
+            ["run", "tiny-flux", "--gpus", "2", "--offload", "model"],
+            '[memory] offload = "model" runs one process: each rank would stream its own whole copy; set offload = '
+            '"none" with a '
+            "parallel layout, or run one process",
+        ),
+        (
+            ["run", "tiny-flux", "--offload", "group", "--compile"],
+            '[memory] offload = "group" and [compile] do not compose: compiled graphs would capture weights that '
+            "offloading moves; "
+            "turn one of them off",
+        ),
+        (
+            ["run", "tiny-flux", "--offload", "model", "--compare"],
+            '--compare with [memory] offload = "model": the baseline would run from host memory on the CPU, which '
+            "says nothing of "
+            "the speedup; drop one of them",
+        ),
+        (
+            ["run", "tiny-flux", "--offload", "disk"],
+            "command line: [memory] offload must be one of none, model, group, got 'disk'",
+        ),
+        (
+            ["run", "tiny-flux", "--offload", "model", "--text-encoder", "cpu"],
+            '[memory] offload = "model" already keeps the text encoders in host memory between prompts and encodes on '
+            "the GPU; "
+            'set text_encoder = "replicated" with it, or offload = "group" to encode on the CPU',
+        ),
+    ],
+)
 def test_offload_refusals_are_one_line(argv: list[str], line: str) -> None:
     from typer.testing import CliRunner
 

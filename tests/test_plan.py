@@ -23,8 +23,14 @@ from accel.parallel.tensor import resolve_tensor_plan, split_module
 
 # FLUX.1-dev's widths of its inputs (4096-wide T5 features) into a mid-size transformer: 4 heads of 64,
 # two blocks of each kind; small enough to run for real on the CPU.
-MID_FLUX = dict(guidance_embeds=True, num_attention_heads=4, attention_head_dim=64, num_layers=2, num_single_layers=2,
-                axes_dims_rope=(8, 28, 28))
+MID_FLUX = dict(
+    guidance_embeds=True,
+    num_attention_heads=4,
+    attention_head_dim=64,
+    num_layers=2,
+    num_single_layers=2,
+    axes_dims_rope=(8, 28, 28),
+)
 SMALL_VAE = dict(FLAGSHIPS["flux"].components[3].config, block_out_channels=(32, 64, 64, 64), norm_num_groups=32)
 
 
@@ -34,8 +40,13 @@ def run_cli(argv: list[str]) -> object:
 
 def mid_flagship(transformer: dict, vae: dict | None = None) -> object:
     flux = FLAGSHIPS["flux"]
-    return dataclasses.replace(flux, components=(Component("transformer", "diffusers", "FluxTransformer2DModel", transformer),
-                                                 Component("vae", "diffusers", "AutoencoderKL", vae or SMALL_VAE)))
+    return dataclasses.replace(
+        flux,
+        components=(
+            Component("transformer", "diffusers", "FluxTransformer2DModel", transformer),
+            Component("vae", "diffusers", "AutoencoderKL", vae or SMALL_VAE),
+        ),
+    )
 
 
 @pytest.mark.parametrize("degrees", [Degrees(), Degrees(ulysses=2), Degrees(tp=2)], ids=lambda d: d.describe())
@@ -126,7 +137,11 @@ def test_quantized_weight_bytes_equal_torchaos_storage(scheme: str, scope: str, 
     quantize_transformer(real, QuantSummary(scheme), family.blocks, scope, ())
     stored = sum(_stored_bytes(t) for t in [*real.parameters(), *real.buffers()])
     quant = QuantSection(type=scheme, scope=scope)
-    assert transformer_weights(family, build(component), tp, quant) == stored < transformer_weights(family, build(component), tp)
+    assert (
+        transformer_weights(family, build(component), tp, quant)
+        == stored
+        < transformer_weights(family, build(component), tp)
+    )
 
 
 def test_flagship_weights_are_the_published_sizes() -> None:
@@ -138,16 +153,31 @@ def test_flagship_weights_are_the_published_sizes() -> None:
 
 
 # The published sizes of the flagships' transformers, in billions of parameters, to their precision.
-PUBLISHED_BILLIONS = {"flux": (12, 0), "flux2": (32, 0), "wan": (14, 0), "qwenimage": (20, 0), "ltx2": (19, 0), "sd3": (8.1, 1),
-                      "hunyuan15": (8.3, 1), "kandinsky5": (19, 0), "zimage": (6, 0), "hunyuan": (13, 0), "skyreels2": (14, 0),
-                      # ChronoEdit-14B: Wan2.1-I2V-14B's transformer, whose picture cross-attention (image embedder, added
-                      # keys and values) takes the 14 B of Wan's text-to-video blocks to 16.4 B
-                      "chronoedit": (16.4, 1),
-                      "mochi": (10, 0), "cogvideox": (5.57, 2), "ltx": (13, 0), "hunyuanimage": (17, 0), "helios": (14, 0),
-                      "qwenimage21": (7.1, 1),  # counted from the class defaults; no published figure to check it against
-                      "cosmos3": (15.2, 1),
-                      # Kandinsky 6.0 Pro's released widths count 30.1 B (its model card says 29 B)
-                      "kandinsky6": (30.1, 1)}  # the class defaults too (two 36-layer stacks of Qwen3-8B's width, a 152 k vocabulary)
+PUBLISHED_BILLIONS = {
+    "flux": (12, 0),
+    "flux2": (32, 0),
+    "wan": (14, 0),
+    "qwenimage": (20, 0),
+    "ltx2": (19, 0),
+    "sd3": (8.1, 1),
+    "hunyuan15": (8.3, 1),
+    "kandinsky5": (19, 0),
+    "zimage": (6, 0),
+    "hunyuan": (13, 0),
+    "skyreels2": (14, 0),
+    # ChronoEdit-14B: Wan2.1-I2V-14B's transformer, whose picture cross-attention (image embedder, added
+    # keys and values) takes the 14 B of Wan's text-to-video blocks to 16.4 B
+    "chronoedit": (16.4, 1),
+    "mochi": (10, 0),
+    "cogvideox": (5.57, 2),
+    "ltx": (13, 0),
+    "hunyuanimage": (17, 0),
+    "helios": (14, 0),
+    "qwenimage21": (7.1, 1),  # counted from the class defaults; no published figure to check it against
+    "cosmos3": (15.2, 1),
+    # Kandinsky 6.0 Pro's released widths count 30.1 B (its model card says 29 B)
+    "kandinsky6": (30.1, 1),
+}  # the class defaults too (two 36-layer stacks of Qwen3-8B's width, a 152 k vocabulary)
 
 
 @pytest.mark.parametrize("name", sorted(FLAGSHIPS))
@@ -173,7 +203,9 @@ def test_every_flagship_builds_and_measures_at_a_small_size(name: str) -> None:
 
 
 @needs_cuda_build
-def test_flux2_dev_fits_one_80_gb_gpu_under_model_offload_or_with_its_encoder_on_the_cpu_and_four_with_it_split() -> None:
+def test_flux2_dev_fits_one_80_gb_gpu_under_model_offload_or_with_its_encoder_on_the_cpu_and_four_with_it_split() -> (
+    None
+):
     one = make_plan("flux2", 1, 80)
     layouts = {(c.offload, c.text_encoder): c for c in one.candidates}
     assert not layouts["none", "replicated"].fits  # 60 GiB of transformer + 43 GiB of Mistral
@@ -203,7 +235,11 @@ def test_a_sharded_encoders_bytes_on_meta_equal_a_real_two_rank_split() -> None:
     from accel.memory.estimate import sharded_encoder_bytes
 
     encoder = tiny_pipeline("tiny-qwenimage").text_encoder
-    config = {k: v for k, v in encoder.config.to_dict().items() if k not in ("model_type", "transformers_version", "architectures", "dtype")}
+    config = {
+        k: v
+        for k, v in encoder.config.to_dict().items()
+        if k not in ("model_type", "transformers_version", "architectures", "dtype")
+    }
     component = Component("text_encoder", "transformers", type(encoder).__name__, config, encoder.config.model_type)
     buffers = sum(b.numel() * b.element_size() for b in encoder.buffers())
     assert buffers == 48 and sharded_encoder_bytes(component, 2) == 213760 // 2 + buffers
@@ -217,8 +253,13 @@ def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
     chosen = plan.chosen
     assert chosen is not None and chosen.describe() == "ulysses 4, text encoders sharded"
     mistral = weight_bytes(build(FLAGSHIPS["flux2"].of_kind("text_encoder")[0]))
-    assert mistral / 4 < chosen.estimate.weights["text_encoder"] < mistral / 4 + 2**30  # the unsplit norms, vision tower
-    assert {c.text_encoder for c in make_plan("qwenimage", 8, 80).candidates} == {"replicated", "cpu"}  # 4 KV heads, 8 ranks
+    assert (
+        mistral / 4 < chosen.estimate.weights["text_encoder"] < mistral / 4 + 2**30
+    )  # the unsplit norms, vision tower
+    assert {c.text_encoder for c in make_plan("qwenimage", 8, 80).candidates} == {
+        "replicated",
+        "cpu",
+    }  # 4 KV heads, 8 ranks
     from accel.memory.estimate import sharded_encoder_bytes
 
     gemma = FLAGSHIPS["ltx2"].of_kind("text_encoder")[0]  # its LM head is its embedding: the split keeps them one
@@ -229,7 +270,9 @@ def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
 def test_one_24_gb_gpu_runs_qwen_image_under_group_offload() -> None:
     plan = make_plan("qwenimage", 1, 24)
     assert [c.describe() for c in plan.candidates if c.fits] == [
-        "single process, group offload", "single process, group offload, text encoders on the CPU"]
+        "single process, group offload",
+        "single process, group offload, text encoders on the CPU",
+    ]
     chosen = plan.chosen
     assert chosen is not None and chosen.offload == "group" and chosen.text_encoder == "replicated"
     assert 0 < chosen.speedup <= 1
@@ -251,8 +294,16 @@ def test_group_offload_holds_what_diffusers_groups_hold() -> None:
         hook = registry.get_hook("group_offloading") if registry is not None else None
         if hook is not None:
             groups[id(hook.group)] = hook.group
+
     def held(group) -> int:  # a group moves its modules' tensors and any it lists besides, each once
-        tensors = {id(t): t for t in [*(t for m in group.modules for t in [*m.parameters(), *m.buffers()]), *group.parameters, *group.buffers]}
+        tensors = {
+            id(t): t
+            for t in [
+                *(t for m in group.modules for t in [*m.parameters(), *m.buffers()]),
+                *group.parameters,
+                *group.buffers,
+            ]
+        }
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     sizes = [held(group) for group in groups.values()]
@@ -284,18 +335,32 @@ def test_the_counted_flops_of_a_cut_transformer_scale_to_the_whole_one() -> None
 
 @needs_cuda_build
 def test_plan_json_and_table(tmp_path) -> None:
-    result = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512", "--json"])
+    result = run_cli(
+        ["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512", "--json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["size"] == "512x512" and data["gpus"] == 2 and data["gpu_memory_bytes"] == 32 * 2**30
     # FLUX.1-dev runs no CFG by default: no CFG ranks offered. 22 GiB of transformer and 9 of T5 need
     # either the split or T5 in host memory; Ulysses is expected faster than TP, so it wins.
     verdicts = {(c["tp"], c["ulysses"], c["text_encoder"]): c["fits"] for c in data["candidates"]}
-    assert verdicts == {(1, 2, "replicated"): False, (1, 2, "cpu"): True, (2, 1, "replicated"): True, (2, 1, "cpu"): True}
+    assert verdicts == {
+        (1, 2, "replicated"): False,
+        (1, 2, "cpu"): True,
+        (2, 1, "replicated"): True,
+        (2, 1, "cpu"): True,
+    }
     chosen = data["chosen"]
-    assert (chosen["tp"], chosen["ulysses"], chosen["text_encoder"]) == (1, 2, "cpu") and chosen["peak_bytes"] <= 32 * 2**30
+    assert (chosen["tp"], chosen["ulysses"], chosen["text_encoder"]) == (1, 2, "cpu") and chosen[
+        "peak_bytes"
+    ] <= 32 * 2**30
     text = run_cli(["plan", "flux", "--gpus", "2", "--gpu-memory", "32", "--width", "512", "--height", "512"])
-    assert text.exit_code == 0 and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--ulysses 2 --text-encoder cpu)" in " ".join(text.output.split())
+    assert (
+        text.exit_code == 0
+        and "FLUX.1-dev at 512x512 on 2 GPUs of 32 GiB: ulysses 2, text encoders on the CPU (--ulysses 2 "
+        "--text-encoder cpu)"
+        in " ".join(text.output.split())
+    )
 
 
 @needs_cuda_build
@@ -311,13 +376,24 @@ def test_plan_measures_a_recipes_quantization_and_size(tmp_path) -> None:
     assert counted < 0.6 * plain.estimate.weights["transformer"]
 
 
-@pytest.mark.parametrize("argv, line", [
-    (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
-    (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
-    (["plan", "nosuch"], "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage"),
-    (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
-    (["plan", "flux", "--quant", "int3"], "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'"),
-])
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["plan", "flux", "--gpu-memory", "0"], "accel plan: --gpu-memory must be a positive number of GiB, got 0"),
+        (["plan", "flux", "--gpu-memory", "-3"], "accel plan: --gpu-memory must be a positive number of GiB, got -3"),
+        (
+            ["plan", "nosuch"],
+            "accel plan: no flagship config for 'nosuch'; plan knows: chronoedit, cogvideox, cosmos3, flux, flux2, "
+            "helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, "
+            "qwenimage21, sd3, skyreels2, wan, zimage",
+        ),
+        (["plan", "flux", "--gpus", "0"], "accel plan: --gpus must be at least 1, got 0"),
+        (
+            ["plan", "flux", "--quant", "int3"],
+            "command line: [quant] type must be one of none, int8wo, int8dq, fp8dq, fp8wo, int4wo, got 'int3'",
+        ),
+    ],
+)
 def test_refusals_are_one_line(argv: list[str], line: str) -> None:
     result = run_cli(argv)
     assert result.exit_code == 2
@@ -331,7 +407,8 @@ def test_a_cpu_only_torch_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch
     assert result.exit_code == 2 and not result.stdout
     assert " ".join(result.stderr.split()) == (
         "error: accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default wheel; no "
-        f"GPU needed): torch {torch.__version__} is CPU-only")
+        f"GPU needed): torch {torch.__version__} is CPU-only"
+    )
 
 
 @needs_cuda_build
@@ -389,7 +466,11 @@ def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
     assert planned.peak == expected.estimate.peak + RESERVED
     settings = planned.recipe.parallel
     assert (settings.tp, settings.ulysses, settings.ring, settings.cfg) == (
-        expected.degrees.tp, expected.degrees.ulysses, expected.degrees.ring, expected.degrees.cfg)
+        expected.degrees.tp,
+        expected.degrees.ulysses,
+        expected.degrees.ring,
+        expected.degrees.cfg,
+    )
     assert planned.recipe.memory.text_encoder == expected.text_encoder
     assert planned.flags == ("--ulysses", "4", "--text-encoder", "sharded")  # what the ranks are relaunched with
 
@@ -415,10 +496,17 @@ def test_the_plan_counts_the_recipes_quantization() -> None:
 
     recipe = as_recipe({"model": {"name": "flux2", "device": "cpu"}, "quant": {"type": "fp8dq"}})
     planned = fitted(recipe, 80)
-    assert planned.flags == () and planned.recipe.memory.offload == "none" and planned.recipe.memory.text_encoder == "replicated"
+    assert (
+        planned.flags == ()
+        and planned.recipe.memory.offload == "none"
+        and planned.recipe.memory.text_encoder == "replicated"
+    )
     quantized = make_plan("flux2", 1, 80, quant=recipe.quant).chosen
     assert planned.peak == quantized.estimate.peak + RESERVED
-    assert quantized.estimate.weights["transformer"] < 0.55 * make_plan("flux2", 1, 80).chosen.estimate.working["transformer forward"]
+    assert (
+        quantized.estimate.weights["transformer"]
+        < 0.55 * make_plan("flux2", 1, 80).chosen.estimate.working["transformer forward"]
+    )
     result = run_cli(["plan", "flux2", "--gpu-memory", "80", "--quant", "fp8dq", "--json"])
     assert result.exit_code == 0 and json.loads(result.output)["chosen"]["peak_bytes"] == planned.peak
 
@@ -434,7 +522,9 @@ def test_an_offload_that_does_not_fit_is_refused_with_one_that_does() -> None:
     assert result.exit_code == 2
     line = " ".join(result.stderr.split())
     assert line.startswith("error: Qwen-Image at 1328x1328 needs ") and line.endswith(
-        " GiB per GPU as laid out (single process, model offload), more than the 24 GiB of each GPU; a layout that fits: --offload group")
+        " GiB per GPU as laid out (single process, model offload), more than the 24 GiB of each GPU; a layout that "
+        "fits: --offload group"
+    )
 
 
 def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:
@@ -449,16 +539,33 @@ def test_a_model_the_plan_does_not_know_runs_as_asked() -> None:
 def test_run_refuses_a_layout_that_does_not_fit_before_loading() -> None:
     """Nothing is downloaded here (no network): the refusal comes before any load is tried. (--oversubscribe:
     without it this 2-core machine refuses 4 processes first, which is checked before the plan.)"""
-    result = run_cli(["run", "black-forest-labs/FLUX.2-dev", "--gpus", "4", "--ulysses", "4", "--gpu-memory", "80", "--oversubscribe"])
+    result = run_cli(
+        [
+            "run",
+            "black-forest-labs/FLUX.2-dev",
+            "--gpus",
+            "4",
+            "--ulysses",
+            "4",
+            "--gpu-memory",
+            "80",
+            "--oversubscribe",
+        ]
+    )
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each GPU; "
-        "a layout that fits: --ulysses 4 --text-encoder sharded")
+        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 4), more than the 80 GiB of each "
+        "GPU; "
+        "a layout that fits: --ulysses 4 --text-encoder sharded"
+    )
 
 
 def test_run_refuses_a_gpu_memory_that_is_not_positive() -> None:
     result = run_cli(["run", "tiny-flux", "--gpu-memory", "0"])
-    assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+    assert (
+        result.exit_code == 2
+        and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+    )
 
 
 def test_the_run_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
@@ -487,7 +594,11 @@ def test_the_visible_gpus_memory_comes_from_nvidia_smi_not_a_cuda_context(tmp_pa
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     assert visible_gpu_gib("auto") == pytest.approx(81559 / 1024)
-    assert (tmp_path / "args").read_text().split() == ["--query-gpu=memory.total", "--format=csv,noheader,nounits", "--id=3"]
+    assert (tmp_path / "args").read_text().split() == [
+        "--query-gpu=memory.total",
+        "--format=csv,noheader,nounits",
+        "--id=3",
+    ]
     assert visible_gpu_gib("cpu") is None
     smi.unlink()
     assert visible_gpu_gib("cuda") is None  # no nvidia-smi: no plan rather than a guess
@@ -499,8 +610,13 @@ def test_the_visible_gpus_memory_comes_from_nvidia_smi_not_a_cuda_context(tmp_pa
 def flux2_bench(**variant_parallel: int) -> object:
     from accel.recipe import Recipe
 
-    return Recipe.from_dict({"model": {"name": "flux2", "device": "cpu"}, "bench": {"variants": [
-        {"name": "baseline"}, {"name": "planned", "parallel": variant_parallel}]}}, source="flux2-bench.toml")
+    return Recipe.from_dict(
+        {
+            "model": {"name": "flux2", "device": "cpu"},
+            "bench": {"variants": [{"name": "baseline"}, {"name": "planned", "parallel": variant_parallel}]},
+        },
+        source="flux2-bench.toml",
+    )
 
 
 @needs_cuda_build
@@ -513,47 +629,80 @@ def test_bench_variants_left_to_accel_take_the_plans_layout_and_the_ranks_get_th
     fitted_plan = fit_bench(plan_bench(recipe, 2), 80)
     baseline, planned = fitted_plan.variants
     one, two = make_plan("flux2", 1, 80).chosen, make_plan("flux2", 2, 80).chosen
-    assert (baseline.recipe.memory.text_encoder, baseline.planned_peak) == (one.text_encoder, one.estimate.peak + RESERVED)
-    assert (planned.recipe.parallel.ulysses, planned.recipe.memory.text_encoder) == (two.degrees.ulysses, two.text_encoder) == (2, "cpu")
+    assert (baseline.recipe.memory.text_encoder, baseline.planned_peak) == (
+        one.text_encoder,
+        one.estimate.peak + RESERVED,
+    )
+    assert (
+        (planned.recipe.parallel.ulysses, planned.recipe.memory.text_encoder)
+        == (two.degrees.ulysses, two.text_encoder)
+        == (2, "cpu")
+    )
     assert planned.planned_peak == two.estimate.peak + RESERVED
     # A rank the launcher started plans nothing: it takes each variant's layout and peak from the launcher.
     for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
         monkeypatch.setenv(name, value)
     on_rank = fit_bench(plan_bench(recipe, 2), None)
-    assert [(v.recipe, v.planned_peak) for v in on_rank.variants] == [(v.recipe, v.planned_peak) for v in fitted_plan.variants]
+    assert [(v.recipe, v.planned_peak) for v in on_rank.variants] == [
+        (v.recipe, v.planned_peak) for v in fitted_plan.variants
+    ]
 
 
 @needs_cuda_build
 def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_path) -> None:
     recipe = tmp_path / "flux2-bench.toml"
-    recipe.write_text('[model]\nname = "flux2"\n\n[bench]\nvariants = [{ name = "baseline" }, { name = "ulysses2", parallel = { ulysses = 2 } }]\n')
+    recipe.write_text(
+        '[model]\nname = "flux2"\n\n[bench]\nvariants = [{ name = "baseline" }, { name = "ulysses2", parallel = { '
+        "ulysses = 2 } }]\n"
+    )
     result = run_cli(["bench", str(recipe), "--gpus", "2", "--gpu-memory", "80", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), "
-        'more than the 80 GiB of each GPU; a layout that fits: parallel = { ulysses = 2 }, memory = { text_encoder = "cpu" }')
+        f"error: {recipe}: [bench] variant 'ulysses2': FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out "
+        "(ulysses 2), "
+        "more than the 80 GiB of each GPU; a layout that fits: parallel = { ulysses = 2 }, memory = { text_encoder = "
+        '"cpu" }'
+    )
 
 
 def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
     from accel import report
     from accel.bench import BenchResult, VariantResult
 
-    row = VariantResult("baseline", {}, 1, "1 process", times_s=[1.0], steps=2, peak_memory_bytes=2**30, planned_peak_bytes=3 * 2**30)
-    result = BenchResult("r.toml", "flux2", "flux2", "image", "cuda", "bfloat16", 1, 1, 0, {}, "torch.cuda.max_memory_allocated",
-                         "baseline", [row])
+    row = VariantResult(
+        "baseline", {}, 1, "1 process", times_s=[1.0], steps=2, peak_memory_bytes=2**30, planned_peak_bytes=3 * 2**30
+    )
+    result = BenchResult(
+        "r.toml",
+        "flux2",
+        "flux2",
+        "image",
+        "cuda",
+        "bfloat16",
+        1,
+        1,
+        0,
+        {},
+        "torch.cuda.max_memory_allocated",
+        "baseline",
+        [row],
+    )
     assert result.as_dict()["variants"][0]["planned_peak_bytes"] == 3 * 2**30
     assert report.bench_rows(result)[0][report.BENCH_COLUMNS.index("peak memory")] == "1.0 GiB (plan 3.0 GiB)"
 
 
 @needs_cuda_build
 def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(monkeypatch) -> None:
-    """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every rank."""
+    """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every
+    rank."""
     import accel.launch
     from accel.memory.fit import PLANNED_PEAK
 
     monkeypatch.delenv(PLANNED_PEAK, raising=False)
     launched: list[list[str]] = []
-    monkeypatch.setattr(accel.launch, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0)
+    monkeypatch.setattr(
+        accel.launch, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0
+    )
     argv = ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--gpu-memory", "80", "--oversubscribe"]
     result = CliRunner().invoke(app, argv, obj={"argv": argv}, catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
@@ -564,33 +713,50 @@ def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(mon
 
 @needs_cuda_build
 def test_serve_refuses_a_replica_layout_that_does_not_fit_before_loading() -> None:
-    result = run_cli(["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"])
+    result = run_cli(
+        ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--ulysses", "2", "--gpu-memory", "80", "--oversubscribe"]
+    )
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each GPU; "
-        "a layout that fits: --ulysses 2 --text-encoder cpu")
+        "error: FLUX.2-dev at 1024x1024 needs 108.4 GiB per GPU as laid out (ulysses 2), more than the 80 GiB of each "
+        "GPU; "
+        "a layout that fits: --ulysses 2 --text-encoder cpu"
+    )
 
 
 @pytest.mark.parametrize("command", [["serve", "tiny-flux"], ["bench", "recipes/tiny-flux.toml"]])
 def test_serve_and_bench_refuse_a_gpu_memory_that_is_not_positive(command: list[str]) -> None:
     result = run_cli([*command, "--gpu-memory", "0"])
-    assert result.exit_code == 2 and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+    assert (
+        result.exit_code == 2
+        and " ".join(result.stderr.split()) == "error: --gpu-memory must be a positive number of GiB, got 0"
+    )
 
 
 # -- accel run's checks before start-up: the checkpoint's own heads, where its config is readable ------------
 
 
-KANDINSKY5_LITE = dict(FLAGSHIPS["kandinsky5"].components[0].config, model_dim=1792, ff_dim=7168, num_visual_blocks=32,
-                       axes_dims=(16, 24, 24))  # 1792 wide over heads of 64: the family default's 28 heads
+KANDINSKY5_LITE = dict(
+    FLAGSHIPS["kandinsky5"].components[0].config,
+    model_dim=1792,
+    ff_dim=7168,
+    num_visual_blocks=32,
+    axes_dims=(16, 24, 24),
+)  # 1792 wide over heads of 64: the family default's 28 heads
 
 
 def saved_transformer_config(folder, config: dict) -> None:
     """What the checks before start-up read of a saved Kandinsky 5 pipeline: its model_index.json and
     transformer/config.json (no weights: the refusal comes before any load)."""
     (folder / "transformer").mkdir(parents=True)
-    (folder / "model_index.json").write_text(json.dumps(
-        {"_class_name": "Kandinsky5T2VPipeline", "transformer": ["diffusers", "Kandinsky5Transformer3DModel"]}))
-    (folder / "transformer" / "config.json").write_text(json.dumps({"_class_name": "Kandinsky5Transformer3DModel", **config}))
+    (folder / "model_index.json").write_text(
+        json.dumps(
+            {"_class_name": "Kandinsky5T2VPipeline", "transformer": ["diffusers", "Kandinsky5Transformer3DModel"]}
+        )
+    )
+    (folder / "transformer" / "config.json").write_text(
+        json.dumps({"_class_name": "Kandinsky5Transformer3DModel", **config})
+    )
 
 
 def test_run_checks_degrees_against_a_local_checkpoints_own_heads(tmp_path) -> None:
@@ -606,7 +772,9 @@ def test_run_checks_degrees_against_a_local_checkpoints_own_heads(tmp_path) -> N
     result = run_cli(["run", str(tmp_path / "pro"), "--gpus", "7", "--tp", "7", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        f"error: [parallel] tp = 7 does not divide the 32 attention heads of {tmp_path / 'pro'}; use tp = 2, 4, 8, 16 or 32")
+        f"error: [parallel] tp = 7 does not divide the 32 attention heads of {tmp_path / 'pro'}; use tp = 2, 4, 8, 16 "
+        "or 32"
+    )
 
 
 def test_run_checks_a_hub_ids_heads_from_its_cached_config_or_the_flagships(tmp_path, monkeypatch) -> None:
@@ -625,7 +793,8 @@ def test_run_checks_a_hub_ids_heads_from_its_cached_config_or_the_flagships(tmp_
     result = run_cli(["run", "someone/k5-pro", "--gpus", "7", "--tp", "7", "--oversubscribe"])
     assert result.exit_code == 2
     assert " ".join(result.stderr.split()) == (
-        "error: [parallel] tp = 7 does not divide the 32 attention heads of someone/k5-pro; use tp = 2, 4, 8, 16 or 32")
+        "error: [parallel] tp = 7 does not divide the 32 attention heads of someone/k5-pro; use tp = 2, 4, 8, 16 or 32"
+    )
     assert heads_before_start(resolve_model(FLAGSHIPS["kandinsky5"].repo)) == 32  # not cached: the flagship's config
     assert heads_before_start(resolve_model(FAMILIES["kandinsky5"].repo)) == 28  # the family's default repo
     assert heads_before_start(resolve_model("kandinsky5")) == 28  # the alias loads the family's default repo
@@ -636,7 +805,9 @@ def test_the_trackers_device_peak_is_torchs_own_without_the_per_module_peaks() -
     """tracked_peak keeps only the device peaks (accel/memory/tracker.py); torch's whole tracker agrees."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 64), torch.nn.Softmax(-1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 64), torch.nn.Softmax(-1)
+    )
     x = torch.randn(96, 64)
     ours = tracked_peak(lambda: model(x), model, device="cpu")
     tracker = MemTracker()
@@ -654,7 +825,10 @@ HV15_SIZE = Size(640, 368, 9)
 @needs_cuda_build
 def test_a_layout_whose_whole_vae_decode_does_not_fit_gets_a_tiled_twin_that_the_plan_takes() -> None:
     vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
-    whole, tiled = vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE), vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, tiling=True)
+    whole, tiled = (
+        vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE),
+        vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, tiling=True),
+    )
     assert tiled < whole
     limit = (RESERVED + vae_weights + (whole + tiled) // 2) / 2**30  # the whole decode does not fit, the tiled one does
     plan = make_plan("hunyuan15", 1, limit, HV15_SIZE)
@@ -665,14 +839,19 @@ def test_a_layout_whose_whole_vae_decode_does_not_fit_gets_a_tiled_twin_that_the
     assert [(c.offload, c.text_encoder) for c in twins] == [("group", "cpu")]
     assert not any(c.vae_parallel for c in plan.candidates)  # one GPU: nothing to split the decode over
     chosen = plan.chosen
-    assert chosen is twins[0] and chosen.describe() == "single process, group offload, text encoders on the CPU, VAE in tiles"
+    assert (
+        chosen is twins[0]
+        and chosen.describe() == "single process, group offload, text encoders on the CPU, VAE in tiles"
+    )
     assert chosen.estimate.working["VAE decode"] == vae_weights + tiled
     from accel.memory.fit import fitted, layout_keys
 
     recipe = recipe_for(FLAGSHIPS["hunyuan15"].repo)
     recipe = dataclasses.replace(recipe, generate=dataclasses.replace(recipe.generate, width=640, height=368, frames=9))
     planned = fitted(recipe, limit)
-    assert planned.flags == ("--text-encoder", "cpu", "--offload", "group", "--vae-tiling") and planned.recipe.vae.tiling
+    assert (
+        planned.flags == ("--text-encoder", "cpu", "--offload", "group", "--vae-tiling") and planned.recipe.vae.tiling
+    )
     assert layout_keys(chosen) == 'memory = { text_encoder = "cpu", offload = "group" }, vae = { tiling = true }'
 
 
@@ -689,14 +868,19 @@ def test_an_alias_is_planned_only_where_it_loads_the_flagship_checkpoint() -> No
 def test_on_two_gpus_the_plan_splits_a_decode_that_does_not_fit_whole_over_the_ranks_before_tiling_it() -> None:
     vae_weights = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("vae")[0]))
     transformer = weight_bytes(build(FLAGSHIPS["hunyuan15"].of_kind("transformer")[0]))
-    whole, split = vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE), vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, ranks=2)
+    whole, split = (
+        vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE),
+        vae_working(FLAGSHIPS["hunyuan15"], HV15_SIZE, ranks=2),
+    )
     assert split < whole
     limit = (RESERVED + transformer + vae_weights + (whole + split) // 2) / 2**30  # encoders in host memory
     plan = make_plan("hunyuan15", 2, limit, HV15_SIZE)
     chosen = plan.chosen
     assert chosen is not None and chosen.vae_parallel and not chosen.vae_tiling and chosen.text_encoder == "cpu"
     assert chosen.estimate.working["VAE decode"] == split
-    assert not any(c.vae_tiling for c in plan.candidates if c.degrees == chosen.degrees)  # the split fitted: no tiles tried
+    assert not any(
+        c.vae_tiling for c in plan.candidates if c.degrees == chosen.degrees
+    )  # the split fitted: no tiles tried
     from accel.memory.fit import fitted
 
     recipe = recipe_for(FLAGSHIPS["hunyuan15"].repo, gpus=2)

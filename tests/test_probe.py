@@ -35,13 +35,20 @@ def test_one_call_names_every_block_output_as_the_family_declares_it(name: str, 
     pipe = request.getfixturevalue(f"tiny_{name}") if name in ("flux", "wan") else family.tiny()
     pipe.set_progress_bar_config(disable=True)
     transformer = getattr(pipe, family.transformer_attrs[0])
-    call = dict(FAMILY_CASES[name].call, num_inference_steps=2, output_type="latent")  # one step: some schedulers refuse
-    probed = probe_returns(transformer, erased(discover_blocks(transformer)),
-                           lambda: pipe(**call, generator=torch.Generator().manual_seed(0)))
+    call = dict(
+        FAMILY_CASES[name].call, num_inference_steps=2, output_type="latent"
+    )  # one step: some schedulers refuse
+    probed = probe_returns(
+        transformer,
+        erased(discover_blocks(transformer)),
+        lambda: pipe(**call, generator=torch.Generator().manual_seed(0)),
+    )
     lists = {item.attr: item for item in probed.lists}
     for block in family.blocks:
         assert (lists[block.attr].returns, lists[block.attr].unknown) == (block.returns, ""), block.attr
-    assert not any(module._forward_hooks or module._forward_pre_hooks for module in transformer.modules()), "hooks removed"
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in transformer.modules()), (
+        "hooks removed"
+    )
 
 
 def test_a_transformer_outside_the_families_is_learned_and_one_block_lists_say_why() -> None:
@@ -49,9 +56,16 @@ def test_a_transformer_outside_the_families_is_learned_and_one_block_lists_say_w
     generator = torch.Generator().manual_seed(0)
     found = discover_blocks(transformer)
     assert all(item.returns is None for item in found.lists)
-    probed = probe_returns(transformer, found, lambda: transformer(
-        hidden_states=torch.randn(1, 4, 8, 8, generator=generator), timestep=torch.tensor([0.5]),
-        encoder_hidden_states=torch.randn(1, 5, 32, generator=generator), encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool)))
+    probed = probe_returns(
+        transformer,
+        found,
+        lambda: transformer(
+            hidden_states=torch.randn(1, 4, 8, 8, generator=generator),
+            timestep=torch.tensor([0.5]),
+            encoder_hidden_states=torch.randn(1, 5, 32, generator=generator),
+            encoder_attention_mask=torch.ones(1, 5, dtype=torch.bool),
+        ),
+    )
     assert [(item.attr, item.returns, item.unknown) for item in probed.lists] == [
         ("context_refiner", None, "context_refiner holds one block: no next block shows what it returns"),
         ("noise_refiner", None, "noise_refiner holds one block: no next block shows what it returns"),
@@ -87,4 +101,7 @@ def test_an_output_the_next_block_never_receives_stays_unknown_with_the_reason()
     transformer = _Rescaling()
     found = Discovery("_Rescaling", (FoundList("blocks", "_Block", 2, "structure", None),), "forward source")
     probed = probe_returns(transformer, found, lambda: transformer(torch.ones(1, 4)))
-    assert (probed.lists[0].returns, probed.lists[0].unknown) == (None, "output 0 of _Block reaches the next block as no argument")
+    assert (probed.lists[0].returns, probed.lists[0].unknown) == (
+        None,
+        "output 0 of _Block reaches the next block as no argument",
+    )

@@ -35,7 +35,8 @@ def fresh(family: str) -> Any:
 def quantized_names(module: torch.nn.Module) -> set[str]:
     """Linear layers whose weight is no longer a plain tensor (torchao swaps in a subclass)."""
     return {
-        name for name, layer in module.named_modules()
+        name
+        for name, layer in module.named_modules()
         if isinstance(layer, torch.nn.Linear) and type(layer.weight.data) is not torch.Tensor
     }
 
@@ -62,7 +63,8 @@ def test_quantized_output_is_within_the_stated_psnr(family: str, scheme: str) ->
     in_blocks = {name for name in linear_names(pipe.transformer) if name.split(".")[0] in block_attrs}
     assert quantized_names(pipe.transformer) == in_blocks
     assert handle.quant.as_dict() == {
-        "type": scheme, "quantized_layers": len(in_blocks),
+        "type": scheme,
+        "quantized_layers": len(in_blocks),
         "kept_layers": {"outside the repeated blocks": len(linear_names(pipe.transformer) - in_blocks)},
     }
 
@@ -77,11 +79,15 @@ def test_default_scope_keeps_quality_the_whole_transformer_loses(family: str) ->
 
 
 def test_exclude_patterns_keep_layers_in_the_model_dtype() -> None:
-    _, _, handle, pipe = quantized_run("flux", {"type": "int8wo", "exclude": ["*.ff.*", "single_transformer_blocks.1.*"]})
+    _, _, handle, pipe = quantized_run(
+        "flux", {"type": "int8wo", "exclude": ["*.ff.*", "single_transformer_blocks.1.*"]}
+    )
     names = quantized_names(pipe.transformer)
     assert names and not any(".ff." in name or name.startswith("single_transformer_blocks.1.") for name in names)
     assert any(name.startswith("single_transformer_blocks.0.") for name in names)
-    excluded = {n for n in linear_names(pipe.transformer) if ".ff." in n or n.startswith("single_transformer_blocks.1.")}
+    excluded = {
+        n for n in linear_names(pipe.transformer) if ".ff." in n or n.startswith("single_transformer_blocks.1.")
+    }
     assert handle.quant.kept["excluded"] == sorted(excluded, key=list(dict(pipe.transformer.named_modules())).index)
 
 
@@ -94,10 +100,13 @@ def test_quantization_stays_after_remove_and_a_second_apply_keeps_it() -> None:
     accel.apply(pipe, {"quant": {"type": "int8wo"}}).remove()  # same scheme: left as it is
     assert quantized_names(pipe.transformer) == names
     np.testing.assert_array_equal(generate(pipe, call), once)
-    with pytest.raises(UserError, match=re.escape(
-        "[quant] type = 'int8dq': this pipeline's transformer is already quantized as 'int8wo'; "
-        "load the pipeline again to quantize it differently"
-    )):
+    with pytest.raises(
+        UserError,
+        match=re.escape(
+            "[quant] type = 'int8dq': this pipeline's transformer is already quantized as 'int8wo'; "
+            "load the pipeline again to quantize it differently"
+        ),
+    ):
         accel.apply(pipe, {"quant": {"type": "int8dq"}})
 
 
@@ -118,17 +127,43 @@ FP8 = "an NVIDIA GPU of compute capability 8.9 or newer"
     [
         ("int8wo", "cpu", None, torch.float32, None),
         ("int8dq", "cuda", (7, 0), torch.float16, None),
-        ("fp8dq", "cpu", None, torch.bfloat16, f"[quant] type = 'fp8dq' needs {FP8}; this run is on cpu. Use int8wo or int8dq"),
-        ("fp8wo", "cuda", (8, 6), torch.bfloat16, f"[quant] type = 'fp8wo' needs {FP8}; this GPU is 8.6. Use int8wo or int8dq"),
+        (
+            "fp8dq",
+            "cpu",
+            None,
+            torch.bfloat16,
+            f"[quant] type = 'fp8dq' needs {FP8}; this run is on cpu. Use int8wo or int8dq",
+        ),
+        (
+            "fp8wo",
+            "cuda",
+            (8, 6),
+            torch.bfloat16,
+            f"[quant] type = 'fp8wo' needs {FP8}; this GPU is 8.6. Use int8wo or int8dq",
+        ),
         ("fp8dq", "cuda", (8, 9), torch.bfloat16, None),
         ("fp8dq", "cuda", (9, 0), torch.float16, None),
-        ("int4wo", "cuda", (7, 5), torch.bfloat16,
-         "[quant] type = 'int4wo' needs an NVIDIA GPU of compute capability 8.0 or newer; this GPU is 7.5. Use int8wo or int8dq"),
-        ("int4wo", "cuda", (8, 0), torch.float16, "[quant] type = 'int4wo' needs bfloat16 weights, the model is float16; set --dtype bfloat16"),
+        (
+            "int4wo",
+            "cuda",
+            (7, 5),
+            torch.bfloat16,
+            "[quant] type = 'int4wo' needs an NVIDIA GPU of compute capability 8.0 or newer; this GPU is 7.5. Use "
+            "int8wo or int8dq",
+        ),
+        (
+            "int4wo",
+            "cuda",
+            (8, 0),
+            torch.float16,
+            "[quant] type = 'int4wo' needs bfloat16 weights, the model is float16; set --dtype bfloat16",
+        ),
         ("int4wo", "cuda", (9, 0), torch.bfloat16, None),
     ],
 )
-def test_hardware_requirements(scheme: str, device: str, capability: Any, dtype: torch.dtype, refusal: str | None) -> None:
+def test_hardware_requirements(
+    scheme: str, device: str, capability: Any, dtype: torch.dtype, refusal: str | None
+) -> None:
     assert hardware_refusal(scheme, device, capability, dtype) == refusal
 
 
@@ -136,9 +171,15 @@ def test_hardware_requirements(scheme: str, device: str, capability: Any, dtype:
     "args, message",
     [
         (["--quant", "fp8dq"], f"[quant] type = 'fp8dq' needs {FP8}; this run is on cpu. Use int8wo or int8dq"),
-        (["--quant", "fp8wo", "--gpus", "2"], f"[quant] type = 'fp8wo' needs {FP8}; this run is on cpu. Use int8wo or int8dq"),
-        (["--quant", "int4wo"], "[quant] type = 'int4wo' needs an NVIDIA GPU of compute capability 8.0 or newer; "
-         "this run is on cpu. Use int8wo or int8dq"),
+        (
+            ["--quant", "fp8wo", "--gpus", "2"],
+            f"[quant] type = 'fp8wo' needs {FP8}; this run is on cpu. Use int8wo or int8dq",
+        ),
+        (
+            ["--quant", "int4wo"],
+            "[quant] type = 'int4wo' needs an NVIDIA GPU of compute capability 8.0 or newer; "
+            "this run is on cpu. Use int8wo or int8dq",
+        ),
     ],
 )
 def test_unsupported_quant_type_exits_2_before_loading(args: list[str], message: str) -> None:
@@ -156,14 +197,28 @@ def test_apply_refuses_a_scheme_the_device_cannot_run() -> None:
 
 def test_run_reports_what_was_quantized(tmp_path) -> None:
     report = tmp_path / "q.json"
-    result = invoke("run", "tiny-flux", "--quant", "int8wo", "--steps", "2", "--warmup", "0",
-                    "-o", str(tmp_path / "q.png"), "--json", str(report))
+    result = invoke(
+        "run",
+        "tiny-flux",
+        "--quant",
+        "int8wo",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "-o",
+        str(tmp_path / "q.png"),
+        "--json",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     pipe = fresh("flux")
     blocks = {spec.attr for spec in FAMILIES["flux"].blocks}
     inside = {n for n in linear_names(pipe.transformer) if n.split(".")[0] in blocks}
     outside = len(linear_names(pipe.transformer)) - len(inside)
     assert json.loads(report.read_text())["quant"] == {
-        "type": "int8wo", "quantized_layers": len(inside), "kept_layers": {"outside the repeated blocks": outside},
+        "type": "int8wo",
+        "quantized_layers": len(inside),
+        "kept_layers": {"outside the repeated blocks": outside},
     }
     assert f"int8wo ({len(inside)} Linear layers; {outside} kept" in result.stdout  # the table row

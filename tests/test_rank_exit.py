@@ -29,10 +29,18 @@ def run_until_gone(args: list[str], tmp_path: Path, last_line: str) -> tuple[int
     interrupted (the launcher stops its ranks), not waited for."""
     lines: list[tuple[float, str]] = []
     with (tmp_path / "stderr.txt").open("w+") as errors:
-        process = subprocess.Popen([sys.executable, "-m", "accel.cli", *args], cwd=tmp_path, env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"),
-                                   stdout=subprocess.PIPE, stderr=errors, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "accel.cli", *args],
+            cwd=tmp_path,
+            env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
         assert process.stdout is not None
-        reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in process.stdout), daemon=True)
+        reader = threading.Thread(
+            target=lambda: lines.extend((time.monotonic(), line) for line in process.stdout), daemon=True
+        )
         reader.start()
         started = time.monotonic()
         while process.poll() is None:
@@ -44,7 +52,10 @@ def run_until_gone(args: list[str], tmp_path: Path, last_line: str) -> tuple[int
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-                pytest.fail(f"still running {LEAVE_WITHIN_S} s after {last_line!r}:\n{_text(lines)[-2000:]}\n{_read(errors)[-2000:]}")
+                pytest.fail(
+                    f"still running {LEAVE_WITHIN_S} s after "
+                    f"{last_line!r}:\n{_text(lines)[-2000:]}\n{_read(errors)[-2000:]}"
+                )
             time.sleep(0.1)
         ended = time.monotonic()
         reader.join(timeout=10)
@@ -66,8 +77,24 @@ def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_pa
     """Inductor compiles on a pool of threads (its default on any machine with 2+ cores) that the
     rank never shuts down: the exit must tell its idle workers to leave, as Python's own does."""
     code, after, out, err = run_until_gone(
-        ["run", "tiny-flux", "--gpus", "2", "--compile", "--steps", "2", "--height", "48", "--width", "48",
-         "--out", "two.png"], tmp_path, last_line="└")
+        [
+            "run",
+            "tiny-flux",
+            "--gpus",
+            "2",
+            "--compile",
+            "--steps",
+            "2",
+            "--height",
+            "48",
+            "--width",
+            "48",
+            "--out",
+            "two.png",
+        ],
+        tmp_path,
+        last_line="└",
+    )
     assert code == 0, err
     assert "warm-up (compile)" in out and (tmp_path / "two.png").is_file()
     assert any((tmp_path / "inductor-cache").rglob("*.py")), "the run did not compile into the cold cache it was given"
@@ -77,7 +104,8 @@ def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_pa
 
 def test_a_launched_script_that_leaves_a_thread_pool_running_exits(tmp_path: Path) -> None:
     script = tmp_path / "pool.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os
         from concurrent.futures import ThreadPoolExecutor
         from accel.parallel.mesh import init_distributed
@@ -86,7 +114,8 @@ def test_a_launched_script_that_leaves_a_thread_pool_running_exits(tmp_path: Pat
         assert pool.submit(sum, [1, 2]).result() == 3
         atexit.register(lambda: os.write(1, b"exit hook ran\\n"))
         print("finished", flush=True)
-    """))
+    """)
+    )
     code, after, out, err = run_until_gone(["launch", "--gpus", "2", str(script)], tmp_path, last_line="finished")
     assert code == 0, err
     assert out.count("finished") == 2 and out.count("exit hook ran") == 2  # the exit handlers still run
@@ -98,7 +127,8 @@ def test_a_thread_that_never_ends_and_a_blocking_exit_handler_are_named_and_left
     """Each bounded step of the exit: rank 0 leaves a thread spinning for ever, rank 1 an exit
     handler that never returns; both ranks leave after their bound with one line each, exit 0."""
     script = tmp_path / "stuck.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os, threading, time
         from accel.parallel.mesh import init_distributed
         rank, _ = init_distributed("cpu", timeout_s=60)
@@ -114,42 +144,53 @@ def test_a_thread_that_never_ends_and_a_blocking_exit_handler_are_named_and_left
         else:
             atexit.register(never_returns)
         print(f"finished {rank}", flush=True)
-    """))
+    """)
+    )
     code, after, out, err = run_until_gone(["launch", "--gpus", "2", str(script)], tmp_path, last_line="finished")
     assert code == 0, err
     assert "rank 0 exit hook ran" in out, err  # a stuck thread does not cost the exit handlers
     lines = sorted(err.splitlines())
     assert lines == [
-        f"warning: rank 0 leaves 1 thread: 'spinner' at stuck.py:7 in spin still running after {THREADS_BOUND_S:.0f} s (its work is done)",
+        f"warning: rank 0 leaves 1 thread: 'spinner' at stuck.py:7 in spin still running after {THREADS_BOUND_S:.0f} "
+        "s (its work is done)",
         f"warning: rank 1 left without finishing its exit: closing the process groups or an atexit handler was still "
         f"running after {HANDLERS_BOUND_S:.0f} s at stuck.py:10 in never_returns",
     ], err
     assert after < THREADS_BOUND_S + HANDLERS_BOUND_S + 5
 
 
-def test_the_launcher_ends_a_rank_that_finished_but_does_not_leave(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_launcher_ends_a_rank_that_finished_but_does_not_leave(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The last line of defence, for an exit that even the rank's own bound cannot end (a C call
     holding the interpreter, a stopped process): after the grace, the rank is named with where its
     heartbeat saw it, stopped, and the job ends with its real outcome: success."""
     script = tmp_path / "linger.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os, time
         if os.environ["RANK"] == "1":
             atexit.register(lambda: time.sleep(600))
-    """))
+    """)
+    )
     spec = LaunchSpec(nproc=2, finish_grace_s=1.0)
     started = time.monotonic()
     code = Supervisor(spec, [sys.executable, "-m", "accel.launch", str(script)]).run()
     assert code == 0
     assert time.monotonic() - started < 20
     assert capsys.readouterr().err.splitlines() == [
-        "warning: rank 1 finished its work but had not exited 1 s later (waiting at linger.py:4 in <lambda>); stopped it",
+        "warning: rank 1 finished its work but had not exited 1 s later (waiting at linger.py:4 in <lambda>); stopped "
+        "it",
     ]
 
 
-def test_the_threading_exit_hooks_run_newest_first_and_none_without_cpythons_list(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_threading_exit_hooks_run_newest_first_and_none_without_cpythons_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(threading, "_threading_atexits", [lambda: calls.append("first"), lambda: calls.append("second")])
+    monkeypatch.setattr(
+        threading, "_threading_atexits", [lambda: calls.append("first"), lambda: calls.append("second")]
+    )
     for hook in threading_exit_hooks():
         hook()
     assert calls == ["second", "first"]  # as threading._shutdown runs them
@@ -160,7 +201,8 @@ def test_the_threading_exit_hooks_run_newest_first_and_none_without_cpythons_lis
 def test_without_cpythons_exit_step_a_finished_process_exits_the_ordinary_way(tmp_path: Path) -> None:
     """The fallback of the one private exit step we call: the handlers then run in Python's own exit."""
     script = tmp_path / "plain.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import atexit, os
         from concurrent.futures import ThreadPoolExecutor
         from accel.rank_exit import leave_finished
@@ -169,15 +211,19 @@ def test_without_cpythons_exit_step_a_finished_process_exits_the_ordinary_way(tm
         pool.submit(print, "worked", flush=True).result()
         atexit.register(lambda: os.write(1, b"exit hook ran\\n"))
         leave_finished()
-    """))
+    """)
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "worked\nexit hook ran\n", "")
 
 
-@pytest.mark.parametrize("beat, where", [
-    (None, "no heartbeat"),
-    ({"time": 99.0, "where": "job.py:3 in <lambda>"}, "waiting at job.py:3 in <lambda>"),
-    ({"time": 90.0, "where": "job.py:3 in <lambda>"}, "last seen at job.py:3 in <lambda> 10 s ago"),
-])
+@pytest.mark.parametrize(
+    "beat, where",
+    [
+        (None, "no heartbeat"),
+        ({"time": 99.0, "where": "job.py:3 in <lambda>"}, "waiting at job.py:3 in <lambda>"),
+        ({"time": 90.0, "where": "job.py:3 in <lambda>"}, "last seen at job.py:3 in <lambda> 10 s ago"),
+    ],
+)
 def test_a_lingering_rank_is_named_with_where_its_heartbeat_saw_it(beat: dict | None, where: str) -> None:
     assert lingering(1, beat, 30.0, now=100.0) == f"rank 1 finished its work but had not exited 30 s later ({where})"

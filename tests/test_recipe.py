@@ -24,7 +24,13 @@ from accel.recipe import (
 )
 
 FULL: dict[str, Any] = {
-    "model": {"name": "flux", "dtype": "bfloat16", "device": "cuda", "pipeline": "FluxKontextPipeline", "lora": ["style.safetensors@0.8"]},
+    "model": {
+        "name": "flux",
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "pipeline": "FluxKontextPipeline",
+        "lora": ["style.safetensors@0.8"],
+    },
     "generate": {
         "prompt": "a fox",
         "negative_prompt": "blurry",
@@ -41,9 +47,23 @@ FULL: dict[str, Any] = {
         "inputs": {"pose_video": "pose.mp4"},
         "arguments": {"mode": "replace", "sizes": [1, 2]},
     },
-    "cache": {"threshold": 0.12, "method": "dbcache", "first_blocks": 4, "last_blocks": 2, "calibrator": "taylorseer",
-              "taylor_order": 2, "interval": 3, "disable_before": 0, "disable_after": 0, "interval_offset": 0, "extrapolate_early": False, "mag_ratios": [], "warmup_steps": 2, "max_consecutive_cached": 3,
-              "max_cached_steps": 10},
+    "cache": {
+        "threshold": 0.12,
+        "method": "dbcache",
+        "first_blocks": 4,
+        "last_blocks": 2,
+        "calibrator": "taylorseer",
+        "taylor_order": 2,
+        "interval": 3,
+        "disable_before": 0,
+        "disable_after": 0,
+        "interval_offset": 0,
+        "extrapolate_early": False,
+        "mag_ratios": [],
+        "warmup_steps": 2,
+        "max_consecutive_cached": 3,
+        "max_cached_steps": 10,
+    },
     "parallel": {"gpus": 16, "ulysses": 2, "ring": 2, "cfg": 2, "tp": 2, "timeout": 120.0, "plan": "automatic"},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
@@ -198,8 +218,17 @@ def test_every_key_has_help() -> None:
 def test_with_overrides_deep_merges() -> None:
     base = Recipe.from_dict(FULL, source="r.toml")
     r = base.with_overrides({"cache": {"threshold": 0.3}, "parallel": {"cfg": 1, "gpus": 0}})
-    assert r.cache == CacheSection(threshold=0.3, method="dbcache", first_blocks=4, last_blocks=2, calibrator="taylorseer",
-                                   taylor_order=2, warmup_steps=2, max_consecutive_cached=3, max_cached_steps=10)
+    assert r.cache == CacheSection(
+        threshold=0.3,
+        method="dbcache",
+        first_blocks=4,
+        last_blocks=2,
+        calibrator="taylorseer",
+        taylor_order=2,
+        warmup_steps=2,
+        max_consecutive_cached=3,
+        max_cached_steps=10,
+    )
     assert r.parallel.world_size == 8  # ulysses 2 × ring 2 × tp 2
     assert r.model == base.model and r.variants == base.variants
     assert r.source == "r.toml"
@@ -225,7 +254,9 @@ def test_with_overrides_revalidates() -> None:
 
 
 def test_variants_accessor_is_validated_and_normalized() -> None:
-    r = Recipe.from_dict({"bench": {"variants": [{"name": "q", "quant": {"exclude": ["a"]}, "cache": {"threshold": 1}}]}})
+    r = Recipe.from_dict(
+        {"bench": {"variants": [{"name": "q", "quant": {"exclude": ["a"]}, "cache": {"threshold": 1}}]}}
+    )
     (v,) = r.variants
     assert v.name == "q"
     assert v.overrides == {"quant": {"exclude": ("a",)}, "cache": {"threshold": 1.0}}
@@ -259,15 +290,25 @@ ERRORS: list[tuple[Any, str]] = [
     # structure
     ([1, 2], "a recipe must be a table of sections, got [1, 2]"),
     ({"cahce": {}}, "unknown section [cahce] (did you mean [cache]?)"),
-    ({"xyz": {}}, "unknown section [xyz] (valid sections: model, generate, cache, parallel, vae, quant, compile, memory, bench)"),
+    (
+        {"xyz": {}},
+        "unknown section [xyz] (valid sections: model, generate, cache, parallel, vae, quant, compile, memory, bench)",
+    ),
     ({"steps": 4}, "key 'steps' is not in a section (did you mean [generate] steps?)"),
     ({"cache": 3}, "[cache] must be a table, got 3"),
     ({"generate": "fox"}, "[generate] must be a table, got 'fox'"),
     ({"cache": {"treshold": 0.1}}, "unknown key [cache] treshold (did you mean 'threshold'?)"),
-    ({"cache": {"foo": 1}}, "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
-                               "interval, disable_before, disable_after, interval_offset, extrapolate_early, mag_ratios, warmup_steps, max_consecutive_cached, "
-                               "max_cached_steps)"),
-    ({"model": {"bad\nkey": 1}}, "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)"),
+    (
+        {"cache": {"foo": 1}},
+        "unknown key [cache] foo (valid keys: threshold, method, first_blocks, last_blocks, calibrator, taylor_order, "
+        "interval, disable_before, disable_after, interval_offset, extrapolate_early, mag_ratios, warmup_steps, "
+        "max_consecutive_cached, "
+        "max_cached_steps)",
+    ),
+    (
+        {"model": {"bad\nkey": 1}},
+        "unknown key [model] 'bad\\nkey' (valid keys: name, dtype, device, pipeline, lora, components)",
+    ),
     # numbers
     ({"cache": {"threshold": -1}}, "[cache] threshold must be a number >= 0, got -1"),
     ({"cache": {"threshold": float("nan")}}, "[cache] threshold must be a number >= 0, got nan"),
@@ -275,28 +316,63 @@ ERRORS: list[tuple[Any, str]] = [
     ({"cache": {"threshold": "0.1"}}, "[cache] threshold must be a number >= 0, got '0.1'"),
     ({"cache": {"warmup_steps": -1}}, "[cache] warmup_steps must be an integer >= 0, got -1"),
     ({"cache": {"max_consecutive_cached": 1.5}}, "[cache] max_consecutive_cached must be an integer >= 0, got 1.5"),
-    ({"cache": {"method": "magic"}}, "[cache] method must be one of fbcache, dbcache, taylorseer, magcache, got 'magic'"),
+    (
+        {"cache": {"method": "magic"}},
+        "[cache] method must be one of fbcache, dbcache, taylorseer, magcache, got 'magic'",
+    ),
     ({"cache": {"first_blocks": 0, "method": "dbcache"}}, "[cache] first_blocks must be an integer >= 1, got 0"),
     ({"cache": {"taylor_order": 3}}, "[cache] taylor_order must be 1 or 2, got 3"),
     ({"cache": {"calibrator": "taylor"}}, "[cache] calibrator must be none or taylorseer, got 'taylor'"),
-    ({"cache": {"first_blocks": 4}}, '[cache] first_blocks is for method = "dbcache", not "fbcache"; set method = "dbcache" or remove first_blocks'),
-    ({"cache": {"last_blocks": 1, "method": "taylorseer"}}, '[cache] last_blocks is for method = "dbcache", not "taylorseer"; '
-                                                            'set method = "dbcache" or remove last_blocks'),
-    ({"cache": {"threshold": 0.1, "method": "taylorseer"}}, '[cache] threshold is for method = "fbcache", "dbcache" or "magcache", not '
-                                                            '"taylorseer"; set method = "fbcache" or remove threshold'),
-    ({"cache": {"interval": 4}}, '[cache] interval is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove interval'),
+    (
+        {"cache": {"first_blocks": 4}},
+        '[cache] first_blocks is for method = "dbcache", not "fbcache"; set method = "dbcache" or remove first_blocks',
+    ),
+    (
+        {"cache": {"last_blocks": 1, "method": "taylorseer"}},
+        '[cache] last_blocks is for method = "dbcache", not "taylorseer"; set method = "dbcache" or remove last_blocks',
+    ),
+    (
+        {"cache": {"threshold": 0.1, "method": "taylorseer"}},
+        '[cache] threshold is for method = "fbcache", "dbcache" or "magcache", not '
+        '"taylorseer"; set method = "fbcache" or remove threshold',
+    ),
+    (
+        {"cache": {"interval": 4}},
+        '[cache] interval is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove interval',
+    ),
     ({"cache": {"interval": 1, "method": "taylorseer"}}, "[cache] interval must be an integer >= 2, got 1"),
-    ({"cache": {"taylor_order": 2, "method": "dbcache"}}, '[cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; '
-                                                          'set one of them or remove taylor_order'),
-    ({"cache": {"method": "magcache", "threshold": 0.1}}, '[cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude '
-                                                          'ratios of this pipeline; measure them with accel tune RECIPE --calibrate'),
-    ({"cache": {"mag_ratios": [[1.0, 0.9]]}}, '[cache] mag_ratios is for method = "magcache", not "fbcache"; set method = "magcache" or remove mag_ratios'),
-    ({"cache": {"method": "magcache", "mag_ratios": [[1.0, -0.5]]}}, "[cache] mag_ratios must be a list of lists of positive numbers, got [[1.0, -0.5]]"),
-    ({"cache": {"method": "taylorseer", "disable_before": 3, "disable_after": 3}},
-     "[cache] disable_after (3) must be above disable_before (3), or 0 for none"),
-    ({"cache": {"method": "taylorseer", "interval": 4, "interval_offset": 5}},
-     "[cache] interval_offset (5) must be below interval (4); an offset of a whole interval or more is the same schedule as interval_offset = 1"),
-    ({"cache": {"interval_offset": 1}}, '[cache] interval_offset is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove interval_offset'),
+    (
+        {"cache": {"taylor_order": 2, "method": "dbcache"}},
+        '[cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; '
+        "set one of them or remove taylor_order",
+    ),
+    (
+        {"cache": {"method": "magcache", "threshold": 0.1}},
+        '[cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude '
+        "ratios of this pipeline; measure them with accel tune RECIPE --calibrate",
+    ),
+    (
+        {"cache": {"mag_ratios": [[1.0, 0.9]]}},
+        '[cache] mag_ratios is for method = "magcache", not "fbcache"; set method = "magcache" or remove mag_ratios',
+    ),
+    (
+        {"cache": {"method": "magcache", "mag_ratios": [[1.0, -0.5]]}},
+        "[cache] mag_ratios must be a list of lists of positive numbers, got [[1.0, -0.5]]",
+    ),
+    (
+        {"cache": {"method": "taylorseer", "disable_before": 3, "disable_after": 3}},
+        "[cache] disable_after (3) must be above disable_before (3), or 0 for none",
+    ),
+    (
+        {"cache": {"method": "taylorseer", "interval": 4, "interval_offset": 5}},
+        "[cache] interval_offset (5) must be below interval (4); an offset of a whole interval or more is the same "
+        "schedule as interval_offset = 1",
+    ),
+    (
+        {"cache": {"interval_offset": 1}},
+        '[cache] interval_offset is for method = "taylorseer", not "fbcache"; set method = "taylorseer" or remove '
+        "interval_offset",
+    ),
     ({"generate": {"steps": "ten"}}, "[generate] steps must be an integer >= 1, got 'ten'"),
     ({"generate": {"steps": 0}}, "[generate] steps must be an integer >= 1, got 0"),
     ({"generate": {"steps": 10.0}}, "[generate] steps must be an integer >= 1, got 10.0"),
@@ -332,7 +408,10 @@ ERRORS: list[tuple[Any, str]] = [
     ({"bench": {"variants": [{"name": "a"}, {"cache": {}}]}}, '[bench] variant #2 has no name (add name = "...")'),
     ({"bench": {"variants": [{"name": ""}]}}, "[bench] variant #1 name must be a non-empty string, got ''"),
     ({"bench": {"variants": [{"name": 1}]}}, "[bench] variant #1 name must be a non-empty string, got 1"),
-    ({"bench": {"variants": [{"name": "a"}, {"name": "a"}]}}, "[bench] variant name 'a' is used twice (names must be unique)"),
+    (
+        {"bench": {"variants": [{"name": "a"}, {"name": "a"}]}},
+        "[bench] variant name 'a' is used twice (names must be unique)",
+    ),
     (
         {"bench": {"variants": [{"name": "fast", "cache": {"treshold": 0.1}}]}},
         "[bench] variant 'fast': unknown key [cache] treshold (did you mean 'threshold'?)",
@@ -349,7 +428,10 @@ ERRORS: list[tuple[Any, str]] = [
         {"bench": {"variants": [{"name": "fast", "threshold": 0.1}]}},
         "[bench] variant 'fast': key 'threshold' is not in a section (did you mean [cache] threshold?)",
     ),
-    ({"bench": {"variants": [{"name": "fast", "cache": 0.1}]}}, "[bench] variant 'fast': [cache] must be a table, got 0.1"),
+    (
+        {"bench": {"variants": [{"name": "fast", "cache": 0.1}]}},
+        "[bench] variant 'fast': [cache] must be a table, got 0.1",
+    ),
     (
         {"bench": {"variants": [{"name": "fast", "parallel": {"cfg": 4}}]}},
         "[bench] variant 'fast': [parallel] cfg must be 1 or 2, got 4",
@@ -448,12 +530,21 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_unaccelerated_keeps_what_is_generated_and_turns_every_accelerator_off() -> None:
-    recipe = Recipe.from_dict({
-        "model": {"name": "tiny-flux", "dtype": "float32"}, "generate": {"steps": 7, "seed": 3},
-        "cache": {"threshold": 0.1}, "parallel": {"ulysses": 2}, "vae": {"parallel": True},
-        "quant": {"type": "int8wo"}, "compile": {"enabled": True},
-        "bench": {"variants": [{"name": "a"}]},
-    })
+    recipe = Recipe.from_dict(
+        {
+            "model": {"name": "tiny-flux", "dtype": "float32"},
+            "generate": {"steps": 7, "seed": 3},
+            "cache": {"threshold": 0.1},
+            "parallel": {"ulysses": 2},
+            "vae": {"parallel": True},
+            "quant": {"type": "int8wo"},
+            "compile": {"enabled": True},
+            "bench": {"variants": [{"name": "a"}]},
+        }
+    )
     plain = recipe.unaccelerated()
     assert plain.model == recipe.model and plain.generate == recipe.generate
-    assert plain.to_dict() == Recipe.from_dict({"model": recipe.to_dict()["model"], "generate": recipe.to_dict()["generate"]}).to_dict()
+    assert (
+        plain.to_dict()
+        == Recipe.from_dict({"model": recipe.to_dict()["model"], "generate": recipe.to_dict()["generate"]}).to_dict()
+    )

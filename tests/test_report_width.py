@@ -16,31 +16,86 @@ from accel.runner import Metrics
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?: ?(?:ms|s|GiB|MiB|KiB|B|dB)\b|×|%)?")
 
 METRICS = Metrics(
-    model="tiny-flux", family="flux", output_kind="image", device="cpu", dtype="float32",
+    model="tiny-flux",
+    family="flux",
+    output_kind="image",
+    device="cpu",
+    dtype="float32",
     recipe={"generate": {"prompt": "a red fox", "width": 1024, "height": 1024, "steps": 28}},
-    load_s=12.345, warmup_s=3.21, generate_s=0.40412, steps=28, peak_memory_bytes=123456789, peak_memory_kind="process RSS",
+    load_s=12.345,
+    warmup_s=3.21,
+    generate_s=0.40412,
+    steps=28,
+    peak_memory_bytes=123456789,
+    peak_memory_kind="process RSS",
     output_path="outputs/tiny-flux-20261124-224016-3.png",
     cache={"hit_rate": 0.4286, "cached_calls": 12, "transformer_calls": 28, "calls": []},
-    parallel={"world_size": 8, "ulysses": 2, "ring": 2, "cfg": 2, "chosen": True, "vae_split": True, "bytes_sent_per_rank": None},
+    parallel={
+        "world_size": 8,
+        "ulysses": 2,
+        "ring": 2,
+        "cfg": 2,
+        "chosen": True,
+        "vae_split": True,
+        "bytes_sent_per_rank": None,
+    },
     quant={"type": "int8dq", "quantized_layers": 120, "kept_layers": {"small": 3, "excluded": 2}},
-    compile={"scope": "blocks", "mode": "max-autotune-no-cudagraphs", "compiled_modules": 57, "graphs_warmup": 3, "graphs_timed": 0},
-    times_s=[0.40412], baseline_s=1.61648, baseline_times_s=[1.61648], compare_order="interleaved", psnr_db=41.2345, ssim=0.98765,
+    compile={
+        "scope": "blocks",
+        "mode": "max-autotune-no-cudagraphs",
+        "compiled_modules": 57,
+        "graphs_warmup": 3,
+        "graphs_timed": 0,
+    },
+    times_s=[0.40412],
+    baseline_s=1.61648,
+    baseline_times_s=[1.61648],
+    compare_order="interleaved",
+    psnr_db=41.2345,
+    ssim=0.98765,
 )
 
 
 def _variant(name: str, layout: str, times: list[float], **numbers: float) -> VariantResult:
-    return VariantResult(name=name, overrides={}, world_size=4 if "×" in layout else 1, layout=layout, times_s=times, steps=28, **numbers)
+    return VariantResult(
+        name=name, overrides={}, world_size=4 if "×" in layout else 1, layout=layout, times_s=times, steps=28, **numbers
+    )
 
 
 BENCH = BenchResult(
-    recipe="recipes/tiny-flux.toml", model="tiny-flux", family="flux", output_kind="image", device="cpu", dtype="float32",
-    world_size=4, repeats=3, warmup=1, settings={"width": 1024, "height": 1024, "num_inference_steps": 28},
-    peak_memory_kind="process RSS", baseline="baseline", variants=[
+    recipe="recipes/tiny-flux.toml",
+    model="tiny-flux",
+    family="flux",
+    output_kind="image",
+    device="cpu",
+    dtype="float32",
+    world_size=4,
+    repeats=3,
+    warmup=1,
+    settings={"width": 1024, "height": 1024, "num_inference_steps": 28},
+    peak_memory_kind="process RSS",
+    baseline="baseline",
+    variants=[
         _variant("baseline", "1 process", [1.61648, 1.7, 1.65], speedup=1.0, peak_memory_bytes=1234567890),
-        _variant("fbcache-0.12", "1 process", [0.40412, 0.41, 0.43], speedup=4.0001, cache_hit_rate=0.5714,
-                 peak_memory_bytes=1234567890, psnr_db=38.4567, ssim=0.97654),
-        _variant("usp-ulysses2-ring2", "ulysses 2 × ring 2", [0.51234, 0.52, 0.6], speedup=3.1555,
-                 peak_memory_bytes=234567890, psnr_db=float("inf"), ssim=1.0),
+        _variant(
+            "fbcache-0.12",
+            "1 process",
+            [0.40412, 0.41, 0.43],
+            speedup=4.0001,
+            cache_hit_rate=0.5714,
+            peak_memory_bytes=1234567890,
+            psnr_db=38.4567,
+            ssim=0.97654,
+        ),
+        _variant(
+            "usp-ulysses2-ring2",
+            "ulysses 2 × ring 2",
+            [0.51234, 0.52, 0.6],
+            speedup=3.1555,
+            peak_memory_bytes=234567890,
+            psnr_db=float("inf"),
+            ssim=1.0,
+        ),
         VariantResult(name="int8dq-compile", overrides={}, world_size=1, layout="1 process", skip_reason="needs CUDA"),
     ],
 )
@@ -64,8 +119,25 @@ def _assert_fits_with_numbers_whole(lines: list[str], numbers: list[str]) -> Non
 
 def test_run_table_fits_80_columns_with_every_number_whole() -> None:
     lines = _render(report.run_table(METRICS), 80)
-    expected = ["12.35 s", "3.21 s", "404.1 ms", "14.4 ms", "69.29", "43%", "12/28", "1024×1024", "28 steps", "117.7 MiB",
-                "1.62 s", "4.00×", "41.23 dB", "0.9877", "120 Linear layers", "5 kept", "57 blocks"]
+    expected = [
+        "12.35 s",
+        "3.21 s",
+        "404.1 ms",
+        "14.4 ms",
+        "69.29",
+        "43%",
+        "12/28",
+        "1024×1024",
+        "28 steps",
+        "117.7 MiB",
+        "1.62 s",
+        "4.00×",
+        "41.23 dB",
+        "0.9877",
+        "120 Linear layers",
+        "5 kept",
+        "57 blocks",
+    ]
     _assert_fits_with_numbers_whole(lines, expected)
     assert "ulysses 2 × ring 2 × cfg 2 on 8 processes" in " ".join(line.strip(" │") for line in lines)
 
@@ -102,12 +174,18 @@ def test_models_table_keeps_every_name_whole(width: int) -> None:
     assert text.count("vae: patch-parallel") == len(FAMILIES)
 
 
-@pytest.mark.parametrize(("layout", "shown"), [
-    ({"ulysses": 2, "ring": 1, "cfg": 1, "chosen": True}, "ulysses 2 (chosen for 2 processes)"),
-    ({"ulysses": 1, "ring": 1, "cfg": 2, "chosen": True}, "cfg 2 on 2 processes"),  # --gpus 2 --cfg-parallel: asked, not chosen
-    ({"ulysses": 2, "ring": 1, "cfg": 2, "chosen": True}, "ulysses 2 × cfg 2 on 4 processes (ulysses 2 chosen)"),
-    ({"ulysses": 2, "ring": 1, "cfg": 2, "chosen": False}, "ulysses 2 × cfg 2 on 4 processes"),
-])
+@pytest.mark.parametrize(
+    ("layout", "shown"),
+    [
+        ({"ulysses": 2, "ring": 1, "cfg": 1, "chosen": True}, "ulysses 2 (chosen for 2 processes)"),
+        (
+            {"ulysses": 1, "ring": 1, "cfg": 2, "chosen": True},
+            "cfg 2 on 2 processes",
+        ),  # --gpus 2 --cfg-parallel: asked, not chosen
+        ({"ulysses": 2, "ring": 1, "cfg": 2, "chosen": True}, "ulysses 2 × cfg 2 on 4 processes (ulysses 2 chosen)"),
+        ({"ulysses": 2, "ring": 1, "cfg": 2, "chosen": False}, "ulysses 2 × cfg 2 on 4 processes"),
+    ],
+)
 def test_parallel_row_says_only_what_was_chosen(layout: dict[str, object], shown: str) -> None:
     world = 2 * (2 if layout["ulysses"] == 2 and layout["cfg"] == 2 else 1)
     assert report._parallel(dict(layout, world_size=world, vae_split=False)) == shown
@@ -123,4 +201,6 @@ def test_accel_models_in_an_80_column_terminal() -> None:
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     words = {word for line in lines for word in re.split(r"[\s,·]+", line) if word}
-    assert {name for family in FAMILIES.values() for name in (family.name, family.repo, *family.pipeline_classes)} <= words
+    assert {
+        name for family in FAMILIES.values() for name in (family.name, family.repo, *family.pipeline_classes)
+    } <= words

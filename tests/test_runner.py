@@ -49,7 +49,14 @@ def test_progress_follows_every_denoising_step(tmp_path: Path) -> None:
 def test_run_restores_the_pipeline_and_reports_settings(tmp_path: Path) -> None:
     recipe = Recipe.from_dict({"model": {"name": "tiny-flux"}, "generate": {"steps": 2, "seed": 7, "prompt": "owl"}})
     metrics = run(recipe, out=tmp_path / "a.png", warmup=0)
-    assert metrics.recipe["generate"] == {"prompt": "owl", "steps": 2, "height": 64, "width": 64, "guidance_scale": 3.5, "seed": 7}
+    assert metrics.recipe["generate"] == {
+        "prompt": "owl",
+        "steps": 2,
+        "height": 64,
+        "width": 64,
+        "guidance_scale": 3.5,
+        "seed": 7,
+    }
     assert Recipe.from_dict(metrics.recipe).generate.steps == 2
     assert metrics.cache is None and metrics.baseline_s is None and metrics.psnr_db is None
     assert np.asarray(Image.open(tmp_path / "a.png")).shape == (64, 64, 3)
@@ -59,8 +66,13 @@ def test_generation_kwargs_take_recipe_values_over_family_defaults() -> None:
     wan = FAMILIES["wan"]
     recipe = Recipe.from_dict({"generate": {"frames": 9, "negative_prompt": "dark"}})
     assert generation_kwargs(wan, True, recipe) == {
-        "prompt": "a red fox in the snow, photograph", "num_inference_steps": 4, "height": 64, "width": 64,
-        "guidance_scale": 5.0, "negative_prompt": "dark", "num_frames": 9,
+        "prompt": "a red fox in the snow, photograph",
+        "num_inference_steps": 4,
+        "height": 64,
+        "width": 64,
+        "guidance_scale": 5.0,
+        "negative_prompt": "dark",
+        "num_frames": 9,
     }
     full = generation_kwargs(wan, False, Recipe.from_dict({}))
     assert (full["height"], full["width"], full["num_frames"], full["num_inference_steps"]) == (480, 832, 81, 50)
@@ -79,7 +91,9 @@ def test_settings_a_family_cannot_take_are_refused(family: str, generate: dict, 
 
 
 def test_flux_true_cfg_is_passed_through() -> None:
-    kwargs = generation_kwargs(FAMILIES["flux"], True, Recipe.from_dict({"generate": {"true_cfg_scale": 4.0, "negative_prompt": "x"}}))
+    kwargs = generation_kwargs(
+        FAMILIES["flux"], True, Recipe.from_dict({"generate": {"true_cfg_scale": 4.0, "negative_prompt": "x"}})
+    )
     assert kwargs["true_cfg_scale"] == 4.0 and kwargs["negative_prompt"] == "x"
 
 
@@ -113,18 +127,33 @@ def test_every_default_size_is_one_the_family_makes_as_asked() -> None:
 def test_size_problem_names_the_neighbours_it_makes() -> None:
     wan, ltx = FAMILIES["wan"], FAMILIES["ltx"]
     assert wan.size_problem("height", 64) is None and wan.size_problem("frames", 9) is None
-    assert wan.size_problem("height", 17) == "[generate] height 17: Wan 2.1 / 2.2 makes heights in multiples of 16 pixels; use 16 or 32"
-    assert wan.size_problem("width", 20) == "[generate] width 20: Wan 2.1 / 2.2 makes widths in multiples of 16 pixels; use 16 or 32"
-    assert ltx.size_problem("frames", 12) == "[generate] frames 12: LTX-Video makes 8k+1 frames (1, 9, 17, …); use 9 or 17"
-    assert ltx.size_problem("height", 16) == "[generate] height 16: LTX-Video makes heights in multiples of 32 pixels; use 32"
+    assert (
+        wan.size_problem("height", 17)
+        == "[generate] height 17: Wan 2.1 / 2.2 makes heights in multiples of 16 pixels; use 16 or 32"
+    )
+    assert (
+        wan.size_problem("width", 20)
+        == "[generate] width 20: Wan 2.1 / 2.2 makes widths in multiples of 16 pixels; use 16 or 32"
+    )
+    assert (
+        ltx.size_problem("frames", 12) == "[generate] frames 12: LTX-Video makes 8k+1 frames (1, 9, 17, …); use 9 or 17"
+    )
+    assert (
+        ltx.size_problem("height", 16)
+        == "[generate] height 16: LTX-Video makes heights in multiples of 32 pixels; use 32"
+    )
 
 
 def test_a_size_the_pipeline_changed_anyway_is_a_note() -> None:
     from accel.runner import _size_notes
 
     assert _size_notes({"width": 50, "height": 64, "num_frames": 4}, (48, 64, 5), "num_frames", True) == [
-        "width: 50 asked, 48 made (the pipeline rounds it)", "frames: 4 asked, 5 made (the pipeline rounds it)"]
-    assert _size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []  # DFR doubles its frames
+        "width: 50 asked, 48 made (the pipeline rounds it)",
+        "frames: 4 asked, 5 made (the pipeline rounds it)",
+    ]
+    assert (
+        _size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []
+    )  # DFR doubles its frames
     assert _size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
 
 
@@ -136,7 +165,9 @@ def test_the_effective_recipe_gives_every_family_the_same_call(tmp_path: Path) -
     picture().save(tmp_path / "in.png")
     for family in FAMILIES.values():
         for tiny in (True, False):
-            image = {"image": str(tmp_path / "in.png")} if needs_picture(family.name) else {}  # ChronoEdit's call needs one
+            image = (
+                {"image": str(tmp_path / "in.png")} if needs_picture(family.name) else {}
+            )  # ChronoEdit's call needs one
             given = Recipe.from_dict({"generate": {"seed": 3, **image}})
             call = generation_kwargs(family, tiny, given)
             written = effective_recipe(given, call, family.frames_arg, "cpu", "float32")

@@ -50,8 +50,13 @@ class Server:
 
 def start(*args: str) -> Server:
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "accel.cli", "serve", *args, "--port", str(port)], env=ENV,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accel.cli", "serve", *args, "--port", str(port)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
@@ -90,37 +95,84 @@ def test_openai_client_gets_the_pixels_accel_run_writes(flux_server: Server, tmp
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{flux_server.url}/v1", api_key="unused")
-    result = client.images.generate(model="tiny-flux", prompt=PROMPT, size="64x48", n=2, response_format="b64_json",
-                                    extra_body={"seed": 5, "steps": 4})
+    result = client.images.generate(
+        model="tiny-flux",
+        prompt=PROMPT,
+        size="64x48",
+        n=2,
+        response_format="b64_json",
+        extra_body={"seed": 5, "steps": 4},
+    )
     assert [item.model_extra["seed"] for item in result.data] == [5, 6]
     served = [_pixels(base64.b64decode(item.b64_json)) for item in result.data]
     out = tmp_path / "run.png"
-    done = subprocess.run([sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--prompt", PROMPT, "--seed", "5",
-                           "--steps", "4", "--width", "64", "--height", "48", "--warmup", "0", "--out", str(out)],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "run",
+            "tiny-flux",
+            "--gpus",
+            "2",
+            "--prompt",
+            PROMPT,
+            "--seed",
+            "5",
+            "--steps",
+            "4",
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert served[0].shape == (48, 64, 3) and np.array_equal(served[0], _pixels(out.read_bytes()))
     alone = _image(flux_server, size="64x48", seed=6, steps=4)
-    assert alone.status_code == 200 and np.array_equal(served[1], _pixels(base64.b64decode(alone.json()["data"][0]["b64_json"])))
+    assert alone.status_code == 200 and np.array_equal(
+        served[1], _pixels(base64.b64decode(alone.json()["data"][0]["b64_json"]))
+    )
     assert [m.id for m in client.models.list().data] == ["tiny-flux"]
 
 
-@pytest.mark.parametrize(("body", "param", "message"), [
-    ({"size": "50x64"}, "size", "size: FLUX.1 makes widths in multiples of 16 pixels; use 48 or 64 (width 50)"),
-    ({"size": "big"}, "size", "size: write \"WIDTHxHEIGHT\" in pixels, e.g. \"1024x1024\", not 'big'"),
-    ({"frames": 5}, "frames", "frames: not a field of this endpoint"),
-    ({"n": 5}, "n", "n: Input should be less than or equal to 4"),
-    ({"n": "two"}, "n", "n: Input should be a valid integer, unable to parse string as an integer"),
-    ({"steps": 0}, "steps", "steps: Input should be greater than or equal to 1"),
-    ({"model": "flux"}, "model", "model: this server serves 'tiny-flux', not 'flux'"),
-    ({"response_format": "url"}, "response_format", "response_format: only \"b64_json\" is served, not 'url' (a url would need file hosting)"),
-    ({"prompt": ""}, "prompt", "prompt: String should have at least 1 character"),
-])
-def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(flux_server: Server, body: dict[str, object], param: str,
-                                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"size": "50x64"}, "size", "size: FLUX.1 makes widths in multiples of 16 pixels; use 48 or 64 (width 50)"),
+        ({"size": "big"}, "size", 'size: write "WIDTHxHEIGHT" in pixels, e.g. "1024x1024", not \'big\''),
+        ({"frames": 5}, "frames", "frames: not a field of this endpoint"),
+        ({"n": 5}, "n", "n: Input should be less than or equal to 4"),
+        ({"n": "two"}, "n", "n: Input should be a valid integer, unable to parse string as an integer"),
+        ({"steps": 0}, "steps", "steps: Input should be greater than or equal to 1"),
+        ({"model": "flux"}, "model", "model: this server serves 'tiny-flux', not 'flux'"),
+        (
+            {"response_format": "url"},
+            "response_format",
+            "response_format: only \"b64_json\" is served, not 'url' (a url would need file hosting)",
+        ),
+        ({"prompt": ""}, "prompt", "prompt: String should have at least 1 character"),
+    ],
+)
+def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(
+    flux_server: Server, body: dict[str, object], param: str, message: str
+) -> None:
     response = _image(flux_server, **body)
     assert response.status_code == 400
-    assert response.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    assert response.json()["error"] == {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": param,
+        "code": None,
+    }
     assert _image(flux_server, size="32x32", steps=2, seed=1).status_code == 200
 
 
@@ -130,14 +182,23 @@ def test_videos_on_an_image_model_and_a_missing_prompt_are_refused(flux_server: 
     assert video.json()["error"]["message"] == "tiny-flux makes images, not videos: POST /v1/images/generations"
     missing = httpx.post(f"{flux_server.url}/v1/images/generations", json={"size": "32x32"}, timeout=60)
     assert missing.status_code == 400 and missing.json()["error"]["message"] == "prompt: required"
-    garbage = httpx.post(f"{flux_server.url}/v1/images/generations", content=b"{not json", timeout=60,
-                         headers={"content-type": "application/json"})
+    garbage = httpx.post(
+        f"{flux_server.url}/v1/images/generations",
+        content=b"{not json",
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
     assert garbage.status_code == 400
 
 
 def test_a_10_mb_prompt_and_a_foreign_host_are_refused_at_the_door_and_the_server_goes_on(flux_server: Server) -> None:
     body = b'{"prompt": "' + b"x" * 10_000_000 + b'"}'
-    huge = httpx.post(f"{flux_server.url}/v1/images/generations", content=body, headers={"content-type": "application/json"}, timeout=60)
+    huge = httpx.post(
+        f"{flux_server.url}/v1/images/generations",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"
     foreign = httpx.get(f"{flux_server.url}/health", headers={"host": "rebound.example"}, timeout=30)
     assert foreign.status_code == 421 and foreign.json()["error"]["code"] == "untrusted_host"
@@ -145,13 +206,21 @@ def test_a_10_mb_prompt_and_a_foreign_host_are_refused_at_the_door_and_the_serve
 
 
 def test_a_full_queue_answers_429_and_the_others_are_unchanged(flux_server: Server) -> None:
-    reference = _pixels(base64.b64decode(_image(flux_server, size="32x32", steps=6, seed=11).json()["data"][0]["b64_json"]))
+    reference = _pixels(
+        base64.b64decode(_image(flux_server, size="32x32", steps=6, seed=11).json()["data"][0]["b64_json"])
+    )
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=300) as client:
-            return await asyncio.gather(*(client.post(f"{flux_server.url}/v1/images/generations",
-                                                      json={"prompt": PROMPT, "size": "32x32", "steps": 6, "seed": 11})
-                                          for _ in range(8)))
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        f"{flux_server.url}/v1/images/generations",
+                        json={"prompt": PROMPT, "size": "32x32", "steps": 6, "seed": 11},
+                    )
+                    for _ in range(8)
+                )
+            )
 
     responses = asyncio.run(burst())
     codes = sorted(r.status_code for r in responses)
@@ -181,16 +250,34 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(flux_server: Ser
 
 def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() -> None:
     """Each replica splits its weights over tp 2 and keeps the text encoder on its first rank only."""
-    server = start("tiny-wan", "--gpus", "4", "--replicas", "2", "--tp", "2", "--text-encoder", "rank0", "--oversubscribe",
-                   "--max-queue", "32", "--steps", "2")
+    server = start(
+        "tiny-wan",
+        "--gpus",
+        "4",
+        "--replicas",
+        "2",
+        "--tp",
+        "2",
+        "--text-encoder",
+        "rank0",
+        "--oversubscribe",
+        "--max-queue",
+        "32",
+        "--steps",
+        "2",
+    )
     try:
         health = httpx.get(f"{server.url}/health", timeout=30).json()
         assert health == {"status": "ok", "model": "tiny-wan", "replicas": 2, "processes": 4}
 
         async def many() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=600) as client:
-                return await asyncio.gather(*(client.post(f"{server.url}/v1/videos", json={"prompt": PROMPT, "seed": seed % 4})
-                                              for seed in range(20)))
+                return await asyncio.gather(
+                    *(
+                        client.post(f"{server.url}/v1/videos", json={"prompt": PROMPT, "seed": seed % 4})
+                        for seed in range(20)
+                    )
+                )
 
         responses = asyncio.run(many())
         assert [r.status_code for r in responses] == [200] * 20
@@ -199,7 +286,9 @@ def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() ->
             item = response.json()["data"][0]
             assert item["seed"] == seed % 4
             videos.setdefault(seed % 4, base64.b64decode(item["b64_json"]))
-            assert base64.b64decode(item["b64_json"]) == videos[seed % 4], "the same seed on either replica, the same video"
+            assert base64.b64decode(item["b64_json"]) == videos[seed % 4], (
+                "the same seed on either replica, the same video"
+            )
         path = Path(os.environ.get("TMPDIR", "/tmp")) / f"accel-serve-{server.port}.mp4"
         path.write_bytes(videos[0])
         try:
@@ -208,7 +297,10 @@ def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() ->
             path.unlink()
         assert videos[0] != videos[1]
         images = httpx.post(f"{server.url}/v1/images/generations", json={"prompt": PROMPT}, timeout=60)
-        assert images.status_code == 400 and images.json()["error"]["message"] == "tiny-wan makes videos, not images: POST /v1/videos"
+        assert (
+            images.status_code == 400
+            and images.json()["error"]["message"] == "tiny-wan makes videos, not images: POST /v1/videos"
+        )
     finally:
         code, _out, err = server.stop(signal.SIGTERM)
     assert code == 0, err
@@ -216,8 +308,12 @@ def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() ->
 
 def test_a_killed_rank_fails_health_and_ends_the_server_naming_it() -> None:
     server = start("tiny-flux", "--gpus", "2")
-    ranks = [int(pid) for pid in subprocess.run(["pgrep", "-f", f"accel.cli serve tiny-flux --gpus 2 --port {server.port}"],
-                                                capture_output=True, text=True).stdout.split()]
+    ranks = [
+        int(pid)
+        for pid in subprocess.run(
+            ["pgrep", "-f", f"accel.cli serve tiny-flux --gpus 2 --port {server.port}"], capture_output=True, text=True
+        ).stdout.split()
+    ]
     victim = next(pid for pid in ranks if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -239,15 +335,33 @@ WAN = FAMILIES["wan"]
 
 
 def test_requests_become_jobs_with_the_request_s_settings() -> None:
-    job = to_job(ImageRequest(prompt="p", size="64x32", n=3, seed=7, steps=5, guidance_scale=2.0, negative_prompt="n"),
-                 Served("tiny-flux", FLUX, "image"), 1)
-    assert job == Job(1, "image", {"prompt": "p", "width": 64, "height": 32, "seed": 7, "steps": 5, "guidance_scale": 2.0,
-                                   "negative_prompt": "n"}, 3)
+    job = to_job(
+        ImageRequest(prompt="p", size="64x32", n=3, seed=7, steps=5, guidance_scale=2.0, negative_prompt="n"),
+        Served("tiny-flux", FLUX, "image"),
+        1,
+    )
+    assert job == Job(
+        1,
+        "image",
+        {
+            "prompt": "p",
+            "width": 64,
+            "height": 32,
+            "seed": 7,
+            "steps": 5,
+            "guidance_scale": 2.0,
+            "negative_prompt": "n",
+        },
+        3,
+    )
     video = to_job(VideoRequest(prompt="p", frames=9), Served("tiny-wan", WAN, "video"), 2)
     assert video.generate["frames"] == 9 and 0 <= video.generate["seed"] and video.count == 1
     with pytest.raises(BadRequest) as refused:
         to_job(VideoRequest(prompt="p", frames=4), Served("tiny-wan", WAN, "video"), 3)
-    assert (refused.value.param, refused.value.message) == ("frames", "frames: Wan 2.1 / 2.2 makes 4k+1 frames (1, 5, 9, …); use 1 or 5")
+    assert (refused.value.param, refused.value.message) == (
+        "frames",
+        "frames: Wan 2.1 / 2.2 makes 4k+1 frames (1, 5, 9, …); use 1 or 5",
+    )
 
 
 def test_the_queue_refuses_beyond_its_bound_and_serves_in_order() -> None:
@@ -274,29 +388,52 @@ def test_the_queue_refuses_beyond_its_bound_and_serves_in_order() -> None:
 
     results = asyncio.run(flood())
     dispatcher.stop()
-    assert [r.seeds if isinstance(r, Outcome) else type(r).__name__ for r in results] == [[0], [1], [2], "QueueFull", "QueueFull"]
+    assert [r.seeds if isinstance(r, Outcome) else type(r).__name__ for r in results] == [
+        [0],
+        [1],
+        [2],
+        "QueueFull",
+        "QueueFull",
+    ]
     assert order == [0, 1, 2] and dispatcher.waiting == 0 and dispatcher.busy == 0
     assert str(QueueFull(2)) == "the queue is full (2 requests waiting); retry later"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--replicas", "0"], "--replicas must be >= 1, got 0"),
-    (["--gpus", "3", "--replicas", "2"], "--gpus 3: it must be a multiple of --replicas (2), each replica gets --gpus / --replicas"),
-    (["--port", "0"], "--port must be between 1 and 65535, got 0"),
-    (["--max-queue", "-1"], "--max-queue must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replicas", "0"], "--replicas must be >= 1, got 0"),
+        (
+            ["--gpus", "3", "--replicas", "2"],
+            "--gpus 3: it must be a multiple of --replicas (2), each replica gets --gpus / --replicas",
+        ),
+        (["--port", "0"], "--port must be between 1 and 65535, got 0"),
+        (["--max-queue", "-1"], "--max-queue must be >= 0, got -1"),
+    ],
+)
 def test_serve_refusals_are_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", "tiny-flux", *args], catch_exceptions=False)
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}"
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--gpus", "2", "--replicas", "2"], '[memory] offload = "group" serves one replica: each of the 2 replicas would stream its own '
-     'whole copy from host memory; set offload = "none" with --replicas, or serve one replica'),
-    (["--gpus", "2"], '[memory] offload = "group" runs one process: each rank would stream its own whole copy; '
-     'set offload = "none" with a parallel layout, or run one process'),
-])
-def test_serve_refuses_offload_on_more_than_one_process_before_any_rank_starts(tmp_path: Path, args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--gpus", "2", "--replicas", "2"],
+            '[memory] offload = "group" serves one replica: each of the 2 replicas would stream its own '
+            'whole copy from host memory; set offload = "none" with --replicas, or serve one replica',
+        ),
+        (
+            ["--gpus", "2"],
+            '[memory] offload = "group" runs one process: each rank would stream its own whole copy; '
+            'set offload = "none" with a parallel layout, or run one process',
+        ),
+    ],
+)
+def test_serve_refuses_offload_on_more_than_one_process_before_any_rank_starts(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     recipe = tmp_path / "offload.toml"
     recipe.write_text('[model]\nname = "tiny-flux"\n\n[memory]\noffload = "group"\n')
     result = CliRunner().invoke(app, ["serve", "--recipe", str(recipe), *args], catch_exceptions=False)
@@ -304,8 +441,13 @@ def test_serve_refuses_offload_on_more_than_one_process_before_any_rank_starts(t
 
 
 def test_a_failure_on_one_rank_is_the_replica_s_500_and_the_next_request_runs() -> None:
-    done = subprocess.run([sys.executable, "-m", "accel.cli", "launch", "--gpus", "2", "tests/serve_fault.py"], env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "accel.cli", "launch", "--gpus", "2", "tests/serve_fault.py"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "job 1: ok=False files=0 error=rank 1: RuntimeError: CUDA out of memory (injected on rank 1)",

@@ -32,10 +32,16 @@ from accel.serve.requests import Job, Served
 LONG = {"prompt": PROMPT, "size": "256x256", "steps": 1000, "seed": 5}
 SHORT = {"prompt": PROMPT, "size": "64x64", "steps": 2, "seed": 7}
 LIMIT_S = "8"
-STOPPED = re.compile(r"the request ran past this server's limit of 8 s \(accel serve --request-timeout\) and was stopped "
-                     r"at step \d+ after \d+\.\d s; ask for less work")
-SHUTTING = {"message": "the server is shutting down and takes no new requests; retry on another server", "type": "server_error",
-            "param": None, "code": None}
+STOPPED = re.compile(
+    r"the request ran past this server's limit of 8 s \(accel serve --request-timeout\) and was stopped "
+    r"at step \d+ after \d+\.\d s; ask for less work"
+)
+SHUTTING = {
+    "message": "the server is shutting down and takes no new requests; retry on another server",
+    "type": "server_error",
+    "param": None,
+    "code": None,
+}
 
 
 def post(server: Server, body: dict[str, object], timeout: float = 300) -> httpx.Response:
@@ -60,7 +66,9 @@ def sigterm_with_a_queue(server: Server) -> None:
     """One request running, three waiting, SIGTERM: the drain (1 s) cannot finish them, so every
     client gets the shutdown's 503; a request during the drain too; exit 0, no traceback."""
     answers: dict[int, httpx.Response] = {}
-    clients = [threading.Thread(target=lambda i=i: answers.__setitem__(i, post(server, dict(LONG, seed=i)))) for i in range(4)]
+    clients = [
+        threading.Thread(target=lambda i=i: answers.__setitem__(i, post(server, dict(LONG, seed=i)))) for i in range(4)
+    ]
     for client in clients:
         client.start()
     wait_for(lambda: metric(server, "accel_queue_depth") == 3 and metric(server, "accel_replicas_busy") == 1)
@@ -74,9 +82,14 @@ def sigterm_with_a_queue(server: Server) -> None:
         client.join(30)
     assert server.process.returncode == 0, err
     assert sorted(answers) == [0, 1, 2, 3]
-    assert all((r.status_code, r.json()) == (503, {"error": SHUTTING}) for r in answers.values()), [r.text for r in answers.values()]
+    assert all((r.status_code, r.json()) == (503, {"error": SHUTTING}) for r in answers.values()), [
+        r.text for r in answers.values()
+    ]
     assert "Traceback" not in err and "Event loop is closed" not in err, err
-    assert out.splitlines()[-2:] == ["stopping: the requests accepted have 1 s to finish (a second Ctrl-C cancels them)", "stopped"]
+    assert out.splitlines()[-2:] == [
+        "stopping: the requests accepted have 1 s to finish (a second Ctrl-C cancels them)",
+        "stopped",
+    ]
     left = subprocess.run(["pgrep", "-f", f"--port {server.port}"], capture_output=True, text=True).stdout.split()
     assert left == [], "no process left behind"
 
@@ -84,7 +97,9 @@ def sigterm_with_a_queue(server: Server) -> None:
 # --- one process ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def limited() -> Iterator[Server]:
-    server = start("tiny-flux", "--request-timeout", LIMIT_S, "--drain", "1", "--max-work", "1000000", "--max-queue", "3")
+    server = start(
+        "tiny-flux", "--request-timeout", LIMIT_S, "--drain", "1", "--max-work", "1000000", "--max-queue", "3"
+    )
     yield server
     if server.process.poll() is None:
         server.stop()
@@ -116,7 +131,9 @@ def test_a_client_that_goes_away_frees_its_place_in_the_queue_and_its_replica(li
         post(limited, LONG, timeout=1.5)  # running, then its client gives up: stopped at its next step
     assert post(limited, SHORT).status_code == 200
     assert metric(limited, 'accel_cancelled_total{reason="client_gone"}') == 2
-    assert metric(limited, 'accel_cancelled_total{reason="time_limit"}') == limited_before, "stopped for its client, not its limit"
+    assert metric(limited, 'accel_cancelled_total{reason="time_limit"}') == limited_before, (
+        "stopped for its client, not its limit"
+    )
     assert metric(limited, 'accel_requests_total{endpoint="/v1/images/generations",status="499"}') == 2
 
 
@@ -126,8 +143,19 @@ def test_sigterm_with_a_queue_answers_every_client_503_and_exits_0(limited: Serv
 
 # --- two processes ---------------------------------------------------------------------------------
 def test_two_ranks_stop_at_the_same_step_and_drain_a_queue_on_sigterm() -> None:
-    server = start("tiny-flux", "--gpus", "2", "--request-timeout", LIMIT_S, "--drain", "1", "--max-work", "1000000",
-                   "--max-queue", "3")
+    server = start(
+        "tiny-flux",
+        "--gpus",
+        "2",
+        "--request-timeout",
+        LIMIT_S,
+        "--drain",
+        "1",
+        "--max-work",
+        "1000000",
+        "--max-queue",
+        "3",
+    )
     try:
         before = post(server, SHORT)
         stopped = post(server, LONG)
@@ -171,7 +199,11 @@ def test_a_waiting_job_cancelled_is_answered_at_once_and_never_runs() -> None:
 
     dropped, finished = asyncio.run(scenario())
     dispatcher.stop()
-    assert (dropped.ok, dropped.cancelled, dropped.error) == (False, "client_gone", "cancelled while waiting: client gone")
+    assert (dropped.ok, dropped.cancelled, dropped.error) == (
+        False,
+        "client_gone",
+        "cancelled while waiting: client gone",
+    )
     assert finished.ok and ran == [1, -1], "job 2 never ran; job 1 saw its mark"
     assert board.reason(1) is None, "the board forgets a finished job"
     dispatcher.close()

@@ -109,8 +109,20 @@ def test_disable_before_and_after_compute_the_ends_of_the_schedule() -> None:
     model = Model()
     cache = TaylorSeerCache(model, model.block_lists, interval=4, disable_before=2, disable_after=8)
     run(model, 10)
-    # 0, 1: before 2; 2: the interval starts there; 3-5 extrapolated; 6: the next interval; 7; 8, 9: from disable_after on
-    assert [not record.cached for record in cache.stats.records] == [True, True, True, False, False, False, True, False, True, True]
+    # 0, 1: before 2; 2: the interval starts there; 3-5 extrapolated; 6: the next interval; 7; 8, 9: from disable_after
+    # on
+    assert [not record.cached for record in cache.stats.records] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_interval_offset_places_the_first_interval_as_diffusers_taylorseer_does() -> None:
@@ -118,7 +130,9 @@ def test_interval_offset_places_the_first_interval_as_diffusers_taylorseer_does(
     (step 1 reuses step 0, the first line runs through 0 and 2); without the offset the first
     interval starts at disable_before and the same schedule cannot be written."""
     model = Model()
-    cache = TaylorSeerCache(model, model.block_lists, interval=4, disable_before=1, interval_offset=1, extrapolate_early=True)
+    cache = TaylorSeerCache(
+        model, model.block_lists, interval=4, disable_before=1, interval_offset=1, extrapolate_early=True
+    )
     run(model, 12)
     assert [step for step, record in enumerate(cache.stats.records) if not record.cached] == [0, 2, 6, 10]
     cache.remove()

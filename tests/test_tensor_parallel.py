@@ -16,8 +16,15 @@ from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe import ParallelSection
-from test_parallel_families import (FAMILY_CASES, TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, splits_sequence,
-                                    world_of)
+from test_parallel_families import (
+    FAMILY_CASES,
+    TOLERANCE,
+    check_cache_method_on_ranks,
+    check_cache_on_ranks,
+    reference,
+    splits_sequence,
+    world_of,
+)
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -30,9 +37,13 @@ LAYOUTS = {
 def family_layouts() -> list[tuple[str, str]]:
     """(family, layout) pairs; CFG halves only for families whose pipelines run CFG, Ulysses and Ring
     only for families whose pipeline can be cut."""
-    return [(family, layout) for family in FAMILY_CASES for layout in LAYOUTS
-            if ("cfg" not in LAYOUTS[layout] or FAMILIES[family].cfg is not None)
-            and (splits_sequence(family) or not {"ulysses", "ring"} & set(LAYOUTS[layout]))]
+    return [
+        (family, layout)
+        for family in FAMILY_CASES
+        for layout in LAYOUTS
+        if ("cfg" not in LAYOUTS[layout] or FAMILIES[family].cfg is not None)
+        and (splits_sequence(family) or not {"ulysses", "ring"} & set(LAYOUTS[layout]))
+    ]
 
 
 def size_of(family: str, layout: str) -> dict:
@@ -59,8 +70,9 @@ def test_tensor_parallel_equals_single_process(rank_pools, family: str, layout: 
 def test_cache_with_tensor_parallel_decides_as_one_process(rank_pools, family: str, layout: str) -> None:
     """Each rank caches exactly the calls one process caches, with the same change (the TP ranks
     read one sum over the call's ranks), and the outputs agree."""
-    check_cache_on_ranks(rank_pools, family, LAYOUTS[layout], {"threshold": FAMILY_CASES[family].threshold},
-                         size_of(family, layout))
+    check_cache_on_ranks(
+        rank_pools, family, LAYOUTS[layout], {"threshold": FAMILY_CASES[family].threshold}, size_of(family, layout)
+    )
 
 
 # Tiny FLUX.1's blocks as diffusers' _tp_plan splits them (parameters; weights and column-wise
@@ -86,21 +98,28 @@ def test_each_rank_holds_its_share_of_the_split_weights(rank_pools, tp: int) -> 
 def test_tp_that_does_not_divide_the_heads_is_refused_naming_the_divisors() -> None:
     with pytest.raises(UserError) as error:
         resolve_degrees(ParallelSection(tp=5), 24, "FLUX.1")
-    assert str(error.value) == "[parallel] tp = 5 does not divide the 24 attention heads of FLUX.1; use tp = 2, 3, 4, 6, 8, 12 or 24"
+    assert (
+        str(error.value)
+        == "[parallel] tp = 5 does not divide the 24 attention heads of FLUX.1; use tp = 2, 3, 4, 6, 8, 12 or 24"
+    )
     with pytest.raises(UserError) as error:
         resolve_degrees(ParallelSection(gpus=6, tp=4), 24, "FLUX.1")
     assert str(error.value) == "[parallel] gpus = 6 does not split into tp = 4 ranks; use a multiple of 4 GPUs"
     with pytest.raises(UserError) as error:
         resolve_degrees(ParallelSection(ulysses=4, tp=2), 6, "m")
-    assert str(error.value) == ("[parallel] ulysses = 4 is more than the 3 attention heads each of tp = 2 ranks holds of m's 6; "
-                                "use ulysses = 1, ring = 4 for 4 sequence-parallel ranks")
+    assert str(error.value) == (
+        "[parallel] ulysses = 4 is more than the 3 attention heads each of tp = 2 ranks holds of m's 6; "
+        "use ulysses = 1, ring = 4 for 4 sequence-parallel ranks"
+    )
 
 
 def test_degrees_with_tp_are_chosen_for_the_ranks_left() -> None:
     from accel.parallel.mesh import Degrees
 
     assert resolve_degrees(ParallelSection(gpus=8, tp=2), 24, "FLUX.1") == Degrees(ulysses=4, ring=1, tp=2)
-    assert resolve_degrees(ParallelSection(gpus=8, tp=2, cfg=2), 24, "FLUX.1") == Degrees(ulysses=2, ring=1, cfg=2, tp=2)
+    assert resolve_degrees(ParallelSection(gpus=8, tp=2, cfg=2), 24, "FLUX.1") == Degrees(
+        ulysses=2, ring=1, cfg=2, tp=2
+    )
     # 40 heads over tp 4 leave 10 a rank: Ulysses 2 divides them, the other 2 sequence ranks run Ring.
     assert resolve_degrees(ParallelSection(gpus=16, tp=4), 40, "m") == Degrees(ulysses=4, ring=1, tp=4)
 
@@ -109,11 +128,21 @@ def test_a_width_the_degree_does_not_divide_is_refused_naming_it() -> None:
     from diffusers import WanTransformer3DModel
 
     plan = FAMILIES["wan"].tensor
-    transformer = WanTransformer3DModel(num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
-                                        text_dim=32, freq_dim=32, ffn_dim=130, num_layers=1)
+    transformer = WanTransformer3DModel(
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=130,
+        num_layers=1,
+    )
     assert width_problem(transformer, plan, 2, "WanTransformer3DModel") is None
     assert width_problem(transformer, plan, 4, "WanTransformer3DModel") == (
-        "[parallel] tp = 4 does not divide blocks.0.ffn.net.0.proj (output width 130) of WanTransformer3DModel; use tp = 2")
+        "[parallel] tp = 4 does not divide blocks.0.ffn.net.0.proj (output width 130) of WanTransformer3DModel; use "
+        "tp = 2"
+    )
 
 
 def test_a_plan_that_names_no_layer_is_refused() -> None:
@@ -135,8 +164,14 @@ def test_plans_derived_from_diffusers_keep_its_packed_layers() -> None:
 
 def test_a_pipeline_quantized_before_it_was_split_is_refused(rank_pools) -> None:
     errors = rank_pools(2).run(cases.tp_after_quant_error, "tiny-flux", FAMILY_CASES["flux"].call)
-    assert errors == ["[parallel] tp = 2: pipe.transformer was quantized ('int8wo') before it was split; load the pipeline "
-                      "again and apply [quant] and tp together (accel splits first, then quantizes each rank's shard)"] * 2
+    assert (
+        errors
+        == [
+            "[parallel] tp = 2: pipe.transformer was quantized ('int8wo') before it was split; load the pipeline "
+            "again and apply [quant] and tp together (accel splits first, then quantizes each rank's shard)"
+        ]
+        * 2
+    )
 
 
 @pytest.mark.parametrize("family", ["flux", "wan"])
@@ -144,7 +179,9 @@ def test_compile_with_tensor_parallel_equals_single_process(rank_pools, family: 
     """The blocks compile with their all-reduces in the graph; the second call builds no graph."""
     builder, call = f"accel.models.{family}:build_tiny", FAMILY_CASES[family].call
     expected, _, _ = cases.counted_run(builder, {}, call, fresh=True)
-    runs = rank_pools(2).run(cases.counted_run, builder, {"parallel": {"tp": 2}, "compile": {"enabled": True}}, call, True)
+    runs = rank_pools(2).run(
+        cases.counted_run, builder, {"parallel": {"tp": 2}, "compile": {"enabled": True}}, call, True
+    )
     for output, _, graphs in runs:
         assert np.abs(output - expected).max() <= TOLERANCE
         assert graphs[0] > 0 and graphs[1] == 0
@@ -161,7 +198,9 @@ def test_int8_quantizes_each_ranks_shard(rank_pools, family: str) -> None:
     quantized, _, _ = cases.counted_run(builder, {"quant": {"type": "int8wo"}}, call, fresh=True)
     int8_error = np.abs(quantized - plain).max()
     assert int8_error > 1e-5  # it quantized
-    runs = rank_pools(2).run(cases.counted_run, builder, {"parallel": {"tp": 2}, "quant": {"type": "int8wo"}}, call, True)
+    runs = rank_pools(2).run(
+        cases.counted_run, builder, {"parallel": {"tp": 2}, "quant": {"type": "int8wo"}}, call, True
+    )
     assert np.array_equal(runs[0][0], runs[1][0])
     assert np.abs(runs[0][0] - plain).max() > 1e-5
     assert np.abs(runs[0][0] - quantized).max() < int8_error
@@ -200,16 +239,24 @@ def test_ulysses_pads_the_heads_each_tp_rank_holds(rank_pools) -> None:
     """Six heads over tp 2 leave three a rank, which Ulysses 2 pads to four slots: still one process's output."""
     builder, call = "parallel_cases:tiny_wan_six_heads", FAMILY_CASES["wan"].call
     expected, _, _ = cases.tiny_run(builder, {}, call)
-    for output, _, bytes_sent in rank_pools(4).run(cases.tiny_run, builder, {"parallel": {"tp": 2, "ulysses": 2}}, call):
+    for output, _, bytes_sent in rank_pools(4).run(
+        cases.tiny_run, builder, {"parallel": {"tp": 2, "ulysses": 2}}, call
+    ):
         assert bytes_sent > 0
         assert np.abs(output - expected).max() <= TOLERANCE
 
 
 # Every cache method under TP, each method on FLUX, Wan and LTX-Video, the layouts rotated.
 METHOD_LAYOUTS = {
-    "flux-dbcache": "tp2", "wan-calibrator": "tp2xulysses2", "ltx-calibrator": "cfg2xtp2",
-    "flux-taylorseer": "cfg2xtp2", "wan-taylorseer": "tp2", "ltx-taylorseer": "tp2xulysses2",
-    "flux-magcache": "tp2xulysses2", "wan-magcache": "cfg2xtp2", "ltx-magcache": "tp2",
+    "flux-dbcache": "tp2",
+    "wan-calibrator": "tp2xulysses2",
+    "ltx-calibrator": "cfg2xtp2",
+    "flux-taylorseer": "cfg2xtp2",
+    "wan-taylorseer": "tp2",
+    "ltx-taylorseer": "tp2xulysses2",
+    "flux-magcache": "tp2xulysses2",
+    "wan-magcache": "cfg2xtp2",
+    "ltx-magcache": "tp2",
 }
 
 

@@ -69,17 +69,33 @@ def test_compiling_or_quantizing_recipes_compare_sequentially() -> None:
     assert compare_order(base.with_overrides({"quant": {"type": "int8wo"}})) == "sequential"
     assert compare_order(base.with_overrides({"compile": {"enabled": True}})) == "sequential"
     for placement in ("rank0", "cpu", "sharded"):  # the encoders dropped or split stay so
-        assert compare_order(base.with_overrides({"parallel": {"ulysses": 2}, "memory": {"text_encoder": placement}})) == "sequential"
+        assert (
+            compare_order(base.with_overrides({"parallel": {"ulysses": 2}, "memory": {"text_encoder": placement}}))
+            == "sequential"
+        )
 
 
 def _metrics(times: list[float], baseline: list[float] | None, order: str = "interleaved") -> Metrics:
     return Metrics(
-        model="tiny-flux", family="flux", output_kind="image", device="cpu", dtype="float32",
-        recipe={"generate": {"width": 64, "height": 64}}, load_s=1.0, warmup_s=0.5, generate_s=sorted(times)[len(times) // 2],
-        steps=12, peak_memory_bytes=1 << 20, peak_memory_kind="process RSS", times_s=times,
-        baseline_s=sorted(baseline)[len(baseline) // 2] if baseline else None, baseline_times_s=baseline or [],
-        compare_order=order if baseline else None, threads={"count": 1, "source": "accel default"},
-        psnr_db=30.0 if baseline else None, ssim=0.9 if baseline else None,
+        model="tiny-flux",
+        family="flux",
+        output_kind="image",
+        device="cpu",
+        dtype="float32",
+        recipe={"generate": {"width": 64, "height": 64}},
+        load_s=1.0,
+        warmup_s=0.5,
+        generate_s=sorted(times)[len(times) // 2],
+        steps=12,
+        peak_memory_bytes=1 << 20,
+        peak_memory_kind="process RSS",
+        times_s=times,
+        baseline_s=sorted(baseline)[len(baseline) // 2] if baseline else None,
+        baseline_times_s=baseline or [],
+        compare_order=order if baseline else None,
+        threads={"count": 1, "source": "accel default"},
+        psnr_db=30.0 if baseline else None,
+        ssim=0.9 if baseline else None,
     )
 
 
@@ -112,20 +128,48 @@ def test_the_run_table_shows_median_and_min_max_or_says_single_repeat() -> None:
 
 def _bench(repeats: int) -> BenchResult:
     times = {"baseline": [0.6, 0.5, 0.7][:repeats], "cache": [0.25, 0.2, 0.3][:repeats]}
-    rows = [VariantResult(name, {}, 1, "1 process", times_s=times[name], steps=12,
-                          speedup=sorted(times["baseline"])[repeats // 2] / sorted(times[name])[repeats // 2]) for name in times]
+    rows = [
+        VariantResult(
+            name,
+            {},
+            1,
+            "1 process",
+            times_s=times[name],
+            steps=12,
+            speedup=sorted(times["baseline"])[repeats // 2] / sorted(times[name])[repeats // 2],
+        )
+        for name in times
+    ]
     rows.append(VariantResult("ulysses", {}, 2, "ulysses 2", skip_reason="needs 2 processes"))
-    return BenchResult("r.toml", "tiny-flux", "flux", "image", "cpu", "float32", 1, repeats, 0, {"width": 64, "height": 64,
-                       "num_inference_steps": 12}, "process RSS", "baseline", rows, threads={"count": 2, "source": "OMP_NUM_THREADS"})
+    return BenchResult(
+        "r.toml",
+        "tiny-flux",
+        "flux",
+        "image",
+        "cpu",
+        "float32",
+        1,
+        repeats,
+        0,
+        {"width": 64, "height": 64, "num_inference_steps": 12},
+        "process RSS",
+        "baseline",
+        rows,
+        threads={"count": 2, "source": "OMP_NUM_THREADS"},
+    )
 
 
 def test_the_bench_table_says_when_each_time_is_a_single_repeat() -> None:
     single = _bench(1)
     assert [row[3] for row in bench_rows(single)] == ["single repeat", "single repeat", "—"]
-    assert bench_notes(single)[-1] == ("speedups are from a single repeat per variant and may be noise; "
-                                       "pass --repeats 5 for a median and spread")
+    assert bench_notes(single)[-1] == (
+        "speedups are from a single repeat per variant and may be noise; pass --repeats 5 for a median and spread"
+    )
     three = _bench(3)
-    assert [row[2:4] for row in bench_rows(three)[:2]] == [["600.0 ms", "500.0–700.0 ms"], ["250.0 ms", "200.0–300.0 ms"]]
+    assert [row[2:4] for row in bench_rows(three)[:2]] == [
+        ["600.0 ms", "500.0–700.0 ms"],
+        ["250.0 ms", "200.0–300.0 ms"],
+    ]
     assert bench_notes(three) == ["ulysses skipped: needs 2 processes"]
     assert "; CPU threads: 2 (OMP_NUM_THREADS)." in bench_markdown(three)
 
@@ -141,14 +185,20 @@ def test_the_speedup_chart_draws_min_max_whiskers_and_a_legend_for_its_colours()
     spreads = [(0.8, 1.25), None, (2.0, 3.0), None]
     figure = speedup_figure(["baseline", "skipped", "cache", "one run"], [1.0, None, 2.4, 0.9], "speedup", spreads)
     axes = figure.axes[0]
-    assert _whiskers(axes) == [[(0.8, 0.0), (1.25, 0.0)], [(pytest.approx(2.0), 2.0), (pytest.approx(3.0), 2.0)]]  # rows 0, 2 only
+    assert _whiskers(axes) == [
+        [(0.8, 0.0), (1.25, 0.0)],
+        [(pytest.approx(2.0), 2.0), (pytest.approx(3.0), 2.0)],
+    ]  # rows 0, 2 only
     assert [text.get_text() for text in figure.legends[0].get_texts()] == list(LEGEND_LABELS)
     colours = [patch.get_facecolor() for patch in axes.patches]
     assert colours[0] == colours[2] != colours[3]  # faster: one colour, slower: the other
     plain = speedup_figure(["a", "b"], [1.5, 0.7], "speedup")
     assert [text.get_text() for text in plain.legends[0].get_texts()] == list(LEGEND_LABELS[:2])
     assert not any(isinstance(c, ErrorbarContainer) for c in plain.axes[0].containers)
-    with pytest.raises(ValueError, match="one speedup per name \\(and one spread, where given\\), got 2 names, 2 speedups and 1 spreads"):
+    with pytest.raises(
+        ValueError,
+        match="one speedup per name \\(and one spread, where given\\), got 2 names, 2 speedups and 1 spreads",
+    ):
         speedup_figure(["a", "b"], [1.0, 2.0], "speedup", [None])
 
 
@@ -169,10 +219,18 @@ def test_compare_interleaves_baseline_and_accelerated_runs(tmp_path: Path, monke
     monkeypatch.chdir(tmp_path)  # the picture goes under outputs/ here
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     labels: list[str] = []
-    recipe = Recipe.from_dict({"model": {"name": "tiny-flux", "device": "cpu"}, "generate": {"steps": 2}, "cache": {"threshold": 0.4}})
+    recipe = Recipe.from_dict(
+        {"model": {"name": "tiny-flux", "device": "cpu"}, "generate": {"steps": 2}, "cache": {"threshold": 0.4}}
+    )
     metrics = run(recipe, compare=True, warmup=1, repeats=2, progress=lambda label: _bar(labels, label), out=None)
-    assert labels == ["baseline: run 1/2: warm-up 1/1", "baseline: run 1/2", "accelerated: run 1/2: warm-up 1/1", "accelerated: run 1/2",
-                      "baseline: run 2/2", "accelerated: run 2/2"]
+    assert labels == [
+        "baseline: run 1/2: warm-up 1/1",
+        "baseline: run 1/2",
+        "accelerated: run 1/2: warm-up 1/1",
+        "accelerated: run 1/2",
+        "baseline: run 2/2",
+        "accelerated: run 2/2",
+    ]
     assert len(metrics.times_s) == len(metrics.baseline_times_s) == 2 and metrics.compare_order == "interleaved"
     assert metrics.threads == {"count": default_threads(cpu_cores()), "source": "accel default"}
     assert metrics.speedup_spread[0] <= metrics.speedup <= metrics.speedup_spread[1]
@@ -194,7 +252,9 @@ def test_env_says_how_many_threads_a_cpu_run_uses(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     count = default_threads(cpu_cores())
-    assert environment()["devices"][0].endswith(f" {cpu_cores()} cores; {count} thread{'s' if count > 1 else ''} per run: accel default)")
+    assert environment()["devices"][0].endswith(
+        f" {cpu_cores()} cores; {count} thread{'s' if count > 1 else ''} per run: accel default)"
+    )
     import torch
 
     # OpenMP read the variable when torch started: a run honours it with the count torch has.

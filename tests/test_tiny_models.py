@@ -23,7 +23,28 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage  # noqa: E402
+from accel.models import (
+    chronoedit,
+    cogvideox,
+    cosmos3,
+    flux,
+    flux2,
+    helios,
+    hunyuan,
+    hunyuan15,
+    hunyuanimage,
+    kandinsky5,
+    kandinsky6,
+    ltx,
+    ltx2,
+    mochi,
+    qwenimage,
+    qwenimage21,
+    sd3,
+    skyreels2,
+    wan,
+    zimage,
+)  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from variant_cases import picture  # noqa: E402
 from test_pipeline_contract import NO_RELOAD  # noqa: E402
@@ -95,8 +116,15 @@ CASES = {
         name="skyreels2",
         build=skyreels2.build_tiny,
         pipeline_class=diffusers.SkyReelsV2Pipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  guidance_scale=6.0, output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=6.0,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 5, 64, 64, 3),
         block_lists=("blocks",),
@@ -123,8 +151,13 @@ CASES = {
         build=cogvideox.build_tiny,
         pipeline_class=diffusers.CogVideoXPipeline,
         call=dict(
-            negative_prompt="blurry, low quality", height=64, width=64, num_frames=9, num_inference_steps=4,
-            guidance_scale=6.0, output_type="np",
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=6.0,
+            output_type="np",
         ),
         output_attr="frames",
         output_shape=(1, 9, 64, 64, 3),
@@ -152,8 +185,13 @@ CASES = {
         build=ltx.build_tiny,
         pipeline_class=diffusers.LTXPipeline,
         call=dict(
-            negative_prompt="blurry, low quality", height=96, width=128, num_frames=9, num_inference_steps=4,
-            guidance_scale=3.0, output_type="np",
+            negative_prompt="blurry, low quality",
+            height=96,
+            width=128,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=3.0,
+            output_type="np",
         ),
         output_attr="frames",
         output_shape=(1, 9, 96, 128, 3),
@@ -167,8 +205,14 @@ CASES = {
         name="qwenimage",
         build=qwenimage.build_tiny,
         pipeline_class=diffusers.QwenImagePipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, true_cfg_scale=4.0,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            true_cfg_scale=4.0,
+            output_type="np",
+        ),
         output_attr="images",
         output_shape=(1, 64, 64, 3),
         block_lists=("transformer_blocks",),
@@ -183,8 +227,14 @@ CASES = {
         name="qwenimage21",
         build=qwenimage21.build_tiny,
         pipeline_class=diffusers.QwenImage21Pipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, true_cfg_scale=4.0,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            true_cfg_scale=4.0,
+            output_type="np",
+        ),
         output_attr="images",
         output_shape=(1, 64, 64, 4),  # its VAE decodes RGBA
         block_lists=("transformer_blocks",),
@@ -213,8 +263,14 @@ CASES = {
         name="sd3",
         build=sd3.build_tiny,
         pipeline_class=diffusers.StableDiffusion3Pipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, guidance_scale=3.5,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            guidance_scale=3.5,
+            output_type="np",
+        ),
         output_attr="images",
         output_shape=(1, 64, 64, 3),
         block_lists=("transformer_blocks",),
@@ -241,8 +297,14 @@ CASES = {
         name="zimage",
         build=zimage.build_tiny,
         pipeline_class=diffusers.ZImagePipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, guidance_scale=4.0,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            output_type="np",
+        ),
         output_attr="images",
         output_shape=(1, 64, 64, 3),
         block_lists=("layers", "noise_refiner", "context_refiner"),
@@ -258,8 +320,14 @@ CASES = {
         build=hunyuan15.build_tiny,
         pipeline_class=diffusers.HunyuanVideo15Pipeline,
         # The guider's scale (6.0 in the tiny pipeline) turns CFG on: no guidance keyword to pass.
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 5, 64, 64, 3),
         block_lists=("transformer_blocks",),
@@ -273,8 +341,15 @@ CASES = {
         name="kandinsky5",
         build=kandinsky5.build_tiny,
         pipeline_class=diffusers.Kandinsky5T2VPipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  guidance_scale=5.0, output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 5, 64, 64, 3),
         block_lists=("text_transformer_blocks", "visual_transformer_blocks"),
@@ -293,9 +368,19 @@ CASES = {
         pipeline_class=diffusers.LTX2Pipeline,
         # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
         # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
-        call=dict(negative_prompt="blurry, low quality", height=64, width=96, num_frames=9, num_inference_steps=4,
-                  guidance_scale=4.0, stg_scale=0.0, audio_stg_scale=0.0, modality_scale=1.0, audio_modality_scale=1.0,
-                  output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=96,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            stg_scale=0.0,
+            audio_stg_scale=0.0,
+            modality_scale=1.0,
+            audio_modality_scale=1.0,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 9, 64, 96, 3),
         block_lists=("transformer_blocks",),
@@ -309,8 +394,16 @@ CASES = {
         name="chronoedit",
         build=chronoedit.build_tiny,
         pipeline_class=diffusers.ChronoEditPipeline,
-        call=dict(image=picture(), negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  guidance_scale=5.0, output_type="np"),
+        call=dict(
+            image=picture(),
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 5, 64, 64, 3),  # the picture first, the edit last
         block_lists=("blocks",),
@@ -341,8 +434,16 @@ CASES = {
         pipeline_class=diffusers.HeliosPipeline,
         # Chunks of 2 latent frames (the tiny family's): 9 frames are two chunks of 5, the second
         # continuing the first's latents as history.
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=9, num_inference_steps=4,
-                  guidance_scale=5.0, num_latent_frames_per_chunk=helios.TINY_CHUNK, output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            num_latent_frames_per_chunk=helios.TINY_CHUNK,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 9, 64, 64, 3),  # two 5-frame chunks, cut to 4k + 1
         block_lists=("blocks",),
@@ -356,8 +457,16 @@ CASES = {
         name="cosmos3",
         build=cosmos3.build_tiny,
         pipeline_class=diffusers.Cosmos3OmniPipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  guidance_scale=5.0, enable_sound=True, output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            enable_sound=True,
+            output_type="np",
+        ),
         output_attr="video",
         output_shape=(5, 64, 64, 3),  # one sample, no batch dim
         block_lists=("layers",),
@@ -373,8 +482,15 @@ CASES = {
         name="kandinsky6",
         build=kandinsky6.build_tiny,
         pipeline_class=diffusers.Kandinsky6TI2VAPipeline,
-        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_frames=5, num_inference_steps=4,
-                  guidance_scale=5.0, output_type="np"),
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
         output_attr="frames",
         output_shape=(1, 5, 64, 64, 3),
         block_lists=("video_text_transformer_blocks", "audio_text_transformer_blocks", "visual_transformer_blocks"),
@@ -397,9 +513,7 @@ def generate(pipe: diffusers.DiffusionPipeline, case: Case, prompt: str = PROMPT
 
 def state(pipe: diffusers.DiffusionPipeline, case: Case) -> dict[str, torch.Tensor]:
     return {
-        f"{name}.{key}": value
-        for name in case.components
-        for key, value in getattr(pipe, name).state_dict().items()
+        f"{name}.{key}": value for name in case.components for key, value in getattr(pipe, name).state_dict().items()
     }
 
 
@@ -498,15 +612,15 @@ def test_text_and_latent_tokens_reach_the_transformer(pipe: diffusers.DiffusionP
     if case.negative_text_shape is None:
         assert seen == [(case.latent_shape, case.text_shape)] * case.transformer_calls
     else:  # positive then negative call in every step
-        assert seen == [(case.latent_shape, case.text_shape), (case.latent_shape, case.negative_text_shape)] * (case.transformer_calls // 2)
+        assert seen == [(case.latent_shape, case.text_shape), (case.latent_shape, case.negative_text_shape)] * (
+            case.transformer_calls // 2
+        )
 
 
 def test_short_max_sequence_length_runs(pipe: diffusers.DiffusionPipeline, case: Case) -> None:
     if "max_sequence_length" not in inspect.signature(type(pipe).__call__).parameters:
         pytest.skip(f"{type(pipe).__name__} pads its prompts to fixed lengths and takes no max_sequence_length")
-    out = pipe(
-        prompt=PROMPT, generator=torch.Generator().manual_seed(0), max_sequence_length=32, **case.call
-    )
+    out = pipe(prompt=PROMPT, generator=torch.Generator().manual_seed(0), max_sequence_length=32, **case.call)
     assert getattr(out, case.output_attr).shape == case.output_shape
 
 

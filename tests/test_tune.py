@@ -63,11 +63,15 @@ def test_bisection_finds_the_most_caching_setting_that_meets_the_target(last_pas
 
 def test_a_line_whose_fastest_setting_cannot_beat_the_best_costs_one_measurement() -> None:
     count = len(THRESHOLDS)
-    probe = Synthetic({"fast": falling(45.0, 0.1), "slow": falling(50.0, 2.0)},
-                      {"fast": [3.0] * count, "slow": [1.0 + 0.1 * i for i in range(count)]})
+    probe = Synthetic(
+        {"fast": falling(45.0, 0.1), "slow": falling(50.0, 2.0)},
+        {"fast": [3.0] * count, "slow": [1.0 + 0.1 * i for i in range(count)]},
+    )
     search = Search(PSNR_40, probe)
     search.run_line(Line("fast", {"method": "fbcache"}, "threshold", THRESHOLDS))
-    assert len(probe.calls) == 1 and search.best is not None and search.best.speedup == 3.0, "its top meets: nothing to bisect"
+    assert len(probe.calls) == 1 and search.best is not None and search.best.speedup == 3.0, (
+        "its top meets: nothing to bisect"
+    )
     search.run_line(Line("slow", {"method": "dbcache"}, "threshold", THRESHOLDS))
     assert [call for call in probe.calls if call[0] == "slow"] == [("slow", count - 1)]
     assert search.best.line == "fast"
@@ -75,8 +79,10 @@ def test_a_line_whose_fastest_setting_cannot_beat_the_best_costs_one_measurement
 
 def test_bisection_stops_once_a_failing_setting_is_no_faster_than_the_best() -> None:
     count = len(THRESHOLDS)
-    probe = Synthetic({"other": [45.0] * count, "steep": falling(60.0, 5.0)},
-                      {"other": [2.0] * count, "steep": [1.0 + 0.2 * i for i in range(count)]})
+    probe = Synthetic(
+        {"other": [45.0] * count, "steep": falling(60.0, 5.0)},
+        {"other": [2.0] * count, "steep": [1.0 + 0.2 * i for i in range(count)]},
+    )
     search = Search(PSNR_40, probe)
     search.run_line(Line("other", {"method": "fbcache"}, "threshold", THRESHOLDS))
     search.run_line(Line("steep", {"method": "dbcache"}, "threshold", THRESHOLDS))
@@ -95,17 +101,31 @@ def test_a_setting_that_caches_nothing_is_never_the_choice() -> None:
 
 def test_the_search_runs_every_line_then_the_winner_with_longer_warm_ups() -> None:
     names = [line.name for line in lines(4, 8, ((1.0, 0.9),))]
-    assert names == ["fbcache", "fbcache + taylorseer", "dbcache F2B0", "dbcache F2B0 + taylorseer", "dbcache F1B1",
-                     "dbcache F1B1 + taylorseer", "taylorseer", "taylorseer early", "taylorseer early+1", "magcache"]
+    assert names == [
+        "fbcache",
+        "fbcache + taylorseer",
+        "dbcache F2B0",
+        "dbcache F2B0 + taylorseer",
+        "dbcache F1B1",
+        "dbcache F1B1 + taylorseer",
+        "taylorseer",
+        "taylorseer early",
+        "taylorseer early+1",
+        "magcache",
+    ]
     deep = [line.name for line in lines(57, 3, None)]
     assert "dbcache F4B4 + taylorseer" in deep and "magcache" not in deep
-    assert next(line for line in lines(57, 3, None) if line.name == "taylorseer").values == (2,), "intervals shorter than the run"
+    assert next(line for line in lines(57, 3, None) if line.name == "taylorseer").values == (2,), (
+        "intervals shorter than the run"
+    )
     quality = {line.name: falling(55.0, 2.0) for line in lines(4, 12, None)}
     speed = {name: [1.0 + 0.1 * i for i in range(len(THRESHOLDS))] for name in quality}
     for name in ("taylorseer", "taylorseer early", "taylorseer early+1"):
         quality[name] = falling(55.0, 5.0, 6)
         speed[name] = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
-    for line, start in zip(warmup_lines(next(line for line in lines(4, 12, None) if line.name == "fbcache"), 12), (50.0, 52.0, 57.0)):
+    for line, start in zip(
+        warmup_lines(next(line for line in lines(4, 12, None) if line.name == "fbcache"), 12), (50.0, 52.0, 57.0)
+    ):
         quality[line.name] = falling(start, 1.0)  # the longer the warm-up, the better at the same threshold
         speed[line.name] = [1.0 + 0.1 * i for i in range(len(THRESHOLDS))]
     probe = Synthetic(quality, speed)
@@ -117,26 +137,50 @@ def test_the_search_runs_every_line_then_the_winner_with_longer_warm_ups() -> No
 
 def test_warm_up_lines_use_the_method_s_own_key() -> None:
     taylor = Line("taylorseer", {"method": "taylorseer"}, "interval", (2, 3))
-    assert [line.base for line in warmup_lines(taylor, 12)] == [{"method": "taylorseer", "disable_before": w} for w in (1, 2, 4)]
-    assert [line.base["warmup_steps"] for line in warmup_lines(Line("f", {"method": "fbcache"}, "threshold", (0.1,)), 6)] == [1, 2]
+    assert [line.base for line in warmup_lines(taylor, 12)] == [
+        {"method": "taylorseer", "disable_before": w} for w in (1, 2, 4)
+    ]
+    assert [
+        line.base["warmup_steps"] for line in warmup_lines(Line("f", {"method": "fbcache"}, "threshold", (0.1,)), 6)
+    ] == [1, 2]
 
 
 def test_the_pareto_front_is_what_no_other_complete_setting_beats_in_both() -> None:
     def trial(speedup: float, psnr_db: float, stopped: str | None = None) -> Trial:
         return Trial("l", {"method": "fbcache", "threshold": 0.1}, speedup, psnr_db, 1.0, 0.5, 2, True, stopped)
 
-    trials = [trial(1.5, 50.0), trial(2.0, 45.0), trial(1.4, 49.0), trial(2.0, 44.0), trial(3.0, 60.0, "below the target on prompt 1")]
+    trials = [
+        trial(1.5, 50.0),
+        trial(2.0, 45.0),
+        trial(1.4, 49.0),
+        trial(2.0, 44.0),
+        trial(3.0, 60.0, "below the target on prompt 1"),
+    ]
     mark_pareto(trials, PSNR_40)
     assert [t.pareto for t in trials] == [True, True, False, False, False]
 
 
 def test_describe_names_every_knob() -> None:
-    assert describe({"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "threshold": 0.226}) == \
-        "dbcache F2B1 +taylorseer t=0.226"
+    assert (
+        describe(
+            {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "threshold": 0.226}
+        )
+        == "dbcache F2B1 +taylorseer t=0.226"
+    )
     assert describe({"method": "taylorseer", "interval": 4, "disable_before": 2}) == "taylorseer every 4 from step 2"
     assert describe({"method": "taylorseer", "interval": 2, "extrapolate_early": True}) == "taylorseer every 2 early"
-    assert describe({"method": "taylorseer", "interval": 4, "extrapolate_early": True, "disable_before": 1, "interval_offset": 1}) == \
-        "taylorseer every 4 early offset 1 from step 1"
+    assert (
+        describe(
+            {
+                "method": "taylorseer",
+                "interval": 4,
+                "extrapolate_early": True,
+                "disable_before": 1,
+                "interval_offset": 1,
+            }
+        )
+        == "taylorseer every 4 early offset 1 from step 1"
+    )
     assert describe({"method": "magcache", "threshold": 0.08, "mag_ratios": ((1.0,),)}) == "magcache t=0.08"
 
 
@@ -145,12 +189,27 @@ def test_targets_parse(text: str, target: Target) -> None:
     assert parse_target(text) == target
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("lpips=0.1", "--target lpips=0.1: write METRIC=VALUE with METRIC psnr or ssim, e.g. --target psnr=32 or --target ssim=0.95"),
-    ("psnr=high", "--target psnr=high: 'high' is not a number; e.g. --target psnr=32 or --target ssim=0.95"),
-    ("psnr=inf", "--target psnr=inf: a PSNR target is a finite number of dB above 0 (e.g. psnr=32); an identical output needs no cache"),
-    ("ssim=1", "--target ssim=1: an SSIM target lies between 0 and 1 (e.g. ssim=0.95); 1 means an identical output, which needs no cache"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "lpips=0.1",
+            "--target lpips=0.1: write METRIC=VALUE with METRIC psnr or ssim, e.g. --target psnr=32 or --target "
+            "ssim=0.95",
+        ),
+        ("psnr=high", "--target psnr=high: 'high' is not a number; e.g. --target psnr=32 or --target ssim=0.95"),
+        (
+            "psnr=inf",
+            "--target psnr=inf: a PSNR target is a finite number of dB above 0 (e.g. psnr=32); an identical output "
+            "needs no cache",
+        ),
+        (
+            "ssim=1",
+            "--target ssim=1: an SSIM target lies between 0 and 1 (e.g. ssim=0.95); 1 means an identical output, "
+            "which needs no cache",
+        ),
+    ],
+)
 def test_bad_targets_are_one_line(text: str, message: str) -> None:
     with pytest.raises(UserError) as refused:
         parse_target(text)
@@ -199,8 +258,22 @@ def test_tune_finds_a_setting_that_meets_the_target_and_its_recipe_does(small_re
     from accel.quality import psnr
 
     out, plot = tmp_path / "tuned.toml", tmp_path / "curve.png"
-    result = CliRunner().invoke(app, ["tune", str(small_recipe), "--target", "psnr=45", "--prompts", str(_prompts(tmp_path, PROMPTS)),
-                                      "--out", str(out), "--plot", str(plot)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            str(small_recipe),
+            "--target",
+            "psnr=45",
+            "--prompts",
+            str(_prompts(tmp_path, PROMPTS)),
+            "--out",
+            str(out),
+            "--plot",
+            str(plot),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "★" in result.stdout and f"wrote {out} and {plot}" in result.stdout
     tuned = load_recipe(out)
@@ -214,26 +287,58 @@ def test_tune_finds_a_setting_that_meets_the_target_and_its_recipe_does(small_re
 
 def test_an_unreachable_target_is_refused_with_the_closest_setting(small_recipe: Path, tmp_path: Path) -> None:
     out = tmp_path / "never.toml"
-    result = CliRunner().invoke(app, ["tune", str(small_recipe), "--target", "psnr=300", "--prompts", str(_prompts(tmp_path, PROMPTS[:1])),
-                                      "--out", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            str(small_recipe),
+            "--target",
+            "psnr=300",
+            "--prompts",
+            str(_prompts(tmp_path, PROMPTS[:1])),
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 2
     line = result.stderr.strip()
-    assert line.startswith("error: accel tune: no cache setting reaches PSNR ≥ 300 dB on every prompt; the closest, ") and \
-        line.endswith("; lower the target"), line
+    assert line.startswith(
+        "error: accel tune: no cache setting reaches PSNR ≥ 300 dB on every prompt; the closest, "
+    ) and line.endswith("; lower the target"), line
     assert not out.exists() and not out.with_suffix(".png").exists()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that meets it, or --calibrate to "
-         "measure MagCache's curve"),
-    (["--target", "psnr=30", "--calibrate"], "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting "
-                                             "that meets it, or --calibrate to measure MagCache's curve; not both"),
-    (["--target", "psnr"], "--target psnr: write METRIC=VALUE with METRIC psnr or ssim, e.g. --target psnr=32 or --target ssim=0.95"),
-    (["--target", "psnr=30", "--prompts", "missing.txt"], "--prompts missing.txt: cannot read it (No such file or directory)"),
-    (["--target", "psnr=30", "--repeats", "0"], "--repeats must be >= 1, got 0"),
-    (["--target", "psnr=30", "--gpus", "0"], "--gpus must be >= 1, got 0"),
-    (["--target", "psnr=30", "--out", "no/such/folder/x.toml"], "--out no/such/folder/x.toml: no folder no/such/folder; create it or pass another --out"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [],
+            "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that meets it, "
+            "or --calibrate to "
+            "measure MagCache's curve",
+        ),
+        (
+            ["--target", "psnr=30", "--calibrate"],
+            "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting "
+            "that meets it, or --calibrate to measure MagCache's curve; not both",
+        ),
+        (
+            ["--target", "psnr"],
+            "--target psnr: write METRIC=VALUE with METRIC psnr or ssim, e.g. --target psnr=32 or --target ssim=0.95",
+        ),
+        (
+            ["--target", "psnr=30", "--prompts", "missing.txt"],
+            "--prompts missing.txt: cannot read it (No such file or directory)",
+        ),
+        (["--target", "psnr=30", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--target", "psnr=30", "--gpus", "0"], "--gpus must be >= 1, got 0"),
+        (
+            ["--target", "psnr=30", "--out", "no/such/folder/x.toml"],
+            "--out no/such/folder/x.toml: no folder no/such/folder; create it or pass another --out",
+        ),
+    ],
+)
 def test_tune_refusals_are_one_line_before_any_model_loads(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["tune", "recipes/tiny-flux.toml", *args], catch_exceptions=False)
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}"
@@ -243,12 +348,29 @@ def test_tune_refuses_an_empty_prompt_file_and_an_existing_plot(tmp_path: Path) 
     empty = tmp_path / "empty.txt"
     empty.write_text("# nothing\n\n")
     runner = CliRunner()
-    result = runner.invoke(app, ["tune", "recipes/tiny-flux.toml", "--target", "psnr=30", "--prompts", str(empty)], catch_exceptions=False)
-    assert result.exit_code == 2 and result.stderr.strip() == f"error: --prompts {empty}: no prompt in it; write one prompt a line"
+    result = runner.invoke(
+        app, ["tune", "recipes/tiny-flux.toml", "--target", "psnr=30", "--prompts", str(empty)], catch_exceptions=False
+    )
+    assert (
+        result.exit_code == 2
+        and result.stderr.strip() == f"error: --prompts {empty}: no prompt in it; write one prompt a line"
+    )
     taken = tmp_path / "taken.png"
     taken.write_bytes(b"")
-    result = runner.invoke(app, ["tune", "recipes/tiny-flux.toml", "--target", "psnr=30", "--out", str(tmp_path / "t.toml"),
-                                 "--plot", str(taken)], catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "recipes/tiny-flux.toml",
+            "--target",
+            "psnr=30",
+            "--out",
+            str(tmp_path / "t.toml"),
+            "--plot",
+            str(taken),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: --plot {taken} exists: accel tune never overwrites; pass another --plot"
 
@@ -256,9 +378,27 @@ def test_tune_refuses_an_empty_prompt_file_and_an_existing_plot(tmp_path: Path) 
 def test_tune_on_two_ranks_searches_together_and_writes_one_recipe(small_recipe: Path, tmp_path: Path) -> None:
     out = tmp_path / "two.toml"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-m", "accel.cli", "tune", str(small_recipe), "--target", "psnr=40", "--gpus", "2",
-                           "--prompts", str(_prompts(tmp_path, PROMPTS[:1])), "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accel.cli",
+            "tune",
+            str(small_recipe),
+            "--target",
+            "psnr=40",
+            "--gpus",
+            "2",
+            "--prompts",
+            str(_prompts(tmp_path, PROMPTS[:1])),
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("chosen: ") == 1, "rank 0 alone reports"
     tuned = load_recipe(out)

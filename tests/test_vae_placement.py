@@ -11,8 +11,10 @@ import parallel_cases as cases
 from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
 
 RANK0 = {"memory": {"vae": "rank0"}}
-REFUSAL = ('[memory] vae = "rank0" and [vae] parallel = true do not compose: the split decode needs every rank to decode; '
-           'set vae = "replicated" to split the decode, or parallel = false to decode on the first rank alone')
+REFUSAL = (
+    '[memory] vae = "rank0" and [vae] parallel = true do not compose: the split decode needs every rank to decode; '
+    'set vae = "replicated" to split the decode, or parallel = false to decode on the first rank alone'
+)
 TAIL = "; call the pipeline with the same arguments on every rank"
 
 
@@ -21,7 +23,9 @@ def test_only_the_first_rank_decodes_and_equals_one_process(rank_pools, parallel
     case = FAMILY_CASES["flux"]
     expected, _ = reference("flux", case.call)
     call = dict(case.call, output_type="np")
-    lead, other = rank_pools(2).run(cases.first_rank_decodes_run, "tiny-flux", {"parallel": parallel, **RANK0}, [call, call])
+    lead, other = rank_pools(2).run(
+        cases.first_rank_decodes_run, "tiny-flux", {"parallel": parallel, **RANK0}, [call, call]
+    )
     assert lead["outcome"][0] == "ok" and np.abs(lead["outcome"][1] - expected).max() <= TOLERANCE
     assert lead["decodes"] >= 1
     assert other["outcome"] == ("ok", None) and other["decodes"] == 0  # latents back, the decoder never ran
@@ -35,15 +39,27 @@ def test_output_type_may_differ_only_under_rank0_and_nothing_else_may(rank_pools
     call = dict(FAMILY_CASES["flux"].call, num_inference_steps=2)
     pool = rank_pools(2)
     ulysses = {"parallel": {"ulysses": 2}}
-    lead, other = pool.run(cases.first_rank_decodes_run, "tiny-flux", {**ulysses, **RANK0},
-                           [dict(call, output_type="np"), dict(call, output_type="pil")])
+    lead, other = pool.run(
+        cases.first_rank_decodes_run,
+        "tiny-flux",
+        {**ulysses, **RANK0},
+        [dict(call, output_type="np"), dict(call, output_type="pil")],
+    )
     assert lead["outcome"][0] == "ok" and lead["outcome"][1].shape[-1] == 3 and other["outcome"] == ("ok", None)
-    runs = pool.run(cases.first_rank_decodes_run, "tiny-flux", {**ulysses, **RANK0},
-                    [dict(call, output_type="np"), dict(call, output_type="np", num_inference_steps=1)])
+    runs = pool.run(
+        cases.first_rank_decodes_run,
+        "tiny-flux",
+        {**ulysses, **RANK0},
+        [dict(call, output_type="np"), dict(call, output_type="np", num_inference_steps=1)],
+    )
     message = f"UserError: ranks were called with different num_inference_steps (rank 0: 2, rank 1: 1){TAIL}"
     assert [run["outcome"] for run in runs] == [("error", message)] * 2
-    runs = pool.run(cases.first_rank_decodes_run, "tiny-flux", ulysses,
-                    [dict(call, output_type="np"), dict(call, output_type="pil")])
+    runs = pool.run(
+        cases.first_rank_decodes_run,
+        "tiny-flux",
+        ulysses,
+        [dict(call, output_type="np"), dict(call, output_type="pil")],
+    )
     message = f"UserError: ranks were called with different output_type (rank 0: 'np', rank 1: 'pil'){TAIL}"
     assert [run["outcome"] for run in runs] == [("error", message)] * 2
     assert all(run["decodes"] == 0 and run["unwrapped"] for run in runs)
@@ -99,12 +115,17 @@ def test_rank0_with_the_parallel_decode_is_refused_at_apply(tiny_flux) -> None:
     assert wrappers(tiny_flux, "__call__") == []
 
 
-@pytest.mark.parametrize("argv, line", [
-    (["run", "tiny-flux", "--gpus", "2", "--vae-placement", "rank0", "--parallel-vae"], REFUSAL),
-    (["serve", "tiny-flux", "--gpus", "2", "--vae-placement", "rank0", "--parallel-vae"], REFUSAL),
-    (["run", "tiny-flux", "--gpus", "2", "--vae-placement", "rank1"],
-     "command line: [memory] vae must be replicated or rank0, got 'rank1'"),
-])
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["run", "tiny-flux", "--gpus", "2", "--vae-placement", "rank0", "--parallel-vae"], REFUSAL),
+        (["serve", "tiny-flux", "--gpus", "2", "--vae-placement", "rank0", "--parallel-vae"], REFUSAL),
+        (
+            ["run", "tiny-flux", "--gpus", "2", "--vae-placement", "rank1"],
+            "command line: [memory] vae must be replicated or rank0, got 'rank1'",
+        ),
+    ],
+)
 def test_refusals_are_one_line_before_any_rank_starts(argv: list[str], line: str) -> None:
     from typer.testing import CliRunner
 

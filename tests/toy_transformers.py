@@ -163,7 +163,9 @@ def flux_plan_outputs(ring: int, ulysses: int) -> list[torch.Tensor]:
         encoder_hidden_states=torch.randn(1, 7, config.joint_attention_dim, generator=generator),
         pooled_projections=torch.randn(1, config.pooled_projection_dim, generator=generator),
         timestep=torch.tensor([0.5]),
-        img_ids=torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(5.0), indexing="ij"), -1).reshape(15, 3),
+        img_ids=torch.stack(
+            torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(5.0), indexing="ij"), -1
+        ).reshape(15, 3),
         txt_ids=torch.zeros(7, 3),
         guidance=torch.tensor([3.5]),
         return_dict=False,
@@ -199,8 +201,12 @@ class DualAttentionBlock(nn.Module):
         self.attn = _SelfAttention(dim)
         self.attn2 = _SelfAttention(dim)
 
-    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                tables: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         image_table, text_table = tables  # position data per token, as a rotary table is
         joint = self.attn(torch.cat([encoder_hidden_states + text_table, hidden_states + image_table], 1))
         text, image = joint.split([encoder_hidden_states.shape[1], hidden_states.shape[1]], 1)
@@ -223,7 +229,9 @@ class DualAttentionModel(nn.Module):
 
 class _Tables(nn.Module):
     def forward(self, image: int, text: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.arange(image, dtype=torch.float32)[:, None] / image, -torch.arange(text, dtype=torch.float32)[:, None] / text
+        return torch.arange(image, dtype=torch.float32)[:, None] / image, -torch.arange(text, dtype=torch.float32)[
+            :, None
+        ] / text
 
 
 DUAL_ATTENTION_PLAN = ParallelPlan(
@@ -275,7 +283,9 @@ class UnifiedModel(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([_Layer(dim) for _ in range(2)])
 
-    def forward(self, image: torch.Tensor, text: torch.Tensor, residuals: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, image: torch.Tensor, text: torch.Tensor, residuals: dict[int, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         x = torch.cat([image, text], dim=1)
         for index, layer in enumerate(self.layers):
             x = layer(x)
@@ -287,7 +297,10 @@ class UnifiedModel(nn.Module):
 def unified_plan(at: str) -> ParallelPlan:
     """UnifiedModel's plan: the residuals cut at the forward (at "") or where layers.0 starts."""
     return ParallelPlan(
-        splits=(SequenceSplit("x", "unified", dim=1, module="layers.0"), SequenceSplit("residuals", "unified", dim=1, at=at)),
+        splits=(
+            SequenceSplit("x", "unified", dim=1, module="layers.0"),
+            SequenceSplit("residuals", "unified", dim=1, at=at),
+        ),
         attention_keys=("unified",),
         output_stream="unified",
         output_dim=1,
@@ -311,5 +324,7 @@ def residual_mapping_error(ulysses: int, ring: int, at: str, image: int = 7, tex
             got = model(image_tokens, text_tokens, residuals)
         finally:
             engine.remove()
-    assert sorted(residuals) == [0, 1] and all(r.shape[1] == image + text for r in residuals.values())  # the caller's, untouched
+    assert sorted(residuals) == [0, 1] and all(
+        r.shape[1] == image + text for r in residuals.values()
+    )  # the caller's, untouched
     return (got - expected).abs().max().item()

@@ -52,12 +52,22 @@ def ltx_noise_vae() -> Any:
 
     torch.manual_seed(5)
     vae = AutoencoderKLLTXVideo(
-        latent_channels=16, block_out_channels=(8, 16, 16, 16), decoder_block_out_channels=(16, 16, 16, 16),
-        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
-        spatio_temporal_scaling=(True, True, True, False), decoder_spatio_temporal_scaling=(True, True, True, False),
-        decoder_inject_noise=(True, True, True, True, False), upsample_residual=(False, False, False, False),
-        upsample_factor=(1, 1, 1, 1), timestep_conditioning=True, patch_size=4, patch_size_t=1,
-        resnet_norm_eps=1e-6, encoder_causal=True, decoder_causal=False,
+        latent_channels=16,
+        block_out_channels=(8, 16, 16, 16),
+        decoder_block_out_channels=(16, 16, 16, 16),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True, False),
+        decoder_spatio_temporal_scaling=(True, True, True, False),
+        decoder_inject_noise=(True, True, True, True, False),
+        upsample_residual=(False, False, False, False),
+        upsample_factor=(1, 1, 1, 1),
+        timestep_conditioning=True,
+        patch_size=4,
+        patch_size_t=1,
+        resnet_norm_eps=1e-6,
+        encoder_causal=True,
+        decoder_causal=False,
     ).eval()
     with torch.no_grad():  # the noise scales start at zero, which would hide the noise
         for name, parameter in vae.named_parameters():
@@ -73,8 +83,9 @@ def tiny_vae(model: str) -> Any:
     return _vaes[model]
 
 
-def vae_decode_case(model: str, rows: int, cols: int, frames: int | None, tiles: dict[str, Any] | None = None,
-                    all_ranks: bool = False) -> dict[str, Any]:
+def vae_decode_case(
+    model: str, rows: int, cols: int, frames: int | None, tiles: dict[str, Any] | None = None, all_ranks: bool = False
+) -> dict[str, Any]:
     """Split decode against the single-process decode on this rank: max abs difference where the
     pixels arrive (None elsewhere), the largest tensor each way, and whether the others got zeros.
     `tiles`: decode tiled, with these VAE tile attributes."""

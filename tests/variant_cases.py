@@ -36,7 +36,10 @@ def has_text_encoders(family: str) -> bool:
     prompt's token ids itself): text encoder placement has something to place."""
     import diffusers
 
-    return any(name.startswith("text_encoder") for name in inspect.signature(getattr(diffusers, FAMILIES[family].pipeline_class)).parameters)
+    return any(
+        name.startswith("text_encoder")
+        for name in inspect.signature(getattr(diffusers, FAMILIES[family].pipeline_class)).parameters
+    )
 
 
 def run_written(out: Any, *args: str) -> tuple[np.ndarray, Any]:
@@ -47,7 +50,9 @@ def run_written(out: Any, *args: str) -> tuple[np.ndarray, Any]:
     from accel.cli import app
     from accel.media import read_audio, read_video
 
-    result = CliRunner().invoke(app, ["run", *args, "--steps", "2", "--warmup", "0", "--out", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        app, ["run", *args, "--steps", "2", "--warmup", "0", "--out", str(out)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     return read_video(out), read_audio(out)
 
@@ -97,31 +102,57 @@ def variant_call(family: str, pipeline_class: str, call: dict[str, Any]) -> dict
         arguments["_auto_resize"] = False  # Kontext: keep the reference at the call's size, not ~1 megapixel
     common = {key: value for key, value in call.items() if key in taken}  # Fill has no negative prompt
     # A variant's own input files (Animate's pose video), unless the call brings its own (a face crop).
-    named = {spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
-             for spec in variant.inputs if spec.required and spec.when is None and spec.kind != "latents"}
-    fixed: dict[str, Any] = {}  # a latent input's fields, from a pass of the pipeline that makes them at the call's size
+    named = {
+        spec.keyword: clip(size, frames) if spec.kind == "video" else picture(size)
+        for spec in variant.inputs
+        if spec.required and spec.when is None and spec.kind != "latents"
+    }
+    fixed: dict[
+        str, Any
+    ] = {}  # a latent input's fields, from a pass of the pipeline that makes them at the call's size
     for spec in (spec for spec in variant.inputs if spec.kind == "latents"):
         fields = latent_pass(family, spec.made_by[0], call.get("prompt", "a red fox"), size, frames)
         named.update({keyword: fields[field] for field, keyword in spec.fields})
         fixed.update(spec.settings(fields) if spec.settings else {})
     if variant.references is not None:  # a reference clip of the call's length (IC-LoRA's depth or pose video)
-        named[variant.references.keyword] = [condition_object(variant.references, clip(size, frames), 0, 1.0, tiny=True)]
+        named[variant.references.keyword] = [
+            condition_object(variant.references, clip(size, frames), 0, 1.0, tiny=True)
+        ]
     if variant.conditions is not None:  # one that replaces the first latent frame, one appended as extra tokens
-        named[variant.conditions.keyword] = [condition_object(variant.conditions, picture(size), 0, 1.0, tiny=True),
-                                             condition_object(variant.conditions, picture(size), -1, 0.8, tiny=True)]
-    return {**named, **dict(variant.arguments), **common, **arguments, **dict(variant.fixed), **dict(variant.tiny_fixed), **fixed}
+        named[variant.conditions.keyword] = [
+            condition_object(variant.conditions, picture(size), 0, 1.0, tiny=True),
+            condition_object(variant.conditions, picture(size), -1, 0.8, tiny=True),
+        ]
+    return {
+        **named,
+        **dict(variant.arguments),
+        **common,
+        **arguments,
+        **dict(variant.fixed),
+        **dict(variant.tiny_fixed),
+        **fixed,
+    }
 
 
 _passes: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def latent_pass(family: str, pipeline_class: str, prompt: str, size: tuple[int, int], frames: int) -> dict[str, Any]:
-    """The latent output fields of one seed-0 pass of `pipeline_class` (what `--out NAME.pt` saves), once per process."""
+    """The latent output fields of one seed-0 pass of `pipeline_class` (what `--out NAME.pt` saves), once per
+    process."""
     key = (family, pipeline_class, prompt, size, frames)
     if key not in _passes:
-        result = variant_pipeline(family, pipeline_class)(prompt=prompt, width=size[0], height=size[1], num_frames=frames,
-                                                          generator=torch.Generator().manual_seed(0), output_type="latent")
-        _passes[key] = {name: getattr(result, name) for name in variant_of(FAMILIES[family], pipeline_class).latent_output}
+        result = variant_pipeline(family, pipeline_class)(
+            prompt=prompt,
+            width=size[0],
+            height=size[1],
+            num_frames=frames,
+            generator=torch.Generator().manual_seed(0),
+            output_type="latent",
+        )
+        _passes[key] = {
+            name: getattr(result, name) for name in variant_of(FAMILIES[family], pipeline_class).latent_output
+        }
     return _passes[key]
 
 
@@ -131,7 +162,9 @@ def call_parameters(pipeline_class: str) -> set[str]:
     return set(inspect.signature(getattr(diffusers, pipeline_class).__call__).parameters)
 
 
-def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any]) -> tuple[np.ndarray, int, int]:
+def variant_run(
+    family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any]
+) -> tuple[np.ndarray, int, int]:
     """(output, calls the cache skipped, bytes this rank sent) of the variant under `recipe`."""
     import accel
     from accel.parallel.comm import TRAFFIC
@@ -141,7 +174,9 @@ def variant_run(family: str, pipeline_class: str, recipe: dict[str, Any], call: 
     handle = accel.apply(pipe, recipe)
     TRAFFIC.reset()
     try:
-        result = pipe(**variant_call(family, pipeline_class, call), generator=torch.Generator().manual_seed(0), output_type="np")
+        result = pipe(
+            **variant_call(family, pipeline_class, call), generator=torch.Generator().manual_seed(0), output_type="np"
+        )
         stats = handle.cache_stats
     finally:
         handle.remove()
@@ -158,11 +193,15 @@ def as_decoded(output: np.ndarray, family: str, pipeline_class: str) -> np.ndarr
     from diffusers.pipelines.ltx2.image_processor import LTX2VideoHDRProcessor as LogC3
 
     linear = output.astype(np.float64)
-    logarithmic = LogC3._LOGC3_C * np.log10(np.maximum(LogC3._LOGC3_A * linear + LogC3._LOGC3_B, 1e-30)) + LogC3._LOGC3_D
+    logarithmic = (
+        LogC3._LOGC3_C * np.log10(np.maximum(LogC3._LOGC3_A * linear + LogC3._LOGC3_B, 1e-30)) + LogC3._LOGC3_D
+    )
     return np.where(linear >= LogC3._LOGC3_CUT, logarithmic, LogC3._LOGC3_E * linear + LogC3._LOGC3_F)
 
 
-def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], block: str, argument: str) -> list[Any]:
+def block_argument(
+    family: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], block: str, argument: str
+) -> list[Any]:
     """The values `argument` of the transformer's module `block` (a dotted name) took in each call
     of the variant under `recipe`, as the block received them (after accel's hooks)."""
     import accel
@@ -172,8 +211,9 @@ def block_argument(family: str, pipeline_class: str, recipe: dict[str, Any], cal
     module = pipe.transformer.get_submodule(block)
     signature = inspect.signature(module.forward)
     seen: list[Any] = []
-    hook = module.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(signature.bind(*args, **kwargs).arguments[argument]),
-                                            with_kwargs=True)
+    hook = module.register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append(signature.bind(*args, **kwargs).arguments[argument]), with_kwargs=True
+    )
     try:
         pipe(**variant_call(family, pipeline_class, call), generator=torch.Generator().manual_seed(0), output_type="np")
     finally:

@@ -99,7 +99,10 @@ class BlockCache(StepCache[_BranchState]):
     ) -> None:
         blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
         if first_blocks < self.least_first_blocks:
-            raise ValueError(f"first_blocks must be at least {self.least_first_blocks} (the decision reads their residual), got {first_blocks}")
+            raise ValueError(
+                f"first_blocks must be at least {self.least_first_blocks} (the decision reads their residual), got "
+                f"{first_blocks}"
+            )
         if last_blocks < 0:
             raise ValueError(f"last_blocks must be 0 or more, got {last_blocks}")
         if first_blocks + last_blocks >= len(blocks):
@@ -117,7 +120,9 @@ class BlockCache(StepCache[_BranchState]):
             raise ValueError(f"calibrator must be 'none' or 'taylorseer', got {calibrator!r}")
         if calibrator == "taylorseer":
             TaylorSeer(taylor_order)  # an order it cannot use fails here, not at the first cached call
-        self._new_calibrator: Callable[[], Calibrator] = Reuse if calibrator == "none" else lambda: TaylorSeer(taylor_order)
+        self._new_calibrator: Callable[[], Calibrator] = (
+            Reuse if calibrator == "none" else lambda: TaylorSeer(taylor_order)
+        )
         self.threshold = threshold
         self.first_blocks = first_blocks
         self.last_blocks = last_blocks
@@ -137,7 +142,9 @@ class BlockCache(StepCache[_BranchState]):
         middle_end = len(blocks) - last_blocks - 1
         for index, (spec, block) in enumerate(blocks):
             role = "head" if index < first_blocks else "middle" if index <= middle_end else "tail"
-            slot = _Slot(spec, inspect.signature(block.forward), role, index == 0, index == first_blocks - 1, index == middle_end)
+            slot = _Slot(
+                spec, inspect.signature(block.forward), role, index == 0, index == first_blocks - 1, index == middle_end
+            )
             self._wrap(block, slot)
 
     def new_state(self) -> _BranchState:
@@ -180,7 +187,8 @@ class BlockCache(StepCache[_BranchState]):
         raise NotImplementedError("a cache without head blocks decides before block 0")
 
     def _computed(self, spec: BlockList, final: dict[str, Any], start: dict[str, Any]) -> None:
-        """A computed call's middle ended with `final` from `start`, both `spec`'s streams (a subclass may measure it)."""
+        """A computed call's middle ended with `final` from `start`, both `spec`'s streams (a subclass may measure
+        it)."""
 
     def _primary(self, spec: BlockList, streams: dict[str, Any]) -> torch.Tensor:
         """The primary stream out of `spec`'s streams: its own tensor, or its stretch of a joined
@@ -241,11 +249,14 @@ class BlockCache(StepCache[_BranchState]):
             if slot.middle_end:
                 final = _streams(slot.spec, output)
                 start = self._start_as(slot.spec)
-                self._state.calibrator.record(self._step, {
-                    name: final[name] - start[name]
-                    for name in slot.spec.returns
-                    if isinstance(final[name], torch.Tensor) and isinstance(start.get(name), torch.Tensor)
-                })
+                self._state.calibrator.record(
+                    self._step,
+                    {
+                        name: final[name] - start[name]
+                        for name in slot.spec.returns
+                        if isinstance(final[name], torch.Tensor) and isinstance(start.get(name), torch.Tensor)
+                    },
+                )
                 self._state.computed = True
                 self._computed(slot.spec, final, start)
             return output
@@ -277,10 +288,12 @@ class BlockCache(StepCache[_BranchState]):
         real = self.real_tokens() if self.real_tokens is not None else None
         if real is not None:  # tokens along dim -2, as every family's block streams hold them
             residual, previous = residual.narrow(-2, 0, real), previous.narrow(-2, 0, real)
-        sums = torch.stack([
-            torch.sum(torch.abs(residual - previous), dtype=torch.float32),
-            torch.sum(torch.abs(previous), dtype=torch.float32),
-        ])
+        sums = torch.stack(
+            [
+                torch.sum(torch.abs(residual - previous), dtype=torch.float32),
+                torch.sum(torch.abs(previous), dtype=torch.float32),
+            ]
+        )
         if self.group is not None:
             dist.all_reduce(sums, group=self.group)
         ratio = torch.where(sums[1] > 0, sums[0] / sums[1], torch.full_like(sums[0], float("inf")))

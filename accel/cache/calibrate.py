@@ -59,14 +59,17 @@ class TaylorSeer:
     def record(self, step: int, residuals: Residuals) -> None:
         if self._history and self._history[-1][0] == step:  # a recomputation of the same step replaces it
             self._history.pop()
-        self._history = [*self._history, (step, residuals)][-(self.order + 1):]
+        self._history = [*self._history, (step, residuals)][-(self.order + 1) :]
 
     def predict(self, step: int) -> Residuals:
         if not self._history:
             return {}
         steps = [float(s) for s, _ in self._history]
-        return {name: _newton(steps, [residuals[name] for _, residuals in self._history], float(step))
-                for name in self._history[-1][1] if all(name in residuals for _, residuals in self._history)}
+        return {
+            name: _newton(steps, [residuals[name] for _, residuals in self._history], float(step))
+            for name in self._history[-1][1]
+            if all(name in residuals for _, residuals in self._history)
+        }
 
 
 def _newton(steps: list[float], values: list[Tensor], at: float) -> Tensor:

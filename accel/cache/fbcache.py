@@ -16,7 +16,9 @@ from accel.models.base import BlockList
 
 
 class FirstBlockCache(BlockCache):
-    def __init__(self, transformer: nn.Module, block_lists: Sequence[BlockList], *, threshold: float, **options: Any) -> None:
+    def __init__(
+        self, transformer: nn.Module, block_lists: Sequence[BlockList], *, threshold: float, **options: Any
+    ) -> None:
         if len(list(_blocks(transformer, block_lists))) < 2:
             raise ValueError("First Block Cache needs a transformer with at least two blocks")
         super().__init__(transformer, block_lists, threshold=threshold, first_blocks=1, last_blocks=0, **options)

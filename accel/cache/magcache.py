@@ -53,14 +53,28 @@ class MagCache(BlockCache):
         real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
         if not calibrate and not any(mag_ratios):
-            raise ValueError("magcache needs mag_ratios, this pipeline's per-step magnitude ratios (accel tune RECIPE --calibrate measures them)")
+            raise ValueError(
+                "magcache needs mag_ratios, this pipeline's per-step magnitude ratios (accel tune RECIPE --calibrate "
+                "measures them)"
+            )
         self.mag_ratios = [list(curve) for curve in mag_ratios]
         self.calibrate = calibrate
         self.recorded: list[tuple[int, int, float]] = []  # calibration: (branch, step, ratio) of each call
         self._num_steps = 0
-        super().__init__(transformer, block_lists, threshold=threshold, first_blocks=0, last_blocks=0, warmup_steps=warmup_steps,
-                         max_consecutive_cached=max_consecutive_cached, max_cached_steps=max_cached_steps,
-                         primary_stream=primary_stream, events=events, group=group, real_tokens=real_tokens)
+        super().__init__(
+            transformer,
+            block_lists,
+            threshold=threshold,
+            first_blocks=0,
+            last_blocks=0,
+            warmup_steps=warmup_steps,
+            max_consecutive_cached=max_consecutive_cached,
+            max_cached_steps=max_cached_steps,
+            primary_stream=primary_stream,
+            events=events,
+            group=group,
+            real_tokens=real_tokens,
+        )
 
     def new_state(self) -> _MagState:
         return _MagState(self._new_calibrator())

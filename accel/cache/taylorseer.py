@@ -88,10 +88,17 @@ class TaylorSeerCache(StepCache[_BranchState]):
         if not 0 <= interval_offset < interval:
             raise ValueError(f"interval_offset must be in [0, interval = {interval}), got {interval_offset}")
         TaylorSeer(taylor_order)  # an order it cannot use fails here
-        modules = [child for spec in block_lists for block in getattr(transformer, spec.attr)
-                   for child in block.children() if CACHED_MODULE.fullmatch(type(child).__name__)]
+        modules = [
+            child
+            for spec in block_lists
+            for block in getattr(transformer, spec.attr)
+            for child in block.children()
+            if CACHED_MODULE.fullmatch(type(child).__name__)
+        ]
         if not modules:
-            raise ValueError(f"{type(transformer).__name__}'s blocks have no attention or feed-forward module to extrapolate")
+            raise ValueError(
+                f"{type(transformer).__name__}'s blocks have no attention or feed-forward module to extrapolate"
+            )
         self.interval = interval
         self.taylor_order = taylor_order
         self.disable_before = disable_before

@@ -20,8 +20,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
-                                           unset_fake_temporarily)
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -38,8 +43,15 @@ from accel.vae.masks import fill_masks_by_frame
 
 DTYPE = torch.bfloat16
 # Config keys that set a transformer's depth: one block of each kind measures its working peak.
-DEPTH_KEYS = ("num_layers", "num_single_layers", "num_refiner_layers", "n_layers", "n_refiner_layers", "num_text_blocks",
-              "num_visual_blocks")
+DEPTH_KEYS = (
+    "num_layers",
+    "num_single_layers",
+    "num_refiner_layers",
+    "n_layers",
+    "n_refiner_layers",
+    "num_text_blocks",
+    "num_visual_blocks",
+)
 
 
 @dataclass(frozen=True)
@@ -171,7 +183,9 @@ class _FusedAttention(TorchFunctionMode):
     and its full score matrix (Wan 14B's cross-attention at 720p: 10 GiB that no GPU allocates); a GPU
     runs a fused kernel. Under this mode SDPA calls go to accel's kernel choice, as on the GPU."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is not torch.nn.functional.scaled_dot_product_attention:
             return func(*args, **kwargs)
@@ -217,7 +231,9 @@ class KnownValues(TorchDispatchMode):
         self.values: Any = WeakTensorKeyDictionary()
         self.storages: set[int] = set()  # of tensors with values (or once had): who may need forgetting
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         tensors = _tensors_in((*args, *kwargs.values()))
         # Real tensors are `torch.tensor`'s data; only torch's own ops run on twins (not collectives).
@@ -233,8 +249,12 @@ class KnownValues(TorchDispatchMode):
                 return self.__torch_dispatch__(func, types, (args[0], positions, *args[2:]), kwargs)
             raise
         results = _tensors_in(out if isinstance(out, (tuple, list)) else (out,))
-        if (known and torch.Tag.nondeterministic_seeded not in func.tags and not func.name().startswith("aten::empty")
-                and all(t.numel() <= KNOWN_NUMEL for t in tensors + results)):
+        if (
+            known
+            and torch.Tag.nondeterministic_seeded not in func.tags
+            and not func.name().startswith("aten::empty")
+            and all(t.numel() <= KNOWN_NUMEL for t in tensors + results)
+        ):
             for fake, value in zip(tree_flatten(out)[0], tree_flatten(self._real(func, args, kwargs))[0]):
                 if isinstance(fake, torch.Tensor) and isinstance(value, torch.Tensor):
                     self._remember(fake, value)
@@ -242,12 +262,17 @@ class KnownValues(TorchDispatchMode):
             named = dict(zip((a.name for a in func._schema.arguments), args)) | kwargs
             for argument in func._schema.arguments:
                 written = named.get(argument.name)
-                if argument.alias_info is not None and argument.alias_info.is_write and isinstance(written, torch.Tensor):
+                if (
+                    argument.alias_info is not None
+                    and argument.alias_info.is_write
+                    and isinstance(written, torch.Tensor)
+                ):
                     self._forget(written)
         return out
 
     def _real(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """`func` on the CPU twins of its tensors (devices mapped to the CPU), outside the fake mode."""
+
         def twin(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
                 return self.values[x] if isinstance(x, FakeTensor) else x
@@ -296,8 +321,10 @@ def _fake_or_real(device: str, fake: bool = True) -> Iterator[None]:
         yield
         return
     if not torch.backends.cuda.is_built():  # a CPU-only build cannot index a tensor on `cuda`, fake or not
-        raise UserError(f"accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default "
-                        f"wheel; no GPU needed): torch {torch.__version__} is CPU-only")
+        raise UserError(
+            f"accel's memory plan measures on fake CUDA, which needs torch's CUDA build (PyPI's default "
+            f"wheel; no GPU needed): torch {torch.__version__} is CPU-only"
+        )
     with FakeTensorMode(allow_non_fake_inputs=False), KnownValues(), _FusedAttention():
         yield
 
@@ -307,8 +334,9 @@ def _tracked_device(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def transformer_working(family: Family, flagship: Flagship, size: Size, degrees: Degrees, device: str = "cuda",
-                        fake: bool = True) -> int:
+def transformer_working(
+    family: Family, flagship: Flagship, size: Size, degrees: Degrees, device: str = "cuda", fake: bool = True
+) -> int:
     """Bytes the transformer's forward adds on rank 0 of `degrees` (its sequence and TP degrees; CFG
     ranks each run one half, which is the one-process call). `device` "cpu" runs it for real."""
     from accel.parallel.mesh import build_mesh
@@ -327,7 +355,9 @@ def transformer_working(family: Family, flagship: Flagship, size: Size, degrees:
                 assert family.tensor is not None
                 TensorParallel(model, resolve_tensor_plan(family.tensor, model), mesh.tp_group)
             assert family.parallel is not None
-            if not isinstance(family.parallel, AutomaticPlan):  # learned from a probe call, which a flagship has none of
+            if not isinstance(
+                family.parallel, AutomaticPlan
+            ):  # learned from a probe call, which a flagship has none of
                 ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
             with torch.device(device):
                 inputs = _on_device(flagship.inputs(size), device)
@@ -369,7 +399,9 @@ def sharded_encoder_bytes(component: Component, ranks: int) -> int | None:
     return local_bytes(encoder) + sum(t.numel() * t.element_size() for t in encoder.buffers())
 
 
-def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True, tiling: bool = False, ranks: int = 1) -> int:
+def vae_working(
+    flagship: Flagship, size: Size, device: str = "cuda", fake: bool = True, tiling: bool = False, ranks: int = 1
+) -> int:
     """Bytes the VAE's decode of one output adds on rank 0 (`tiling`: diffusers' tiled decode, [vae]
     tiling; `ranks` > 1: accel's row-split decode over that many ranks, [vae] parallel, on a `fake`
     process group); "cpu" runs it for real."""
@@ -387,7 +419,9 @@ def vae_working(flagship: Flagship, size: Size, device: str = "cuda", fake: bool
         # LTX-Video 0.9.5+ decoders are conditioned on the decode timestep, which the pipeline passes.
         conditioned = getattr(vae.config, "timestep_conditioning", False)
         timestep = {"temb": torch.full((latents.shape[0],), 0.05, device=device, dtype=DTYPE)} if conditioned else {}
-        peak = tracked_peak(lambda: vae.decode(latents, return_dict=False, **timestep), vae, device=_tracked_device(device))
+        peak = tracked_peak(
+            lambda: vae.decode(latents, return_dict=False, **timestep), vae, device=_tracked_device(device)
+        )
     return peak.working if peak is not None else 0
 
 
@@ -429,6 +463,8 @@ def transformer_flops(flagship: Flagship, size: Size) -> int:
     counts, root = counter.get_flop_counts(), type(model).__name__
     total = counter.get_total_flops()
     for name, cut in _block_lists(model).items():
-        per_block = sum(sum(counts.get(f"{root}.{name}.{index}", {}).values()) for index in range(len(cut))) / max(len(cut), 1)
+        per_block = sum(sum(counts.get(f"{root}.{name}.{index}", {}).values()) for index in range(len(cut))) / max(
+            len(cut), 1
+        )
         total += (len(full[name]) - len(cut)) * per_block
     return int(total)

@@ -58,7 +58,9 @@ def visible_gpu_gib(device: str) -> float | None:
     if device not in ("cuda", "auto"):
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    command = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"] + ([f"--id={visible}"] if visible else [])
+    command = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"] + (
+        [f"--id={visible}"] if visible else []
+    )
     try:
         lines = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True).stdout.split()
         return float(lines[0]) / 1024 if lines else None
@@ -69,7 +71,12 @@ def visible_gpu_gib(device: str) -> float | None:
 def layout_flags(candidate: object) -> tuple[str, ...]:
     """The `accel run` flags that give a layout: degrees above 1, CFG parallel, the encoders' place."""
     degrees = candidate.degrees  # type: ignore[attr-defined]
-    parts = [part for name in ("tp", "ulysses", "ring") if getattr(degrees, name) > 1 for part in (f"--{name}", str(getattr(degrees, name)))]
+    parts = [
+        part
+        for name in ("tp", "ulysses", "ring")
+        if getattr(degrees, name) > 1
+        for part in (f"--{name}", str(getattr(degrees, name)))
+    ]
     parts += ["--cfg-parallel"] if degrees.cfg > 1 else []
     parts += ["--text-encoder", candidate.text_encoder] if candidate.text_encoder != "replicated" else []  # type: ignore[attr-defined]
     parts += ["--offload", candidate.offload] if candidate.offload != "none" else []  # type: ignore[attr-defined]
@@ -81,10 +88,17 @@ def layout_flags(candidate: object) -> tuple[str, ...]:
 def layout_keys(candidate: object) -> str:
     """A layout as recipe keys, for a bench variant (which takes no layout flags)."""
     degrees = candidate.degrees  # type: ignore[attr-defined]
-    parallel = [f"{name} = {getattr(degrees, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(degrees, name) > 1]
-    memory = [f'{key} = "{getattr(candidate, key)}"' for key, default in (("text_encoder", "replicated"), ("offload", "none"))
-              if getattr(candidate, key) != default]
-    parts = ([f"parallel = {{ {', '.join(parallel)} }}"] if parallel else []) + ([f"memory = {{ {', '.join(memory)} }}"] if memory else [])
+    parallel = [
+        f"{name} = {getattr(degrees, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(degrees, name) > 1
+    ]
+    memory = [
+        f'{key} = "{getattr(candidate, key)}"'
+        for key, default in (("text_encoder", "replicated"), ("offload", "none"))
+        if getattr(candidate, key) != default
+    ]
+    parts = ([f"parallel = {{ {', '.join(parallel)} }}"] if parallel else []) + (
+        [f"memory = {{ {', '.join(memory)} }}"] if memory else []
+    )
     decode = [f"{key} = true" for key in ("parallel", "tiling") if getattr(candidate, f"vae_{key}")]
     parts += [f"vae = {{ {', '.join(decode)} }}"] if decode else []
     return ", ".join(parts) or "one process"
@@ -107,42 +121,89 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
 
     flagship, settings = FLAGSHIPS[key], recipe.parallel
     generate = recipe.generate
-    size = Size(generate.width or flagship.size.width, generate.height or flagship.size.height,
-                (generate.frames or flagship.size.frames) if flagship.size.frames else None)
+    size = Size(
+        generate.width or flagship.size.width,
+        generate.height or flagship.size.height,
+        (generate.frames or flagship.size.frames) if flagship.size.frames else None,
+    )
     plan = make_plan(key, recipe.world_size, limit, size, recipe.quant, recipe.vae.tiling, recipe.vae.parallel)
     # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout;
     # nor does a decode split over the ranks with the VAE on the first rank alone ([memory] vae = "rank0").
-    allowed = tuple(c for c in plan.candidates if (c.offload == "none" or not recipe.compile.enabled)
-                    and (not c.vae_parallel or recipe.memory.vae != "rank0"))
+    allowed = tuple(
+        c
+        for c in plan.candidates
+        if (c.offload == "none" or not recipe.compile.enabled) and (not c.vae_parallel or recipe.memory.vae != "rank0")
+    )
     chosen = fastest_fitting(allowed, plan.gpu_memory)
     where = f"{recipe.world_size} GPU{'s' if recipe.world_size > 1 else ''} of {limit:g} GiB"
     leaves_choice = settings.chooses_degrees or recipe.world_size == 1
     memory = recipe.memory
-    if leaves_choice and settings.tp == 1 and settings.cfg == 1 and memory.text_encoder == "replicated" and memory.offload == "none":
+    if (
+        leaves_choice
+        and settings.tp == 1
+        and settings.cfg == 1
+        and memory.text_encoder == "replicated"
+        and memory.offload == "none"
+    ):
         if chosen is None:
             smallest = min(allowed, key=lambda c: c.estimate.peak)
-            raise UserError(f"{flagship.title} at {size.describe()} fits no layout of {where}: the smallest needs "
-                            f"{(smallest.estimate.peak + RESERVED) / GIB:.1f} GiB per GPU ({smallest.describe()}); "
-                            f"use more GPUs or larger ones")
+            raise UserError(
+                f"{flagship.title} at {size.describe()} fits no layout of {where}: the smallest needs "
+                f"{(smallest.estimate.peak + RESERVED) / GIB:.1f} GiB per GPU ({smallest.describe()}); "
+                f"use more GPUs or larger ones"
+            )
         degrees = chosen.degrees
-        parallel = dataclasses.replace(settings, ulysses=degrees.ulysses, ring=degrees.ring, cfg=degrees.cfg, tp=degrees.tp,
-                                       gpus=recipe.world_size)
+        parallel = dataclasses.replace(
+            settings, ulysses=degrees.ulysses, ring=degrees.ring, cfg=degrees.cfg, tp=degrees.tp, gpus=recipe.world_size
+        )
         memory = dataclasses.replace(memory, text_encoder=chosen.text_encoder, offload=chosen.offload)
-        vae = dataclasses.replace(recipe.vae, tiling=recipe.vae.tiling or chosen.vae_tiling, parallel=recipe.vae.parallel or chosen.vae_parallel)
-        return Planned(dataclasses.replace(recipe, parallel=parallel, memory=memory, vae=vae), chosen.estimate.peak + RESERVED,
-                       layout_flags(chosen))
+        vae = dataclasses.replace(
+            recipe.vae,
+            tiling=recipe.vae.tiling or chosen.vae_tiling,
+            parallel=recipe.vae.parallel or chosen.vae_parallel,
+        )
+        return Planned(
+            dataclasses.replace(recipe, parallel=parallel, memory=memory, vae=vae),
+            chosen.estimate.peak + RESERVED,
+            layout_flags(chosen),
+        )
     degrees = resolve_degrees(settings, flagship_heads(key), recipe.model.name)  # as the run will lay it out
-    placement = memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"  # rank0's busiest rank holds them too
+    placement = (
+        memory.text_encoder if memory.text_encoder in ("cpu", "sharded") else "replicated"
+    )  # rank0's busiest rank holds them too
     # [memory] vae = "rank0" changes no number either: the busiest rank, rank 0, still holds the VAE and decodes.
-    asked: Candidate = next((c for c in plan.candidates if c.degrees == degrees and c.text_encoder == placement and c.offload == memory.offload
-                             and c.vae_tiling == recipe.vae.tiling and c.vae_parallel == (recipe.vae.parallel and degrees.world_size > 1)), None) \
-        or estimate_of(key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling, recipe.vae.parallel)
+    asked: Candidate = next(
+        (
+            c
+            for c in plan.candidates
+            if c.degrees == degrees
+            and c.text_encoder == placement
+            and c.offload == memory.offload
+            and c.vae_tiling == recipe.vae.tiling
+            and c.vae_parallel == (recipe.vae.parallel and degrees.world_size > 1)
+        ),
+        None,
+    ) or estimate_of(
+        key, degrees, placement, size, memory.offload, limit, recipe.quant, recipe.vae.tiling, recipe.vae.parallel
+    )
     peak = asked.estimate.peak + RESERVED
     if peak > limit * GIB:
-        written = "" if chosen is None else spell(chosen) if spell is not None else " ".join(layout_flags(chosen)) or "one process"
-        fits = f"a layout that fits: {written}" if chosen is not None else f"no layout of {where} fits; use more GPUs or larger ones"
-        raise UserError(f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
-                        f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}")
+        written = (
+            ""
+            if chosen is None
+            else spell(chosen)
+            if spell is not None
+            else " ".join(layout_flags(chosen)) or "one process"
+        )
+        fits = (
+            f"a layout that fits: {written}"
+            if chosen is not None
+            else f"no layout of {where} fits; use more GPUs or larger ones"
+        )
+        raise UserError(
+            f"{flagship.title} at {size.describe()} needs {peak / GIB:.1f} GiB per GPU as laid out "
+            f"({asked.describe()}), more than the {limit:g} GiB of each GPU; {fits}"
+        )
     return Planned(recipe, peak)
 
 
@@ -170,7 +231,9 @@ def planned_here(recipe: Recipe, gpu_memory: float | None) -> Planned:
 PLANNED_RECIPES = "ACCEL_PLANNED_RECIPES"
 
 
-def planned_each(recipes: Mapping[str, Recipe], gpu_memory: float | None, label: Callable[[str], str]) -> dict[str, Planned]:
+def planned_each(
+    recipes: Mapping[str, Recipe], gpu_memory: float | None, label: Callable[[str], str]
+) -> dict[str, Planned]:
     """`planned_here` for several recipes run in one job: each fitted on the launcher, a refusal
     naming the recipe by `label(name)`; the ranks take each one's changes from the environment."""
     import json
@@ -188,19 +251,29 @@ def planned_each(recipes: Mapping[str, Recipe], gpu_memory: float | None, label:
             planned[name] = fitted(recipe, gpu_memory, layout_keys)
         except UserError as error:
             raise type(error)(f"{label(name)}: {error}") from None
-    os.environ[PLANNED_RECIPES] = json.dumps({name: {"peak": fit.peak, "changes": _changes(recipes[name], fit.recipe)}
-                                              for name, fit in planned.items() if fit.peak is not None})
+    os.environ[PLANNED_RECIPES] = json.dumps(
+        {
+            name: {"peak": fit.peak, "changes": _changes(recipes[name], fit.recipe)}
+            for name, fit in planned.items()
+            if fit.peak is not None
+        }
+    )
     return planned
 
 
 def _changes(before: Recipe, after: Recipe) -> dict[str, dict[str, Any]]:
     """What the plan changed, as a partial recipe `Recipe.with_overrides` takes."""
     old, new = before.to_dict(), after.to_dict()
-    return {section: {key: value for key, value in keys.items() if old[section].get(key) != value}
-            for section, keys in new.items() if keys != old[section]}
+    return {
+        section: {key: value for key, value in keys.items() if old[section].get(key) != value}
+        for section, keys in new.items()
+        if keys != old[section]
+    }
 
 
 def _taken(recipe: Recipe, handed: dict[str, Any] | None) -> Planned:
     if handed is None:
         return Planned(recipe, None)
-    return Planned(recipe.with_overrides(handed["changes"], source="accel plan") if handed["changes"] else recipe, handed["peak"])
+    return Planned(
+        recipe.with_overrides(handed["changes"], source="accel plan") if handed["changes"] else recipe, handed["peak"]
+    )

@@ -23,8 +23,18 @@ import math
 from dataclasses import dataclass
 
 from accel.errors import UserError
-from accel.memory.estimate import (RankEstimate, build, offload_groups, parameter_bytes, sharded_encoder_bytes, tp_problem,
-                                   transformer_flops, transformer_working, vae_working, weight_bytes)
+from accel.memory.estimate import (
+    RankEstimate,
+    build,
+    offload_groups,
+    parameter_bytes,
+    sharded_encoder_bytes,
+    tp_problem,
+    transformer_flops,
+    transformer_working,
+    vae_working,
+    weight_bytes,
+)
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size, flagship_heads
 from accel.models.registry import FAMILIES
@@ -53,8 +63,14 @@ OFFLOADED = (("model", "replicated"), ("group", "replicated"), ("group", "cpu"))
 # At equal expected step speed, the layout with the least per-job cost wins: encoders on the GPU, then
 # model offload (each component's weights cross PCIe once per job: seconds), then encoding on the CPU
 # (a multi-billion-parameter encoder costs tens of seconds per prompt there).
-PREFERENCE = (("none", "replicated"), ("none", "sharded"), ("model", "replicated"), ("group", "replicated"), ("none", "cpu"),
-              ("group", "cpu"))
+PREFERENCE = (
+    ("none", "replicated"),
+    ("none", "sharded"),
+    ("model", "replicated"),
+    ("group", "replicated"),
+    ("none", "cpu"),
+    ("group", "cpu"),
+)
 
 
 @dataclass(frozen=True)
@@ -72,7 +88,11 @@ class Card:
 # eager FLUX.1-dev step reaches on an H100 (74.4 TFLOP counted in 182.5 ms: 0.41, BENCHMARKS.md); pinned
 # host-to-device copies at about 50 GB/s on PCIe 5 x16 and 25 GB/s on PCIe 4 x16.
 REACHED = 0.41
-CARDS = (Card("H100", 64, 989e12 * REACHED, 50e9), Card("L40S", 40, 362e12 * REACHED, 25e9), Card("RTX 4090", 0, 165e12 * REACHED, 25e9))
+CARDS = (
+    Card("H100", 64, 989e12 * REACHED, 50e9),
+    Card("L40S", 40, 362e12 * REACHED, 25e9),
+    Card("RTX 4090", 0, 165e12 * REACHED, 25e9),
+)
 
 
 def card_for(gpu_memory_gib: float) -> Card:
@@ -92,9 +112,15 @@ class Candidate:
 
     def describe(self) -> str:
         offload = {"none": "", "model": ", model offload", "group": ", group offload"}[self.offload]
-        encoders = {"replicated": "", "sharded": ", text encoders sharded", "cpu": ", text encoders on the CPU"}[self.text_encoder]
-        decode = {(False, False): "", (False, True): ", VAE split over the ranks", (True, False): ", VAE in tiles",
-                  (True, True): ", VAE in tiles split over the ranks"}[self.vae_tiling, self.vae_parallel]
+        encoders = {"replicated": "", "sharded": ", text encoders sharded", "cpu": ", text encoders on the CPU"}[
+            self.text_encoder
+        ]
+        decode = {
+            (False, False): "",
+            (False, True): ", VAE split over the ranks",
+            (True, False): ", VAE in tiles",
+            (True, True): ", VAE in tiles split over the ranks",
+        }[self.vae_tiling, self.vae_parallel]
         return self.degrees.describe() + offload + encoders + decode
 
     @property
@@ -133,7 +159,11 @@ def fastest_fitting(candidates: tuple[Candidate, ...], gpu_memory: int) -> Candi
     """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the least per-job cost
     (PREFERENCE), then the cheapest decode (`Candidate.decode_cost`), then the lowest peak. None: none fits."""
     fitting = [c for c in candidates if c.estimate.peak + RESERVED <= gpu_memory]
-    return max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.decode_cost, -c.estimate.peak)) if fitting else None
+    return (
+        max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.decode_cost, -c.estimate.peak))
+        if fitting
+        else None
+    )
 
 
 def expected_speedup(degrees: Degrees) -> float:
@@ -161,8 +191,15 @@ def flagship_of(model: str) -> tuple[str, Flagship]:
     return model, FLAGSHIPS[model]
 
 
-def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = None, quant: QuantSection = QuantSection(),
-              vae_tiling: bool = False, vae_parallel: bool = False) -> MemoryPlan:
+def make_plan(
+    model: str,
+    gpus: int,
+    gpu_memory_gib: float,
+    size: Size | None = None,
+    quant: QuantSection = QuantSection(),
+    vae_tiling: bool = False,
+    vae_parallel: bool = False,
+) -> MemoryPlan:
     """Measure every candidate layout of `model` on `gpus` GPUs of `gpu_memory_gib` GiB at `size`, its
     transformers quantized as `quant` says, its VAE decoding in tiles or whole, split over the ranks or not."""
     if not gpu_memory_gib > 0:
@@ -176,7 +213,11 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
     transformer = next(iter(measure.transformers.values()))
     heads = flagship_heads(name)
     # A flagship without text encoders (Cosmos 3's transformer embeds the prompt's token ids) has none to place.
-    placements = [p for p in PLACEMENTS if (p != "sharded" or measure.shards_encoders(gpus)) and (p == "replicated" or measure.encoders)]
+    placements = [
+        p
+        for p in PLACEMENTS
+        if (p != "sharded" or measure.shards_encoders(gpus)) and (p == "replicated" or measure.encoders)
+    ]
     for cfg in (1, 2) if _runs_guidance(family) else (1,):
         for tp in _divisors(gpus // cfg) if gpus % cfg == 0 else []:
             problem = tp_problem(family, transformer, tp)
@@ -189,14 +230,30 @@ def make_plan(model: str, gpus: int, gpu_memory_gib: float, size: Size | None = 
             if degrees.sequence > 1 and not_split:  # Qwen-Image 2.1: its sequence is not cut
                 refused.append(f"cfg {cfg} x tp {tp}: ulysses × ring {degrees.sequence}: {not_split}")
                 continue
-            candidates += [measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel) for placement in placements]
+            candidates += [
+                measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel)
+                for placement in placements
+            ]
     if gpus == 1:  # offload runs one process (recipe.offload_refusal)
-        candidates += [measure.candidate(Degrees(), placement, gpu_memory_gib, offload) for offload, placement in OFFLOADED
-                       if placement in placements]
+        candidates += [
+            measure.candidate(Degrees(), placement, gpu_memory_gib, offload)
+            for offload, placement in OFFLOADED
+            if placement in placements
+        ]
     # Measuring another decode of a long video takes minutes on fake CUDA (Wan's tiled decode: hundreds of
     # decoder calls): only where it alone can make a layout fit.
     candidates += [twin for c in list(candidates) for twin in _decode_twins(measure, c, gpu_memory_gib, vae_parallel)]
-    return MemoryPlan(name, flagship, measure.size, quant, vae_tiling, gpus, int(gpu_memory_gib * GiB), tuple(candidates), tuple(refused))
+    return MemoryPlan(
+        name,
+        flagship,
+        measure.size,
+        quant,
+        vae_tiling,
+        gpus,
+        int(gpu_memory_gib * GiB),
+        tuple(candidates),
+        tuple(refused),
+    )
 
 
 def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool) -> list[Candidate]:
@@ -205,7 +262,9 @@ def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float
     estimate = candidate.estimate
     if candidate.fits or estimate.largest_phase != "VAE decode":
         return []
-    rest = sum(estimate.weights.values()) + max((v for k, v in estimate.working.items() if k != "VAE decode"), default=0)
+    rest = sum(estimate.weights.values()) + max(
+        (v for k, v in estimate.working.items() if k != "VAE decode"), default=0
+    )
     if rest + RESERVED > gpu_memory_gib * GiB:
         return []  # it does not fit for other reasons
     can_split = measure.splits_decode and candidate.degrees.world_size > 1
@@ -216,24 +275,42 @@ def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float
         changes_something = tiling or split != split_asked
         if not possible or not changes_something or (split_asked and not split):  # an asked split stays
             continue
-        twins.append(measure.candidate(candidate.degrees, candidate.text_encoder, gpu_memory_gib, candidate.offload,
-                                       vae_tiling=tiling, vae_parallel=split))
+        twins.append(
+            measure.candidate(
+                candidate.degrees,
+                candidate.text_encoder,
+                gpu_memory_gib,
+                candidate.offload,
+                vae_tiling=tiling,
+                vae_parallel=split,
+            )
+        )
         if twins[-1].fits:
             break
     return twins
 
 
-def estimate_of(model: str, degrees: Degrees, placement: str, size: Size | None = None, offload: str = "none",
-                gpu_memory_gib: float | None = None, quant: QuantSection = QuantSection(), vae_tiling: bool = False,
-                vae_parallel: bool = False) -> Candidate:
+def estimate_of(
+    model: str,
+    degrees: Degrees,
+    placement: str,
+    size: Size | None = None,
+    offload: str = "none",
+    gpu_memory_gib: float | None = None,
+    quant: QuantSection = QuantSection(),
+    vae_tiling: bool = False,
+    vae_parallel: bool = False,
+) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(degrees, placement, gpu_memory_gib, offload,
-                                                                                        vae_parallel=vae_parallel)
+    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(
+        degrees, placement, gpu_memory_gib, offload, vae_parallel=vae_parallel
+    )
 
 
 @functools.lru_cache(maxsize=4)
 def _measure(model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> _Measure:
-    """One measure per model, size, quantization and decode for the process: plans of other GPU counts and cards reuse it."""
+    """One measure per model, size, quantization and decode for the process: plans of other GPU counts and cards reuse
+    it."""
     return _Measure(model, size, quant, vae_tiling)
 
 
@@ -244,11 +321,18 @@ class _Measure:
     def __init__(self, model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> None:
         self.family, self.flagship, self.size, self.quant = FAMILIES[model], FLAGSHIPS[model], size, quant
         self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
-        self.encoders = {c.attr: build(c) for c in self.flagship.of_kind("text_encoder")}  # on meta: for the split's checks
-        self.others = {c.attr: weight_bytes(self.encoders[c.attr] if c.attr in self.encoders else build(c))
-                       for c in self.flagship.components if not c.attr.startswith("transformer")}
+        self.encoders = {
+            c.attr: build(c) for c in self.flagship.of_kind("text_encoder")
+        }  # on meta: for the split's checks
+        self.others = {
+            c.attr: weight_bytes(self.encoders[c.attr] if c.attr in self.encoders else build(c))
+            for c in self.flagship.components
+            if not c.attr.startswith("transformer")
+        }
         self.vae_tiling = vae_tiling
-        self.vae = {(vae_tiling, 1): vae_working(self.flagship, size, tiling=vae_tiling)}  # (tiled, ranks) → working bytes
+        self.vae = {
+            (vae_tiling, 1): vae_working(self.flagship, size, tiling=vae_tiling)
+        }  # (tiled, ranks) → working bytes
         vae = build(self.flagship.of_kind("vae")[0])
         # Whether tiling is a choice the plan has (the recipe did not ask for it and the VAE can tile), and
         # splitting the decode over the ranks (accel has a row split for the VAE's class).
@@ -298,11 +382,20 @@ class _Measure:
 
     def parameters(self, tp: int) -> dict[str, dict[str, int]]:
         if tp not in self.split:
-            self.split[tp] = {attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()}
+            self.split[tp] = {
+                attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()
+            }
         return self.split[tp]
 
-    def candidate(self, degrees: Degrees, placement: str, gpu_memory_gib: float | None, offload: str = "none",
-                  vae_tiling: bool = False, vae_parallel: bool = False) -> Candidate:
+    def candidate(
+        self,
+        degrees: Degrees,
+        placement: str,
+        gpu_memory_gib: float | None,
+        offload: str = "none",
+        vae_tiling: bool = False,
+        vae_parallel: bool = False,
+    ) -> Candidate:
         """One layout's busiest rank; `vae_tiling`: decoding in tiles where the recipe did not ask for it;
         `vae_parallel`: the decode split over the layout's ranks."""
         tiling = vae_tiling or self.vae_tiling
@@ -316,9 +409,13 @@ class _Measure:
         elif placement == "sharded":
             held |= self.sharded(degrees.world_size)
         decode = self.vae_decode(tiling, degrees.world_size if decode_split else 1)
-        estimate = RankEstimate(split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": decode})
+        estimate = RankEstimate(
+            split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": decode}
+        )
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(degrees, estimate, fits, expected_speedup(degrees), placement, vae_tiling=tiling, vae_parallel=decode_split)
+        return Candidate(
+            degrees, estimate, fits, expected_speedup(degrees), placement, vae_tiling=tiling, vae_parallel=decode_split
+        )
 
     def _offloaded(self, placement: str, gpu_memory_gib: float | None, offload: str, tiling: bool) -> Candidate:
         """One process under diffusers' offloading: nothing stays on the GPU; each phase holds what it runs
@@ -333,11 +430,16 @@ class _Measure:
         else:
             groups = [offload_groups(model, sizes[attr]) for attr, model in self.transformers.items()]
             transformer = max(outside + 2 * block for outside, block in groups)
-        working = {"text encode": 0 if placement == "cpu" else max(encoders, default=0),
-                   "transformer forward": transformer + self.forward_working(Degrees()), "VAE decode": vae + self.vae_decode(tiling)}
+        working = {
+            "text encode": 0 if placement == "cpu" else max(encoders, default=0),
+            "transformer forward": transformer + self.forward_working(Degrees()),
+            "VAE decode": vae + self.vae_decode(tiling),
+        }
         estimate = RankEstimate({attr: 0 for attr in [*self.transformers, *self.others]}, working)
         fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload, tiling)
+        return Candidate(
+            Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload, tiling
+        )
 
     def _offload_speed(self, offload: str, gpu_memory_gib: float | None) -> float:
         """Group offload's step against one GPU holding everything: each call's arithmetic overlaps the

@@ -55,7 +55,9 @@ def _device_peaks_only(tracker: Any) -> None:
     """The tracker also keeps each module's own peak, walking every module it has seen on every op:
     most of a video VAE's measure (thousands of ops, hundreds of modules). accel reads the device
     peaks only, so this tracker instance updates just those; where the internals moved it keeps its own."""
-    if not all(hasattr(tracker, name) for name in ("_update_peak_stats", "_curr_mem_snap", "_peak_mem", "_peak_mem_snap")):
+    if not all(
+        hasattr(tracker, name) for name in ("_update_peak_stats", "_curr_mem_snap", "_peak_mem", "_peak_mem_snap")
+    ):
         return
 
     def update_device_peaks(peak_state: Any) -> None:

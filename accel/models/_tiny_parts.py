@@ -173,7 +173,9 @@ def t5_tokenizer(model_max_length: int = T5_MAX_LENGTH) -> T5TokenizerFast:
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
-def clip_text_model(tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDDEN, projection: bool = False) -> CLIPTextModel:
+def clip_text_model(
+    tokenizer: CLIPTokenizer, seed: int, hidden: int = CLIP_HIDDEN, projection: bool = False
+) -> CLIPTextModel:
     """Two-layer CLIP text tower whose pooled output (at the first EOS) feeds FLUX's pooled projection;
     with `projection`, CLIPTextModelWithProjection, SD3's two towers (their projected pooled output)."""
     config = CLIPTextConfig(
@@ -198,9 +200,7 @@ def clip_image_processor(size: int = CLIP_IMAGE_SIZE) -> CLIPImageProcessor:
     return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
 
 
-def clip_vision_model(
-    seed: int, hidden: int = CLIP_HIDDEN, image_size: int = CLIP_IMAGE_SIZE
-) -> CLIPVisionModel:
+def clip_vision_model(seed: int, hidden: int = CLIP_HIDDEN, image_size: int = CLIP_IMAGE_SIZE) -> CLIPVisionModel:
     """Two-layer CLIP vision tower, the stand-in for Wan I2V's CLIP ViT-H/14 image encoder.
 
     Two layers, so that the penultimate hidden state (what Wan I2V feeds its DiT) is a layer's
@@ -299,7 +299,9 @@ def _run_merges(pieces: list[str], vocab: dict[str, int]) -> list[tuple[str, str
     return merges
 
 
-def llama_tokenizer(template: str = "", model_max_length: int = LLAMA_MAX_LENGTH, extra_specials: tuple[str, ...] = ()) -> LlamaTokenizerFast:
+def llama_tokenizer(
+    template: str = "", model_max_length: int = LLAMA_MAX_LENGTH, extra_specials: tuple[str, ...] = ()
+) -> LlamaTokenizerFast:
     """Llama-3-style tokenizer: byte-fallback BPE where each word of `template` is one token.
 
     Any other text goes one token per ASCII character (other bytes via `<0xNN>` tokens), so any
@@ -363,13 +365,27 @@ def llava_model(tokenizer: LlamaTokenizerFast, seed: int, hidden: int = LLAMA_HI
     pad = tokenizer.pad_token_id
     config = LlavaConfig(
         vision_config=dict(
-            model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-            image_size=LLAVA_IMAGE_SIZE, patch_size=LLAVA_PATCH_SIZE, projection_dim=16,
+            model_type="clip_vision_model",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=LLAVA_IMAGE_SIZE,
+            patch_size=LLAVA_PATCH_SIZE,
+            projection_dim=16,
         ),
         text_config=dict(
-            model_type="llama", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+            model_type="llama",
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
         ),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         image_seq_length=(LLAVA_IMAGE_SIZE // LLAVA_PATCH_SIZE) ** 2,
@@ -398,11 +414,17 @@ def qwen2_tokenizer(template: str = "", runs: bool = False, prefix_tokens: int |
     if prefix_tokens is None:
         return _qwen2_tokenizer_of(pieces, runs)
     own = _qwen2_tokenizer_of([]).backend_tokenizer.pre_tokenizer
-    words_of = lambda text: [piece for segment in _QWEN_SPECIAL.split(text) for piece, _ in own.pre_tokenize_str(segment)]  # noqa: E731
+
+    def words_of(text: str) -> list[str]:
+        return [piece for segment in _QWEN_SPECIAL.split(text) for piece, _ in own.pre_tokenize_str(segment)]
+
     words, prefix = words_of(template), template.split("{}")[0]
     tokenizer = _qwen2_tokenizer_of(words, runs)
     missing = prefix_tokens - len(tokenizer(prefix).input_ids)
-    rare = sorted({word for word in words_of(prefix) if words.count(word) == 1 and len(word) > 2}, key=lambda word: (-len(word), word))
+    rare = sorted(
+        {word for word in words_of(prefix) if words.count(word) == 1 and len(word) > 2},
+        key=lambda word: (-len(word), word),
+    )
     if 0 <= missing <= len(rare):
         split_in_two = set(rare[:missing])
         tokenizer = _qwen2_tokenizer_of([word[:-1] if word in split_in_two else word for word in words], runs)
@@ -427,7 +449,9 @@ def _qwen2_tokenizer_of(pieces: list[str], runs: bool = False) -> Qwen2Tokenizer
     )
 
 
-def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN, layers: int = 2) -> Qwen2_5_VLForConditionalGeneration:
+def qwen25_vl_model(
+    tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN, layers: int = 2
+) -> Qwen2_5_VLForConditionalGeneration:
     """Qwen2.5-VL of `layers` layers with a one-block vision tower: the stand-in for Qwen-Image's 7B
     text encoder (two layers) and HunyuanImage 2.1's (three: it reads the third-to-last hidden state).
 
@@ -450,8 +474,16 @@ def qwen25_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HID
             pad_token_id=ids("<|endoftext|>"),
         ),
         vision_config=dict(
-            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden, patch_size=14,
-            spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[0],
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=hidden,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=56,
+            fullatt_block_indexes=[0],
         ),
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
@@ -495,8 +527,9 @@ class Qwen3VLPictureProcessor(_NoVideoProcessor, Qwen3VLProcessor):
 
 def qwen2_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen2VLPictureProcessor:
     """A Qwen2-VL processor (picture and text to tokens) without a video processor."""
-    return Qwen2VLPictureProcessor(image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None)
-
+    return Qwen2VLPictureProcessor(
+        image_processor=qwen2_vl_image_processor(), tokenizer=tokenizer, video_processor=None
+    )
 
 
 def qwen3_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDDEN) -> Any:
@@ -508,13 +541,33 @@ def qwen3_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDD
     ids = tokenizer.convert_tokens_to_ids
     config = Qwen3VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, pad_token_id=ids("<|endoftext|>"),
-            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            max_position_embeddings=4096,
+            pad_token_id=ids("<|endoftext|>"),
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
         ),
         vision_config=dict(
-            depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden, patch_size=16, spatial_merge_size=2,
-            temporal_patch_size=2, num_position_embeddings=16, deepstack_visual_indexes=[0],
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=hidden,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0],
         ),
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
@@ -528,7 +581,8 @@ def qwen3_vl_model(tokenizer: Qwen2Tokenizer, seed: int, hidden: int = QWEN_HIDD
 # Qwen-VL's chat format for turns whose content is a string or a list of text and image blocks (an
 # image block is its vision placeholder), with the generation prompt.
 QWEN_VL_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ "
+    "message['content'] }}"
     "{% else %}{% for block in message['content'] %}{% if block['type'] == 'text' %}{{ block['text'] }}"
     "{% else %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -538,9 +592,12 @@ QWEN_VL_CHAT_TEMPLATE = (
 def qwen3_vl_processor(tokenizer: Qwen2Tokenizer) -> Qwen3VLPictureProcessor:
     """A Qwen3-VL processor (picture and text to tokens) with Qwen3-VL's 16 px patches merged 2x2,
     capped at 64x64 px (4 picture tokens), and QWEN_VL_CHAT_TEMPLATE; no video processor."""
-    image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64)
-    return Qwen3VLPictureProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
-                                   chat_template=QWEN_VL_CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=16, merge_size=2, temporal_patch_size=2, min_pixels=32 * 32, max_pixels=64 * 64
+    )
+    return Qwen3VLPictureProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=QWEN_VL_CHAT_TEMPLATE
+    )
 
 
 # Qwen3's chat format for plain text turns, with its generation prompt: an empty think block when
@@ -567,9 +624,17 @@ def qwen3_model(tokenizer: Qwen2Tokenizer, seed: int, layers: int, hidden: int =
 
     ids = tokenizer.convert_tokens_to_ids
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
-        bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=4096,
+        bos_token_id=ids("<|endoftext|>"),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
     )
     with seeded(seed):
         return finish(Qwen3ForCausalLM(config))
@@ -577,7 +642,17 @@ def qwen3_model(tokenizer: Qwen2Tokenizer, seed: int, layers: int, hidden: int =
 
 # Mistral Small 3.1's (Tekken) control tokens that its chat format and Pixtral image inputs use.
 MISTRAL_SPECIAL_TOKENS = (
-    "<unk>", "<s>", "</s>", "<pad>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]", "[IMG_END]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<pad>",
+    "[INST]",
+    "[/INST]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[IMG]",
+    "[IMG_BREAK]",
+    "[IMG_END]",
 )
 # Mistral Small 3.1's chat format: the system turn in [SYSTEM_PROMPT], user turns in [INST]; text
 # blocks are written out, an image block as its [IMG] placeholder.
@@ -585,7 +660,8 @@ _MISTRAL_CHAT = (
     "{{ bos_token }}{% for message in messages %}"
     "{% set text = namespace(value='') %}"
     "{% if message['content'] is string %}{% set text.value = message['content'] %}{% else %}"
-    "{% for block in message['content'] %}{% if block['type'] == 'text' %}{% set text.value = text.value + block['text'] %}"
+    "{% for block in message['content'] %}{% if block['type'] == 'text' %}{% set text.value = text.value + "
+    "block['text'] %}"
     "{% else %}{% set text.value = text.value + '[IMG]' %}{% endif %}{% endfor %}{% endif %}"
     "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{{ text.value }}[/SYSTEM_PROMPT]"
     "{% elif message['role'] == 'user' %}[INST]{{ text.value }}[/INST]"
@@ -626,13 +702,29 @@ def mistral3_model(tokenizer: LlamaTokenizerFast, seed: int, layers: int, hidden
     ids = tokenizer.convert_tokens_to_ids
     config = Mistral3Config(
         text_config=dict(
-            model_type="mistral", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-            num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096,
-            sliding_window=None, bos_token_id=ids("<s>"), eos_token_id=ids("</s>"), pad_token_id=ids("<pad>"),
+            model_type="mistral",
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=4096,
+            sliding_window=None,
+            bos_token_id=ids("<s>"),
+            eos_token_id=ids("</s>"),
+            pad_token_id=ids("<pad>"),
         ),
         vision_config=dict(
-            model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8,
-            patch_size=14, image_size=56,
+            model_type="pixtral",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            head_dim=8,
+            patch_size=14,
+            image_size=56,
         ),
         image_token_index=ids("[IMG]"),
     )
@@ -641,7 +733,16 @@ def mistral3_model(tokenizer: LlamaTokenizerFast, seed: int, layers: int, hidden
 
 
 # Gemma's fixed special tokens (ids 0-4 as in the real vocabulary), then Gemma 3's image markers.
-GEMMA_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
+GEMMA_SPECIAL_TOKENS = (
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+)
 
 
 def gemma3_tokenizer(model_max_length: int = LLAMA_MAX_LENGTH) -> Any:
@@ -651,7 +752,10 @@ def gemma3_tokenizer(model_max_length: int = LLAMA_MAX_LENGTH) -> Any:
 
     vocab, merges = _byte_fallback_bpe(GEMMA_SPECIAL_TOKENS, "")
     return GemmaTokenizer(
-        vocab=vocab, merges=merges, padding_side="left", model_max_length=model_max_length,
+        vocab=vocab,
+        merges=merges,
+        padding_side="left",
+        model_max_length=model_max_length,
         extra_special_tokens=list(GEMMA_SPECIAL_TOKENS[5:]),
     )
 
@@ -664,13 +768,31 @@ def gemma3_model(tokenizer: Any, seed: int, layers: int = 2, hidden: int = 16) -
     ids = tokenizer.convert_tokens_to_ids
     config = Gemma3Config(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=tokenizer.model_max_length,
-            sliding_window=64, pad_token_id=ids("<pad>"), eos_token_id=ids("<eos>"), bos_token_id=ids("<bos>"),
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=hidden * 2,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=tokenizer.model_max_length,
+            sliding_window=64,
+            pad_token_id=ids("<pad>"),
+            eos_token_id=ids("<eos>"),
+            bos_token_id=ids("<bos>"),
         ),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
         mm_tokens_per_image=1,
-        boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"), image_token_index=ids("<image_soft_token>"),
+        boi_token_index=ids("<start_of_image>"),
+        eoi_token_index=ids("<end_of_image>"),
+        image_token_index=ids("<image_soft_token>"),
     )
     with seeded(seed):
         return finish(Gemma3ForConditionalGeneration(config))

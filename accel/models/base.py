@@ -138,7 +138,8 @@ class ParallelPlan:
     cuts is replicated: every rank holds all of it (Mochi's text, compacted per sample), and the
     engine shares its attention work out for the call; where the call's queries are the cut
     streams' alone, the replicated keys are attended by every rank's queries locally and merged
-    with the cut keys' attention by log-sum-exp (Qwen-Image 2.1's cached prompt keys). `local_attention` names modules (glob
+    with the cut keys' attention by log-sum-exp (Qwen-Image 2.1's cached prompt keys). `local_attention` names modules
+    (glob
     patterns) whose attention every rank runs on its own tokens unchanged: cross-attention to
     replicated text, a text refiner. The output is gathered where `output_module` returns ("" is
     the transformer's own output). `batch_args` are the transformer arguments that carry the
@@ -316,7 +317,10 @@ class GenerationDefaults:
 # Two prompts of different content: a cache setting must hold its quality on both, not one.
 TUNE_PROMPTS: dict[str, tuple[str, ...]] = {
     "image": ("a red fox in the snow, photograph", "a lighthouse on a rocky coast at dusk, oil painting"),
-    "video": ("a red fox trotting through the snow, photograph", "waves breaking on a rocky coast at dusk, the camera pans slowly"),
+    "video": (
+        "a red fox trotting through the snow, photograph",
+        "waves breaking on a rocky coast at dusk, the camera pans slowly",
+    ),
 }
 
 
@@ -398,10 +402,12 @@ class Variant:
     accel gives the run's seed besides the generator (LTX's long multi-prompt pipeline seeds every
     temporal window's generator from it, 0 unless told). `mask_frames`: the mask is one per video
     frame (VACE), so `--mask` is a picture used for every frame of `--video`, or a video of masks.
-    A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline rescales
+    A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline
+    rescales
     the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
     height x width there, so the size asked is the size made; `fixed` are keyword arguments every
-    call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its transformer
+    call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its
+    transformer
     needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
     the family's tiny pipeline, converted with `from_pipe`. `transformer_class` names the variant's
     own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
@@ -653,7 +659,10 @@ class Family:
             return f"{self.title} pipelines have no classifier-free guidance"
         scale = call.get(self.cfg_scale)
         if scale is None or scale <= self.cfg_above:
-            return f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above {self.cfg_above:g}"
+            return (
+                f"{self.cfg_scale} is {'not set' if scale is None else scale}, and guidance runs only above "
+                f"{self.cfg_above:g}"
+            )
         if self.acceleration.cfg_needs_negative and not call.get("negative_prompt"):
             return f"there is no negative prompt, which {self.title} needs for true CFG"
         return None
@@ -671,7 +680,11 @@ class Family:
         low = (value - 1) // step * step + 1 if key == "frames" else value // step * step
         if low == value:
             return None
-        rule = f"{step}k+1 frames (1, {step + 1}, {2 * step + 1}, …)" if key == "frames" else f"{key}s in multiples of {step} pixels"
+        rule = (
+            f"{step}k+1 frames (1, {step + 1}, {2 * step + 1}, …)"
+            if key == "frames"
+            else f"{key}s in multiples of {step} pixels"
+        )
         smallest = 1 if key == "frames" else step
         use = " or ".join(str(n) for n in (low, low + step) if n >= smallest)
         return f"[generate] {key} {value}: {self.title} makes {rule}; use {use}"
@@ -679,7 +692,11 @@ class Family:
     @property
     def transformer_classes(self) -> tuple[str, ...]:
         """The family's transformer class, then its variants' own ones: each makes a pipeline this family."""
-        others = (v.transformer_class for v in self.variants if v.transformer_class and v.transformer_class != self.transformer_class)
+        others = (
+            v.transformer_class
+            for v in self.variants
+            if v.transformer_class and v.transformer_class != self.transformer_class
+        )
         return tuple(dict.fromkeys((self.transformer_class, *others)))
 
     def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | AutomaticPlan | None:
@@ -693,13 +710,18 @@ class Family:
 
     def output_of(self, pipeline_class: str) -> OutputKind:
         """What `pipeline_class` makes: its variant's own output kind where it says one, else the family's."""
-        kinds = [variant.output for variant in self.variants if variant.pipeline_class == pipeline_class and variant.output]
+        kinds = [
+            variant.output for variant in self.variants if variant.pipeline_class == pipeline_class and variant.output
+        ]
         return kinds[0] if kinds else self.output
 
     def tune_prompts(self, pipeline_class: str) -> tuple[str, ...]:
         """The prompts `accel tune --target` measures on without --prompts: the family's own, else
         the built-in pair for what `pipeline_class` makes."""
-        return self.defaults.tune_prompts or TUNE_PROMPTS["image" if self.output_of(pipeline_class) == "image" else "video"]
+        return (
+            self.defaults.tune_prompts
+            or TUNE_PROMPTS["image" if self.output_of(pipeline_class) == "image" else "video"]
+        )
 
     @property
     def outputs(self) -> tuple[OutputKind, ...]:

@@ -50,12 +50,16 @@ def build_tiny(seed: int = 0) -> "ChronoEditPipeline":
     shared = wan._tiny_shared(seed * 8)
     image_encoder = parts.clip_vision_model(seed=_SEEDS + seed * 8 + 1)
     transformer = wan._tiny_transformer(
-        _SEEDS + seed * 8, text_dim=shared["text_encoder"].config.d_model, cls=_CLASS,
+        _SEEDS + seed * 8,
+        text_dim=shared["text_encoder"].config.d_model,
+        cls=_CLASS,
         in_channels=2 * wan._Z_DIM + 4,  # noise, first-frame mask (the VAE's temporal factor), picture latents
-        image_dim=image_encoder.config.hidden_size, added_kv_proj_dim=4 * 16,  # the DiT width, as Wan2.1-I2V's 5120
+        image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16,  # the DiT width, as Wan2.1-I2V's 5120
     )
-    return ChronoEditPipeline(**shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder,
-                              transformer=transformer)
+    return ChronoEditPipeline(
+        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+    )
 
 
 FAMILY = Family(
@@ -69,8 +73,14 @@ FAMILY = Family(
     dtype="bfloat16",
     # diffusers' example: 720p (a 720 x 1280 pixel budget at the picture's aspect), guidance 5, the
     # call's 50 steps; 5 frames is what the call makes without temporal reasoning.
-    defaults=GenerationDefaults(steps=50, height=720, width=1280, frames=5, guidance_scale=5.0,
-                                prompt="turn the scene into a snowy winter evening, keeping everything else unchanged"),
+    defaults=GenerationDefaults(
+        steps=50,
+        height=720,
+        width=1280,
+        frames=5,
+        guidance_scale=5.0,
+        prompt="turn the scene into a snowy winter evening, keeping everything else unchanged",
+    ),
     size_step=16,  # the VAE's 8x times the 2x2 patch
     frame_step=4,
     acceleration=Acceleration(

@@ -7,7 +7,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    NamedInput,
+    ParallelPlan,
+    SELF_ATTENTION,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import CogVideoXFunControlPipeline, CogVideoXImageToVideoPipeline, CogVideoXPipeline
@@ -138,7 +151,11 @@ def build_tiny_i2v(seed: int = 0) -> "CogVideoXImageToVideoPipeline":
         patch_bias=False,
     )
     return CogVideoXImageToVideoPipeline(
-        tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, transformer=transformer, scheduler=pipe.scheduler
+        tokenizer=pipe.tokenizer,
+        text_encoder=pipe.text_encoder,
+        vae=pipe.vae,
+        transformer=transformer,
+        scheduler=pipe.scheduler,
     )
 
 
@@ -150,13 +167,23 @@ def build_tiny_fun_control(seed: int = 0) -> "CogVideoXFunControlPipeline":
     from diffusers import CogVideoXDDIMScheduler, CogVideoXFunControlPipeline
 
     pipe = build_tiny(seed)
-    transformer = _tiny_transformer(seed * 8 + 5, text_dim=pipe.text_encoder.config.d_model, in_channels=2 * _LATENT_CHANNELS)
-    return CogVideoXFunControlPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, transformer=transformer,
-                                       scheduler=CogVideoXDDIMScheduler.from_config(pipe.scheduler.config))
+    transformer = _tiny_transformer(
+        seed * 8 + 5, text_dim=pipe.text_encoder.config.d_model, in_channels=2 * _LATENT_CHANNELS
+    )
+    return CogVideoXFunControlPipeline(
+        tokenizer=pipe.tokenizer,
+        text_encoder=pipe.text_encoder,
+        vae=pipe.vae,
+        transformer=transformer,
+        scheduler=CogVideoXDDIMScheduler.from_config(pipe.scheduler.config),
+    )
 
 
 TENSOR_PLAN = TensorPlan(
-    layers={**split_layers("transformer_blocks.*.attn1", SELF_ATTENTION), **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP)},
+    layers={
+        **split_layers("transformer_blocks.*.attn1", SELF_ATTENTION),
+        **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
+    },
     per_rank=("heads",),
 )
 
@@ -206,6 +233,8 @@ FAMILY = Family(
         Variant("CogVideoXImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
         # CogVideoX-Fun's control video (poses, depth, edges) is encoded and concatenated in channels
         # as I2V's picture is: the same tokens; its length is the output's.
-        Variant("CogVideoXFunControlPipeline", inputs=(NamedInput("control_video", "video"),), tiny=build_tiny_fun_control),
+        Variant(
+            "CogVideoXFunControlPipeline", inputs=(NamedInput("control_video", "video"),), tiny=build_tiny_fun_control
+        ),
     ),
 )

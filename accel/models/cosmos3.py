@@ -33,20 +33,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, AudioOutput, BlockList, Family, GenerationDefaults, ParallelPlan, ResultField, SequenceSplit,
-                               TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    AudioOutput,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    ResultField,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import Cosmos3OmniPipeline
 
 _CLASS = "Cosmos3OmniTransformer"
-# Seeds apart from every other tiny family's (builder seed x 8 + 0..7; Wan variants 1000+, SkyReels-V2 2000+, ChronoEdit and Helios 3000+).
+# Seeds apart from every other tiny family's (builder seed x 8 + 0..7; Wan variants 1000+, SkyReels-V2 2000+, ChronoEdit
+# and Helios 3000+).
 _SEEDS = 5000
 # The pipeline's video system prompt and the templates it appends to the prompt, so the tiny tokenizer
 # spends one token per word of them (the prompt's own words go one per byte).
-_TEMPLATE = ("<|im_start|>system\nYou are a helpful assistant who will generate videos images from a give prompt.<|im_end|>\n"
-             "<|im_start|>user\n{} The video is not seconds long and is of FPS. This video image is not of resolution.<|im_end|>\n"
-             "<|im_start|>assistant\n")
+_TEMPLATE = (
+    "<|im_start|>system\nYou are a helpful assistant who will generate videos images from a give prompt.<|im_end|>\n"
+    "<|im_start|>user\n{} The video is not seconds long and is of FPS. This video image is not of "
+    "resolution.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
 # The generation stream (video and sound tokens) is cut where the layers start, with its rotary
 # (cos, sin) pair; the text stays whole on every rank, where its causal self-attention runs locally.
 # The generation stream attends to the text's keys (every rank holds them whole: attended locally,
@@ -86,19 +101,42 @@ def build_tiny(seed: int = 0) -> "Cosmos3OmniPipeline":
     with parts.seeded(base):
         transformer = parts.finish(
             Cosmos3OmniTransformer(
-                head_dim=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                latent_channel=_Z_DIM, latent_patch_size=2, patch_latent_dim=2 * 2 * _Z_DIM, vocab_size=len(tokenizer),
+                head_dim=16,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                latent_channel=_Z_DIM,
+                latent_patch_size=2,
+                patch_latent_dim=2 * 2 * _Z_DIM,
+                vocab_size=len(tokenizer),
                 rope_axes_dim=(4, 2, 2),  # sums to head_dim / 2, as (24, 20, 20) to 64
-                sound_gen=True, sound_dim=8,
+                sound_gen=True,
+                sound_dim=8,
             )
         )
     with parts.seeded(base + 1):
         sound_tokenizer = parts.finish(
-            Cosmos3AVAEAudioTokenizer(sampling_rate=8000, vocoder_input_dim=8, dec_dim=4, dec_c_mults=(1, 2, 2), dec_strides=(4, 8, 10),
-                                      dec_out_channels=2, encoder_enabled=False)
+            Cosmos3AVAEAudioTokenizer(
+                sampling_rate=8000,
+                vocoder_input_dim=8,
+                dec_dim=4,
+                dec_c_mults=(1, 2, 2),
+                dec_strides=(4, 8, 10),
+                dec_out_channels=2,
+                encoder_enabled=False,
+            )
         )
-    return Cosmos3OmniPipeline(transformer=transformer, text_tokenizer=tokenizer, vae=wan.tiny_vae(base + 2), scheduler=wan.tiny_scheduler(),
-                               sound_tokenizer=sound_tokenizer, safety_checker=None, enable_safety_checker=False)
+    return Cosmos3OmniPipeline(
+        transformer=transformer,
+        text_tokenizer=tokenizer,
+        vae=wan.tiny_vae(base + 2),
+        scheduler=wan.tiny_scheduler(),
+        sound_tokenizer=sound_tokenizer,
+        safety_checker=None,
+        enable_safety_checker=False,
+    )
 
 
 def load_kwargs() -> dict[str, Any]:
@@ -121,7 +159,10 @@ def predictions_like(call: Mapping[str, Any]) -> tuple[Any, Any, Any]:
 # head counts (key/value heads fewer than query heads, grouped).
 TENSOR_PLAN = TensorPlan(
     layers={
-        **split_layers("layers.*.self_attn", (("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"), ("to_out", "to_add_out"))),
+        **split_layers(
+            "layers.*.self_attn",
+            (("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"), ("to_out", "to_add_out")),
+        ),
         **split_layers("layers.*.mlp", (("gate_proj", "up_proj"), ("down_proj",))),
         **split_layers("layers.*.mlp_moe_gen", (("gate_proj", "up_proj"), ("down_proj",))),
     },
@@ -139,9 +180,16 @@ FAMILY = Family(
     output="video",
     dtype="bfloat16",
     # The call's defaults: 35 steps, guidance 6, 720x1280, 189 frames (7.9 s at 24 fps).
-    defaults=GenerationDefaults(steps=35, height=720, width=1280, frames=189, guidance_scale=6.0,
-                                prompt="a red fox trotting through the snow, photograph"),
-    size_step=16,  # Wan 2.2's 16x VAE (the pipeline refuses other sizes; the transformer pads latents to whole 2x2 patches)
+    defaults=GenerationDefaults(
+        steps=35,
+        height=720,
+        width=1280,
+        frames=189,
+        guidance_scale=6.0,
+        prompt="a red fox trotting through the snow, photograph",
+    ),
+    # Wan 2.2's 16x VAE (the pipeline refuses other sizes; the transformer pads latents to whole 2x2 patches)
+    size_step=16,
     frame_step=4,
     acceleration=Acceleration(
         # One list of decoder layers, each taking and returning both streams.
@@ -165,6 +213,7 @@ FAMILY = Family(
     load_kwargs=load_kwargs,
     audio=AudioOutput(field="sound", sample_rate="sound_tokenizer.config.sampling_rate", batched=False),
     # Image-to-video: the picture anchors the first latent frame (optional: text-to-video without).
-    variants=(Variant("Cosmos3OmniPipeline", image="image", optional=("image",),
-                      tiny_fixed=(("enable_sound", True),)),),
+    variants=(
+        Variant("Cosmos3OmniPipeline", image="image", optional=("image",), tiny_fixed=(("enable_sound", True),)),
+    ),
 )

@@ -101,7 +101,9 @@ def _declared(transformer: nn.Module) -> dict[str, FoundBy]:
     return declared
 
 
-def _lists(module: nn.Module, found_by: Callable[[nn.ModuleList], FoundBy | None], prefix: str = "") -> Iterator[FoundList]:
+def _lists(
+    module: nn.Module, found_by: Callable[[nn.ModuleList], FoundBy | None], prefix: str = ""
+) -> Iterator[FoundList]:
     """Every non-empty ModuleList under `module` that `found_by` names as blocks, with its dotted
     path, in definition order. A found list's items are not searched (blocks hold lists of their
     own); everything else is, so lists nested in stages or wrappers are found too."""
@@ -119,7 +121,7 @@ def _has_attention(block: nn.Module) -> bool:
 
 
 def _by_structure(items: nn.ModuleList) -> FoundBy | None:
-    """"structure" for a list of transformer blocks by structure alone: two or more of one class
+    """ "structure" for a list of transformer blocks by structure alone: two or more of one class
     (not a torch layer), each with an attention; None for any other list."""
     one_class = len({type(item) for item in items}) == 1 and not type(items[0]).__module__.startswith("torch.")
     return "structure" if len(items) >= 2 and one_class and _has_attention(items[0]) else None
@@ -158,7 +160,11 @@ def _returns(block: nn.Module) -> tuple[tuple[str, ...] | None, str]:
     missing = [arg for arg in names if arg not in parameters]
     if missing:
         # A skipped block passes its inputs through by name: a name the forward does not take is no use.
-        return None, f"diffusers' block registry names {', '.join(repr(arg) for arg in missing)}, which {name}.forward does not take"
+        return (
+            None,
+            f"diffusers' block registry names {', '.join(repr(arg) for arg in missing)}, which {name}.forward does "
+            "not take",
+        )
     return names, ""
 
 
@@ -199,7 +205,11 @@ def discover_blocks(transformer: nn.Module) -> Discovery:
 
     found = list(_lists(transformer, declared_class)) or list(_lists(transformer, _by_structure))
     if not found:
-        looked = f"no module list of its declared blocks ({', '.join(declared)})" if declared else "no _repeated_blocks or _no_split_modules"
+        looked = (
+            f"no module list of its declared blocks ({', '.join(declared)})"
+            if declared
+            else "no _repeated_blocks or _no_split_modules"
+        )
         raise UserError(
             f"{type(transformer).__name__} has no repeated blocks: {looked}, and no module list of two or more "
             "blocks of one class holding an attention"
@@ -223,6 +233,7 @@ def order_by_call(transformer: nn.Module, call: Callable[[], Any]) -> tuple[str,
         def hook(module: nn.Module, args: Any) -> None:
             if attr not in ran:
                 ran.append(attr)
+
         return hook
 
     try:

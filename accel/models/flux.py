@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    FromDiffusers,
+    GenerationDefaults,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+)
 
 if TYPE_CHECKING:
     from diffusers import FluxPipeline
@@ -115,7 +124,12 @@ FAMILY = Family(
         # per-block residuals for the image tokens (lists of whole-sequence tensors): cut as the image.
         tensor=TENSOR_PLAN,
         parallel=FromDiffusers(
-            streams=(("hidden_states", "image"), ("img_ids", "image"), ("encoder_hidden_states", "text"), ("txt_ids", "text")),
+            streams=(
+                ("hidden_states", "image"),
+                ("img_ids", "image"),
+                ("encoder_hidden_states", "text"),
+                ("txt_ids", "text"),
+            ),
             attention_keys=("text", "image"),
             output_stream="image",
             extra_splits=CONTROLNET_SPLITS,
@@ -138,7 +152,13 @@ FAMILY = Family(
         Variant("FluxImg2ImgPipeline", image="image"),
         Variant("FluxInpaintPipeline", image="image", mask="mask_image"),
         Variant("FluxKontextPipeline", image="image", area="max_area"),
-        Variant("FluxKontextInpaintPipeline", image="image", mask="mask_image", area="max_area", fixed=(("_auto_resize", False),)),
+        Variant(
+            "FluxKontextInpaintPipeline",
+            image="image",
+            mask="mask_image",
+            area="max_area",
+            fixed=(("_auto_resize", False),),
+        ),
         Variant("FluxFillPipeline", image="image", mask="mask_image", tiny=build_tiny_fill),
         Variant("FluxControlPipeline", image="control_image", tiny=build_tiny_control),
     ),

@@ -56,8 +56,13 @@ def _tiny_vae(seed: int) -> Any:
     with parts.seeded(seed):
         # FLUX.2's VAE shape: four levels (8x downsampling), 32 latent channels, batch-normed 2x2 patches.
         return parts.finish(
-            AutoencoderKLFlux2(block_out_channels=(8, 16, 16, 16), layers_per_block=1, latent_channels=_LATENT_CHANNELS,
-                               norm_num_groups=4, sample_size=64)
+            AutoencoderKLFlux2(
+                block_out_channels=(8, 16, 16, 16),
+                layers_per_block=1,
+                latent_channels=_LATENT_CHANNELS,
+                norm_num_groups=4,
+                sample_size=64,
+            )
         )
 
 
@@ -132,7 +137,9 @@ _PLAN = FromDiffusers(
 )
 _BLOCKS = (
     BlockList("transformer_blocks", returns=("encoder_hidden_states", "hidden_states")),
-    BlockList("single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")),
+    BlockList(
+        "single_transformer_blocks", returns=("hidden_states",), joins=("encoder_hidden_states", "hidden_states")
+    ),
 )
 
 FAMILY = Family(
@@ -194,8 +201,14 @@ KLEIN = Family(
     variants=(
         Variant("Flux2KleinPipeline", image="image", optional=("image",)),
         Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),
-        Variant("Flux2KleinKVPipeline", image="image", optional=("image",), not_split=(
-            "its attention processors cut text, reference and image tokens at whole-sequence positions, and its "
-            "reference K/V cache holds the whole reference")),
+        Variant(
+            "Flux2KleinKVPipeline",
+            image="image",
+            optional=("image",),
+            not_split=(
+                "its attention processors cut text, reference and image tokens at whole-sequence positions, and its "
+                "reference K/V cache holds the whole reference"
+            ),
+        ),
     ),
 )

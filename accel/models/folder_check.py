@@ -21,9 +21,7 @@ REDO = "re-download or re-save the pipeline"
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header's size
 PICKLE_MAGIC = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")  # torch.save's zip, a pickle
 # Which other JSON files of a component are parsed when present (the library reads them all).
-EXTRA_JSON = (
-    "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json", "generation_config.json"
-)
+EXTRA_JSON = ("tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json", "generation_config.json")
 
 
 def read_index(folder: Path) -> dict[str, Any]:

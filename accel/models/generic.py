@@ -12,7 +12,8 @@ accept are the ones it makes itself.
 Context parallelism is learned (`AutomaticPlan`) and verified on simulated ranks when several ranks
 are asked for: the class's own diffusers `_cp_plan` first, its streams read off the probe, else the
 automatic plan. What the record leaves out is refused, not guessed: CFG parallelism
-(how the pipeline runs guidance is not known), tensor parallelism, a tiny variant. Learned records are kept per (pipeline class, transformer
+(how the pipeline runs guidance is not known), tensor parallelism, a tiny variant. Learned records are kept per
+(pipeline class, transformer
 class, config) for the life of the process, so `accel serve` and `accel bench` probe once.
 """
 
@@ -51,14 +52,18 @@ def config_hash(transformer: nn.Module) -> str:
     """A short digest of the transformer's config: two checkpoints of one class with other shapes differ.
     diffusers' own bookkeeping keys (`_name_or_path`, `_diffusers_version`, …) are left out, so a model
     built from a config.json and the same one loaded from its folder agree."""
-    config = {key: value for key, value in dict(getattr(transformer, "config", {}) or {}).items() if not key.startswith("_")}
+    config = {
+        key: value for key, value in dict(getattr(transformer, "config", {}) or {}).items() if not key.startswith("_")
+    }
     text = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def no_transformer_message(pipeline_class: str) -> str:
-    return (f"{pipeline_class} has no transformer: accel accelerates diffusion transformers (pipe.transformer); "
-            "diffusers' own VAE tiling (pipe.vae.enable_tiling()) and offload still work on it")
+    return (
+        f"{pipeline_class} has no transformer: accel accelerates diffusion transformers (pipe.transformer); "
+        "diffusers' own VAE tiling (pipe.vae.enable_tiling()) and offload still work on it"
+    )
 
 
 def learned_family(pipe: Any) -> Family:
@@ -82,9 +87,16 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
     heads = config.get("num_attention_heads")
     vae = getattr(pipe, "vae", None)
     return Family(
-        name=_slug(type(pipe).__name__), title=type(pipe).__name__, pipeline_class=type(pipe).__name__,
-        transformer_class=type(transformer).__name__, repo="", output=output, dtype="bfloat16",
-        defaults=_defaults(pipe, signature, frames_arg), acceleration=acceleration, frames_arg=frames_arg,
+        name=_slug(type(pipe).__name__),
+        title=type(pipe).__name__,
+        pipeline_class=type(pipe).__name__,
+        transformer_class=type(transformer).__name__,
+        repo="",
+        output=output,
+        dtype="bfloat16",
+        defaults=_defaults(pipe, signature, frames_arg),
+        acceleration=acceleration,
+        frames_arg=frames_arg,
         heads=heads if isinstance(heads, int) else None,
         vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
         variants=_own_variant(type(pipe).__name__, signature),
@@ -99,8 +111,10 @@ def learned_acceleration(pipe: Any, transformer: nn.Module) -> Acceleration:
     try:
         discovery = discover_blocks(transformer)
     except UserError as error:
-        raise ModelError(f"{error}. accel's cache, compile and parallelism work block by block, so none applies to "
-                         f"{type(pipe).__name__}; diffusers' VAE tiling and offload still do") from None
+        raise ModelError(
+            f"{error}. accel's cache, compile and parallelism work block by block, so none applies to "
+            f"{type(pipe).__name__}; diffusers' VAE tiling and offload still do"
+        ) from None
     seams = _Seams(transformer, discovery)
     try:
         if discovery.block_lists() is None or discovery.order == "definition" or len(discovery.lists) > 1:
@@ -112,8 +126,11 @@ def learned_acceleration(pipe: Any, transformer: nn.Module) -> Acceleration:
     interleaved = seams.interleaved(type(transformer).__name__)
     lists = main_lists(discovery) if interleaved else seams.feeding_output(seams.joined(main_lists(discovery)))
     return Acceleration(
-        blocks=lists, primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
-        transformer_attrs=_transformer_attrs(pipe, transformer), parallel=AutomaticPlan(), learned=True,
+        blocks=lists,
+        primary_stream=PRIMARY if PRIMARY in lists[0].returns else lists[0].returns[0],
+        transformer_attrs=_transformer_attrs(pipe, transformer),
+        parallel=AutomaticPlan(),
+        learned=True,
         cache_refused=interleaved,
     )
 
@@ -136,9 +153,13 @@ def main_lists(discovery: Discovery) -> tuple[BlockList, ...]:
     returns every stream the last one does, which the cache's residual needs."""
     known = [found for found in discovery.lists if found.returns is not None and found.count >= 2]
     if not known:
-        reasons = "; ".join(found.unknown for found in discovery.lists if found.unknown) or "no list of two or more blocks"
-        raise ModelError(f"{discovery.transformer_class}: accel could not learn what its blocks return ({reasons}); "
-                         "its cache and compile need that")
+        reasons = (
+            "; ".join(found.unknown for found in discovery.lists if found.unknown) or "no list of two or more blocks"
+        )
+        raise ModelError(
+            f"{discovery.transformer_class}: accel could not learn what its blocks return ({reasons}); "
+            "its cache and compile need that"
+        )
     primary = PRIMARY if any(PRIMARY in (found.returns or ()) for found in known) else (known[-1].returns or ("",))[0]
     lists = [BlockList(found.attr, returns=found.returns) for found in known if primary in (found.returns or ())]
     while len(lists) > 1 and not set(lists[-1].returns) <= set(lists[0].returns):
@@ -187,8 +208,10 @@ class _Seams:
         if len(self.runs) == len(set(self.runs)):
             return None
         lists = " and ".join(dict.fromkeys(self.runs))
-        return (f"{transformer_class} runs {lists} interleaved (one block of each in turn), and accel's step caches "
-                "need lists that run one after another; quantization and compile apply")
+        return (
+            f"{transformer_class} runs {lists} interleaved (one block of each in turn), and accel's step caches "
+            "need lists that run one after another; quantization and compile apply"
+        )
 
     def joined(self, lists: tuple[BlockList, ...]) -> tuple[BlockList, ...]:
         """`lists` with each one-stream list after a several-stream one given the `joins` the probe
@@ -207,13 +230,18 @@ class _Seams:
             if isinstance(mine, torch.Tensor) and isinstance(same, torch.Tensor) and mine.shape == same.shape:
                 kept.append(block_list)
                 continue
-            order = next((order for order in itertools.permutations(before.returns)
-                          if isinstance(mine, torch.Tensor) and _concatenation_of(mine, [streams[name] for name in order])), None)
+            order = next(
+                (
+                    order
+                    for order in itertools.permutations(before.returns)
+                    if isinstance(mine, torch.Tensor) and _concatenation_of(mine, [streams[name] for name in order])
+                ),
+                None,
+            )
             if order is None:
                 break
             kept.append(BlockList(block_list.attr, returns=block_list.returns, joins=tuple(order)))
         return tuple(kept)
-
 
     def feeding_output(self, lists: tuple[BlockList, ...]) -> tuple[BlockList, ...]:
         """The lists whose stream becomes the transformer's output: the last list to run, and before it
@@ -231,8 +259,14 @@ class _Seams:
         outputs = self.outputs.get(before)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         arguments = self.inputs.get(after, {}).values()
-        return any(isinstance(argument, torch.Tensor) and isinstance(output, torch.Tensor) and argument.shape == output.shape
-                   and torch.equal(argument, output) for argument in arguments for output in outputs)
+        return any(
+            isinstance(argument, torch.Tensor)
+            and isinstance(output, torch.Tensor)
+            and argument.shape == output.shape
+            and torch.equal(argument, output)
+            for argument in arguments
+            for output in outputs
+        )
 
 
 def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:
@@ -275,6 +309,7 @@ def other_transformer_call(pipe: Any, transformer: nn.Module) -> Any:
 
 def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> None:
     """Run the pipeline at a small size until the transformer's first forward has returned."""
+
     def stop(module: nn.Module, args: Any, output: Any) -> None:
         raise _FirstForwardDone
 
@@ -292,8 +327,10 @@ def _probe_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> N
     except _FirstForwardDone:
         return
     except Exception as error:  # the pipeline's own failure, whatever it is, is the user's one line
-        raise ModelError(f"{type(pipe).__name__}: accel's probe call (one small call to learn what the transformer's "
-                         f"blocks return) failed: {first_line(error)}") from None
+        raise ModelError(
+            f"{type(pipe).__name__}: accel's probe call (one small call to learn what the transformer's "
+            f"blocks return) failed: {first_line(error)}"
+        ) from None
     finally:
         handle.remove()
         diffusers_logging.set_verbosity(verbosity)
@@ -316,13 +353,21 @@ def frames_keyword(parameters: Any) -> str | None:
 
 
 def probe_kwargs(pipe: Any, width: int = PROBE_SIZE) -> dict[str, Any]:
-    """A small call every text-to-image / video pipeline takes: a prompt (and a long negative one), two steps (Mochi's schedule
+    """A small call every text-to-image / video pipeline takes: a prompt (and a long negative one), two steps (Mochi's
+    schedule
     divides by the steps less one; the probe stops at the first forward anyway), 128 px, and the
     pipeline's own frame count where it states one (a model with learned temporal positions takes
     no other), else 9."""
     parameters = inspect.signature(type(pipe).__call__).parameters
-    wanted: dict[str, Any] = {"prompt": "a probe", "negative_prompt": PROBE_NEGATIVE, "num_inference_steps": 2, "height": PROBE_SIZE, "width": width,
-                              "output_type": "latent", "generator": torch.Generator().manual_seed(0)}
+    wanted: dict[str, Any] = {
+        "prompt": "a probe",
+        "negative_prompt": PROBE_NEGATIVE,
+        "num_inference_steps": 2,
+        "height": PROBE_SIZE,
+        "width": width,
+        "output_type": "latent",
+        "generator": torch.Generator().manual_seed(0),
+    }
     frames = frames_keyword(parameters)
     if frames is not None:
         wanted[frames] = _stated(parameters, frames, int) or PROBE_FRAMES
@@ -372,8 +417,11 @@ def _default_size(pipe: Any, output: OutputKind) -> tuple[int, int]:
 
 def _transformer_attrs(pipe: Any, transformer: nn.Module) -> tuple[str, ...]:
     """`transformer`, then other components of its class (a second expert, as Wan 2.2's transformer_2)."""
-    others = [name for name, value in getattr(pipe, "components", {}).items()
-              if name != "transformer" and type(value) is type(transformer)]
+    others = [
+        name
+        for name, value in getattr(pipe, "components", {}).items()
+        if name != "transformer" and type(value) is type(transformer)
+    ]
     return ("transformer", *sorted(others))
 
 

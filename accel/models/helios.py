@@ -27,7 +27,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accel.models import wan
-from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, LeadingCount, ParallelPlan, SequenceSplit, Variant)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    LeadingCount,
+    ParallelPlan,
+    SequenceSplit,
+    Variant,
+)
 
 if TYPE_CHECKING:
     from diffusers import HeliosPipeline, HeliosPyramidPipeline
@@ -101,8 +110,14 @@ def build_tiny_pyramid(seed: int = 0, cfg_zero_star: bool = False) -> "HeliosPyr
     from diffusers import HeliosPyramidPipeline, HeliosScheduler
 
     tiny = build_tiny(seed)
-    return HeliosPyramidPipeline(tokenizer=tiny.tokenizer, text_encoder=tiny.text_encoder, vae=tiny.vae, transformer=tiny.transformer,
-                                 scheduler=HeliosScheduler(gamma=0.25), is_cfg_zero_star=cfg_zero_star)
+    return HeliosPyramidPipeline(
+        tokenizer=tiny.tokenizer,
+        text_encoder=tiny.text_encoder,
+        vae=tiny.vae,
+        transformer=tiny.transformer,
+        scheduler=HeliosScheduler(gamma=0.25),
+        is_cfg_zero_star=cfg_zero_star,
+    )
 
 
 # History then chunk tokens are one stream: cut at the first block with the rotary table and the
@@ -157,11 +172,23 @@ FAMILY = Family(
     variants=(
         # Text, image or video to video in one pipeline: the picture is the first frame, a clip's
         # chunks the history the new ones continue.
-        Variant("HeliosPipeline", image="image", video="video", optional=("image", "video"), one_of=("image", "video"),
-                tiny_fixed=(("num_latent_frames_per_chunk", TINY_CHUNK),)),
+        Variant(
+            "HeliosPipeline",
+            image="image",
+            video="video",
+            optional=("image", "video"),
+            one_of=("image", "video"),
+            tiny_fixed=(("num_latent_frames_per_chunk", TINY_CHUNK),),
+        ),
         # Helios-Mid and -Distilled (their own checkpoints' schedulers): steps per stage, not num_inference_steps.
-        Variant("HeliosPyramidPipeline", image="image", video="video", optional=("image", "video"), one_of=("image", "video"),
-                tiny=build_tiny_pyramid,
-                tiny_fixed=(("num_latent_frames_per_chunk", TINY_CHUNK), ("pyramid_num_inference_steps_list", (2, 1, 1)))),
+        Variant(
+            "HeliosPyramidPipeline",
+            image="image",
+            video="video",
+            optional=("image", "video"),
+            one_of=("image", "video"),
+            tiny=build_tiny_pyramid,
+            tiny_fixed=(("num_latent_frames_per_chunk", TINY_CHUNK), ("pyramid_num_inference_steps_list", (2, 1, 1))),
+        ),
     ),
 )

@@ -8,7 +8,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, LeadingCount, Packed, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    JOINT_ATTENTION,
+    LeadingCount,
+    Packed,
+    ParallelPlan,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanSkyreelsImageToVideoPipeline, HunyuanVideoImageToVideoPipeline, HunyuanVideoPipeline
@@ -109,8 +123,13 @@ def build_tiny_skyreels(seed: int = 0) -> "HunyuanSkyreelsImageToVideoPipeline":
         in_channels=2 * _LATENT_CHANNELS,  # noise + picture latents
     )
     return HunyuanSkyreelsImageToVideoPipeline(
-        text_encoder=pipe.text_encoder, tokenizer=pipe.tokenizer, transformer=transformer, vae=pipe.vae,
-        scheduler=pipe.scheduler, text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
+        text_encoder=pipe.text_encoder,
+        tokenizer=pipe.tokenizer,
+        transformer=transformer,
+        vae=pipe.vae,
+        scheduler=pipe.scheduler,
+        text_encoder_2=pipe.text_encoder_2,
+        tokenizer_2=pipe.tokenizer_2,
     )
 
 
@@ -139,8 +158,10 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
     image_at = ids.index(tokenizer.convert_tokens_to_ids("<image>"))
     if (len(ids), image_at) != (DEFAULT_PROMPT_TEMPLATE["crop_start"], DEFAULT_PROMPT_TEMPLATE["image_emb_start"]):
         raise RuntimeError(
-            f"tiny HunyuanVideo I2V tokenizer: the prompt template's prefix is {len(ids)} tokens with <image> at {image_at}, "
-            f"but the pipeline crops {DEFAULT_PROMPT_TEMPLATE['crop_start']} with it at {DEFAULT_PROMPT_TEMPLATE['image_emb_start']}"
+            f"tiny HunyuanVideo I2V tokenizer: the prompt template's prefix is {len(ids)} tokens with <image> at "
+            f"{image_at}, "
+            f"but the pipeline crops {DEFAULT_PROMPT_TEMPLATE['crop_start']} with it at "
+            f"{DEFAULT_PROMPT_TEMPLATE['image_emb_start']}"
         )
     text_encoder = parts.llava_model(tokenizer, seed=base + 6)
     transformer = _tiny_transformer(
@@ -150,8 +171,13 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
         image_condition_type="token_replace",  # HunyuanVideo-I2V's; its 33-channel sibling concatenates latents
     )
     return HunyuanVideoImageToVideoPipeline(
-        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=pipe.vae, scheduler=pipe.scheduler,
-        text_encoder_2=pipe.text_encoder_2, tokenizer_2=pipe.tokenizer_2,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        vae=pipe.vae,
+        scheduler=pipe.scheduler,
+        text_encoder_2=pipe.text_encoder_2,
+        tokenizer_2=pipe.tokenizer_2,
         image_processor=parts.clip_image_processor(parts.LLAVA_IMAGE_SIZE),
     )
 
@@ -181,8 +207,10 @@ def joint_plan(stream: str, leading_counts: tuple[LeadingCount, ...] = ()) -> Pa
             SequenceSplit("output", stream, dim=0, module="rope"),
             SequenceSplit("hidden_states", stream, dim=1, module="transformer_blocks.0"),
             SequenceSplit("encoder_hidden_states", "text", dim=1, module="transformer_blocks.0"),
-            *(SequenceSplit("attention_mask", (stream, "text"), dim=-1, module=f"{blocks}.*")
-              for blocks in ("transformer_blocks", "single_transformer_blocks")),
+            *(
+                SequenceSplit("attention_mask", (stream, "text"), dim=-1, module=f"{blocks}.*")
+                for blocks in ("transformer_blocks", "single_transformer_blocks")
+            ),
         ),
         attention_keys=(stream, "text"),
         output_stream=stream,
@@ -236,8 +264,12 @@ FAMILY = Family(
     variants=(
         # SkyReels-V1 image-to-video concatenates the picture's latents in channels: the same tokens
         # and plan. Its own true CFG default (true_cfg_scale 6) runs once a negative prompt is given.
-        Variant("HunyuanSkyreelsImageToVideoPipeline", image="image", tiny=build_tiny_skyreels,
-                transformer_config=(("in_channels", 2 * _LATENT_CHANNELS),)),
+        Variant(
+            "HunyuanSkyreelsImageToVideoPipeline",
+            image="image",
+            tiny=build_tiny_skyreels,
+            transformer_config=(("in_channels", 2 * _LATENT_CHANNELS),),
+        ),
         # HunyuanVideo-I2V: the picture through LLaVA into the text stream and as the first latent
         # frame (token replace; the 33-channel checkpoint concatenates its latents instead).
         Variant("HunyuanVideoImageToVideoPipeline", image="image", tiny=build_tiny_i2v),

@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    JOINT_ATTENTION,
+    ParallelPlan,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Pipeline
@@ -50,11 +62,17 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
     tokenizer.chat_template = parts.QWEN3_CHAT_TEMPLATE  # Qwen2.5's framing of plain text turns
     ids = tokenizer.convert_tokens_to_ids
     text_config = Qwen2_5_VLTextConfig(
-        vocab_size=len(tokenizer), hidden_size=parts.QWEN_HIDDEN, intermediate_size=2 * parts.QWEN_HIDDEN,
+        vocab_size=len(tokenizer),
+        hidden_size=parts.QWEN_HIDDEN,
+        intermediate_size=2 * parts.QWEN_HIDDEN,
         num_hidden_layers=3,  # the pipeline takes the third-to-last hidden state: a layer's output
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]},
-        bos_token_id=ids("<|endoftext|>"), eos_token_id=ids("<|im_end|>"), pad_token_id=ids("<|endoftext|>"),
+        bos_token_id=ids("<|endoftext|>"),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
     )
     with parts.seeded(base + 1):
         text_encoder = parts.finish(Qwen2_5_VLTextModel(text_config))
@@ -84,14 +102,21 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
         # HunyuanVideo 1.5's VAE shape: 16x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
         vae = parts.finish(
             AutoencoderKLHunyuanVideo15(
-                latent_channels=_LATENTS, block_out_channels=(8, 8, 16, 16, 16), layers_per_block=1,
-                spatial_compression_ratio=16, temporal_compression_ratio=4,
+                latent_channels=_LATENTS,
+                block_out_channels=(8, 8, 16, 16, 16),
+                layers_per_block=1,
+                spatial_compression_ratio=16,
+                temporal_compression_ratio=4,
             )
         )
     return dict(
-        text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=7.0),  # flow matching, fixed shift
-        text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
         guider=ClassifierFreeGuidance(guidance_scale=6.0),
     )
 
@@ -100,8 +125,10 @@ def _checked(pipe: Any) -> Any:
     """`pipe`, once its tokenizer is known to spend exactly the cropped tokens on the system prompt."""
     spent = len(pipe.tokenizer(_system_prefix()).input_ids)
     if spent != pipe.prompt_template_encode_start_idx:
-        raise RuntimeError(f"tiny HunyuanVideo 1.5 tokenizer: the system prompt is {spent} tokens, "
-                           f"but the pipeline crops {pipe.prompt_template_encode_start_idx}")
+        raise RuntimeError(
+            f"tiny HunyuanVideo 1.5 tokenizer: the system prompt is {spent} tokens, "
+            f"but the pipeline crops {pipe.prompt_template_encode_start_idx}"
+        )
     return pipe
 
 
@@ -138,15 +165,23 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideo15ImageToVideoPipeline":
         from transformers import SiglipImageProcessor  # type: ignore[assignment]
 
     base = seed * 8
-    config = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                image_size=_SIGLIP_SIZE, patch_size=8)
+    config = SiglipVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=_SIGLIP_SIZE,
+        patch_size=8,
+    )
     with parts.seeded(base + 5):
         image_encoder = parts.finish(SiglipVisionModel(config))
-    return _checked(HunyuanVideo15ImageToVideoPipeline(
-        **_tiny_parts(base, image_embed_dim=config.hidden_size),
-        image_encoder=image_encoder,
-        feature_extractor=SiglipImageProcessor(size={"height": _SIGLIP_SIZE, "width": _SIGLIP_SIZE}),
-    ))
+    return _checked(
+        HunyuanVideo15ImageToVideoPipeline(
+            **_tiny_parts(base, image_embed_dim=config.hidden_size),
+            image_encoder=image_encoder,
+            feature_extractor=SiglipImageProcessor(size={"height": _SIGLIP_SIZE, "width": _SIGLIP_SIZE}),
+        )
+    )
 
 
 class KeyMaskAttention:
@@ -163,8 +198,14 @@ class KeyMaskAttention:
     _attention_backend: Any = None
     _parallel_config: Any = None
 
-    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
-                 attention_mask: Any = None, image_rotary_emb: Any = None) -> Any:
+    def __call__(
+        self,
+        attn: Any,
+        hidden_states: Any,
+        encoder_hidden_states: Any = None,
+        attention_mask: Any = None,
+        image_rotary_emb: Any = None,
+    ) -> Any:
         import torch
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.embeddings import apply_rotary_emb
@@ -195,8 +236,16 @@ class KeyMaskAttention:
             batch, tokens = query.shape[0], query.shape[1]
             video = torch.ones(batch, tokens - attention_mask.shape[1], dtype=torch.bool, device=attention_mask.device)
             keys = torch.cat([video, attention_mask.bool()], dim=1).view(batch, 1, 1, tokens)
-        out = dispatch_attention_fn(query, key, value, attn_mask=keys, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = dispatch_attention_fn(
+            query,
+            key,
+            value,
+            attn_mask=keys,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         out = out.flatten(2, 3).to(query.dtype)
         if encoder_hidden_states is None:
             return out, encoder_hidden_states
@@ -263,7 +312,5 @@ FAMILY = Family(
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
-    variants=(
-        Variant("HunyuanVideo15ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
-    ),
+    variants=(Variant("HunyuanVideo15ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),),
 )

@@ -46,8 +46,11 @@ def _guider() -> Any:
     from diffusers import AdaptiveProjectedMixGuidance
 
     return AdaptiveProjectedMixGuidance(
-        guidance_scale=3.5, adaptive_projected_guidance_scale=10.0, adaptive_projected_guidance_momentum=-0.5,
-        adaptive_projected_guidance_rescale=10.0, adaptive_projected_guidance_start_step=5,
+        guidance_scale=3.5,
+        adaptive_projected_guidance_scale=10.0,
+        adaptive_projected_guidance_momentum=-0.5,
+        adaptive_projected_guidance_rescale=10.0,
+        adaptive_projected_guidance_start_step=5,
     )
 
 
@@ -92,8 +95,10 @@ def _checked(pipe: Any) -> Any:
     """`pipe`, once its tokenizer is known to spend exactly the cropped tokens on the system prompt."""
     spent = len(pipe.tokenizer(pipe.prompt_template_encode.split("{}")[0]).input_ids)
     if spent != pipe.prompt_template_encode_start_idx:
-        raise RuntimeError(f"tiny HunyuanImage tokenizer: the system prompt is {spent} tokens, "
-                           f"but the pipeline crops {pipe.prompt_template_encode_start_idx}")
+        raise RuntimeError(
+            f"tiny HunyuanImage tokenizer: the system prompt is {spent} tokens, "
+            f"but the pipeline crops {pipe.prompt_template_encode_start_idx}"
+        )
     return pipe
 
 
@@ -115,22 +120,39 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
     # 7 build_tiny_distilled's transformer.
     base = seed * 8
     text = _text_parts(base)
-    transformer = _tiny_transformer(base + 3, text_dim=text["text_encoder"].config.text_config.hidden_size,
-                                    text_embed_2_dim=text["text_encoder_2"].config.d_model)
+    transformer = _tiny_transformer(
+        base + 3,
+        text_dim=text["text_encoder"].config.text_config.hidden_size,
+        text_embed_2_dim=text["text_encoder_2"].config.d_model,
+    )
     with parts.seeded(base + 4):
         # HunyuanImage 2.1's VAE shape: 32x spatial compression in five pixel-shuffle steps. Its
         # GroupNorms take 32 groups, so 32 channels a level is the narrowest; the deepest level has 64,
         # two a group, so a 32 px picture's 1x1 latent still normalises (one value a group is refused).
-        vae = parts.finish(AutoencoderKLHunyuanImage(
-            in_channels=3, out_channels=3, latent_channels=_LATENTS, block_out_channels=(32,) * 5 + (64,), layers_per_block=1,
-            spatial_compression_ratio=32, sample_size=64, scaling_factor=0.75289,
-        ))
-    return _checked(HunyuanImagePipeline(
-        # Flow matching with a fixed shift (the checkpoint's scheduler config was not at hand: any shift
-        # gives a tiny run the same structure).
-        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
-        vae=vae, transformer=transformer, guider=_guider(), ocr_guider=_guider(), **text,
-    ))
+        vae = parts.finish(
+            AutoencoderKLHunyuanImage(
+                in_channels=3,
+                out_channels=3,
+                latent_channels=_LATENTS,
+                block_out_channels=(32,) * 5 + (64,),
+                layers_per_block=1,
+                spatial_compression_ratio=32,
+                sample_size=64,
+                scaling_factor=0.75289,
+            )
+        )
+    return _checked(
+        HunyuanImagePipeline(
+            # Flow matching with a fixed shift (the checkpoint's scheduler config was not at hand: any shift
+            # gives a tiny run the same structure).
+            scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
+            vae=vae,
+            transformer=transformer,
+            guider=_guider(),
+            ocr_guider=_guider(),
+            **text,
+        )
+    )
 
 
 def build_tiny_distilled(seed: int = 0) -> "HunyuanImagePipeline":
@@ -139,8 +161,13 @@ def build_tiny_distilled(seed: int = 0) -> "HunyuanImagePipeline":
     from diffusers import HunyuanImagePipeline
 
     pipe = build_tiny(seed)
-    transformer = _tiny_transformer(seed * 8 + 7, text_dim=pipe.text_encoder.config.text_config.hidden_size,
-                                    text_embed_2_dim=pipe.text_encoder_2.config.d_model, guidance_embeds=True, use_meanflow=True)
+    transformer = _tiny_transformer(
+        seed * 8 + 7,
+        text_dim=pipe.text_encoder.config.text_config.hidden_size,
+        text_embed_2_dim=pipe.text_encoder_2.config.d_model,
+        guidance_embeds=True,
+        use_meanflow=True,
+    )
     return HunyuanImagePipeline(**{**pipe.components, "transformer": transformer, "guider": None, "ocr_guider": None})
 
 
@@ -161,17 +188,28 @@ def build_tiny_refiner(seed: int = 0) -> "HunyuanImageRefinerPipeline":
     base = seed * 8
     text = _text_parts(base)
     transformer = _tiny_transformer(
-        base + 5, text_dim=text["text_encoder"].config.text_config.hidden_size,
-        in_channels=4 * _REFINER_LATENTS, out_channels=2 * _REFINER_LATENTS, patch_size=(1, 1, 1),
-        rope_axes_dim=(4, 6, 6), guidance_embeds=True,
+        base + 5,
+        text_dim=text["text_encoder"].config.text_config.hidden_size,
+        in_channels=4 * _REFINER_LATENTS,
+        out_channels=2 * _REFINER_LATENTS,
+        patch_size=(1, 1, 1),
+        rope_axes_dim=(4, 6, 6),
+        guidance_embeds=True,
     )
     with parts.seeded(base + 6):
-        vae = parts.finish(AutoencoderKLHunyuanImageRefiner(
-            latent_channels=_REFINER_LATENTS, block_out_channels=(8, 8, 16, 16, 16), layers_per_block=1,
-        ))
+        vae = parts.finish(
+            AutoencoderKLHunyuanImageRefiner(
+                latent_channels=_REFINER_LATENTS,
+                block_out_channels=(8, 8, 16, 16, 16),
+                layers_per_block=1,
+            )
+        )
     return HunyuanImageRefinerPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=4.0),
-        vae=vae, transformer=transformer, text_encoder=text["text_encoder"], tokenizer=text["tokenizer"],
+        vae=vae,
+        transformer=transformer,
+        text_encoder=text["text_encoder"],
+        tokenizer=text["tokenizer"],
     )
 
 
@@ -213,7 +251,12 @@ FAMILY = Family(
     variants=(
         # The refiner: the picture's latents concatenated in channels, 3-D latents of one frame; the
         # same tokens and plan. Guidance-distilled, 4 steps by default.
-        Variant("HunyuanImageRefinerPipeline", image="image", tiny=build_tiny_refiner, vae="AutoencoderKLHunyuanImageRefiner",
-                defaults=GenerationDefaults(steps=4, height=2048, width=2048)),
+        Variant(
+            "HunyuanImageRefinerPipeline",
+            image="image",
+            tiny=build_tiny_refiner,
+            vae="AutoencoderKLHunyuanImageRefiner",
+            defaults=GenerationDefaults(steps=4, height=2048, width=2048),
+        ),
     ),
 )

@@ -135,10 +135,20 @@ def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transform
 
     model = build(Component(attr, "diffusers", cls, config))
     discovery = discover_blocks(model)  # a UserError in one line where the model has no repeated blocks
-    blocks = tuple(Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown) for item in discovery.lists)
+    blocks = tuple(
+        Blocks(item.attr, item.count, item.block_class, item.returns, item.found_by, item.unknown)
+        for item in discovery.lists
+    )
     heads = config.get("num_attention_heads")
-    return Transformer(attr, cls, heads if isinstance(heads, int) else None, blocks, AutomaticPlan(),
-                       readable_cp_plan(type(model)), _verdicts(model))
+    return Transformer(
+        attr,
+        cls,
+        heads if isinstance(heads, int) else None,
+        blocks,
+        AutomaticPlan(),
+        readable_cp_plan(type(model)),
+        _verdicts(model),
+    )
 
 
 def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
@@ -149,11 +159,29 @@ def _of_pipeline(name: str, family: Family, pipe: Any) -> Found:
         if model is None:
             continue
         blocks = tuple(_blocks_of(model, block) for block in family.blocks)
-        transformers.append(Transformer(attr, type(model).__name__, family.heads_in(model.config), blocks, family.plan_for(model),
-                                        verdicts=_verdicts(model)))
+        transformers.append(
+            Transformer(
+                attr,
+                type(model).__name__,
+                family.heads_in(model.config),
+                blocks,
+                family.plan_for(model),
+                verdicts=_verdicts(model),
+            )
+        )
     vae = getattr(pipe, "vae", None)
-    encoders = tuple(sorted(key for key in pipe.components if key.startswith("text_encoder") and pipe.components[key] is not None))
-    return Found(name, "tiny", type(pipe).__name__, family, tuple(transformers), type(vae).__name__ if vae is not None else None, encoders)
+    encoders = tuple(
+        sorted(key for key in pipe.components if key.startswith("text_encoder") and pipe.components[key] is not None)
+    )
+    return Found(
+        name,
+        "tiny",
+        type(pipe).__name__,
+        family,
+        tuple(transformers),
+        type(vae).__name__ if vae is not None else None,
+        encoders,
+    )
 
 
 def _blocks_of(model: Any, block: BlockList) -> Blocks:
@@ -167,13 +195,21 @@ def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | N
     """A transformer known by class and config: built on meta (no memory) to count its blocks."""
     plan = next((v.parallel for v in family.variants if v.transformer_class == cls), family.parallel)
     if config is None:
-        return Transformer(attr, cls, family.heads, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan)
+        return Transformer(
+            attr, cls, family.heads, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan
+        )
     from accel.memory.estimate import build
     from accel.models.flagships import Component
 
     model = build(Component(attr, "diffusers", cls, config))
-    return Transformer(attr, cls, family.heads_in(model.config), tuple(_blocks_of(model, block) for block in family.blocks), plan,
-                       verdicts=_verdicts(model))
+    return Transformer(
+        attr,
+        cls,
+        family.heads_in(model.config),
+        tuple(_blocks_of(model, block) for block in family.blocks),
+        plan,
+        verdicts=_verdicts(model),
+    )
 
 
 def _verdicts(model: Any) -> tuple[dict[str, Any], ...]:
@@ -203,11 +239,17 @@ def _classes(ref: ModelRef) -> _Classes:
 
         vae = next((c.cls for c in flagship.of_kind("vae")), None)
         transformers = tuple((c.attr, c.cls, dict(c.config)) for c in flagship.of_kind("transformer"))
-        return _Classes(FAMILIES[key].pipeline_class, transformers, vae, tuple(c.attr for c in flagship.of_kind("text_encoder")))
+        return _Classes(
+            FAMILIES[key].pipeline_class, transformers, vae, tuple(c.attr for c in flagship.of_kind("text_encoder"))
+        )
     if ref.family is not None:  # a family without a flagship config: its class names alone
         family = ref.family
-        return _Classes(family.pipeline_class, ((family.transformer_attrs[0], family.transformer_class, None),), family.vae, ())
-    return _from_index(_hub_json(ref.source, "model_index.json"), lambda attr: _hub_json(ref.source, f"{attr}/config.json"))
+        return _Classes(
+            family.pipeline_class, ((family.transformer_attrs[0], family.transformer_class, None),), family.vae, ()
+        )
+    return _from_index(
+        _hub_json(ref.source, "model_index.json"), lambda attr: _hub_json(ref.source, f"{attr}/config.json")
+    )
 
 
 def _folder_config(folder: Path, attr: str) -> dict[str, Any] | None:
@@ -222,7 +264,9 @@ def _hub_json(repo: str, filename: str) -> dict[str, Any]:
     try:
         path = hf_hub_download(repo, filename)
     except Exception as error:  # noqa: BLE001 - offline, gated, missing: one line says which
-        raise ModelError(f"cannot read {repo}'s {filename} ({type(error).__name__}); download the pipeline and pass its folder") from None
+        raise ModelError(
+            f"cannot read {repo}'s {filename} ({type(error).__name__}); download the pipeline and pass its folder"
+        ) from None
     return read_json(Path(path))
 
 
@@ -232,7 +276,9 @@ def _from_index(index: dict[str, Any], config_of: Callable[[str], dict[str, Any]
         return str(entry[-1]) if isinstance(entry, list) and len(entry) == 2 and entry[-1] else None
 
     keys = sorted(key for key in index if not key.startswith("_"))
-    transformers = tuple((key, cls, config_of(key)) for key in keys if key.startswith("transformer") and (cls := named(key)))
+    transformers = tuple(
+        (key, cls, config_of(key)) for key in keys if key.startswith("transformer") and (cls := named(key))
+    )
     encoders = tuple(key for key in keys if key.startswith("text_encoder") and named(key))
     return _Classes(str(index.get("_class_name")), transformers, named("vae"), encoders)
 
@@ -295,30 +341,65 @@ def as_json(found: Found) -> dict[str, Any]:
             "quant": [kind for kind in _choices(QuantSection, "type") if kind != "none"] if blocks else [],
             "compile": "regional" if blocks else None,
             "vae_tiling": _tiles(found.vae),
-            "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
+            "vae": {
+                "class": found.vae,
+                "parallel": split is not None,
+                "method": split.method if split is not None else None,
+            },
             "text_encoders": list(found.text_encoders),
-            "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
+            "placement": {
+                "text_encoder": _choices(MemorySection, "text_encoder"),
+                "vae": _choices(MemorySection, "vae"),
+            },
         },
     }
 
 
 def _verdicts_json(found: Found) -> list[dict[str, Any]]:
-    return [{"ulysses": v.get("ulysses", 1), "ring": v.get("ring", 1), "exact": bool(v.get("exact")), "reason": v.get("reason"),
-             "source": v.get("source")} for t in found.transformers for v in t.verdicts]
+    return [
+        {
+            "ulysses": v.get("ulysses", 1),
+            "ring": v.get("ring", 1),
+            "exact": bool(v.get("exact")),
+            "reason": v.get("reason"),
+            "source": v.get("source"),
+        }
+        for t in found.transformers
+        for v in t.verdicts
+    ]
 
 
 def _learned_source(found: Found) -> str:
     """Where a pipeline no family knows takes its plan from: what a kept exact verdict says, else the
     class's own `_cp_plan` where accel can read it (tried first), else the automatic plan."""
-    kept = next((v["source"] for t in found.transformers for v in t.verdicts if v.get("exact") and v.get("source")), None)
-    return kept or (PLAN_SOURCES[FromDiffusers] if any(t.own_cp_plan for t in found.transformers) else PLAN_SOURCES[AutomaticPlan])
+    kept = next(
+        (v["source"] for t in found.transformers for v in t.verdicts if v.get("exact") and v.get("source")), None
+    )
+    return kept or (
+        PLAN_SOURCES[FromDiffusers] if any(t.own_cp_plan for t in found.transformers) else PLAN_SOURCES[AutomaticPlan]
+    )
 
 
 def _transformers_json(found: Found) -> list[dict[str, Any]]:
-    return [{"attr": t.attr, "class": t.cls, "heads": t.heads,
-             "blocks": [{"attr": b.attr, "count": b.count, "class": b.cls, "returns": list(b.returns) if b.returns is not None else None,
-                         "found_by": b.found_by, "unknown": b.unknown or None} for b in t.blocks]}
-            for t in found.transformers]
+    return [
+        {
+            "attr": t.attr,
+            "class": t.cls,
+            "heads": t.heads,
+            "blocks": [
+                {
+                    "attr": b.attr,
+                    "count": b.count,
+                    "class": b.cls,
+                    "returns": list(b.returns) if b.returns is not None else None,
+                    "found_by": b.found_by,
+                    "unknown": b.unknown or None,
+                }
+                for b in t.blocks
+            ],
+        }
+        for t in found.transformers
+    ]
 
 
 def _unknown_json(found: Found) -> dict[str, Any]:
@@ -327,15 +408,26 @@ def _unknown_json(found: Found) -> dict[str, Any]:
 
     blocks = any(t.blocks for t in found.transformers)
     probe = any(b.returns is None for t in found.transformers for b in t.blocks)
-    generic = ("accel learns the blocks from the model at load" + (" (one probe call learns what a block returns)" if probe else "")
-               + "; cache, quantization and compile apply")
-    why = None if blocks else f"{found.pipeline}'s transformer has no repeated blocks: accel's cache, compile and parallelism do not apply"
+    generic = (
+        "accel learns the blocks from the model at load"
+        + (" (one probe call learns what a block returns)" if probe else "")
+        + "; cache, quantization and compile apply"
+    )
+    why = (
+        None
+        if blocks
+        else f"{found.pipeline}'s transformer has no repeated blocks: accel's cache, compile and parallelism do not "
+        "apply"
+    )
     split = vae_plan(found.vae) if found.vae else None
     untaught = f"{found.pipeline} is not a family accel was taught"
     verdicts = _verdicts_json(found)
     refusal = next((v["reason"] for v in verdicts if not v["exact"]), None)
-    refused_here = f"the automatic plan was refused on this model: {refusal}" if refusal and not any(
-        v["exact"] for v in verdicts) else None
+    refused_here = (
+        f"the automatic plan was refused on this model: {refusal}"
+        if refusal and not any(v["exact"] for v in verdicts)
+        else None
+    )
     return {
         "model": found.model,
         "source": found.source,
@@ -350,12 +442,25 @@ def _unknown_json(found: Found) -> dict[str, Any]:
             "plan": _learned_source(found) if blocks else None,
             "heads": next((t.heads for t in found.transformers if t.heads is not None), None),
             "cfg_style": None,
-            "modes": {"ulysses": blocks and not refused_here, "ring": blocks and not refused_here, "cfg": False, "tp": False},
-            "refused": {**({"ulysses": refused_here, "ring": refused_here} if refused_here else {}),
-                        **({} if blocks else {"ulysses": f"{untaught}: with no repeated blocks there is no plan to learn",
-                                              "ring": f"{untaught}: with no repeated blocks there is no plan to learn"}),
-                        "cfg": f"{untaught}: how it runs classifier-free guidance is not known",
-                        "tp": f"{untaught}: it has no tensor-parallel plan"},
+            "modes": {
+                "ulysses": blocks and not refused_here,
+                "ring": blocks and not refused_here,
+                "cfg": False,
+                "tp": False,
+            },
+            "refused": {
+                **({"ulysses": refused_here, "ring": refused_here} if refused_here else {}),
+                **(
+                    {}
+                    if blocks
+                    else {
+                        "ulysses": f"{untaught}: with no repeated blocks there is no plan to learn",
+                        "ring": f"{untaught}: with no repeated blocks there is no plan to learn",
+                    }
+                ),
+                "cfg": f"{untaught}: how it runs classifier-free guidance is not known",
+                "tp": f"{untaught}: it has no tensor-parallel plan",
+            },
             "verdicts": verdicts,
         },
         "accelerators": {
@@ -363,9 +468,16 @@ def _unknown_json(found: Found) -> dict[str, Any]:
             "quant": [kind for kind in _choices(QuantSection, "type") if kind != "none"] if blocks else [],
             "compile": "regional" if blocks else None,
             "vae_tiling": _tiles(found.vae),  # what its VAE class supports
-            "vae": {"class": found.vae, "parallel": split is not None, "method": split.method if split is not None else None},
+            "vae": {
+                "class": found.vae,
+                "parallel": split is not None,
+                "method": split.method if split is not None else None,
+            },
             "text_encoders": list(found.text_encoders),
-            "placement": {"text_encoder": _choices(MemorySection, "text_encoder"), "vae": _choices(MemorySection, "vae")},
+            "placement": {
+                "text_encoder": _choices(MemorySection, "text_encoder"),
+                "vae": _choices(MemorySection, "vae"),
+            },
         },
     }
 

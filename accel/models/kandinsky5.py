@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import Kandinsky5T2VPipeline
@@ -25,7 +35,8 @@ _TEMPLATE = "\n".join(
         "Describe how the camera moves or shakes, describe the zoom and view angle, whether it follows the objects.",
         "Describe the location of the video, main characters or objects and their action.",
         "Describe the dynamism of the video and presented actions.",
-        "Name the visual style of the video: whether it is a professional footage, user generated content, some kind of animation, video game or scren content.",
+        "Name the visual style of the video: whether it is a professional footage, user generated content, some kind "
+        "of animation, video game or scren content.",
         "Describe the visual effects, postprocessing and transitions if they are presented in the video.",
         "Pay attention to the order of key actions shown in the scene.<|im_end|>",
         "<|im_start|>user\n{}<|im_end|>",
@@ -68,7 +79,8 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
 
     base = seed * 8
     tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
-        _TEMPLATE, _CROP, base, visual_cond=True)
+        _TEMPLATE, _CROP, base, visual_cond=True
+    )
     with parts.seeded(base + 4):
         vae = parts.finish(parts.hunyuan_video_vae())
     # Kandinsky 5's scheduler config: flow matching with a fixed shift of 5.
@@ -156,7 +168,8 @@ def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
     template, crop = _image_template(cls)
     base = seed * 8
     tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
-        template, crop, base, visual_cond=picture)
+        template, crop, base, visual_cond=picture
+    )
     with parts.seeded(base + 4):
         vae = parts.finish(parts.flux1_vae())
     pipe = cls(
@@ -166,7 +179,9 @@ def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
         tokenizer=parts.qwen2_vl_processor(tokenizer) if picture else tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
-        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),  # the video pipelines' flow shift
+        scheduler=FlowMatchEulerDiscreteScheduler(
+            num_train_timesteps=1000, shift=5.0
+        ),  # the video pipelines' flow shift
     )
     pipe.resolutions = list(_TINY_IMAGE_SIZES)
     return pipe
@@ -188,8 +203,12 @@ _IMAGE_DEFAULTS = GenerationDefaults(steps=50, height=1024, width=1024, guidance
 
 TENSOR_PLAN = TensorPlan(
     layers={
-        **split_layers("visual_transformer_blocks.*.self_attention", (("to_query", "to_key", "to_value"), ("out_layer",))),
-        **split_layers("visual_transformer_blocks.*.cross_attention", (("to_query", "to_key", "to_value"), ("out_layer",))),
+        **split_layers(
+            "visual_transformer_blocks.*.self_attention", (("to_query", "to_key", "to_value"), ("out_layer",))
+        ),
+        **split_layers(
+            "visual_transformer_blocks.*.cross_attention", (("to_query", "to_key", "to_value"), ("out_layer",))
+        ),
         **split_layers("visual_transformer_blocks.*.feed_forward", (("in_layer",), ("out_layer",))),
     },
     per_rank=("num_heads",),
@@ -231,7 +250,13 @@ FAMILY = Family(
             output_module="visual_transformer_blocks.-1",
             local_attention=("text_transformer_blocks.*", "visual_transformer_blocks.*.cross_attention"),
             # The 10 s checkpoints' NABLA attention: a flex-attention block mask built from the whole sequence.
-            refuses=(("attention_type", "nabla", "(NABLA sparse attention, a block mask over the whole sequence) cannot be split over ranks"),),
+            refuses=(
+                (
+                    "attention_type",
+                    "nabla",
+                    "(NABLA sparse attention, a block mask over the whole sequence) cannot be split over ranks",
+                ),
+            ),
         ),
         # CFG with the default negative prompt whenever guidance_scale > 1: a second transformer call per step.
         cfg="calls",
@@ -252,8 +277,16 @@ FAMILY = Family(
     # size asked to the closest aspect ratio of seven near-megapixel resolutions (their example: 1024²).
     variants=(
         Variant("Kandinsky5I2VPipeline", image="image"),
-        Variant("Kandinsky5T2IPipeline", output="image", vae="AutoencoderKL", defaults=_IMAGE_DEFAULTS, tiny=build_tiny_t2i),
-        Variant("Kandinsky5I2IPipeline", image="image", output="image", vae="AutoencoderKL", defaults=_IMAGE_DEFAULTS,
-                tiny=build_tiny_i2i),
+        Variant(
+            "Kandinsky5T2IPipeline", output="image", vae="AutoencoderKL", defaults=_IMAGE_DEFAULTS, tiny=build_tiny_t2i
+        ),
+        Variant(
+            "Kandinsky5I2IPipeline",
+            image="image",
+            output="image",
+            vae="AutoencoderKL",
+            defaults=_IMAGE_DEFAULTS,
+            tiny=build_tiny_i2i,
+        ),
     ),
 )

@@ -17,8 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, DIFFUSERS_MLP, AudioOutput, BlockList, Family, GenerationDefaults, ParallelPlan,
-                               SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    DIFFUSERS_MLP,
+    AudioOutput,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import Kandinsky6TI2VAPipeline
@@ -122,14 +133,28 @@ def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
         vae = parts.finish(parts.hunyuan_video_vae())
     with parts.seeded(base + 5):
         audio_vae = parts.finish(
-            MMAudioVAE(mel_bins=_MEL_BINS, latent_channels=_AUDIO_Z_DIM, hidden_channels=8, channel_multipliers=(1, 2), layers_per_block=1,
-                       sample_rate=16000, n_fft=64, hop_length=32)
+            MMAudioVAE(
+                mel_bins=_MEL_BINS,
+                latent_channels=_AUDIO_Z_DIM,
+                hidden_channels=8,
+                channel_multipliers=(1, 2),
+                layers_per_block=1,
+                sample_rate=16000,
+                n_fft=64,
+                hop_length=32,
+            )
         )
     with parts.seeded(base + 6):
         # Its upsampling (4 x 4 x 2) is the audio VAE's mel hop, as on the real pair (512).
         vocoder = parts.finish(
-            MMAudioVocoder(num_mels=_MEL_BINS, upsample_initial_channel=16, upsample_rates=(4, 4, 2), upsample_kernel_sizes=(8, 8, 4),
-                           resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1,),))
+            MMAudioVocoder(
+                num_mels=_MEL_BINS,
+                upsample_initial_channel=16,
+                upsample_rates=(4, 4, 2),
+                upsample_kernel_sizes=(8, 8, 4),
+                resblock_kernel_sizes=(3,),
+                resblock_dilation_sizes=((1,),),
+            )
         )
     return Kandinsky6TI2VAPipeline(
         transformer=transformer,
@@ -154,8 +179,12 @@ _FUSED = "visual_transformer_blocks.*"
 _ATTENTION = (("to_query", "to_key", "to_value"), ("out_layer",))
 TENSOR_PLAN = TensorPlan(
     layers={
-        **{key: style for stream in ("video_dec_block", "audio_dec_block") for name in ("self_attention", "cross_attention")
-           for key, style in split_layers(f"{_FUSED}.{stream}.{name}", _ATTENTION).items()},
+        **{
+            key: style
+            for stream in ("video_dec_block", "audio_dec_block")
+            for name in ("self_attention", "cross_attention")
+            for key, style in split_layers(f"{_FUSED}.{stream}.{name}", _ATTENTION).items()
+        },
         **split_layers(f"{_FUSED}.video_dec_block.feed_forward", DIFFUSERS_MLP),
         **split_layers(f"{_FUSED}.audio_dec_block.feed_forward", DIFFUSERS_MLP),
         # The cross-modal attentions: video queries to audio keys, audio queries to video keys.

@@ -163,8 +163,10 @@ def _components(variant: Any, folders: Mapping[str, str], torch_dtype: torch.dty
             try:
                 made[component.name] = cls.from_pretrained(folders[component.name], torch_dtype=torch_dtype)
             except (OSError, ValueError) as error:
-                raise ModelError(f"[model] components: {component.name}: {folders[component.name]} could not be loaded as {name} "
-                                 f"({_first_line(error)})") from None
+                raise ModelError(
+                    f"[model] components: {component.name}: {folders[component.name]} could not be loaded as {name} "
+                    f"({_first_line(error)})"
+                ) from None
         elif component.build is not None and converted:
             made[component.name] = component.build()
     return made
@@ -179,11 +181,19 @@ def _as_pipeline(pipe: Any, pipeline_class: str, components: Mapping[str, Any] |
     try:
         return cls.from_pipe(pipe, **(components or {}))
     except ValueError as error:
-        raise ModelError(f"[model] pipeline: {pipeline_class} cannot run this model's components ({_first_line(error)})") from None
+        raise ModelError(
+            f"[model] pipeline: {pipeline_class} cannot run this model's components ({_first_line(error)})"
+        ) from None
 
 
-def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, int] | None = None,
-                     device: torch.device | None = None, text_encoders: bool = True, text_encoders_tp: int = 1) -> Any:
+def _from_pretrained(
+    ref: ModelRef,
+    torch_dtype: torch.dtype,
+    split: tuple[int, int] | None = None,
+    device: torch.device | None = None,
+    text_encoders: bool = True,
+    text_encoders_tp: int = 1,
+) -> Any:
     from diffusers import DiffusionPipeline
     from diffusers.utils import deprecation_utils
     from safetensors import SafetensorError
@@ -194,8 +204,12 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
     # diffusers renamed torch_dtype to dtype (0.42 warns on the old name); use what this one takes.
     dtype_arg = "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
     try:
-        made: dict[str, Any] = dict(ref.family.load_kwargs()) if ref.family is not None and ref.family.load_kwargs else {}
-        if split or not text_encoders or text_encoders_tp > 1:  # a hub model's folder in the local cache, downloaded if need be
+        made: dict[str, Any] = (
+            dict(ref.family.load_kwargs()) if ref.family is not None and ref.family.load_kwargs else {}
+        )
+        if (
+            split or not text_encoders or text_encoders_tp > 1
+        ):  # a hub model's folder in the local cache, downloaded if need be
             root = folder if folder.is_dir() else Path(DiffusionPipeline.download(ref.source, use_safetensors=True))
             made = _split_transformers(ref, root, torch_dtype, split, device or torch.device("cpu")) if split else {}
             if not text_encoders:  # passed as None: diffusers does not load them
@@ -218,15 +232,19 @@ def _from_pretrained(ref: ModelRef, torch_dtype: torch.dtype, split: tuple[int, 
         ) from None
 
 
-def _split_transformers(ref: ModelRef, root: Path, torch_dtype: torch.dtype, split: tuple[int, int], device: torch.device) -> dict[str, Any]:
+def _split_transformers(
+    ref: ModelRef, root: Path, torch_dtype: torch.dtype, split: tuple[int, int], device: torch.device
+) -> dict[str, Any]:
     """Each transformer of the model in `root` as its TP slice `split`, by attribute (empty: load it whole)."""
     from accel.models.split_load import load_split_transformer, transformer_folders
 
     family = ref.family
     if family is None or family.tensor is None:
         return {}
-    return {attr: load_split_transformer(cls, folder, family.tensor, torch_dtype, device, *split)
-            for attr, (cls, folder) in transformer_folders(root, family.transformer_attrs).items()}
+    return {
+        attr: load_split_transformer(cls, folder, family.tensor, torch_dtype, device, *split)
+        for attr, (cls, folder) in transformer_folders(root, family.transformer_attrs).items()
+    }
 
 
 def _optional(ref: ModelRef, made: Mapping[str, Any]) -> bool:
@@ -255,7 +273,9 @@ def _sharded_text_encoders(root: Path, torch_dtype: torch.dtype, tp: int) -> dic
     for name in _text_encoders_of(root):
         cls = getattr(transformers, str(index[name][-1]), None) if index[name][0] == "transformers" else None
         if cls is not None and class_has_tp_plan(cls):
-            made[name] = cls.from_pretrained(root / name, dtype=torch_dtype, distributed_config=DistributedConfig(tp_size=tp))
+            made[name] = cls.from_pretrained(
+                root / name, dtype=torch_dtype, distributed_config=DistributedConfig(tp_size=tp)
+            )
     return made
 
 
@@ -264,8 +284,11 @@ def _text_encoders_of(root: Path) -> list[str]:
     import json
 
     index = json.loads((root / "model_index.json").read_text())
-    return [name for name, value in index.items()
-            if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None]
+    return [
+        name
+        for name, value in index.items()
+        if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None
+    ]
 
 
 def _assembled(root: Path, made: Mapping[str, Any], torch_dtype: torch.dtype, dtype_arg: str) -> Any:

@@ -29,7 +29,9 @@ class Lora:
     def local(self) -> Path | None:
         """The file or folder it names on this machine; None: a hub repo id."""
         path = Path(self.source).expanduser()
-        looks_local = path.exists() or self.source.startswith(("/", ".", "~")) or path.suffix in (".safetensors", ".bin", ".pt")
+        looks_local = (
+            path.exists() or self.source.startswith(("/", ".", "~")) or path.suffix in (".safetensors", ".bin", ".pt")
+        )
         return path if looks_local else None
 
 
@@ -48,7 +50,9 @@ def parse_loras(given: Sequence[str] | None) -> tuple[Lora, ...]:
             raise UserError(f"[model] lora: {text}: the scale must be a finite number, got {scale_text}")
         lora = Lora(source, scale)
         if lora.local is not None and not lora.local.exists():
-            raise UserError(f"[model] lora: {source} does not exist; pass a LoRA .safetensors file, its folder, or a hub repo id")
+            raise UserError(
+                f"[model] lora: {source} does not exist; pass a LoRA .safetensors file, its folder, or a hub repo id"
+            )
         loras.append(lora)
     return tuple(loras)
 
@@ -69,11 +73,15 @@ def fuse_loras(pipe: Any, loras: Sequence[Lora]) -> None:
                 pipe.load_lora_weights(str(local) if local is not None else lora.source, adapter_name=name)
         except (ValueError, KeyError, OSError, RuntimeError) as error:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            raise ModelError(f"[model] lora: {lora.source} is not a LoRA {type(pipe).__name__} can load "
-                             f"({lines[0] if lines else type(error).__name__})") from None
+            raise ModelError(
+                f"[model] lora: {lora.source} is not a LoRA {type(pipe).__name__} can load "
+                f"({lines[0] if lines else type(error).__name__})"
+            ) from None
         if not any(name in adapters for adapters in pipe.get_list_adapters().values()):
-            raise ModelError(f"[model] lora: {lora.source} has no weights for this {type(pipe).__name__}'s modules; "
-                             "pass a LoRA made for this model")
+            raise ModelError(
+                f"[model] lora: {lora.source} has no weights for this {type(pipe).__name__}'s modules; "
+                "pass a LoRA made for this model"
+            )
     pipe.set_adapters(names, adapter_weights=[lora.scale for lora in loras])
     pipe.fuse_lora(adapter_names=names)
     pipe.unload_lora_weights()

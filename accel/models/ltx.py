@@ -7,7 +7,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, Conditions, DIFFUSERS_MLP, Family, GenerationDefaults, ParallelPlan, Rotary, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Conditions,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    Rotary,
+    SELF_ATTENTION,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import LTXConditionPipeline, LTXI2VLongMultiPromptPipeline, LTXPipeline
@@ -136,8 +150,12 @@ TENSOR_PLAN = TensorPlan(
         **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
     },
     # LTX-Video's query and key norms span all heads.
-    norms=("transformer_blocks.*.attn1.norm_q", "transformer_blocks.*.attn1.norm_k",
-           "transformer_blocks.*.attn2.norm_q", "transformer_blocks.*.attn2.norm_k"),
+    norms=(
+        "transformer_blocks.*.attn1.norm_q",
+        "transformer_blocks.*.attn1.norm_k",
+        "transformer_blocks.*.attn2.norm_q",
+        "transformer_blocks.*.attn2.norm_k",
+    ),
     per_rank=("heads",),
     rotary=(Rotary("transformer_blocks.*", ("image_rotary_emb",), {3: -1}),),  # cos and sin over the whole width
 )
@@ -196,15 +214,28 @@ FAMILY = Family(
         # them (--condition PATH@FRAME:STRENGTH, repeatable), or none (text-to-video): at frame 0 its
         # latents blend into the first latent frames, elsewhere its tokens join the sequence before
         # the video's and are dropped after the last step.
-        Variant("LTXConditionPipeline", image="image", video="video", optional=("image", "video"),
-                one_of=("image", "video", "conditions"), in_list=("video",), tiny=build_tiny_condition,
-                conditions=Conditions("diffusers.pipelines.ltx.pipeline_ltx_condition.LTXVideoCondition",
-                                      units="video frames; 0 blends into the first latent frames, a later one adds tokens",
-                                      frames="image", video="video", index="frame_index")),
+        Variant(
+            "LTXConditionPipeline",
+            image="image",
+            video="video",
+            optional=("image", "video"),
+            one_of=("image", "video", "conditions"),
+            in_list=("video",),
+            tiny=build_tiny_condition,
+            conditions=Conditions(
+                "diffusers.pipelines.ltx.pipeline_ltx_condition.LTXVideoCondition",
+                units="video frames; 0 blends into the first latent frames, a later one adds tokens",
+                frames="image",
+                video="video",
+                index="frame_index",
+            ),
+        ),
         # A long video in temporal windows (`temporal_tile_size`, `temporal_overlap` frames), one
         # prompt per window ("a fox runs | the fox sleeps"), each window a generation of its own
         # whose tokens end with the previous window's tail and the picture's latent frame; every
         # window's generator is seeded from `seed` plus its first frame.
-        Variant("LTXI2VLongMultiPromptPipeline", image="cond_image", optional=("image",), seed="seed", tiny=build_tiny_long),
+        Variant(
+            "LTXI2VLongMultiPromptPipeline", image="cond_image", optional=("image",), seed="seed", tiny=build_tiny_long
+        ),
     ),
 )

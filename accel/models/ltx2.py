@@ -11,8 +11,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, DIFFUSERS_MLP, SELF_ATTENTION, AudioOutput, BlockList, Component, Conditions, Family, FromDiffusers,
-                               GenerationDefaults, NamedInput, Rotary, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    DIFFUSERS_MLP,
+    SELF_ATTENTION,
+    AudioOutput,
+    BlockList,
+    Component,
+    Conditions,
+    Family,
+    FromDiffusers,
+    GenerationDefaults,
+    NamedInput,
+    Rotary,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
@@ -98,7 +114,11 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
     with parts.seeded(base + 5):
         audio_vae = parts.finish(
             AutoencoderKLLTX2Audio(
-                base_channels=8, ch_mult=(1, 2, 4), num_res_blocks=1, latent_channels=_AUDIO_LATENT_CHANNELS, mel_bins=_MEL_BINS,
+                base_channels=8,
+                ch_mult=(1, 2, 4),
+                num_res_blocks=1,
+                latent_channels=_AUDIO_LATENT_CHANNELS,
+                mel_bins=_MEL_BINS,
             )
         )
     with parts.seeded(base + 6):
@@ -117,12 +137,22 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
         )
     # LTX-2's scheduler config: the shift grows with the video token count.
     scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024, max_image_seq_len=4096,
+        use_dynamic_shifting=True,
+        base_shift=0.95,
+        max_shift=2.05,
+        base_image_seq_len=1024,
+        max_image_seq_len=4096,
         shift_terminal=0.1,
     )
     return dict(
-        scheduler=scheduler, vae=vae, audio_vae=audio_vae, text_encoder=text_encoder, tokenizer=tokenizer,
-        connectors=connectors, transformer=transformer, vocoder=vocoder,
+        scheduler=scheduler,
+        vae=vae,
+        audio_vae=audio_vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        connectors=connectors,
+        transformer=transformer,
+        vocoder=vocoder,
     )
 
 
@@ -155,9 +185,16 @@ def tiny_temporal_upsampler(seed: int = 0) -> Any:
     from accel.models import _tiny_parts as parts
 
     with parts.seeded(seed * 8 + 8):
-        return parts.finish(LTX2LatentUpsamplerModel(
-            in_channels=_LATENT_CHANNELS, mid_channels=32, num_blocks_per_stage=1, dims=3, spatial_upsample=False,
-            temporal_upsample=True))
+        return parts.finish(
+            LTX2LatentUpsamplerModel(
+                in_channels=_LATENT_CHANNELS,
+                mid_channels=32,
+                num_blocks_per_stage=1,
+                dims=3,
+                spatial_upsample=False,
+                temporal_upsample=True,
+            )
+        )
 
 
 def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
@@ -175,8 +212,11 @@ def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
 _BLOCK = "transformer_blocks.*."
 
 # Keyframes at latent frames: one at 0 replaces that frame's latents, one later joins the video tokens.
-_KEYFRAMES = Conditions("diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
-                        units="latent frames, 8 video frames each after the first; -1 is the last", tiny=(("crf", 0),))
+_KEYFRAMES = Conditions(
+    "diffusers.pipelines.ltx2.pipeline_ltx2_condition.LTX2VideoCondition",
+    units="latent frames, 8 video frames each after the first; -1 is the last",
+    tiny=(("crf", 0),),
+)
 
 # DFR's transformer: LTX-2.5's learned marker of single-pixel-frame tokens.
 _KEYFRAME_MARKER = (("use_keyframes_abs_pos_embedding", True),)
@@ -208,7 +248,11 @@ def _ancestral_scheduler() -> Any:
 _ATTENTIONS = ("attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
 TENSOR_PLAN = TensorPlan(
     layers={
-        **{key: style for name in _ATTENTIONS for key, style in split_layers(f"transformer_blocks.*.{name}", SELF_ATTENTION).items()},
+        **{
+            key: style
+            for name in _ATTENTIONS
+            for key, style in split_layers(f"transformer_blocks.*.{name}", SELF_ATTENTION).items()
+        },
         # LTX-2.3's per-head output gates: one column per head.
         **{f"transformer_blocks.*.{name}.to_gate_logits": "colwise" for name in _ATTENTIONS},
         **split_layers("transformer_blocks.*.ff", DIFFUSERS_MLP),
@@ -218,7 +262,13 @@ TENSOR_PLAN = TensorPlan(
     norms=tuple(f"transformer_blocks.*.{name}.{norm}" for name in _ATTENTIONS for norm in ("norm_q", "norm_k")),
     per_rank=("heads",),
     # Per head ("split" rope, (batch, heads, tokens, r)) or over the whole width ("interleaved").
-    rotary=(Rotary("transformer_blocks.*", ("video_rotary_emb", "audio_rotary_emb", "ca_video_rotary_emb", "ca_audio_rotary_emb"), {3: -1, 4: 1}),),
+    rotary=(
+        Rotary(
+            "transformer_blocks.*",
+            ("video_rotary_emb", "audio_rotary_emb", "ca_video_rotary_emb", "ca_audio_rotary_emb"),
+            {3: -1, 4: 1},
+        ),
+    ),
 )
 
 
@@ -252,7 +302,12 @@ FAMILY = Family(
             keep_whole=("encoder_hidden_states", "encoder_attention_mask"),
             attention_keys=("video",),
             output_stream="video",
-            local_attention=(_BLOCK + "attn2", _BLOCK + "audio_attn1", _BLOCK + "audio_attn2", _BLOCK + "audio_to_video_attn"),
+            local_attention=(
+                _BLOCK + "attn2",
+                _BLOCK + "audio_attn1",
+                _BLOCK + "audio_attn2",
+                _BLOCK + "audio_to_video_attn",
+            ),
             whole_queries=(_BLOCK + "video_to_audio_attn",),
             extra_splits=(
                 # diffusers' plan cuts the rotary tables of the "interleaved" kind (B, tokens, dim) only;
@@ -266,9 +321,19 @@ FAMILY = Family(
                 SequenceSplit("video_keyframes_mask", "video", dim=1),
             ),
             batch_args=(
-                "hidden_states", "audio_hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states", "timestep",
-                "audio_timestep", "sigma", "audio_sigma", "encoder_attention_mask", "audio_encoder_attention_mask",
-                "video_coords", "audio_coords", "video_self_attention_mask",
+                "hidden_states",
+                "audio_hidden_states",
+                "encoder_hidden_states",
+                "audio_encoder_hidden_states",
+                "timestep",
+                "audio_timestep",
+                "sigma",
+                "audio_sigma",
+                "encoder_attention_mask",
+                "audio_encoder_attention_mask",
+                "video_coords",
+                "audio_coords",
+                "video_self_attention_mask",
             ),
         ),
         cfg="batch",
@@ -293,9 +358,16 @@ FAMILY = Family(
         # conditioning_attention_strength` below 1 makes an (L, L) mask over the video tokens (an
         # additive bias in the transformer, repeated per head by diffusers' attention): the engine
         # slices it per rank and key block as any whole-sequence pair mask; CFG halves split its batch.
-        Variant("LTX2InContextPipeline", conditions=_KEYFRAMES, references=Conditions(
-            "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition", units="", keyword="reference_conditions",
-            index=None)),
+        Variant(
+            "LTX2InContextPipeline",
+            conditions=_KEYFRAMES,
+            references=Conditions(
+                "diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora.LTX2ReferenceCondition",
+                units="",
+                keyword="reference_conditions",
+                index=None,
+            ),
+        ),
         # HDR IC-LoRA (with `--lora`): the SDR clip to convert (`--reference`, required; its length is
         # the video's unless `--frames` says otherwise; the pipeline cuts a longer one) joins the tokens
         # after the video's, as IC-LoRA's references, cut with them. It makes linear light in [0, inf)
@@ -304,25 +376,55 @@ FAMILY = Family(
         # references. Guidance runs batched above guidance_scale 1 (the distilled model's 1: none).
         # Precomputed `connector_video_embeds` / `connector_audio_embeds` (tensors: a script's, with
         # accel.apply) replace the prompt's text, kept whole on every rank as it is.
-        Variant("LTX2HDRPipeline", output="hdr-video", references=Conditions(
-            "diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora.LTX2HDRReferenceCondition", units="", keyword="reference_conditions",
-            index=None, required=True, sets_frames=True)),
+        Variant(
+            "LTX2HDRPipeline",
+            output="hdr-video",
+            references=Conditions(
+                "diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora.LTX2HDRReferenceCondition",
+                units="",
+                keyword="reference_conditions",
+                index=None,
+                required=True,
+                sets_frames=True,
+            ),
+        ),
         # LTX-2.5 DFR, one pass: the video canvas padded to whole keyframe segments, then appended
         # keyframes (--condition) and one latent frame of generated keyframe-slot tokens per segment,
         # all one video stream cut over the ranks (their per-token timesteps and keyframe marker with
         # them). A distilled schedule without guidance: `sigmas` (--arg) sets the steps, not --steps.
-        Variant("LTX2DFRPipeline", conditions=_KEYFRAMES, tiny=build_tiny_dfr, transformer_config=_KEYFRAME_MARKER,
-                defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121), latent_output=_DFR_PASS),
+        Variant(
+            "LTX2DFRPipeline",
+            conditions=_KEYFRAMES,
+            tiny=build_tiny_dfr,
+            transformer_config=_KEYFRAME_MARKER,
+            defaults=GenerationDefaults(steps=8, height=704, width=1216, frames=121),
+            latent_output=_DFR_PASS,
+        ),
         # A temporal refine round of a DFR pass's latents (--input latents=pass.pt): the canvas doubled
         # in time by the temporal latent upsampler, cut into tiles on the keyframe seams, each tile
         # (its video, its seam keyframe and a new slot, one stream) denoised under the plan with
         # the stage-1 audio frozen; twice the frames at twice the frame rate.
-        Variant("LTX2DFRTemporalRefinePipeline", tiny=build_tiny_dfr_refine, transformer_config=_KEYFRAME_MARKER,
-                inputs=(NamedInput("latents", "latents", fields=tuple(zip(_DFR_PASS, _REFINE_TAKES, strict=True)),
-                                   made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"), settings=_canvas_of),),
-                components=(Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
-                            Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler)),
-                defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121), latent_output=_DFR_PASS, fps=_doubled_rate),
+        Variant(
+            "LTX2DFRTemporalRefinePipeline",
+            tiny=build_tiny_dfr_refine,
+            transformer_config=_KEYFRAME_MARKER,
+            inputs=(
+                NamedInput(
+                    "latents",
+                    "latents",
+                    fields=tuple(zip(_DFR_PASS, _REFINE_TAKES, strict=True)),
+                    made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"),
+                    settings=_canvas_of,
+                ),
+            ),
+            components=(
+                Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
+                Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler),
+            ),
+            defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121),
+            latent_output=_DFR_PASS,
+            fps=_doubled_rate,
+        ),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),
 )

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, JOINT_ATTENTION, Packed, ParallelPlan, Rotary, SequenceSplit, TensorPlan, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    JOINT_ATTENTION,
+    Packed,
+    ParallelPlan,
+    Rotary,
+    SequenceSplit,
+    TensorPlan,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import MochiPipeline
@@ -19,7 +31,8 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
     Two blocks with four heads keep the structure the cache and context-parallel code see on the
     real model (the last block is `context_pre_only`: it updates no text stream). The streams are
     asymmetric as in Mochi: 96-wide video tokens, 48-wide text tokens, 128-wide T5 features (3072,
-    1536 and 4096 on the real model); their SwiGLU widths (256 and 128) split over 2 or 4 TP ranks. 7 frames at 64x64 give 2x8x8 latents, i.e. 32 video tokens
+    1536 and 4096 on the real model); their SwiGLU widths (256 and 128) split over 2 or 4 TP ranks. 7 frames at 64x64
+    give 2x8x8 latents, i.e. 32 video tokens
     after 2x2 patching, next to the text tokens (256 by default, the pipeline's padding length),
     which the attention processor compacts per sample to the prompt's real tokens.
     """

@@ -33,11 +33,13 @@ def probe_returns(transformer: nn.Module, discovery: Discovery, call: Callable[[
     def keep_output(attr: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             outputs.setdefault(attr, output)
+
         return hook
 
     def keep_arguments(attr: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
             arguments.setdefault(attr, named_arguments(module, args, kwargs))
+
         return hook
 
     try:
@@ -50,8 +52,12 @@ def probe_returns(transformer: nn.Module, discovery: Discovery, call: Callable[[
     finally:
         for handle in handles:
             handle.remove()
-    return replace(discovery, lists=tuple(_learned(found, outputs, arguments) if found in wanted else _one_block(found)
-                                          for found in discovery.lists))
+    return replace(
+        discovery,
+        lists=tuple(
+            _learned(found, outputs, arguments) if found in wanted else _one_block(found) for found in discovery.lists
+        ),
+    )
 
 
 def _one_block(found: FoundList) -> FoundList:
@@ -89,10 +95,20 @@ def _match(output: Any, arguments: dict[str, Any], block_class: str) -> tuple[tu
             return None, f"output {index} of {block_class} is a {type(item).__name__}, not a tensor"
         same = [name for name, value in arguments.items() if value is item]
         if not same:
-            same = [name for name, value in arguments.items()
-                    if isinstance(value, torch.Tensor) and value.shape == item.shape and value.dtype == item.dtype and torch.equal(value, item)]
+            same = [
+                name
+                for name, value in arguments.items()
+                if isinstance(value, torch.Tensor)
+                and value.shape == item.shape
+                and value.dtype == item.dtype
+                and torch.equal(value, item)
+            ]
         if len(same) != 1:
-            how = "reaches the next block as no argument" if not same else f"equals several arguments of the next ({', '.join(same)})"
+            how = (
+                "reaches the next block as no argument"
+                if not same
+                else f"equals several arguments of the next ({', '.join(same)})"
+            )
             return None, f"output {index} of {block_class} {how}"
         names.append(same[0])
     return tuple(names), ""

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, SequenceSplit, TensorPlan, Variant
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    FromDiffusers,
+    GenerationDefaults,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+)
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline
@@ -20,8 +29,10 @@ _TEMPLATE = (
     "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 )
 _EDIT_TEMPLATE = (
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), "
-    "then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the "
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+    "background), "
+    "then explain how the user's text instruction should alter or modify the image. Generate a new image that meets "
+    "the "
     "user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n"
     "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n"
 )
@@ -60,15 +71,30 @@ def build_tiny(seed: int = 0, pipeline: str = "QwenImagePipeline", **transformer
     with parts.seeded(base + 3):
         # Qwen-Image's VAE shape (Wan 2.1's): 8x spatial compression, 16 latent channels.
         vae = parts.finish(
-            AutoencoderKLQwenImage(base_dim=8, z_dim=_Z_DIM, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
-                                   temperal_downsample=[False, True, True])
+            AutoencoderKLQwenImage(
+                base_dim=8,
+                z_dim=_Z_DIM,
+                dim_mult=[1, 2, 4, 4],
+                num_res_blocks=1,
+                attn_scales=[],
+                temperal_downsample=[False, True, True],
+            )
         )
     # Qwen-Image's scheduler config: exponential dynamic shift with a terminal sigma.
     scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
-        base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02, time_shift_type="exponential",
+        num_train_timesteps=1000,
+        shift=1.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=0.9,
+        base_image_seq_len=256,
+        max_image_seq_len=8192,
+        shift_terminal=0.02,
+        time_shift_type="exponential",
     )
-    parts_of_pipe: dict[str, Any] = dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model)
+    parts_of_pipe: dict[str, Any] = dict(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model
+    )
     if pipeline != "QwenImagePipeline":
         parts_of_pipe["processor"] = parts.qwen2_vl_processor(tokenizer)
     return getattr(diffusers, pipeline)(**parts_of_pipe)

@@ -25,7 +25,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, TensorPlan, Variant
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+)
 
 if TYPE_CHECKING:
     from diffusers import QwenImage21Pipeline
@@ -64,7 +73,12 @@ def build_tiny(seed: int = 0) -> "QwenImage21Pipeline":
     give 4x4 = 16 target tokens (one encoder slot per 2x2 of them) after the prompt's tokens. The
     Qwen3-VL processor shows a condition picture to the one-block vision tower as a few 32 px tokens.
     """
-    from diffusers import AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from diffusers import (
+        AutoencoderKLQwenImage21,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImage21Pipeline,
+        QwenImage21Transformer2DModel,
+    )
 
     from accel.models import _tiny_parts as parts
 
@@ -87,13 +101,25 @@ def build_tiny(seed: int = 0) -> "QwenImage21Pipeline":
     with parts.seeded(base + 3):
         # Four spatial downsamplings (16x) and three temporal ones, as in the real VAE; unit latent statistics.
         vae = parts.finish(
-            AutoencoderKLQwenImage21(base_dim=8, decoder_base_dim=8, z_dim=_Z_DIM, dim_mult=[1, 2, 2, 2, 2], num_res_blocks=1,
-                                     latents_mean=[0.0] * _Z_DIM, latents_std=[1.0] * _Z_DIM)
+            AutoencoderKLQwenImage21(
+                base_dim=8,
+                decoder_base_dim=8,
+                z_dim=_Z_DIM,
+                dim_mult=[1, 2, 2, 2, 2],
+                num_res_blocks=1,
+                latents_mean=[0.0] * _Z_DIM,
+                latents_std=[1.0] * _Z_DIM,
+            )
         )
     # The pipeline's own shift: calculate_shift over the target's token count (its defaults).
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True)
-    return QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, processor=parts.qwen3_vl_processor(tokenizer),
-                               transformer=transformer)
+    return QwenImage21Pipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        processor=parts.qwen3_vl_processor(tokenizer),
+        transformer=transformer,
+    )
 
 
 FAMILY = Family(

@@ -88,7 +88,11 @@ def _hub_heads(repo: str) -> int | None:
         index = _cached_json(repo, "model_index.json") or {}
         entry, pipeline = index.get("transformer"), index.get("_class_name")
         transformer = str(entry[-1]) if isinstance(entry, list) and entry else settings.get("_class_name")
-        family = family_of_classes(transformer, pipeline if isinstance(pipeline, str) else None) if isinstance(transformer, str) else None
+        family = (
+            family_of_classes(transformer, pipeline if isinstance(pipeline, str) else None)
+            if isinstance(transformer, str)
+            else None
+        )
         return _heads_in(family, settings)
     family = next((f for f in FAMILIES.values() if f.repo.lower() == repo.lower()), None)
     if family is not None:

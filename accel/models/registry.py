@@ -5,21 +5,70 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from accel.models import chronoedit, cogvideox, cosmos3, flux, flux2, helios, hunyuan, hunyuan15, hunyuanimage, kandinsky5, kandinsky6, ltx, ltx2, mochi, qwenimage, qwenimage21, sd3, skyreels2, wan, zimage
+from accel.models import (
+    chronoedit,
+    cogvideox,
+    cosmos3,
+    flux,
+    flux2,
+    helios,
+    hunyuan,
+    hunyuan15,
+    hunyuanimage,
+    kandinsky5,
+    kandinsky6,
+    ltx,
+    ltx2,
+    mochi,
+    qwenimage,
+    qwenimage21,
+    sd3,
+    skyreels2,
+    wan,
+    zimage,
+)
 from accel.models.base import Family
 
 FAMILIES: dict[str, Family] = {
     family.name: family
-    for family in (flux.FAMILY, hunyuan.FAMILY, wan.FAMILY, cogvideox.FAMILY, mochi.FAMILY, ltx.FAMILY, qwenimage.FAMILY, flux2.KLEIN,
-                   sd3.FAMILY, flux2.FAMILY, zimage.FAMILY, hunyuan15.FAMILY, skyreels2.FAMILY, kandinsky5.FAMILY, ltx2.FAMILY,
-                   chronoedit.FAMILY, hunyuanimage.FAMILY,
-                   qwenimage21.FAMILY, helios.FAMILY, cosmos3.FAMILY, kandinsky6.FAMILY)
+    for family in (
+        flux.FAMILY,
+        hunyuan.FAMILY,
+        wan.FAMILY,
+        cogvideox.FAMILY,
+        mochi.FAMILY,
+        ltx.FAMILY,
+        qwenimage.FAMILY,
+        flux2.KLEIN,
+        sd3.FAMILY,
+        flux2.FAMILY,
+        zimage.FAMILY,
+        hunyuan15.FAMILY,
+        skyreels2.FAMILY,
+        kandinsky5.FAMILY,
+        ltx2.FAMILY,
+        chronoedit.FAMILY,
+        hunyuanimage.FAMILY,
+        qwenimage21.FAMILY,
+        helios.FAMILY,
+        cosmos3.FAMILY,
+        kandinsky6.FAMILY,
+    )
 }
 
 # Aliases users type for families whose registry name is terse.
-ALIASES: dict[str, str] = {"hunyuanvideo": "hunyuan", "hunyuanvideo15": "hunyuan15", "cogvideo": "cogvideox", "ltx-video": "ltx", "kandinsky": "kandinsky5", "ltx-2": "ltx2",
-                          "hunyuanimage21": "hunyuanimage", "hunyuanimage-2.1": "hunyuanimage", "qwen-image-2.1": "qwenimage21",
-                          "kandinsky-6": "kandinsky6"}
+ALIASES: dict[str, str] = {
+    "hunyuanvideo": "hunyuan",
+    "hunyuanvideo15": "hunyuan15",
+    "cogvideo": "cogvideox",
+    "ltx-video": "ltx",
+    "kandinsky": "kandinsky5",
+    "ltx-2": "ltx2",
+    "hunyuanimage21": "hunyuanimage",
+    "hunyuanimage-2.1": "hunyuanimage",
+    "qwen-image-2.1": "qwenimage21",
+    "kandinsky-6": "kandinsky6",
+}
 
 
 def known_names() -> list[str]:
@@ -71,11 +120,17 @@ def family_of(pipe: Any) -> Family:
     """The family whose transformer this pipeline holds, recognised by class (subclasses too). Where
     families share a transformer class (FLUX.2 dev and Klein), the one that lists the pipeline's class.
     A pipeline no family knows gets the record accel learns from the model (accel/models/generic.py)."""
-    matching = [family for family in FAMILIES.values() if any(
-        _is_a(getattr(pipe, attr, None), name) for attr in family.transformer_attrs for name in family.transformer_classes)]
+    matching = [
+        family
+        for family in FAMILIES.values()
+        if any(
+            _is_a(getattr(pipe, attr, None), name)
+            for attr in family.transformer_attrs
+            for name in family.transformer_classes
+        )
+    ]
     if matching:
         return next((family for family in matching if _lists_pipeline(family, type(pipe))), matching[0])
     from accel.models.generic import learned_family
 
     return learned_family(pipe)
-

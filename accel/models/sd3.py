@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, JOINT_ATTENTION, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    JOINT_ATTENTION,
+    ParallelPlan,
+    SELF_ATTENTION,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import StableDiffusion3Pipeline
@@ -17,7 +30,9 @@ if TYPE_CHECKING:
 _LATENT_CHANNELS = 16
 
 
-def build_tiny(seed: int = 0, pipeline: str = "StableDiffusion3Pipeline", **transformer: Any) -> "StableDiffusion3Pipeline":
+def build_tiny(
+    seed: int = 0, pipeline: str = "StableDiffusion3Pipeline", **transformer: Any
+) -> "StableDiffusion3Pipeline":
     """A tiny SD 3.5 large look-alike: real classes, configs scaled down, random seeded weights.
 
     Two joint blocks (the last one, as on the real model, keeps no text output) of four 16-wide
@@ -37,19 +52,39 @@ def build_tiny(seed: int = 0, pipeline: str = "StableDiffusion3Pipeline", **tran
     text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2, projection=True)
     text_encoder_3 = parts.t5_encoder(tokenizer_3, seed=base + 3, hidden=2 * parts.CLIP_HIDDEN)
     settings: dict[str, Any] = dict(
-        sample_size=8, patch_size=2, in_channels=_LATENT_CHANNELS, out_channels=_LATENT_CHANNELS, num_layers=2,
-        attention_head_dim=16, num_attention_heads=4, joint_attention_dim=text_encoder_3.config.d_model,
-        caption_projection_dim=64, pooled_projection_dim=2 * parts.CLIP_HIDDEN, pos_embed_max_size=16, qk_norm="rms_norm",
+        sample_size=8,
+        patch_size=2,
+        in_channels=_LATENT_CHANNELS,
+        out_channels=_LATENT_CHANNELS,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=4,
+        joint_attention_dim=text_encoder_3.config.d_model,
+        caption_projection_dim=64,
+        pooled_projection_dim=2 * parts.CLIP_HIDDEN,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
     )
     with parts.seeded(base + 4):
         model = parts.finish(SD3Transformer2DModel(**{**settings, **transformer}))
     with parts.seeded(base + 5):
         # SD3's VAE shape: four levels (8x downsampling), 16 latent channels, no quant convs.
         vae = parts.finish(
-            AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                          up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(8, 16, 16, 16), layers_per_block=1,
-                          latent_channels=_LATENT_CHANNELS, norm_num_groups=4, sample_size=64, scaling_factor=1.5305,
-                          shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False)
+            AutoencoderKL(
+                in_channels=3,
+                out_channels=3,
+                down_block_types=("DownEncoderBlock2D",) * 4,
+                up_block_types=("UpDecoderBlock2D",) * 4,
+                block_out_channels=(8, 16, 16, 16),
+                layers_per_block=1,
+                latent_channels=_LATENT_CHANNELS,
+                norm_num_groups=4,
+                sample_size=64,
+                scaling_factor=1.5305,
+                shift_factor=0.0609,
+                use_quant_conv=False,
+                use_post_quant_conv=False,
+            )
         )
     return getattr(diffusers, pipeline)(
         transformer=model,

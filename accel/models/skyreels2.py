@@ -43,12 +43,16 @@ def build_tiny_i2v(seed: int = 0) -> "SkyReelsV2ImageToVideoPipeline":
     shared = wan._tiny_shared(seed * 8)
     image_encoder = parts.clip_vision_model(seed=_SEEDS + seed * 8 + 1)
     transformer = wan._tiny_transformer(
-        _SEEDS + seed * 8 + 2, text_dim=shared["text_encoder"].config.d_model, cls=_CLASS,
-        in_channels=2 * wan._Z_DIM + 4, image_dim=image_encoder.config.hidden_size, added_kv_proj_dim=4 * 16,
+        _SEEDS + seed * 8 + 2,
+        text_dim=shared["text_encoder"].config.d_model,
+        cls=_CLASS,
+        in_channels=2 * wan._Z_DIM + 4,
+        image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16,
     )
-    return SkyReelsV2ImageToVideoPipeline(**shared, image_processor=parts.clip_image_processor(),
-                                          image_encoder=image_encoder, transformer=transformer)
-
+    return SkyReelsV2ImageToVideoPipeline(
+        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+    )
 
 
 FAMILY = Family(

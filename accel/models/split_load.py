@@ -21,8 +21,9 @@ from accel.errors import ModelError
 from accel.models.base import TensorPlan
 
 
-def load_split_transformer(cls: type[nn.Module], folder: Path, tensor: TensorPlan, dtype: torch.dtype,
-                           device: torch.device, tp: int, rank: int) -> nn.Module:
+def load_split_transformer(
+    cls: type[nn.Module], folder: Path, tensor: TensorPlan, dtype: torch.dtype, device: torch.device, tp: int, rank: int
+) -> nn.Module:
     """`cls` from `folder` (its config and *.safetensors) as slice `rank` of `tp`, on `device` in `dtype`."""
     from accelerate import init_empty_weights
     from safetensors import safe_open
@@ -31,7 +32,9 @@ def load_split_transformer(cls: type[nn.Module], folder: Path, tensor: TensorPla
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelError(f"{folder} has no .safetensors weights, which loading a tensor-parallel slice needs; convert the checkpoint")
+        raise ModelError(
+            f"{folder} has no .safetensors weights, which loading a tensor-parallel slice needs; convert the checkpoint"
+        )
     with init_empty_weights():  # parameters on meta; buffers made at init stay real
         model = cls.from_config(cls.load_config(folder))
     plan = resolve_tensor_plan(tensor, model)
@@ -45,15 +48,21 @@ def load_split_transformer(cls: type[nn.Module], folder: Path, tensor: TensorPla
             for key in weights.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if key not in expected:
                     continue
-                value = rank_slice(weights.get_slice(key), *slices[key], tp, rank) if key in slices else weights.get_tensor(key)
+                value = (
+                    rank_slice(weights.get_slice(key), *slices[key], tp, rank)
+                    if key in slices
+                    else weights.get_tensor(key)
+                )
                 if value.is_floating_point():
                     value = value.to(torch.float32 if keep_fp32 & set(key.split(".")) else dtype)
                 _set_parameter(model, key, value.to(device))
                 loaded.add(key)
     missing = sorted(expected - loaded)
     if missing:
-        raise ModelError(f"{folder}: the weights lack {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''} "
-                         f"of {cls.__name__}; re-download or re-save the model")
+        raise ModelError(
+            f"{folder}: the weights lack {missing[0]}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''} "
+            f"of {cls.__name__}; re-download or re-save the model"
+        )
     model.to(device)  # the buffers made at init
     split_module(model, plan, tp, rank, layers, sliced=True)
     return model.eval()

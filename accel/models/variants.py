@@ -19,8 +19,11 @@ from accel.errors import UserError
 from accel.models.base import OUTPUT_FILES, Conditions, Family, NamedInput, OutputKind, Variant
 
 # What each input is called on the command line and in the recipe.
-FLAGS = {"image": "--image PATH ([generate] image)", "mask": "--mask PATH ([generate] mask)",
-         "video": "--video PATH ([generate] video)"}
+FLAGS = {
+    "image": "--image PATH ([generate] image)",
+    "mask": "--mask PATH ([generate] mask)",
+    "video": "--video PATH ([generate] video)",
+}
 
 
 class InputImage(str):
@@ -48,7 +51,8 @@ def latents_input(path: str, spec: NamedInput) -> InputLatents:
     return made
 
 
-# What `--out NAME.pt` writes: the fields of a pipeline's latent output, marked as accel's, with the pipeline that made them.
+# What `--out NAME.pt` writes: the fields of a pipeline's latent output, marked as accel's, with the pipeline that made
+# them.
 LATENTS_MARK = "accel latents"
 
 
@@ -112,6 +116,8 @@ def check_out_suffix(out: Path, maker: str, kind: OutputKind) -> None:
     if out.suffix.lower() not in [suffix for suffix, _ in files]:
         endings = files[0][0] if len(files) == 1 else " or ".join(f"{suffix} ({what})" for suffix, what in files)
         raise UserError(f"--out {out}: {maker} makes {noun}, so the name must end in {endings}")
+
+
 def component_folders(variant: Variant, given: Mapping[str, str], converted: bool) -> dict[str, str]:
     """`[model] components` checked against what the variant needs beyond the family's checkpoint:
     a name it does not take, a folder that is not there, or, where the model is `converted` to the
@@ -123,13 +129,18 @@ def component_folders(variant: Variant, given: Mapping[str, str], converted: boo
             takes = f"it takes {', '.join(declared)}" if declared else "it needs none besides the model's"
             raise UserError(f"[model] components: {variant.pipeline_class} takes no component {name} ({takes})")
         if not Path(folder).expanduser().is_dir():
-            raise UserError(f"[model] components: {name}: {folder} is not a folder; pass the folder a {declared[name].cls.rpartition('.')[2]} "
-                            "was saved to (save_pretrained)")
+            raise UserError(
+                f"[model] components: {name}: {folder} is not a folder; pass the folder a "
+                f"{declared[name].cls.rpartition('.')[2]} "
+                "was saved to (save_pretrained)"
+            )
     for component in variant.components:
         if converted and component.build is None and component.name not in given:
             cls = component.cls.rpartition(".")[2]
-            raise UserError(f"{variant.pipeline_class} needs a {component.name} ({cls}) the model does not hold: pass --component "
-                            f"{component.name}=FOLDER ([model] components), the folder it was saved to")
+            raise UserError(
+                f"{variant.pipeline_class} needs a {component.name} ({cls}) the model does not hold: pass --component "
+                f"{component.name}=FOLDER ([model] components), the folder it was saved to"
+            )
     return {name: str(Path(folder).expanduser()) for name, folder in given.items()}
 
 
@@ -146,7 +157,11 @@ def input_arguments(variant: Variant, image: str | None, mask: str | None, video
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""
     arguments: dict[str, str] = {}
-    for name, keyword, path in (("image", variant.image, image), ("mask", variant.mask, mask), ("video", variant.video, video)):
+    for name, keyword, path in (
+        ("image", variant.image, image),
+        ("mask", variant.mask, mask),
+        ("video", variant.video, video),
+    ):
         if keyword is None and path is not None:
             raise UserError(f"[generate] {name}: {variant.pipeline_class} takes no {name}; remove --{name}")
         if keyword is not None and path is None and name not in variant.optional:
@@ -179,12 +194,21 @@ def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments:
     """The call's keyword arguments for the variant's own input files (`--input KEYWORD=PATH`): a
     keyword it does not take, a missing required one, or an unreadable file is one line."""
     declared = {spec.keyword: spec for spec in variant.inputs}
-    flagged = {keyword: name for name, keyword in (("image", variant.image), ("mask", variant.mask), ("video", variant.video)) if keyword}
+    flagged = {
+        keyword: name
+        for name, keyword in (("image", variant.image), ("mask", variant.mask), ("video", variant.video))
+        if keyword
+    }
     for keyword in given:
         if keyword in flagged:
-            raise UserError(f"[generate] inputs: {variant.pipeline_class} takes its {keyword} from {FLAGS[flagged[keyword]]}; use that instead")
+            raise UserError(
+                f"[generate] inputs: {variant.pipeline_class} takes its {keyword} from {FLAGS[flagged[keyword]]}; use "
+                "that instead"
+            )
         if keyword not in declared:
-            takes = f"it takes {', '.join(declared)}" if declared else "it takes none besides --image / --mask / --video"
+            takes = (
+                f"it takes {', '.join(declared)}" if declared else "it takes none besides --image / --mask / --video"
+            )
             raise UserError(f"[generate] inputs: {variant.pipeline_class} takes no input {keyword} ({takes})")
     opened: dict[str, str] = {}
     for spec in variant.inputs:
@@ -192,20 +216,30 @@ def named_input_arguments(variant: Variant, given: Mapping[str, str], arguments:
         if path is None:
             if _required(spec, arguments):
                 condition = f" when {spec.when[0]} is {spec.when[1]!r}" if spec.when else ""
-                raise UserError(f"{variant.pipeline_class} needs an input {spec.keyword}{condition}: pass --input {spec.keyword}=PATH "
-                                f"([generate] inputs), {_KINDS[spec.kind](spec)}")
+                raise UserError(
+                    f"{variant.pipeline_class} needs an input {spec.keyword}{condition}: pass --input "
+                    f"{spec.keyword}=PATH "
+                    f"([generate] inputs), {_KINDS[spec.kind](spec)}"
+                )
             continue
         name = f"inputs {spec.keyword}"
         if spec.kind == "latents":
             opened[spec.keyword] = latents_input(_readable_latents(name, path, spec), spec)
         else:
-            opened[spec.keyword] = InputVideo(_readable_video(name, path)) if spec.kind == "video" else InputImage(_readable_image(name, path))
+            opened[spec.keyword] = (
+                InputVideo(_readable_video(name, path))
+                if spec.kind == "video"
+                else InputImage(_readable_image(name, path))
+            )
     return opened
 
 
 # What each kind of named input is, for the line a missing or wrong one gets.
-_KINDS = {"image": lambda _spec: "an image file", "video": lambda _spec: "a video file",
-          "latents": lambda spec: f"the .pt file `accel run --pipeline {spec.made_by[0]} --out NAME.pt` wrote"}
+_KINDS = {
+    "image": lambda _spec: "an image file",
+    "video": lambda _spec: "a video file",
+    "latents": lambda spec: f"the .pt file `accel run --pipeline {spec.made_by[0]} --out NAME.pt` wrote",
+}
 
 
 def _readable_latents(name: str, path: str, spec: NamedInput) -> str:
@@ -219,7 +253,9 @@ def _readable_latents(name: str, path: str, spec: NamedInput) -> str:
     try:
         saved = load_latents(str(file))
     except Exception:  # noqa: BLE001 - torch raises many kinds for a file that is no checkpoint; its text suggests unpickling
-        raise UserError(f"[generate] {name}: {path} is not a file of tensors torch can load safely (weights only); pass {expected}") from None
+        raise UserError(
+            f"[generate] {name}: {path} is not a file of tensors torch can load safely (weights only); pass {expected}"
+        ) from None
     fields = saved.get("fields") if isinstance(saved, dict) and saved.get("kind") == LATENTS_MARK else None
     missing = [field for field, _ in spec.fields if not isinstance(fields, dict) or field not in fields]
     if missing or saved.get("pipeline") not in spec.made_by:
@@ -236,13 +272,17 @@ class InputConditions(tuple):  # type: ignore[type-arg]
     spec: Conditions
     tiny: bool
 
-    def __new__(cls, items: list[tuple[InputImage | InputVideo, int, float]], spec: Conditions, tiny: bool) -> InputConditions:
+    def __new__(
+        cls, items: list[tuple[InputImage | InputVideo, int, float]], spec: Conditions, tiny: bool
+    ) -> InputConditions:
         made = super().__new__(cls, items)
         made.spec, made.tiny = spec, tiny
         return made
 
 
-def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, key: str = "conditions") -> dict[str, InputConditions]:
+def condition_arguments(
+    variant: Variant, given: tuple[str, ...], tiny: bool, key: str = "conditions"
+) -> dict[str, InputConditions]:
     """`--condition PATH@INDEX:STRENGTH` (`key` "conditions") or `--reference PATH@STRENGTH` ("references")
     as the call's condition objects: a pipeline that takes none, a bad index or strength, or an
     unreadable file is one line naming the key."""
@@ -250,8 +290,10 @@ def condition_arguments(variant: Variant, given: tuple[str, ...], tiny: bool, ke
     if not given:
         if spec is not None and spec.required:
             form = "PATH@INDEX:STRENGTH" if spec.index else "PATH@STRENGTH"
-            raise UserError(f"{variant.pipeline_class} needs {'a condition' if key == 'conditions' else 'a reference video'}: "
-                            f"pass --{key.removesuffix('s')} {form} ([generate] {key})")
+            raise UserError(
+                f"{variant.pipeline_class} needs {'a condition' if key == 'conditions' else 'a reference video'}: "
+                f"pass --{key.removesuffix('s')} {form} ([generate] {key})"
+            )
         return {}
     if spec is None:
         raise UserError(f"[generate] {key}: {variant.pipeline_class} takes no {key}; remove --{key.removesuffix('s')}")
@@ -268,8 +310,11 @@ def _parse_condition(text: str, spec: Conditions, key: str) -> tuple[str, int, f
     if not at:
         return text, 0, 1.0
     index_text, colon, strength_text = position.partition(":") if spec.index else ("0", ":", position)
-    form = (f"PATH@INDEX:STRENGTH, INDEX a whole number ({spec.units}), STRENGTH from 0 to 1, e.g. end.png@-1:0.8" if spec.index
-            else "PATH@STRENGTH, STRENGTH from 0 to 1, e.g. depth.mp4@0.9")
+    form = (
+        f"PATH@INDEX:STRENGTH, INDEX a whole number ({spec.units}), STRENGTH from 0 to 1, e.g. end.png@-1:0.8"
+        if spec.index
+        else "PATH@STRENGTH, STRENGTH from 0 to 1, e.g. depth.mp4@0.9"
+    )
     try:
         index = int(index_text)
         strength = float(strength_text) if colon else 1.0
@@ -288,7 +333,9 @@ def _required(spec: NamedInput, arguments: Mapping[str, Any]) -> bool:
 _CALL_OWN = ("generator", "output_type", "return_dict", "callback_on_step_end", "callback_on_step_end_tensor_inputs")
 
 
-def call_arguments(pipeline: type, arguments: Mapping[str, Any], taken: Mapping[str, Any], settings_of: Mapping[str, str]) -> dict[str, Any]:
+def call_arguments(
+    pipeline: type, arguments: Mapping[str, Any], taken: Mapping[str, Any], settings_of: Mapping[str, str]
+) -> dict[str, Any]:
     """`[generate] arguments` checked against the pipeline's call: a keyword it does not take, or one
     accel already fills (`taken`, whose recipe key `settings_of` names), is one line."""
     import inspect
@@ -315,7 +362,9 @@ def call_arguments(pipeline: type, arguments: Mapping[str, Any], taken: Mapping[
 def _frame_mask(variant: Variant, path: str, video: str | None) -> str:
     """A per-frame mask: a picture for every frame, or a video of masks; it needs the input video."""
     if video is None:
-        raise UserError(f"[generate] mask: {variant.pipeline_class} takes a mask only with an input video; pass {FLAGS['video']}")
+        raise UserError(
+            f"[generate] mask: {variant.pipeline_class} takes a mask only with an input video; pass {FLAGS['video']}"
+        )
     found = _picture_or_clip("mask", path)
     return FrameMask(found) if isinstance(found, InputImage) else found
 
@@ -369,8 +418,10 @@ def _verify_picture(file: Path, name: str, path: str) -> None:
                     raise Image.DecompressionBombError(f"{width}×{height}")
                 picture.verify()
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-            raise UserError(f"[generate] {name}: {path} has more than {limit:,} pixels (Pillow's decompression-bomb "
-                            "limit); pass a smaller image") from None
+            raise UserError(
+                f"[generate] {name}: {path} has more than {limit:,} pixels (Pillow's decompression-bomb "
+                "limit); pass a smaller image"
+            ) from None
 
 
 def _readable_video(name: str, path: str, kind: str = "a video file (MP4, WebM, …)") -> str:
@@ -381,7 +432,9 @@ def _readable_video(name: str, path: str, kind: str = "a video file (MP4, WebM, 
         frames = clip_frames(str(file))
     except (RuntimeError, OSError) as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        raise UserError(f"[generate] {name}: {path} is not a video ffmpeg can read ({lines[-1] if lines else type(error).__name__})") from None
+        raise UserError(
+            f"[generate] {name}: {path} is not a video ffmpeg can read ({lines[-1] if lines else type(error).__name__})"
+        ) from None
     if frames == 0:
         raise UserError(f"[generate] {name}: {path} holds no video frames; pass {kind}")
     return str(file)

@@ -8,7 +8,21 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (Acceleration, BlockList, DIFFUSERS_MLP, Family, GenerationDefaults, GroupedTokens, NamedInput, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    DIFFUSERS_MLP,
+    Family,
+    GenerationDefaults,
+    GroupedTokens,
+    NamedInput,
+    ParallelPlan,
+    SELF_ATTENTION,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import LucyEditPipeline, WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
@@ -55,8 +69,14 @@ def tiny_vae(seed: int) -> Any:
 
     with parts.seeded(seed):
         return parts.finish(
-            AutoencoderKLWan(base_dim=8, z_dim=_Z_DIM, dim_mult=[1, 2, 4, 4], num_res_blocks=1, attn_scales=[],
-                             temperal_downsample=[False, True, True])
+            AutoencoderKLWan(
+                base_dim=8,
+                z_dim=_Z_DIM,
+                dim_mult=[1, 2, 4, 4],
+                num_res_blocks=1,
+                attn_scales=[],
+                temperal_downsample=[False, True, True],
+            )
         )
 
 
@@ -174,8 +194,13 @@ def build_tiny_vace(seed: int = 0) -> "WanVACEPipeline":
     from diffusers import WanVACEPipeline
 
     shared = _tiny_shared(seed * 8)
-    transformer = _tiny_transformer(_VARIANT_SEEDS + seed * 8, text_dim=shared["text_encoder"].config.d_model,
-                                    cls="WanVACETransformer3DModel", vace_layers=[0, 1], vace_in_channels=2 * _Z_DIM + 64)
+    transformer = _tiny_transformer(
+        _VARIANT_SEEDS + seed * 8,
+        text_dim=shared["text_encoder"].config.d_model,
+        cls="WanVACETransformer3DModel",
+        vace_layers=[0, 1],
+        vace_in_channels=2 * _Z_DIM + 64,
+    )
     return WanVACEPipeline(**shared, transformer=transformer, transformer_2=None)
 
 
@@ -185,8 +210,9 @@ def build_tiny_lucy(seed: int = 0) -> "LucyEditPipeline":
     from diffusers import LucyEditPipeline
 
     shared = _tiny_shared(seed * 8)
-    transformer = _tiny_transformer(_VARIANT_SEEDS + seed * 8 + 1, text_dim=shared["text_encoder"].config.d_model,
-                                    in_channels=2 * _Z_DIM)
+    transformer = _tiny_transformer(
+        _VARIANT_SEEDS + seed * 8 + 1, text_dim=shared["text_encoder"].config.d_model, in_channels=2 * _Z_DIM
+    )
     return LucyEditPipeline(**shared, transformer=transformer, transformer_2=None, expand_timesteps=True)
 
 
@@ -204,14 +230,27 @@ def build_tiny_animate(seed: int = 0) -> Any:
     shared = _tiny_shared(seed * 8)
     image_encoder = parts.clip_vision_model(seed=_VARIANT_SEEDS + seed * 8 + 2)
     transformer = _tiny_transformer(
-        _VARIANT_SEEDS + seed * 8 + 3, text_dim=shared["text_encoder"].config.d_model, cls="WanAnimateTransformer3DModel",
-        in_channels=2 * _Z_DIM + 4, latent_channels=_Z_DIM, out_channels=_Z_DIM, image_dim=image_encoder.config.hidden_size,
-        added_kv_proj_dim=4 * 16, motion_encoder_channel_sizes={"16": 16, "8": 16, "4": 16}, motion_encoder_size=16,
-        motion_style_dim=32, motion_dim=8, motion_encoder_dim=32, face_encoder_hidden_dim=32, face_encoder_num_heads=2,
-        inject_face_latents_blocks=1, motion_encoder_batch_size=8,
+        _VARIANT_SEEDS + seed * 8 + 3,
+        text_dim=shared["text_encoder"].config.d_model,
+        cls="WanAnimateTransformer3DModel",
+        in_channels=2 * _Z_DIM + 4,
+        latent_channels=_Z_DIM,
+        out_channels=_Z_DIM,
+        image_dim=image_encoder.config.hidden_size,
+        added_kv_proj_dim=4 * 16,
+        motion_encoder_channel_sizes={"16": 16, "8": 16, "4": 16},
+        motion_encoder_size=16,
+        motion_style_dim=32,
+        motion_dim=8,
+        motion_encoder_dim=32,
+        face_encoder_hidden_dim=32,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=1,
+        motion_encoder_batch_size=8,
     )
-    return WanAnimatePipeline(**shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder,
-                              transformer=transformer)
+    return WanAnimatePipeline(
+        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+    )
 
 
 # Video tokens are cut after patch embedding (at the first block) along with their rotary
@@ -261,7 +300,13 @@ TENSOR_PLAN = TensorPlan(
         **split_layers("blocks.*.ffn", DIFFUSERS_MLP),
     },
     # The query and key norms span all heads (qk_norm = "rms_norm_across_heads").
-    norms=("blocks.*.attn1.norm_q", "blocks.*.attn1.norm_k", "blocks.*.attn2.norm_q", "blocks.*.attn2.norm_k", "blocks.*.attn2.norm_added_k"),
+    norms=(
+        "blocks.*.attn1.norm_q",
+        "blocks.*.attn1.norm_k",
+        "blocks.*.attn2.norm_q",
+        "blocks.*.attn2.norm_k",
+        "blocks.*.attn2.norm_added_k",
+    ),
     per_rank=("heads",),
 )
 
@@ -295,17 +340,32 @@ FAMILY = Family(
         Variant("WanImageToVideoPipeline", image="image", tiny=build_tiny_i2v),
         Variant("WanVideoToVideoPipeline", video="video"),
         # Reference pictures, an input video and its per-frame mask are all optional (none: text to video).
-        Variant("WanVACEPipeline", image="reference_images", video="video", mask="mask", mask_frames=True,
-                optional=("image", "video", "mask"), tiny=build_tiny_vace,
-                transformer_class="WanVACETransformer3DModel", parallel=VACE_PLAN),
+        Variant(
+            "WanVACEPipeline",
+            image="reference_images",
+            video="video",
+            mask="mask",
+            mask_frames=True,
+            optional=("image", "video", "mask"),
+            tiny=build_tiny_vace,
+            transformer_class="WanVACETransformer3DModel",
+            parallel=VACE_PLAN,
+        ),
         Variant("LucyEditPipeline", video="video", tiny=build_tiny_lucy),
         # The character picture, its driving pose and face videos; "replace" mode also swaps the
         # character into a background video where a mask video is white.
-        Variant("WanAnimatePipeline", image="image", tiny=build_tiny_animate, transformer_class="WanAnimateTransformer3DModel",
-                inputs=(NamedInput("pose_video", "video"), NamedInput("face_video", "video"),
-                        NamedInput("background_video", "video", when=("mode", "replace")),
-                        NamedInput("mask_video", "video", when=("mode", "replace"))),
-                parallel=ANIMATE_PLAN),
+        Variant(
+            "WanAnimatePipeline",
+            image="image",
+            tiny=build_tiny_animate,
+            transformer_class="WanAnimateTransformer3DModel",
+            inputs=(
+                NamedInput("pose_video", "video"),
+                NamedInput("face_video", "video"),
+                NamedInput("background_video", "video", when=("mode", "replace")),
+                NamedInput("mask_video", "video", when=("mode", "replace")),
+            ),
+            parallel=ANIMATE_PLAN,
+        ),
     ),
 )
-

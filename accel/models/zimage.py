@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, Variant, split_layers)
+from accel.models.base import (
+    Acceleration,
+    BlockList,
+    Family,
+    GenerationDefaults,
+    ParallelPlan,
+    SELF_ATTENTION,
+    SequenceSplit,
+    TensorPlan,
+    Variant,
+    split_layers,
+)
 
 if TYPE_CHECKING:
     from diffusers import ZImagePipeline
@@ -54,7 +65,9 @@ def build_tiny(seed: int = 0) -> "ZImagePipeline":
         vae = parts.finish(parts.flux1_vae())  # Z-Image decodes with FLUX.1's VAE
     # Z-Image-Turbo's scheduler config: a fixed shift of 3 (the pipeline's `mu` is then unused).
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
-    return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+    return ZImagePipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
+    )
 
 
 TENSOR_PLAN = TensorPlan(

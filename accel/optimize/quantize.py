@@ -29,7 +29,9 @@ NEEDS_CUDA: dict[str, tuple[int, int]] = {"fp8dq": FP8_CAPABILITY, "fp8wo": FP8_
 INT4_GROUP = 128
 
 
-def hardware_refusal(scheme: str, device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype) -> str | None:
+def hardware_refusal(
+    scheme: str, device_type: str, capability: tuple[int, int] | None, dtype: torch.dtype
+) -> str | None:
     """Why `scheme` cannot run on this device and dtype (None: it can). Pure, so every branch is testable."""
     need = NEEDS_CUDA.get(scheme)
     if need is not None:
@@ -42,7 +44,10 @@ def hardware_refusal(scheme: str, device_type: str, capability: tuple[int, int] 
                 "Use int8wo or int8dq"
             )
     if scheme == "int4wo" and dtype != torch.bfloat16:
-        return f"[quant] type = 'int4wo' needs bfloat16 weights, the model is {str(dtype).removeprefix('torch.')}; set --dtype bfloat16"
+        return (
+            f"[quant] type = 'int4wo' needs bfloat16 weights, the model is {str(dtype).removeprefix('torch.')}; "
+            "set --dtype bfloat16"
+        )
     return None
 
 
@@ -77,7 +82,9 @@ def _config(scheme: str) -> Any:
     if scheme == "fp8dq":  # per-row scales: per-tensor ones visibly lose detail on DiT activations
         return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
     if scheme == "int4wo":
-        return Int4WeightOnlyConfig(group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d", set_inductor_config=False)
+        return Int4WeightOnlyConfig(
+            group_size=INT4_GROUP, int4_packing_format="tile_packed_to_4d", set_inductor_config=False
+        )
     raise ValueError(f"unknown quantization scheme {scheme!r}")
 
 
@@ -117,8 +124,9 @@ def quantized_as(transformer: nn.Module) -> str | None:
     return _quantized.get(transformer)
 
 
-def chosen_layers(transformer: nn.Module, scheme: str, blocks: Sequence[BlockList], scope: str,
-                  exclude: Sequence[str]) -> tuple[list[str], dict[str, list[str]]]:
+def chosen_layers(
+    transformer: nn.Module, scheme: str, blocks: Sequence[BlockList], scope: str, exclude: Sequence[str]
+) -> tuple[list[str], dict[str, list[str]]]:
     """The Linear layers `scheme` quantizes, and those it keeps in the model dtype by why (the memory
     plan counts the same choice on a transformer built on meta)."""
     block_attrs = {spec.attr for spec in blocks}
@@ -190,10 +198,19 @@ def refuse_on_quantized(pipe: Any, transformers: dict[str, nn.Module], scheme: s
     owners: list[tuple[str, Any]] = [("pipe", pipe)] + [(f"pipe.{attr}", t) for attr, t in transformers.items()]
     for where, owner in owners:
         if callable(getattr(owner, "save_pretrained", None)):
-            undo.append(wrap(owner, "save_pretrained", "accel.refuse_safetensors", LORA,
-                             _refuse_safetensors(getattr(owner, "save_pretrained"), where, scheme)))
+            undo.append(
+                wrap(
+                    owner,
+                    "save_pretrained",
+                    "accel.refuse_safetensors",
+                    LORA,
+                    _refuse_safetensors(getattr(owner, "save_pretrained"), where, scheme),
+                )
+            )
         if callable(getattr(owner, "fuse_qkv_projections", None)):
-            undo.append(wrap(owner, "fuse_qkv_projections", "accel.refuse_fuse_qkv", LORA, _refuse_fuse_qkv(where, scheme)))
+            undo.append(
+                wrap(owner, "fuse_qkv_projections", "accel.refuse_fuse_qkv", LORA, _refuse_fuse_qkv(where, scheme))
+            )
     return undo
 
 
@@ -207,7 +224,8 @@ def _refuse_safetensors(method: Callable[..., Any], where: str, scheme: str) -> 
         if safe:
             raise UserError(
                 f"[quant] type = '{scheme}': {where}.save_pretrained() cannot write torchao's quantized weights as "
-                "safetensors; pass safe_serialization=False (from_pretrained loads that back quantized), or save before "
+                "safetensors; pass safe_serialization=False (from_pretrained loads that back quantized), or save "
+                "before "
                 "accel.apply"
             )
         return call_next(*args, **kwargs)

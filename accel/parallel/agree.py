@@ -87,7 +87,9 @@ _STRING_KEPT = 64  # longer strings (prompts) are compared by a digest, not sent
 _SHOWN = 40  # characters of one value in the message
 
 
-def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None, may_differ: Iterable[str] = ()) -> Callable[[], None]:
+def agree_on_arguments(
+    pipe: Any, group: dist.ProcessGroup | None = None, may_differ: Iterable[str] = ()
+) -> Callable[[], None]:
     """Check, at the start of every call of this pipeline, that all ranks of `group` (None: the job)
     were called with the same arguments; raise one `UserError` on every rank naming each setting that
     differs and its value per rank. Returns the undo.
@@ -118,9 +120,13 @@ def agree_on_arguments(pipe: Any, group: dist.ProcessGroup | None = None, may_di
     return wrap_call(pipe, "accel.agree_on_arguments", CALL, check)
 
 
-def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         group: dist.ProcessGroup | None = None,
-                         may_differ: frozenset[str] = frozenset()) -> tuple[torch.Tensor, torch.Tensor | None]:
+def check_same_arguments(
+    signature: inspect.Signature,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    group: dist.ProcessGroup | None = None,
+    may_differ: frozenset[str] = frozenset(),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Raise on every rank of `group` unless all were called with the same `args` / `kwargs` (but the
     names in `may_differ`); else return rank 0's global random state, which travels in the same
     exchange (no second collective)."""
@@ -131,7 +137,14 @@ def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kw
         failure, mine = error, ("error", f"{type(error).__name__}: {error}")
     else:
         bound.apply_defaults()
-        mine = ("arguments", {name: summary for name, summary in _summaries(signature, bound.arguments).items() if name not in may_differ})
+        mine = (
+            "arguments",
+            {
+                name: summary
+                for name, summary in _summaries(signature, bound.arguments).items()
+                if name not in may_differ
+            },
+        )
     gathered: list[Any] = [None] * dist.get_world_size(group)
     state = _global_rng_state() if dist.get_rank(group) == 0 else None
     dist.all_gather_object(gathered, (dist.get_rank(), mine, state), group=group)
@@ -142,10 +155,15 @@ def check_same_arguments(signature: inspect.Signature, args: tuple[Any, ...], kw
     failed = [(rank, text) for rank, (kind, text), _ in ranks if kind == "error"]
     if failed:
         rank, text = failed[0]
-        raise UserError(f"rank {rank} could not call the pipeline ({text}); call the pipeline with the same arguments on every rank")
+        raise UserError(
+            f"rank {rank} could not call the pipeline ({text}); call the pipeline with the same arguments on every rank"
+        )
     differing = _differences([(rank, summary) for rank, (_, summary), _ in ranks])
     if differing:
-        raise UserError(f"ranks were called with different {_and(differing)}; call the pipeline with the same arguments on every rank")
+        raise UserError(
+            f"ranks were called with different {_and(differing)}; call the pipeline with the same arguments on every "
+            "rank"
+        )
     return rank0_state
 
 
@@ -175,7 +193,12 @@ def _describe(value: Any) -> tuple[Any, str]:
         return ("str", key), _short(repr(value))
     if isinstance(value, torch.Tensor):
         shape, kind = tuple(value.shape), value.device.type
-        return ("tensor", shape, str(value.dtype), kind), f"tensor {_shape(shape)} {str(value.dtype).removeprefix('torch.')} on {kind}"
+        return (
+            "tensor",
+            shape,
+            str(value.dtype),
+            kind,
+        ), f"tensor {_shape(shape)} {str(value.dtype).removeprefix('torch.')} on {kind}"
     if isinstance(value, torch.Generator):
         return ("generator",), "generator"
     if type(value).__module__ == "numpy" and hasattr(value, "shape") and hasattr(value, "dtype"):

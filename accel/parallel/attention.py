@@ -36,12 +36,16 @@ from accel.parallel.kernels import attention_with_lse
 RealKeys = Sequence[int | None]
 
 
-def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
+def ulysses_attention(
+    q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None
+) -> Tensor:
     """All-to-all from sequence shards to head shards, local attention, all-to-all back."""
     return usp_attention(q, k, v, group, None, key_valid, scale)
 
 
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None) -> Tensor:
+def ring_attention(
+    q: Tensor, k: Tensor, v: Tensor, group: Group, key_valid: Tensor | None = None, scale: float | None = None
+) -> Tensor:
     """K/V travel round the ring (next block in flight while this one computes); outputs merge by LSE."""
     return usp_attention(q, k, v, None, group, key_valid, scale)
 
@@ -83,7 +87,12 @@ def usp_attention(
         batch = key_valid.shape[1]
         masks = key_valid.view(ring, ulysses, batch, shard).permute(0, 2, 1, 3).reshape(ring, batch, ulysses * shard)
         blocks = [
-            _BlockKeys(masks[r], leading_real(real_keys[r * ulysses : (r + 1) * ulysses], [shard] * ulysses) if real_keys is not None else None)
+            _BlockKeys(
+                masks[r],
+                leading_real(real_keys[r * ulysses : (r + 1) * ulysses], [shard] * ulysses)
+                if real_keys is not None
+                else None,
+            )
             for r in range(ring)
         ]
     if pair_mask is not None:
@@ -92,7 +101,9 @@ def usp_attention(
         if ulysses > 1 and pair_mask.shape[1] > 1:  # a mask per head: this rank's head slots, padded as q's
             pair_mask = _own_heads(pair_mask, ulysses_group, ulysses)
         rows = pair_mask.narrow(2, group_rank(ring_group) * width, width) if ring > 1 else pair_mask
-        blocks = [_BlockKeys(block.valid, block.prefix, rows.narrow(3, r * width, width)) for r, block in enumerate(blocks)]
+        blocks = [
+            _BlockKeys(block.valid, block.prefix, rows.narrow(3, r * width, width)) for r, block in enumerate(blocks)
+        ]
     start = None
     if shared is not None:
         shared_key, shared_value, shared_valid = shared
@@ -110,21 +121,39 @@ def usp_attention(
     return out
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, ulysses: int, ring: int, key_valid: Tensor | None,
-           real_keys: RealKeys | None, pair_mask: Tensor | None) -> None:
+def _check(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ulysses: int,
+    ring: int,
+    key_valid: Tensor | None,
+    real_keys: RealKeys | None,
+    pair_mask: Tensor | None,
+) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("context-parallel attention takes (batch, heads, tokens, head_dim) tensors")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2]:
-        raise ValueError(f"query {tuple(q.shape)}, key {tuple(k.shape)} and value {tuple(v.shape)} do not match in batch / heads")
-    if key_valid is not None and (key_valid.dim() != 3 or key_valid.shape[0] != ulysses * ring or key_valid.shape[2] != k.shape[2]):
         raise ValueError(
-            f"key_valid must be ({ulysses * ring}, batch or 1, {k.shape[2]}) for this group, got {tuple(key_valid.shape)}"
+            f"query {tuple(q.shape)}, key {tuple(k.shape)} and value {tuple(v.shape)} do not match in batch / heads"
+        )
+    if key_valid is not None and (
+        key_valid.dim() != 3 or key_valid.shape[0] != ulysses * ring or key_valid.shape[2] != k.shape[2]
+    ):
+        raise ValueError(
+            f"key_valid must be ({ulysses * ring}, batch or 1, {k.shape[2]}) for this group, got "
+            f"{tuple(key_valid.shape)}"
         )
     if real_keys is not None and (key_valid is None or len(real_keys) != ulysses * ring):
         raise ValueError(f"real_keys needs key_valid and one entry per shard ({ulysses * ring}), got {len(real_keys)}")
     tokens = ulysses * ring * k.shape[2]
-    if pair_mask is not None and (pair_mask.dim() != 4 or pair_mask.shape[1] not in (1, q.shape[1]) or pair_mask.shape[2:] != (tokens, tokens)):
-        raise ValueError(f"pair_mask must be (batch or 1, {q.shape[1]} or 1, {tokens}, {tokens}) for this group, got {tuple(pair_mask.shape)}")
+    if pair_mask is not None and (
+        pair_mask.dim() != 4 or pair_mask.shape[1] not in (1, q.shape[1]) or pair_mask.shape[2:] != (tokens, tokens)
+    ):
+        raise ValueError(
+            f"pair_mask must be (batch or 1, {q.shape[1]} or 1, {tokens}, {tokens}) for this group, got "
+            f"{tuple(pair_mask.shape)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -207,8 +236,16 @@ def _heads_to_sequence(x: Tensor, group: Group, world: int, real_heads: int | No
     return out
 
 
-def _ring(q: Tensor, k: Tensor, v: Tensor, group: Group, world: int, blocks: list[_BlockKeys], scale: float | None,
-          start: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def _ring(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: Group,
+    world: int,
+    blocks: list[_BlockKeys],
+    scale: float | None,
+    start: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """Attention over every rank's key block in turn, merged; `start`: a partial result (out, lse) to merge into."""
     rank = group_rank(group)
     kv = torch.stack([k, v])
@@ -240,7 +277,9 @@ def _block(q: Tensor, k: Tensor, v: Tensor, keys: _BlockKeys, scale: float | Non
     return _masked(q, k, v, keys.valid[:, None, None, :], None, scale)
 
 
-def _masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, valid: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
+def _masked(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, valid: Tensor | None, scale: float | None
+) -> tuple[Tensor, Tensor]:
     """Attention under `mask` (broadcastable to (B, H, queries, keys)): bool, which keys each query
     sees, or an additive float bias; `valid` (B|1, keys), when given, excludes padded keys besides.
     A query that sees no key (all False or -inf) gets lse -inf and out 0, so the merge ignores it
@@ -287,7 +326,9 @@ def whole_query_attention(
     return merged.to(q.dtype)
 
 
-def merge_partial(out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor) -> tuple[Tensor, Tensor]:
+def merge_partial(
+    out: Tensor | None, lse: Tensor | None, block_out: Tensor, block_lse: Tensor
+) -> tuple[Tensor, Tensor]:
     """Combine two softmax-normalised partial results by their log-sum-exp, in float32."""
     if out is None or lse is None:
         return block_out.float(), block_lse

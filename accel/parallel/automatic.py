@@ -63,7 +63,9 @@ class TransformerCall:
         return map_tensors(self.args, torch.clone), map_tensors(self.kwargs, torch.clone)
 
     def to(self, device: torch.device | str) -> TransformerCall:
-        return TransformerCall(map_tensors(self.args, lambda t: t.to(device)), map_tensors(self.kwargs, lambda t: t.to(device)))
+        return TransformerCall(
+            map_tensors(self.args, lambda t: t.to(device)), map_tensors(self.kwargs, lambda t: t.to(device))
+        )
 
 
 @dataclass
@@ -119,13 +121,20 @@ class _AttentionLog(TorchFunctionMode):
         self.stack = stack
         self.calls: list[tuple[str, int, int]] = []
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             query = args[0] if args else kwargs["query"]
             key = args[1] if len(args) > 1 else kwargs["key"]
             mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-            square = isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[-1] == mask.shape[-2] > 1
+            square = (
+                isinstance(mask, Tensor)
+                and mask.dtype == torch.bool
+                and mask.dim() == 4
+                and mask.shape[-1] == mask.shape[-2] > 1
+            )
             self.calls.append((self.stack.innermost, query.shape[-2], key.shape[-2], square))
         return func(*args, **kwargs)
 
@@ -179,14 +188,17 @@ def observe(transformer: nn.Module, call: TransformerCall, lists: Sequence[Block
         entry.square_mask = entry.square_mask or square
     last = max((i for i, (name, _) in enumerate(order) if name == "<blocks>"), default=-1)
     return Observation(
-        first_arguments=first_arguments, attention=attention,
+        first_arguments=first_arguments,
+        attention=attention,
         after_blocks=[entry for entry in order[last + 1 :] if entry[0] != "<blocks>"],
-        transformer_arguments=named_arguments(transformer, *call.fresh()), output=output,
+        transformer_arguments=named_arguments(transformer, *call.fresh()),
+        output=output,
     )
 
 
-def candidate_plans(transformer: nn.Module, observation: Observation, other: Observation, lists: Sequence[BlockList],
-                    primary: str) -> list[ParallelPlan]:
+def candidate_plans(
+    transformer: nn.Module, observation: Observation, other: Observation, lists: Sequence[BlockList], primary: str
+) -> list[ParallelPlan]:
     """The plans two observations allow (`other`: the same call at another size, which tells a dim
     that runs along the tokens from one that only happens to be as long), most likely first;
     AutomaticPlanRefused where none can be written."""
@@ -215,15 +227,23 @@ def candidate_plans(transformer: nn.Module, observation: Observation, other: Obs
         for block_list in lists:
             if block_list.joins:
                 joint[block_list.attr] = tuple(STREAM if stream == primary else TEXT for stream in block_list.joins)
-        plan = _plan(name, observation, other, lists, primary, replace(tokens, text_cut=cut is not None), joint, pairs, cut)
+        plan = _plan(
+            name, observation, other, lists, primary, replace(tokens, text_cut=cut is not None), joint, pairs, cut
+        )
         if trailing is not None:
-            plan = replace(plan, leading_counts=tuple(LeadingCount(argument, STREAM, module=f"{attr}.*", trailing=trailing)
-                                                      for attr, argument in counted))
+            plan = replace(
+                plan,
+                leading_counts=tuple(
+                    LeadingCount(argument, STREAM, module=f"{attr}.*", trailing=trailing) for attr, argument in counted
+                ),
+            )
         plans.append(plan)
     return plans
 
 
-def _token_counts(observation: Observation, other: Observation, lists: Sequence[BlockList], tokens: _Tokens) -> list[tuple[str, str]]:
+def _token_counts(
+    observation: Observation, other: Observation, lists: Sequence[BlockList], tokens: _Tokens
+) -> list[tuple[str, str]]:
     """(list, argument) of every integer block argument that counts some of the stream's tokens: it
     changes from one probe size to the other and stays within the stream's length at both."""
     found = []
@@ -231,8 +251,13 @@ def _token_counts(observation: Observation, other: Observation, lists: Sequence[
         there = other.first_arguments.get(block_list.attr, {})
         for argument, value in observation.first_arguments.get(block_list.attr, {}).items():
             other_value = there.get(argument)
-            if (type(value) is int and type(other_value) is int and value != other_value
-                    and 0 < value <= tokens.length and 0 < other_value <= tokens.other):
+            if (
+                type(value) is int
+                and type(other_value) is int
+                and value != other_value
+                and 0 < value <= tokens.length
+                and 0 < other_value <= tokens.other
+            ):
                 found.append((block_list.attr, argument))
     return found
 
@@ -240,8 +265,17 @@ def _token_counts(observation: Observation, other: Observation, lists: Sequence[
 def _text_stream(observation: Observation, first: BlockList, primary: str, text: int | None) -> str | None:
     """The first list's argument that is the text as a stream of its own (returned beside the main one)."""
     arguments = observation.first_arguments.get(first.attr, {})
-    return next((stream for stream in first.returns if stream != primary and isinstance(arguments.get(stream), Tensor)
-                 and arguments[stream].dim() == 3 and arguments[stream].shape[1] == text), None)
+    return next(
+        (
+            stream
+            for stream in first.returns
+            if stream != primary
+            and isinstance(arguments.get(stream), Tensor)
+            and arguments[stream].dim() == 3
+            and arguments[stream].shape[1] == text
+        ),
+        None,
+    )
 
 
 @dataclass(frozen=True)
@@ -288,8 +322,17 @@ def _text_length(observation: Observation, lists: Sequence[BlockList], primary: 
     return None
 
 
-def _plan(name: str, observation: Observation, other: Observation, lists: Sequence[BlockList], primary: str,
-          tokens: _Tokens, joint: dict[str, tuple[str, str]], pairwise: bool, text_stream: str | None = None) -> ParallelPlan:
+def _plan(
+    name: str,
+    observation: Observation,
+    other: Observation,
+    lists: Sequence[BlockList],
+    primary: str,
+    tokens: _Tokens,
+    joint: dict[str, tuple[str, str]],
+    pairwise: bool,
+    text_stream: str | None = None,
+) -> ParallelPlan:
     length, text = tokens.length, tokens.text
     splits = [SequenceSplit(primary, STREAM, dim=1, module=f"{lists[0].attr}.0")]
     if text_stream is not None:
@@ -303,11 +346,16 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
                 continue
             for element, tensor_rank, dim, spans_text in _token_dims(value, other_arguments.get(argument), tokens):
                 if spans_text and order is None:  # (None: the text alone, where the plan cuts it)
-                    raise AutomaticPlanRefused(f"{name}'s {block_list.attr} take {argument} over text and {primary} tokens together, "
-                                               "with no joint attention to tell their order")
+                    raise AutomaticPlanRefused(
+                        f"{name}'s {block_list.attr} take {argument} over text and {primary} tokens together, "
+                        "with no joint attention to tell their order"
+                    )
                 stream: str | tuple[str, ...] = TEXT if spans_text is None else order if spans_text else STREAM
-                splits.append(SequenceSplit(argument, stream, dim=dim, module=f"{block_list.attr}.*", ndim=tensor_rank,
-                                            element=element))
+                splits.append(
+                    SequenceSplit(
+                        argument, stream, dim=dim, module=f"{block_list.attr}.*", ndim=tensor_rank, element=element
+                    )
+                )
     local, module_keys, whole_queries = [], [], []
     inside = tuple(block_list.attr for block_list in lists)
     for pattern, calls in observation.attention.items():
@@ -323,12 +371,20 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
         elif kind == "joint":
             order = joint.get(attr)
             if order is None:
-                raise AutomaticPlanRefused(f"{name}'s {pattern} attends over text and {primary} tokens together in a list of one stream")
+                raise AutomaticPlanRefused(
+                    f"{name}'s {pattern} attends over text and {primary} tokens together in a list of one stream"
+                )
             module_keys.append((pattern, order))
         elif kind == "text-queries":
             whole_queries.append(pattern)
-    gather = next(((child, first) for child, first in observation.after_blocks
-                   if isinstance(first, Tensor) and length in tuple(first.shape)[1:]), None)
+    gather = next(
+        (
+            (child, first)
+            for child, first in observation.after_blocks
+            if isinstance(first, Tensor) and length in tuple(first.shape)[1:]
+        ),
+        None,
+    )
     if gather is not None:  # where the first module after the blocks starts: all after runs whole
         output_module, output_dim, before = gather[0], tuple(gather[1].shape).index(length, 1), True
     elif lists[-1].returns[0] == primary:
@@ -337,21 +393,34 @@ def _plan(name: str, observation: Observation, other: Observation, lists: Sequen
         # what the transformer does with the others after the blocks is exact on every rank.
         output_module, output_dim, before = f"{lists[-1].attr}.-1", 1, False
     else:
-        raise AutomaticPlanRefused(f"{name} runs no module on the {primary} tokens after its blocks, "
-                                   "where the automatic plan gathers them")
+        raise AutomaticPlanRefused(
+            f"{name} runs no module on the {primary} tokens after its blocks, where the automatic plan gathers them"
+        )
     return ParallelPlan(
-        splits=tuple(_unique(splits)), attention_keys=(STREAM,), output_stream=STREAM,
-        output_dim=output_dim, output_module=output_module, output_before=before,
-        local_attention=tuple(local), module_keys=tuple(module_keys), whole_queries=tuple(whole_queries),
+        splits=tuple(_unique(splits)),
+        attention_keys=(STREAM,),
+        output_stream=STREAM,
+        output_dim=output_dim,
+        output_module=output_module,
+        output_before=before,
+        local_attention=tuple(local),
+        module_keys=tuple(module_keys),
+        whole_queries=tuple(whole_queries),
         batch_args=_batch_arguments(observation.transformer_arguments, primary),
-        whole_streams=(TEXT,) if text is not None and text_stream is None else (), pairwise_mask=pairwise,
+        whole_streams=(TEXT,) if text is not None and text_stream is None else (),
+        pairwise_mask=pairwise,
         origin="automatic",
     )
 
 
-def diffusers_candidates(transformer: nn.Module, calls: tuple[TransformerCall, TransformerCall],
-                         observations: tuple[Observation, Observation], lists: Sequence[BlockList], primary: str,
-                         candidates: Sequence[ParallelPlan]) -> list[ParallelPlan]:
+def diffusers_candidates(
+    transformer: nn.Module,
+    calls: tuple[TransformerCall, TransformerCall],
+    observations: tuple[Observation, Observation],
+    lists: Sequence[BlockList],
+    primary: str,
+    candidates: Sequence[ParallelPlan],
+) -> list[ParallelPlan]:
     """The class's own diffusers `_cp_plan` as accel plans, one per reading of the attention among
     `candidates` (the automatic plan's, from the same two `calls` and their `observations`): its cuts
     and gather, each cut's stream learned from the two calls (accel/parallel/derive.py). Empty where
@@ -370,22 +439,37 @@ def diffusers_candidates(transformer: nn.Module, calls: tuple[TransformerCall, T
         with torch.no_grad():
             return cut_lengths(transformer, lambda: transformer(*args, **kwargs))
 
-    streams = learned_streams(cut_keys(cp_plan), lengths_in(calls[0]), lengths_in(calls[1]), (STREAM, length, more),
-                              None if text is None else (TEXT, text))
+    streams = learned_streams(
+        cut_keys(cp_plan),
+        lengths_in(calls[0]),
+        lengths_in(calls[1]),
+        (STREAM, length, more),
+        None if text is None else (TEXT, text),
+    )
     if streams is None:
         return []
     derived: dict[str, ParallelPlan] = {}
     for plan in candidates:
-        spec = FromDiffusers(streams=streams, attention_keys=plan.attention_keys, output_stream=plan.output_stream,
-                             local_attention=plan.local_attention, batch_args=plan.batch_args, module_keys=plan.module_keys,
-                             whole_queries=plan.whole_queries)
+        spec = FromDiffusers(
+            streams=streams,
+            attention_keys=plan.attention_keys,
+            output_stream=plan.output_stream,
+            local_attention=plan.local_attention,
+            batch_args=plan.batch_args,
+            module_keys=plan.module_keys,
+            whole_queries=plan.whole_queries,
+        )
         try:
             cut = derive_plan(cp_plan, spec)
         except PlanDerivationError:
             return []
         text_cut = any(split.stream == TEXT for split in cut.splits)
-        cut = replace(cut, pairwise_mask=plan.pairwise_mask, leading_counts=plan.leading_counts,
-                      whole_streams=() if text_cut else plan.whole_streams)
+        cut = replace(
+            cut,
+            pairwise_mask=plan.pairwise_mask,
+            leading_counts=plan.leading_counts,
+            whole_streams=() if text_cut else plan.whole_streams,
+        )
         derived.setdefault(repr(cut), cut)
     return list(derived.values())
 
@@ -409,11 +493,15 @@ def _kind(name: str, pattern: str, shapes: set[tuple[int, int]], other: set[tupl
         elif key_side == (True, False) and queries == other_queries:
             kinds.add("text-queries")
         else:
-            raise AutomaticPlanRefused(f"{name}'s {pattern} attends {queries} queries to {keys} keys, which the automatic "
-                                       f"plan cannot place among the {tokens.length} stream tokens"
-                                       + (f" and the {tokens.text} text tokens" if tokens.text is not None else ""))
+            raise AutomaticPlanRefused(
+                f"{name}'s {pattern} attends {queries} queries to {keys} keys, which the automatic "
+                f"plan cannot place among the {tokens.length} stream tokens"
+                + (f" and the {tokens.text} text tokens" if tokens.text is not None else "")
+            )
     if len(kinds) > 1:
-        raise AutomaticPlanRefused(f"{name}'s {pattern} attends over different tokens in different calls ({', '.join(sorted(kinds))})")
+        raise AutomaticPlanRefused(
+            f"{name}'s {pattern} attends over different tokens in different calls ({', '.join(sorted(kinds))})"
+        )
     return kinds.pop()
 
 
@@ -422,9 +510,15 @@ def _token_dims(value: Any, other: Any, tokens: _Tokens) -> Iterator[tuple[int |
     the stream's tokens: a dim that follows the stream's length from the observed call to the other
     one. The items of a tuple are cut alike where they all run along the stream (a rotary (cos, sin)
     pair), else each item that does is cut on its own (Qwen-Image's (image table, text table))."""
-    if isinstance(value, (tuple, list)) and all(isinstance(item, Tensor) for item in value) and isinstance(other, (tuple, list)):
+    if (
+        isinstance(value, (tuple, list))
+        and all(isinstance(item, Tensor) for item in value)
+        and isinstance(other, (tuple, list))
+    ):
         found = [_tensor_dim(item, item_there, tokens) for item, item_there in zip(value, other)]
-        if found and all(f is not None and f == found[0] and item.dim() == value[0].dim() for f, item in zip(found, value)):
+        if found and all(
+            f is not None and f == found[0] and item.dim() == value[0].dim() for f, item in zip(found, value)
+        ):
             yield None, value[0].dim(), *found[0]
             return
         for index, (item, dims) in enumerate(zip(value, found)):
@@ -455,7 +549,9 @@ def batch_arguments_of(transformer: nn.Module, call: TransformerCall, primary: s
     """A plan that splits nothing and names the arguments carrying the batch: what CFG parallelism
     alone needs of a plan (no verification: halving the batch changes no token's result)."""
     arguments = named_arguments(transformer, *call.fresh())
-    return ParallelPlan(splits=(), attention_keys=(STREAM,), output_stream=STREAM, batch_args=_batch_arguments(arguments, primary))
+    return ParallelPlan(
+        splits=(), attention_keys=(STREAM,), output_stream=STREAM, batch_args=_batch_arguments(arguments, primary)
+    )
 
 
 def _batch_arguments(arguments: dict[str, Any], primary: str) -> tuple[str, ...]:
@@ -465,8 +561,11 @@ def _batch_arguments(arguments: dict[str, Any], primary: str) -> tuple[str, ...]
     if not isinstance(hidden, Tensor) or hidden.shape[0] < 2:
         return ()
     batch = hidden.shape[0]
-    return tuple(name for name, value in arguments.items()
-                 if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == batch)
+    return tuple(
+        name
+        for name, value in arguments.items()
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == batch
+    )
 
 
 def _unique(splits: list[SequenceSplit]) -> list[SequenceSplit]:

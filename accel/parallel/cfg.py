@@ -155,7 +155,11 @@ class CfgParallel(StepListener):
         for name in self.batch_items:
             if bound.arguments.get(name) is not None:
                 bound.arguments[name] = _halve_items(bound.arguments[name], batch, self.half)
-        self._fitting = {split.value: bound.arguments[split.value] for split in self.padded if bound.arguments.get(split.value) is not None}
+        self._fitting = {
+            split.value: bound.arguments[split.value]
+            for split in self.padded
+            if bound.arguments.get(split.value) is not None
+        }
         try:
             output = original(*bound.args, **bound.kwargs)
         finally:
@@ -210,7 +214,9 @@ def placeholders_like(output_like: Callable[[Mapping[str, Any]], Any], arguments
     fields for the predictions beside the sample have no names here."""
     if arguments.get("return_dict", True):
         raise NotAvailableError(_NAMELESS)
-    return map_tensors(output_like(arguments), lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True))
+    return map_tensors(
+        output_like(arguments), lambda like: Pending(tuple(like.shape), like.dtype, like.device, defers=True)
+    )
 
 
 def _gather_varying(tensor: Tensor, group: Group) -> list[Tensor]:
@@ -261,7 +267,9 @@ class Pending(Tensor):
     _defers: bool
     _derived: list[tuple[Pending, Callable[[Tensor], Tensor]]]
 
-    def __new__(cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False) -> Pending:
+    def __new__(
+        cls, shape: tuple[int, ...] | None, dtype: torch.dtype, device: torch.device, defers: bool = False
+    ) -> Pending:
         pending = Tensor._make_subclass(cls, torch.empty(shape or (0,), dtype=dtype, device=device))
         pending._ready = False
         pending._defers = defers
@@ -269,7 +277,9 @@ class Pending(Tensor):
         return pending
 
     @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is Tensor.__getitem__ and _waiting(args[0]) and not _waiting(args[1:]):
             return args[0]._index(args[1])
@@ -303,10 +313,15 @@ class Pending(Tensor):
 
 
 # A family's output structure (cfg_output_like) is what a call with return_dict=False returns.
-_NAMELESS = ("[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its sample, whose output "
-             "fields accel cannot name for the other branch; set cfg = 1")
-_USED_EARLY = ("[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
-               "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1")
+_NAMELESS = (
+    "[parallel] cfg = 2: the transformer was called with return_dict=True and returns more than its sample, whose "
+    "output "
+    "fields accel cannot name for the other branch; set cfg = 1"
+)
+_USED_EARLY = (
+    "[parallel] cfg = 2: the pipeline used the first guidance branch's output before calling the "
+    "transformer for the second, so the branches cannot run on separate ranks; set cfg = 1"
+)
 
 
 def _deferred(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pending | None:
@@ -315,7 +330,12 @@ def _deferred(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pendi
     gives no tensor: a bool, a number) or a placeholder does not defer."""
     name = getattr(func, "__name__", "")
     sources = [value for value in _flat((*args, *kwargs.values())) if isinstance(value, Pending) and not value._ready]
-    in_place = (name.endswith("_") and not name.startswith("__")) or name.startswith("__i") or name == "__setitem__" or "out" in kwargs
+    in_place = (
+        (name.endswith("_") and not name.startswith("__"))
+        or name.startswith("__i")
+        or name == "__setitem__"
+        or "out" in kwargs
+    )
     if in_place or not all(source._defers for source in sources):
         return None
     try:

@@ -67,9 +67,12 @@ def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan
         raise PlanDerivationError(f"_cp_plan gathers at {len(outputs)} places; accel gathers one output")
     module, dim = outputs[0]
     if set(spec.keep_whole) - kept:
-        raise PlanDerivationError(f"the family keeps {sorted(set(spec.keep_whole) - kept)[0]!r} whole, which _cp_plan does not cut")
-    unused = set(streams) - {_stream_key(split.module, split.value if split.element is None else split.element)
-                             for split in splits}
+        raise PlanDerivationError(
+            f"the family keeps {sorted(set(spec.keep_whole) - kept)[0]!r} whole, which _cp_plan does not cut"
+        )
+    unused = set(streams) - {
+        _stream_key(split.module, split.value if split.element is None else split.element) for split in splits
+    }
     if unused:
         raise PlanDerivationError(f"the family names a stream for {sorted(unused)[0]!r}, which _cp_plan does not cut")
     return ParallelPlan(
@@ -105,8 +108,13 @@ def _gathers(cp_plan: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 def cut_keys(cp_plan: Mapping[str, Any]) -> list[str]:
     """Every cut of a `_cp_plan`, keyed as `FromDiffusers.streams` keys it."""
-    return [_stream_key(module, key) for module, entry in cp_plan.items() if isinstance(entry, Mapping)
-            for key, value in entry.items() if not _is_output(value)]
+    return [
+        _stream_key(module, key)
+        for module, entry in cp_plan.items()
+        if isinstance(entry, Mapping)
+        for key, value in entry.items()
+        if not _is_output(value)
+    ]
 
 
 def cut_lengths(transformer: torch.nn.Module, run: Callable[[], Any]) -> dict[str, int | None]:
@@ -132,13 +140,19 @@ def cut_lengths(transformer: torch.nn.Module, run: Callable[[], Any]) -> dict[st
         inputs = {key: cut for key, cut in entry.items() if isinstance(key, str) and not _is_output(cut)}
         items = {key: cut for key, cut in entry.items() if isinstance(key, int) and not _is_output(cut)}
         for module in [transformer] if module_name == "" else glob_modules(modules, module_name)[:1]:
+
             def before(mod: torch.nn.Module, args: Any, kwargs: Any, inputs: dict[str, Any] = inputs) -> None:
                 arguments = named_arguments(mod, args, kwargs)
                 for key, cut in inputs.items():
                     read(key, arguments.get(key), cut)
 
-            def after(_mod: torch.nn.Module, _args: Any, output: Any, module_name: str = module_name,
-                      items: dict[int, Any] = items) -> None:
+            def after(
+                _mod: torch.nn.Module,
+                _args: Any,
+                output: Any,
+                module_name: str = module_name,
+                items: dict[int, Any] = items,
+            ) -> None:
                 for index, cut in items.items():
                     if isinstance(output, (tuple, list)) and index < len(output):
                         read(_stream_key(module_name, index), output[index], cut)
@@ -153,8 +167,13 @@ def cut_lengths(transformer: torch.nn.Module, run: Callable[[], Any]) -> dict[st
     return lengths
 
 
-def learned_streams(keys: list[str], lengths: dict[str, int | None], other: dict[str, int | None],
-                    stream: tuple[str, int, int], text: tuple[str, int] | None) -> tuple[tuple[str, str], ...] | None:
+def learned_streams(
+    keys: list[str],
+    lengths: dict[str, int | None],
+    other: dict[str, int | None],
+    stream: tuple[str, int, int],
+    text: tuple[str, int] | None,
+) -> tuple[tuple[str, str], ...] | None:
     """Each cut's stream from its lengths in two runs (`lengths`, `other`): (name, length, other length)
     of the main stream, (name, length) of the text. A cut of a tensor of another rank in both runs is
     named the main stream (diffusers leaves it whole); None where a cut follows neither stream, or its
@@ -180,7 +199,9 @@ def _split(module: str, key: str | int, value: Any, streams: dict[str, str]) -> 
         raise PlanDerivationError(f"_cp_plan cuts {name!r}, but the family does not say which stream it belongs to")
     if bool(getattr(value, "split_output", False)) != isinstance(key, int):
         # diffusers marks the items of a module's returned tuple with int keys and split_output
-        raise PlanDerivationError(f"_cp_plan[{module!r}][{key!r}]: only the items of a returned tuple are cut after the module")
+        raise PlanDerivationError(
+            f"_cp_plan[{module!r}][{key!r}]: only the items of a returned tuple are cut after the module"
+        )
     return SequenceSplit(
         value="output" if isinstance(key, int) else key,
         stream=streams[name],

@@ -57,7 +57,11 @@ def loads_into_host_memory(placement: str, layout_size: int) -> bool:
 
 def text_encoder_names(pipe: Any) -> list[str]:
     """The pipeline's text encoder components that it holds (text_encoder, text_encoder_2, …)."""
-    return [name for name in getattr(pipe, "components", {}) if name.startswith("text_encoder") and getattr(pipe, name, None) is not None]
+    return [
+        name
+        for name in getattr(pipe, "components", {})
+        if name.startswith("text_encoder") and getattr(pipe, name, None) is not None
+    ]
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,8 @@ class FirstRankEncodes:
     def __init__(self, pipe: Any, group: Any, device: torch.device) -> None:
         if not callable(getattr(pipe, METHOD, None)):
             raise NotAvailableError(
-                f'[memory] text_encoder = "rank0": {type(pipe).__name__} has no {METHOD}() to run on one rank; set text_encoder = "replicated"'
+                f'[memory] text_encoder = "rank0": {type(pipe).__name__} has no {METHOD}() to run on one rank; set '
+                'text_encoder = "replicated"'
             )
         self.group, self.device = group, device
         self.source = dist.get_global_rank(group, 0) if group is not None and group != dist.group.WORLD else 0
@@ -124,7 +129,6 @@ class FirstRankEncodes:
         tensor = torch.empty(slot.shape, dtype=slot.dtype, device=self.device)
         dist.broadcast(tensor, src=self.source, group=self.group)
         return tensor.cpu() if slot.on_cpu else tensor
-
 
 
 def _moved(value: Any, device: torch.device) -> Any:
@@ -182,10 +186,15 @@ def refusal_before_start(ref: Any) -> str | None:
     if folder is not None and folder.is_dir():
         index = read_index(folder)
         pipeline = index["_class_name"]
-        classes = [str(value[-1]) for name, value in index.items()
-                   if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None]
+        classes = [
+            str(value[-1])
+            for name, value in index.items()
+            if name.startswith("text_encoder") and isinstance(value, list) and value and value[0] is not None
+        ]
     else:
-        flagship = next((f for f in FLAGSHIPS.values() if ref.family is not None and not ref.tiny and f.repo == ref.source), None)
+        flagship = next(
+            (f for f in FLAGSHIPS.values() if ref.family is not None and not ref.tiny and f.repo == ref.source), None
+        )
         if flagship is None:
             return None
         pipeline = ref.family.pipeline_class
@@ -202,8 +211,10 @@ def tp_plan_of(encoder: Any) -> dict[str, str]:
 
 
 def no_plan_message(pipeline: str, classes: list[str]) -> str:
-    return (f'[memory] text_encoder = "sharded": the text encoders of {pipeline} ({", ".join(classes)}) have no '
-            f'tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"')
+    return (
+        f'[memory] text_encoder = "sharded": the text encoders of {pipeline} ({", ".join(classes)}) have no '
+        f'tensor-parallel plan in transformers; set text_encoder = "replicated", "rank0" or "cpu"'
+    )
 
 
 def sharded_refusal(pipe: Any, ranks: int) -> str | None:
@@ -214,7 +225,9 @@ def sharded_refusal(pipe: Any, ranks: int) -> str | None:
     planned = {name: encoder for name, encoder in encoders.items() if tp_plan_of(encoder)}
     if not planned:
         return no_plan_message(type(pipe).__name__, [type(encoder).__name__ for encoder in encoders.values()])
-    return next((problem for encoder in planned.values() if (problem := heads_problem(encoder, ranks)) is not None), None)
+    return next(
+        (problem for encoder in planned.values() if (problem := heads_problem(encoder, ranks)) is not None), None
+    )
 
 
 def heads_problem(encoder: Any, ranks: int) -> str | None:
@@ -223,8 +236,10 @@ def heads_problem(encoder: Any, ranks: int) -> str | None:
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if isinstance(heads, int) and isinstance(kv_heads, int) and (heads % ranks or kv_heads % ranks):
-        return (f'[memory] text_encoder = "sharded": {type(encoder).__name__} has {heads} attention heads and {kv_heads} '
-                f'key-value heads, which {ranks} ranks do not divide; set text_encoder = "replicated", "rank0" or "cpu"')
+        return (
+            f'[memory] text_encoder = "sharded": {type(encoder).__name__} has {heads} attention heads and {kv_heads} '
+            f'key-value heads, which {ranks} ranks do not divide; set text_encoder = "replicated", "rank0" or "cpu"'
+        )
     return None
 
 
@@ -268,8 +283,10 @@ def shard_text_encoders(pipe: Any, group: Any, device: torch.device) -> list[str
         encoder = getattr(pipe, name)
         done = getattr(encoder, "_tp_size", None)  # transformers' own mark: split at load or by an earlier apply
         if done is not None and done != ranks:
-            raise UserError(f'[memory] text_encoder = "sharded": pipe.{name} is split over {done} ranks already; '
-                            f'load the pipeline again to split it over {ranks}')
+            raise UserError(
+                f'[memory] text_encoder = "sharded": pipe.{name} is split over {done} ranks already; '
+                f"load the pipeline again to split it over {ranks}"
+            )
         if tp_plan_of(encoder) and done is None:
             split_encoder(encoder, mesh)
             split.append(name)

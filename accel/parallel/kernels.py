@@ -21,8 +21,14 @@ Kernel = Literal["cpu_flash", "flash", "cudnn", "efficient", "reference"]
 CUDNN_MIN_CAPABILITY = (9, 0)
 
 
-def choose_kernel(device_type: str, dtype: torch.dtype, head_dim: int, masked: bool,
-                  capability: tuple[int, int] | None, enabled: frozenset[str] = frozenset({"flash", "cudnn", "efficient"})) -> Kernel:
+def choose_kernel(
+    device_type: str,
+    dtype: torch.dtype,
+    head_dim: int,
+    masked: bool,
+    capability: tuple[int, int] | None,
+    enabled: frozenset[str] = frozenset({"flash", "cudnn", "efficient"}),
+) -> Kernel:
     """The kernel for one local attention call. `capability`: the CUDA GPU's (None: unknown, as
     under fake tensors); `enabled`: torch's SDPA backends the user left on (`sdpa_kernel`)."""
     if device_type == "cpu":
@@ -30,7 +36,14 @@ def choose_kernel(device_type: str, dtype: torch.dtype, head_dim: int, masked: b
     if device_type != "cuda":
         return "reference"
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and not masked and head_dim <= 128 and "cudnn" in enabled and capability is not None and capability >= CUDNN_MIN_CAPABILITY:
+    if (
+        half
+        and not masked
+        and head_dim <= 128
+        and "cudnn" in enabled
+        and capability is not None
+        and capability >= CUDNN_MIN_CAPABILITY
+    ):
         return "cudnn"
     if half and not masked and head_dim <= 256 and "flash" in enabled:
         return "flash"
@@ -63,7 +76,9 @@ def enabled_backends() -> frozenset[str]:
     return frozenset(name for name, enabled in switches.items() if enabled())
 
 
-def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+def attention_with_lse(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
     """Softmax attention over (B, H, S, D) tensors: (out in q's dtype, lse float32 of shape (B, H, Sq)).
 
     `bias` is additive (0 or -inf), broadcastable to (B, H, Sq, Sk), in q's dtype.
@@ -86,7 +101,9 @@ def _flash(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | 
 
 
 def _cudnn(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
-    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False, scale=scale)
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, False, False, scale=scale
+    )
     return out, lse.reshape(q.shape[:-1]).float()  # cuDNN returns (B, H, Sq, 1)
 
 
@@ -106,7 +123,9 @@ def _aligned_bias(bias: Tensor, q: Tensor, k: Tensor) -> Tensor:
     return storage[..., :k_len].expand(batch, heads, q_len, k_len)
 
 
-def reference_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+def reference_attention_with_lse(
+    q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
     """Plain float32 math: the fallback for other devices and the tests' yardstick."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale

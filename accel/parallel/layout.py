@@ -55,7 +55,6 @@ class SequenceLayout:
         return torch.cat(shards, dim=dim).narrow(dim, 0, self.length)
 
 
-
 @dataclass(frozen=True)
 class GroupRun:
     """A stretch of a rank's shard that a module working group by group (see `base.GroupedTokens`)

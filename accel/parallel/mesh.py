@@ -47,7 +47,9 @@ class Degrees:
         return self.ulysses * self.ring
 
     def describe(self) -> str:
-        parts = [f"{name} {getattr(self, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(self, name) > 1]
+        parts = [
+            f"{name} {getattr(self, name)}" for name in ("tp", "ulysses", "ring", "cfg") if getattr(self, name) > 1
+        ]
         return " × ".join(parts) or "single process"
 
 
@@ -97,9 +99,14 @@ def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "
     if settings.chooses_degrees:
         if gpus % (cfg * tp):
             if tp == 1:
-                raise UserError(f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs")
+                raise UserError(
+                    f"[parallel] gpus = {gpus} does not split into cfg = {cfg} halves; use an even number of GPUs"
+                )
             halves = f"cfg = {cfg} halves of " if cfg > 1 else ""
-            raise UserError(f"[parallel] gpus = {gpus} does not split into {halves}tp = {tp} ranks; use a multiple of {cfg * tp} GPUs")
+            raise UserError(
+                f"[parallel] gpus = {gpus} does not split into {halves}tp = {tp} ranks; use a multiple of {cfg * tp} "
+                "GPUs"
+            )
         sequence = gpus // (cfg * tp)
         best = chosen_ulysses(sequence, local_heads)
         return Degrees(ulysses=best, ring=sequence // best, cfg=cfg, tp=tp)
@@ -108,7 +115,8 @@ def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "
         product = f"ulysses {ulysses} × ring {ring} × cfg {cfg}" + (f" × tp {tp}" if tp > 1 else "")
         leave = "ulysses and ring" if tp > 1 else "the degrees"
         raise UserError(
-            f"[parallel] {product} = {degrees.world_size} processes, but gpus = {gpus}; make the product {gpus} or leave {leave} "
+            f"[parallel] {product} = {degrees.world_size} processes, but gpus = {gpus}; make the product {gpus} or "
+            f"leave {leave} "
             "out to have them chosen"
         )
     check_heads(degrees, heads, model)
@@ -132,7 +140,8 @@ def check_tp(tp: int, heads: int | None, model: str = "the model") -> None:
     if tp == 1 or heads is None or heads % tp == 0:
         return
     raise UserError(
-        f"[parallel] tp = {tp} does not divide the {heads} attention heads of {model}; use tp = {degrees_that_divide(heads)}"
+        f"[parallel] tp = {tp} does not divide the {heads} attention heads of {model}; use tp = "
+        f"{degrees_that_divide(heads)}"
     )
 
 
@@ -144,7 +153,11 @@ def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -
     if degrees.ulysses <= local:
         return
     best = chosen_ulysses(degrees.sequence, local)
-    held = f"the {heads} attention heads of {model}" if degrees.tp == 1 else f"the {local} attention heads each of tp = {degrees.tp} ranks holds of {model}'s {heads}"
+    held = (
+        f"the {heads} attention heads of {model}"
+        if degrees.tp == 1
+        else f"the {local} attention heads each of tp = {degrees.tp} ranks holds of {model}'s {heads}"
+    )
     raise UserError(
         f"[parallel] ulysses = {degrees.ulysses} is more than {held}; "
         f"use ulysses = {best}, ring = {degrees.sequence // best} for {degrees.sequence} sequence-parallel ranks"
@@ -188,7 +201,9 @@ def leave_distributed() -> None:
     group left to interpreter shutdown). Closing is local (no collective), so a rank that finished
     never waits for another here; a failure to close is not the job's failure and is ignored. It
     does not by itself stop gloo's rare abort at interpreter exit: see rank_exit.leave_finished."""
-    if "torch.distributed" not in sys.modules:  # nothing imported it (accel models, --help): no group, and torch stays unloaded
+    if (
+        "torch.distributed" not in sys.modules
+    ):  # nothing imported it (accel models, --help): no group, and torch stays unloaded
         return
     try:
         import torch.distributed as dist
@@ -228,8 +243,12 @@ _meshes: dict[tuple[Any, str, Degrees], ParallelMesh | None] = {}
 
 # Each group of a layout, as the mesh dims it runs along.
 _GROUP_DIMS = {
-    "ulysses": ("ulysses",), "ring": ("ring",), "cfg": ("cfg",), "tp": ("tp",),
-    "sequence": ("ring", "ulysses"), "call": ("ring", "ulysses", "tp"),
+    "ulysses": ("ulysses",),
+    "ring": ("ring",),
+    "cfg": ("cfg",),
+    "tp": ("tp",),
+    "sequence": ("ring", "ulysses"),
+    "call": ("ring", "ulysses", "tp"),
 }
 
 
@@ -254,7 +273,10 @@ def build_mesh(degrees: Degrees, device_type: str, first_ranks: bool = False) ->
         )
     if world == degrees.world_size:
         mesh = init_device_mesh(device_type, degrees.shape, mesh_dim_names=MESH_DIMS)
-        groups = {name: mesh.get_group(dims[0]) if len(dims) == 1 else flattened_group(mesh, dims) for name, dims in _GROUP_DIMS.items()}
+        groups = {
+            name: mesh.get_group(dims[0]) if len(dims) == 1 else flattened_group(mesh, dims)
+            for name, dims in _GROUP_DIMS.items()
+        }
         _meshes[key] = _mesh_of(degrees, mesh, groups, dist.group.WORLD)
     else:
         _meshes[key] = _first_ranks_mesh(degrees)
@@ -265,8 +287,17 @@ def _mesh_of(degrees: Degrees, device_mesh: Any, groups: dict[str, Any], everyon
     import torch.distributed as dist
 
     return ParallelMesh(
-        degrees, device_mesh, groups["ulysses"], groups["ring"], groups["sequence"], groups["cfg"],
-        dist.get_rank(groups["sequence"]), everyone, groups["tp"], dist.get_rank(groups["tp"]), groups["call"],
+        degrees,
+        device_mesh,
+        groups["ulysses"],
+        groups["ring"],
+        groups["sequence"],
+        groups["cfg"],
+        dist.get_rank(groups["sequence"]),
+        everyone,
+        groups["tp"],
+        dist.get_rank(groups["tp"]),
+        groups["call"],
     )
 
 
@@ -308,7 +339,9 @@ def build_replica_meshes(degrees: Degrees, device_type: str, replicas: int) -> P
 
     size = degrees.world_size
     if dist.get_world_size() != replicas * size:
-        raise UserError(f"{replicas} replicas of {degrees.describe()} need {replicas * size} processes, not {dist.get_world_size()}")
+        raise UserError(
+            f"{replicas} replicas of {degrees.describe()} need {replicas * size} processes, not {dist.get_world_size()}"
+        )
     grid = torch.arange(replicas * size).reshape(replicas, *degrees.shape)
     groups = _enumerated_groups(grid, 1)
     everyone = dist.new_subgroups_by_enumeration(grid.reshape(replicas, size).tolist())[0]

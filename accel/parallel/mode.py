@@ -27,17 +27,28 @@ class AttentionRouter(TorchFunctionMode):
     With `pairwise`, a square (B, 1, L, L) boolean mask is taken as one per-token mask ANDed with
     itself (the plan says the model builds them so) and reduced to its diagonal, the key mask."""
 
-    def __init__(self, attend: Attend, is_local: Callable[[], bool] = lambda: False, pairwise: bool = False,
-                 causal_local: bool = False) -> None:
+    def __init__(
+        self,
+        attend: Attend,
+        is_local: Callable[[], bool] = lambda: False,
+        pairwise: bool = False,
+        causal_local: bool = False,
+    ) -> None:
         super().__init__()
         self.attend = attend
         self.is_local = is_local
         self.pairwise = pairwise
         self.causal_local = causal_local
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not self.is_local() and not (self.causal_local and _causal(args, kwargs)):
+        if (
+            func is F.scaled_dot_product_attention
+            and not self.is_local()
+            and not (self.causal_local and _causal(args, kwargs))
+        ):
             return self._route(*args, **kwargs)
         return func(*args, **kwargs)
 
@@ -68,8 +79,10 @@ class AttentionRouter(TorchFunctionMode):
             )
         if key.shape[-3] != query.shape[-3]:
             if not enable_gqa or query.shape[-3] % key.shape[-3]:
-                raise NotAvailableError(f"context parallelism: {query.shape[-3]} query heads attend to {key.shape[-3]} key heads "
-                                        "without grouped-query attention; run it without [parallel]")
+                raise NotAvailableError(
+                    f"context parallelism: {query.shape[-3]} query heads attend to {key.shape[-3]} key heads "
+                    "without grouped-query attention; run it without [parallel]"
+                )
             # Grouped-query attention: each key head serves a run of query heads, as SDPA's enable_gqa reads them.
             key, value = (x.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3) for x in (key, value))
         return self.attend(query, key, value, attn_mask, scale)
@@ -119,15 +132,23 @@ def _is_key_mask(mask: Tensor) -> bool:
 
 def _is_pairwise(mask: Tensor, queries: int) -> bool:
     """A boolean (B|1, 1, L, L) mask over a self-attention's `queries` tokens."""
-    return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2] == mask.shape[-1] == queries
+    return (
+        mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[1] == 1
+        and mask.shape[-2] == mask.shape[-1] == queries
+    )
 
 
 def is_whole_pairwise(mask: Tensor, queries: int) -> bool:
     """A (B|1, H|1, N, N) mask over more tokens than this rank's `queries`: one the model built for
     the whole sequence before the plan cut it, boolean (SkyReels-V2's block-causal frames) or an
     additive float bias (LTX-2 IC-LoRA's reference tokens at reduced strength)."""
-    return ((mask.dtype == torch.bool or mask.is_floating_point()) and mask.dim() == 4
-            and mask.shape[-2] == mask.shape[-1] > queries)
+    return (
+        (mask.dtype == torch.bool or mask.is_floating_point())
+        and mask.dim() == 4
+        and mask.shape[-2] == mask.shape[-1] > queries
+    )
 
 
 def without_diffusers_padding(mask: Tensor, keys: int) -> Tensor:

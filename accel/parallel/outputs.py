@@ -34,7 +34,9 @@ def map_samples(output: Any, fn: Callable[[Any], Any]) -> Any:
         return fn(output)
     if isinstance(output, tuple):
         return (fn(output[0]), *(fn(item) if isinstance(item, Tensor) else item for item in output[1:]))
-    fields = {key: fn(value) if isinstance(value, Tensor) else value for key, value in output.items() if key != "sample"}
+    fields = {
+        key: fn(value) if isinstance(value, Tensor) else value for key, value in output.items() if key != "sample"
+    }
     return type(output)(**{**output, **fields, "sample": fn(output.sample)})
 
 

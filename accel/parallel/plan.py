@@ -19,7 +19,15 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.instance import PARALLEL, wrap
-from accel.models.base import AutomaticPlan, Family, FromDiffusers, GroupedTokens, LeadingCount, ParallelPlan, SequenceSplit
+from accel.models.base import (
+    AutomaticPlan,
+    Family,
+    FromDiffusers,
+    GroupedTokens,
+    LeadingCount,
+    ParallelPlan,
+    SequenceSplit,
+)
 from accel.parallel.attention import leading_real, usp_attention, whole_query_attention
 from accel.parallel.comm import all_gather
 from accel.parallel.derive import resolve_plan
@@ -40,8 +48,10 @@ def plan_of(family: Family, where: str) -> ParallelPlan | FromDiffusers | Automa
 
 def untaught_message(where: str, pipeline_class: str, what: str) -> str:
     """The refusal of `what` (CFG or tensor parallelism) for a pipeline no family describes."""
-    return (f"{where}: {pipeline_class} is not a family accel was taught, and {what} needs one (its context "
-            "parallelism is planned automatically and verified before use); use ulysses / ring alone, or one process")
+    return (
+        f"{where}: {pipeline_class} is not a family accel was taught, and {what} needs one (its context "
+        "parallelism is planned automatically and verified before use); use ulysses / ring alone, or one process"
+    )
 
 
 def refuse_untaught_before_start(ref: Any, where: str, settings: Any) -> None:
@@ -127,7 +137,9 @@ class ContextParallel:
             if not split.at:
                 continue
             if split.module:
-                raise PlanMismatch(f"context parallelism: the plan defers {split.value}, which only a transformer argument can be")
+                raise PlanMismatch(
+                    f"context parallelism: the plan defers {split.value}, which only a transformer argument can be"
+                )
             for module in _matching(modules, split.at, transformer, f"to cut {split.value} at"):
                 self._hook(module.register_forward_pre_hook(lambda *_, split=split: self._cut_deferred(split)))
         if plan.output_module and plan.output_before:
@@ -145,7 +157,9 @@ class ContextParallel:
                 self._hook(module.register_forward_pre_hook(lambda *_: self._enter_whole_queries()))
                 self._hook(module.register_forward_hook(lambda *_: self._leave_whole_queries(), always_call=True))
         for grouped in plan.grouped:
-            for module in _matching(modules, grouped.module, transformer, "that the parallel plan runs by token groups"):
+            for module in _matching(
+                modules, grouped.module, transformer, "that the parallel plan runs by token groups"
+            ):
                 self._hook_groups(module, grouped)
         for pattern, keys in plan.module_keys:  # may match nothing: SD 3.5 large has no attn2, medium has
             for module in glob_modules(modules, pattern):
@@ -166,12 +180,18 @@ class ContextParallel:
         self, module: torch.nn.Module, splits: list[SequenceSplit], counts: Sequence[LeadingCount] = ()
     ) -> inspect.Signature:
         signature = inspect.signature(module.forward)
-        missing = [split.value for split in splits if split.value != "output" and split.value not in signature.parameters]
+        missing = [
+            split.value for split in splits if split.value != "output" and split.value not in signature.parameters
+        ]
         if missing:
-            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits")
+            raise PlanMismatch(
+                f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan splits"
+            )
         missing = [count.value for count in counts if count.value not in signature.parameters]
         if missing:
-            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan rebases")
+            raise PlanMismatch(
+                f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan rebases"
+            )
         return signature
 
     def _hook_splits(self, module: torch.nn.Module, splits: list[SequenceSplit], counts: list[LeadingCount]) -> None:
@@ -204,7 +224,9 @@ class ContextParallel:
         signature = inspect.signature(module.forward)
         missing = [name for name in (grouped.value, grouped.by) if name not in signature.parameters]
         if missing:
-            raise PlanMismatch(f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan groups by")
+            raise PlanMismatch(
+                f"{type(module).__name__}.forward has no argument {missing[0]!r} that the parallel plan groups by"
+            )
 
         def forward(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if not self._active:
@@ -212,7 +234,8 @@ class ContextParallel:
             layout = self._layouts.get(grouped.stream)
             if layout is None:
                 raise PlanMismatch(
-                    f"context parallelism: {grouped.module} runs by token groups of the {grouped.stream} stream, which nothing has cut yet"
+                    f"context parallelism: {grouped.module} runs by token groups of the {grouped.stream} stream, "
+                    "which nothing has cut yet"
                 )
             bound = signature.bind(*args, **kwargs)
             tokens, by = bound.arguments[grouped.value], bound.arguments[grouped.by]
@@ -222,7 +245,9 @@ class ContextParallel:
             self._enter_local()
             try:
                 # A shard of padding alone runs one token of the last group, so there is an output to shape.
-                for start, count, first, many in [(r.start, r.tokens, r.first, r.groups) for r in runs] or [(0, 1, groups - 1, 1)]:
+                for start, count, first, many in [(r.start, r.tokens, r.first, r.groups) for r in runs] or [
+                    (0, 1, groups - 1, 1)
+                ]:
                     bound.arguments[grouped.value] = tokens.narrow(grouped.dim, start, count)
                     bound.arguments[grouped.by] = by.narrow(grouped.by_dim, first, many)
                     outputs.append(call_next(*bound.args, **bound.kwargs))
@@ -255,7 +280,9 @@ class ContextParallel:
         self._refuse_diffusers_cache()
         self._active, self._routed = True, False
         try:
-            with AttentionRouter(self._attend, lambda: self._local_depth > 0, self.plan.pairwise_mask, self.plan.causal_local):
+            with AttentionRouter(
+                self._attend, lambda: self._local_depth > 0, self.plan.pairwise_mask, self.plan.causal_local
+            ):
                 output = call_next(*bound.args, **bound.kwargs)
             if not self._routed and not self._proven:  # every rank ran the same code, so every rank raises here alike
                 raise NotAvailableError(self._unrouted())
@@ -276,9 +303,11 @@ class ContextParallel:
         if self.cut_any or not self.ran_whole or self.plan.split_only_when is None:
             return None
         argument, value = self.plan.split_only_when
-        return (f"context parallelism cut none of {type(self._transformer).__name__}'s calls: its plan cuts only "
-                f"calls passing {argument}={value!r}, so every rank computed each call whole (no speedup from the sequence "
-                "degree; the pipeline's own caching options decide which calls those are)")
+        return (
+            f"context parallelism cut none of {type(self._transformer).__name__}'s calls: its plan cuts only "
+            f"calls passing {argument}={value!r}, so every rank computed each call whole (no speedup from the sequence "
+            "degree; the pipeline's own caching options decide which calls those are)"
+        )
 
     def _refuse_diffusers_cache(self) -> None:
         """diffusers' cache hooks (enabled after apply) decide from each rank's shard alone, so ranks
@@ -304,7 +333,9 @@ class ContextParallel:
         """During a forward: how many of this rank's tokens of the planned tensor `value` are real,
         the rest being padding at the shard's end (None: all are). Host arithmetic on the layout,
         so the cache can cut its residual on any device without a mask or a sync."""
-        stream = next((split.stream for split in self.plan.splits if split.value == value and isinstance(split.stream, str)), None)
+        stream = next(
+            (split.stream for split in self.plan.splits if split.value == value and isinstance(split.stream, str)), None
+        )
         layout = self._layouts.get(stream) if stream is not None else None
         if layout is None or not layout.pad:
             return None
@@ -324,9 +355,14 @@ class ContextParallel:
                 continue
             layout = self._layouts.get(count.stream)
             if layout is None:
-                raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, which nothing has cut yet")
+                raise PlanMismatch(
+                    f"context parallelism: {count.value} counts {count.stream} tokens, which nothing has cut yet"
+                )
             if isinstance(total, bool) or not isinstance(total, (int, torch.SymInt)):
-                raise PlanMismatch(f"context parallelism: {count.value} counts {count.stream} tokens, so it must be an int, not {type(total).__name__}")
+                raise PlanMismatch(
+                    f"context parallelism: {count.value} counts {count.stream} tokens, so it must be an int, not "
+                    f"{type(total).__name__}"
+                )
             if count.trailing:
                 leading = max(0, min(layout.length - total - self.rank * layout.shard, layout.shard))
                 arguments[count.value] = layout.shard - leading
@@ -342,7 +378,8 @@ class ContextParallel:
             own = list(value)
         else:
             raise PlanMismatch(
-                f"context parallelism: {split.value} is cut where {split.at} starts, so it must be a list or mapping, not {type(value).__name__}"
+                f"context parallelism: {split.value} is cut where {split.at} starts, so it must be a list or mapping, "
+                f"not {type(value).__name__}"
             )
         self._pending[split.value] = (value, own)
         return own
@@ -353,13 +390,16 @@ class ContextParallel:
             return
         source, own = pending
         now = replace(split, at="")
-        for key, item in (source.items() if isinstance(source, Mapping) else enumerate(source)):
+        for key, item in source.items() if isinstance(source, Mapping) else enumerate(source):
             own[key] = self._cut(now, item)
 
     def _cut(self, split: SequenceSplit, value: Any) -> Any:
         if split.element is not None:  # one item of a tuple whose items are different streams
             if not isinstance(value, (tuple, list)) or len(value) <= split.element:
-                raise PlanMismatch(f"context parallelism: {split.module or 'the transformer'}'s {split.value} has no item {split.element} to cut")
+                raise PlanMismatch(
+                    f"context parallelism: {split.module or 'the transformer'}'s {split.value} has no item "
+                    f"{split.element} to cut"
+                )
             items = list(value)
             items[split.element] = self._cut(replace(split, element=None), items[split.element])
             return type(value)(items)
@@ -375,22 +415,33 @@ class ContextParallel:
 
     def _cut_tensor(self, split: SequenceSplit, value: Tensor) -> Tensor:
         if len(split.streams) == 1:
-            return self._layout(split.streams[0], value.shape[split.dim], split.value).split(value, split.dim, self.rank)
+            return self._layout(split.streams[0], value.shape[split.dim], split.value).split(
+                value, split.dim, self.rank
+            )
         whole = [name for name in split.streams if name in self.plan.whole_streams]
         missing = [name for name in split.streams if name not in self._layouts and name not in whole]
         if missing or len(whole) > 1:
             name = missing[0] if missing else whole[1]
             raise PlanMismatch(f"context parallelism: {split.value} spans the {name} stream, which nothing has cut yet")
         cut = sum(self._layouts[name].length for name in split.streams if name not in whole)
-        lengths = [value.shape[split.dim] - cut if name in whole else self._layouts[name].length for name in split.streams]
+        lengths = [
+            value.shape[split.dim] - cut if name in whole else self._layouts[name].length for name in split.streams
+        ]
         parts = value.split(lengths, dim=split.dim)
-        return torch.cat([part if name in whole else self._layouts[name].split(part, split.dim, self.rank)
-                          for name, part in zip(split.streams, parts)], dim=split.dim)
+        return torch.cat(
+            [
+                part if name in whole else self._layouts[name].split(part, split.dim, self.rank)
+                for name, part in zip(split.streams, parts)
+            ],
+            dim=split.dim,
+        )
 
     def _layout(self, stream: str, length: int, value: str) -> SequenceLayout:
         layout = self._layouts.setdefault(stream, SequenceLayout(length, self.world))
         if layout.length != length:
-            raise ValueError(f"context parallelism: {value} has {length} {stream} tokens, other {stream} tensors {layout.length}")
+            raise ValueError(
+                f"context parallelism: {value} has {length} {stream} tokens, other {stream} tensors {layout.length}"
+            )
         return layout
 
     def _enter_local(self) -> None:
@@ -436,8 +487,16 @@ class ContextParallel:
         out = usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, real_keys)
         return share.restore(out, self.mesh.sequence_group) if share is not None else out
 
-    def _attend_shared_keys(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None,
-                            segments: list[_Segment], replicated: int) -> Tensor:
+    def _attend_shared_keys(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        scale: float | None,
+        segments: list[_Segment],
+        replicated: int,
+    ) -> Tensor:
         """Queries of the cut streams alone against their keys and a replicated stretch every rank
         holds whole (Qwen-Image 2.1's cached prompt keys): the cut keys are attended as usual, the
         whole stretch by each rank's queries on their own, the two merged by log-sum-exp."""
@@ -445,7 +504,9 @@ class ContextParallel:
         cut = [segment for index, segment in enumerate(segments) if index != replicated]
 
         def without(x: Tensor, dim: int) -> Tensor:
-            return torch.cat([x.narrow(dim, 0, start), x.narrow(dim, start + length, x.shape[dim] - start - length)], dim)
+            return torch.cat(
+                [x.narrow(dim, 0, start), x.narrow(dim, start + length, x.shape[dim] - start - length)], dim
+            )
 
         shared_key, shared_value = key.narrow(-2, start, length), value.narrow(-2, start, length)
         key, value = without(key, -2), without(value, -2)
@@ -456,19 +517,36 @@ class ContextParallel:
             local = key_mask(mask)
             shared_valid = local.narrow(-1, start, length)
             masks = self._gathered_masks.get(
-                mask, lambda: torch.stack(all_gather(without(local, -1).to(torch.uint8), self.mesh.sequence_group)).bool())
+                mask,
+                lambda: torch.stack(all_gather(without(local, -1).to(torch.uint8), self.mesh.sequence_group)).bool(),
+            )
             key_valid = masks if key_valid is None else key_valid & masks
-        return usp_attention(query, key, value, *self._usp_groups(), key_valid, scale, real_keys,
-                             shared=(shared_key, shared_value, shared_valid))
+        return usp_attention(
+            query,
+            key,
+            value,
+            *self._usp_groups(),
+            key_valid,
+            scale,
+            real_keys,
+            shared=(shared_key, shared_value, shared_valid),
+        )
 
-    def _attend_pairs(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float | None,
-                      segments: list[_Segment]) -> Tensor:
+    def _attend_pairs(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float | None, segments: list[_Segment]
+    ) -> Tensor:
         """Self-attention of one cut stream under a mask the model built for every token pair of the
         whole stream: padded in shard order once per mask tensor and forward, then sliced per block."""
         layout = segments[0].layout if len(segments) == 1 else None
-        if layout is None or self._whole_query_depth > 0 or query.shape[-2] != key.shape[-2] or mask.shape[-1] != layout.length:
+        if (
+            layout is None
+            or self._whole_query_depth > 0
+            or query.shape[-2] != key.shape[-2]
+            or mask.shape[-1] != layout.length
+        ):
             raise NotAvailableError(
-                f"context parallelism: this transformer's attention mask relates every token pair (shape {tuple(mask.shape)}), "
+                "context parallelism: this transformer's attention mask relates every token pair (shape "
+                f"{tuple(mask.shape)}), "
                 "which the engine handles for the self-attention of one cut stream only; run it without [parallel]"
             )
 
@@ -489,10 +567,19 @@ class ContextParallel:
     def _usp_groups(self) -> tuple[Any, Any]:
         """The Ulysses and Ring groups usp_attention takes (None where the degree is 1)."""
         degrees = self.mesh.degrees
-        return (self.mesh.ulysses_group if degrees.ulysses > 1 else None, self.mesh.ring_group if degrees.ring > 1 else None)
+        return (
+            self.mesh.ulysses_group if degrees.ulysses > 1 else None,
+            self.mesh.ring_group if degrees.ring > 1 else None,
+        )
 
     def _attend_whole_queries(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float | None, segments: list[_Segment]
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        scale: float | None,
+        segments: list[_Segment],
     ) -> Tensor:
         """Queries of a replicated stream against cut keys: partial attention merged over the ranks."""
         if any(segment.layout is None for segment in segments):
@@ -570,8 +657,12 @@ class ContextParallel:
     def _gather(self, output: Any) -> Any:
         layout = self._layouts.get(self.plan.output_stream)
         if layout is None:
-            raise PlanMismatch(f"context parallelism: no {self.plan.output_stream} tensor was cut, so there is nothing to gather")
-        return map_sample(output, lambda shard: layout.join(all_gather(shard, self.mesh.sequence_group), self.plan.output_dim))
+            raise PlanMismatch(
+                f"context parallelism: no {self.plan.output_stream} tensor was cut, so there is nothing to gather"
+            )
+        return map_sample(
+            output, lambda shard: layout.join(all_gather(shard, self.mesh.sequence_group), self.plan.output_dim)
+        )
 
 
 def _refuse_config(plan: ParallelPlan, transformer: torch.nn.Module) -> None:
@@ -632,7 +723,9 @@ def _name_matches(modules: dict[str, torch.nn.Module], names: list[str], parts: 
     return True
 
 
-def _matching(modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str) -> list[torch.nn.Module]:
+def _matching(
+    modules: dict[str, torch.nn.Module], pattern: str, transformer: torch.nn.Module, why: str
+) -> list[torch.nn.Module]:
     found = glob_modules(modules, pattern)
     if not found:
         raise PlanMismatch(f"{type(transformer).__name__} has no module {pattern!r} {why}")
@@ -649,9 +742,13 @@ class _Share:
     segments: list[_Segment]
 
     def take(self, x: Tensor, dim: int) -> Tensor:
-        before, stretch, after = x.split([self.start, self.layout.length, x.shape[dim] - self.start - self.layout.length], dim)
+        before, stretch, after = x.split(
+            [self.start, self.layout.length, x.shape[dim] - self.start - self.layout.length], dim
+        )
         return torch.cat([before, self.layout.split(stretch, dim, self.rank), after], dim)
 
     def restore(self, out: Tensor, group: Any) -> Tensor:
-        before, share, after = out.split([self.start, self.layout.shard, out.shape[-2] - self.start - self.layout.shard], -2)
+        before, share, after = out.split(
+            [self.start, self.layout.shard, out.shape[-2] - self.start - self.layout.shard], -2
+        )
         return torch.cat([before, self.layout.join(all_gather(share, group), -2), after], -2)

@@ -72,12 +72,19 @@ def simulated_meshes(ulysses: int, ring: int) -> list[Any]:
     for rank in range(world):
         ring_rank, ulysses_rank = divmod(rank, ulysses)
         group = SimulatedGroup(sequence, rank)
-        meshes.append(ParallelMesh(
-            degrees=Degrees(ulysses=ulysses, ring=ring), device_mesh=None,
-            ulysses_group=SimulatedGroup(by_ring[ring_rank], ulysses_rank),
-            ring_group=SimulatedGroup(by_ulysses[ulysses_rank], ring_rank),
-            sequence_group=group, cfg_group=None, sequence_rank=rank, group=group, call_group=group,
-        ))
+        meshes.append(
+            ParallelMesh(
+                degrees=Degrees(ulysses=ulysses, ring=ring),
+                device_mesh=None,
+                ulysses_group=SimulatedGroup(by_ring[ring_rank], ulysses_rank),
+                ring_group=SimulatedGroup(by_ulysses[ulysses_rank], ring_rank),
+                sequence_group=group,
+                cfg_group=None,
+                sequence_rank=rank,
+                group=group,
+                call_group=group,
+            )
+        )
     return meshes
 
 
@@ -108,7 +115,9 @@ def run_ranks(meshes: Sequence[Any], work: Callable[[int, Any], Any]) -> list[An
             for exchange in _exchanges(meshes):
                 exchange.abort()
 
-    threads = [threading.Thread(target=run, args=(rank,), name=f"accel-simulated-rank-{rank}") for rank in range(len(meshes))]
+    threads = [
+        threading.Thread(target=run, args=(rank,), name=f"accel-simulated-rank-{rank}") for rank in range(len(meshes))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

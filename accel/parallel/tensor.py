@@ -87,7 +87,9 @@ def _pattern(glob: str) -> re.Pattern[str]:
     return re.compile("\\.".join("[^.]+" if atom == "*" else re.escape(atom) for atom in glob.split(".")) + "$")
 
 
-def _matches(transformer: nn.Module, globs: Iterator[str] | tuple[str, ...] | list[str]) -> Iterator[tuple[str, str, nn.Module]]:
+def _matches(
+    transformer: nn.Module, globs: Iterator[str] | tuple[str, ...] | list[str]
+) -> Iterator[tuple[str, str, nn.Module]]:
     patterns = [(glob, _pattern(glob)) for glob in globs]
     for name, module in transformer.named_modules():
         for glob, pattern in patterns:
@@ -102,7 +104,8 @@ def planned_layers(transformer: nn.Module, plan: TensorPlan) -> list[SplitLayer]
     for glob, name, module in _matches(transformer, list(plan.layers)):
         if hasattr(module, "base_layer"):  # peft's LoRA wrapper: the adapter's weights would stay whole
             raise UserError(
-                f"[parallel] tp: {name} carries a LoRA adapter, which tensor parallelism cannot split; fuse and unload it "
+                f"[parallel] tp: {name} carries a LoRA adapter, which tensor parallelism cannot split; fuse and "
+                "unload it "
                 "(pipe.fuse_lora(); pipe.unload_lora_weights()) before accel.apply, or set tp = 1"
             )
         if not isinstance(module, nn.Linear):
@@ -143,11 +146,18 @@ def width_problem(transformer: nn.Module, plan: TensorPlan, tp: int, model: str)
     widths: list[tuple[int, str]] = []
     layers = planned_layers(transformer, plan)
     for layer in layers:
-        widths += [(part, f"{layer.path} ({'output' if layer.style == 'colwise' else 'input'} width {part})") for part in layer.parts]
+        widths += [
+            (part, f"{layer.path} ({'output' if layer.style == 'colwise' else 'input'} width {part})")
+            for part in layer.parts
+        ]
     for name, norm in planned_norms(transformer, plan):
         widths.append((norm.weight.shape[0], f"{name} (width {norm.weight.shape[0]})"))
     for name, module in _per_rank_owners(transformer, layers, plan):
-        widths += [(value, f"{name}.{attr} = {value}") for attr in plan.per_rank if isinstance(value := getattr(module, attr, None), int)]
+        widths += [
+            (value, f"{name}.{attr} = {value}")
+            for attr in plan.per_rank
+            if isinstance(value := getattr(module, attr, None), int)
+        ]
     bad = next(((width, what) for width, what in widths if width % tp), None)
     if bad is None:
         return None
@@ -213,8 +223,14 @@ class TensorParallel:
         mark.group = self.group
 
 
-def split_module(transformer: nn.Module, plan: TensorPlan, tp: int, rank: int,
-                 layers: list[SplitLayer] | None = None, sliced: bool = False) -> TensorGroup:
+def split_module(
+    transformer: nn.Module,
+    plan: TensorPlan,
+    tp: int,
+    rank: int,
+    layers: list[SplitLayer] | None = None,
+    sliced: bool = False,
+) -> TensorGroup:
     """Split `transformer` in place as slice `rank` of `tp` and mark it; the sums run over the
     returned TensorGroup's group, set when a layout applies it. `sliced`: the planned weights hold
     their slices already (loaded so); `layers` must then come from the whole model's shapes."""
@@ -235,7 +251,9 @@ def split_module(transformer: nn.Module, plan: TensorPlan, tp: int, rank: int,
     return shared
 
 
-def slices_of(transformer: nn.Module, plan: TensorPlan, layers: list[SplitLayer]) -> dict[str, tuple[int, tuple[int, ...]]]:
+def slices_of(
+    transformer: nn.Module, plan: TensorPlan, layers: list[SplitLayer]
+) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Each split parameter's name → (dim, parts) on the whole model: what a loader reads of it."""
     slices: dict[str, tuple[int, tuple[int, ...]]] = {}
     for layer in layers:
@@ -267,8 +285,12 @@ def _split_layer(layer: SplitLayer, tp: int, rank: int, shared: TensorGroup, sli
     module = layer.module
     if not sliced:
         if module.weight.is_meta:
-            raise TensorPlanError(f"{layer.path}: its weight is not loaded (meta); load the pipeline before splitting it")
-        module.weight = nn.Parameter(rank_slice(module.weight.data, layer.dim, layer.parts, tp, rank), requires_grad=False)
+            raise TensorPlanError(
+                f"{layer.path}: its weight is not loaded (meta); load the pipeline before splitting it"
+            )
+        module.weight = nn.Parameter(
+            rank_slice(module.weight.data, layer.dim, layer.parts, tp, rank), requires_grad=False
+        )
         if layer.style == "colwise" and module.bias is not None:
             module.bias = nn.Parameter(rank_slice(module.bias.data, 0, layer.parts, tp, rank), requires_grad=False)
     if layer.style == "colwise":

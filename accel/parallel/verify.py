@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from accel.errors import NotAvailableError, first_line
 from accel.models.base import AutomaticPlan, BlockList, ParallelPlan
-from accel.parallel.automatic import AutomaticPlanRefused, TransformerCall, candidate_plans, diffusers_candidates, observe
+from accel.parallel.automatic import (
+    AutomaticPlanRefused,
+    TransformerCall,
+    candidate_plans,
+    diffusers_candidates,
+    observe,
+)
 from accel.parallel.outputs import tensors_of
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes, weight_sharing_copy
@@ -47,8 +53,9 @@ def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE.get(dtype, HALF_TOLERANCE)
 
 
-def verify_plan(transformer: nn.Module, plan: ParallelPlan, call: TransformerCall, ulysses: int, ring: int,
-                reference: Any = None) -> Verdict:
+def verify_plan(
+    transformer: nn.Module, plan: ParallelPlan, call: TransformerCall, ulysses: int, ring: int, reference: Any = None
+) -> Verdict:
     """Whether `plan` on ulysses × ring simulated ranks gives `transformer`'s unsplit output on `call`."""
     if reference is None:
         args, kwargs = call.fresh()
@@ -63,18 +70,32 @@ def verify_plan(transformer: nn.Module, plan: ParallelPlan, call: TransformerCal
     for output in outputs:
         got = list(tensors_of(output))
         if len(got) != len(expected) or any(a.shape != b.shape for a, b in zip(got, expected)):
-            return Verdict(False, float("inf"), f"its output on {ulysses * ring} simulated ranks has other shapes than one process's")
+            return Verdict(
+                False,
+                float("inf"),
+                f"its output on {ulysses * ring} simulated ranks has other shapes than one process's",
+            )
         worst = max([worst, *(_relative(a, b) for a, b in zip(got, expected))])
     dtype = expected[0].dtype if expected else torch.float32
     if worst <= tolerance(dtype):
         return Verdict(True, worst)
     where = first_divergence(transformer, plan, call, ulysses, ring, tolerance(dtype))
-    return Verdict(False, worst, f"on {ulysses * ring} simulated ranks its output differs from one process's by "
-                                 f"{worst:.1e} of its scale, first at {where}")
+    return Verdict(
+        False,
+        worst,
+        f"on {ulysses * ring} simulated ranks its output differs from one process's by "
+        f"{worst:.1e} of its scale, first at {where}",
+    )
 
 
-def _split_run(transformer: nn.Module, plan: ParallelPlan, call: TransformerCall, ulysses: int, ring: int,
-               record: dict[int, dict[str, list[Tensor]]] | None = None) -> list[Any]:
+def _split_run(
+    transformer: nn.Module,
+    plan: ParallelPlan,
+    call: TransformerCall,
+    ulysses: int,
+    ring: int,
+    record: dict[int, dict[str, list[Tensor]]] | None = None,
+) -> list[Any]:
     from accel.parallel.plan import ContextParallel
 
     meshes = simulated_meshes(ulysses, ring)
@@ -114,8 +135,9 @@ def _recorders(transformer: nn.Module, into: dict[str, list[Tensor]]) -> list[An
     return handles
 
 
-def first_divergence(transformer: nn.Module, plan: ParallelPlan, call: TransformerCall, ulysses: int, ring: int,
-                     limit: float) -> str:
+def first_divergence(
+    transformer: nn.Module, plan: ParallelPlan, call: TransformerCall, ulysses: int, ring: int, limit: float
+) -> str:
     """The first module (in the unsplit forward's order) whose output the split run does not reproduce."""
     reference: dict[str, list[Tensor]] = {}
     handles = _recorders(transformer, reference)
@@ -151,7 +173,11 @@ def _shard_error(expected: Tensor, shards: Sequence[Tensor]) -> float | None:
         return None
     if all(shard.shape == expected.shape for shard in shards):
         return max(_relative(shard, expected) for shard in shards)
-    dims = [d for d in range(expected.dim()) if shards[0].dim() == expected.dim() and shards[0].shape[d] != expected.shape[d]]
+    dims = [
+        d
+        for d in range(expected.dim())
+        if shards[0].dim() == expected.dim() and shards[0].shape[d] != expected.shape[d]
+    ]
     if len(dims) != 1 or any(shard.shape != shards[0].shape for shard in shards):
         return None
     layout = SequenceLayout(expected.shape[dims[0]], len(shards))
@@ -182,10 +208,19 @@ def probe_calls(pipe: Any, transformer: nn.Module) -> tuple[TransformerCall, Tra
 RankView = tuple[str | None, list[str], tuple[str | None, str] | None]
 
 
-def automatic_plan(transformer: nn.Module, call: TransformerCall, other: TransformerCall, lists: Sequence[BlockList],
-                   primary: str, ulysses: int, ring: int, where: str,
-                   share: Callable[[RankView], list[RankView]] | None = None, lead: bool = True,
-                   diffusers_first: bool = False) -> ParallelPlan:
+def automatic_plan(
+    transformer: nn.Module,
+    call: TransformerCall,
+    other: TransformerCall,
+    lists: Sequence[BlockList],
+    primary: str,
+    ulysses: int,
+    ring: int,
+    where: str,
+    share: Callable[[RankView], list[RankView]] | None = None,
+    lead: bool = True,
+    diffusers_first: bool = False,
+) -> ParallelPlan:
     """The learned plan verified exact on this layout, or NotAvailableError in one line. `call` is the
     input it is verified on, `other` the same call with more tokens. With `diffusers_first` (a
     transformer no family describes), the class's own `_cp_plan` read with learned streams is tried
@@ -199,16 +234,24 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
     try:
         other_observation = observe(transformer, other, lists)
         automatic = candidate_plans(transformer, observation, other_observation, lists, primary)
-        derived = diffusers_candidates(transformer, (call, other), (observation, other_observation), lists, primary,
-                                       automatic) if diffusers_first else []
+        derived = (
+            diffusers_candidates(
+                transformer, (call, other), (observation, other_observation), lists, primary, automatic
+            )
+            if diffusers_first
+            else []
+        )
         refused = None
     except AutomaticPlanRefused as error:
         automatic, derived, refused = [], [], refusal(where, name, str(error))
     sources = [group for group in (derived, automatic) if group]
     candidates = [plan for group in sources for plan in group]
     digests = [plan_digest(plan) for plan in candidates]
-    decision = (_decide(transformer, sources, call, observation.output, ulysses, ring, where, tried=bool(derived))
-                if lead and refused is None else None)
+    decision = (
+        _decide(transformer, sources, call, observation.output, ulysses, ring, where, tried=bool(derived))
+        if lead and refused is None
+        else None
+    )
     views = [(refused, digests, decision)] if share is None else share((refused, digests, decision))
     for their_refusal, _, _ in views:
         if their_refusal is not None:
@@ -221,8 +264,16 @@ def automatic_plan(transformer: nn.Module, call: TransformerCall, other: Transfo
     return candidates[digests.index(chosen)]
 
 
-def _decide(transformer: nn.Module, sources: Sequence[Sequence[ParallelPlan]], call: TransformerCall, reference: Any,
-            ulysses: int, ring: int, where: str, tried: bool = False) -> tuple[str | None, str]:
+def _decide(
+    transformer: nn.Module,
+    sources: Sequence[Sequence[ParallelPlan]],
+    call: TransformerCall,
+    reference: Any,
+    ulysses: int,
+    ring: int,
+    where: str,
+    tried: bool = False,
+) -> tuple[str | None, str]:
     """The digest of the candidate to use (None: refused) and the refusal's line: the kept verdict
     where this model and layout were verified before, else a verification of each source's
     candidates in turn (the first with an exact one is used; the last source's reason refuses), kept.
@@ -245,13 +296,23 @@ def _decide(transformer: nn.Module, sources: Sequence[Sequence[ParallelPlan]], c
         if verdict.exact:
             break
     if key is not None and identity is not None:
-        write_verdict(key, {**identity, "exact": True, "plan": plan_digest(plan), "source": plan.origin, "error": verdict.error}
-                      if verdict.exact else {**identity, "exact": False, "reason": verdict.reason, "candidates": digests})
+        write_verdict(
+            key,
+            {**identity, "exact": True, "plan": plan_digest(plan), "source": plan.origin, "error": verdict.error}
+            if verdict.exact
+            else {**identity, "exact": False, "reason": verdict.reason, "candidates": digests},
+        )
     return (plan_digest(plan), "") if verdict.exact else (None, refusal(where, name, verdict.reason))
 
 
-def best_candidate(transformer: nn.Module, candidates: Sequence[ParallelPlan], call: TransformerCall, ulysses: int,
-                   ring: int, reference: Any) -> tuple[ParallelPlan, Verdict]:
+def best_candidate(
+    transformer: nn.Module,
+    candidates: Sequence[ParallelPlan],
+    call: TransformerCall,
+    ulysses: int,
+    ring: int,
+    reference: Any,
+) -> tuple[ParallelPlan, Verdict]:
     """The candidate closest to one process, with its verdict. A wrong candidate on a small random
     input can differ by little more than half-precision rounding, so in half types every candidate
     is measured and the best must also be clearly better than the next one within tolerance; in
@@ -266,8 +327,12 @@ def best_candidate(transformer: nn.Module, candidates: Sequence[ParallelPlan], c
     verdicts.sort(key=lambda item: item[1].error)
     plan, best = verdicts[0]
     if best.exact and len(verdicts) > 1 and verdicts[1][1].exact and verdicts[1][1].error < 2 * best.error:
-        return plan, Verdict(False, best.error, f"{len(verdicts)} ways of reading its attention come out equally close "
-                                                "to one process on the probe, so none is known to be right")
+        return plan, Verdict(
+            False,
+            best.error,
+            f"{len(verdicts)} ways of reading its attention come out equally close "
+            "to one process on the probe, so none is known to be right",
+        )
     first_failure = next((verdict for _, verdict in verdicts if not verdict.exact), best)
     return (plan, best) if best.exact else (candidates[0], _first_reason(verdicts, first_failure))
 
@@ -279,8 +344,10 @@ def _first_reason(verdicts: list[tuple[ParallelPlan, Verdict]], fallback: Verdic
 
 
 def refusal(where: str, transformer_class: str, why: str) -> str:
-    return (f"{where}: the automatic context-parallel plan for {transformer_class} is refused: {why}; "
-            "run it on one process (cache, quantization and compile apply)")
+    return (
+        f"{where}: the automatic context-parallel plan for {transformer_class} is refused: {why}; "
+        "run it on one process (cache, quantization and compile apply)"
+    )
 
 
 # A verdict's `sources` where the class's own `_cp_plan` was tried before the automatic plan.
@@ -300,8 +367,13 @@ def verdict_identity(transformer: nn.Module, ulysses: int, ring: int) -> dict[st
 
     if not getattr(transformer, "config", None):
         return None
-    return {"class": type(transformer).__name__, "config": config_hash(transformer), "version": __version__,
-            "ulysses": ulysses, "ring": ring}
+    return {
+        "class": type(transformer).__name__,
+        "config": config_hash(transformer),
+        "version": __version__,
+        "ulysses": ulysses,
+        "ring": ring,
+    }
 
 
 def _key_of(identity: dict[str, Any]) -> str:
@@ -316,7 +388,9 @@ def verdict_key(transformer: nn.Module, ulysses: int, ring: int) -> str | None:
 
 def verdict_dir() -> Path:
     """Where verdicts are kept: $ACCEL_CACHE_DIR, else accel/ under the user's cache folder."""
-    root = os.environ.get("ACCEL_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "accel")
+    root = os.environ.get("ACCEL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "accel"
+    )
     return Path(root) / "plans"
 
 
@@ -328,7 +402,10 @@ def verdicts_for(transformer_class: str, config: str) -> list[dict[str, Any]]:
     for path in sorted(verdict_dir().glob("*.json")):
         verdict = read_verdict(path.stem)
         if verdict is not None and (verdict.get("class"), verdict.get("config"), verdict.get("version")) == (
-                transformer_class, config, __version__):
+            transformer_class,
+            config,
+            __version__,
+        ):
             found.append(verdict)
     return sorted(found, key=lambda v: (v.get("ulysses", 1) * v.get("ring", 1), v.get("ring", 1)))
 
@@ -356,7 +433,9 @@ def write_verdict(key: str, verdict: dict[str, Any]) -> None:
 
 
 # -- before any rank starts ----------------------------------------------------------------------
-def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = None, device: str | None = None) -> Verdict:
+def verify_pipeline(
+    model: str, ulysses: int, ring: int, dtype: str | None = None, device: str | None = None
+) -> Verdict:
     """Load `model` here and verify the automatic plan of its first transformer on ulysses × ring
     simulated ranks (`accel inspect --verify`): no rank per GPU is needed, and the verdict is kept
     for the runs that follow. A refusal is a verdict, not an error."""
@@ -369,8 +448,16 @@ def verify_pipeline(model: str, ulysses: int, ring: int, dtype: str | None = Non
     family = family_of(pipe)
     transformer = getattr(pipe, family.transformer_attrs[0])
     try:
-        automatic_plan(transformer, *probe_calls(pipe, transformer), family.blocks, family.primary_stream, ulysses, ring, "--verify",
-                       diffusers_first=isinstance(family.parallel, AutomaticPlan))
+        automatic_plan(
+            transformer,
+            *probe_calls(pipe, transformer),
+            family.blocks,
+            family.primary_stream,
+            ulysses,
+            ring,
+            "--verify",
+            diffusers_first=isinstance(family.parallel, AutomaticPlan),
+        )
     except NotAvailableError as error:
         return Verdict(False, reason=str(error))
     return Verdict(True)
@@ -392,5 +479,10 @@ def refuse_kept_verdict(model: str, ulysses: int, ring: int, where: str) -> None
     for transformer in found.transformers:
         sources = DIFFUSERS_FIRST if transformer.own_cp_plan else None  # what a run of this model tries
         for verdict in transformer.verdicts:
-            if (verdict.get("ulysses"), verdict.get("ring"), verdict.get("exact"), verdict.get("sources")) == (ulysses, ring, False, sources):
+            if (verdict.get("ulysses"), verdict.get("ring"), verdict.get("exact"), verdict.get("sources")) == (
+                ulysses,
+                ring,
+                False,
+                sources,
+            ):
                 raise NotAvailableError(refusal(where, transformer.cls, verdict.get("reason", "")))

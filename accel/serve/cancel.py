@@ -95,7 +95,11 @@ def shared_board(rank: int, address: str) -> StoreBoard:
     """Collective over the default group: rank 0 hosts a store on a free port, every rank connects."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)) if rank == 0 else None
+    store = (
+        dist.TCPStore(address, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        if rank == 0
+        else None
+    )
     box: list[Any] = [store.port if store is not None else None]
     dist.broadcast_object_list(box, src=0)
     if store is None:

@@ -49,8 +49,13 @@ class _Pending:
 
 
 class Dispatcher:
-    def __init__(self, replicas: list[RunJob], max_queue: int, on_outcome: Callable[[Outcome], None] = lambda _o: None,
-                 board: Board | None = None) -> None:
+    def __init__(
+        self,
+        replicas: list[RunJob],
+        max_queue: int,
+        on_outcome: Callable[[Outcome], None] = lambda _o: None,
+        board: Board | None = None,
+    ) -> None:
         self.replicas = replicas
         self.max_queue = max_queue
         self.on_outcome = on_outcome
@@ -62,8 +67,10 @@ class Dispatcher:
         self.busy = 0
         self.closed = False
         self.broken: str | None = None  # why a replica stopped serving (its ranks are gone)
-        self._threads = [threading.Thread(target=self._serve, args=(index, run), name=f"accel-replica-{index}", daemon=True)
-                         for index, run in enumerate(replicas)]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(index, run), name=f"accel-replica-{index}", daemon=True)
+            for index, run in enumerate(replicas)
+        ]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -116,8 +123,11 @@ class Dispatcher:
         """(replica, job id, seconds running) of every job running longer than `seconds`."""
         now = time.monotonic()
         with self._lock:
-            return [(p.running_on, job_id, now - p.started) for job_id, p in self._pending.items()
-                    if p.running_on is not None and now - p.started > seconds]
+            return [
+                (p.running_on, job_id, now - p.started)
+                for job_id, p in self._pending.items()
+                if p.running_on is not None and now - p.started > seconds
+            ]
 
     def _serve(self, index: int, run: RunJob) -> None:
         while True:

@@ -42,18 +42,37 @@ class Metrics:
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("accel_requests", "Requests answered, by endpoint and HTTP status.", ("endpoint", "status"),
-                                registry=self.registry)
-        self.latency = Histogram("accel_request_seconds", "Seconds from a generation request to its answer.", ("endpoint",),
-                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=self.registry)
+        self.requests = Counter(
+            "accel_requests",
+            "Requests answered, by endpoint and HTTP status.",
+            ("endpoint", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "accel_request_seconds",
+            "Seconds from a generation request to its answer.",
+            ("endpoint",),
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=self.registry,
+        )
         queue_depth = Gauge("accel_queue_depth", "Requests waiting for a free replica.", registry=self.registry)
         queue_depth.set_function(lambda: dispatcher.waiting)
         busy = Gauge("accel_replicas_busy", "Replicas generating now.", registry=self.registry)
         busy.set_function(lambda: dispatcher.busy)
-        self.hit_rate = Gauge("accel_cache_hit_rate", "Share of transformer calls the cache skipped, last request.", registry=self.registry)
-        self.steps_per_s = Gauge("accel_steps_per_second", "Denoising steps per second, last request.", registry=self.registry)
-        self.cancelled = Counter("accel_cancelled", "Requests stopped before their end, by reason (client_gone, time_limit, "
-                                 "shutdown).", ("reason",), registry=self.registry)
+        self.hit_rate = Gauge(
+            "accel_cache_hit_rate",
+            "Share of transformer calls the cache skipped, last request.",
+            registry=self.registry,
+        )
+        self.steps_per_s = Gauge(
+            "accel_steps_per_second", "Denoising steps per second, last request.", registry=self.registry
+        )
+        self.cancelled = Counter(
+            "accel_cancelled",
+            "Requests stopped before their end, by reason (client_gone, time_limit, shutdown).",
+            ("reason",),
+            registry=self.registry,
+        )
         self.last_seconds = 0.0  # the last generation's, for Retry-After
 
     def record(self, outcome: Outcome) -> None:
@@ -67,17 +86,21 @@ class Metrics:
             self.steps_per_s.set(outcome.steps * max(1, len(outcome.files)) / outcome.seconds)
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status,
-                        headers=headers)
+def _error(
+    status: int, message: str, kind: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status, headers=headers
+    )
 
 
 def _failed(reason: str) -> JSONResponse:
     """A 500 naming a request id; the reason goes to the log under that id, never to the client."""
     request_id = f"req_{uuid.uuid4().hex[:16]}"
     log.error("%s: %s", request_id, reason)
-    return _error(500, f"the server failed on this request (request id {request_id}); its log has the reason", "server_error")
+    return _error(
+        500, f"the server failed on this request (request id {request_id}); its log has the reason", "server_error"
+    )
 
 
 def retry_after(dispatcher: Dispatcher, last_seconds: float) -> int:
@@ -110,14 +133,20 @@ async def _disconnected(request: Request) -> None:
 def _stopped(outcome: Outcome, limits: Limits) -> JSONResponse:
     """The answer to a request cancelled before its end."""
     if outcome.cancelled == "time_limit":
-        return _error(504, f"the request ran past this server's limit of {limits.request_timeout_s:g} s "
-                           f"(accel serve --request-timeout) and was {outcome.error}; ask for less work", "server_error")
+        return _error(
+            504,
+            f"the request ran past this server's limit of {limits.request_timeout_s:g} s "
+            f"(accel serve --request-timeout) and was {outcome.error}; ask for less work",
+            "server_error",
+        )
     if outcome.cancelled == "shutdown":
         return _error(503, str(ShuttingDown()), "server_error")
     return _error(499, "the client closed the request", "invalid_request_error")  # nobody reads it
 
 
-def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int, door: Door | None = None) -> FastAPI:
+def build_app(
+    served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int, door: Door | None = None
+) -> FastAPI:
     app = FastAPI(title=f"accel serve {served.name}", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, door=door or Door(max_body=served.limits.max_body))
     started = int(time.time())
@@ -132,8 +161,11 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
     @app.exception_handler(HTTPException)
     async def refused(request: Request, error: HTTPException) -> JSONResponse:
         """Starlette's own refusals (an unknown path, a wrong method, a body it cannot decode) in OpenAI's shape."""
-        message = ("the body must be a JSON object in UTF-8 (numbers of at most 4300 digits)" if error.status_code == 400
-                   else str(error.detail))
+        message = (
+            "the body must be a JSON object in UTF-8 (numbers of at most 4300 digits)"
+            if error.status_code == 400
+            else str(error.detail)
+        )
         return _error(error.status_code, message, "invalid_request_error", headers=error.headers)
 
     @app.exception_handler(Exception)
@@ -145,18 +177,26 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
         start = time.perf_counter()
         try:
             job = to_job(body, served, next(counter))
-            outcome = await _unless_gone(request, dispatcher.submit(job), lambda: dispatcher.cancel(job.id, "client_gone"))
+            outcome = await _unless_gone(
+                request, dispatcher.submit(job), lambda: dispatcher.cancel(job.id, "client_gone")
+            )
         except BadRequest as bad:
             response = _error(400, bad.message, "invalid_request_error", bad.param)
         except QueueFull as full:
-            response = _error(429, str(full), "rate_limit_error",
-                              headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))})
+            response = _error(
+                429,
+                str(full),
+                "rate_limit_error",
+                headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))},
+            )
         except ShuttingDown as closing:
             response = _error(503, str(closing), "server_error")
         else:
             if outcome.ok:
-                data: list[dict[str, Any]] = [{"b64_json": base64.b64encode(file).decode("ascii"), "seed": seed}
-                                              for file, seed in zip(outcome.files, outcome.seeds)]
+                data: list[dict[str, Any]] = [
+                    {"b64_json": base64.b64encode(file).decode("ascii"), "seed": seed}
+                    for file, seed in zip(outcome.files, outcome.seeds)
+                ]
                 response = JSONResponse({"created": int(time.time()), "data": data})
                 metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
             elif outcome.cancelled is not None:
@@ -176,7 +216,10 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": started, "owned_by": "accel"}]}
+        return {
+            "object": "list",
+            "data": [{"id": served.name, "object": "model", "created": started, "owned_by": "accel"}],
+        }
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -184,13 +227,20 @@ def build_app(served: Served, dispatcher: Dispatcher, metrics: Metrics, processe
             return JSONResponse({"status": "failed", "error": dispatcher.broken}, status_code=503)
         if dispatcher.closed:
             return JSONResponse({"status": "draining", "model": served.name}, status_code=503)
-        report: dict[str, Any] = {"status": "ok", "model": served.name, "replicas": len(dispatcher.replicas), "processes": processes}
+        report: dict[str, Any] = {
+            "status": "ok",
+            "model": served.name,
+            "replicas": len(dispatcher.replicas),
+            "processes": processes,
+        }
         limit = served.limits.request_timeout_s
         late = dispatcher.running_past(limit) if limit is not None else []
         if not late:
             return JSONResponse(report)
-        report["late"] = [{"replica": replica, "request": job_id, "seconds": round(seconds, 1), "limit": limit}
-                          for replica, job_id, seconds in sorted(late)]
+        report["late"] = [
+            {"replica": replica, "request": job_id, "seconds": round(seconds, 1), "limit": limit}
+            for replica, job_id, seconds in sorted(late)
+        ]
         every = len({replica for replica, _job, _s in late}) == len(dispatcher.replicas)
         report["status"] = "busy" if every else "degraded"  # a replica still on a request past the time limit
         return JSONResponse(report, status_code=503 if every else 200)

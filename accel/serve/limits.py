@@ -4,7 +4,8 @@ A prompt is refused by length before the tokenizer sees it (a 10 MB prompt abort
 and a request by its work (pixels × frames × steps × outputs) before it holds a replica for
 hours while every other client gets 429. A prompt within the character limit is then counted in
 the served pipeline's own tokens (`TokenCounter`), which bounds text that expands past one token
-a character (emoji and other bytes a byte-level tokenizer spells out one by one). Sizes past the transformer's positional range are
+a character (emoji and other bytes a byte-level tokenizer spells out one by one). Sizes past the transformer's
+positional range are
 refused too: the pipeline would fail on them only after the text encoders ran.
 """
 
@@ -62,17 +63,23 @@ def token_counters(pipe: Any) -> tuple[TokenCounter, ...]:
     it costs as much as the tokenization the limit protects, so only the character limit bounds what it
     sees. A model named so (Cosmos 3's `sound_tokenizer`, an audio VAE) is no tokenizer and is skipped too."""
     components = getattr(pipe, "components", None) or {}
-    return tuple(TokenCounter(name, component.backend_tokenizer) for name, component in sorted(components.items())
-                 if (name.startswith("tokenizer") or name.endswith("_tokenizer")) and getattr(component, "is_fast", False)
-                 and getattr(component, "backend_tokenizer", None) is not None)
+    return tuple(
+        TokenCounter(name, component.backend_tokenizer)
+        for name, component in sorted(components.items())
+        if (name.startswith("tokenizer") or name.endswith("_tokenizer"))
+        and getattr(component, "is_fast", False)
+        and getattr(component, "backend_tokenizer", None) is not None
+    )
 
 
 def prompt_problem(field: str, text: str | None, limits: Limits) -> str | None:
     """Why `text` is too long for `field` (None: it is not)."""
     if text is None or len(text) <= limits.max_prompt:
         return None
-    return (f"{field}: {len(text)} characters, more than this server's limit of {limits.max_prompt} "
-            "(accel serve --max-prompt); shorten it")
+    return (
+        f"{field}: {len(text)} characters, more than this server's limit of {limits.max_prompt} "
+        "(accel serve --max-prompt); shorten it"
+    )
 
 
 def token_problem(field: str, text: str | None, counters: tuple[TokenCounter, ...], limits: Limits) -> str | None:
@@ -84,8 +91,10 @@ def token_problem(field: str, text: str | None, counters: tuple[TokenCounter, ..
     count = max(counter.count(text) for counter in counters)  # a lone surrogate never gets here: pydantic refuses it
     if count <= limits.max_prompt_tokens:
         return None
-    return (f"{field}: {count} tokens, more than this server's limit of {limits.max_prompt_tokens} "
-            "(accel serve --max-prompt-tokens); shorten it")
+    return (
+        f"{field}: {count} tokens, more than this server's limit of {limits.max_prompt_tokens} "
+        "(accel serve --max-prompt-tokens); shorten it"
+    )
 
 
 def work_problem(generate: dict[str, Any], count: int, defaults: dict[str, Any], limits: Limits) -> str | None:
@@ -99,9 +108,11 @@ def work_problem(generate: dict[str, Any], count: int, defaults: dict[str, Any],
     work = width * height * frames * steps * count
     if work <= limits.max_work * MEGA:
         return None
-    return (f"size × frames × steps × n: {width}x{height} × {frames} × {steps} × {count} is {work / MEGA:,.0f} "
-            f"megapixel-steps, more than this server's limit of {limits.max_work:,} (accel serve --max-work); "
-            "ask for a smaller size, fewer frames, fewer steps or fewer outputs")
+    return (
+        f"size × frames × steps × n: {width}x{height} × {frames} × {steps} × {count} is {work / MEGA:,.0f} "
+        f"megapixel-steps, more than this server's limit of {limits.max_work:,} (accel serve --max-work); "
+        "ask for a smaller size, fewer frames, fewer steps or fewer outputs"
+    )
 
 
 def positional_limits(pipe: Any) -> dict[str, int]:
@@ -116,8 +127,11 @@ def positional_limits(pipe: Any) -> dict[str, int]:
         return {}
     spatial = int(getattr(pipe, "vae_scale_factor_spatial", 8))
     temporal = int(getattr(pipe, "vae_scale_factor_temporal", 4))
-    return {"frames": (positions * patch[0] - 1) * temporal + 1,
-            "height": positions * patch[1] * spatial, "width": positions * patch[2] * spatial}
+    return {
+        "frames": (positions * patch[0] - 1) * temporal + 1,
+        "height": positions * patch[1] * spatial,
+        "width": positions * patch[2] * spatial,
+    }
 
 
 def position_problem(key: str, value: int, limits: dict[str, int], model: str) -> str | None:

@@ -43,8 +43,18 @@ class Outcome:
 class Replica:
     """This rank's part in its replica. `group` None: a replica of one process."""
 
-    def __init__(self, pipe: Any, handle: Any, recipe: Recipe, tiny: bool, kind: str, group: Any, leader: int,
-                 board: Board | None = None, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        handle: Any,
+        recipe: Recipe,
+        tiny: bool,
+        kind: str,
+        group: Any,
+        leader: int,
+        board: Board | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         self.pipe = pipe
         self.handle = handle
         self.recipe = recipe
@@ -115,11 +125,22 @@ class Replica:
             return Outcome(True)
         stats = self.handle.cache_stats
         seed = int(job.generate["seed"])
-        return Outcome(True, [self._encode(output, audio) for output, audio in outputs], [seed + i for i in range(job.count)],
-                       seconds=seconds, steps=int(job.generate.get("steps") or 0), hit_rate=stats.hit_rate if stats is not None else None)
+        return Outcome(
+            True,
+            [self._encode(output, audio) for output, audio in outputs],
+            [seed + i for i in range(job.count)],
+            seconds=seconds,
+            steps=int(job.generate.get("steps") or 0),
+            hit_rate=stats.hit_rate if stats is not None else None,
+        )
 
     def _stopped(self, job: Job, stopped: Cancelled, seconds: float) -> Outcome:
-        return Outcome(False, error=f"stopped at step {stopped.step} after {seconds:.1f} s", seconds=seconds, cancelled=stopped.reason)
+        return Outcome(
+            False,
+            error=f"stopped at step {stopped.step} after {seconds:.1f} s",
+            seconds=seconds,
+            cancelled=stopped.reason,
+        )
 
     def _generate(self, job: Job) -> list[tuple[Any, Any]]:
         from accel.models.registry import family_of

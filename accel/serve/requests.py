@@ -43,7 +43,9 @@ class _Common(BaseModel):
     response_format: str = Field("b64_json", description='"b64_json": the file, base64-encoded, in the JSON.')
     seed: int | None = Field(None, ge=0, le=SEED_LIMIT, description="Seed (accel): equal seeds give equal outputs.")
     steps: int | None = Field(None, ge=1, le=1000, description="Denoising steps (accel).")
-    guidance_scale: float | None = Field(None, ge=0, le=MAX_GUIDANCE, allow_inf_nan=False, description="Guidance scale (accel).")
+    guidance_scale: float | None = Field(
+        None, ge=0, le=MAX_GUIDANCE, allow_inf_nan=False, description="Guidance scale (accel)."
+    )
     negative_prompt: str | None = Field(None, description="Negative prompt (accel), for pipelines that take one.")
 
 
@@ -77,7 +79,9 @@ class Served:
     defaults: dict[str, Any] = field(default_factory=dict)  # the pipeline call's width, height, frames, steps
     limits: Limits = field(default_factory=Limits)
     positions: dict[str, int] = field(default_factory=dict)  # the largest width, height, frames the transformer takes
-    tokenizers: tuple[TokenCounter, ...] = ()  # the pipeline's fast tokenizers (limits.token_counters); none: no token limit
+    tokenizers: tuple[
+        TokenCounter, ...
+    ] = ()  # the pipeline's fast tokenizers (limits.token_counters); none: no token limit
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
@@ -88,18 +92,25 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
     if request.model is not None and request.model != served.name:
         raise BadRequest("model", f"model: this server serves {served.name!r}, not {request.model!r}")
     if request.response_format != "b64_json":
-        raise BadRequest("response_format", f'response_format: only "b64_json" is served, not {request.response_format!r} '
-                                            "(a url would need file hosting)")
+        raise BadRequest(
+            "response_format",
+            f'response_format: only "b64_json" is served, not {request.response_format!r} '
+            "(a url would need file hosting)",
+        )
     for key in ("prompt", "negative_prompt"):  # characters before anything reaches a tokenizer, then tokens
         text = getattr(request, key)
-        if (problem := prompt_problem(key, text, served.limits) or token_problem(key, text, served.tokenizers, served.limits)):
+        if problem := prompt_problem(key, text, served.limits) or token_problem(
+            key, text, served.tokenizers, served.limits
+        ):
             raise BadRequest(key, problem)
     generate: dict[str, Any] = {"prompt": request.prompt}
     if request.size is not None:
         width, height = _size(request.size)
         for key, value in (("width", width), ("height", height)):
             if (problem := served.family.size_problem(key, value)) is not None:
-                raise BadRequest("size", "size: " + problem.removeprefix(f"[generate] {key} {value}: ") + f" ({key} {value})")
+                raise BadRequest(
+                    "size", "size: " + problem.removeprefix(f"[generate] {key} {value}: ") + f" ({key} {value})"
+                )
             if (problem := position_problem(key, value, served.positions, served.name)) is not None:
                 raise BadRequest("size", f"size: {key} {value} is {problem}")
         generate.update(width=width, height=height)
@@ -125,7 +136,9 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
 def _size(text: str) -> tuple[int, int]:
     width, sep, height = text.lower().partition("x")
     if len(width.strip()) > SIDE_DIGITS or len(height.strip()) > SIDE_DIGITS:
-        raise BadRequest("size", f"size: at most {SIDE_DIGITS} digits a side, not {text[:40]!r}" + ("…" if len(text) > 40 else ""))
+        raise BadRequest(
+            "size", f"size: at most {SIDE_DIGITS} digits a side, not {text[:40]!r}" + ("…" if len(text) > 40 else "")
+        )
     if not sep or not width.strip().isdigit() or not height.strip().isdigit() or int(width) < 1 or int(height) < 1:
         raise BadRequest("size", f'size: write "WIDTHxHEIGHT" in pixels, e.g. "1024x1024", not {text!r}')
     return int(width), int(height)
@@ -142,4 +155,6 @@ def validation_message(errors: list[dict[str, Any]]) -> BadRequest:
         return BadRequest(name, f"{name}: required")
     if error.get("type") in ("json_invalid", "model_attributes_type", "dict_type"):
         return BadRequest(None, "the body must be a JSON object")
-    return BadRequest(name, f"{name}: {error.get('msg', 'invalid')}" if name else str(error.get("msg", "invalid request")))
+    return BadRequest(
+        name, f"{name}: {error.get('msg', 'invalid')}" if name else str(error.get("msg", "invalid request"))
+    )

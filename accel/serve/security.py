@@ -66,8 +66,10 @@ def exposure_warning(host: str, port: int, api_keys: tuple[str, ...]) -> str | N
     """The one line `accel serve` prints when other machines may use it without a key (None: they may not)."""
     if not beyond_loopback(host) or api_keys:
         return None
-    return (f"warning: listening on {host} without an API key: anyone who reaches port {port} can use this server; "
-            "pass --api-key or set ACCEL_API_KEY")
+    return (
+        f"warning: listening on {host} without an API key: anyone who reaches port {port} can use this server; "
+        "pass --api-key or set ACCEL_API_KEY"
+    )
 
 
 def host_name(header: str) -> str:
@@ -85,8 +87,13 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 
 
 async def refuse(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -105,17 +112,34 @@ class Guard:
         name = host_name(headers.get("host", ""))
         local = (scope.get("server") or (None, None))[0]
         if not self.door.trusts(name, local):
-            await refuse(send, 421, error_body(
-                f"Host {name!r} is not one this server answers to; add it with accel serve --trusted-host", "invalid_request_error",
-                code="untrusted_host"))
+            await refuse(
+                send,
+                421,
+                error_body(
+                    f"Host {name!r} is not one this server answers to; add it with accel serve --trusted-host",
+                    "invalid_request_error",
+                    code="untrusted_host",
+                ),
+            )
             return
         if scope.get("path") not in OPEN and not self.door.key_ok(headers.get("authorization")):
-            await refuse(send, 401, error_body("a valid API key is required: send it as 'Authorization: Bearer KEY'",
-                                               "invalid_request_error", code="invalid_api_key"),
-                         ((b"www-authenticate", b"Bearer"),))
+            await refuse(
+                send,
+                401,
+                error_body(
+                    "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                    "invalid_request_error",
+                    code="invalid_api_key",
+                ),
+                ((b"www-authenticate", b"Bearer"),),
+            )
             return
-        too_large = error_body(f"the request body is larger than this server's limit of {self.door.max_body} bytes "
-                               "(accel serve --max-body)", "invalid_request_error", code="request_too_large")
+        too_large = error_body(
+            f"the request body is larger than this server's limit of {self.door.max_body} bytes "
+            "(accel serve --max-body)",
+            "invalid_request_error",
+            code="request_too_large",
+        )
         declared = headers.get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():

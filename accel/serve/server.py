@@ -39,7 +39,9 @@ class ServeOptions:
     replicas: int = 1
     max_queue: int = 4
     drain_s: float = 60.0
-    planned_peak: int | None = None  # accel plan's estimate of the peak per GPU (accel/memory/fit.py), where one applied
+    planned_peak: int | None = (
+        None  # accel plan's estimate of the peak per GPU (accel/memory/fit.py), where one applied
+    )
     limits: Limits = Limits()
     api_keys: tuple[str, ...] = ()  # none: no key asked
     trusted_hosts: tuple[str, ...] = ()  # Host names answered beyond the bound address and localhost
@@ -70,15 +72,24 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     announce(f"loading {recipe.model.name}")
     # Offloading starts from host memory (a model that needs it does not fit the GPU whole, even briefly).
     loads_to = "cpu" if recipe.memory.offload != "none" else device
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, loads_to, recipe.model.pipeline or None, recipe.model.lora,
-                         tp_slice=tp_slice(recipe.parallel), text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
-                         text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica),
-                         vae_on_cpu=not loads_vae_on_gpu(recipe.memory.vae, per_replica))
+    pipe = load_pipeline(
+        recipe.model.name,
+        recipe.model.dtype,
+        loads_to,
+        recipe.model.pipeline or None,
+        recipe.model.lora,
+        tp_slice=tp_slice(recipe.parallel),
+        text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
+        text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica),
+        vae_on_cpu=not loads_vae_on_gpu(recipe.memory.vae, per_replica),
+    )
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
     if kind not in ("image", "video"):
-        raise UserError(f"accel serve: {family.title}'s {kind} output is not served yet; serve its image or video pipelines")
+        raise UserError(
+            f"accel serve: {family.title}'s {kind} output is not served yet; serve its image or video pipelines"
+        )
     if per_replica == 1 and recipe.vae.parallel:
         recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
     leader = rank // per_replica * per_replica
@@ -92,10 +103,24 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
         elif rank != 0:
             _lead_for_front(replica, pairs[rank])
         else:
-            plan = f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)" if options.planned_peak else ""
-            announce(f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
-                     f"process{'es' if recipe.world_size > 1 else ''}{plan}")
-            _front(replica, pairs, _served(recipe, pipe, family, kind, ref.tiny, options.limits), options, world, board, announce)
+            plan = (
+                f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)"
+                if options.planned_peak
+                else ""
+            )
+            announce(
+                f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
+                f"process{'es' if recipe.world_size > 1 else ''}{plan}"
+            )
+            _front(
+                replica,
+                pairs,
+                _served(recipe, pipe, family, kind, ref.tiny, options.limits),
+                options,
+                world,
+                board,
+                announce,
+            )
     finally:
         replica.close()
         handle.remove()
@@ -108,10 +133,21 @@ def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limit
     from accel.serve.limits import positional_limits, token_counters
 
     call = generation_kwargs(family, tiny, recipe, pipe)
-    defaults = {"width": call.get("width"), "height": call.get("height"), "steps": call.get("num_inference_steps"),
-                "frames": call.get(family.frames_arg) if family.frames_arg else None}
-    return Served(recipe.model.name, family, kind, {key: value for key, value in defaults.items() if value is not None},
-                  limits, positional_limits(pipe), token_counters(pipe))
+    defaults = {
+        "width": call.get("width"),
+        "height": call.get("height"),
+        "steps": call.get("num_inference_steps"),
+        "frames": call.get(family.frames_arg) if family.frames_arg else None,
+    }
+    return Served(
+        recipe.model.name,
+        family,
+        kind,
+        {key: value for key, value in defaults.items() if value is not None},
+        limits,
+        positional_limits(pipe),
+        token_counters(pipe),
+    )
 
 
 def _join(device_type: str, recipe: Recipe, world: int) -> int:
@@ -121,12 +157,16 @@ def _join(device_type: str, recipe: Recipe, world: int) -> int:
 
     rank, size = init_distributed(device_type, recipe.parallel.timeout)
     if size != world:
-        raise UserError(f"accel serve: this job has {size} processes, but {world // recipe.world_size} replicas of "
-                        f"{recipe.world_size} need {world}; pass --gpus {world}")
+        raise UserError(
+            f"accel serve: this job has {size} processes, but {world // recipe.world_size} replicas of "
+            f"{recipe.world_size} need {world}; pass --gpus {world}"
+        )
     return rank
 
 
-def _groups(world: int, per_replica: int, replicas: int, rank: int, recipe: Recipe, pipe: Any, device_type: str) -> tuple[Any, dict[int, Any]]:
+def _groups(
+    world: int, per_replica: int, replicas: int, rank: int, recipe: Recipe, pipe: Any, device_type: str
+) -> tuple[Any, dict[int, Any]]:
     """Every rank creates every group in one order (creation is collective): its replica's job
     group, the pair groups of rank 0 with each other leader, and with several replicas of a
     parallel layout, each replica's own mesh (which `accel.apply` then finds)."""
@@ -136,7 +176,10 @@ def _groups(world: int, per_replica: int, replicas: int, rank: int, recipe: Reci
 
     replica_ranks = [list(range(first, first + per_replica)) for first in range(0, world, per_replica)]
     job_group, _ = dist.new_subgroups_by_enumeration(replica_ranks, timeout=IDLE, backend="gloo")
-    pairs = {first: dist.new_group([0, first], timeout=IDLE, backend="gloo") for first in range(per_replica, world, per_replica)}
+    pairs = {
+        first: dist.new_group([0, first], timeout=IDLE, backend="gloo")
+        for first in range(per_replica, world, per_replica)
+    }
     if replicas > 1 and per_replica > 1:
         from accel.compose import parallel_degrees
         from accel.parallel.mesh import build_replica_meshes
@@ -184,8 +227,15 @@ def _remote(first: int, pair: Any) -> Callable[[Job], Outcome]:
     return run
 
 
-def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: ServeOptions, world: int, board: Board,
-           announce: Callable[[str], None]) -> None:
+def _front(
+    replica: Replica,
+    pairs: dict[int, Any],
+    served: Served,
+    options: ServeOptions,
+    world: int,
+    board: Board,
+    announce: Callable[[str], None],
+) -> None:
     import torch.distributed as dist
     import uvicorn
 
@@ -203,8 +253,9 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
     failed = [outcome.error for outcome in warm if not outcome.ok]
     if failed:
         raise UserError(f"accel serve: the warm-up generation failed: {failed[0]}")
-    dispatcher = Dispatcher([replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue,
-                            board=board)
+    dispatcher = Dispatcher(
+        [replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue, board=board
+    )
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
@@ -213,11 +264,14 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
         announce(warning)
     dispatcher.start()
     # Its responses are all sent by the time it is told to stop: a few seconds close the connections.
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, host=options.host, port=options.port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
-    announce(f"serving {served.name} on http://{options.host}:{options.port} (POST /v1/images/generations or /v1/videos, "
-             "GET /v1/models, /health, /metrics); Ctrl-C stops")
+    announce(
+        f"serving {served.name} on http://{options.host}:{options.port} (POST /v1/images/generations or /v1/videos, "
+        "GET /v1/models, /health, /metrics); Ctrl-C stops"
+    )
     # HTTP runs on a thread of its own (uvicorn then leaves the signals alone); this thread waits for
     # a signal and runs the shutdown while the HTTP loop still answers.
     signals = _Signals()
@@ -237,7 +291,9 @@ def _front(replica: Replica, pairs: dict[int, Any], served: Served, options: Ser
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if not server.started:
-        raise UserError(f"accel serve: could not listen on {options.host}:{options.port} (is the port taken?); pass another --port")
+        raise UserError(
+            f"accel serve: could not listen on {options.host}:{options.port} (is the port taken?); pass another --port"
+        )
     announce("stopped")
 
 
@@ -262,7 +318,10 @@ def _drain(dispatcher: Dispatcher, drain_s: float, signals: _Signals, announce: 
         return
     dispatcher.cancel_all("shutdown")
     if not _idle_within(dispatcher, CANCEL_GRACE_S):
-        announce(f"a request did not reach its next step within {CANCEL_GRACE_S:g} s of its cancellation; stopping without it")
+        announce(
+            f"a request did not reach its next step within {CANCEL_GRACE_S:g} s of its cancellation; stopping without "
+            "it"
+        )
 
 
 def _idle_within(dispatcher: Dispatcher, seconds: float, interrupted: threading.Event | None = None) -> bool:

@@ -14,5 +14,10 @@ from accel.tune.calibrate import (
 )
 
 __all__ = [
-    "DEFAULT_MAGCACHE_THRESHOLD", "calibrate", "calibrate_magcache", "calibrated_recipe", "fresh_recipe_path", "write_recipe",
+    "DEFAULT_MAGCACHE_THRESHOLD",
+    "calibrate",
+    "calibrate_magcache",
+    "calibrated_recipe",
+    "fresh_recipe_path",
+    "write_recipe",
 ]

@@ -31,7 +31,9 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
 
     events = StepEvents.of(pipe)
     caches = [
-        MagCache(transformer, handle.family.blocks, threshold=0.0, calibrate=True, events=events, **cache_sums(handle, attr))
+        MagCache(
+            transformer, handle.family.blocks, threshold=0.0, calibrate=True, events=events, **cache_sums(handle, attr)
+        )
         for attr, transformer in transformers(handle).items()
     ]
     try:
@@ -57,18 +59,26 @@ def calibrate(recipe: Recipe, out: Path) -> Recipe:
 
     if recipe.parallel.world_size > 1:
         raise UserError(
-            f"accel tune --calibrate: {recipe.source} asks for {recipe.parallel.world_size} processes; calibrate on one "
+            f"accel tune --calibrate: {recipe.source} asks for {recipe.parallel.world_size} processes; calibrate on "
+            "one "
             "(the curve does not depend on the layout) and use the recipe it writes with any [parallel]"
         )
     if out.exists():
         raise UserError(f"{out} exists: accel tune never overwrites a recipe; pass another --out")
     ref = resolve_model(recipe.model.name)
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, resolve_device(recipe.model.device), recipe.model.pipeline or None,
-                         recipe.model.lora)
+    pipe = load_pipeline(
+        recipe.model.name,
+        recipe.model.dtype,
+        resolve_device(recipe.model.device),
+        recipe.model.pipeline or None,
+        recipe.model.lora,
+    )
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     if not family.blocks:
-        raise UserError(f"accel tune --calibrate: {family.title} has no block lists accel knows, so no cache applies to it")
+        raise UserError(
+            f"accel tune --calibrate: {family.title} has no block lists accel knows, so no cache applies to it"
+        )
     kwargs = generation_kwargs(family, ref.tiny, recipe, pipe)
     handle = accel.apply(pipe, dataclasses.replace(recipe, cache=CacheSection()))
     try:
@@ -84,8 +94,12 @@ def calibrated_recipe(recipe: Recipe, mag_ratios: tuple[tuple[float, ...], ...])
     """`recipe` with MagCache on at the default threshold and the measured curve; other cache keys
     MagCache reads (warm-up, limits) are kept, the rest reset."""
     cache = dataclasses.replace(
-        type(recipe.cache)(), method="magcache", threshold=DEFAULT_MAGCACHE_THRESHOLD, mag_ratios=mag_ratios,
-        warmup_steps=recipe.cache.warmup_steps, max_consecutive_cached=recipe.cache.max_consecutive_cached,
+        type(recipe.cache)(),
+        method="magcache",
+        threshold=DEFAULT_MAGCACHE_THRESHOLD,
+        mag_ratios=mag_ratios,
+        warmup_steps=recipe.cache.warmup_steps,
+        max_consecutive_cached=recipe.cache.max_consecutive_cached,
         max_cached_steps=recipe.cache.max_cached_steps,
     )
     # Bench variants are left out: one tuned for another method could name keys MagCache refuses.

@@ -44,8 +44,14 @@ class TuneResult:
         return with_cache(self.recipe, self.best.cache)
 
 
-def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repeats: int, warmup: int | None,
-                   announce: Callable[[str], None] = lambda _line: None) -> TuneResult | None:
+def tune_to_target(
+    recipe: Recipe,
+    target: Target,
+    prompts: tuple[str, ...] | None,
+    repeats: int,
+    warmup: int | None,
+    announce: Callable[[str], None] = lambda _line: None,
+) -> TuneResult | None:
     """Run the search on this rank; rank 0 gets the result, other ranks None."""
     from accel.models.loading import resolve_device
     from accel.threads import cpu_threads
@@ -55,8 +61,15 @@ def tune_to_target(recipe: Recipe, target: Target, prompts: tuple[str, ...] | No
         return _tune(recipe, target, prompts, repeats, warmup, announce, device)
 
 
-def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repeats: int, warmup: int | None,
-          announce: Callable[[str], None], device: Any) -> TuneResult | None:
+def _tune(
+    recipe: Recipe,
+    target: Target,
+    prompts: tuple[str, ...] | None,
+    repeats: int,
+    warmup: int | None,
+    announce: Callable[[str], None],
+    device: Any,
+) -> TuneResult | None:
     import accel
     from accel.compose import block_count, transformers_of
     from accel.models.loading import load_pipeline, resolve_model
@@ -69,16 +82,30 @@ def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repea
     rank, share = _join(recipe, device.type)
     ref = resolve_model(recipe.model.name)
     announce(f"loading {recipe.model.name}")
-    pipe = load_pipeline(recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora)
+    pipe = load_pipeline(
+        recipe.model.name, recipe.model.dtype, device, recipe.model.pipeline or None, recipe.model.lora
+    )
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
     if not family.blocks:
         raise UserError(f"accel tune: {family.title} has no block lists accel knows, so no cache applies to it")
     pipeline_class = variant_of_class(family, type(pipe)).pipeline_class
     texts = prompts or family.tune_prompts(pipeline_class)
-    calls = [(text, generation_kwargs(family, ref.tiny, recipe.with_overrides({"generate": {"prompt": text}}), pipe)) for text in texts]
-    trials = Trials(pipe, recipe, calls, family.output_of(pipeline_class), target, repeats,
-                    warmup if warmup is not None else int(recipe.compile.enabled), rank == 0, share)
+    calls = [
+        (text, generation_kwargs(family, ref.tiny, recipe.with_overrides({"generate": {"prompt": text}}), pipe))
+        for text in texts
+    ]
+    trials = Trials(
+        pipe,
+        recipe,
+        calls,
+        family.output_of(pipeline_class),
+        target,
+        repeats,
+        warmup if warmup is not None else int(recipe.compile.enabled),
+        rank == 0,
+        share,
+    )
     announce(f"baseline: the recipe without its cache on {len(calls)} prompt{'s' if len(calls) > 1 else ''}")
     trials.baseline()
     announce("calibrating MagCache's curve on the first prompt")
@@ -97,8 +124,20 @@ def _tune(recipe: Recipe, target: Target, prompts: tuple[str, ...] | None, repea
     mark_pareto(search.trials, target)
     if rank != 0:
         return None
-    return TuneResult(recipe, target, recipe.model.name, str(device), recipe.world_size, list(texts), [p.seconds for p in trials.prompts],
-                      search.trials, choose(search), trials.generations, blocks, steps)
+    return TuneResult(
+        recipe,
+        target,
+        recipe.model.name,
+        str(device),
+        recipe.world_size,
+        list(texts),
+        [p.seconds for p in trials.prompts],
+        search.trials,
+        choose(search),
+        trials.generations,
+        blocks,
+        steps,
+    )
 
 
 def _join(recipe: Recipe, device_type: str) -> tuple[int, Callable[[Any], Any]]:

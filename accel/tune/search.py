@@ -111,20 +111,37 @@ class Search:
 def lines(blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | None) -> list[Line]:
     """Every line worth a look on a transformer of `blocks` blocks over `steps` steps, roughly
     from the usual winners to the rest (an early winner lets later lines stop sooner)."""
-    found = [Line("fbcache", {"method": "fbcache"}, "threshold", THRESHOLDS),
-             Line("fbcache + taylorseer", {"method": "fbcache", "calibrator": "taylorseer"}, "threshold", THRESHOLDS)]
+    found = [
+        Line("fbcache", {"method": "fbcache"}, "threshold", THRESHOLDS),
+        Line("fbcache + taylorseer", {"method": "fbcache", "calibrator": "taylorseer"}, "threshold", THRESHOLDS),
+    ]
     for first, last in BLOCK_COUNTS:
         if first + last <= blocks // 2:
             base = {"method": "dbcache", "first_blocks": first, "last_blocks": last}
             found.append(Line(f"dbcache F{first}B{last}", base, "threshold", THRESHOLDS))
-            found.append(Line(f"dbcache F{first}B{last} + taylorseer", {**base, "calibrator": "taylorseer"}, "threshold", THRESHOLDS))
+            found.append(
+                Line(
+                    f"dbcache F{first}B{last} + taylorseer",
+                    {**base, "calibrator": "taylorseer"},
+                    "threshold",
+                    THRESHOLDS,
+                )
+            )
     intervals = tuple(i for i in INTERVALS if i < steps)
     if intervals:
         found.append(Line("taylorseer", {"method": "taylorseer"}, "interval", intervals))
-        found.append(Line("taylorseer early", {"method": "taylorseer", "extrapolate_early": True}, "interval", intervals))
+        found.append(
+            Line("taylorseer early", {"method": "taylorseer", "extrapolate_early": True}, "interval", intervals)
+        )
         # diffusers' TaylorSeer schedule: step 0, one reused step, then every interval-th from step 2.
-        found.append(Line("taylorseer early+1", {"method": "taylorseer", "extrapolate_early": True, "disable_before": 1,
-                                                 "interval_offset": 1}, "interval", intervals))
+        found.append(
+            Line(
+                "taylorseer early+1",
+                {"method": "taylorseer", "extrapolate_early": True, "disable_before": 1, "interval_offset": 1},
+                "interval",
+                intervals,
+            )
+        )
     if mag_ratios:
         found.append(Line("magcache", {"method": "magcache", "mag_ratios": mag_ratios}, "threshold", THRESHOLDS))
     return found
@@ -135,12 +152,21 @@ def warmup_lines(line: Line, steps: int) -> list[Line]:
     higher threshold (or a longer interval) at the same quality."""
     key = "disable_before" if line.base.get("method") == "taylorseer" else "warmup_steps"
     have = line.base.get(key, 0)
-    return [Line(f"{line.name}, {key} {w}", {**line.base, key: w}, line.knob, line.values)
-            for w in WARMUPS if w != have and w < steps // 2]
+    return [
+        Line(f"{line.name}, {key} {w}", {**line.base, key: w}, line.knob, line.values)
+        for w in WARMUPS
+        if w != have and w < steps // 2
+    ]
 
 
-def run_search(target: Target, probe: Probe, blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | None,
-               announce: Callable[[str], None] = lambda _line: None) -> Search:
+def run_search(
+    target: Target,
+    probe: Probe,
+    blocks: int,
+    steps: int,
+    mag_ratios: tuple[tuple[float, ...], ...] | None,
+    announce: Callable[[str], None] = lambda _line: None,
+) -> Search:
     """Every line, then the winning line with longer warm-ups."""
     search = Search(target, probe)
     candidates = lines(blocks, steps, mag_ratios)
@@ -176,9 +202,11 @@ def mark_pareto(trials: Sequence[Trial], target: Target) -> None:
         quality = target.of(trial.psnr_db, trial.ssim)
         speed = trial.final_speedup
         trial.pareto = not any(
-            other.final_speedup >= speed and target.of(other.psnr_db, other.ssim) >= quality
+            other.final_speedup >= speed
+            and target.of(other.psnr_db, other.ssim) >= quality
             and (other.final_speedup > speed or target.of(other.psnr_db, other.ssim) > quality)
-            for other in complete if other is not trial
+            for other in complete
+            if other is not trial
         )
 
 

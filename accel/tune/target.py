@@ -40,9 +40,13 @@ def parse_target(text: str) -> Target:
     except ValueError:
         raise UserError(f"--target {text}: {raw.strip()!r} is not a number; e.g. {EXAMPLE}") from None
     if metric == "psnr" and not (0 < value < math.inf):
-        raise UserError(f"--target {text}: a PSNR target is a finite number of dB above 0 (e.g. psnr=32); "
-                        "an identical output needs no cache")
+        raise UserError(
+            f"--target {text}: a PSNR target is a finite number of dB above 0 (e.g. psnr=32); "
+            "an identical output needs no cache"
+        )
     if metric == "ssim" and not (0 < value < 1):
-        raise UserError(f"--target {text}: an SSIM target lies between 0 and 1 (e.g. ssim=0.95); "
-                        "1 means an identical output, which needs no cache")
+        raise UserError(
+            f"--target {text}: an SSIM target lies between 0 and 1 (e.g. ssim=0.95); "
+            "1 means an identical output, which needs no cache"
+        )
     return Target(metric, value)  # type: ignore[arg-type]

@@ -39,8 +39,18 @@ def with_cache(recipe: Recipe, cache: dict[str, Any]) -> Recipe:
 class Trials:
     """The search's `Probe` on one pipeline: `baseline()` first, then call it with settings."""
 
-    def __init__(self, pipe: Any, recipe: Recipe, kwargs: list[tuple[str, dict[str, Any]]], kind: str, target: Target,
-                 repeats: int, warmup: int, lead: bool, share: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        recipe: Recipe,
+        kwargs: list[tuple[str, dict[str, Any]]],
+        kind: str,
+        target: Target,
+        repeats: int,
+        warmup: int,
+        lead: bool,
+        share: Callable[[Any], Any],
+    ) -> None:
         self.pipe = pipe
         self.recipe = recipe
         self.kwargs = kwargs
@@ -94,8 +104,17 @@ class Trials:
             if not last and speedups[0] <= to_beat:
                 meets, stopped = None, f"no faster than the best on prompt {index + 1}"
                 break
-        return Trial(line, cache, sum(speedups) / len(speedups), worst_psnr, worst_ssim, sum(hits) / len(hits), len(speedups),
-                     meets, stopped)
+        return Trial(
+            line,
+            cache,
+            sum(speedups) / len(speedups),
+            worst_psnr,
+            worst_ssim,
+            sum(hits) / len(hits),
+            len(speedups),
+            meets,
+            stopped,
+        )
 
     def retime(self, finalists: list[Trial], rounds: int = 3) -> None:
         """The finalists and the baseline timed again, interleaved round by round on every prompt, so

@@ -52,10 +52,14 @@ class ParallelDecode:
     `all_ranks`: every rank gets the decoded pixels. Otherwise only global rank 0 does and the
     others get zeros of the same shape, so the pipeline's post-processing still runs everywhere."""
 
-    def __init__(self, vae: Any, plan: VaePlan, group: dist.ProcessGroup | None = None, all_ranks: bool = False) -> None:
+    def __init__(
+        self, vae: Any, plan: VaePlan, group: dist.ProcessGroup | None = None, all_ranks: bool = False
+    ) -> None:
         decoder = getattr(vae, "decoder", None)
         if not isinstance(decoder, torch.nn.Module):
-            raise UserError(f"[vae] parallel: {type(vae).__name__} has no `decoder` module to split; set parallel = false")
+            raise UserError(
+                f"[vae] parallel: {type(vae).__name__} has no `decoder` module to split; set parallel = false"
+            )
         self.plan = plan
         self.group = group
         self.all_ranks = all_ranks

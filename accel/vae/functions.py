@@ -72,7 +72,9 @@ class SplitDecode(TorchFunctionMode):
         if noise_rows:
             self._handlers[torch.randn] = self._randn
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if self.regions:
             if func is F.scaled_dot_product_attention:
@@ -84,8 +86,17 @@ class SplitDecode(TorchFunctionMode):
         return handler(func, *args, **kwargs)
 
     # -- convolution -------------------------------------------------------------------------
-    def _conv(self, func: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
-              padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+    def _conv(
+        self,
+        func: Any,
+        input: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+    ) -> Tensor:
         dims = weight.dim() - 2
         stride, dilation = _tuple(stride, dims), _tuple(dilation, dims)
         padding = _same_padding(padding, weight, dilation)
@@ -149,17 +160,28 @@ class SplitDecode(TorchFunctionMode):
         return out
 
     # -- GroupNorm ---------------------------------------------------------------------------
-    def _group_norm(self, func: Any, input: Tensor, num_groups: int, weight: Tensor | None = None,
-                    bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    def _group_norm(
+        self,
+        func: Any,
+        input: Tensor,
+        num_groups: int,
+        weight: Tensor | None = None,
+        bias: Tensor | None = None,
+        eps: float = 1e-5,
+    ) -> Tensor:
         if input.dim() < 3:
             return func(input, num_groups, weight, bias, eps)
         batch, channels = input.shape[:2]
         grouped = input.reshape(batch, num_groups, -1)
         # Two small all-reduces: the mean first, then squared deviations from it (summing raw
         # squares instead would cancel badly in float32 when the mean is large).
-        moments = torch.stack([grouped.sum(-1, dtype=torch.float32).double(),
-                               torch.full((batch, num_groups), float(grouped.shape[-1]), dtype=torch.float64,
-                                          device=input.device)], dim=-1)
+        moments = torch.stack(
+            [
+                grouped.sum(-1, dtype=torch.float32).double(),
+                torch.full((batch, num_groups), float(grouped.shape[-1]), dtype=torch.float64, device=input.device),
+            ],
+            dim=-1,
+        )
         self._all_reduce(moments)
         mean = moments[..., 0] / moments[..., 1]
         spread = _squared_deviations(grouped, mean)
@@ -181,8 +203,16 @@ class SplitDecode(TorchFunctionMode):
         TRAFFIC.add("all_reduce", tensor.numel() * tensor.element_size())
 
     # -- resizing and noise -------------------------------------------------------------------
-    def _interpolate(self, func: Any, input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
-                     *args: Any, **kwargs: Any) -> Tensor:
+    def _interpolate(
+        self,
+        func: Any,
+        input: Tensor,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        *args: Any,
+        **kwargs: Any,
+    ) -> Tensor:
         if input.dim() >= 4:
             if mode not in ("nearest", "nearest-exact"):
                 raise NotAvailableError(
@@ -214,9 +244,18 @@ class SplitDecode(TorchFunctionMode):
         )
 
 
-def _shared_attention(region: WholeRegion, group: dist.ProcessGroup | None, query: Tensor, key: Tensor, value: Tensor,
-                      attn_mask: Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
-                      scale: float | None = None, **kwargs: Any) -> Tensor:
+def _shared_attention(
+    region: WholeRegion,
+    group: dist.ProcessGroup | None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **kwargs: Any,
+) -> Tensor:
     """Attention over the gathered map with the work shared: each rank attends for the queries in
     its own rows, then the ranks swap results, so what follows in the module (convolutions too)
     sees the whole output.
@@ -259,7 +298,9 @@ def _same_padding(padding: Any, weight: Tensor, dilation: tuple[int, ...]) -> tu
     if padding == "same":
         reach = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
         if any(r % 2 for r in reach):
-            raise NotAvailableError("parallel VAE: a 'same' convolution with an even kernel pads unevenly; set [vae] parallel = false")
+            raise NotAvailableError(
+                "parallel VAE: a 'same' convolution with an even kernel pads unevenly; set [vae] parallel = false"
+            )
         return tuple(r // 2 for r in reach)
     return _tuple(padding, dims)
 

@@ -19,20 +19,28 @@ from accel.models.vaes import vae_plan_of
 from accel.parallel.plan import glob_modules
 
 
-def frame_causal_mask(n_frame: int, n_hw: int, dtype: torch.dtype, device: Any, batch_size: int | None = None) -> torch.Tensor:
+def frame_causal_mask(
+    n_frame: int, n_hw: int, dtype: torch.dtype, device: Any, batch_size: int | None = None
+) -> torch.Tensor:
     """Row i sees columns up to the end of i's frame (0), nothing after (-inf); `batch_size` expands
     a leading batch dimension as a view."""
     seq_len = n_frame * n_hw
     mask = torch.full((seq_len, seq_len), float("-inf"), dtype=dtype, device=device)
     for frame in range(n_frame):
-        mask[frame * n_hw:(frame + 1) * n_hw, :(frame + 1) * n_hw] = 0
+        mask[frame * n_hw : (frame + 1) * n_hw, : (frame + 1) * n_hw] = 0
     if batch_size is not None:
         mask = mask.unsqueeze(0).expand(batch_size, -1, -1)
     return mask
 
 
-def _by_frame(call_next: Callable[..., Any], n_frame: int, n_hw: int, dtype: torch.dtype, device: Any,
-              batch_size: int | None = None) -> torch.Tensor:
+def _by_frame(
+    call_next: Callable[..., Any],
+    n_frame: int,
+    n_hw: int,
+    dtype: torch.dtype,
+    device: Any,
+    batch_size: int | None = None,
+) -> torch.Tensor:
     return frame_causal_mask(n_frame, n_hw, dtype, device, batch_size)
 
 
@@ -51,9 +59,12 @@ def fill_masks_by_frame(vae: Any, patterns: tuple[str, ...] | None = None) -> Ca
     if not patterns or not isinstance(decoder, torch.nn.Module):
         return lambda: None
     modules = dict(decoder.named_modules())
-    undo = [wrap(module, "prepare_causal_attention_mask", "accel.frame_masks", VAE, _by_frame)
-            for pattern in patterns for module in glob_modules(modules, pattern)
-            if hasattr(module, "prepare_causal_attention_mask")]
+    undo = [
+        wrap(module, "prepare_causal_attention_mask", "accel.frame_masks", VAE, _by_frame)
+        for pattern in patterns
+        for module in glob_modules(modules, pattern)
+        if hasattr(module, "prepare_causal_attention_mask")
+    ]
 
     def remove() -> None:
         while undo:
