@@ -30,7 +30,7 @@ import numpy as np
 from accel.errors import RecipeError, UserError
 from accel.figures import Tile, shown_frames
 from accel.preflight import cpu_cores
-from accel.recipe import Recipe, Variant
+from accel.recipe import Recipe, BenchVariant
 
 Progress = Callable[[str], AbstractContextManager[Any]]
 # What a refused bench file tells the user (accel.files).
@@ -185,7 +185,7 @@ def fit_bench(plan: BenchPlan, gpu_memory: float | None) -> BenchPlan:
 def _chosen_variants(recipe: Recipe, only: list[str] | None) -> list[tuple[str, dict[str, Any], Recipe]]:
     """(name, overrides as written, concrete recipe) in recipe order. Without variants: the recipe
     against itself with every accelerator off, as `run --compare` measures it."""
-    variants: tuple[Variant, ...] = recipe.variants
+    variants: tuple[BenchVariant, ...] = recipe.variants
     if not variants:
         if only:
             raise UserError(f"--only: {recipe.source} defines no [bench] variants to choose from")

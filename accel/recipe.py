@@ -35,7 +35,7 @@ __all__ = [
     "QuantSection",
     "Recipe",
     "VaeSection",
-    "Variant",
+    "BenchVariant",
     "load_recipe",
 ]
 
@@ -389,7 +389,7 @@ def offload_refusal(recipe: "Recipe", replicas: int = 1) -> str | None:
 
 
 @dataclass(frozen=True)
-class Variant:
+class BenchVariant:
     """One benchmark variant: a name plus a validated partial override of the other sections."""
 
     name: str
@@ -401,7 +401,7 @@ class Variant:
 class BenchSection:
     """Benchmark: variants of the recipe, measured the same way and compared with the first."""
 
-    variants: tuple[Variant, ...] = _key(
+    variants: tuple[BenchVariant, ...] = _key(
         (), 'Variants to compare, each {name = "...", <section> = {<key> = ...}}; the first is the baseline.'
     )
     repeats: int = _key(3, "Timed runs per variant.", min=1)
@@ -469,7 +469,7 @@ class Recipe:
         return dataclasses.replace(self, **plain, bench=BenchSection())
 
     @property
-    def variants(self) -> tuple[Variant, ...]:
+    def variants(self) -> tuple[BenchVariant, ...]:
         """The validated bench variants, in recipe order."""
         return self.bench.variants
 
@@ -628,7 +628,7 @@ def _check_section(source: str, name: str, cls: type, raw: Any, nullable: bool) 
         if key not in hints:
             raise RecipeError(f"{source}: unknown key [{name}] {_name(key)}{_suggest(key, hints, repr, 'keys')}")
         hint, meta = hints[key]
-        if hint == tuple[Variant, ...]:  # needs the whole recipe's section list: Recipe.from_dict does it
+        if hint == tuple[BenchVariant, ...]:  # needs the whole recipe's section list: Recipe.from_dict does it
             out[key] = value
             continue
         ok, out[key] = _coerce(hint, meta, value)
@@ -637,12 +637,12 @@ def _check_section(source: str, name: str, cls: type, raw: Any, nullable: bool) 
     return out
 
 
-def _check_variants(source: str, raw: Any) -> tuple[Variant, ...]:
+def _check_variants(source: str, raw: Any) -> tuple[BenchVariant, ...]:
     """Validate [bench] variants: uniquely named tables overriding any section but [bench]."""
     if not isinstance(raw, list | tuple):
         raise RecipeError(f"{source}: [bench] variants must be a list of tables, got {_show(raw)}")
     others = {name: cls for name, cls in SECTIONS.items() if name != "bench"}
-    variants: list[Variant] = []
+    variants: list[BenchVariant] = []
     for i, item in enumerate(raw, 1):
         if not isinstance(item, Mapping):
             raise RecipeError(f"{source}: [bench] variant #{i} must be a table, got {_show(item)}")
@@ -659,7 +659,7 @@ def _check_variants(source: str, raw: Any) -> tuple[Variant, ...]:
             raise RecipeError(f"{where}: cannot contain [bench] (variants share the recipe's repeats and warmup)")
         values = _check_sections(where, body, others, nullable=False)
         frozen = types.MappingProxyType({s: types.MappingProxyType(v) for s, v in values.items()})
-        variants.append(Variant(name, frozen))
+        variants.append(BenchVariant(name, frozen))
     return tuple(variants)
 
 
@@ -797,7 +797,7 @@ def _show(value: Any) -> str:
 
 def _plain(value: Any) -> Any:
     """Sections, variants, tuples and read-only mappings back to the dicts and lists TOML writes (no None)."""
-    if isinstance(value, Variant):
+    if isinstance(value, BenchVariant):
         return {"name": value.name, **_plain(value.overrides)}
     if dataclasses.is_dataclass(value):
         # An empty table is the default, so it is left out as None is.

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from accel import interrupts
-from accel.instance import STEPS, wrap
+from accel.hooks import STEPS, wrap
 
 
 class StepListener:

@@ -677,7 +677,7 @@ def first_rank_decodes_run(model: str, recipe: dict[str, Any], calls: list[dict[
     ("error", "Type: message"), how many times this rank's VAE decoder ran, and whether remove() left
     the pipeline's call unwrapped."""
     import accel
-    from accel.instance import wrappers
+    from accel.hooks import wrappers
 
     pipe = tiny_pipeline(model, key=f"{model}@vae-placement.{dist.get_rank()}")
     decoded: list[int] = []

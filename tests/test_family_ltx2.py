@@ -75,7 +75,7 @@ def test_a_deep_copied_scheduler_leaves_accel_behind() -> None:
     transformer call, ends the step; the audio copy's adds nothing), never a copy of what the
     original's wrappers hold (process groups do not deep-copy)."""
     import accel
-    from accel.instance import wrappers
+    from accel.hooks import wrappers
 
     pipe = cases.tiny_pipeline("tiny-ltx2")
     handle = accel.apply(pipe, {"cache": {"threshold": 0.3}})

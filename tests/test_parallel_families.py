@@ -227,7 +227,13 @@ def test_every_family_has_a_plan_and_a_cfg_style() -> None:
         assert family.cfg is not None or family.name == "flux2", family.name  # guidance-distilled: no branches
 
 
-@pytest.mark.parametrize("family, mode", family_modes(MODES))
+# Every other mode of MODES runs against one process with the cache on (test_cache_decides_on_every_rank_as_one_
+# process): the calls the cache computes (the first steps always) run every block split, and the outputs are
+# compared there too. Ring 2 runs here without the cache; Ring 3 there, and at odd token counts below.
+UNCACHED_MODES = {mode: MODES[mode] for mode in MODES if mode not in CACHE_MODES}
+
+
+@pytest.mark.parametrize("family, mode", family_modes(UNCACHED_MODES))
 def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> None:
     check_equals_one_process(rank_pools, family, MODES[mode], FAMILY_CASES[family].call)
 
@@ -255,7 +261,8 @@ def test_token_counts_three_ranks_do_not_divide(rank_pools, family: str) -> None
 @pytest.mark.parametrize("family, mode", family_modes(CACHE_MODES))
 def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
-    the calls of its own branch), with the same block-0 change, and the outputs agree."""
+    the calls of its own branch), with the same block-0 change, and the outputs agree: every mode's
+    matrix against one process (but Ring 2's, above)."""
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": FAMILY_CASES[family].threshold})
 
 
@@ -323,7 +330,8 @@ def check_cache_on_ranks(
     world = world_of(parallel)
     runs = rank_pools(world).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": cache}, call)
     split_calls = parallel.get("cfg", 1) > 1 and FAMILIES[family].cfg == "calls"
-    for rank, (output, got, _) in enumerate(runs):
+    for rank, (output, got, bytes_sent) in enumerate(runs):
+        assert bytes_sent > 0
         half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses, tp)
         mine = [r for r in records if not split_calls or r[1] == half]
         assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in mine]

@@ -24,7 +24,7 @@ from test_parallel_families import FAMILY_CASES
 
 import accel
 from accel.errors import UserError
-from accel.instance import wrappers
+from accel.hooks import wrappers
 from accel.models.registry import FAMILIES
 
 FLUX = dict(

@@ -19,7 +19,7 @@ from accel.recipe import (
     ParallelSection,
     QuantSection,
     Recipe,
-    Variant,
+    BenchVariant,
     load_recipe,
 )
 
@@ -187,7 +187,8 @@ def test_hand_written_toml(tmp_path: Path) -> None:
     )
     r = load_recipe(str(path))
     assert r.model.name == "tiny-flux" and r.cache.threshold == 0.2 and r.world_size == 2
-    assert r.variants == (Variant("off", {"cache": {"threshold": 0.0}}), Variant("tiled", {"vae": {"tiling": True}}))
+    off, tiled = BenchVariant("off", {"cache": {"threshold": 0.0}}), BenchVariant("tiled", {"vae": {"tiling": True}})
+    assert r.variants == (off, tiled)
     assert r.bench.repeats == 2
 
 

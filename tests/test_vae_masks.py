@@ -8,7 +8,7 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15AttnBlock
 
 import accel
-from accel.instance import wrappers
+from accel.hooks import wrappers
 from accel.vae.masks import frame_causal_mask
 
 

@@ -75,7 +75,7 @@ def test_the_other_ranks_move_their_vae_to_host_memory_and_back(rank_pools) -> N
 
 def test_one_process_changes_nothing(tiny_flux) -> None:
     import accel
-    from accel.instance import wrappers
+    from accel.hooks import wrappers
 
     handle = accel.apply(tiny_flux, RANK0)
     try:
@@ -107,7 +107,7 @@ def test_a_rank_that_does_not_decode_loads_the_vae_into_host_memory(monkeypatch)
 def test_rank0_with_the_parallel_decode_is_refused_at_apply(tiny_flux) -> None:
     import accel
     from accel.errors import UserError
-    from accel.instance import wrappers
+    from accel.hooks import wrappers
 
     with pytest.raises(UserError) as refused:
         accel.apply(tiny_flux, {"memory": {"vae": "rank0"}, "vae": {"parallel": True}})

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from accel.cache.calibrate import TaylorSeer
 from accel.cache.calls import StepCache
 from accel.cache.stats import CallRecord
-from accel.instance import CACHE, wrap
+from accel.hooks import CACHE, wrap
 from accel.models.base import BlockList
 from accel.steps import StepEvents
 

@@ -2,7 +2,7 @@
 
 Regional compilation compiles each block *class* once: every instance of a class runs the same
 compiled code (parameters are graph inputs), so a 57-block FLUX compiles two graphs, not 57.
-The compiled function runs at the COMPILE layer of each instance's `forward` (accel.instance):
+The compiled function runs at the COMPILE layer of each instance's `forward` (accel.hooks):
 it compiles what lies inside (the eager forward, or the context-parallel and CFG layers around a
 whole transformer). Layers above it (First Block Cache) wrap it from outside, so the cache's
 Python branch never enters a graph and never forces a recompile.
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.instance import COMPILE, inner_of, wrap
+from accel.hooks import COMPILE, inner_of, wrap
 from accel.models.base import BlockList
 
 

@@ -192,7 +192,7 @@ def refuse_on_quantized(pipe: Any, transformers: dict[str, nn.Module], scheme: s
     """Wrap the methods that fail deep inside torchao on quantized weights, so each says so in one line
     instead: `save_pretrained` as safetensors (the pipeline's, before it writes any file, and each
     transformer's), and `fuse_qkv_projections` (the pipeline's and each transformer's). Returns the undos."""
-    from accel.instance import LORA, wrap
+    from accel.hooks import LORA, wrap
 
     undo: list[Callable[[], None]] = []
     owners: list[tuple[str, Any]] = [("pipe", pipe)] + [(f"pipe.{attr}", t) for attr, t in transformers.items()]

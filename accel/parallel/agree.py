@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 
 from accel.errors import UserError
-from accel.instance import CALL, NOISE, wrap, wrap_call
+from accel.hooks import CALL, NOISE, wrap, wrap_call
 from accel.parallel.comm import global_rank
 from accel.parallel.outputs import tensors_of
 
 # pipe.__call__: outermost of everything accel installs, so the check runs before any collective of
-# the call. (Belongs beside the other layers in accel.instance once another entry wraps __call__.)
+# the call. (Belongs beside the other layers in accel.hooks once another entry wraps __call__.)
 
 
 def agree_on_noise(pipe: Any, group: dist.ProcessGroup | None = None) -> Callable[[], None]:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from accel.errors import NotAvailableError, UserError
-from accel.instance import CFG, wrap
+from accel.hooks import CFG, wrap
 from accel.models.base import CfgStyle, SequenceSplit
 from accel.parallel.comm import Group, all_gather
 from accel.parallel.mesh import ParallelMesh

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from accel.errors import NotAvailableError, UserError
 import inspect
 
-from accel.instance import ENCODE, ENCODE_ON_CPU, wrap
+from accel.hooks import ENCODE, ENCODE_ON_CPU, wrap
 
 METHOD = "encode_prompt"
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from accel.errors import NotAvailableError
-from accel.instance import PARALLEL, wrap
+from accel.hooks import PARALLEL, wrap
 from accel.models.base import (
     AutomaticPlan,
     Family,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from accel.errors import UserError
-from accel.instance import VAE, wrap
+from accel.hooks import VAE, wrap
 from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan_of
 from accel.parallel.agree import rank0_object
 from accel.parallel.comm import global_rank

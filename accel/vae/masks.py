@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from accel.instance import VAE, wrap
+from accel.hooks import VAE, wrap
 from accel.models.vaes import vae_plan_of
 from accel.parallel.plan import glob_modules
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accel.instance import VAE_PLACEMENT, wrap_call, wrappers
+from accel.hooks import VAE_PLACEMENT, wrap_call, wrappers
 
 NAME = "accel.vae.first_rank_decodes"
 ONE_RANK = "rank0"

@@ -1,11 +1,11 @@
 """The one mechanism every accelerator uses to change a pipeline: per-instance method wrappers.
-(Ordering, foreign hooks and real pipelines: test_instance_registry.py.)"""
+(Ordering, foreign hooks and real pipelines: test_hooks_registry.py.)"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from accel.instance import wrap, wrappers
+from accel.hooks import wrap, wrappers
 
 
 class Thing:

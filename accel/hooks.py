@@ -210,7 +210,7 @@ _routed: dict[type, type] = {}  # pipeline class -> its subclass that calls the 
 
 
 def wrap_call(pipe: Any, name: str, layer: int, wrapper: Callable[..., Any]) -> Callable[[], None]:
-    """`accel.instance.wrap` on `pipe.__call__`, made to run on `pipe(...)` too; returns the undo.
+    """`accel.hooks.wrap` on `pipe.__call__`, made to run on `pipe(...)` too; returns the undo.
 
     Python looks `__call__` up on the type, never the instance, so an instance attribute alone is
     ignored by `pipe(...)`. This instance (and no other) gets a subclass of its class, with the same

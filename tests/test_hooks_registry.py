@@ -1,4 +1,4 @@
-"""The per-instance registry of method wrappers (accel.instance.wrap): nesting by layer whatever the
+"""The per-instance registry of method wrappers (accel.hooks.wrap): nesting by layer whatever the
 order of install and removal, exact restoration, hooks installed on top by others (accelerate,
 diffusers group offloading, a user's own wrapper) surviving `remove()`, stable callables for
 torch.compile, and the pipeline's execution device under offloading."""
@@ -17,7 +17,7 @@ from conftest import FLUX_CALL, generate
 
 import accel
 import accel.compose
-from accel.instance import CACHE, CFG, COMPILE, LORA, NOISE, PARALLEL, STEPS, VAE, inner_of, wrap, wrappers
+from accel.hooks import CACHE, CFG, COMPILE, LORA, NOISE, PARALLEL, STEPS, VAE, inner_of, wrap, wrappers
 from accel.models.registry import FAMILIES
 
 
