@@ -328,7 +328,9 @@ def test_the_cache_is_refused_where_lists_take_turns() -> None:
     assert str(refused.value) == f"[cache] method = 'fbcache': {LATTE_REFUSED}"
 
 
-@pytest.mark.parametrize("name, blocks", [("chroma", 5), ("latte", 4), ("allegro", 3)])
+@pytest.mark.parametrize(
+    "name, blocks", [("chroma", 5), ("pixart", 3), ("auraflow", 5), ("latte", 4), ("cogview3", 3), ("allegro", 3)]
+)
 def test_regional_compile_equals_eager(name: str, blocks: int) -> None:
     pipe = pipeline(name)
     reference = generate(pipe)
