@@ -18,7 +18,9 @@ import torch.multiprocessing as mp
 
 from accel.launch import free_port  # noqa: F401 - also imported from here by tests
 
-COLLECTIVE_TIMEOUT_S = 60
+# A rank waiting on its peers gives up after this: long enough that a peer still computing on a machine
+# with a load of 4 on 2 cores (its steps 3x slower, a compile far more) is not taken for a hang.
+COLLECTIVE_TIMEOUT_S = 180
 
 
 def _worker(rank: int, world: int, port: int, tasks: Any, results: Any) -> None:
@@ -67,7 +69,7 @@ class RankPool:
         for process in self._processes:
             process.start()
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300) -> list[Any]:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 900) -> list[Any]:
         for tasks in self._tasks:
             tasks.put((fn, args))
         outcomes: dict[int, tuple[bool, Any]] = {}

@@ -139,7 +139,7 @@ def _bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
         env=cold_compile_env(cwd),
     )
 

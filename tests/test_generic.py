@@ -456,7 +456,7 @@ def accel_command(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "accel.cli", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
         env={**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"},
     )
 

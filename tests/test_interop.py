@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 
 import accel
 import interop_cases as cases
+from rankpool import COLLECTIVE_TIMEOUT_S
 from accel.errors import UserError
 from accel.parallel.mode import bypassing_backend
 
 TOLERANCE = 1e-4  # as test_parallel_flux: parallel against one process
-QUICK_S = 20  # an error, not a collective timeout (the pool's is 60 s)
+QUICK_S = COLLECTIVE_TIMEOUT_S / 3  # an error, not a collective timeout
 
 
 # -- attention backends ---------------------------------------------------------------------------

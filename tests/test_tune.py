@@ -397,7 +397,7 @@ def test_tune_on_two_ranks_searches_together_and_writes_one_recipe(small_recipe:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("chosen: ") == 1, "rank 0 alone reports"
