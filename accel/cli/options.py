@@ -23,26 +23,26 @@ if TYPE_CHECKING:
     from accel.recipe import Flag
 
 Opt = typer.Option
-OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without GPUs (slow; for testing)."
+_OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without GPUs (slow; for testing)."
 # A flag takes no value: no `<bool>` placeholder, and off unless given.
 FLAG: dict[str, Any] = {"metavar": "", "show_default": "off"}
-MASTER_PORT_DEFAULT = f"a free port on one node, else {DEFAULT_PORT}"
+_MASTER_PORT_DEFAULT = f"a free port on one node, else {DEFAULT_PORT}"
 
 # CLI-only options several commands take alike (the parameter's default is each command's `= ...`).
-Oversubscribe = Annotated[bool, Opt("--oversubscribe", help=OVERSUBSCRIBE_HELP, **FLAG)]
+Oversubscribe = Annotated[bool, Opt("--oversubscribe", help=_OVERSUBSCRIBE_HELP, **FLAG)]
 Nodes = Annotated[int, Opt("--nnodes", help="Nodes of a multi-node job (each runs the same command).")]
 NodeRank = Annotated[int, Opt("--node-rank", help="This node's index in a multi-node job.")]
 MasterAddr = Annotated[
     str | None, Opt("--master-addr", help="Address of node 0 (multi-node).", show_default="127.0.0.1 on one node")
 ]
 MasterPort = Annotated[
-    int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=MASTER_PORT_DEFAULT)
+    int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=_MASTER_PORT_DEFAULT)
 ]
 
 Overrides = dict[str, dict[str, Any]]
 
 
-def recipe_default(section: str, key: str) -> str:
+def _recipe_default(section: str, key: str) -> str:
     """What `--help` shows for a flag that overrides a recipe key: the recipe's value, else the
     key's default there (unset there: the model family's own default)."""
     from accel.recipe import SECTIONS
@@ -109,10 +109,10 @@ class RecipeOption:
 
     def shown_default(self) -> str:
         if self.flag.shown:
-            return self.flag.shown.format(recipe=recipe_default(self.section, self.key))
+            return self.flag.shown.format(recipe=_recipe_default(self.section, self.key))
         if self.value_type == list[str]:
             return "none"
-        return recipe_default(self.section, self.key)
+        return _recipe_default(self.section, self.key)
 
     def parameter(self, help: str | None, shown: str | None) -> inspect.Parameter:
         names = (self.name, self.flag.alias) if self.flag.alias else (self.name,)
@@ -182,10 +182,11 @@ class WithRecipeOptions:
     @functools.cached_property
     def __signature__(self) -> inspect.Signature:
         signature = inspect.signature(self.command, eval_str=True)
+        by_key = {f"{option.section}.{option.key}": option for option in self.options.values()}
         generated: dict[str | None, list[inspect.Parameter]] = {}
         for group in self.groups:
             generated.setdefault(group.before, []).extend(
-                RecipeOption.of(key).parameter(group.help.get(key), group.shown.get(key)) for key in group.keys
+                by_key[key].parameter(group.help.get(key), group.shown.get(key)) for key in group.keys
             )
         parameters: list[inspect.Parameter] = []
         for parameter in signature.parameters.values():
