@@ -36,19 +36,48 @@ __all__ = [
     "Recipe",
     "VaeSection",
     "BenchVariant",
+    "Flag",
     "load_recipe",
 ]
 
 
-def _table(help: str) -> Any:
+@dataclass(frozen=True)
+class Flag:
+    """How a recipe key reads as a command-line option, where that differs from the key: accel's CLI
+    builds the option from this and the key's type, default and help (so commands share one spelling)."""
+
+    name: str = ""  # "--guidance"; empty: the key's name with dashes
+    alias: str = ""  # a short alias, "-p"
+    metavar: str = ""  # the value's placeholder in --help; empty: its type's
+    help: str = ""  # a line for --help where the key's own is a paragraph; empty: the key's
+    shown: str = ""  # the default --help shows, where not "recipe, else <default>" ({recipe} stands for that)
+    switch: Any = None  # the option takes no value and sets the key to this (a bool key: True)
+    example: str = ""  # a table key's KEYWORD=VALUE example, for the line refusing a malformed one
+    parse: bool = False  # a table key's values read as TOML values (17, true), else as strings
+
+
+def _table(help: str, flag: Flag | None = None) -> Any:
     """A recipe key holding a table (keyword = value); empty by default, read-only once validated."""
-    return field(default_factory=lambda: types.MappingProxyType({}), hash=False, metadata={"help": help})
-
-
-def _key(default: Any, help: str, min: int | None = None, max: int | None = None, prompt: bool = False) -> Any:
-    """A recipe key: its default, the help line the README reference is built from, bounds (`max`:
-    where a larger number overflows something downstream), `prompt`: a text held to the prompt limit."""
     meta: dict[str, Any] = {"help": help}
+    if flag is not None:
+        meta["flag"] = flag
+    return field(default_factory=lambda: types.MappingProxyType({}), hash=False, metadata=meta)
+
+
+def _key(
+    default: Any,
+    help: str,
+    min: int | None = None,
+    max: int | None = None,
+    prompt: bool = False,
+    flag: Flag | None = None,
+) -> Any:
+    """A recipe key: its default, the help line the README reference is built from, bounds (`max`:
+    where a larger number overflows something downstream), `prompt`: a text held to the prompt limit,
+    `flag`: how its command-line option differs from the key."""
+    meta: dict[str, Any] = {"help": help}
+    if flag is not None:
+        meta["flag"] = flag
     if min is not None:
         meta["min"] = min
     if max is not None:
@@ -92,23 +121,38 @@ class ModelSection:
 
     name: str = _key("", "Model family alias or Hugging Face repo id; empty means given on the command line.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = _key(
-        "auto", "Weight dtype; auto uses the family's default."
+        "auto", "Weight dtype; auto uses the family's default.", flag=Flag(help="auto, float32, float16 or bfloat16.")
     )
-    device: Literal["auto", "cpu", "cuda"] = _key("auto", "Where to run; auto picks cuda when available.")
+    device: Literal["auto", "cpu", "cuda"] = _key(
+        "auto", "Where to run; auto picks cuda when available.", flag=Flag(help="auto, cpu or cuda.")
+    )
     pipeline: str = _key(
         "",
         "Pipeline class to run the model as (FluxKontextPipeline, QwenImageEditPipeline, …); empty: the model's own.",
+        flag=Flag(metavar="CLASS", help="Pipeline class to run the model as, e.g. FluxKontextPipeline."),
     )
     lora: tuple[str, ...] | None = _key(
         None,
         'LoRA weights fused into the model before it is accelerated: "PATH@SCALE", a .safetensors file, a folder or a '
         "hub "
         "repo id, SCALE 1 when left out; several are fused together.",
+        flag=Flag(
+            metavar="PATH@SCALE",
+            help="LoRA weights fused into the model (a .safetensors file, folder or hub repo id; scale 1 when left "
+            "out); repeatable.",
+        ),
     )
     components: Mapping[str, str] = _table(
         "Components the pipeline variant needs beyond the model's, by name: the folder each was saved to, e.g. "
         'temporal_latent_upsampler = "ltx-2.5-temporal-upsampler" (LTX2DFRTemporalRefinePipeline); the variant says '
-        "which."
+        "which.",
+        flag=Flag(
+            name="--component",
+            metavar="NAME=FOLDER",
+            help="A component the pipeline needs beyond the model's, e.g. temporal_latent_upsampler=FOLDER "
+            "(LTX2DFRTemporalRefinePipeline); repeatable.",
+            example="temporal_latent_upsampler=upsampler",
+        ),
     )
 
 
@@ -116,42 +160,82 @@ class ModelSection:
 class GenerateSection:
     """What to generate; an unset key takes the model family's default."""
 
-    prompt: str | None = _key(None, "Text prompt.", prompt=True)
+    prompt: str | None = _key(None, "Text prompt.", prompt=True, flag=Flag(alias="-p"))
     negative_prompt: str | None = _key(None, "Negative prompt, for pipelines that take one.", prompt=True)
     steps: int | None = _key(None, "Number of denoising steps.", min=1, max=MAX_STEPS)
     height: int | None = _key(None, "Output height in pixels.", min=16, max=MAX_PIXELS_SIDE)
     width: int | None = _key(None, "Output width in pixels.", min=16, max=MAX_PIXELS_SIDE)
     frames: int | None = _key(None, "Number of frames (video families).", min=1, max=MAX_FRAMES)
-    guidance_scale: float | None = _key(None, "Classifier-free (or distilled) guidance scale.", min=0)
-    true_cfg_scale: float | None = _key(None, "FLUX true CFG scale; above 1 runs the negative prompt too.", min=1)
+    guidance_scale: float | None = _key(
+        None, "Classifier-free (or distilled) guidance scale.", min=0, flag=Flag(name="--guidance")
+    )
+    true_cfg_scale: float | None = _key(
+        None,
+        "FLUX true CFG scale; above 1 runs the negative prompt too.",
+        min=1,
+        flag=Flag(
+            name="--true-cfg", help="True CFG scale (FLUX, HunyuanVideo): above 1 also runs the negative prompt."
+        ),
+    )
     image: str | None = _key(
-        None, "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit)."
+        None,
+        "Input image file, for pipelines that edit or start from one (img2img, inpaint, Kontext, edit).",
+        flag=Flag(metavar="PATH", shown="none"),
     )
     mask: str | None = _key(
         None,
         "Mask image file (white: repaint), for inpaint and fill pipelines; a picture or a video of per-frame masks "
         "for VACE.",
+        flag=Flag(metavar="PATH", shown="none"),
     )
-    video: str | None = _key(None, "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.")
+    video: str | None = _key(
+        None,
+        "Input video file (MP4, WebM, …), for video-to-video, editing and VACE pipelines.",
+        flag=Flag(metavar="PATH", shown="none"),
+    )
     seed: int = _key(0, "Random seed, so runs and variants are comparable.", min=0, max=MAX_SEED)
     conditions: tuple[str, ...] | None = _key(
         None,
         "Pictures or clips pinned to positions, for pipelines that take conditions (LTX-2, LTX-Video): "
         '"PATH@INDEX:STRENGTH", INDEX and STRENGTH optional (0 and 1); the pipeline says what INDEX counts.',
+        flag=Flag(
+            name="--condition",
+            metavar="PATH@INDEX:STRENGTH",
+            help="A picture or clip pinned to a position (LTX-2, LTX-Video condition pipelines); repeatable.",
+        ),
     )
     references: tuple[str, ...] | None = _key(
         None,
         'Reference pictures or clips without a position, for in-context pipelines (LTX-2 IC-LoRA): "PATH@STRENGTH", '
         "STRENGTH optional (1).",
+        flag=Flag(
+            name="--reference",
+            metavar="PATH@STRENGTH",
+            help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.",
+        ),
     )
     inputs: Mapping[str, str] = _table(
         'Other input files, by the pipeline\'s keyword: pose_video = "pose.mp4" (Wan Animate), control_video '
         "(CogVideoX Fun); "
-        "the pipeline variant says which it takes."
+        "the pipeline variant says which it takes.",
+        flag=Flag(
+            name="--input",
+            metavar="KEYWORD=PATH",
+            help="Another input file under the pipeline's keyword, e.g. pose_video=pose.mp4 (Wan Animate); repeatable.",
+            example="pose_video=pose.mp4",
+        ),
     )
     arguments: Mapping[str, Any] = _table(
         'Other arguments of the pipeline call, by keyword: mode = "replace", overlap_history = 17; '
-        "numbers, strings, booleans or lists of them."
+        "numbers, strings, booleans or lists of them.",
+        flag=Flag(
+            name="--arg",
+            metavar="KEYWORD=VALUE",
+            help="Another pipeline call argument, e.g. mode=replace or overlap_history=17 (a TOML value, else a "
+            "string); repeatable.",
+            example="overlap_history=17",
+            parse=True,
+        ),
     )
 
 
@@ -171,6 +255,7 @@ class CacheSection:
         "Skip the cached blocks while the first blocks' residual changes less than this (relative mean absolute "
         "difference); 0 is off.",
         min=0,
+        flag=Flag(name="--cache", metavar="THRESHOLD", help="Cache threshold (0 = off)."),
     )
     method: Literal["fbcache", "dbcache", "taylorseer", "magcache"] = _key(
         "fbcache",
@@ -179,20 +264,37 @@ class CacheSection:
         "attention and feed-forward outputs are computed every interval steps and extrapolated between (no threshold); "
         "magcache: whole calls are skipped while the calibrated residual-magnitude curve's accumulated error stays "
         "under the threshold.",
+        flag=Flag(name="--cache-method", metavar="METHOD", help="fbcache, dbcache, taylorseer or magcache."),
     )
     first_blocks: int = _key(
-        1, "dbcache: blocks always computed at the start, whose residual drives the decision.", min=1
+        1,
+        "dbcache: blocks always computed at the start, whose residual drives the decision.",
+        min=1,
+        flag=Flag(metavar="N", help="dbcache: blocks always computed first; they decide."),
     )
-    last_blocks: int = _key(0, "dbcache: blocks always computed at the end, on the cached middle's output.", min=0)
+    last_blocks: int = _key(
+        0,
+        "dbcache: blocks always computed at the end, on the cached middle's output.",
+        min=0,
+        flag=Flag(metavar="N", help="dbcache: blocks always computed last."),
+    )
     calibrator: Literal["none", "taylorseer"] = _key(
         "none",
         "fbcache / dbcache: what a cached call adds for the skipped blocks: none reuses their last computed "
         "residual, taylorseer extrapolates it from the last computed ones (finite differences over the steps).",
+        flag=Flag(metavar="NAME", help="none (reuse the skipped blocks' residual) or taylorseer (extrapolate it)."),
     )
     taylor_order: Literal[1, 2] = _key(
-        1, "taylorseer (method or calibrator): order of the extrapolation (1 linear, 2 quadratic)."
+        1,
+        "taylorseer (method or calibrator): order of the extrapolation (1 linear, 2 quadratic).",
+        flag=Flag(metavar="N", help="taylorseer: 1 or 2."),
     )
-    interval: int = _key(3, "taylorseer: compute every interval-th step, extrapolate the steps between.", min=2)
+    interval: int = _key(
+        3,
+        "taylorseer: compute every interval-th step, extrapolate the steps between.",
+        min=2,
+        flag=Flag(metavar="N", help="taylorseer: compute every N-th step, extrapolate between."),
+    )
     disable_before: int = _key(0, "taylorseer: steps before this one are always computed.", min=0)
     disable_after: int = _key(0, "taylorseer: steps from this one on are always computed; 0 means none.", min=0)
     interval_offset: int = _key(
@@ -214,7 +316,12 @@ class CacheSection:
     )
     warmup_steps: int = _key(0, "Steps always computed in full before caching may start.", min=0)
     max_consecutive_cached: int = _key(0, "Most cached steps in a row before one full step; 0 means no limit.", min=0)
-    max_cached_steps: int = _key(0, "Most cached calls per generation (per CFG branch); 0 means no limit.", min=0)
+    max_cached_steps: int = _key(
+        0,
+        "Most cached calls per generation (per CFG branch); 0 means no limit.",
+        min=0,
+        flag=Flag(metavar="N", help="Most cached calls per generation (0 = no limit)."),
+    )
 
 
 @dataclass(frozen=True)
@@ -233,14 +340,25 @@ class ParallelSection:
         "Ulysses (all-to-all head) parallel degree; at most the head count, which it need not "
         "divide (heads are padded).",
         min=1,
+        flag=Flag(help="Ulysses degree.", shown="{recipe}, or chosen for --gpus"),
     )
-    ring: int = _key(1, "Ring attention parallel degree.", min=1)
-    cfg: Literal[1, 2] = _key(1, "2 runs the conditional and unconditional CFG branches on separate GPUs.")
+    ring: int = _key(
+        1,
+        "Ring attention parallel degree.",
+        min=1,
+        flag=Flag(help="Ring degree.", shown="{recipe}, or chosen for --gpus"),
+    )
+    cfg: Literal[1, 2] = _key(
+        1,
+        "2 runs the conditional and unconditional CFG branches on separate GPUs.",
+        flag=Flag(name="--cfg-parallel", help="Run CFG halves on separate ranks.", shown="recipe, else off", switch=2),
+    )
     tp: int = _key(
         1,
         "Tensor-parallel degree: each block's attention heads and MLP width are split over tp GPUs, "
         "which hold 1/tp of those weights each; it must divide the heads and every split width.",
         min=1,
+        flag=Flag(help="Tensor-parallel degree: each block's heads and MLP width split over tp ranks."),
     )
     timeout: float = _key(
         600.0,
@@ -251,6 +369,12 @@ class ParallelSection:
         "family",
         "Where the context-parallel plan comes from: the family's tested one, or the automatic one accel learns "
         "from the model and verifies on simulated ranks before use (what a pipeline no family describes always gets).",
+        flag=Flag(
+            name="--cp-plan",
+            metavar="FROM",
+            help="family: the family's tested context-parallel plan; automatic: learned from the model and verified "
+            "on simulated ranks before use.",
+        ),
     )
 
     @property
@@ -273,8 +397,16 @@ class ParallelSection:
 class VaeSection:
     """VAE decode options, which dominate memory at high resolutions."""
 
-    parallel: bool = _key(False, "Split the VAE decode across every GPU of the job (exact: equals the one-GPU decode).")
-    tiling: bool = _key(False, "Decode in tiles to bound memory (with parallel, each tile is split).")
+    parallel: bool = _key(
+        False,
+        "Split the VAE decode across every GPU of the job (exact: equals the one-GPU decode).",
+        flag=Flag(name="--parallel-vae", help="Split the VAE decode over the ranks."),
+    )
+    tiling: bool = _key(
+        False,
+        "Decode in tiles to bound memory (with parallel, each tile is split).",
+        flag=Flag(name="--vae-tiling", help="Decode in tiles (the VAE's own tiling) to bound the decode's memory."),
+    )
     all_ranks: bool = _key(False, "With parallel: every rank gets the decoded pixels, not only rank 0.")
 
 
@@ -283,7 +415,9 @@ class QuantSection:
     """Weight (and optionally activation) quantization of the transformer via torchao."""
 
     type: Literal["none", "int8wo", "int8dq", "fp8dq", "fp8wo", "int4wo"] = _key(
-        "none", "Quantization scheme; none keeps the model dtype."
+        "none",
+        "Quantization scheme; none keeps the model dtype.",
+        flag=Flag(name="--quant", help="none, int8wo, int8dq, fp8dq, fp8wo or int4wo."),
     )
     scope: Literal["blocks", "transformer"] = _key(
         "blocks",
@@ -300,7 +434,9 @@ class CompileSection:
     """torch.compile options."""
 
     enabled: bool = _key(
-        False, "Compile the transformer with torch.compile (the first run compiles; it is timed as warm-up)."
+        False,
+        "Compile the transformer with torch.compile (the first run compiles; it is timed as warm-up).",
+        flag=Flag(name="--compile", help="torch.compile the transformer blocks."),
     )
     mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = _key(
         "default", "torch.compile mode."
@@ -322,12 +458,23 @@ class MemorySection:
         "sharded: transformers' own tensor-parallel plan splits each text encoder that has one (Llama, Mistral, "
         "Qwen2.5-VL, Qwen3, Gemma 3; not T5, UMT5 or CLIP, which stay whole) over the layout's ranks, which encode "
         "together and each get the whole embeddings (one process: nothing to split).",
+        flag=Flag(
+            metavar="PLACE",
+            help="replicated; rank0: only the first rank holds the text encoders and sends the embeddings; cpu: as "
+            "rank0, in host memory; sharded: split over the ranks by transformers' TP plan.",
+        ),
     )
     vae: Literal["replicated", "rank0"] = _key(
         "replicated",
         "replicated: every rank decodes the whole output (or its share of it with [vae] parallel); rank0: only "
         "the layout's first rank, the one that writes the output, decodes: the others stop at the latents and keep the "
         "VAE in host memory (no GPU memory, no decode time for them; one process: nothing changes).",
+        flag=Flag(
+            name="--vae-placement",
+            metavar="PLACE",
+            help="replicated; rank0: only the first rank, which writes the output, decodes; the others keep the VAE "
+            "in host memory.",
+        ),
     )
     offload: Literal["none", "model", "group"] = _key(
         "none",
@@ -336,6 +483,11 @@ class MemorySection:
         "streamed "
         "one at a time with prefetch on a side stream (slowest; the least GPU memory). One process only, without "
         "compile.",
+        flag=Flag(
+            metavar="MODE",
+            help="none; model: each component moved to the GPU while it runs; group: the transformer's blocks "
+            "streamed (diffusers' offloading).",
+        ),
     )
 
 

@@ -150,6 +150,21 @@ def test_models_help_and_refusals_do_not_import_torch() -> None:
     assert result.stdout.splitlines()[-1] == "[]"
 
 
+def test_importing_the_cli_leaves_the_recipe_for_the_command_line() -> None:
+    """The options built from the recipe's keys are built when a command line is parsed, not when
+    accel.cli is imported (what the console script's start-up pays before it knows the command)."""
+    probe = "import sys, accel.cli\nprint(sorted(m for m in ('accel.recipe', 'torch') if m in sys.modules))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
 NOISE = (
     "import enum, sys, warnings\n"
     "if sys.argv[1] == 'quiet':\n"

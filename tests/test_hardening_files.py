@@ -389,7 +389,7 @@ def test_the_prompt_limit_applies_on_the_command_line_and_the_env_raises_it(monk
 
 
 def test_a_tune_prompts_file_is_capped(tmp_path: Path) -> None:
-    from accel.cli import _read_prompts
+    from accel.cli.tune import _read_prompts
 
     with pytest.raises(UserError) as refused:
         _read_prompts(Path("/dev/zero"))
@@ -456,9 +456,9 @@ def test_numbers_that_overflow_are_one_line_naming_the_option(
 
 
 def test_an_arg_of_5000_digits_stays_a_string() -> None:
-    from accel.cli import _pairs
+    from accel.cli.options import pairs
 
-    assert _pairs("--arg", ["n=" + "9" * 5000], "overlap_history=17", parse=True) == {"n": "9" * 5000}
+    assert pairs("--arg", ["n=" + "9" * 5000], "overlap_history=17", parse=True) == {"n": "9" * 5000}
 
 
 # --- decompression bombs --------------------------------------------------------------------

@@ -16,7 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from accel.cli import _api_keys, app
+from accel.cli import app
+from accel.cli.serve import _api_keys
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
 from accel.serve.dispatch import Dispatcher

@@ -1108,11 +1108,11 @@ def test_the_base_pipeline_takes_no_named_input_and_only_its_own_arguments(tmp_p
 def test_call_arguments_reach_the_call_as_toml_values_and_merge_with_the_recipe(tmp_path: Path) -> None:
     """`--arg` values TOML reads keep their type (17, true, [1, 2]); others are strings; flags add
     to a recipe's [generate] arguments and inputs key by key."""
-    from accel.cli import _pairs
+    from accel.cli.options import pairs
     from accel.recipe import Recipe
     from accel.runner import generation_kwargs
 
-    assert _pairs("--arg", ["a=17", "b=true", "c=[1, 2]", "mode=replace", "d=1.5", 'e="x y"'], "", parse=True) == {
+    assert pairs("--arg", ["a=17", "b=true", "c=[1, 2]", "mode=replace", "d=1.5", 'e="x y"'], "", parse=True) == {
         "a": 17,
         "b": True,
         "c": [1, 2],
