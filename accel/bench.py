@@ -1,7 +1,7 @@
 """`accel bench`: a recipe's variants measured side by side in one process group.
 
 Every variant is the recipe with its overrides, measured by the same code as `accel run`
-(`runner.measure_recipe`: warm-up, repeats, apply, remove) and compared with the first variant,
+(`measure.measure_recipe`: warm-up, repeats, apply, remove) and compared with the first variant,
 the baseline, for speed and for quality (PSNR, SSIM of its output against the baseline's).
 
 One job runs them all. A variant that needs fewer processes than the job runs on its first ranks
@@ -75,7 +75,7 @@ class VariantResult:
     warmup_s: float | None = None
     steps: int | None = None
     speedup: float | None = None
-    # The speedup's spread over the repeats (runner.speedup_range); None when skipped or without a baseline.
+    # The speedup's spread over the repeats (metrics.speedup_range); None when skipped or without a baseline.
     speedup_min: float | None = None
     speedup_max: float | None = None
     cache_hit_rate: float | None = None
@@ -215,7 +215,7 @@ def _check_variant(ref: Any, name: str, variant: Recipe) -> None:
     from accel.models.lora import parse_loras
     from accel.parallel.mesh import resolve_degrees
     from accel.parallel.plan import plan_of, refuse_untaught_before_start
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     try:
         parse_loras(variant.model.lora)
@@ -318,7 +318,9 @@ def _run_variants(
     from accel.models.loading import resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
-    from accel.runner import generation_kwargs, measure_recipe, peak_memory_kind, step_progress
+    from accel.measure import measure_recipe, peak_memory_kind
+    from accel.models.call import generation_kwargs
+    from accel.progress import step_progress
 
     recipe = plan.recipe
     lead = rank == 0
@@ -431,7 +433,7 @@ def _record(
     """Fill the row from a measurement (rank 0); returns the baseline (median, output, times) to compare with."""
     from accel.media import viewable
     from accel.quality import psnr, ssim
-    from accel.runner import speedup_range
+    from accel.metrics import speedup_range
 
     result = measured.measurement
     row.times_s = list(result.times)

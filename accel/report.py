@@ -23,7 +23,7 @@ from accel.models.vaes import vae_plan
 
 if TYPE_CHECKING:
     from accel.bench import BenchResult, VariantResult
-    from accel.runner import Metrics
+    from accel.metrics import Metrics
 
 
 class Fit:

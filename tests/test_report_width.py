@@ -11,7 +11,7 @@ from rich.console import Console
 from accel import report
 from accel.bench import BenchResult, VariantResult
 from accel.models.registry import FAMILIES
-from accel.runner import Metrics
+from accel.metrics import Metrics
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?: ?(?:ms|s|GiB|MiB|KiB|B|dB)\b|×|%)?")
 

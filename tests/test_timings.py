@@ -20,7 +20,8 @@ from accel.figures import LEGEND_LABELS, speedup_figure
 from accel.preflight import cpu_cores
 from accel.recipe import Recipe
 from accel.report import bench_markdown, bench_notes, bench_rows, run_table
-from accel.runner import Metrics, compare_order
+from accel.measure import compare_order
+from accel.metrics import Metrics
 from accel.threads import default_threads
 
 ROOT = Path(__file__).resolve().parents[1]
