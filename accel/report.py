@@ -22,7 +22,7 @@ from accel.models.base import Family
 from accel.models.vaes import vae_plan
 
 if TYPE_CHECKING:
-    from accel.bench import BenchResult, VariantResult
+    from accel.bench.results import BenchResult, VariantResult
     from accel.metrics import Metrics
 
 
@@ -531,7 +531,7 @@ def write_bench(
     """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
     and speedup.png; the paths are recorded in `result.files` (and so in the JSON). Each file is
     written whole, and none replaces an existing one (UserError): bench never overwrites."""
-    from accel.bench import BENCH_HINT
+    from accel.bench.results import BENCH_HINT
     from accel.figures import save_grid, speedup_chart
 
     hint = BENCH_HINT  # what each refusal says

@@ -249,7 +249,7 @@ def test_the_sdr_preview_and_the_npy_writer() -> None:
 
 def test_bench_keeps_and_shows_an_hdr_video_as_its_sdr_preview(tmp_path: Path) -> None:
     """A bench variant's file is the preview MP4, its grid tile the preview's frames in [0, 1]."""
-    from accel.bench import _save_output, _tile
+    from accel.bench.run import _save_output, _tile
     from accel.media import save_video
 
     linear = np.random.default_rng(0).exponential(0.5, (9, 64, 96, 3)).astype(np.float32)

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from accel import report
-from accel.bench import BenchResult, VariantResult
+from accel.bench.results import BenchResult, VariantResult
 from accel.models.registry import FAMILIES
 from accel.metrics import Metrics
 

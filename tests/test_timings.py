@@ -15,7 +15,7 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from rich.console import Console
 
-from accel.bench import BenchResult, VariantResult
+from accel.bench.results import BenchResult, VariantResult
 from accel.figures import LEGEND_LABELS, speedup_figure
 from accel.preflight import cpu_cores
 from accel.recipe import Recipe
