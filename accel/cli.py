@@ -945,7 +945,7 @@ def bench(
             result = _run_bench(plan, folder, lead)
             if result is None or folder is None:
                 return
-            from accel import report
+            from accel.bench import report
 
             report.write_bench(result, folder, json_path, markdown_path)
         finally:

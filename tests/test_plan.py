@@ -666,7 +666,7 @@ def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_pa
 
 
 def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
-    from accel import report
+    from accel.bench import report
     from accel.bench.results import BenchResult, VariantResult
 
     row = VariantResult(
