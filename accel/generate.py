@@ -19,48 +19,6 @@ from accel.models.variants import LATENTS_MARK, open_inputs, variant_of_class
 from accel.vae.placement import decodes_here
 
 
-def guiders_of(pipe: Any) -> list[Any]:
-    """The diffusers guiders a pipeline holds as components: its `guider`, and any other it picks
-    per call (HunyuanImage 2.1's `ocr_guider`, for prompts with quoted text to render)."""
-    from diffusers.guiders.guider_utils import BaseGuidance
-
-    names = inspect.signature(type(pipe).__init__).parameters
-    return [guider for name in names if isinstance(guider := getattr(pipe, name, None), BaseGuidance)]
-
-
-@contextmanager
-def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
-    """Moves the call's `guidance_scale` onto each of the pipeline's guiders for the call (restored
-    after). A pipeline built to hold one but loaded without (a guidance-distilled checkpoint: it
-    runs no CFG) takes the call without it."""
-    if "guidance_scale" not in call or not guided_by_guider(type(pipe)):
-        yield
-        return
-    scale, guiders = call.pop("guidance_scale"), guiders_of(pipe)
-    previous = [guider.guidance_scale for guider in guiders]
-    for guider in guiders:
-        guider.guidance_scale = scale
-    try:
-        yield
-    finally:
-        for guider, value in zip(guiders, previous):
-            guider.guidance_scale = value
-
-
-def output_array(result: Any, pipe: Any = None) -> Any:
-    """What a pipeline result holds as its output, batched: video frames, images, Kandinsky 5's one
-    `image` field, or the field the family of `pipe` names (`Family.result`: Cosmos 3's one-sample
-    `video`, given a batch dim of one here)."""
-    spec = family_of(pipe).result if pipe is not None else None
-    if spec is not None and (value := getattr(result, spec.name, None)) is not None:
-        return value if spec.batched else np.asarray(value)[None]
-    for name in ("frames", "images", "image"):
-        value = getattr(result, name, None)
-        if value is not None:
-            return value
-    raise TypeError(f"{type(result).__name__} holds no frames, images or image")
-
-
 def generate(pipe: Any, kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """One pipeline call from a fresh CPU generator: the same seed gives the same noise on any device."""
     return generate_with_audio(pipe, kwargs, seed)[0]
@@ -90,8 +48,46 @@ def generate_with_audio(
     return np.asarray(output_array(result, pipe))[0], audio_of(pipe, result)
 
 
-def _on_cpu(value: Any) -> Any:
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+@contextmanager
+def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
+    """Moves the call's `guidance_scale` onto each of the pipeline's guiders for the call (restored
+    after). A pipeline built to hold one but loaded without (a guidance-distilled checkpoint: it
+    runs no CFG) takes the call without it."""
+    if "guidance_scale" not in call or not guided_by_guider(type(pipe)):
+        yield
+        return
+    scale, guiders = call.pop("guidance_scale"), guiders_of(pipe)
+    previous = [guider.guidance_scale for guider in guiders]
+    for guider in guiders:
+        guider.guidance_scale = scale
+    try:
+        yield
+    finally:
+        for guider, value in zip(guiders, previous):
+            guider.guidance_scale = value
+
+
+def guiders_of(pipe: Any) -> list[Any]:
+    """The diffusers guiders a pipeline holds as components: its `guider`, and any other it picks
+    per call (HunyuanImage 2.1's `ocr_guider`, for prompts with quoted text to render)."""
+    from diffusers.guiders.guider_utils import BaseGuidance
+
+    names = inspect.signature(type(pipe).__init__).parameters
+    return [guider for name in names if isinstance(guider := getattr(pipe, name, None), BaseGuidance)]
+
+
+def output_array(result: Any, pipe: Any = None) -> Any:
+    """What a pipeline result holds as its output, batched: video frames, images, Kandinsky 5's one
+    `image` field, or the field the family of `pipe` names (`Family.result`: Cosmos 3's one-sample
+    `video`, given a batch dim of one here)."""
+    spec = family_of(pipe).result if pipe is not None else None
+    if spec is not None and (value := getattr(result, spec.name, None)) is not None:
+        return value if spec.batched else np.asarray(value)[None]
+    for name in ("frames", "images", "image"):
+        value = getattr(result, name, None)
+        if value is not None:
+            return value
+    raise TypeError(f"{type(result).__name__} holds no frames, images or image")
 
 
 def audio_of(pipe: Any, result: Any) -> Audio | None:
@@ -104,3 +100,7 @@ def audio_of(pipe: Any, result: Any) -> Audio | None:
         samples = samples.float().cpu().numpy()
     rate = functools.reduce(getattr, spec.sample_rate.split("."), pipe)
     return Audio(np.asarray(samples)[0] if spec.batched else np.asarray(samples), int(rate))
+
+
+def _on_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value

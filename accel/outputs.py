@@ -16,7 +16,6 @@ from accel.files import write_file, write_fresh
 from accel.media import Audio, output_writer
 from accel.models.base import OUTPUT_FILES, OutputKind
 from accel.models.variants import check_out_suffix
-from accel.recipe import Recipe
 
 
 LATENT_SUFFIX = ".pt"
@@ -25,13 +24,6 @@ LATENT_SUFFIX = ".pt"
 def _suffix(kind: OutputKind) -> str:
     """The suffix of a name accel picks itself for this kind of output."""
     return OUTPUT_FILES[kind][1][0][0]
-
-
-def planned_class(ref: Any, recipe: Recipe) -> str:
-    """The pipeline class a run will make, known before loading (a folder's own class, else the family's)."""
-    return recipe.model.pipeline or (
-        ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class
-    )
 
 
 def saves_latents(out: Path | None) -> bool:

@@ -13,12 +13,12 @@ from accel.files import claim
 from accel.media import viewable
 from accel.measure import compare_order, device_of, measure_compared, measure_recipe, peak_memory_kind
 from accel.metrics import Metrics
-from accel.models.call import effective_recipe, generation_kwargs
+from accel.models.call import effective_recipe, generation_kwargs, planned_class
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.models.registry import family_of
 from accel.models.variants import made_by, variant_of, variant_of_class
 from accel.optimize.quantize import check_hardware
-from accel.outputs import check_out, planned_class, saves_latents, size_notes, write_output, written_size
+from accel.outputs import check_out, saves_latents, size_notes, write_output, written_size
 from accel.parallel.encoders import SHARDED, loads_text_encoders, refusal_before_start
 from accel.parallel.mesh import init_distributed, tp_slice
 from accel.progress import step_progress

@@ -248,6 +248,13 @@ def guided_by_guider(pipeline: type) -> bool:
     )
 
 
+def planned_class(ref: Any, recipe: Recipe) -> str:
+    """The pipeline class a run will make, known before loading (a folder's own class, else the family's)."""
+    return recipe.model.pipeline or (
+        ref.pipeline if ref.pipeline in ref.family.pipeline_classes else ref.family.pipeline_class
+    )
+
+
 def call_steps(pipe: Any, kwargs: dict[str, Any]) -> int:
     """Denoising steps of one call: its step count, or, for a pipeline that takes none, the sum of
     its steps per stage (Helios's pyramid) or the length of its `sigmas` (a distilled schedule,
