@@ -23,7 +23,7 @@ OUTPUT_SUFFIXES = (
     ".mp4",
     ".npy",
     ".pt",
-)  # what some pipeline writes (accel.models.base.OUTPUT_FILES; .pt: a pass's latents); runner._check_out matches it
+)  # what some pipeline writes (accel.models.base.OUTPUT_FILES; .pt: a pass's latents); outputs.check_out matches it
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "0.0.0.0", "::1", "::"})
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU where the NVIDIA driver is loaded
 
@@ -33,7 +33,7 @@ NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU where the NV
 
 def check_out(out: Path | None, overwrite: bool) -> None:
     """`accel run --out`. Whether the model makes images or videos is known only once it resolves,
-    so runner._check_out refuses the wrong one of .png / .mp4; here, names no family could use."""
+    so outputs.check_out refuses the wrong one of .png / .mp4; here, names no family could use."""
     if out is None:
         return
     _check_file_target(out, "--out", "out.png")

@@ -1,4 +1,5 @@
-"""What accel shows people: rich tables for a run, the registry and the environment; JSON.
+"""What accel shows people: rich tables for a run, the registry and the environment; JSON (a bench's
+tables: accel.bench.report; how numbers are written: accel.formatting).
 
 Importing it loads neither torch nor the runner: `accel models` must answer in well under a second."""
 
@@ -9,68 +10,27 @@ import math
 import platform
 import statistics
 from pathlib import Path
-from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from accel.files import OVERWRITE_HINT, by_descriptor, write_file
+from accel.formatting import (
+    SINGLE_REPEAT,
+    Fit,
+    format_bytes,
+    format_seconds,
+    format_size,
+    format_span,
+    format_threads,
+    packed,
+)
 from accel.models.base import Family
 from accel.models.vaes import vae_plan
 
 if TYPE_CHECKING:
-    from accel.bench import BenchResult, VariantResult
-    from accel.runner import Metrics
-
-
-class Fit:
-    """The first of `layouts` (each made for the width there is) whose natural width fits, else the
-    last: a wide table where there is room, the same cells stacked, fewer or as blocks where there
-    is not. A number is never folded or cut, which a squeezed rich table does."""
-
-    def __init__(self, *layouts: Callable[[int], RenderableType]) -> None:
-        self.layouts = layouts
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
-        for make in self.layouts[:-1]:
-            layout = make(width)
-            if Measurement.get(console, options.update_width(10_000), layout).maximum <= width:
-                yield layout
-                return
-        yield self.layouts[-1](width)
-
-
-def _packed(items: Iterable[str], width: int, separator: str) -> str:
-    """`items` joined by `separator`, broken into lines of at most `width` only between items: a
-    pipeline class or a feature name is never split (one longer than `width` gets a line of its own)."""
-    lines: list[str] = []
-    for item in items:
-        if lines and len(lines[-1]) + len(separator) + len(item) <= width:
-            lines[-1] += separator + item
-        else:
-            if lines:
-                lines[-1] += separator.rstrip()
-            lines.append(item)
-    return "\n".join(lines)
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
-
-
-def _bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
+    from accel.metrics import Metrics
 
 
 def run_table(metrics: Metrics) -> Table:
@@ -78,16 +38,16 @@ def run_table(metrics: Metrics) -> Table:
     table.add_column("measure")
     table.add_column("value", justify="right")
     written = {"frames": metrics.output_frames, "width": metrics.output_width, "height": metrics.output_height}
-    size = _size(
+    size = format_size(
         dict(metrics.recipe["generate"], **{key: value for key, value in written.items() if value}), metrics.output_kind
     )
     rows: list[tuple[str, str]] = [
         ("model", f"{metrics.model} ({metrics.family}, {metrics.dtype}, {metrics.device})"),
         ("output", f"{size}, {metrics.steps} steps → {metrics.output_path}"),
-        ("load", _seconds(metrics.load_s)),
-        ("warm-up (compile)" if metrics.compile else "warm-up", _seconds(metrics.warmup_s)),
+        ("load", format_seconds(metrics.load_s)),
+        ("warm-up (compile)" if metrics.compile else "warm-up", format_seconds(metrics.warmup_s)),
         ("generation", _timed(metrics.times_s)),
-        ("per step", _seconds(metrics.per_step_s)),
+        ("per step", format_seconds(metrics.per_step_s)),
         ("steps/s", f"{metrics.steps_per_s:.2f}"),
     ]
     if metrics.cache is not None:
@@ -100,14 +60,14 @@ def run_table(metrics: Metrics) -> Table:
     rows.append(("parallel", _parallel(metrics.parallel)))
     rows.append(("quantization", _quant(metrics.quant)))
     rows.append(("compile", _compile(metrics.compile)))
-    rows.append((f"peak memory ({metrics.peak_memory_kind})", _bytes(metrics.peak_memory_bytes)))
+    rows.append((f"peak memory ({metrics.peak_memory_kind})", format_bytes(metrics.peak_memory_bytes)))
     if metrics.planned_peak_bytes is not None:
-        rows.append(("peak memory (accel plan's estimate)", _bytes(metrics.planned_peak_bytes)))
+        rows.append(("peak memory (accel plan's estimate)", format_bytes(metrics.planned_peak_bytes)))
     if metrics.baseline_s is not None:
         rows.append(
             (
                 "baseline generation",
-                _timed(metrics.baseline_times_s) if metrics.baseline_times_s else _seconds(metrics.baseline_s),
+                _timed(metrics.baseline_times_s) if metrics.baseline_times_s else format_seconds(metrics.baseline_s),
             )
         )
         rows.append(("speedup", _speedup(metrics)))
@@ -117,20 +77,17 @@ def run_table(metrics: Metrics) -> Table:
         )
         rows.append(("SSIM vs baseline", f"{metrics.ssim:.4f}" if metrics.ssim is not None else "—"))
     if metrics.threads is not None and metrics.device.startswith("cpu"):
-        rows.append(("CPU threads", _threads(metrics.threads)))
+        rows.append(("CPU threads", format_threads(metrics.threads)))
     for name, value in rows:
         table.add_row(name, value)
     return table
 
 
-SINGLE_REPEAT = "single repeat"
-
-
 def _timed(times: list[float]) -> str:
     """'52.1 ms (49.0–60.2 ms)': the median and min–max of the timed runs; one run says so."""
     if len(times) == 1:
-        return f"{_seconds(times[0])} ({SINGLE_REPEAT})"
-    return f"{_seconds(statistics.median(times))} ({_span(min(times), max(times))})"
+        return f"{format_seconds(times[0])} ({SINGLE_REPEAT})"
+    return f"{format_seconds(statistics.median(times))} ({format_span(min(times), max(times))})"
 
 
 def _speedup(metrics: Metrics) -> str:
@@ -141,22 +98,6 @@ def _speedup(metrics: Metrics) -> str:
     if len(metrics.times_s) == 1 and len(metrics.baseline_times_s) == 1:
         return f"{metrics.speedup:.2f}× ({SINGLE_REPEAT}: noisy, use --repeats 5)"
     return f"{metrics.speedup:.2f}× ({spread[0]:.2f}–{spread[1]:.2f}×, {metrics.compare_order})"
-
-
-def _threads(threads: dict[str, Any]) -> str:
-    if threads["source"] == "accel default":
-        return f"{threads['count']} (accel default; OMP_NUM_THREADS overrides)"
-    return f"{threads['count']} ({threads['source']})"
-
-
-def _size(settings: dict[str, Any], output_kind: str) -> str:
-    """'64×48' or '64×48, 5 frames' from a pipeline call's arguments (the frames key varies by family);
-    a pipeline that takes no size (HunyuanVideo 1.5 image-to-video) makes the input picture's."""
-    size = f"{settings['width']}×{settings['height']}" if "width" in settings else "input picture's size"
-    if output_kind != "image":
-        frames = settings.get("frames") or next((v for k, v in settings.items() if k.endswith("frames")), None)
-        size += f", {frames} frames"
-    return size
 
 
 def run_document(metrics: Metrics, argv: list[str]) -> dict[str, Any]:
@@ -223,8 +164,8 @@ def traffic_table(metrics: Metrics) -> Table:
         table.add_row("not counted with --compile", "—", "—")
         return table
     for kind, nbytes in sorted(sent.items()):
-        table.add_row(kind, _bytes(nbytes), _bytes(nbytes // max(1, metrics.steps)))
-    table.add_row("total", _bytes(sum(sent.values())), _bytes(sum(sent.values()) // max(1, metrics.steps)))
+        table.add_row(kind, format_bytes(nbytes), format_bytes(nbytes // max(1, metrics.steps)))
+    table.add_row("total", format_bytes(sum(sent.values())), format_bytes(sum(sent.values()) // max(1, metrics.steps)))
     return table
 
 
@@ -317,10 +258,10 @@ def _models_blocks(families: list[Family], width: int) -> Table:
     rest = max(20, width - alias_width - 2)  # each column is padded by one on its right
     table.add_column("what", no_wrap=True)
     for family in families:
-        head = _packed(
+        head = packed(
             ["tested", f"tiny: {family.tiny_alias or '—'}", ", ".join(_kinds(family)), family.repo], rest, " · "
         )
-        lines = [head, _packed(family.pipeline_classes, rest, ", "), _packed(family_features(family), rest, " · ")]
+        lines = [head, packed(family.pipeline_classes, rest, ", "), packed(family_features(family), rest, " · ")]
         table.add_row(family.name, Text("\n".join(lines)))
     return table
 
@@ -372,193 +313,3 @@ def environment_table(env: dict[str, Any]) -> Table:
     for index, (kernel, present) in enumerate(env["attention_kernels"].items()):
         table.add_row("attention kernels" if index == 0 else "", f"{kernel}: {'yes' if present else 'no'}")
     return table
-
-
-# --- accel bench ------------------------------------------------------------------------------
-
-BENCH_COLUMNS = (
-    "variant",
-    "layout",
-    "median",
-    "min–max",
-    "per step",
-    "speedup",
-    "cache hits",
-    "peak memory",
-    "PSNR",
-    "SSIM",
-)
-
-
-def bench_rows(result: BenchResult) -> list[list[str]]:
-    """The bench table's cells, shared by the terminal table and the Markdown file."""
-    rows = []
-    for row in result.variants:
-        if not row.ran:
-            rows.append([row.name, "skipped (below)", *("—" for _ in BENCH_COLUMNS[2:])])
-            continue
-        baseline = row.name == result.baseline
-        rows.append(
-            [
-                row.name,
-                row.layout,
-                _seconds(row.median_s),
-                _span(min(row.times_s), max(row.times_s)) if len(row.times_s) > 1 else SINGLE_REPEAT,
-                _seconds(row.per_step_s),
-                f"{row.speedup:.2f}×" if row.speedup is not None else "—",
-                f"{row.cache_hit_rate:.0%}" if row.cache_hit_rate is not None else "off",
-                _peak_cell(row),
-                "baseline" if baseline else _psnr(row.psnr_db),
-                "baseline" if baseline else (f"{row.ssim:.4f}" if row.ssim is not None else "—"),
-            ]
-        )
-    return rows
-
-
-def _peak_cell(row: VariantResult) -> str:
-    """The measured peak, and accel plan's estimate beside it where the plan applied (a flagship checkpoint)."""
-    measured = _bytes(row.peak_memory_bytes) if row.peak_memory_bytes is not None else "—"
-    return measured if row.planned_peak_bytes is None else f"{measured} (plan {_bytes(row.planned_peak_bytes)})"
-
-
-def bench_notes(result: BenchResult) -> list[str]:
-    """Lines under the table: why each skipped variant did not run; a warning when each time is one run."""
-    notes = [f"{row.name} skipped: {row.skip_reason}" for row in result.variants if not row.ran]
-    if result.repeats == 1:
-        notes.append(
-            f"speedups are from a {SINGLE_REPEAT} per variant and may be noise; pass --repeats 5 for a median and "
-            "spread"
-        )
-    return notes
-
-
-def _span(low: float, high: float) -> str:
-    """'93.7–101.2 ms': a min–max range in one unit."""
-    if high < 1:
-        return f"{low * 1000:.1f}–{high * 1000:.1f} ms"
-    return f"{low:.2f}–{high:.2f} s"
-
-
-def _psnr(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return "identical (∞)" if math.isinf(value) else f"{value:.2f} dB"
-
-
-def _bench_title(result: BenchResult) -> str:
-    return f"accel bench {result.recipe}"
-
-
-def _bench_context(result: BenchResult) -> str:
-    settings = result.settings
-    # A pipeline without a step count (LTX-2.5 DFR's distilled sigmas) has the steps its variants ran.
-    steps = settings.get("num_inference_steps") or next((row.steps for row in result.variants if row.steps), "?")
-    return (
-        f"{result.model} ({result.family}, {result.dtype}, {result.device}); {_size(settings, result.output_kind)}, "
-        f"{steps} steps; {result.world_size} process{'es' if result.world_size > 1 else ''}; "
-        f"{result.warmup} warm-up + {result.repeats} timed runs per variant; peak memory is {result.peak_memory_kind}"
-        + (
-            f"; CPU threads: {_threads(result.threads)}"
-            if result.threads is not None and result.device.startswith("cpu")
-            else ""
-        )
-    )
-
-
-def bench_table(result: BenchResult) -> Fit:
-    """Every column where it fits; else two lines a variant (layout under its name, min–max under the
-    median, cache hits under the speedup, SSIM under PSNR) without the time per step (the median over
-    the caption's steps); else without min–max too. Never a cut number."""
-    return Fit(
-        lambda _width: _bench_wide(result),
-        lambda _width: _bench_stacked(result, spans=True),
-        lambda _width: _bench_stacked(result, spans=False),
-    )
-
-
-def _bench_wide(result: BenchResult) -> Table:
-    table = Table(title=_bench_title(result), caption=_bench_context(result), header_style="bold")
-    for column in BENCH_COLUMNS:
-        table.add_column(column, justify="left" if column in ("variant", "layout") else "right", no_wrap=True)
-    for cells in bench_rows(result):
-        table.add_row(*cells)
-    return table
-
-
-def _bench_stacked(result: BenchResult, spans: bool) -> Table:
-    table = Table(
-        title=_bench_title(result), caption=_bench_context(result), header_style="bold", show_edge=False, pad_edge=False
-    )
-    table.add_column("variant\nlayout")
-    table.add_column("median\nmin–max" if spans else "median", justify="right", no_wrap=True)
-    table.add_column("speedup\ncache", justify="right", no_wrap=True)
-    table.add_column("peak\nmemory", justify="right", no_wrap=True)
-    table.add_column("PSNR\nSSIM", justify="right", no_wrap=True)
-    for row, cells in zip(result.variants, bench_rows(result), strict=True):
-        cell = dict(zip(BENCH_COLUMNS, cells, strict=True))
-        if not row.ran:
-            table.add_row(f"{cell['variant']}\nskipped", "—", "—", "—", "—")
-            continue
-        table.add_row(
-            f"{cell['variant']}\n{cell['layout']}",
-            cell["median"] + (f"\n{cell['min–max']}" if spans else ""),
-            f"{cell['speedup']}\n{cell['cache hits']}",
-            cell["peak memory"],
-            cell["PSNR"] + ("" if cell["SSIM"] == "baseline" else f"\n{cell['SSIM']}"),
-        )
-    return table
-
-
-def bench_markdown(result: BenchResult) -> str:
-    lines = [f"# {_bench_title(result)}", "", _bench_context(result) + ".", ""]
-    lines.append("| " + " | ".join(BENCH_COLUMNS) + " |")
-    lines.append("|" + "|".join("---" if c in ("variant", "layout") else "--:" for c in BENCH_COLUMNS) + "|")
-    for cells in bench_rows(result):
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    lines.append("")
-    lines += [f"- {note}" for note in bench_notes(result)]
-    if bench_notes(result):
-        lines.append("")
-    for name in ("grid", "chart"):
-        if name in result.files:
-            lines += [f"![{name}]({Path(result.files[name]).name})", ""]
-    return "\n".join(lines)
-
-
-def write_bench(
-    result: BenchResult, folder: Path, json_copy: Path | None = None, markdown_copy: Path | None = None
-) -> None:
-    """Into the bench's folder: bench.json, bench.md, grid.png (the variants' outputs side by side)
-    and speedup.png; the paths are recorded in `result.files` (and so in the JSON). Each file is
-    written whole, and none replaces an existing one (UserError): bench never overwrites."""
-    from accel.bench import BENCH_HINT
-    from accel.figures import save_grid, speedup_chart
-
-    hint = BENCH_HINT  # what each refusal says
-    folder.mkdir(parents=True, exist_ok=True)
-    files = {"json": folder / "bench.json", "markdown": folder / "bench.md"}
-    if result.tiles:
-        files["grid"] = folder / "grid.png"
-        save_grid(result.tiles, files["grid"], hint=hint)
-    files["chart"] = folder / "speedup.png"
-    speedup_chart(
-        [row.name for row in result.variants],
-        [row.speedup if row.ran else None for row in result.variants],
-        files["chart"],
-        f"{result.model}: speedup vs {result.baseline}",
-        hint=hint,
-        spreads=[
-            (row.speedup_min, row.speedup_max)
-            if row.speedup_min is not None and row.speedup_max is not None and len(row.times_s) > 1
-            else None
-            for row in result.variants
-        ],
-    )
-    result.files = {name: str(path) for name, path in files.items()}
-    markdown = bench_markdown(result)
-    write_file(files["markdown"], by_descriptor(lambda file: file.write(markdown.encode())), replace=False, hint=hint)
-    write_json(result.as_dict(), files["json"], hint=hint)
-    if json_copy is not None:
-        write_json(result.as_dict(), json_copy, hint=hint)
-    if markdown_copy is not None:
-        write_file(markdown_copy, by_descriptor(lambda file: file.write(markdown.encode())), replace=False, hint=hint)

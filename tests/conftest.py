@@ -37,7 +37,7 @@ def cold_compile_env(folder: Path, **extra: str) -> dict[str, str]:
 
 
 def generate(pipe: Any, call: dict[str, Any], seed: int = 0) -> np.ndarray:
-    from accel.runner import output_array
+    from accel.generate import output_array
 
     result = pipe(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
     return np.asarray(output_array(result, pipe))  # frames, images, or the field the family names (Cosmos 3's video)

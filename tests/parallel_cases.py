@@ -408,7 +408,7 @@ def output_of(result: Any, pipe: Any = None) -> Any:
     import numpy as np
 
     from accel.models.registry import family_of
-    from accel.runner import output_array
+    from accel.generate import output_array
 
     output = np.asarray(output_array(result, pipe))
     spec = family_of(pipe).audio if pipe is not None else None

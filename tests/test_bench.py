@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from conftest import cold_compile_env
 from variant_cases import needs_picture
 from accel import figures
-from accel.bench import plan_bench, run_bench
+from accel.bench.plan import plan_bench
+from accel.bench.run import run_bench
 from accel.cli import app
 from accel.media import read_video
 from accel.models.registry import FAMILIES

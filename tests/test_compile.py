@@ -14,7 +14,7 @@ from conftest import FLUX_CALL, generate
 import accel
 import parallel_cases as cases
 from accel.models.registry import FAMILIES
-from accel.runner import measure
+from accel.measure import measure
 from test_parallel_families import FAMILY_CASES
 
 # float32 inductor kernels reorder sums: compiled vs eager pixel differences seen ≤ 2.1e-6.

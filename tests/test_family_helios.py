@@ -79,7 +79,7 @@ def test_the_pyramids_steps_are_its_stages_steps() -> None:
     """It takes no num_inference_steps: the run's step count is the sum over its stages, given or default."""
     from diffusers import HeliosPyramidPipeline
 
-    from accel.runner import call_steps
+    from accel.models.call import call_steps
 
     pipe = HeliosPyramidPipeline.__new__(HeliosPyramidPipeline)  # the class's signature is all call_steps reads
     assert call_steps(pipe, {}) == 30  # its default, [10, 10, 10]

@@ -19,7 +19,8 @@ from test_parallel_families import FAMILY_CASES, MODES, check_equals_one_process
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
-from accel.runner import generate, generation_kwargs
+from accel.generate import generate
+from accel.models.call import generation_kwargs
 
 TOLERANCE = 1e-4
 GLYPH = dict(FAMILY_CASES["hunyuan15"].call, prompt='a shop sign that reads "OPEN"')

@@ -18,7 +18,8 @@ from test_parallel_families import FAMILY_CASES, MODES, TOLERANCE, check_equals_
 
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
-from accel.runner import generate, generation_kwargs
+from accel.generate import generate
+from accel.models.call import generation_kwargs
 
 GLYPH = dict(FAMILY_CASES["hunyuanimage"].call, prompt='a shop sign that reads "OPEN"')
 

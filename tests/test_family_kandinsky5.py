@@ -179,7 +179,9 @@ def test_image_variants_make_pictures_without_a_frame_count() -> None:
     .mp4 refused in one line naming the pipeline, and the pipelines' own 1024² example as real defaults."""
     from accel.errors import UserError
     from accel.recipe import Recipe
-    from accel.runner import _check_out, generation_kwargs, made_by
+    from accel.models.call import generation_kwargs
+    from accel.models.variants import made_by
+    from accel.outputs import check_out
 
     recipe = Recipe.from_dict({"model": {"pipeline": T2I}})
     assert generation_kwargs(FAMILY, False, recipe) == {
@@ -199,7 +201,7 @@ def test_image_variants_make_pictures_without_a_frame_count() -> None:
     with pytest.raises(
         UserError, match=r"^--out x.mp4: Kandinsky5I2IPipeline makes images, so the name must end in .png$"
     ):
-        _check_out(Path("x.mp4"), False, made_by(FAMILY, I2I))
+        check_out(Path("x.mp4"), False, made_by(FAMILY, I2I))
 
 
 def test_image_variants_decode_with_flux_vae_split_over_ranks(rank_pools: Any) -> None:
@@ -262,7 +264,8 @@ def test_a_saved_image_pipeline_is_known_to_make_pictures_before_loading(tmp_pat
     from accel.errors import UserError
     from accel.models.loading import resolve_model
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs, run
+    from accel.models.call import generation_kwargs
+    from accel.runner import run
 
     variant_cases.variant_pipeline("kandinsky5", T2I).save_pretrained(tmp_path / "t2i")
     ref = resolve_model(str(tmp_path / "t2i"))

@@ -249,7 +249,7 @@ def test_the_sdr_preview_and_the_npy_writer() -> None:
 
 def test_bench_keeps_and_shows_an_hdr_video_as_its_sdr_preview(tmp_path: Path) -> None:
     """A bench variant's file is the preview MP4, its grid tile the preview's frames in [0, 1]."""
-    from accel.bench import _save_output, _tile
+    from accel.bench.run import _save_output, _tile
     from accel.media import save_video
 
     linear = np.random.default_rng(0).exponential(0.5, (9, 64, 96, 3)).astype(np.float32)
@@ -303,7 +303,7 @@ def test_hdr_converts_the_whole_reference_clip_unless_frames_say_otherwise(tmp_p
     """The reference clip's length is the call's frame count; `[generate] frames` wins; a picture sets none."""
     from accel.media import save_video
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     clip, picture = tmp_path / "clip.mp4", tmp_path / "still.png"
     save_video(np.zeros((17, 64, 64, 3), dtype=np.float32), clip, fps=24)
@@ -413,7 +413,8 @@ def test_a_dfr_pass_then_its_temporal_refine_round_through_the_command_line(tmp_
 @pytest.fixture(scope="module")
 def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A DFR pass's .pt as --out writes it (the runner's own writer, no subprocess)."""
-    from accel.runner import _write_output, generate_with_audio
+    from accel.generate import generate_with_audio
+    from accel.outputs import write_output
 
     import accel
 
@@ -425,7 +426,7 @@ def dfr_pass(tmp_path_factory: pytest.TempPathFactory) -> Path:
         0,
         variant_of(FAMILY, DFR).latent_output,
     )
-    return _write_output("pass", 24, "video", tmp_path_factory.mktemp("dfr") / "pass.pt", False, fields)
+    return write_output("pass", 24, "video", tmp_path_factory.mktemp("dfr") / "pass.pt", False, fields)
 
 
 @pytest.mark.parametrize(
@@ -542,7 +543,7 @@ def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_
     from accel.errors import UserError
     from accel.models.ltx2 import build_tiny_dfr, tiny_temporal_upsampler
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     build_tiny_dfr().save_pretrained(tmp_path / "dfr")
     tiny_temporal_upsampler(seed=3).save_pretrained(tmp_path / "upsampler")

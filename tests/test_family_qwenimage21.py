@@ -44,7 +44,7 @@ def test_a_condition_picture_on_ring_3_with_the_cache_equals_one_process(rank_po
 def _measured_notes(recipe: dict[str, Any], call: dict[str, Any]) -> tuple[Any, list[str]]:
     """The tiny pipeline measured under `recipe` as `accel run` measures it: its output and the run's notes."""
     from accel.recipe import Recipe
-    from accel.runner import measure_recipe
+    from accel.measure import measure_recipe
 
     measured = measure_recipe(cases.tiny_pipeline("tiny-qwenimage21"), Recipe.from_dict(recipe), dict(call), warmup=0)
     return np.asarray(measured.measurement.output), measured.notes

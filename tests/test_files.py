@@ -354,7 +354,7 @@ def test_run_refuses_an_out_another_run_is_writing_before_loading(
 
 
 def test_a_bench_folder_is_claimed_and_must_still_be_empty(tmp_path: Path) -> None:
-    from accel.bench import _claim_folder
+    from accel.bench.run import _claim_folder
 
     folder = tmp_path / "report"
     with _claim_folder(folder):

@@ -253,7 +253,7 @@ def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> No
 def test_a_bench_folder_denied_is_one_line_and_leaves_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """EACCES on the folder's mkdir (faked: root may write anywhere): one line naming the folder; the
     claim taken just before gives its lock up."""
-    from accel.bench import _claim_folder
+    from accel.bench.run import _claim_folder
 
     folder, mkdir = tmp_path / "report", Path.mkdir
 
@@ -301,7 +301,7 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_bench_folder_on_a_full_tmpfs_is_one_line_and_leaves_no_lock(tiny_tmpfs: Path) -> None:
     """The lock takes the last inode, the folder finds none: ENOSPC from the kernel, not a traceback."""
-    from accel.bench import _claim_folder
+    from accel.bench.run import _claim_folder
 
     folder = tiny_tmpfs / "report"
     with pytest.raises(UserError) as refused:

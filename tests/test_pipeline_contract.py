@@ -220,7 +220,7 @@ def takes_callbacks(pipe: Any) -> bool:
 def pixels_of(result: Any, pipe: Any) -> np.ndarray:
     """The output object's pixels: `frames` (video), `images`, Kandinsky 5's `image`, or the field the
     family names (Cosmos 3's one-sample `video`), as accel reads them."""
-    from accel.runner import output_array
+    from accel.generate import output_array
 
     return np.asarray(output_array(result, pipe))
 

@@ -621,7 +621,7 @@ def flux2_bench(**variant_parallel: int) -> object:
 
 @needs_cuda_build
 def test_bench_variants_left_to_accel_take_the_plans_layout_and_the_ranks_get_the_same(monkeypatch) -> None:
-    from accel.bench import fit_bench, plan_bench
+    from accel.bench.plan import fit_bench, plan_bench
     from accel.memory.fit import PLANNED_RECIPES
 
     monkeypatch.delenv(PLANNED_RECIPES, raising=False)
@@ -666,8 +666,8 @@ def test_bench_refuses_a_variant_whose_layout_does_not_fit_before_loading(tmp_pa
 
 
 def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
-    from accel import report
-    from accel.bench import BenchResult, VariantResult
+    from accel.bench import report
+    from accel.bench.results import BenchResult, VariantResult
 
     row = VariantResult(
         "baseline", {}, 1, "1 process", times_s=[1.0], steps=2, peak_memory_bytes=2**30, planned_peak_bytes=3 * 2**30

@@ -9,9 +9,10 @@ import pytest
 from rich.console import Console
 
 from accel import report
-from accel.bench import BenchResult, VariantResult
+from accel.bench.report import BENCH_COLUMNS, bench_rows, bench_table
+from accel.bench.results import BenchResult, VariantResult
 from accel.models.registry import FAMILIES
-from accel.runner import Metrics
+from accel.metrics import Metrics
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?: ?(?:ms|s|GiB|MiB|KiB|B|dB)\b|×|%)?")
 
@@ -144,9 +145,9 @@ def test_run_table_fits_80_columns_with_every_number_whole() -> None:
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_bench_table_fits_narrow_terminals_with_every_number_whole(width: int) -> None:
-    lines = _render(report.bench_table(BENCH), width)
-    rows = report.bench_rows(BENCH)
-    shown = [cell for row in rows for column, cell in zip(report.BENCH_COLUMNS, row) if column != "per step"]
+    lines = _render(bench_table(BENCH), width)
+    rows = bench_rows(BENCH)
+    shown = [cell for row in rows for column, cell in zip(BENCH_COLUMNS, row) if column != "per step"]
     _assert_fits_with_numbers_whole(lines, _numbers(shown))
     text = "\n".join(lines)
     for expected in ("404.1–430.0 ms", "ulysses 2 × ring 2", "identical (∞)", "usp-ulysses2-ring2", "int8dq-compile"):
@@ -155,10 +156,10 @@ def test_bench_table_fits_narrow_terminals_with_every_number_whole(width: int) -
 
 
 def test_bench_table_is_the_full_table_where_it_fits() -> None:
-    text = "\n".join(_render(report.bench_table(BENCH), 200))
-    for column in report.BENCH_COLUMNS:
+    text = "\n".join(_render(bench_table(BENCH), 200))
+    for column in BENCH_COLUMNS:
         assert column in text
-    for number in _numbers([cell for row in report.bench_rows(BENCH) for cell in row]):
+    for number in _numbers([cell for row in bench_rows(BENCH) for cell in row]):
         assert number in text
 
 

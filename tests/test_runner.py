@@ -15,7 +15,8 @@ from variant_cases import needs_picture, picture
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
-from accel.runner import generation_kwargs, run
+from accel.models.call import generation_kwargs
+from accel.runner import run
 
 
 class RecordingBar:
@@ -102,13 +103,13 @@ def test_cpu_peak_memory_is_this_block_s_peak_not_the_process_lifetime_peak() ->
 
     import torch
 
-    from accel.runner import _PeakMemory
+    from accel.measure import PeakMemory
 
-    with _PeakMemory(torch.device("cpu")) as big:
+    with PeakMemory(torch.device("cpu")) as big:
         block = np.ones(300 * 2**20 // 8)  # 300 MiB, touched
         time.sleep(0.2)
         del block
-    with _PeakMemory(torch.device("cpu")) as small:
+    with PeakMemory(torch.device("cpu")) as small:
         time.sleep(0.05)
     assert big.peak - small.peak > 200 * 2**20  # the later block does not inherit the earlier peak
 
@@ -145,22 +146,22 @@ def test_size_problem_names_the_neighbours_it_makes() -> None:
 
 
 def test_a_size_the_pipeline_changed_anyway_is_a_note() -> None:
-    from accel.runner import _size_notes
+    from accel.outputs import size_notes
 
-    assert _size_notes({"width": 50, "height": 64, "num_frames": 4}, (48, 64, 5), "num_frames", True) == [
+    assert size_notes({"width": 50, "height": 64, "num_frames": 4}, (48, 64, 5), "num_frames", True) == [
         "width: 50 asked, 48 made (the pipeline rounds it)",
         "frames: 4 asked, 5 made (the pipeline rounds it)",
     ]
     assert (
-        _size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []
+        size_notes({"width": 64, "height": 64, "num_frames": 4}, (64, 64, 8), "num_frames", False) == []
     )  # DFR doubles its frames
-    assert _size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
+    assert size_notes({"width": 50, "height": 64}, None, None, True) == []  # latents
 
 
 def test_the_effective_recipe_gives_every_family_the_same_call(tmp_path: Path) -> None:
     """What the run JSON records, read back, makes the very call the run made: defaults written out
     in recipe key names, and nothing a family refuses (a true CFG scale where it has none)."""
-    from accel.runner import effective_recipe
+    from accel.models.call import effective_recipe
 
     picture().save(tmp_path / "in.png")
     for family in FAMILIES.values():

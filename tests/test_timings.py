@@ -15,12 +15,14 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from rich.console import Console
 
-from accel.bench import BenchResult, VariantResult
+from accel.bench.results import BenchResult, VariantResult
 from accel.figures import LEGEND_LABELS, speedup_figure
 from accel.preflight import cpu_cores
 from accel.recipe import Recipe
-from accel.report import bench_markdown, bench_notes, bench_rows, run_table
-from accel.runner import Metrics, compare_order
+from accel.bench.report import bench_markdown, bench_notes, bench_rows
+from accel.report import run_table
+from accel.measure import compare_order
+from accel.metrics import Metrics
 from accel.threads import default_threads
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -242,7 +242,8 @@ def _prompts(folder: Path, texts: tuple[str, ...]) -> Path:
 def _image(recipe: Any) -> np.ndarray:
     import accel
     from accel.models.registry import family_of
-    from accel.runner import generate, generation_kwargs
+    from accel.generate import generate
+    from accel.models.call import generation_kwargs
 
     pipe = accel.load_pipeline(recipe.model.name)
     pipe.set_progress_bar_config(disable=True)

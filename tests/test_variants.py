@@ -23,7 +23,7 @@ from accel.cli import app
 from accel.media import read_video
 from accel.models.registry import FAMILIES
 from accel.models.variants import condition_object, variant_of
-from accel.runner import guided_by_guider
+from accel.models.call import guided_by_guider
 
 TOLERANCE = 1e-4
 ACCEL = str(Path(sys.executable).parent / "accel")
@@ -744,7 +744,7 @@ def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_p
     otherwise; VACE's mask picture arrives once per frame of the clip, a mask video frame by frame."""
     from accel.models.variants import open_inputs
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     _, mask = write_inputs(tmp_path)
     clip = write_clip(tmp_path / "clip.mp4", frames=9)
@@ -880,7 +880,7 @@ def test_ltx_conditions_become_ltx_video_conditions(tmp_path: Path) -> None:
 
     from accel.models.variants import open_inputs
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     image, _ = write_inputs(tmp_path)
     clip = write_clip(tmp_path / "clip.mp4", frames=9)
@@ -905,7 +905,8 @@ def test_ltx_long_multi_prompt_windows_are_seeded_from_the_run_seed(tmp_path: Pa
     generator accel passes: accel gives it the run's seed, so --seed changes the video (and every
     rank, seeded alike, agrees with one process); `--arg seed` is refused as a setting accel fills."""
     from accel.recipe import Recipe
-    from accel.runner import generate, generation_kwargs
+    from accel.generate import generate
+    from accel.models.call import generation_kwargs
 
     recipe = Recipe.from_dict(
         {"model": {"pipeline": LONG}, "generate": {"seed": 7, "image": str(write_inputs(tmp_path)[0])}}
@@ -1110,7 +1111,7 @@ def test_call_arguments_reach_the_call_as_toml_values_and_merge_with_the_recipe(
     to a recipe's [generate] arguments and inputs key by key."""
     from accel.cli.options import pairs
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     assert pairs("--arg", ["a=17", "b=true", "c=[1, 2]", "mode=replace", "d=1.5", 'e="x y"'], "", parse=True) == {
         "a": 17,
@@ -1157,7 +1158,7 @@ def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> No
 
     from accel.models.variants import open_inputs
     from accel.recipe import Recipe
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     image, _ = write_inputs(tmp_path)
     clip = write_clip(tmp_path / "clip.mp4", frames=9)

@@ -168,7 +168,7 @@ def variant_run(
     """(output, calls the cache skipped, bytes this rank sent) of the variant under `recipe`."""
     import accel
     from accel.parallel.comm import TRAFFIC
-    from accel.runner import output_array
+    from accel.generate import output_array
 
     pipe = variant_pipeline(family, pipeline_class)
     handle = accel.apply(pipe, recipe)

@@ -84,7 +84,7 @@ def bench(
             gpus is not None and gpus > 1 and not under_distributed_launcher()
         ):  # without --gpus the plan fits the machine
             preflight.check_process_count(gpus, settings.model.device, oversubscribe)
-        from accel.bench import fit_bench, plan_bench
+        from accel.bench.plan import fit_bench, plan_bench
 
         plan = fit_bench(
             plan_bench(settings, gpus, only), gpu_memory
@@ -105,7 +105,7 @@ def bench(
             result = _run_bench(plan, folder, lead)
             if result is None or folder is None:
                 return
-            from accel import report
+            from accel.bench import report
 
             report.write_bench(result, folder, json_path, markdown_path)
         finally:
@@ -123,7 +123,7 @@ def bench(
 
 
 def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
-    from accel.bench import run_bench
+    from accel.bench.run import run_bench
 
     return run_bench(plan, folder, progress(lead), say if lead else None)
 

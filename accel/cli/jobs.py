@@ -28,7 +28,7 @@ def relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[s
     parse_loras(settings.model.lora)  # a missing LoRA file: one line before any rank starts
     check_hardware(settings.quant.type, resolve_device(settings.model.device), resolve_dtype(settings.model.dtype, ref))
     if ref.family is not None:
-        from accel.runner import generation_kwargs
+        from accel.models.call import generation_kwargs
 
         plan_of(ref.family, "--gpus / [parallel]")
         generation_kwargs(ref.family, ref.tiny, settings, loads_as=ref.pipeline)  # CFG on where cfg = 2

@@ -144,7 +144,8 @@ class Replica:
 
     def _generate(self, job: Job) -> list[tuple[Any, Any]]:
         from accel.models.registry import family_of
-        from accel.runner import generate_with_audio, generation_kwargs
+        from accel.generate import generate_with_audio
+        from accel.models.call import generation_kwargs
 
         settings = self.recipe.with_overrides({"generate": job.generate}, source="request")
         kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)

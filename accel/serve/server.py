@@ -129,7 +129,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
 def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limits: Limits) -> Served:
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
     from accel.serve.limits import positional_limits, token_counters
 
     call = generation_kwargs(family, tiny, recipe, pipe)

@@ -26,7 +26,7 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
     experts) each records the steps it runs; the curve is theirs in step order."""
     from accel.cache import MagCache
     from accel.compose import cache_sums, transformers
-    from accel.runner import generate
+    from accel.generate import generate
     from accel.steps import StepEvents
 
     events = StepEvents.of(pipe)
@@ -55,7 +55,7 @@ def calibrate(recipe: Recipe, out: Path) -> Recipe:
     from accel.models.loading import load_pipeline, resolve_device, resolve_model
     from accel.models.registry import family_of
     from accel.recipe import CacheSection
-    from accel.runner import generation_kwargs
+    from accel.models.call import generation_kwargs
 
     if recipe.parallel.world_size > 1:
         raise UserError(
@@ -117,6 +117,6 @@ def write_recipe(recipe: Recipe, path: Path) -> None:
 
 def fresh_recipe_path(source: Path, suffix: str) -> Path:
     """`<stem>-<suffix>.toml` beside the source recipe, numbered if taken."""
-    from accel.runner import first_free
+    from accel.outputs import first_free
 
     return first_free(source.parent, f"{source.stem}-{suffix}", ".toml")

@@ -75,7 +75,7 @@ def _tune(
     from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
-    from accel.runner import call_steps, generation_kwargs
+    from accel.models.call import call_steps, generation_kwargs
     from accel.tune.calibrate import calibrate_magcache
     from accel.tune.trials import Trials, with_cache
 

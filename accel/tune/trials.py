@@ -136,7 +136,7 @@ class Trials:
     def _measure(self, recipe: Recipe, kwargs: dict[str, Any], warmup: int | None = None) -> Any:
         import torch
 
-        from accel.runner import measure_recipe
+        from accel.measure import measure_recipe
 
         warmup = self.warmup if warmup is None else warmup
         self.generations += warmup + self.repeats

@@ -6,7 +6,7 @@ their GPU, `accel.apply` moves it to the CPU there and `remove()` puts it back.
 The pipeline call stays checked equal on every rank (`agree_on_arguments`, which this wraps inside),
 but for output_type, which may differ here: whatever a rank that does not decode was given, it asks
 for latents. What those ranks return is latents, which no code path keeps (only the first rank
-writes, reports or answers; `accel.runner` gives them no output).
+writes, reports or answers; `accel.generate` gives them no output).
 """
 
 from __future__ import annotations
