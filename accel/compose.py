@@ -39,7 +39,8 @@ import torch
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
-from accel.models.base import AutomaticPlan, Family, ParallelPlan, TensorPlan
+from accel.models.base import Family
+from accel.parallel.plan_format import AutomaticPlan, ParallelPlan, TensorPlan
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions

@@ -57,7 +57,8 @@ from test_parallel_families import splits_sequence  # noqa: E402
 from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
 from accel.memory.estimate import KnownValues  # noqa: E402
-from accel.models.base import Family, ParallelPlan  # noqa: E402
+from accel.models.base import Family  # noqa: E402
+from accel.parallel.plan_format import ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from accel.optimize.processors import install_processors  # noqa: E402
 from accel.parallel.cfg import CfgParallel  # noqa: E402

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from accel.models.base import BlockList, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList
+from accel.parallel.plan_format import ParallelPlan, SequenceSplit
 
 # FLUX.1's plan as accel wrote it by hand before deriving it from diffusers' _cp_plan: the reference
 # the derived plan is tested against, and a plan for toy modules that have no _cp_plan of their own.

@@ -34,7 +34,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from accel.errors import UserError
 from accel.memory.tracker import tracked_peak
-from accel.models.base import AutomaticPlan, Family
+from accel.models.base import Family
+from accel.parallel.plan_format import AutomaticPlan
 from accel.models.flagships import Component, Flagship, Size
 from accel.optimize.processors import install_processors
 from accel.parallel.mesh import Degrees

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
-    Family,
-    GenerationDefaults,
     JOINT_ATTENTION,
     ParallelPlan,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Conditions,
+from accel.models.base import Acceleration, BlockList, Conditions, Family, GenerationDefaults, Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
-    Family,
-    GenerationDefaults,
     ParallelPlan,
     Rotary,
     SELF_ATTENTION,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

@@ -13,20 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from accel.models.base import (
     Acceleration,
-    DIFFUSERS_MLP,
-    SELF_ATTENTION,
     AudioOutput,
     BlockList,
     Component,
     Conditions,
     Family,
-    FromDiffusers,
     GenerationDefaults,
     NamedInput,
+    Variant,
+)
+from accel.parallel.plan_format import (
+    DIFFUSERS_MLP,
+    SELF_ATTENTION,
+    FromDiffusers,
     Rotary,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    FromDiffusers,
-    GenerationDefaults,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-)
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, Variant
+from accel.parallel.plan_format import FromDiffusers, SequenceSplit, TensorPlan
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline

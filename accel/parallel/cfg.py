@@ -29,7 +29,8 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CFG, wrap
-from accel.models.base import CfgStyle, SequenceSplit
+from accel.models.base import CfgStyle
+from accel.parallel.plan_format import SequenceSplit
 from accel.parallel.comm import Group, all_gather
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.outputs import as_output, map_samples, map_tensors, sample_of, tensors_of

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from accel.models.base import FromDiffusers, ParallelPlan, SequenceSplit
+from accel.parallel.plan_format import FromDiffusers, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
 
 DIFFUSERS = "diffusers _cp_plan"  # a plan's origin, as reports name it

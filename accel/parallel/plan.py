@@ -19,9 +19,9 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError
 from accel.hooks import PARALLEL, wrap
-from accel.models.base import (
+from accel.models.base import Family
+from accel.parallel.plan_format import (
     AutomaticPlan,
-    Family,
     FromDiffusers,
     GroupedTokens,
     LeadingCount,

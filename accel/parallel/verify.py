@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from accel.errors import NotAvailableError, first_line
-from accel.models.base import AutomaticPlan, BlockList, ParallelPlan
+from accel.models.base import BlockList
+from accel.parallel.plan_format import AutomaticPlan, ParallelPlan
 from accel.parallel.automatic import (
     AutomaticPlanRefused,
     TransformerCall,
