@@ -25,7 +25,7 @@ from accel.models.base import OUTPUT_FILES, Family, GenerationDefaults, OutputKi
 from accel.models.loading import load_pipeline, resolve_device, resolve_dtype, resolve_model
 from accel.optimize.compile import compiled_graphs
 from accel.optimize.quantize import check_hardware
-from accel.parallel.cfg import no_guidance_message
+from accel.parallel.plan import refuse_layout
 from accel.parallel.comm import TRAFFIC
 from accel.parallel.encoders import ONE_RANK_PLACEMENTS, SHARDED, loads_text_encoders, refusal_before_start
 from accel.vae.placement import decodes_here, loads_vae_on_gpu
@@ -45,7 +45,6 @@ from accel.models.variants import (
     made_by,
     named_input_arguments,
     open_inputs,
-    refuse_split,
     refuse_together,
     variant_of,
     variant_of_class,
@@ -317,9 +316,7 @@ def generation_kwargs(
         }
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
-    refuse_split(variant, recipe.parallel.sequence_ranks)
-    if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
-        raise UserError(no_guidance_message(family.title))
+    refuse_layout(family, variant, recipe.parallel)  # as apply does: nothing to cut, or no guidance to turn on
     if (
         recipe.parallel.cfg > 1
         and (pipe is not None or recipe.model.pipeline)

@@ -144,15 +144,6 @@ def component_folders(variant: Variant, given: Mapping[str, str], converted: boo
     return {name: str(Path(folder).expanduser()) for name, folder in given.items()}
 
 
-def refuse_split(variant: Variant, sequence: int) -> None:
-    """One line, before any rank starts, where Ulysses / Ring would cut a pipeline they cannot."""
-    if sequence > 1 and variant.not_split:
-        raise UserError(
-            f"[parallel] ulysses × ring = {sequence}: context parallelism cannot split {variant.pipeline_class}: "
-            f"{variant.not_split}; set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)"
-        )
-
-
 def input_arguments(variant: Variant, image: str | None, mask: str | None, video: str | None = None) -> dict[str, str]:
     """The call's keyword arguments for the input files; a missing required one, one the pipeline
     does not take, or a file that cannot be read, is one line naming the flag."""

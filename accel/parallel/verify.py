@@ -97,7 +97,7 @@ def _split_run(
     ring: int,
     record: dict[int, dict[str, list[Tensor]]] | None = None,
 ) -> list[Any]:
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
 
     meshes = simulated_meshes(ulysses, ring)
     copies = [weight_sharing_copy(transformer) for _ in meshes]
