@@ -476,8 +476,9 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
 
 def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     """The same refusal when diffusers' `enable_cache` comes after apply: checked as each transformer
-    call starts (a forward pre-hook, before diffusers' own hooks and any block runs), since its hooks
-    would otherwise stack on accel's and miss the calls accel's cache skipped."""
+    call starts (a forward pre-hook, before diffusers' own hooks, accel's engines and any block run),
+    since its hooks would otherwise stack on accel's and miss the calls accel's cache skipped, or, on a
+    transformer under context parallelism, decide per rank."""
     recipe = handle.recipe
     asked = [
         name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
@@ -485,16 +486,23 @@ def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     if not asked:
         return
     for attr, transformer in _transformers(handle).items():
-        if attr in handle.parallel:
-            continue  # the context-parallel engine refuses it in its own words, on every rank alike
 
-        def check(module: Any, args: Any, attr: str = attr) -> None:
-            if getattr(module, "is_cache_enabled", False):
-                raise UserError(
-                    f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
-                    "cache cannot run beside accel's cache or across parallel ranks; call "
-                    f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
+        def check(module: Any, args: Any, attr: str = attr, split: bool = attr in handle.parallel) -> None:
+            if not getattr(module, "is_cache_enabled", False):
+                return
+            if split:
+                # diffusers' hooks would decide on each rank's shard alone, so ranks would part ways and
+                # deadlock in the next collective: every rank refuses here alike, before the first one.
+                raise NotAvailableError(
+                    f"context parallelism: {type(module).__name__} has diffusers' own cache enabled (enable_cache), "
+                    "which decides on each rank's shard alone; call disable_cache() on it and use accel's [cache] "
+                    "instead, or run on one process"
                 )
+            raise UserError(
+                f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
+                "cache cannot run beside accel's cache or across parallel ranks; call "
+                f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
+            )
 
         handle._undo.append(transformer.register_forward_pre_hook(check, prepend=True).remove)
 

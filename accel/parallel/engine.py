@@ -213,7 +213,6 @@ class ContextParallel:
         for split in self.plan.splits:
             if split.at and bound.arguments.get(split.value) is not None:
                 bound.arguments[split.value] = self._cuts.defer(split, bound.arguments[split.value])
-        self._refuse_diffusers_cache()
         self._active, self._route.routed = True, False
         try:
             with AttentionRouter(
@@ -243,16 +242,6 @@ class ContextParallel:
             f"calls passing {argument}={value!r}, so every rank computed each call whole (no speedup from the sequence "
             "degree; the pipeline's own caching options decide which calls those are)"
         )
-
-    def _refuse_diffusers_cache(self) -> None:
-        """diffusers' cache hooks (enabled after apply) decide from each rank's shard alone, so ranks
-        would part ways and deadlock in the next collective: refuse before the first one."""
-        if getattr(self._transformer, "is_cache_enabled", False):
-            name = type(self._transformer).__name__
-            raise NotAvailableError(
-                f"context parallelism: {name} has diffusers' own cache enabled (enable_cache), which decides on each "
-                "rank's shard alone; call disable_cache() on it and use accel's [cache] instead, or run on one process"
-            )
 
     def real_tokens(self, value: str) -> int | None:
         """During a forward: how many of this rank's tokens of the planned tensor `value` are real (see
