@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults, ResultField, Variant
+from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults, ResultField
+from accel.models.variant_format import Variant
 from accel.parallel.plan_format import ParallelPlan, SequenceSplit, TensorPlan, split_layers
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, BlockList, Conditions, Family, GenerationDefaults, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Conditions, Variant
 from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
     ParallelPlan,

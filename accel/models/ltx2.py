@@ -11,17 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    AudioOutput,
-    BlockList,
-    Component,
-    Conditions,
-    Family,
-    GenerationDefaults,
-    NamedInput,
-    Variant,
-)
+from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Component, Conditions, NamedInput, Variant
 from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
     SELF_ATTENTION,

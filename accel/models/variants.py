@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import OUTPUT_FILES, Conditions, Family, NamedInput, OutputKind, Variant
+from accel.models.base import OUTPUT_FILES, Family, OutputKind
+from accel.models.variant_format import Conditions, NamedInput, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, NamedInput, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import NamedInput, Variant
 from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
     GroupedTokens,

@@ -17,7 +17,8 @@ from accel.errors import NotAvailableError, UserError
 from accel.parallel.plan_format import AutomaticPlan, FamilyPlan, FromDiffusers, ParallelPlan
 
 if TYPE_CHECKING:
-    from accel.models.base import Family, Variant
+    from accel.models.base import Family
+    from accel.models.variant_format import Variant
     from accel.parallel.cfg import CfgPlan
     from accel.parallel.mesh import Degrees
     from accel.recipe import ParallelSection
