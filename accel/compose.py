@@ -39,14 +39,16 @@ import torch
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
-from accel.models.base import AutomaticPlan, Family, ParallelPlan, TensorPlan
+from accel.models.base import Family
+from accel.parallel.plan_format import ParallelPlan, TensorPlan
 from accel.models.registry import family_of
-from accel.models.variants import refuse_split, variant_of_class
+from accel.models.variants import variant_of_class
 from accel.optimize.compile import CompiledRegions
 from accel.optimize.processors import install_processors
 from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer, refuse_on_quantized
 from accel.parallel.mesh import Degrees, ParallelMesh
-from accel.parallel.plan import ContextParallel, plan_of
+from accel.parallel.engine import ContextParallel
+from accel.parallel.plan import ResolvedPlans, plan_of, refuse_layout, resolve_plans
 from accel.parallel.tensor import TensorParallel
 from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal, vae_placement_refusal
 from accel.steps import StepEvents
@@ -79,8 +81,8 @@ class AccelHandle:
     # The process groups in use (None: one process) and the engine on each transformer attribute.
     mesh: ParallelMesh | None = None
     parallel: dict[str, ContextParallel] = field(default_factory=dict)
-    # Each transformer's automatic plan, verified (empty: the family's own plans are used).
-    plans: dict[str, ParallelPlan] = field(default_factory=dict)
+    # The plans the parallel engines run, resolved once in _join_mesh (None: no sequence or CFG split).
+    resolved: ResolvedPlans | None = None
     # The split VAE decode (None: the decode runs whole on every rank).
     vae_decode: ParallelDecode | None = None
     # Each transformer's tensor-parallel split (empty: tp = 1).
@@ -95,6 +97,11 @@ class AccelHandle:
         if not self.caches:
             return None
         return sum((cache.stats for cache in self.caches), CacheStats())
+
+    @property
+    def plans(self) -> Mapping[str, ParallelPlan]:
+        """Each transformer's automatic plan, verified (empty: the family's own plans are used)."""
+        return self.resolved.automatic if self.resolved is not None else {}
 
     @property
     def degrees(self) -> Degrees | None:
@@ -246,78 +253,21 @@ def _join_mesh(handle: AccelHandle) -> None:
 
     family = handle.family
     plan_of(family, "[parallel]")
-    refuse_split(variant_of_class(family, type(handle.pipe)), settings.sequence_ranks)
-    if settings.cfg > 1 and family.cfg is None:
-        from accel.parallel.cfg import no_guidance_message
-        from accel.parallel.plan import untaught_message
-
-        if family.learned:
-            raise NotAvailableError(untaught_message("[parallel] cfg = 2", family.title, "CFG parallelism"))
-        raise NotAvailableError(no_guidance_message(family.title))
+    refuse_layout(family, variant_of_class(family, type(handle.pipe)), settings)
     transformers = _transformers(handle)
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
     if degrees.sequence > 1:
         _refuse_bypassing_attention(transformers, degrees)
-        for attr, transformer in transformers.items():
-            if (
-                family.plan_for(transformer) is None
-            ):  # a variant's own transformer class has its own plan (VACE, Animate)
-                raise NotAvailableError(
-                    f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: {type(transformer).__name__} has no "
-                    "context-parallel plan yet; run it on one process, or with cfg = 2 alone"
-                )
-    if _automatic(handle) and degrees.sequence * degrees.cfg > 1:
-        handle.plans = _automatic_plans(handle, transformers, degrees)
+    if degrees.sequence * degrees.cfg > 1:
+        handle.resolved = resolve_plans(handle.pipe, family, transformers, degrees, settings.plan)
     tensor_plans = _tensor_plans(handle, degrees.tp)
     mesh = build_mesh(degrees, device.type)
     assert mesh is not None  # build_mesh refuses a layout this rank is not part of
     handle.mesh = mesh
     for attr, plan in tensor_plans.items():
         handle.tensor[attr] = TensorParallel(transformers[attr], plan, mesh.tp_group)
-
-
-def _automatic(handle: AccelHandle) -> bool:
-    """Whether context parallelism comes from the automatic plan: a learned family's only one, or asked for."""
-    return isinstance(handle.family.parallel, AutomaticPlan) or handle.recipe.parallel.plan == "automatic"
-
-
-def _automatic_plans(handle: AccelHandle, transformers: dict[str, Any], degrees: Degrees) -> dict[str, ParallelPlan]:
-    """Each transformer's automatic plan, learned from the pipeline's own first transformer call and
-    verified on simulated ranks of this layout (refused in one line where no candidate is exact).
-    Every rank learns the candidates; rank 0 alone verifies them (or reads its kept verdict) and every
-    rank takes its choice, before any collective of the mesh. Under CFG parallelism alone the plan
-    only says which arguments carry the batch."""
-    import torch.distributed as dist
-
-    from accel.parallel.agree import every_rank_object
-    from accel.parallel.automatic import batch_arguments_of
-    from accel.parallel.verify import automatic_plan, probe_calls
-
-    family, plans, calls = handle.family, {}, {}
-    for attr, transformer in transformers.items():
-        kind = type(transformer)
-        if kind not in calls:  # a second expert of the same class (Wan 2.2's transformer_2) takes the same inputs
-            calls[kind] = probe_calls(handle.pipe, transformer)
-        call, wider = calls[kind]
-        if degrees.sequence > 1:
-            plans[attr] = automatic_plan(
-                transformer,
-                call,
-                wider,
-                family.blocks,
-                family.primary_stream,
-                degrees.ulysses,
-                degrees.ring,
-                "[parallel]",
-                share=every_rank_object,
-                lead=dist.get_rank() == 0,
-                diffusers_first=isinstance(family.parallel, AutomaticPlan),
-            )
-        else:
-            plans[attr] = batch_arguments_of(transformer, call, family.primary_stream)
-    return plans
 
 
 def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
@@ -357,38 +307,17 @@ def _apply_parallel(handle: AccelHandle) -> None:
         return
     from accel.parallel.agree import agree_on_arguments, agree_on_noise
 
-    family = handle.family
-    plan = plan_of(family, "[parallel]")
-    transformers = _transformers(handle)
-    if handle.plans:  # the automatic plans _join_mesh verified
-        plan = next(iter(handle.plans.values()))
-    # An automatic plan is learned only where a sequence or CFG split needs one (not for TP alone).
-    assert not isinstance(plan, AutomaticPlan) or mesh.degrees.sequence * mesh.degrees.cfg == 1
-    if mesh.degrees.sequence > 1:
-        for attr, transformer in transformers.items():
-            own = handle.plans.get(attr) or family.plan_for(transformer)
-            assert own is not None and not isinstance(own, AutomaticPlan)  # refused or resolved in _join_mesh
-            engine = ContextParallel(transformer, own, mesh)
+    transformers, resolved = _transformers(handle), handle.resolved
+    if resolved is not None:
+        for attr, plan in resolved.sequence.items():
+            engine = ContextParallel(transformers[attr], plan, mesh)
             handle.parallel[attr] = engine
             handle._undo.append(engine.remove)
-    if mesh.degrees.cfg > 1:
-        from accel.parallel.cfg import CfgParallel
+        if resolved.cfg is not None:
+            from accel.parallel.cfg import CfgParallel
 
-        assert family.cfg is not None
-        extra = plan.splits if isinstance(plan, ParallelPlan) else plan.extra_splits
-        padded = tuple(split for split in extra if split.at and split.value in plan.batch_items)
-        cfg = CfgParallel(
-            transformers,
-            family.cfg,
-            plan.batch_args,
-            mesh,
-            StepEvents.of(handle.pipe),
-            plan.batch_items,
-            padded,
-            family.cfg_outputs_vary,
-            family.acceleration.cfg_output_like,
-        )
-        handle._undo.append(cfg.remove)
+            cfg = CfgParallel(transformers, resolved.cfg, mesh, StepEvents.of(handle.pipe))
+            handle._undo.append(cfg.remove)
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were
     # given, so that one argument may differ; every other one is still checked.
@@ -547,8 +476,9 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
 
 def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     """The same refusal when diffusers' `enable_cache` comes after apply: checked as each transformer
-    call starts (a forward pre-hook, before diffusers' own hooks and any block runs), since its hooks
-    would otherwise stack on accel's and miss the calls accel's cache skipped."""
+    call starts (a forward pre-hook, before diffusers' own hooks, accel's engines and any block run),
+    since its hooks would otherwise stack on accel's and miss the calls accel's cache skipped, or, on a
+    transformer under context parallelism, decide per rank."""
     recipe = handle.recipe
     asked = [
         name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
@@ -556,16 +486,23 @@ def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     if not asked:
         return
     for attr, transformer in _transformers(handle).items():
-        if attr in handle.parallel:
-            continue  # the context-parallel engine refuses it in its own words, on every rank alike
 
-        def check(module: Any, args: Any, attr: str = attr) -> None:
-            if getattr(module, "is_cache_enabled", False):
-                raise UserError(
-                    f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
-                    "cache cannot run beside accel's cache or across parallel ranks; call "
-                    f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
+        def check(module: Any, args: Any, attr: str = attr, split: bool = attr in handle.parallel) -> None:
+            if not getattr(module, "is_cache_enabled", False):
+                return
+            if split:
+                # diffusers' hooks would decide on each rank's shard alone, so ranks would part ways and
+                # deadlock in the next collective: every rank refuses here alike, before the first one.
+                raise NotAvailableError(
+                    f"context parallelism: {type(module).__name__} has diffusers' own cache enabled (enable_cache), "
+                    "which decides on each rank's shard alone; call disable_cache() on it and use accel's [cache] "
+                    "instead, or run on one process"
                 )
+            raise UserError(
+                f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
+                "cache cannot run beside accel's cache or across parallel ranks; call "
+                f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
+            )
 
         handle._undo.append(transformer.register_forward_pre_hook(check, prepend=True).remove)
 

@@ -133,7 +133,7 @@ def toy_attention_runs() -> tuple[str, float]:
     from toy_transformers import FLUX_HAND_PLAN
 
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
 
     mesh = build_mesh(Degrees(ulysses=2), "cpu")
     generator = torch.Generator().manual_seed(0)

@@ -489,7 +489,8 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     """Max-abs difference, this rank, between the tiny Wan transformer with one timestep per video
     token (Wan 2.2 TI2V) under context parallelism and the same call on one process."""
     from accel.models.registry import FAMILIES
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
 
     transformer = tiny_pipeline("tiny-wan").transformer
     generator = torch.Generator().manual_seed(0)
@@ -499,7 +500,9 @@ def wan_per_token_timestep_error(ulysses: int, ring: int) -> float:
     with torch.no_grad():
         expected = transformer(latents, timestep, text, return_dict=False)[0]
         engine = ContextParallel(
-            transformer, FAMILIES["wan"].parallel, build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu")
+            transformer,
+            resolve_plan(FAMILIES["wan"].parallel, transformer),
+            build_mesh(Degrees(ulysses=ulysses, ring=ring), "cpu"),
         )
         try:
             got = transformer(latents, timestep, text, return_dict=False)[0]
@@ -600,7 +603,8 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
     expanded by the transformer to a per-token modulation) and Wan Animate (pose latents added
     before the cut, the face adapter run by latent frame, frames of 25 tokens cut across ranks)."""
     from accel.models.registry import FAMILIES
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
 
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn(1, 16, 2, 10, 10, generator=generator)
@@ -627,7 +631,7 @@ def video_split_errors(ulysses: int, ring: int) -> list[float]:
             call = {"hidden_states": latents, "encoder_hidden_states": text, "return_dict": False, **extra}
             expected = transformer(**call)[0]
             plan = FAMILIES["skyreels2" if "skyreels2" in model else "wan"].plan_for(transformer)
-            engine = ContextParallel(transformer, plan, mesh)
+            engine = ContextParallel(transformer, resolve_plan(plan, transformer), mesh)
             try:
                 got = transformer(**call)[0]
             finally:

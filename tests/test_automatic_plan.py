@@ -31,7 +31,8 @@ from accel.parallel import verify
 from accel.parallel.attention import usp_attention
 from accel.parallel.automatic import TransformerCall
 from accel.parallel.outputs import tensors_of
-from accel.parallel.derive import DIFFUSERS, resolve_plan
+from accel.parallel.derive import DIFFUSERS
+from accel.parallel.plan import resolve_plan
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes
 from test_parallel_families import FAMILY_CASES, TOLERANCE, reference, splits_sequence

@@ -10,9 +10,10 @@ import pytest
 import torch
 from toy_transformers import FLUX_HAND_PLAN, flux_plan_outputs
 
-from accel.models.base import FromDiffusers, SequenceSplit
+from accel.parallel.plan_format import FromDiffusers, SequenceSplit
 from accel.models.registry import FAMILIES
-from accel.parallel.derive import PlanDerivationError, derive_plan, resolve_plan
+from accel.parallel.derive import PlanDerivationError, derive_plan
+from accel.parallel.plan import resolve_plan
 
 
 def absolute(split: SequenceSplit, ndim: int) -> tuple[str, str, str, int]:

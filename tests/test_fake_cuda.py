@@ -57,14 +57,16 @@ from test_parallel_families import splits_sequence  # noqa: E402
 from accel.cache import FirstBlockCache  # noqa: E402
 from accel.compose import _cache_group, _real_tokens  # noqa: E402
 from accel.memory.estimate import KnownValues  # noqa: E402
-from accel.models.base import Family, ParallelPlan  # noqa: E402
+from accel.models.base import Family  # noqa: E402
+from accel.parallel.plan_format import ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from accel.optimize.processors import install_processors  # noqa: E402
-from accel.parallel.cfg import CfgParallel  # noqa: E402
+from accel.parallel.cfg import CfgParallel, CfgPlan  # noqa: E402
 from accel.parallel.layout import SequenceLayout, group_runs  # noqa: E402
 from accel.parallel.mesh import Degrees, ParallelMesh  # noqa: E402
 from accel.parallel.outputs import sample_of  # noqa: E402
-from accel.parallel.plan import ContextParallel  # noqa: E402
+from accel.parallel.engine import ContextParallel  # noqa: E402
+from accel.parallel.plan import resolve_plan  # noqa: E402
 from accel.parallel.tensor import TensorParallel, resolve_tensor_plan  # noqa: E402
 from accel.steps import StepEvents  # noqa: E402
 
@@ -610,9 +612,9 @@ def accelerate(
         assert family.tensor is not None
         TensorParallel(transformer, resolve_tensor_plan(family.tensor, transformer), mesh.tp_group)
     if layout.degrees.sequence > 1:
-        engine = ContextParallel(transformer, family.parallel, mesh)
+        engine = ContextParallel(transformer, resolve_plan(family.parallel, transformer), mesh)
         undo.append(engine.remove)
-        attend = engine._attend
+        attend = engine._route.attend
 
         def seeing(
             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
@@ -620,16 +622,18 @@ def accelerate(
             masks.append(None if mask is None else (tuple(mask.shape), mask.dtype))
             return attend(q, k, v, mask, scale)
 
-        engine._attend = seeing  # type: ignore[method-assign]  # this instance's router is made from it at each forward
+        engine._route.attend = seeing  # type: ignore[method-assign]  # this instance's router is made from it at each forward
     if layout.cfg > 1:
         assert family.cfg is not None
         cfg = CfgParallel(
             {"transformer": transformer},
-            family.cfg,
-            getattr(family.parallel, "batch_args", ()),
+            CfgPlan(
+                family.cfg,
+                getattr(family.parallel, "batch_args", ()),
+                output_like=family.acceleration.cfg_output_like,
+            ),
             mesh,
             events,
-            output_like=family.acceleration.cfg_output_like,
         )
         undo.append(cfg.remove)
     cache = None
@@ -1470,7 +1474,7 @@ def test_dbcache_with_taylorseer_on_fake_cuda(tiny_configs: Any) -> None:
         with fake_rank(1, 2):
             mesh = fake_mesh(layout.degrees)
             with fake_cuda(_MODE):
-                engine = ContextParallel(transformer, family.parallel, mesh)
+                engine = ContextParallel(transformer, resolve_plan(family.parallel, transformer), mesh)
                 cache = BlockCache(
                     transformer,
                     family.blocks,
@@ -1561,7 +1565,7 @@ def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
     with fake_rank(1, 2):
         mesh = fake_mesh(layout.degrees)
         with fake_cuda(_MODE):
-            engine = ContextParallel(transformer, family.parallel, mesh)
+            engine = ContextParallel(transformer, resolve_plan(family.parallel, transformer), mesh)
             cache = MagCache(
                 transformer,
                 family.blocks,

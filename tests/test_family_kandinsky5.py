@@ -26,7 +26,7 @@ from test_variants import NEEDS_MORE, diffusers_pipelines_of
 
 from accel.media import read_video
 from accel.models.registry import FAMILIES
-from accel.parallel.plan import glob_modules
+from accel.parallel.matching import glob_modules
 
 TOLERANCE = 1e-4
 FAMILY = FAMILIES["kandinsky5"]

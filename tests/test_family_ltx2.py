@@ -28,7 +28,7 @@ from accel.cli import app
 from accel.media import read_audio, read_video
 from accel.models.registry import FAMILIES
 from accel.models.variants import variant_of
-from accel.parallel.derive import resolve_plan
+from accel.parallel.plan import resolve_plan
 
 FAMILY = FAMILIES["ltx2"]
 CALL = dict(

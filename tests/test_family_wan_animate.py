@@ -120,7 +120,8 @@ def padding_rank_error() -> float:
     at 2 latent frames of one token each: the third rank holds padding alone, and still runs."""
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
 
     generator = torch.Generator().manual_seed(0)
     call = dict(
@@ -134,7 +135,11 @@ def padding_rank_error() -> float:
     transformer = parallel_cases.tiny_pipeline(ANIMATE).transformer
     with torch.no_grad():
         expected = transformer(**call)[0]
-        engine = ContextParallel(transformer, FAMILIES["wan"].plan_for(transformer), build_mesh(Degrees(ring=3), "cpu"))
+        engine = ContextParallel(
+            transformer,
+            resolve_plan(FAMILIES["wan"].plan_for(transformer), transformer),
+            build_mesh(Degrees(ring=3), "cpu"),
+        )
         try:
             got = transformer(**call)[0]
         finally:

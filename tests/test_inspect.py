@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from accel.cli import app
-from accel.models.base import AutomaticPlan, FromDiffusers, ParallelPlan
+from accel.parallel.plan_format import AutomaticPlan, FromDiffusers, ParallelPlan
 from accel.models.registry import FAMILIES, known_names
 from accel.models.vaes import vae_plan
 from test_parallel_families import splits_sequence

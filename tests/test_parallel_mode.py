@@ -10,7 +10,7 @@ from toy_transformers import FLUX_HAND_PLAN
 from accel.errors import NotAvailableError
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.mode import AttentionRouter, key_mask
-from accel.parallel.plan import ContextParallel
+from accel.parallel.engine import ContextParallel
 
 
 def test_only_sdpa_inside_the_router_is_routed() -> None:
@@ -130,10 +130,10 @@ def test_the_router_is_left_even_when_the_forward_fails() -> None:
 def test_per_tensor_results_keep_the_latest_where_bounded() -> None:
     """Pair masks are cached with keep=1: one mask every block shares is computed once; masks a model
     makes anew per block (LTX-2's, repeated per head by diffusers) are not all held until the forward ends."""
-    from accel.parallel.plan import _PerTensor
+    from accel.parallel.cuts import PerTensor
 
     computed: list[int] = []
-    cache = _PerTensor(keep=1)
+    cache = PerTensor(keep=1)
     shared, fresh = torch.zeros(2), [torch.zeros(2) for _ in range(3)]
     for tensor in (shared, shared, *fresh):
         cache.get(tensor, lambda: computed.append(1) or torch.ones(1))

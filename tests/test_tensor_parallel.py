@@ -11,7 +11,7 @@ import torch
 
 import parallel_cases as cases
 from accel.errors import NotAvailableError, UserError
-from accel.models.base import TensorPlan
+from accel.parallel.plan_format import TensorPlan
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem

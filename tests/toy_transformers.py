@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from accel.models.base import BlockList, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList
+from accel.parallel.plan_format import ParallelPlan, SequenceSplit
 
 # FLUX.1's plan as accel wrote it by hand before deriving it from diffusers' _cp_plan: the reference
 # the derived plan is tested against, and a plan for toy modules that have no _cp_plan of their own.
@@ -152,7 +153,8 @@ def flux_plan_outputs(ring: int, ulysses: int) -> list[torch.Tensor]:
     and on one process: [hand, derived, single]."""
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
     from parallel_cases import tiny_pipeline
 
     transformer = tiny_pipeline("tiny-flux").transformer
@@ -174,7 +176,7 @@ def flux_plan_outputs(ring: int, ulysses: int) -> list[torch.Tensor]:
     outputs = []
     with torch.no_grad():
         for plan in (FLUX_HAND_PLAN, FAMILIES["flux"].parallel):
-            engine = ContextParallel(transformer, plan, mesh)
+            engine = ContextParallel(transformer, resolve_plan(plan, transformer), mesh)
             try:
                 outputs.append(transformer(**call)[0])
             finally:
@@ -251,7 +253,7 @@ DUAL_ATTENTION_PLAN = ParallelPlan(
 def dual_attention_error(ulysses: int, ring: int, image: int = 7, text: int = 5) -> float:
     """Max-abs difference of DualAttentionModel under DUAL_ATTENTION_PLAN from one process, this rank."""
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
 
     torch.manual_seed(0)
     model = DualAttentionModel()
@@ -311,7 +313,7 @@ def residual_mapping_error(ulysses: int, ring: int, at: str, image: int = 7, tex
     """Max-abs difference of UnifiedModel with residuals {0: r0, 1: r1} under `unified_plan(at)` from
     one process, this rank (13 tokens: no world divides them)."""
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
 
     torch.manual_seed(0)
     model = UnifiedModel()

@@ -34,7 +34,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from accel.errors import UserError
 from accel.memory.tracker import tracked_peak
-from accel.models.base import AutomaticPlan, Family
+from accel.models.base import Family
+from accel.parallel.plan_format import AutomaticPlan
 from accel.models.flagships import Component, Flagship, Size
 from accel.optimize.processors import install_processors
 from accel.parallel.mesh import Degrees
@@ -340,7 +341,8 @@ def transformer_working(
     """Bytes the transformer's forward adds on rank 0 of `degrees` (its sequence and TP degrees; CFG
     ranks each run one half, which is the one-process call). `device` "cpu" runs it for real."""
     from accel.parallel.mesh import build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
     from accel.parallel.tensor import TensorParallel, resolve_tensor_plan
 
     inner = Degrees(ulysses=degrees.ulysses, ring=degrees.ring, tp=degrees.tp)
@@ -358,7 +360,9 @@ def transformer_working(
             if not isinstance(
                 family.parallel, AutomaticPlan
             ):  # learned from a probe call, which a flagship has none of
-                ContextParallel(model, family.parallel, mesh)  # accel's attention kernels, at any degree
+                ContextParallel(
+                    model, resolve_plan(family.parallel, model), mesh
+                )  # accel's attention kernels, at any degree
             with torch.device(device):
                 inputs = _on_device(flagship.inputs(size), device)
             peak = tracked_peak(lambda: model(**inputs), model, device=_tracked_device(device))

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
+
+from accel.parallel.plan_format import FamilyPlan, TensorPlan
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
+
+    from accel.models.variant_format import Variant
 
 # What a pipeline makes: pictures, videos with frames in [0, 1], or videos of linear light in [0, inf)
 # (LTX-2's HDR IC-LoRA pipeline), which no 8-bit file holds whole.
@@ -42,262 +46,6 @@ class BlockList:
 
 
 @dataclass(frozen=True)
-class SequenceSplit:
-    """One tensor cut along its token dim over the sequence-parallel ranks.
-
-    `value` names an argument of `module`'s forward ("" is the transformer itself; a dotted
-    pattern where `*` stands for one name, such as "blocks.*", hooks every block), or is
-    "output" for what the module returns (each tensor of a returned tuple, e.g. a rotary (cos, sin)
-    pair). Tensors of one `stream` (video latents and their rotary embedding) share one layout; a
-    tuple of streams means the tensor is those streams concatenated along `dim` (a joint attention
-    mask over video then text). With `ndim` set, only tensors of that rank are cut (Wan 2.2's
-    per-token timesteps are cut, its per-sample ones are not). With `element` set, only that item
-    of a returned (or passed) tuple is cut, so one tuple can hold several streams (Qwen-Image's
-    rotary module returns the image table and the text table together). With `broadcast`, a tensor
-    of one entry along `dim` is one value for every token and stays whole (LTX-Video's condition
-    pipeline passes (batch, 1) timesteps without conditions, (batch, tokens) with them). A list,
-    tuple or mapping is cut item by item (a ControlNet's per-block residuals). `at` defers the cut
-    of a transformer argument (module "") to just before the modules it names start, for a stream
-    that only exists inside the forward (Z-Image's unified sequence is built there); the list or
-    mapping the transformer holds is then filled in place.
-    """
-
-    value: str
-    stream: str | tuple[str, ...]
-    dim: int = -2
-    module: str = ""
-    ndim: int | None = None
-    element: int | None = None
-    at: str = ""
-    broadcast: bool = False
-
-    @property
-    def streams(self) -> tuple[str, ...]:
-        return self.stream if isinstance(self.stream, tuple) else (self.stream,)
-
-
-@dataclass(frozen=True)
-class GroupedTokens:
-    """A module that works on a cut stream's tokens in equal consecutive groups, each group with its
-    own item of another argument: Wan Animate's face adapter attends from each latent frame's tokens
-    to that frame's motion tokens (`value` the video tokens along `dim`, `by` the motion tokens, one
-    item per frame along `by_dim`). Its processor regroups the tokens it is given by position, so a
-    rank's shard alone would be grouped wrongly.
-
-    Each rank runs the module on its own real tokens, cut where groups begin into at most three
-    runs (the end of a group the previous rank began, whole groups, the start of a group the next
-    rank ends), each run with its groups' items of `by`, and joins the outputs. This is exact at any
-    token count and wherever the ranks cut a group, provided the module is token-wise apart from its
-    groups (a token's output depends on that token and its group's `by` items alone: per-token norms
-    and projections, attention from a group's tokens to its `by` items) and takes a group's length
-    from its input (tokens over `by` items), so part of one group is a group of its own. It exchanges
-    nothing and computes no token twice, at the price of at most two extra calls of a small module.
-    The alternatives cost more: gathering the sequence whole before the module is an all-gather of it
-    and the whole module on every rank; padding a rank's tokens to whole groups computes up to two
-    groups of padding per rank, more than a shard at many ranks. The module's attention runs
-    locally: its keys are `by`'s, which every rank holds whole.
-    """
-
-    module: str
-    stream: str
-    value: str = "hidden_states"
-    by: str = "encoder_hidden_states"
-    dim: int = 1
-    by_dim: int = 1
-
-
-@dataclass(frozen=True)
-class LeadingCount:
-    """An integer argument `value` of `module` (a dotted pattern, as in SequenceSplit; "" is the
-    transformer itself) that counts the leading tokens of `stream` which the module treats apart:
-    HunyuanVideo I2V's blocks modulate the first latent frame (the clean picture) with their own
-    shift, scale and gate. Under a token split each rank gets how many of its own shard's real
-    tokens are among them (0 past them), so the same tokens are treated apart as on one process.
-    The stream must be cut by the time the module runs. `when` (config key, value) limits it to
-    transformers of that config (the same class's text-to-video blocks take no such argument).
-    `trailing`: the argument counts the stream's last tokens instead, the tokens before them being
-    the ones treated apart: Helios's blocks take the length of the chunk being denoised, which
-    follows its history tokens, and give only the chunk cross-attention. Each rank then gets its
-    shard's length less the leading tokens it holds, so its padding (at the shard's end) counts
-    with the chunk and the rank divides its shard where one process divides the sequence.
-    """
-
-    value: str
-    stream: str
-    module: str = ""
-    when: tuple[str, Any] | None = None
-    trailing: bool = False
-
-
-@dataclass(frozen=True)
-class ParallelPlan:
-    """What context parallelism does to a family's transformer, as data for the generic engine.
-
-    `attention_keys` lists, in order, the streams that make up the keys of the transformer's
-    attention calls (FLUX attends over text then image tokens). A listed stream that no split
-    cuts is replicated: every rank holds all of it (Mochi's text, compacted per sample), and the
-    engine shares its attention work out for the call; where the call's queries are the cut
-    streams' alone, the replicated keys are attended by every rank's queries locally and merged
-    with the cut keys' attention by log-sum-exp (Qwen-Image 2.1's cached prompt keys). `local_attention` names modules
-    (glob
-    patterns) whose attention every rank runs on its own tokens unchanged: cross-attention to
-    replicated text, a text refiner. The output is gathered where `output_module` returns ("" is
-    the transformer's own output). `batch_args` are the transformer arguments that carry the
-    batch dim, which CFG parallelism halves when the pipeline batches its CFG branches.
-    `module_keys` gives modules (glob patterns) whose attention has other keys than
-    `attention_keys`: SD 3.5 medium's second attention in its first blocks attends over the image
-    tokens alone, `("transformer_blocks.*.attn2", ("image",))`. `pairwise_mask`: the model's
-    attention masks are (B, 1, L, L), one per-token mask ANDed with itself (query and key alike;
-    HunyuanVideo 1.5 builds one in every block). The engine reads the key mask off the diagonal,
-    with no host sync; a masked query (a padding token) then attends to the real keys instead of
-    none, which changes only rows no real token reads. `batch_items` are arguments holding
-    several tensors that each carry the batch dim (a list or mapping of them: a ControlNet's
-    per-block residuals), which CFG parallelism halves tensor by tensor; where a split of one is
-    deferred `at` a module, its tensors are padded like that module's first input (to the batch's
-    longest sample), and a half that runs shorter samples keeps only as many tokens. In a module pattern a negative
-    index counts from the end of its list: `"visual_transformer_blocks.-1"` is the last block
-    (Kandinsky 5 reshapes its tokens to a video grid right after it, so the output is gathered there).
-    `refuses` lists transformer configs the plan cannot split, as (config key, value, why):
-    the engine refuses them with one line instead of attending on each rank's shard alone. `whole_queries` names modules
-    (glob patterns) whose queries are a replicated stream every rank holds whole while their keys
-    are cut (LTX-2's audio attending to the video): each rank attends with all queries to its own
-    keys, and the partial results merge by log-sum-exp over the ranks (one all-gather of a
-    query-sized result, no keys exchanged). `grouped` lists modules that work on a cut stream's
-    tokens group by group (see GroupedTokens).
-    """
-
-    splits: tuple[SequenceSplit, ...]
-    attention_keys: tuple[str, ...]
-    output_stream: str
-    output_dim: int = -2
-    output_module: str = ""
-    local_attention: tuple[str, ...] = ()
-    batch_args: tuple[str, ...] = ()
-    module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    pairwise_mask: bool = False
-    batch_items: tuple[str, ...] = ()
-    refuses: tuple[tuple[str, Any, str], ...] = ()
-    whole_queries: tuple[str, ...] = ()
-    grouped: tuple[GroupedTokens, ...] = ()
-    leading_counts: tuple[LeadingCount, ...] = ()
-    # Streams no split cuts that a split of several streams may span: their part of the tensor stays
-    # whole on every rank (a rotary table over the whole text and the cut image, where the text is
-    # replicated), its length what the cut streams leave of the tensor.
-    whole_streams: tuple[str, ...] = ()
-    # The output is gathered from `output_module`'s first argument before the module runs, not from
-    # what it returns: everything after the blocks then runs on the whole sequence (the automatic plan).
-    output_before: bool = False
-    # Where a plan no family wrote came from ("automatic", "diffusers _cp_plan"): what reports name.
-    origin: str = ""
-    # (transformer argument, value): only calls passing that value are cut; every other call runs
-    # whole on every rank, its attention unrouted. Qwen-Image 2.1's first call a step fills its K/V
-    # cache with the whole prompt ("extract"); the calls after ("cached") compute the target alone,
-    # attending to those cached keys, which every rank then holds whole (a replicated stream that is
-    # keys only: see `attention_keys`).
-    split_only_when: tuple[str, Any] | None = None
-    # Attention called causal (is_causal) runs on every rank unchanged: the plan keeps its tokens whole
-    # on every rank (Cosmos 3's text, attending causally to itself in every layer beside the video's
-    # call, which is routed).
-    causal_local: bool = False
-
-
-@dataclass(frozen=True)
-class AutomaticPlan:
-    """Context parallelism learned from the model itself when it is applied, and verified on
-    simulated ranks before use (accel/parallel/automatic.py, accel/parallel/verify.py): what a
-    pipeline no family describes gets (its class's own `_cp_plan` tried first, its streams learned),
-    and what `[parallel] plan = "automatic"` asks of any family (the automatic plan alone)."""
-
-
-@dataclass(frozen=True)
-class FromDiffusers:
-    """A ParallelPlan derived, when applied, from the transformer class's own diffusers `_cp_plan`.
-
-    diffusers says which tensors are cut on which dim at which module and where the output is
-    gathered; it does not say which of them are one sequence. `streams` adds that: each cut's
-    stream, keyed by its argument name, or by "module[index]" for an item of a module's returned
-    tuple ("pos_embed[0]"). The other fields are the ParallelPlan's. `extra_splits` are cuts
-    diffusers' plan lacks; `keep_whole` names cuts of diffusers' plan (keyed as in `streams`) that
-    accel leaves whole on every rank (LTX-2's text, whose additive mask the engine cannot split and
-    whose cross-attention then needs no exchange). See accel/parallel/derive.py.
-    """
-
-    streams: tuple[tuple[str, str], ...]
-    attention_keys: tuple[str, ...]
-    output_stream: str
-    local_attention: tuple[str, ...] = ()
-    batch_args: tuple[str, ...] = ()
-    module_keys: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    extra_splits: tuple[SequenceSplit, ...] = ()
-    batch_items: tuple[str, ...] = ()
-    whole_queries: tuple[str, ...] = ()
-    keep_whole: tuple[str, ...] = ()
-    grouped: tuple[GroupedTokens, ...] = ()
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A fused layer whose width is several parts side by side (SwiGLU's value and gate, Q K V and
-    the MLP input in one projection): each part is split over the TP ranks on its own, so every
-    rank holds a slice of each. `parts` are proportions ((1, 1): two equal halves); empty reads the
-    absolute sizes diffusers stores on the Linear (`_tp_packed_col_blocks` / `_tp_packed_row_blocks`)."""
-
-    style: Literal["colwise", "rowwise"]
-    parts: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Rotary:
-    """Rotary embeddings a module takes as keyword `arguments` (tensors, or tuples of them such as
-    (cos, sin)) that span all heads, where a TP rank runs only its own: the rank takes its heads'
-    slice before the module runs. `heads_dim` maps a tensor's number of dims to the dim holding the
-    heads (or the whole width, heads side by side): LTX's (batch, tokens, width) cos is {3: -1},
-    Mochi's (tokens, heads, r) {3: 1}. A tensor of another rank, or of size 1 there, is left whole."""
-
-    module: str
-    arguments: tuple[str, ...]
-    heads_dim: Mapping[int, int]
-
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """What tensor parallelism splits in a family's transformer, as data for the generic engine
-    (accel/parallel/tensor.py).
-
-    `layers` maps module patterns ("transformer_blocks.*.attn.to_q"; `*` is one list index) to a
-    style: "colwise" keeps each rank's slice of the output features (Q, K, V, an MLP's input),
-    "rowwise" each rank's slice of the input features, the partial outputs summed over the TP
-    group (an attention's output projection, an MLP's output), or `Packed` for fused layers. A
-    pattern matching no module in some block is skipped there (SD3's last block has no context
-    MLP). `from_diffusers`: the layers are the transformer class's own `_tp_plan`, read when
-    applied. `norms` are RMSNorms over a column-split width (Wan's and LTX's query/key norms span
-    all heads): each rank keeps its slice of the weight and the mean square is summed over the
-    group. `per_rank` names module attributes that count heads (or widths) a processor reshapes
-    by (`attn.heads`), which become the rank's own count on every module holding a column-wise layer.
-    `rotary` lists keyword arguments holding rotary embeddings that span all heads (see Rotary).
-    """
-
-    layers: Mapping[str, str | Packed] = field(default_factory=dict)
-    from_diffusers: bool = False
-    norms: tuple[str, ...] = ()
-    per_rank: tuple[str, ...] = ()
-    rotary: tuple[Rotary, ...] = ()
-
-
-# The layers of the usual diffusers attention and MLP, for TensorPlan.layers: projections into the
-# heads (and a joint attention's text-stream ones) column-wise, the output projections row-wise.
-SELF_ATTENTION = (("to_q", "to_k", "to_v"), ("to_out.0",))
-JOINT_ATTENTION = (("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"), ("to_out.0", "to_add_out"))
-DIFFUSERS_MLP = (("net.0.proj",), ("net.2",))
-
-
-def split_layers(prefix: str, layers: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, str]:
-    """TensorPlan.layers for one module: `layers` is (column-wise names, row-wise names) under `prefix`."""
-    columns, rows = layers
-    return {**{f"{prefix}.{name}": "colwise" for name in columns}, **{f"{prefix}.{name}": "rowwise" for name in rows}}
-
-
-@dataclass(frozen=True)
 class GenerationDefaults:
     """Settings a user should start from; `None` leaves the pipeline's own default."""
 
@@ -322,150 +70,6 @@ TUNE_PROMPTS: dict[str, tuple[str, ...]] = {
         "waves breaking on a rocky coast at dusk, the camera pans slowly",
     ),
 }
-
-
-@dataclass(frozen=True)
-class NamedInput:
-    """An input file a variant's call takes under a keyword of its own, which `--input KEYWORD=PATH`
-    (`[generate] inputs`) fills: Wan Animate's pose and face videos, CogVideoX Fun's control video.
-    The call receives a "video" as a list of RGB PIL frames, an "image" as one RGB PIL image.
-    `when` = (argument, value) makes a required input required only for calls with that argument
-    (Animate's background video, needed when `mode` is "replace").
-
-    A "latents" input is the latent output an earlier pass saved (`--out NAME.pt` on a variant with
-    `latent_output`), for a multi-pass workflow: `fields` says which saved output field goes to which
-    call keyword, `made_by` names the pipelines whose output it takes (for the error a wrong file
-    gets), and `settings` gives the call keywords the fields fix (the size of the canvas they hold),
-    which accel passes and a recipe may not contradict."""
-
-    keyword: str
-    kind: Literal["image", "video", "latents"]
-    required: bool = True
-    when: tuple[str, Any] | None = None
-    fields: tuple[tuple[str, str], ...] = ()
-    made_by: tuple[str, ...] = ()
-    settings: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
-class Component:
-    """A component a variant's pipeline needs that the family's checkpoints do not hold: `name` is its
-    keyword in the pipeline, `cls` its class (a dotted path), loaded with `from_pretrained` from the
-    folder `[model] components` (`--component NAME=FOLDER`) names. `build` makes it without weights
-    instead (a scheduler of another class), so no folder is needed. The variant's tiny builder makes
-    every one of them itself; a folder given replaces its tiny one."""
-
-    name: str
-    cls: str
-    build: Callable[[], Any] | None = None
-
-
-@dataclass(frozen=True)
-class Conditions:
-    """How a variant takes pictures and clips pinned to positions in the video it makes
-    (`--condition PATH@INDEX:STRENGTH`, `[generate] conditions`): the call gets a list under
-    `keyword` of diffusers' `cls` objects (a dotted path), each built with the file (one RGB PIL
-    image, or a clip as a list of them) under `frames` (under `video` for a clip where the class
-    keeps the two apart), the position under `index` (None: the class has none, as IC-LoRA's
-    reference videos, given as `--reference PATH@STRENGTH`), the strength under `strength`. `units`
-    says what the index counts, for the help and errors; `tiny` are fields only the tiny variant's
-    conditions get (LTX-2's `crf=0`, which skips a PyAV re-encode). `required`: a call needs at least
-    one (LTX-2 HDR makes an HDR version of its reference clip; without one there is nothing to
-    convert), refused in one line before start instead of a run of a video of nothing asked for.
-    `sets_frames`: the first one, where it is a clip, gives the call its frame count unless `[generate]
-    frames` says otherwise (HDR's output is the clip converted, frame for frame)."""
-
-    cls: str
-    units: str
-    keyword: str = "conditions"
-    frames: str = "frames"
-    video: str | None = None
-    index: str | None = "index"
-    strength: str = "strength"
-    tiny: tuple[tuple[str, Any], ...] = ()
-    required: bool = False
-    sets_frames: bool = False
-
-
-@dataclass(frozen=True)
-class Variant:
-    """Another diffusers pipeline class that runs the family's transformer (img2img, inpaint, edit, …).
-
-    `image`, `mask` and `video` are the call's keywords that `--image`, `--mask` and `--video` fill
-    (None: the pipeline takes none; a video arrives as a list of PIL frames, as diffusers' video
-    pipelines take it); each one named is required unless `optional` lists it ("image": FLUX.2's
-    reference pictures). `one_of` names inputs of which a call takes at most one ("image", "mask",
-    "video", "conditions": LTX's condition pipeline takes a picture, a clip or condition objects;
-    given a picture and a clip, it would drop the clip). `in_list` names inputs the call takes
-    inside a list, one item per condition (that pipeline reads `video` as a list of clips, and a
-    bare list of frames as that many one-frame clips). `seed` is the call's own seed keyword, which
-    accel gives the run's seed besides the generator (LTX's long multi-prompt pipeline seeds every
-    temporal window's generator from it, 0 unless told). `mask_frames`: the mask is one per video
-    frame (VACE), so `--mask` is a picture used for every frame of `--video`, or a video of masks.
-    A family lists its own pipeline class here only to give it inputs. `area` is the keyword by which the pipeline
-    rescales
-    the size asked to a pixel budget (Kontext's `max_area`, 1024² by default): accel passes
-    height x width there, so the size asked is the size made; `fixed` are keyword arguments every
-    call gets, for the same reason (Kontext inpaint's `_auto_resize=False`). `tiny` builds the tiny variant where its
-    transformer
-    needs another config than the family's tiny one (FLUX.1 Fill reads 384 input channels); None:
-    the family's tiny pipeline, converted with `from_pipe`. `transformer_class` names the variant's
-    own transformer class where it has one (Wan VACE's sibling of WanTransformer3DModel, with the
-    same blocks and extra ones): a pipeline holding it is this family, run under `parallel`, that
-    class's plan (None: that class runs on one process, or with CFG parallelism alone). `inputs` are
-    the call's other input files, each under its own keyword (`NamedInput`); `conditions` how it takes
-    pictures and clips at chosen frames (`Conditions`), `references` its reference videos without a
-    position (`--reference`).
-    `not_split` says why sequence
-    parallelism cannot cut this pipeline's transformer calls (its attention processors slice the whole
-    sequence by position): Ulysses and Ring are then refused with that reason, every other
-    accelerator still applies. `output` is what the pipeline makes where it differs from the
-    family's (Kandinsky 5's text-to-image pipeline makes pictures with a video family's transformer):
-    accel then writes that kind of file (OUTPUT_FILES) and passes a frame count only to videos; an
-    "hdr-video" pipeline (LTX-2 HDR) is called with output_type "np" for its linear float32 frames,
-    written as `--out X.npy` whole or `--out X.mp4` as an SDR preview; `vae` names its VAE class where it
-    differs from the family's (its parallel decode: accel/models/vaes.py), and `defaults` the settings
-    to start from where the family's do not fit it (None: the family's). `transformer_config` are
-    (config key, value) pairs the variant's transformer must have (SkyReels-V1 image-to-video reads
-    32 input channels): loading another checkpoint as this variant is refused in one line, not a
-    shape error mid-run. `latent_output` are the fields of its output that `--out NAME.pt` saves
-    (the call then returns latents, `output_type="latent"`), for a later pass's "latents" input
-    (`NamedInput`); empty: it hands on no latents. `components` are the components it needs beyond
-    the family's checkpoint (`Component`); `fps` the rate its videos play at, from the call's
-    arguments, where it differs from the family's (DFR's refine round plays at twice its input's).
-    """
-
-    pipeline_class: str
-    image: str | None = None
-    mask: str | None = None
-    video: str | None = None
-    mask_frames: bool = False
-    area: str | None = None
-    fixed: tuple[tuple[str, Any], ...] = ()
-    # Keyword arguments only the tiny variant's calls get: LTX-2 image-to-video's `image_crf=0` skips
-    # the H.264 re-compression of the picture that matches the real model's training (and needs PyAV).
-    tiny_fixed: tuple[tuple[str, Any], ...] = ()
-    tiny: Callable[[], DiffusionPipeline] | None = None
-    optional: tuple[str, ...] = ()
-    one_of: tuple[str, ...] = ()
-    in_list: tuple[str, ...] = ()
-    seed: str | None = None
-    inputs: tuple[NamedInput, ...] = ()
-    conditions: Conditions | None = None
-    references: Conditions | None = None
-    # Call arguments the variant needs a value for, with the one accel gives unless `[generate]
-    # arguments` (`--arg`) says otherwise: SkyReels-V2 video extension's `overlap_history`.
-    arguments: tuple[tuple[str, Any], ...] = ()
-    transformer_class: str | None = None
-    parallel: ParallelPlan | FromDiffusers | None = None
-    not_split: str | None = None
-    output: OutputKind | None = None
-    vae: str | None = None
-    defaults: GenerationDefaults | None = None
-    transformer_config: tuple[tuple[str, Any], ...] = ()
-    latent_output: tuple[str, ...] = ()
-    components: tuple[Component, ...] = ()
-    fps: Callable[[Mapping[str, Any]], float] | None = None
 
 
 @dataclass(frozen=True)
@@ -509,7 +113,7 @@ class Acceleration:
     heads_key: str = "num_attention_heads"
     heads_of_config: Callable[[Mapping[str, Any]], int] | None = None
     # Context parallelism; None: the family runs on one process only.
-    parallel: ParallelPlan | FromDiffusers | AutomaticPlan | None = None
+    parallel: FamilyPlan | None = None
     # Tensor parallelism; None: the family's weights are not split.
     tensor: TensorPlan | None = None
     # Classifier-free guidance: how the pipeline runs it (None: it has none), and the generation
@@ -616,7 +220,7 @@ class Family:
         return self.acceleration.heads_key
 
     @property
-    def parallel(self) -> ParallelPlan | FromDiffusers | AutomaticPlan | None:
+    def parallel(self) -> FamilyPlan | None:
         return self.acceleration.parallel
 
     @property
@@ -699,7 +303,7 @@ class Family:
         )
         return tuple(dict.fromkeys((self.transformer_class, *others)))
 
-    def plan_for(self, transformer: Any) -> ParallelPlan | FromDiffusers | AutomaticPlan | None:
+    def plan_for(self, transformer: Any) -> FamilyPlan | None:
         """The context-parallel plan for this transformer instance: a variant's own transformer
         class (or a subclass of it) has its own plan (None: none), anything else the family's."""
         names = {cls.__name__ for cls in type(transformer).__mro__}

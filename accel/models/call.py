@@ -21,12 +21,11 @@ from accel.models.variants import (
     latent_settings,
     made_by,
     named_input_arguments,
-    refuse_split,
     refuse_together,
     variant_of,
     variant_of_class,
 )
-from accel.parallel.cfg import no_guidance_message
+from accel.parallel.plan import refuse_layout
 from accel.recipe import Recipe
 
 
@@ -136,9 +135,7 @@ def generation_kwargs(
         }
         pipeline = type(pipe) if pipe is not None else _pipeline_class(variant.pipeline_class)
         kwargs.update(call_arguments(pipeline, settings.arguments, taken, sources))
-    refuse_split(variant, recipe.parallel.sequence_ranks)
-    if recipe.parallel.cfg > 1 and family.cfg is None:  # nothing to turn on: say so, as apply does
-        raise UserError(no_guidance_message(family.title))
+    refuse_layout(family, variant, recipe.parallel)  # as apply does: nothing to cut, or no guidance to turn on
     if (
         recipe.parallel.cfg > 1
         and (pipe is not None or recipe.model.pipeline)

@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models import wan
-from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import FromDiffusers
 
 if TYPE_CHECKING:
     from diffusers import ChronoEditPipeline

@@ -33,19 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    AudioOutput,
-    BlockList,
-    Family,
-    GenerationDefaults,
-    ParallelPlan,
-    ResultField,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-    split_layers,
-)
+from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults, ResultField
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import ParallelPlan, SequenceSplit, TensorPlan, split_layers
 
 if TYPE_CHECKING:
     from diffusers import Cosmos3OmniPipeline

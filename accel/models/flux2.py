@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, BlockList, Family, FromDiffusers, GenerationDefaults, TensorPlan, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import FromDiffusers, TensorPlan
 
 if TYPE_CHECKING:
     from diffusers import Flux2KleinPipeline, Flux2Pipeline

@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from accel.errors import ModelError, UserError, first_line
-from accel.models.base import Acceleration, AutomaticPlan, BlockList, Family, GenerationDefaults, OutputKind, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, OutputKind
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import AutomaticPlan
 from accel.models.discover import Discovery, discover_blocks
 from accel.models.probe import named_arguments, probe_returns
 

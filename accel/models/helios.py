@@ -27,16 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accel.models import wan
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    GenerationDefaults,
-    LeadingCount,
-    ParallelPlan,
-    SequenceSplit,
-    Variant,
-)
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import LeadingCount, ParallelPlan, SequenceSplit
 
 if TYPE_CHECKING:
     from diffusers import HeliosPipeline, HeliosPyramidPipeline

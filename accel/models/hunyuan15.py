@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
-    Family,
-    GenerationDefaults,
     JOINT_ATTENTION,
     ParallelPlan,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
 from accel.models.hunyuan import TENSOR_PLAN, joint_plan
 
 if TYPE_CHECKING:

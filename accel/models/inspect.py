@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import ModelError
-from accel.models.base import AutomaticPlan, BlockList, Family, FromDiffusers, ParallelPlan
+from accel.models.base import BlockList, Family
+from accel.parallel.plan_format import AutomaticPlan, FromDiffusers, ParallelPlan
 from accel.models.folder_check import read_index, read_json
 from accel.models.refs import ModelRef, resolve_model
 from accel.models.registry import lookup

@@ -17,19 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    DIFFUSERS_MLP,
-    AudioOutput,
-    BlockList,
-    Family,
-    GenerationDefaults,
-    ParallelPlan,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-    split_layers,
-)
+from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import DIFFUSERS_MLP, ParallelPlan, SequenceSplit, TensorPlan, split_layers
 
 if TYPE_CHECKING:
     from diffusers import Kandinsky6TI2VAPipeline

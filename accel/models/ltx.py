@@ -7,19 +7,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Conditions,
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Conditions, Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
-    Family,
-    GenerationDefaults,
     ParallelPlan,
     Rotary,
     SELF_ATTENTION,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

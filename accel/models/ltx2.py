@@ -11,22 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
+from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Component, Conditions, NamedInput, Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
     SELF_ATTENTION,
-    AudioOutput,
-    BlockList,
-    Component,
-    Conditions,
-    Family,
     FromDiffusers,
-    GenerationDefaults,
-    NamedInput,
     Rotary,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

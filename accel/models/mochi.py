@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    GenerationDefaults,
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.parallel.plan_format import (
     JOINT_ATTENTION,
     Packed,
     ParallelPlan,

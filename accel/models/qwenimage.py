@@ -9,16 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    FromDiffusers,
-    GenerationDefaults,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-)
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import FromDiffusers, SequenceSplit, TensorPlan
 
 if TYPE_CHECKING:
     from diffusers import QwenImagePipeline

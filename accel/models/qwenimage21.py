@@ -25,16 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    GenerationDefaults,
-    ParallelPlan,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-)
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import ParallelPlan, SequenceSplit, TensorPlan
 
 if TYPE_CHECKING:
     from diffusers import QwenImage21Pipeline

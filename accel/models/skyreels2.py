@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models import wan
-from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults, ParallelPlan, SequenceSplit, Variant
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import ParallelPlan, SequenceSplit
 
 if TYPE_CHECKING:
     from diffusers import SkyReelsV2ImageToVideoPipeline, SkyReelsV2Pipeline

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from accel.errors import ModelError
-from accel.models.base import TensorPlan
+from accel.parallel.plan_format import TensorPlan
 
 
 def load_split_transformer(

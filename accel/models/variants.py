@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import UserError
-from accel.models.base import OUTPUT_FILES, Conditions, Family, NamedInput, OutputKind, Variant
+from accel.models.base import OUTPUT_FILES, Family, OutputKind
+from accel.models.variant_format import Conditions, NamedInput, Variant
 
 # What each input is called on the command line and in the recipe.
 FLAGS = {
@@ -142,15 +143,6 @@ def component_folders(variant: Variant, given: Mapping[str, str], converted: boo
                 f"{component.name}=FOLDER ([model] components), the folder it was saved to"
             )
     return {name: str(Path(folder).expanduser()) for name, folder in given.items()}
-
-
-def refuse_split(variant: Variant, sequence: int) -> None:
-    """One line, before any rank starts, where Ulysses / Ring would cut a pipeline they cannot."""
-    if sequence > 1 and variant.not_split:
-        raise UserError(
-            f"[parallel] ulysses × ring = {sequence}: context parallelism cannot split {variant.pipeline_class}: "
-            f"{variant.not_split}; set ulysses = 1 and ring = 1 (the cache, quantization and compile still apply)"
-        )
 
 
 def input_arguments(variant: Variant, image: str | None, mask: str | None, video: str | None = None) -> dict[str, str]:

@@ -8,19 +8,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import NamedInput, Variant
+from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
-    Family,
-    GenerationDefaults,
     GroupedTokens,
-    NamedInput,
     ParallelPlan,
     SELF_ATTENTION,
     SequenceSplit,
     TensorPlan,
-    Variant,
     split_layers,
 )
 

@@ -9,18 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from accel.models.base import (
-    Acceleration,
-    BlockList,
-    Family,
-    GenerationDefaults,
-    ParallelPlan,
-    SELF_ATTENTION,
-    SequenceSplit,
-    TensorPlan,
-    Variant,
-    split_layers,
-)
+from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
+from accel.models.variant_format import Variant
+from accel.parallel.plan_format import ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, split_layers
 
 if TYPE_CHECKING:
     from diffusers import ZImagePipeline

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from accel.models.base import BlockList, FromDiffusers, LeadingCount, ParallelPlan, SequenceSplit
+from accel.models.base import BlockList
+from accel.parallel.plan_format import FromDiffusers, LeadingCount, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
 from accel.parallel.outputs import map_tensors
 

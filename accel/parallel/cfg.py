@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,16 +30,13 @@ from torch import Tensor
 
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CFG, wrap
-from accel.models.base import CfgStyle, SequenceSplit
+from accel.models.base import CfgStyle
+from accel.parallel.plan_format import SequenceSplit
 from accel.parallel.comm import Group, all_gather
+from accel.parallel.matching import glob_modules
 from accel.parallel.mesh import ParallelMesh
 from accel.parallel.outputs import as_output, map_samples, map_tensors, sample_of, tensors_of
 from accel.steps import StepEvents, StepListener
-
-
-def no_guidance_message(title: str) -> str:
-    """cfg = 2 for a family whose pipelines run no classifier-free guidance at all (FLUX.2-dev)."""
-    return f"[parallel] cfg = 2: {title} pipelines have no classifier-free guidance to split; set cfg = 1"
 
 
 def _no_cfg_message(detail: str) -> str:
@@ -48,31 +46,35 @@ def _no_cfg_message(detail: str) -> str:
     )
 
 
+@dataclass(frozen=True)
+class CfgPlan:
+    """What CFG parallelism needs of a pipeline (accel/parallel/plan.py `cfg_plan` makes it from the
+    family and its plan). `batch_args`: the transformer arguments that carry the batch dim;
+    `batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred `at` a module
+    (see ParallelPlan). `outputs_vary`: the two calls' outputs may differ in shape
+    (Family.cfg_outputs_vary), so the halves exchange shapes before results. `output_like`: the
+    structure of a call's several predictions (Acceleration.cfg_output_like; None: one sample)."""
+
+    style: CfgStyle
+    batch_args: tuple[str, ...] = ()
+    batch_items: tuple[str, ...] = ()
+    padded: tuple[SequenceSplit, ...] = ()
+    outputs_vary: bool = False
+    output_like: Callable[[Mapping[str, Any]], Any] | None = None
+
+
 class CfgParallel(StepListener):
     """CFG parallelism on a pipeline's transformers; `remove()` restores them."""
 
     def __init__(
-        self,
-        transformers: dict[str, torch.nn.Module],
-        style: CfgStyle,
-        batch_args: tuple[str, ...],
-        mesh: ParallelMesh,
-        events: StepEvents,
-        batch_items: tuple[str, ...] = (),
-        padded: tuple[SequenceSplit, ...] = (),
-        varying: bool = False,
-        output_like: Callable[[Mapping[str, Any]], Any] | None = None,
+        self, transformers: dict[str, torch.nn.Module], plan: CfgPlan, mesh: ParallelMesh, events: StepEvents
     ) -> None:
-        """`batch_items` and `padded`: the plan's `batch_items` and its splits of them deferred
-        `at` a module (see ParallelPlan). `varying`: the two calls' outputs may differ in shape
-        (Family.cfg_outputs_vary), so the halves exchange shapes before results. `output_like`: the
-        structure of a call's several predictions (Acceleration.cfg_output_like; None: one sample)."""
-        self.style = style
-        self.varying = varying
-        self.output_like = output_like
-        self.batch_args = batch_args
-        self.batch_items = batch_items
-        self.padded = padded
+        self.style = plan.style
+        self.varying = plan.outputs_vary
+        self.output_like = plan.output_like
+        self.batch_args = plan.batch_args
+        self.batch_items = plan.batch_items
+        self.padded = plan.padded
         self._fitting: dict[str, Any] = {}  # this call's halved `padded` arguments, not yet fitted
         self.group = mesh.cfg_group
         self.half = torch.distributed.get_rank(mesh.cfg_group)
@@ -101,8 +103,6 @@ class CfgParallel(StepListener):
 
         # Outside context parallelism (each half splits its own sequence), inside a whole compile.
         self._undo.append(wrap(transformer, "forward", "accel.cfg_parallel", CFG, forward))
-        from accel.parallel.plan import glob_modules
-
         modules = dict(transformer.named_modules())
         for split in self.padded:
             for module in glob_modules(modules, split.at):

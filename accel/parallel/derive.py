@@ -20,27 +20,15 @@ from typing import Any
 
 import torch
 
-from accel.models.base import FromDiffusers, ParallelPlan, SequenceSplit
+from accel.parallel.plan_format import FromDiffusers, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
+from accel.parallel.matching import glob_modules
 
 DIFFUSERS = "diffusers _cp_plan"  # a plan's origin, as reports name it
 
 
 class PlanDerivationError(TypeError):
     """A diffusers `_cp_plan` that `FromDiffusers` cannot turn into an accel plan."""
-
-
-def resolve_plan(plan: ParallelPlan | FromDiffusers, transformer: torch.nn.Module) -> ParallelPlan:
-    """The ParallelPlan to run on `transformer`: `plan` itself, or derived from the class's `_cp_plan`."""
-    if isinstance(plan, ParallelPlan):
-        return plan
-    cp_plan = getattr(type(transformer), "_cp_plan", None)
-    if not cp_plan:
-        raise PlanDerivationError(
-            f"{type(transformer).__name__} has no diffusers _cp_plan to derive the parallel plan from; "
-            "this diffusers version may predate it (upgrade diffusers)"
-        )
-    return derive_plan(cp_plan, plan)
 
 
 def derive_plan(cp_plan: Mapping[str, Any], spec: FromDiffusers) -> ParallelPlan:
@@ -122,8 +110,6 @@ def cut_lengths(transformer: torch.nn.Module, run: Callable[[], Any]) -> dict[st
     transformer (None: a tensor of another rank than the plan expects, which diffusers leaves whole),
     keyed as `FromDiffusers.streams` keys it; a cut whose tensor never came is missing. A pattern
     ("blocks.*") is read at its first module."""
-    from accel.parallel.plan import glob_modules
-
     cp_plan = getattr(type(transformer), "_cp_plan", None) or {}
     modules = dict(transformer.named_modules())
     lengths: dict[str, int | None] = {}

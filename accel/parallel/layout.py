@@ -57,7 +57,7 @@ class SequenceLayout:
 
 @dataclass(frozen=True)
 class GroupRun:
-    """A stretch of a rank's shard that a module working group by group (see `base.GroupedTokens`)
+    """A stretch of a rank's shard that a module working group by group (see `plan_format.GroupedTokens`)
     can take in one call: `tokens` tokens from shard position `start`, lying in the `groups` groups
     from group `first` on (whole groups, or part of one group)."""
 

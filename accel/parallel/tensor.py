@@ -27,7 +27,7 @@ from torch import nn
 
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import PARALLEL, wrap
-from accel.models.base import Packed, Rotary, TensorPlan
+from accel.parallel.plan_format import Packed, Rotary, TensorPlan
 from accel.parallel.comm import all_reduce, group_rank, group_size
 from accel.parallel.mesh import degrees_that_divide
 

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from accel.errors import NotAvailableError, first_line
-from accel.models.base import AutomaticPlan, BlockList, ParallelPlan
+from accel.models.base import BlockList
+from accel.parallel.plan_format import AutomaticPlan, ParallelPlan
 from accel.parallel.automatic import (
     AutomaticPlanRefused,
     TransformerCall,
@@ -96,7 +97,7 @@ def _split_run(
     ring: int,
     record: dict[int, dict[str, list[Tensor]]] | None = None,
 ) -> list[Any]:
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
 
     meshes = simulated_meshes(ulysses, ring)
     copies = [weight_sharing_copy(transformer) for _ in meshes]

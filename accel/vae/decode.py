@@ -21,7 +21,7 @@ from accel.models.vaes import VAE_PLANS, VaePlan, vae_plan_of
 from accel.parallel.agree import rank0_object
 from accel.parallel.comm import global_rank
 from accel.parallel.outputs import map_sample
-from accel.parallel.plan import glob_modules
+from accel.parallel.matching import glob_modules
 from accel.vae.exchange import gather_rows
 from accel.vae.functions import SplitDecode, WholeRegion
 from accel.vae.rows import RowSplit

@@ -16,7 +16,7 @@ import torch
 
 from accel.hooks import VAE, wrap
 from accel.models.vaes import vae_plan_of
-from accel.parallel.plan import glob_modules
+from accel.parallel.matching import glob_modules
 
 
 def frame_causal_mask(
