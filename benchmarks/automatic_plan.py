@@ -54,7 +54,8 @@ def main() -> None:
     from accel.models.generic import first_transformer_call, other_transformer_call
     from accel.models.registry import FAMILIES
     from accel.errors import NotAvailableError
-    from accel.parallel.derive import DIFFUSERS, resolve_plan
+    from accel.parallel.derive import DIFFUSERS
+    from accel.parallel.plan import resolve_plan
     from accel.parallel.verify import automatic_plan
 
     names = [n for n in args.families.split(",") if n] or list(FAMILIES)

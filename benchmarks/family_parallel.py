@@ -404,7 +404,8 @@ def _fake_family(_index: int, family: str, device: str, repeats: int) -> None:
 
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
 
     smoke = device != "cuda"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -429,9 +430,8 @@ def _fake_family(_index: int, family: str, device: str, repeats: int) -> None:
             for name, degrees in (("ulysses", Degrees(ulysses=world)), ("ring", Degrees(ring=world))):
                 if heads % degrees.ulysses:
                     continue
-                engine = ContextParallel(
-                    transformer, FAMILIES[spec.get("family", family)].parallel, build_mesh(degrees, device)
-                )
+                plan = resolve_plan(FAMILIES[spec.get("family", family)].plan_for(transformer), transformer)
+                engine = ContextParallel(transformer, plan, build_mesh(degrees, device))
                 seconds = median_time(lambda: transformer(**inputs), repeats, sync, warmup=1)
                 engine.remove()
                 cells.append(

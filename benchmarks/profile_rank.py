@@ -56,7 +56,8 @@ def main() -> None:
 
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import Degrees, build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="flux", choices=sorted(REAL))
@@ -87,7 +88,7 @@ def main() -> None:
             dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
             engine = ContextParallel(
                 transformer,
-                FAMILIES[spec.get("family", args.family)].parallel,
+                resolve_plan(FAMILIES[spec.get("family", args.family)].plan_for(transformer), transformer),
                 build_mesh(Degrees(ulysses=world), "cuda"),
             )
             _profile(lambda: transformer(**inputs), args.repeats)

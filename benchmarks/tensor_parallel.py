@@ -88,14 +88,15 @@ def theoretical_bytes(transformer: Any, tokens: int, tp: int) -> int:
 def _apply(transformer: Any, degrees: Any) -> None:
     from accel.models.registry import FAMILIES
     from accel.parallel.mesh import build_mesh
-    from accel.parallel.plan import ContextParallel
+    from accel.parallel.engine import ContextParallel
+    from accel.parallel.plan import resolve_plan
     from accel.parallel.tensor import TensorParallel, resolve_tensor_plan
 
     mesh = build_mesh(degrees, "cpu")
     if degrees.tp > 1:
         TensorParallel(transformer, resolve_tensor_plan(FAMILIES["flux"].tensor, transformer), mesh.tp_group)
     if degrees.sequence > 1:
-        ContextParallel(transformer, FAMILIES["flux"].parallel, mesh)
+        ContextParallel(transformer, resolve_plan(FAMILIES["flux"].parallel, transformer), mesh)
 
 
 def _rank(
