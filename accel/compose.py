@@ -37,9 +37,11 @@ from typing import Any
 import torch
 
 from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
+from accel.cache.sums import cache_sums
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
 from accel.models.base import AutomaticPlan, Family, ParallelPlan, TensorPlan
+from accel.models.parts import blocks_of, execution_device, transformers_of
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -48,7 +50,7 @@ from accel.optimize.quantize import QuantSummary, check_hardware, quantize_trans
 from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.plan import ContextParallel, plan_of
 from accel.parallel.tensor import TensorParallel
-from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal, vae_placement_refusal
+from accel.recipe import Recipe, load_recipe, offload_refusal, vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 from accel.vae.masks import fill_masks_by_frame
@@ -128,7 +130,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     _check_cache_blocks(handle)
     if (refusal := vae_placement_refusal(recipe)) is not None:  # before any rank changes anything
         raise UserError(refusal)
-    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
+    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(transformers_of(pipe, family).values()))))
     try:
         _join_mesh(handle)
         _apply_processors(handle)
@@ -148,25 +150,9 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     return handle
 
 
-def _transformers(handle: AccelHandle) -> dict[str, Any]:
-    return _transformers_of(handle.pipe, handle.family)
-
-
-def _transformers_of(pipe: Any, family: Family) -> dict[str, Any]:
-    return {attr: t for attr in family.transformer_attrs if (t := getattr(pipe, attr, None)) is not None}
-
-
-def execution_device(pipe: Any, module: Any) -> Any:
-    """The device `pipe` computes on. Under accelerate's model CPU offload or diffusers' group
-    offloading the weights wait on the CPU, so `module`'s first parameter (the fallback, for a
-    pipeline that does not say) would name the wrong one; diffusers' `_execution_device` knows."""
-    device = getattr(pipe, "_execution_device", None)
-    return device if device is not None else next(module.parameters()).device
-
-
 def _apply_processors(handle: AccelHandle) -> None:
     """The family's leaner attention processors (same outputs, less memory), under every layout."""
-    for transformer in _transformers(handle).values():
+    for transformer in transformers_of(handle.pipe, handle.family).values():
         handle._undo.append(install_processors(transformer, handle.family))
 
 
@@ -174,7 +160,7 @@ def _apply_quant(handle: AccelHandle) -> None:
     settings = handle.recipe.quant
     if settings.type == "none":
         return
-    transformers = _transformers(handle)
+    transformers = transformers_of(handle.pipe, handle.family)
     first = next(iter(transformers.values()))
     parameter = next(first.parameters())
     check_hardware(settings.type, execution_device(handle.pipe, first), parameter.dtype)
@@ -219,20 +205,10 @@ def _apply_compile(handle: AccelHandle) -> None:
     settings = handle.recipe.compile
     if not settings.enabled:
         return
-    for transformer in _transformers(handle).values():
+    for transformer in transformers_of(handle.pipe, handle.family).values():
         regions = CompiledRegions(transformer, handle.family.blocks, settings.scope, settings.mode)
         handle.compiled.append(regions)
         handle._undo.append(regions.remove)
-
-
-def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
-    """The layout [parallel] asks for on this pipeline, its degrees checked against the loaded heads."""
-    from accel.parallel.mesh import resolve_degrees
-
-    family = family_of(pipe)
-    counts = [family.heads_in(t.config) for t in _transformers_of(pipe, family).values()]
-    heads = min((count for count in counts if count is not None), default=None)
-    return resolve_degrees(settings, heads, family.title)
 
 
 def _join_mesh(handle: AccelHandle) -> None:
@@ -242,7 +218,7 @@ def _join_mesh(handle: AccelHandle) -> None:
     settings = handle.recipe.parallel
     if settings.world_size == 1:
         return
-    from accel.parallel.mesh import build_mesh, init_distributed
+    from accel.parallel.mesh import build_mesh, init_distributed, parallel_degrees
 
     family = handle.family
     plan_of(family, "[parallel]")
@@ -254,7 +230,7 @@ def _join_mesh(handle: AccelHandle) -> None:
         if family.learned:
             raise NotAvailableError(untaught_message("[parallel] cfg = 2", family.title, "CFG parallelism"))
         raise NotAvailableError(no_guidance_message(family.title))
-    transformers = _transformers(handle)
+    transformers = transformers_of(handle.pipe, handle.family)
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
@@ -331,7 +307,7 @@ def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
     if family.tensor is None:
         raise NotAvailableError(f"[parallel] tp = {tp}: {family.title} has no tensor-parallel plan; set tp = 1")
     plans = {}
-    for attr, transformer in _transformers(handle).items():
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
         plan = resolve_tensor_plan(family.tensor, transformer)
         if getattr(transformer, SPLIT_MARK, None) is None:
             scheme = quantized_as(transformer)
@@ -359,7 +335,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
     family = handle.family
     plan = plan_of(family, "[parallel]")
-    transformers = _transformers(handle)
+    transformers = transformers_of(handle.pipe, handle.family)
     if handle.plans:  # the automatic plans _join_mesh verified
         plan = next(iter(handle.plans.values()))
     # An automatic plan is learned only where a sequence or CFG split needs one (not for TP alone).
@@ -409,7 +385,7 @@ def _apply_memory(handle: AccelHandle) -> None:
         return
     from accel.parallel.encoders import SHARDED, EncodesOnCpu, FirstRankEncodes, shard_text_encoders, sharded_refusal
 
-    device = execution_device(handle.pipe, next(iter(_transformers(handle).values())))
+    device = execution_device(handle.pipe, next(iter(transformers_of(handle.pipe, handle.family).values())))
     if placement == SHARDED:
         if handle.mesh is not None:
             shard_text_encoders(handle.pipe, handle.mesh.group, device)
@@ -533,7 +509,9 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
     """diffusers' own cache hooks decide from each rank's shard (ranks then deadlock) and cannot
     share a forward with accel's cache; refused before anything is changed or any collective."""
     recipe = handle.recipe
-    enabled = [attr for attr, t in _transformers(handle).items() if getattr(t, "is_cache_enabled", False)]
+    enabled = [
+        attr for attr, t in transformers_of(handle.pipe, handle.family).items() if getattr(t, "is_cache_enabled", False)
+    ]
     asked = [
         name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
     ]
@@ -555,7 +533,7 @@ def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     ]
     if not asked:
         return
-    for attr, transformer in _transformers(handle).items():
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
         if attr in handle.parallel:
             continue  # the context-parallel engine refuses it in its own words, on every rank alike
 
@@ -596,49 +574,12 @@ def _components(pipe: Any) -> dict[str, Any]:
     )  # named first: where accel acts most
 
 
-def transformers(handle: AccelHandle) -> dict[str, Any]:
-    """The accelerated pipeline's transformers by attribute (Wan 2.2's two experts: both)."""
-    return _transformers(handle)
-
-
-def block_count(transformer: Any, family: Family) -> int:
-    """The transformer's blocks over all of the family's block lists: what dbcache's counts run across."""
-    return sum(len(getattr(transformer, spec.attr)) for spec in family.blocks)
-
-
-def transformers_of(pipe: Any, family: Family) -> list[Any]:
-    """The transformers `pipe` holds, in the family's order."""
-    return list(_transformers_of(pipe, family).values())
-
-
-def cache_sums(handle: AccelHandle, attr: str) -> dict[str, Any]:
-    """Where a deciding cache on transformer `attr` measures its change, and over which ranks it
-    sums it (the keywords `BlockCache` and `MagCache` take): one decision per layout, as one process."""
-    stream = handle.family.primary_stream
-    return dict(
-        primary_stream=stream, group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), stream)
-    )
-
-
-def _cache_group(handle: AccelHandle) -> Any:
-    """The ranks that share one transformer call, whose block-0 change the cache sums: the sequence
-    ranks (with their TP ranks, which hold the same change whole: the ratio the cache reads is
-    unchanged, and every rank of the call reads the same sum), and with batched CFG split over the
-    halves the whole mesh (one call, one decision)."""
-    mesh = handle.mesh
-    if mesh is None:
-        return None
-    if mesh.degrees.cfg > 1 and handle.family.cfg == "batch":
-        return mesh.group
-    return mesh.call_group if mesh.degrees.tp > 1 else mesh.sequence_group
-
-
 def _apply_cache(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
     if not settings.enabled:
         return
     events = StepEvents.of(handle.pipe)
-    for attr, transformer in _transformers(handle).items():
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
         cache: StepCache[Any]
         if settings.method == "taylorseer":
             cache = TaylorSeerCache(
@@ -693,8 +634,8 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
         raise UserError(f"[cache] method = '{settings.method}': {handle.family.cache_refused}")
     if not settings.enabled or settings.method in ("taylorseer", "magcache"):
         return
-    for transformer in _transformers(handle).values():
-        count = block_count(transformer, handle.family)
+    for transformer in transformers_of(handle.pipe, handle.family).values():
+        count = len(blocks_of(transformer, handle.family.blocks))
         least = BlockCache.least_first_blocks
         if count <= least:
             raise UserError(
@@ -713,13 +654,6 @@ def _call_starts(caches: list[StepCache[Any]], call_next: Callable[..., Any], *a
     for cache in caches:
         cache.begin_call()
     return call_next(*args, **kwargs)
-
-
-def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], int | None] | None:
-    """The cache's primary stream is cut like the transformer input of the same name."""
-    if engine is None:
-        return None
-    return lambda: engine.real_tokens(stream)
 
 
 def _apply_vae(handle: AccelHandle) -> None:

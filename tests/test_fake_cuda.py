@@ -55,7 +55,7 @@ from fakecuda import (  # noqa: E402
 from test_parallel_families import splits_sequence  # noqa: E402
 
 from accel.cache import FirstBlockCache  # noqa: E402
-from accel.compose import _cache_group, _real_tokens  # noqa: E402
+from accel.cache.sums import _cache_group, _real_tokens  # noqa: E402
 from accel.memory.estimate import KnownValues  # noqa: E402
 from accel.models.base import Family, ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402

@@ -38,6 +38,7 @@ from accel.cache.calls import StepCache
 from accel.cache.stats import CallRecord
 from accel.hooks import CACHE, wrap
 from accel.models.base import BlockList
+from accel.models.parts import listed_blocks
 from accel.steps import StepEvents
 
 
@@ -97,7 +98,7 @@ class BlockCache(StepCache[_BranchState]):
         group: dist.ProcessGroup | None = None,
         real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
-        blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
+        blocks = listed_blocks(transformer, block_lists)
         if first_blocks < self.least_first_blocks:
             raise ValueError(
                 f"first_blocks must be at least {self.least_first_blocks} (the decision reads their residual), got "

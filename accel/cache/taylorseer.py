@@ -30,6 +30,7 @@ from accel.cache.calls import StepCache
 from accel.cache.stats import CallRecord
 from accel.hooks import CACHE, wrap
 from accel.models.base import BlockList
+from accel.models.parts import blocks_of
 from accel.steps import StepEvents
 
 # diffusers' naming of the modules worth extrapolating (the rest of a block is cheap).
@@ -90,8 +91,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
         TaylorSeer(taylor_order)  # an order it cannot use fails here
         modules = [
             child
-            for spec in block_lists
-            for block in getattr(transformer, spec.attr)
+            for block in blocks_of(transformer, block_lists)
             for child in block.children()
             if CACHED_MODULE.fullmatch(type(child).__name__)
         ]

@@ -25,7 +25,8 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
     every transformer: the ratios per CFG branch, one per step. With several transformers (Wan 2.2's
     experts) each records the steps it runs; the curve is theirs in step order."""
     from accel.cache import MagCache
-    from accel.compose import cache_sums, transformers
+    from accel.cache.sums import cache_sums
+    from accel.models.parts import transformers_of
     from accel.runner import generate
     from accel.steps import StepEvents
 
@@ -34,7 +35,7 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
         MagCache(
             transformer, handle.family.blocks, threshold=0.0, calibrate=True, events=events, **cache_sums(handle, attr)
         )
-        for attr, transformer in transformers(handle).items()
+        for attr, transformer in transformers_of(handle.pipe, handle.family).items()
     ]
     try:
         generate(pipe, kwargs, seed)
