@@ -36,12 +36,14 @@ from typing import Any
 
 import torch
 
-from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
+from accel.cache.calls import CacheSite, StepCache
+from accel.cache.config import CACHE_METHODS
+from accel.cache.stats import CacheStats
 from accel.cache.sums import cache_sums
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
 from accel.models.base import AutomaticPlan, Family, ParallelPlan, TensorPlan
-from accel.models.parts import blocks_of, execution_device, transformers_of
+from accel.models.parts import execution_device, transformers_of
 from accel.models.registry import family_of
 from accel.models.variants import refuse_split, variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -578,43 +580,11 @@ def _apply_cache(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
     if not settings.enabled:
         return
-    events = StepEvents.of(handle.pipe)
+    config = CACHE_METHODS[settings.method].from_settings(settings)
+    engine, events = config.engine_class(), StepEvents.of(handle.pipe)
     for attr, transformer in transformers_of(handle.pipe, handle.family).items():
-        cache: StepCache[Any]
-        if settings.method == "taylorseer":
-            cache = TaylorSeerCache(
-                transformer,
-                handle.family.blocks,
-                interval=settings.interval,
-                taylor_order=settings.taylor_order,
-                disable_before=settings.disable_before,
-                disable_after=settings.disable_after,
-                interval_offset=settings.interval_offset,
-                extrapolate_early=settings.extrapolate_early,
-                events=events,
-            )
-        else:
-            # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
-            deciding = dict(
-                threshold=settings.threshold,
-                warmup_steps=settings.warmup_steps,
-                max_consecutive_cached=settings.max_consecutive_cached,
-                max_cached_steps=settings.max_cached_steps,
-                events=events,
-                **cache_sums(handle, attr),
-            )
-            if settings.method == "magcache":
-                cache = MagCache(transformer, handle.family.blocks, mag_ratios=settings.mag_ratios, **deciding)
-            else:
-                cache = BlockCache(
-                    transformer,
-                    handle.family.blocks,
-                    first_blocks=settings.first_blocks,
-                    last_blocks=settings.last_blocks,
-                    calibrator=settings.calibrator,
-                    taylor_order=settings.taylor_order,
-                    **deciding,
-                )
+        site = CacheSite(transformer, handle.family.blocks, events, **cache_sums(handle, attr))
+        cache = engine.install(site, config)
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
@@ -632,22 +602,12 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
     if settings.enabled and handle.family.cache_refused:
         raise UserError(f"[cache] method = '{settings.method}': {handle.family.cache_refused}")
-    if not settings.enabled or settings.method in ("taylorseer", "magcache"):
+    if not settings.enabled:
         return
+    config = CACHE_METHODS[settings.method].from_settings(settings)
     for transformer in transformers_of(handle.pipe, handle.family).values():
-        count = len(blocks_of(transformer, handle.family.blocks))
-        least = BlockCache.least_first_blocks
-        if count <= least:
-            raise UserError(
-                f"[cache] method = '{settings.method}': {type(transformer).__name__} has {count} block, and the block "
-                "cache "
-                "needs one to decide and one to cache; use method = 'taylorseer' or 'magcache', or turn the cache off"
-            )
-        if settings.first_blocks + settings.last_blocks >= count:
-            raise UserError(
-                f"[cache] first_blocks ({settings.first_blocks}) + last_blocks ({settings.last_blocks}) leave none of "
-                f"{type(transformer).__name__}'s {count} blocks to cache; make their sum at most {count - 1}"
-            )
+        if (refusal := config.block_refusal(transformer, handle.family.blocks)) is not None:
+            raise UserError(refusal)
 
 
 def _call_starts(caches: list[StepCache[Any]], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
