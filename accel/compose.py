@@ -36,11 +36,15 @@ from typing import Any
 
 import torch
 
-from accel.cache import BlockCache, CacheStats, MagCache, StepCache, TaylorSeerCache
+from accel.cache.calls import CacheSite, StepCache
+from accel.cache.config import CACHE_METHODS
+from accel.cache.stats import CacheStats
+from accel.cache.sums import cache_sums
 from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
 from accel.models.base import Family
 from accel.parallel.plan_format import ParallelPlan, TensorPlan
+from accel.models.parts import execution_device, transformers_of
 from accel.models.registry import family_of
 from accel.models.variants import variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -50,7 +54,7 @@ from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.engine import ContextParallel
 from accel.parallel.plan import ResolvedPlans, plan_of, refuse_layout, resolve_plans
 from accel.parallel.tensor import TensorParallel
-from accel.recipe import ParallelSection, Recipe, load_recipe, offload_refusal, vae_placement_refusal
+from accel.recipe import Recipe, load_recipe, offload_refusal, vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 from accel.vae.masks import fill_masks_by_frame
@@ -135,7 +139,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     _check_cache_blocks(handle)
     if (refusal := vae_placement_refusal(recipe)) is not None:  # before any rank changes anything
         raise UserError(refusal)
-    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(_transformers(handle).values()))))
+    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(transformers_of(pipe, family).values()))))
     try:
         _join_mesh(handle)
         _apply_processors(handle)
@@ -155,25 +159,9 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     return handle
 
 
-def _transformers(handle: AccelHandle) -> dict[str, Any]:
-    return _transformers_of(handle.pipe, handle.family)
-
-
-def _transformers_of(pipe: Any, family: Family) -> dict[str, Any]:
-    return {attr: t for attr in family.transformer_attrs if (t := getattr(pipe, attr, None)) is not None}
-
-
-def execution_device(pipe: Any, module: Any) -> Any:
-    """The device `pipe` computes on. Under accelerate's model CPU offload or diffusers' group
-    offloading the weights wait on the CPU, so `module`'s first parameter (the fallback, for a
-    pipeline that does not say) would name the wrong one; diffusers' `_execution_device` knows."""
-    device = getattr(pipe, "_execution_device", None)
-    return device if device is not None else next(module.parameters()).device
-
-
 def _apply_processors(handle: AccelHandle) -> None:
     """The family's leaner attention processors (same outputs, less memory), under every layout."""
-    for transformer in _transformers(handle).values():
+    for transformer in transformers_of(handle.pipe, handle.family).values():
         handle._undo.append(install_processors(transformer, handle.family))
 
 
@@ -181,7 +169,7 @@ def _apply_quant(handle: AccelHandle) -> None:
     settings = handle.recipe.quant
     if settings.type == "none":
         return
-    transformers = _transformers(handle)
+    transformers = transformers_of(handle.pipe, handle.family)
     first = next(iter(transformers.values()))
     parameter = next(first.parameters())
     check_hardware(settings.type, execution_device(handle.pipe, first), parameter.dtype)
@@ -226,20 +214,10 @@ def _apply_compile(handle: AccelHandle) -> None:
     settings = handle.recipe.compile
     if not settings.enabled:
         return
-    for transformer in _transformers(handle).values():
+    for transformer in transformers_of(handle.pipe, handle.family).values():
         regions = CompiledRegions(transformer, handle.family.blocks, settings.scope, settings.mode)
         handle.compiled.append(regions)
         handle._undo.append(regions.remove)
-
-
-def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
-    """The layout [parallel] asks for on this pipeline, its degrees checked against the loaded heads."""
-    from accel.parallel.mesh import resolve_degrees
-
-    family = family_of(pipe)
-    counts = [family.heads_in(t.config) for t in _transformers_of(pipe, family).values()]
-    heads = min((count for count in counts if count is not None), default=None)
-    return resolve_degrees(settings, heads, family.title)
 
 
 def _join_mesh(handle: AccelHandle) -> None:
@@ -249,12 +227,12 @@ def _join_mesh(handle: AccelHandle) -> None:
     settings = handle.recipe.parallel
     if settings.world_size == 1:
         return
-    from accel.parallel.mesh import build_mesh, init_distributed
+    from accel.parallel.mesh import build_mesh, init_distributed, parallel_degrees
 
     family = handle.family
     plan_of(family, "[parallel]")
     refuse_layout(family, variant_of_class(family, type(handle.pipe)), settings)
-    transformers = _transformers(handle)
+    transformers = transformers_of(handle.pipe, handle.family)
     device = execution_device(handle.pipe, next(iter(transformers.values())))
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
@@ -281,7 +259,7 @@ def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:
     if family.tensor is None:
         raise NotAvailableError(f"[parallel] tp = {tp}: {family.title} has no tensor-parallel plan; set tp = 1")
     plans = {}
-    for attr, transformer in _transformers(handle).items():
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
         plan = resolve_tensor_plan(family.tensor, transformer)
         if getattr(transformer, SPLIT_MARK, None) is None:
             scheme = quantized_as(transformer)
@@ -307,7 +285,7 @@ def _apply_parallel(handle: AccelHandle) -> None:
         return
     from accel.parallel.agree import agree_on_arguments, agree_on_noise
 
-    transformers, resolved = _transformers(handle), handle.resolved
+    transformers, resolved = transformers_of(handle.pipe, handle.family), handle.resolved
     if resolved is not None:
         for attr, plan in resolved.sequence.items():
             engine = ContextParallel(transformers[attr], plan, mesh)
@@ -338,7 +316,7 @@ def _apply_memory(handle: AccelHandle) -> None:
         return
     from accel.parallel.encoders import SHARDED, EncodesOnCpu, FirstRankEncodes, shard_text_encoders, sharded_refusal
 
-    device = execution_device(handle.pipe, next(iter(_transformers(handle).values())))
+    device = execution_device(handle.pipe, next(iter(transformers_of(handle.pipe, handle.family).values())))
     if placement == SHARDED:
         if handle.mesh is not None:
             shard_text_encoders(handle.pipe, handle.mesh.group, device)
@@ -462,7 +440,9 @@ def _refuse_two_caches(handle: AccelHandle) -> None:
     """diffusers' own cache hooks decide from each rank's shard (ranks then deadlock) and cannot
     share a forward with accel's cache; refused before anything is changed or any collective."""
     recipe = handle.recipe
-    enabled = [attr for attr, t in _transformers(handle).items() if getattr(t, "is_cache_enabled", False)]
+    enabled = [
+        attr for attr, t in transformers_of(handle.pipe, handle.family).items() if getattr(t, "is_cache_enabled", False)
+    ]
     asked = [
         name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
     ]
@@ -485,7 +465,7 @@ def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
     ]
     if not asked:
         return
-    for attr, transformer in _transformers(handle).items():
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
 
         def check(module: Any, args: Any, attr: str = attr, split: bool = attr in handle.parallel) -> None:
             if not getattr(module, "is_cache_enabled", False):
@@ -533,84 +513,15 @@ def _components(pipe: Any) -> dict[str, Any]:
     )  # named first: where accel acts most
 
 
-def transformers(handle: AccelHandle) -> dict[str, Any]:
-    """The accelerated pipeline's transformers by attribute (Wan 2.2's two experts: both)."""
-    return _transformers(handle)
-
-
-def block_count(transformer: Any, family: Family) -> int:
-    """The transformer's blocks over all of the family's block lists: what dbcache's counts run across."""
-    return sum(len(getattr(transformer, spec.attr)) for spec in family.blocks)
-
-
-def transformers_of(pipe: Any, family: Family) -> list[Any]:
-    """The transformers `pipe` holds, in the family's order."""
-    return list(_transformers_of(pipe, family).values())
-
-
-def cache_sums(handle: AccelHandle, attr: str) -> dict[str, Any]:
-    """Where a deciding cache on transformer `attr` measures its change, and over which ranks it
-    sums it (the keywords `BlockCache` and `MagCache` take): one decision per layout, as one process."""
-    stream = handle.family.primary_stream
-    return dict(
-        primary_stream=stream, group=_cache_group(handle), real_tokens=_real_tokens(handle.parallel.get(attr), stream)
-    )
-
-
-def _cache_group(handle: AccelHandle) -> Any:
-    """The ranks that share one transformer call, whose block-0 change the cache sums: the sequence
-    ranks (with their TP ranks, which hold the same change whole: the ratio the cache reads is
-    unchanged, and every rank of the call reads the same sum), and with batched CFG split over the
-    halves the whole mesh (one call, one decision)."""
-    mesh = handle.mesh
-    if mesh is None:
-        return None
-    if mesh.degrees.cfg > 1 and handle.family.cfg == "batch":
-        return mesh.group
-    return mesh.call_group if mesh.degrees.tp > 1 else mesh.sequence_group
-
-
 def _apply_cache(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
     if not settings.enabled:
         return
-    events = StepEvents.of(handle.pipe)
-    for attr, transformer in _transformers(handle).items():
-        cache: StepCache[Any]
-        if settings.method == "taylorseer":
-            cache = TaylorSeerCache(
-                transformer,
-                handle.family.blocks,
-                interval=settings.interval,
-                taylor_order=settings.taylor_order,
-                disable_before=settings.disable_before,
-                disable_after=settings.disable_after,
-                interval_offset=settings.interval_offset,
-                extrapolate_early=settings.extrapolate_early,
-                events=events,
-            )
-        else:
-            # What every deciding method shares: the threshold and limits, and where the ranks' sums come from.
-            deciding = dict(
-                threshold=settings.threshold,
-                warmup_steps=settings.warmup_steps,
-                max_consecutive_cached=settings.max_consecutive_cached,
-                max_cached_steps=settings.max_cached_steps,
-                events=events,
-                **cache_sums(handle, attr),
-            )
-            if settings.method == "magcache":
-                cache = MagCache(transformer, handle.family.blocks, mag_ratios=settings.mag_ratios, **deciding)
-            else:
-                cache = BlockCache(
-                    transformer,
-                    handle.family.blocks,
-                    first_blocks=settings.first_blocks,
-                    last_blocks=settings.last_blocks,
-                    calibrator=settings.calibrator,
-                    taylor_order=settings.taylor_order,
-                    **deciding,
-                )
+    config = CACHE_METHODS[settings.method].from_settings(settings)
+    engine, events = config.engine_class(), StepEvents.of(handle.pipe)
+    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
+        site = CacheSite(transformer, handle.family.blocks, events, **cache_sums(handle, attr))
+        cache = engine.install(site, config)
         handle.caches.append(cache)
         handle._undo.append(cache.remove)
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
@@ -628,35 +539,18 @@ def _check_cache_blocks(handle: AccelHandle) -> None:
     settings = handle.recipe.cache
     if settings.enabled and handle.family.cache_refused:
         raise UserError(f"[cache] method = '{settings.method}': {handle.family.cache_refused}")
-    if not settings.enabled or settings.method in ("taylorseer", "magcache"):
+    if not settings.enabled:
         return
-    for transformer in _transformers(handle).values():
-        count = block_count(transformer, handle.family)
-        least = BlockCache.least_first_blocks
-        if count <= least:
-            raise UserError(
-                f"[cache] method = '{settings.method}': {type(transformer).__name__} has {count} block, and the block "
-                "cache "
-                "needs one to decide and one to cache; use method = 'taylorseer' or 'magcache', or turn the cache off"
-            )
-        if settings.first_blocks + settings.last_blocks >= count:
-            raise UserError(
-                f"[cache] first_blocks ({settings.first_blocks}) + last_blocks ({settings.last_blocks}) leave none of "
-                f"{type(transformer).__name__}'s {count} blocks to cache; make their sum at most {count - 1}"
-            )
+    config = CACHE_METHODS[settings.method].from_settings(settings)
+    for transformer in transformers_of(handle.pipe, handle.family).values():
+        if (refusal := config.block_refusal(transformer, handle.family.blocks)) is not None:
+            raise UserError(refusal)
 
 
 def _call_starts(caches: list[StepCache[Any]], call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     for cache in caches:
         cache.begin_call()
     return call_next(*args, **kwargs)
-
-
-def _real_tokens(engine: ContextParallel | None, stream: str) -> Callable[[], int | None] | None:
-    """The cache's primary stream is cut like the transformer input of the same name."""
-    if engine is None:
-        return None
-    return lambda: engine.real_tokens(stream)
 
 
 def _apply_vae(handle: AccelHandle) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from accel.cache.config import cache_refusal
 from accel.errors import RecipeError
 
 __all__ = [
@@ -690,57 +691,11 @@ def read_capped(path: str | PathLike[str], source: str, advice: str) -> bytes:
 # --- validation -----------------------------------------------------------------------------
 
 
-# The methods that read each [cache] key; one another method would ignore is refused, not ignored.
-_DECIDING = ("fbcache", "dbcache", "magcache")
-_CACHE_KEY_METHODS = {
-    "threshold": _DECIDING,
-    "first_blocks": ("dbcache",),
-    "last_blocks": ("dbcache",),
-    "calibrator": ("fbcache", "dbcache"),
-    "warmup_steps": _DECIDING,
-    "max_consecutive_cached": _DECIDING,
-    "max_cached_steps": _DECIDING,
-    "interval": ("taylorseer",),
-    "disable_before": ("taylorseer",),
-    "disable_after": ("taylorseer",),
-    "interval_offset": ("taylorseer",),
-    "extrapolate_early": ("taylorseer",),
-    "mag_ratios": ("magcache",),
-}
-
-
 def _check_cache(source: str, cache: CacheSection) -> None:
-    defaults = CacheSection()
-    for key, methods in _CACHE_KEY_METHODS.items():
-        if cache.method not in methods and getattr(cache, key) != getattr(defaults, key):
-            quoted = [f'"{m}"' for m in methods]
-            named = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-            raise RecipeError(
-                f'{source}: [cache] {key} is for method = {named}, not "{cache.method}"; set method = "{methods[0]}" '
-                f"or remove {key}"
-            )
-    if cache.taylor_order != defaults.taylor_order and "taylorseer" not in (cache.method, cache.calibrator):
-        raise RecipeError(
-            f'{source}: [cache] taylor_order is for method = "taylorseer" or calibrator = "taylorseer"; set one of '
-            "them or remove taylor_order"
-        )
-    if cache.method == "magcache" and cache.threshold > 0 and not any(cache.mag_ratios):
-        raise RecipeError(
-            f'{source}: [cache] method = "magcache" needs mag_ratios, the per-step residual-magnitude ratios of this '
-            "pipeline; "
-            f"measure them with accel tune RECIPE --calibrate"
-        )
-    if cache.interval_offset >= cache.interval:
-        raise RecipeError(
-            f"{source}: [cache] interval_offset ({cache.interval_offset}) must be below interval ({cache.interval}); "
-            "an offset of a whole interval or more is the same schedule as interval_offset = "
-            f"{cache.interval_offset % cache.interval}"
-        )
-    if cache.disable_after and cache.disable_after <= cache.disable_before:
-        raise RecipeError(
-            f"{source}: [cache] disable_after ({cache.disable_after}) must be above disable_before "
-            f"({cache.disable_before}), or 0 for none"
-        )
+    """[cache] as its method reads it: the method configs' fields say which keys each method reads."""
+    refusal = cache_refusal(cache)
+    if refusal is not None:
+        raise RecipeError(f"{source}: {refusal}")
 
 
 def _check_sections(

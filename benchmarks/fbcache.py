@@ -39,7 +39,7 @@ def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 def deep_transformer(tokens: int, repeats: int) -> None:
     from diffusers import FluxTransformer2DModel
 
-    from accel.cache import FirstBlockCache
+    from accel.cache.fbcache import FirstBlockCache
     from accel.models.flux import FAMILY
 
     torch.manual_seed(0)
@@ -101,7 +101,7 @@ def deep_transformer(tokens: int, repeats: int) -> None:
 @torch.no_grad()
 def apply_overhead(repeats: int) -> None:
     import accel
-    from accel.cache import FirstBlockCache
+    from accel.cache.fbcache import FirstBlockCache
     from accel.models.flux import FAMILY
 
     pipe = accel.load_pipeline("tiny-flux")

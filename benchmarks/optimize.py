@@ -123,7 +123,7 @@ def run(
     schemes: list[str],
     whole: bool = True,
 ) -> None:
-    from accel.cache import FirstBlockCache
+    from accel.cache.fbcache import FirstBlockCache
     from accel.models.flux import FAMILY
     from accel.optimize.compile import CompiledRegions
     from accel.optimize.quantize import QuantSummary, quantize_transformer

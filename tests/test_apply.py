@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import accel
-from accel.cache import FirstBlockCache
+from accel.cache.fbcache import FirstBlockCache
 from accel.errors import ModelError, RecipeError, UserError
 from accel.models.registry import FAMILIES
 from conftest import FLUX_CALL, WAN_CALL, generate

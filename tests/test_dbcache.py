@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from accel.cache import BlockCache
+from accel.cache.blocks import BlockCache
 from accel.cache.calibrate import TaylorSeer
 from accel.models.base import BlockList
 from toy_transformers import JointTransformer, SingleTensorTransformer, TwoListTransformer, all_blocks, inputs
@@ -104,7 +104,7 @@ def test_the_tail_runs_on_the_head_output_plus_the_middle_residual(first: int, l
 
 @torch.no_grad()
 def test_fbcache_is_dbcache_with_one_head_block_and_no_tail() -> None:
-    from accel.cache import FirstBlockCache
+    from accel.cache.fbcache import FirstBlockCache
 
     outputs = []
     for cls, options in ((FirstBlockCache, {}), (BlockCache, {"first_blocks": 1, "last_blocks": 0})):

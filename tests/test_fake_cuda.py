@@ -54,8 +54,8 @@ from fakecuda import (  # noqa: E402
 
 from test_parallel_families import splits_sequence  # noqa: E402
 
-from accel.cache import FirstBlockCache  # noqa: E402
-from accel.compose import _cache_group, _real_tokens  # noqa: E402
+from accel.cache.fbcache import FirstBlockCache  # noqa: E402
+from accel.cache.sums import _cache_group, _real_tokens  # noqa: E402
 from accel.memory.estimate import KnownValues  # noqa: E402
 from accel.models.base import Family  # noqa: E402
 from accel.parallel.plan_format import ParallelPlan  # noqa: E402
@@ -1457,7 +1457,7 @@ def test_dbcache_with_taylorseer_on_fake_cuda(tiny_configs: Any) -> None:
     TaylorSeer of order 2, on Ulysses 2 at an uneven token count: a cached call runs the head and
     the tail and not the middle; the extrapolation from three computed calls stays on the device,
     so the cache's decision is still the only host sync of a call."""
-    from accel.cache import BlockCache
+    from accel.cache.blocks import BlockCache
 
     cls, config, _, _ = tiny_configs["flux"]
     config = {**config, **tiny_overrides("flux", config), "num_layers": 2, "num_single_layers": 2}
@@ -1519,7 +1519,7 @@ def test_taylorseer_inside_the_blocks_on_fake_cuda(tiny_configs: Any) -> None:
     the last rank): the extrapolated call runs no attention kernel and none of attention's
     collectives (what is left is the output's gather), and neither kind of call makes a host sync
     (the schedule is host arithmetic on the step)."""
-    from accel.cache import TaylorSeerCache
+    from accel.cache.taylorseer import TaylorSeerCache
 
     cls, config, _, _ = tiny_configs["wan"]
     config = {**config, **tiny_overrides("wan", config)}
@@ -1555,7 +1555,7 @@ def test_taylorseer_inside_the_blocks_on_fake_cuda(tiny_configs: Any) -> None:
 def test_magcache_on_fake_cuda(tiny_configs: Any) -> None:
     """MagCache on FLUX, Ulysses 2 at an uneven token count, as the last rank: a skipped call runs no
     block (no attention kernel), and no call makes a host sync (the rule reads the curve only)."""
-    from accel.cache import MagCache
+    from accel.cache.magcache import MagCache
 
     cls, config, _, _ = tiny_configs["flux"]
     config = {**config, **tiny_overrides("flux", config)}

@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from accel.cache import FirstBlockCache  # noqa: E402
+from accel.cache.fbcache import FirstBlockCache  # noqa: E402
 from accel.models.base import BlockList  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from accel.cache import FirstBlockCache
+from accel.cache.fbcache import FirstBlockCache
 from accel.steps import StepEvents
 from rankpool import free_port
 from toy_transformers import (

@@ -13,7 +13,7 @@ import torch
 from conftest import FLUX_CALL, generate
 
 import accel
-from accel.cache import FirstBlockCache
+from accel.cache.fbcache import FirstBlockCache
 from accel.models.registry import FAMILIES
 from accel.parallel.kernels import attention_with_lse, choose_kernel, enabled_backends, reference_attention_with_lse
 from accel.quality import psnr

@@ -17,6 +17,7 @@ from conftest import FLUX_CALL, generate
 
 import accel
 import accel.compose
+import accel.models.parts
 from accel.hooks import CACHE, CFG, COMPILE, LORA, NOISE, PARALLEL, STEPS, VAE, inner_of, wrap, wrappers
 from accel.models.registry import FAMILIES
 
@@ -245,7 +246,7 @@ def test_apply_uses_the_execution_device_under_model_cpu_offload(monkeypatch: py
     pipe = _fresh_flux()
     pipe.enable_model_cpu_offload(device="cpu")
     assert pipe._execution_device == torch.device("cpu", 0) != next(pipe.transformer.parameters()).device
-    assert accel.compose.execution_device(pipe, pipe.transformer) == torch.device("cpu", 0)
+    assert accel.models.parts.execution_device(pipe, pipe.transformer) == torch.device("cpu", 0)
     checked: list[torch.device] = []
     monkeypatch.setattr(accel.compose, "check_hardware", lambda _type, device, _dtype: checked.append(device))
     handle = accel.apply(pipe, {"quant": {"type": "int8wo"}, "cache": {"threshold": 1e9, "warmup_steps": 2}})
@@ -257,7 +258,7 @@ def test_apply_uses_the_execution_device_under_model_cpu_offload(monkeypatch: py
 
 def test_execution_device_falls_back_to_the_first_parameter() -> None:
     module = torch.nn.Linear(2, 2)
-    assert accel.compose.execution_device(object(), module) == torch.device("cpu")
+    assert accel.models.parts.execution_device(object(), module) == torch.device("cpu")
 
 
 def test_a_deep_copy_is_unwrapped_unless_an_entry_wraps_it_again() -> None:

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from accel.cache import MagCache
+from accel.cache.magcache import MagCache
 from accel.cli import app
 from accel.recipe import load_recipe
 from toy_transformers import SingleTensorTransformer, TwoListTransformer, all_blocks, inputs

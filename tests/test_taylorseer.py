@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from accel.cache import TaylorSeerCache
+from accel.cache.taylorseer import TaylorSeerCache
 from accel.models.base import BlockList
 
 

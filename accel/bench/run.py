@@ -116,8 +116,7 @@ def _run_variants(
             continue
         variant = planned.recipe
         if planned.world_size > 1:  # group creation is collective: every rank of the job takes part
-            from accel.compose import parallel_degrees
-            from accel.parallel.mesh import build_mesh
+            from accel.parallel.mesh import build_mesh, parallel_degrees
 
             build_mesh(parallel_degrees(pipe, variant.parallel), device.type, first_ranks=True)
         if rank < planned.world_size:
@@ -246,7 +245,7 @@ def _layout(planned: PlannedVariant, pipe: Any) -> str:
     """How the variant's processes are used, in words."""
     if planned.world_size == 1:
         return "1 process"
-    from accel.compose import parallel_degrees
+    from accel.parallel.mesh import parallel_degrees
 
     try:
         return parallel_degrees(pipe, planned.recipe.parallel).describe()

@@ -27,18 +27,22 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from accel.cache.calibrate import Calibrator, Reuse, TaylorSeer
-from accel.cache.calls import StepCache
+from accel.cache.calls import CacheSite, StepCache
 from accel.cache.stats import CallRecord
 from accel.hooks import CACHE, wrap
 from accel.models.base import BlockList
+from accel.models.parts import listed_blocks
 from accel.steps import StepEvents
+
+if TYPE_CHECKING:
+    from accel.cache.config import DecidingConfig
 
 
 @dataclass
@@ -97,7 +101,7 @@ class BlockCache(StepCache[_BranchState]):
         group: dist.ProcessGroup | None = None,
         real_tokens: Callable[[], int | None] | None = None,
     ) -> None:
-        blocks = [(spec, block) for spec in block_lists for block in getattr(transformer, spec.attr)]
+        blocks = listed_blocks(transformer, block_lists)
         if first_blocks < self.least_first_blocks:
             raise ValueError(
                 f"first_blocks must be at least {self.least_first_blocks} (the decision reads their residual), got "
@@ -146,6 +150,19 @@ class BlockCache(StepCache[_BranchState]):
                 spec, inspect.signature(block.forward), role, index == 0, index == first_blocks - 1, index == middle_end
             )
             self._wrap(block, slot)
+
+    @classmethod
+    def install(cls, site: CacheSite, config: DecidingConfig) -> Self:
+        """The method `config` names on `site`, its fields as keywords (dbcache, fbcache, magcache)."""
+        return cls(
+            site.transformer,
+            site.block_lists,
+            **config.keywords(),
+            primary_stream=site.primary_stream,
+            events=site.events,
+            group=site.group,
+            real_tokens=site.real_tokens,
+        )
 
     def new_state(self) -> _BranchState:
         return _BranchState(self._new_calibrator())

@@ -9,15 +9,31 @@ skips the other half's call, and its calls keep their single-process index.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Self, TypeVar
 
 from torch import nn
 
 from accel.cache.stats import CacheStats
+from accel.models.base import BlockList
 from accel.steps import StepEvents, StepListener
 
 State = TypeVar("State")
+
+
+@dataclass(frozen=True)
+class CacheSite:
+    """Where a method installs itself: one transformer, its family's block lists, the pipeline's step
+    events, and where a deciding method measures its change and over which ranks it sums it
+    (accel/cache/sums.py; one process: the primary stream alone)."""
+
+    transformer: nn.Module
+    block_lists: Sequence[BlockList]
+    events: StepEvents | None
+    primary_stream: str = "hidden_states"
+    group: Any = None
+    real_tokens: Callable[[], int | None] | None = None
 
 
 class StepCache(StepListener, Generic[State]):
@@ -34,6 +50,11 @@ class StepCache(StepListener, Generic[State]):
         self._undo.append(transformer.register_forward_pre_hook(lambda *_: self._count_call()).remove)
         if events is not None:
             events.add(self)
+
+    @classmethod
+    def install(cls, site: CacheSite, config: Any) -> Self:
+        """The method on `site` as its config (accel/cache/config.py) says: `accel.apply`'s one way in."""
+        raise NotImplementedError
 
     def new_state(self) -> State:
         raise NotImplementedError

@@ -13,16 +13,13 @@ from torch import nn
 
 from accel.cache.blocks import BlockCache
 from accel.models.base import BlockList
+from accel.models.parts import blocks_of
 
 
 class FirstBlockCache(BlockCache):
     def __init__(
         self, transformer: nn.Module, block_lists: Sequence[BlockList], *, threshold: float, **options: Any
     ) -> None:
-        if len(list(_blocks(transformer, block_lists))) < 2:
+        if len(blocks_of(transformer, block_lists)) < 2:
             raise ValueError("First Block Cache needs a transformer with at least two blocks")
         super().__init__(transformer, block_lists, threshold=threshold, first_blocks=1, last_blocks=0, **options)
-
-
-def _blocks(transformer: nn.Module, block_lists: Sequence[BlockList]) -> list[nn.Module]:
-    return [block for spec in block_lists for block in getattr(transformer, spec.attr)]

@@ -20,17 +20,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 from torch import Tensor, nn
 
 from accel.cache.calibrate import TaylorSeer
-from accel.cache.calls import StepCache
+from accel.cache.calls import CacheSite, StepCache
 from accel.cache.stats import CallRecord
 from accel.hooks import CACHE, wrap
 from accel.models.base import BlockList
+from accel.models.parts import blocks_of
 from accel.steps import StepEvents
+
+if TYPE_CHECKING:
+    from accel.cache.config import TaylorSeerConfig
 
 # diffusers' naming of the modules worth extrapolating (the rest of a block is cheap).
 CACHED_MODULE = re.compile(r".*(Attention|FeedForward)$")
@@ -90,8 +94,7 @@ class TaylorSeerCache(StepCache[_BranchState]):
         TaylorSeer(taylor_order)  # an order it cannot use fails here
         modules = [
             child
-            for spec in block_lists
-            for block in getattr(transformer, spec.attr)
+            for block in blocks_of(transformer, block_lists)
             for child in block.children()
             if CACHED_MODULE.fullmatch(type(child).__name__)
         ]
@@ -118,6 +121,11 @@ class TaylorSeerCache(StepCache[_BranchState]):
         self._undo.append(transformer.register_forward_pre_hook(lambda *_: setattr(self, "_armed", True)).remove)
         for index, module in enumerate(modules):
             self._undo.append(wrap(module, "forward", "accel.cache.taylorseer", CACHE, self._module_forward(index)))
+
+    @classmethod
+    def install(cls, site: CacheSite, config: TaylorSeerConfig) -> Self:
+        """TaylorSeer on `site` as `config` says; its schedule needs no sums (the step alone decides)."""
+        return cls(site.transformer, site.block_lists, **config.keywords(), events=site.events)
 
     def new_state(self) -> _BranchState:
         return _BranchState(self.taylor_order)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accel.cache.config import CACHE_METHODS
 from accel.errors import ModelError
 from accel.models.base import BlockList, Family
 from accel.parallel.plan_format import AutomaticPlan, FromDiffusers, ParallelPlan
@@ -50,7 +51,6 @@ from accel.models.registry import lookup
 from accel.models.vaes import vae_plan
 
 PLAN_SOURCES = {ParallelPlan: "accel family plan", FromDiffusers: "diffusers _cp_plan", AutomaticPlan: "automatic"}
-CACHE_METHODS = ("fbcache", "dbcache", "taylorseer", "magcache")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from torch import nn
 
 from accel.hooks import COMPILE, inner_of, wrap
 from accel.models.base import BlockList
+from accel.models.parts import blocks_of
 
 
 _NAME = "accel.compile"
@@ -30,7 +31,7 @@ class CompiledRegions:
 
     def __init__(self, transformer: nn.Module, blocks: Sequence[BlockList], scope: str, mode: str) -> None:
         if scope == "blocks":
-            self.modules = [block for spec in blocks for block in getattr(transformer, spec.attr)]
+            self.modules = blocks_of(transformer, blocks)
         else:
             self.modules = [transformer]
         self._undo: list[Callable[[], None]] = []

@@ -123,6 +123,17 @@ def resolve_degrees(settings: ParallelSection, heads: int | None, model: str = "
     return degrees
 
 
+def parallel_degrees(pipe: Any, settings: ParallelSection) -> Degrees:
+    """The layout [parallel] asks for on this pipeline, its degrees checked against the loaded heads."""
+    from accel.models.parts import transformers_of
+    from accel.models.registry import family_of
+
+    family = family_of(pipe)
+    counts = [family.heads_in(t.config) for t in transformers_of(pipe, family).values()]
+    heads = min((count for count in counts if count is not None), default=None)
+    return resolve_degrees(settings, heads, family.title)
+
+
 def divisors(number: int) -> list[int]:
     return [d for d in range(1, number + 1) if number % d == 0]
 

@@ -181,8 +181,7 @@ def _groups(
         for first in range(per_replica, world, per_replica)
     }
     if replicas > 1 and per_replica > 1:
-        from accel.compose import parallel_degrees
-        from accel.parallel.mesh import build_replica_meshes
+        from accel.parallel.mesh import build_replica_meshes, parallel_degrees
 
         build_replica_meshes(parallel_degrees(pipe, recipe.parallel), device_type, replicas)
     return job_group, pairs

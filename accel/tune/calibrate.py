@@ -13,6 +13,7 @@ from typing import Any
 
 import tomli_w
 
+from accel.cache.config import MagCacheConfig
 from accel.errors import UserError
 from accel.recipe import Recipe
 
@@ -24,8 +25,9 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
     """One generation of `pipe` (accelerated by `handle`, its cache off) with MagCache recording on
     every transformer: the ratios per CFG branch, one per step. With several transformers (Wan 2.2's
     experts) each records the steps it runs; the curve is theirs in step order."""
-    from accel.cache import MagCache
-    from accel.compose import cache_sums, transformers
+    from accel.cache.magcache import MagCache
+    from accel.cache.sums import cache_sums
+    from accel.models.parts import transformers_of
     from accel.generate import generate
     from accel.steps import StepEvents
 
@@ -34,7 +36,7 @@ def calibrate_magcache(pipe: Any, handle: Any, kwargs: dict[str, Any], seed: int
         MagCache(
             transformer, handle.family.blocks, threshold=0.0, calibrate=True, events=events, **cache_sums(handle, attr)
         )
-        for attr, transformer in transformers(handle).items()
+        for attr, transformer in transformers_of(handle.pipe, handle.family).items()
     ]
     try:
         generate(pipe, kwargs, seed)
@@ -93,14 +95,10 @@ def calibrate(recipe: Recipe, out: Path) -> Recipe:
 def calibrated_recipe(recipe: Recipe, mag_ratios: tuple[tuple[float, ...], ...]) -> Recipe:
     """`recipe` with MagCache on at the default threshold and the measured curve; other cache keys
     MagCache reads (warm-up, limits) are kept, the rest reset."""
+    kept = MagCacheConfig.from_settings(recipe.cache).keywords()
     cache = dataclasses.replace(
         type(recipe.cache)(),
-        method="magcache",
-        threshold=DEFAULT_MAGCACHE_THRESHOLD,
-        mag_ratios=mag_ratios,
-        warmup_steps=recipe.cache.warmup_steps,
-        max_consecutive_cached=recipe.cache.max_consecutive_cached,
-        max_cached_steps=recipe.cache.max_cached_steps,
+        **{**kept, "method": "magcache", "threshold": DEFAULT_MAGCACHE_THRESHOLD, "mag_ratios": mag_ratios},
     )
     # Bench variants are left out: one tuned for another method could name keys MagCache refuses.
     return dataclasses.replace(recipe, cache=cache, bench=dataclasses.replace(recipe.bench, variants=()))

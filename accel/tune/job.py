@@ -71,7 +71,7 @@ def _tune(
     device: Any,
 ) -> TuneResult | None:
     import accel
-    from accel.compose import block_count, transformers_of
+    from accel.models.parts import blocks_of, transformers_of
     from accel.models.loading import load_pipeline, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
@@ -114,7 +114,7 @@ def _tune(
         ratios = share(calibrate_magcache(pipe, handle, calls[0][1], recipe.generate.seed))
     finally:
         handle.remove()
-    blocks = min(block_count(transformer, family) for transformer in transformers_of(pipe, family))
+    blocks = min(len(blocks_of(transformer, family.blocks)) for transformer in transformers_of(pipe, family).values())
     steps = call_steps(pipe, calls[0][1])
     search: Search = run_search(target, trials, blocks, steps, ratios, announce)
     chosen = finalists(search)
