@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "apply": "accel.compose",
-    "AccelHandle": "accel.compose",
+    "apply": "accel.apply_recipe",
+    "AccelHandle": "accel.apply_recipe",
     "load_pipeline": "accel.models.loading",
     "Recipe": "accel.recipe",
     "load_recipe": "accel.recipe",
@@ -21,7 +21,7 @@ _PUBLIC = {
 __all__ = ["AccelHandle", "Recipe", "__version__", "apply", "load_pipeline", "load_recipe"]
 
 if TYPE_CHECKING:
-    from accel.compose import AccelHandle, apply
+    from accel.apply_recipe import AccelHandle, apply
     from accel.models.loading import load_pipeline
     from accel.recipe import Recipe, load_recipe
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel.compose import apply
+from accel.apply_recipe import apply
 from accel.generate import generate_with_audio
 from accel.media import Audio
 from accel.models.call import call_steps

@@ -174,18 +174,18 @@ def test_rank_device_under_a_launcher(monkeypatch) -> None:
 
 
 def test_apply_refuses_a_pipeline_on_another_ranks_gpu(monkeypatch) -> None:
-    from accel.compose import _refuse_another_ranks_gpu
+    from accel.apply_refusals import refuse_another_ranks_gpu
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(UserError) as error:
-        _refuse_another_ranks_gpu(torch.device("cuda:0"))
+        refuse_another_ranks_gpu(torch.device("cuda:0"))
     assert str(error.value) == (
         "accel.apply: the pipeline is on cuda:0, but this rank (LOCAL_RANK 1) runs on cuda:1; load it with "
         'accel.load_pipeline(..., device="cuda"), which picks the rank\'s GPU, or call pipe.to("cuda:1") before '
         "accel.apply"
     )
-    _refuse_another_ranks_gpu(torch.device("cuda:1"))
-    _refuse_another_ranks_gpu(torch.device("cpu"))
+    refuse_another_ranks_gpu(torch.device("cuda:1"))
+    refuse_another_ranks_gpu(torch.device("cpu"))
 
 
 def test_a_restarted_process_group_gets_new_meshes() -> None:

@@ -452,7 +452,7 @@ def test_fake_cuda_answers_data_dependent_ops_on_small_known_tensors() -> None:
 
 
 def recipe_for(model: str, **parallel: int) -> object:
-    from accel.compose import as_recipe
+    from accel.apply_recipe import as_recipe
 
     return as_recipe({"model": {"name": model, "device": "cpu"}, "parallel": parallel})
 
@@ -477,7 +477,7 @@ def test_run_with_gpus_alone_takes_the_plans_layout() -> None:
 
 @needs_cuda_build
 def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
-    from accel.compose import as_recipe
+    from accel.apply_recipe import as_recipe
     from accel.memory.fit import fitted
 
     planned = fitted(recipe_for("flux2"), 80)
@@ -491,7 +491,7 @@ def test_one_gpu_takes_offload_from_the_plan_unless_compiled() -> None:
 def test_the_plan_counts_the_recipes_quantization() -> None:
     """FLUX.2-dev's blocks in fp8 take its transformer from 60 to 31 GiB: Mistral then fits beside it on one
     H100, so nothing moves to host memory."""
-    from accel.compose import as_recipe
+    from accel.apply_recipe import as_recipe
     from accel.memory.fit import fitted
 
     recipe = as_recipe({"model": {"name": "flux2", "device": "cpu"}, "quant": {"type": "fp8dq"}})
@@ -513,7 +513,7 @@ def test_the_plan_counts_the_recipes_quantization() -> None:
 
 @needs_cuda_build
 def test_an_offload_that_does_not_fit_is_refused_with_one_that_does() -> None:
-    from accel.compose import as_recipe
+    from accel.apply_recipe import as_recipe
     from accel.memory.fit import fitted
 
     recipe = as_recipe({"model": {"name": "qwenimage", "device": "cpu"}, "memory": {"offload": "group"}})
@@ -570,7 +570,7 @@ def test_run_refuses_a_gpu_memory_that_is_not_positive() -> None:
 
 def test_the_run_table_and_json_show_the_plans_estimate_beside_the_measured_peak() -> None:
     from accel import report
-    from accel.compose import as_recipe
+    from accel.apply_recipe import as_recipe
     from accel.runner import run
 
     metrics = run(as_recipe({"model": {"name": "tiny-flux"}, "generate": {"steps": 2}}), planned_peak=3 * 2**30)

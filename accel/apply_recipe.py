@@ -19,9 +19,8 @@ Order (fixed; each step assumes the ones before it):
 
 Only the pipeline instance given is changed; the returned handle undoes every step in reverse,
 except quantization, the tensor-parallel split, text encoders dropped by "rank0" placement or
-split by "sharded", and group offload: they free the weights this rank no longer needs (the point of them), so they
-stay,
-and a second apply with the same type or degree leaves them as they are.
+split by "sharded", and group offload: they free the weights this rank no longer needs (the point of
+them), so they stay, and a second apply with the same type or degree leaves them as they are.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from accel.cache.calls import CacheSite, StepCache
 from accel.cache.config import CACHE_METHODS
@@ -54,7 +52,15 @@ from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.engine import ContextParallel
 from accel.parallel.plan import ResolvedPlans, plan_of, refuse_layout, resolve_plans
 from accel.parallel.tensor import TensorParallel
-from accel.recipe import Recipe, load_recipe, offload_refusal, vae_placement_refusal
+from accel.apply_memory import apply_memory, apply_offload, apply_vae_placement, skips_decode
+from accel.apply_refusals import (
+    refuse_another_ranks_gpu,
+    refuse_bypassing_attention,
+    refuse_later_diffusers_cache,
+    refuse_shared_components,
+    refuse_two_caches,
+)
+from accel.recipe import Recipe, load_recipe, vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 from accel.vae.masks import fill_masks_by_frame
@@ -132,26 +138,26 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
             "accel.apply: this pipeline is already accelerated; call remove() on the handle "
             "apply() returned before applying again"
         )
-    _refuse_shared_components(pipe)
+    refuse_shared_components(pipe, _applied)
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
-    _refuse_two_caches(handle)
+    refuse_two_caches(handle)
     _check_cache_blocks(handle)
     if (refusal := vae_placement_refusal(recipe)) is not None:  # before any rank changes anything
         raise UserError(refusal)
-    _refuse_another_ranks_gpu(execution_device(pipe, next(iter(transformers_of(pipe, family).values()))))
+    refuse_another_ranks_gpu(execution_device(pipe, next(iter(transformers_of(pipe, family).values()))))
     try:
         _join_mesh(handle)
         _apply_processors(handle)
         _apply_quant(handle)
         _apply_parallel(handle)
-        _apply_memory(handle)
-        _apply_vae_placement(handle)
-        _apply_offload(handle)
+        apply_memory(handle)
+        apply_vae_placement(handle)
+        apply_offload(handle)
         _apply_compile(handle)
         _apply_cache(handle)
         _apply_vae(handle)
-        _refuse_later_diffusers_cache(handle)
+        refuse_later_diffusers_cache(handle)
     except BaseException:
         handle.remove()
         raise
@@ -237,7 +243,7 @@ def _join_mesh(handle: AccelHandle) -> None:
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
     if degrees.sequence > 1:
-        _refuse_bypassing_attention(transformers, degrees)
+        refuse_bypassing_attention(transformers, degrees)
     if degrees.sequence * degrees.cfg > 1:
         handle.resolved = resolve_plans(handle.pipe, family, transformers, degrees, settings.plan)
     tensor_plans = _tensor_plans(handle, degrees.tp)
@@ -299,218 +305,10 @@ def _apply_parallel(handle: AccelHandle) -> None:
     handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were
     # given, so that one argument may differ; every other one is still checked.
-    may_differ = ("output_type",) if _skips_decode(handle) else ()
+    may_differ = ("output_type",) if skips_decode(handle) else ()
     handle._undo.append(
         agree_on_arguments(handle.pipe, mesh.group, may_differ)
     )  # first of every call: one message, no hang
-
-
-def _apply_memory(handle: AccelHandle) -> None:
-    """[memory] placement: with text_encoder = "rank0" or "cpu" the layout's first rank encodes for
-    all (one process holds its encoders anyway); with "cpu" that rank encodes in host memory. With
-    "sharded" the encoders that transformers has a TP plan for are split over the layout's ranks
-    (every rank of it encodes the same prompts, so the whole layout shares the weights); on one
-    process nothing is split, but a pipeline with no such encoder is refused alike."""
-    placement = handle.recipe.memory.text_encoder
-    if placement == "replicated":
-        return
-    from accel.parallel.encoders import SHARDED, EncodesOnCpu, FirstRankEncodes, shard_text_encoders, sharded_refusal
-
-    device = execution_device(handle.pipe, next(iter(transformers_of(handle.pipe, handle.family).values())))
-    if placement == SHARDED:
-        if handle.mesh is not None:
-            shard_text_encoders(handle.pipe, handle.mesh.group, device)
-        elif (refusal := sharded_refusal(handle.pipe, 1)) is not None:  # one process: nothing to split, same refusal
-            raise NotAvailableError(refusal)
-        return
-    if handle.mesh is not None:
-        first = FirstRankEncodes(handle.pipe, handle.mesh.group, device)
-        handle._undo.append(first.remove)
-        if not first.leads:
-            return
-    if placement == "cpu":
-        handle._undo.append(EncodesOnCpu(handle.pipe, device).remove)
-
-
-def _skips_decode(handle: AccelHandle) -> bool:
-    """Whether [memory] vae = "rank0" changes anything here: several ranks, and a pipeline with a VAE
-    whose decode its call's output_type can skip (latent-only or VAE-less pipelines: nothing to skip)."""
-    from accel.vae.placement import ONE_RANK, takes_output_type
-
-    return (
-        handle.recipe.memory.vae == ONE_RANK
-        and handle.mesh is not None
-        and getattr(handle.pipe, "vae", None) is not None
-        and takes_output_type(handle.pipe)
-    )
-
-
-def _apply_vae_placement(handle: AccelHandle) -> None:
-    """[memory] vae = "rank0": the ranks other than the layout's first skip the decode (output_type
-    "latent") and move their VAE to host memory; remove() puts it back. One process: nothing to do."""
-    if not _skips_decode(handle):
-        return
-    from accel.vae.placement import OtherRanksSkipDecode
-
-    assert handle.mesh is not None
-    handle._undo.append(OtherRanksSkipDecode(handle.pipe, handle.mesh.group).remove)
-
-
-def _apply_offload(handle: AccelHandle) -> None:
-    """[memory] offload through diffusers' own hooks, onto the recipe's device. Model offload is undone by
-    remove(); group offload stays (diffusers has no public way to take it off), like the TP split."""
-    mode = handle.recipe.memory.offload
-    if mode == "none":
-        return
-    refusal = offload_refusal(handle.recipe)
-    if refusal is not None:
-        raise UserError(refusal)
-    from accel.models.loading import resolve_device
-
-    device = resolve_device(handle.recipe.model.device)
-    pipe = handle.pipe
-    if mode == "model":
-        pipe.enable_model_cpu_offload(device=device)
-
-        def undo() -> None:
-            pipe.remove_all_hooks()
-            pipe.to(device)
-
-        handle._undo.append(undo)
-        return
-    from diffusers.hooks import apply_group_offloading
-
-    from accel.parallel.encoders import text_encoder_names
-
-    # Component by component rather than pipe.enable_group_offload: encoders kept in host memory
-    # ([memory] text_encoder = "cpu") must not be hooked to move to the GPU, and diffusers' exclusion
-    # moves the excluded components onto it.
-    on_cpu = set(text_encoder_names(pipe)) if handle.recipe.memory.text_encoder == "cpu" else set()
-    options = dict(
-        onload_device=device,
-        offload_device=torch.device("cpu"),
-        offload_type="block_level",
-        num_blocks_per_group=1,
-        use_stream=device.type == "cuda",
-    )
-    for name, component in pipe.components.items():
-        if name in on_cpu or not isinstance(component, torch.nn.Module):
-            continue
-        if hasattr(component, "enable_group_offload"):
-            component.enable_group_offload(**options)
-        else:
-            apply_group_offloading(component, **options)
-
-
-def _refuse_bypassing_attention(transformers: dict[str, Any], degrees: Degrees) -> None:
-    """Context parallelism routes torch's SDPA; a diffusers backend that bypasses it would leave each
-    rank attending its own shard, a silently wrong image."""
-    from accel.parallel.mode import bypassing_backend
-
-    for attr, transformer in transformers.items():
-        backend = bypassing_backend(transformer)
-        if backend is not None:
-            raise NotAvailableError(
-                f"[parallel] ulysses {degrees.ulysses} × ring {degrees.ring}: pipe.{attr} uses the diffusers attention "
-                f"backend {backend!r}, which bypasses the scaled_dot_product_attention that context parallelism "
-                f'routes; call pipe.{attr}.set_attention_backend("native") before accel.apply, or run on one process'
-            )
-
-
-def _refuse_another_ranks_gpu(device: Any) -> None:
-    """Under a launcher each rank owns `cuda:LOCAL_RANK`; a pipeline left on another GPU would share
-    it with that GPU's own rank (duplicate-GPU NCCL errors, or out of memory)."""
-    import torch
-
-    from accel.launch import rank_device
-
-    expected = torch.device(rank_device(device.type))
-    if device.type != "cuda" or expected.index is None:
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index != expected.index:
-        raise UserError(
-            f"accel.apply: the pipeline is on cuda:{index}, but this rank (LOCAL_RANK {expected.index}) runs on "
-            f'{expected}; load it with accel.load_pipeline(..., device="cuda"), which picks the rank\'s GPU, '
-            f'or call pipe.to("{expected}") before accel.apply'
-        )
-
-
-def _refuse_two_caches(handle: AccelHandle) -> None:
-    """diffusers' own cache hooks decide from each rank's shard (ranks then deadlock) and cannot
-    share a forward with accel's cache; refused before anything is changed or any collective."""
-    recipe = handle.recipe
-    enabled = [
-        attr for attr, t in transformers_of(handle.pipe, handle.family).items() if getattr(t, "is_cache_enabled", False)
-    ]
-    asked = [
-        name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
-    ]
-    if enabled and asked:
-        raise UserError(
-            f"{' and '.join(asked)}: pipe.{enabled[0]} already has diffusers' own cache enabled (enable_cache), which "
-            "cannot run beside accel's cache or across parallel ranks (each rank would decide alone); call "
-            f"pipe.{enabled[0]}.disable_cache() before accel.apply and use accel's [cache] instead"
-        )
-
-
-def _refuse_later_diffusers_cache(handle: AccelHandle) -> None:
-    """The same refusal when diffusers' `enable_cache` comes after apply: checked as each transformer
-    call starts (a forward pre-hook, before diffusers' own hooks, accel's engines and any block run),
-    since its hooks would otherwise stack on accel's and miss the calls accel's cache skipped, or, on a
-    transformer under context parallelism, decide per rank."""
-    recipe = handle.recipe
-    asked = [
-        name for name, on in (("[cache]", recipe.cache.enabled), ("[parallel]", recipe.parallel.world_size > 1)) if on
-    ]
-    if not asked:
-        return
-    for attr, transformer in transformers_of(handle.pipe, handle.family).items():
-
-        def check(module: Any, args: Any, attr: str = attr, split: bool = attr in handle.parallel) -> None:
-            if not getattr(module, "is_cache_enabled", False):
-                return
-            if split:
-                # diffusers' hooks would decide on each rank's shard alone, so ranks would part ways and
-                # deadlock in the next collective: every rank refuses here alike, before the first one.
-                raise NotAvailableError(
-                    f"context parallelism: {type(module).__name__} has diffusers' own cache enabled (enable_cache), "
-                    "which decides on each rank's shard alone; call disable_cache() on it and use accel's [cache] "
-                    "instead, or run on one process"
-                )
-            raise UserError(
-                f"{' and '.join(asked)}: pipe.{attr}.enable_cache() was called after accel.apply; diffusers' own "
-                "cache cannot run beside accel's cache or across parallel ranks; call "
-                f"pipe.{attr}.disable_cache(), or remove() accel's handle before enabling it"
-            )
-
-        handle._undo.append(transformer.register_forward_pre_hook(check, prepend=True).remove)
-
-
-def _refuse_shared_components(pipe: Any) -> None:
-    """A pipeline built from another one's modules (`Pipeline.from_pipe(pipe)`,
-    `Pipeline(**pipe.components)`) shares the modules accel changed on the first: accel's changes
-    already act for it, and a second set would stack on the same forwards. Refused in one line naming
-    the first pipeline, before anything changes."""
-    mine = {id(component): name for name, component in _components(pipe).items()}
-    for other, handle in list(_applied.items()):
-        for name, component in _components(other).items():
-            if id(component) in mine:
-                raise UserError(
-                    f"accel.apply: pipe.{mine[id(component)]} is the {name} of a {type(other).__name__} already "
-                    f"accelerated by accel.apply (from_pipe and Pipeline(**pipe.components) share modules), so "
-                    f"accel's changes already act here; call remove() on that {type(other).__name__}'s handle first, "
-                    "or load the pipeline again for a separate one"
-                )
-
-
-def _components(pipe: Any) -> dict[str, Any]:
-    """The modules and scheduler of `pipe` that accel may change (tokenizers and plain values aside)."""
-    components = getattr(pipe, "components", None) or {}
-    chosen = {name: c for name, c in components.items() if isinstance(c, torch.nn.Module) or name.endswith("scheduler")}
-    return dict(
-        sorted(chosen.items(), key=lambda item: not item[0].startswith("transformer"))
-    )  # named first: where accel acts most
 
 
 def _apply_cache(handle: AccelHandle) -> None:
