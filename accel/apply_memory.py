@@ -8,7 +8,7 @@ import torch
 
 from accel.errors import NotAvailableError, UserError
 from accel.models.parts import execution_device, transformers_of
-from accel.recipe import offload_refusal
+from accel.recipe.refusals import offload_refusal
 
 if TYPE_CHECKING:
     from accel.apply_recipe import AccelHandle

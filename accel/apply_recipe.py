@@ -60,7 +60,8 @@ from accel.apply_refusals import (
     refuse_shared_components,
     refuse_two_caches,
 )
-from accel.recipe import Recipe, load_recipe, vae_placement_refusal
+from accel.recipe import Recipe, load_recipe
+from accel.recipe.refusals import vae_placement_refusal
 from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 from accel.vae.masks import fill_masks_by_frame

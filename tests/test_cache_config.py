@@ -17,7 +17,7 @@ from accel.cache.config import CACHE_METHODS
 from accel.cache.fbcache import FirstBlockCache
 from accel.cache.magcache import MagCache
 from accel.cache.taylorseer import TaylorSeerCache
-from accel.recipe import CacheSection
+from accel.recipe.sections import CacheSection
 from conftest import FLUX_CALL, generate
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from accel.cli import app
 from accel.media import read_video
-from accel.recipe import SECTIONS
+from accel.recipe.sections import SECTIONS
 
 ACCEL = str(Path(sys.executable).parent / "accel")
 runner = CliRunner()

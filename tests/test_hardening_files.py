@@ -23,7 +23,8 @@ from accel import files, preflight
 from accel.cli import app
 from accel.errors import RecipeError, UserError
 from accel.files import claim, write_file, write_fresh
-from accel.recipe import MAX_RECIPE_BYTES, Recipe, load_recipe
+from accel.recipe import Recipe, load_recipe
+from accel.recipe.limits import MAX_RECIPE_BYTES
 
 runner = CliRunner()
 

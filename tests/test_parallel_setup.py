@@ -7,7 +7,7 @@ import pytest
 from accel.errors import UserError
 from accel.launch import LaunchSpec
 from accel.parallel.mesh import Degrees, resolve_degrees
-from accel.recipe import ParallelSection
+from accel.recipe.sections import ParallelSection
 
 
 @pytest.mark.parametrize(

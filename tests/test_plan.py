@@ -127,7 +127,7 @@ def test_quantized_weight_bytes_equal_torchaos_storage(scheme: str, scope: str, 
     """The plan's count of a quantized rank's bytes (split, then quantized) against torchao's own storage
     of a real mid-size transformer on the CPU."""
     from accel.optimize.quantize import QuantSummary, quantize_transformer
-    from accel.recipe import QuantSection
+    from accel.recipe.sections import QuantSection
 
     family = FAMILIES["flux"]
     component = Component("transformer", "diffusers", "FluxTransformer2DModel", MID_FLUX)

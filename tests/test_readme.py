@@ -10,7 +10,7 @@ import click
 import typer.main
 
 from accel.cli import app
-from accel.recipe import SECTIONS
+from accel.recipe.sections import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

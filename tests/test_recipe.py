@@ -12,16 +12,8 @@ from typing import Any
 import pytest
 
 from accel.errors import RecipeError
-from accel.recipe import (
-    SECTIONS,
-    BenchSection,
-    CacheSection,
-    ParallelSection,
-    QuantSection,
-    Recipe,
-    BenchVariant,
-    load_recipe,
-)
+from accel.recipe import Recipe, load_recipe
+from accel.recipe.sections import SECTIONS, BenchSection, CacheSection, ParallelSection, QuantSection, BenchVariant
 
 FULL: dict[str, Any] = {
     "model": {

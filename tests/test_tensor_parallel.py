@@ -15,7 +15,7 @@ from accel.parallel.plan_format import TensorPlan
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
-from accel.recipe import ParallelSection
+from accel.recipe.sections import ParallelSection
 from test_parallel_families import (
     FAMILY_CASES,
     TOLERANCE,

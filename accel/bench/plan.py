@@ -9,7 +9,8 @@ from typing import Any
 
 from accel.errors import RecipeError, UserError
 from accel.preflight import cpu_cores
-from accel.recipe import BenchVariant, Recipe
+from accel.recipe import Recipe
+from accel.recipe.sections import BenchVariant
 
 
 @dataclass(frozen=True)

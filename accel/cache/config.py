@@ -19,7 +19,7 @@ from accel.models.parts import blocks_of
 if TYPE_CHECKING:
     from accel.cache.calls import StepCache
     from accel.models.base import BlockList
-    from accel.recipe import CacheSection
+    from accel.recipe.sections import CacheSection
 
 # Field metadata of a key a method reads only while another key holds a value: (key, value).
 ONLY_WITH = "only_with"

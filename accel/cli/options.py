@@ -1,5 +1,5 @@
 """Options shared by the commands: those that set a recipe key are built from the key's metadata in
-accel/recipe.py (type, default, help, `Flag`), so `run`, `serve`, `bench` and `plan` spell them alike,
+accel/recipe/sections.py (type, default, help, `Flag`), so `run`, `serve`, `bench` and `plan` spell them alike,
 and one place turns the given ones into recipe overrides. CLI-only options stay in each command."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from accel.cli.app import fail
 from accel.launch import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from accel.recipe import Flag
+    from accel.recipe.keys import Flag
 
 Opt = typer.Option
 _OVERSUBSCRIBE_HELP = "Allow more processes than CPU cores on a machine without GPUs (slow; for testing)."
@@ -45,7 +45,7 @@ Overrides = dict[str, dict[str, Any]]
 def _recipe_default(section: str, key: str) -> str:
     """What `--help` shows for a flag that overrides a recipe key: the recipe's value, else the
     key's default there (unset there: the model family's own default)."""
-    from accel.recipe import SECTIONS
+    from accel.recipe.sections import SECTIONS
 
     default = {f.name: f.default for f in dataclasses.fields(SECTIONS[section])}[key]
     if default is None or default == "":
@@ -71,7 +71,8 @@ class RecipeOption:
 
     @classmethod
     def of(cls, path: str) -> RecipeOption:
-        from accel.recipe import SECTIONS, Flag
+        from accel.recipe.keys import Flag
+        from accel.recipe.sections import SECTIONS
 
         section, key = path.split(".")
         found = {f.name: f for f in dataclasses.fields(SECTIONS[section])}[key]
@@ -173,7 +174,7 @@ class WithRecipeOptions:
     def options(self) -> dict[str, RecipeOption]:
         """By parameter name, in the recipe's section order (as before the options were generated: it
         decides which of two malformed tables is refused)."""
-        from accel.recipe import SECTIONS
+        from accel.recipe.sections import SECTIONS
 
         found = [RecipeOption.of(key) for group in self.groups for key in group.keys]
         found.sort(key=lambda option: list(SECTIONS).index(option.section))

@@ -169,7 +169,7 @@ def run(
         if gpus is not None and gpus < 1:
             raise UserError(f"--gpus must be >= 1, got {gpus}")
         from accel.memory.fit import planned_here
-        from accel.recipe import memory_refusal
+        from accel.recipe.refusals import memory_refusal
 
         if (refusal := memory_refusal(settings)) is not None:
             raise UserError(refusal)

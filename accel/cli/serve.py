@@ -196,7 +196,7 @@ def serve(
         ):
             if value < 1:
                 raise UserError(f"{option} must be >= 1, got {value}")
-        from accel.recipe import PROMPT_CHARS_ENV, prompt_chars
+        from accel.recipe.limits import PROMPT_CHARS_ENV, prompt_chars
 
         if max_prompt > (every_run := prompt_chars()):  # each request becomes a recipe, which holds to that limit
             raise UserError(
@@ -207,7 +207,7 @@ def serve(
         per_replica = {"model": {"name": model}, "parallel": {"gpus": gpus // replicas if gpus is not None else None}}
         settings = build_recipe(recipe, overrides, per_replica)
         from accel.memory.fit import planned_here
-        from accel.recipe import memory_refusal
+        from accel.recipe.refusals import memory_refusal
 
         if (refusal := memory_refusal(settings, replicas)) is not None:
             raise UserError(refusal)

@@ -178,7 +178,7 @@ def tune(
 
 def _read_prompts(path: Path) -> tuple[str, ...]:
     """One prompt a line; blank lines and lines starting with # are skipped."""
-    from accel.recipe import PROMPT_CHARS_ENV, prompt_chars, read_capped
+    from accel.recipe.limits import PROMPT_CHARS_ENV, prompt_chars, read_capped
 
     try:
         lines = read_capped(path, f"--prompts {path}", "write one prompt a line").decode("utf-8").splitlines()

@@ -39,7 +39,7 @@ from accel.parallel.plan_format import AutomaticPlan
 from accel.models.flagships import Component, Flagship, Size
 from accel.optimize.processors import install_processors
 from accel.parallel.mesh import Degrees
-from accel.recipe import QuantSection
+from accel.recipe.sections import QuantSection
 from accel.vae.masks import fill_masks_by_frame
 
 DTYPE = torch.bfloat16

@@ -127,8 +127,9 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
         (generate.frames or flagship.size.frames) if flagship.size.frames else None,
     )
     plan = make_plan(key, recipe.world_size, limit, size, recipe.quant, recipe.vae.tiling, recipe.vae.parallel)
-    # Offload does not compose with compile (recipe.offload_refusal): a compiled run takes no offloaded layout;
-    # nor does a decode split over the ranks with the VAE on the first rank alone ([memory] vae = "rank0").
+    # Offload does not compose with compile (accel.recipe.refusals.offload_refusal): a compiled run takes no
+    # offloaded layout; nor does a decode split over the ranks with the VAE on the first rank alone ([memory]
+    # vae = "rank0").
     allowed = tuple(
         c
         for c in plan.candidates

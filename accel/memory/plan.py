@@ -41,7 +41,7 @@ from accel.models.registry import FAMILIES
 from accel.models.vaes import vae_plan_of
 from accel.models.variants import variant_of
 from accel.parallel.mesh import Degrees, resolve_degrees
-from accel.recipe import ParallelSection, QuantSection
+from accel.recipe.sections import ParallelSection, QuantSection
 
 GiB = 2**30
 # Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
@@ -234,7 +234,7 @@ def make_plan(
                 measure.candidate(degrees, placement, gpu_memory_gib, vae_parallel=vae_parallel)
                 for placement in placements
             ]
-    if gpus == 1:  # offload runs one process (recipe.offload_refusal)
+    if gpus == 1:  # offload runs one process (accel.recipe.refusals.offload_refusal)
         candidates += [
             measure.candidate(Degrees(), placement, gpu_memory_gib, offload)
             for offload, placement in OFFLOADED

@@ -300,7 +300,7 @@ def _choices(section: type, key: str) -> list[str]:
 
 def as_json(found: Found) -> dict[str, Any]:
     """`found` in the shape the module docstring documents."""
-    from accel.recipe import MemorySection, QuantSection
+    from accel.recipe.sections import MemorySection, QuantSection
 
     family = found.family
     if family is None:
@@ -405,7 +405,7 @@ def _transformers_json(found: Found) -> list[dict[str, Any]]:
 
 def _unknown_json(found: Found) -> dict[str, Any]:
     """A pipeline no family knows: what its transformers show, and what the generic path gives it."""
-    from accel.recipe import MemorySection, QuantSection
+    from accel.recipe.sections import MemorySection, QuantSection
 
     blocks = any(t.blocks for t in found.transformers)
     probe = any(b.returns is None for t in found.transformers for b in t.blocks)

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from accel.errors import UserError
-from accel.recipe import ParallelSection
+from accel.recipe.sections import ParallelSection
 
 MESH_DIMS = ("cfg", "ring", "ulysses", "tp")
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from accel.models.variant_format import Variant
     from accel.parallel.cfg import CfgPlan
     from accel.parallel.mesh import Degrees
-    from accel.recipe import ParallelSection
+    from accel.recipe.sections import ParallelSection
 
 
 def plan_of(family: Family, where: str) -> FamilyPlan:

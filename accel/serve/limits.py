@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MEGA = 1_000_000
-# Default --max-prompt-tokens: the 20,000 characters every accel run takes (accel.recipe
+# Default --max-prompt-tokens: the 20,000 characters every accel run takes (accel.recipe.limits
 # prompt_chars). ASCII text has at most one token a character in a subword tokenizer (BPE, unigram,
 # WordPiece: each token spells at least one character; SentencePiece may add one for its leading
 # space; special tokens are not counted) and in the tiny models' character-level ones, and

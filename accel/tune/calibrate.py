@@ -56,7 +56,7 @@ def calibrate(recipe: Recipe, out: Path) -> Recipe:
     import accel
     from accel.models.loading import load_pipeline, resolve_device, resolve_model
     from accel.models.registry import family_of
-    from accel.recipe import CacheSection
+    from accel.recipe.sections import CacheSection
     from accel.models.call import generation_kwargs
 
     if recipe.parallel.world_size > 1:
