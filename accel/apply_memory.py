@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from accel.errors import NotAvailableError, UserError
-from accel.models.parts import execution_device, transformers_of
+from accel.models.parts import transformer_device
 from accel.recipe.refusals import offload_refusal
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def apply_memory(handle: AccelHandle) -> None:
         return
     from accel.parallel.encoders import SHARDED, EncodesOnCpu, FirstRankEncodes, shard_text_encoders, sharded_refusal
 
-    device = execution_device(handle.pipe, next(iter(transformers_of(handle.pipe, handle.family).values())))
+    device = transformer_device(handle.pipe, handle.family)
     if placement == SHARDED:
         if handle.mesh is not None:
             shard_text_encoders(handle.pipe, handle.mesh.group, device)

@@ -42,7 +42,7 @@ from accel.errors import NotAvailableError, UserError
 from accel.hooks import CACHE_CALL, LORA, wrap
 from accel.models.base import Family
 from accel.parallel.plan_format import ParallelPlan, TensorPlan
-from accel.models.parts import execution_device, transformers_of
+from accel.models.parts import execution_device, transformer_device, transformers_of
 from accel.models.registry import family_of
 from accel.models.variants import variant_of_class
 from accel.optimize.compile import CompiledRegions
@@ -146,7 +146,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     _check_cache_blocks(handle)
     if (refusal := vae_placement_refusal(recipe)) is not None:  # before any rank changes anything
         raise UserError(refusal)
-    refuse_another_ranks_gpu(execution_device(pipe, next(iter(transformers_of(pipe, family).values()))))
+    refuse_another_ranks_gpu(transformer_device(pipe, family))
     try:
         _join_mesh(handle)
         _apply_processors(handle)
@@ -240,7 +240,7 @@ def _join_mesh(handle: AccelHandle) -> None:
     plan_of(family, "[parallel]")
     refuse_layout(family, variant_of_class(family, type(handle.pipe)), settings)
     transformers = transformers_of(handle.pipe, handle.family)
-    device = execution_device(handle.pipe, next(iter(transformers.values())))
+    device = transformer_device(handle.pipe, family)
     init_distributed(device.type, settings.timeout)
     degrees = parallel_degrees(handle.pipe, settings)
     if degrees.sequence > 1:

@@ -27,6 +27,11 @@ def blocks_of(transformer: Any, block_lists: Sequence[BlockList]) -> list[Any]:
     return [block for _, block in listed_blocks(transformer, block_lists)]
 
 
+def transformer_device(pipe: Any, family: Family) -> Any:
+    """The device `pipe`'s transformers compute on (its first transformer's, as offload sees it)."""
+    return execution_device(pipe, next(iter(transformers_of(pipe, family).values())))
+
+
 def execution_device(pipe: Any, module: Any) -> Any:
     """The device `pipe` computes on. Under accelerate's model CPU offload or diffusers' group
     offloading the weights wait on the CPU, so `module`'s first parameter (the fallback, for a
