@@ -40,7 +40,8 @@ from pathlib import Path
 from types import TracebackType
 
 from accel.errors import UserError
-from accel.files import JOB_DIR_ENV, remove_listed_temps
+from accel.files.cleanup import remove_listed_temps
+from accel.files.in_flight import JOB_DIR_ENV
 from accel.preflight import cpu_cores
 from accel.watchdog import LAUNCHER_PID_ENV
 

@@ -270,7 +270,8 @@ def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
 LOST_IN_A_FINALIZER = """
 import os, signal, sys
 from pathlib import Path
-from accel import files, interrupts
+from accel import interrupts
+from accel.files.publish import write_file
 from accel.steps import StepEvents
 
 class Finalized:
@@ -283,7 +284,7 @@ print("carried on", flush=True)
 where = sys.argv[2]
 try:
     if where == "output":
-        files.write_file(Path(sys.argv[1]), lambda temp: temp.write_text("picture"), replace=True)
+        write_file(Path(sys.argv[1]), lambda temp: temp.write_text("picture"), replace=True)
     else:
         class Scheduler:
             def set_timesteps(self, n): self.timesteps = list(range(n))

@@ -186,7 +186,7 @@ def run(
             raise typer.Exit(relaunch(ctx, planned.recipe, spec, planned.flags))
         planned = planned_here(settings, gpu_memory)
         settings = fit_to_job(planned.recipe)
-        from accel.files import claim
+        from accel.files.claims import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
 
         # The JSON is this run's before the long work starts: a concurrent run is refused now, not after.
