@@ -190,7 +190,7 @@ def _beat(rank: int, waiting: bool, since: float, where: str, time_: float = 100
 
 
 def test_a_rank_the_others_wait_for_is_named_once_they_waited_the_timeout() -> None:
-    from accel.launch import stall
+    from accel.launch.diagnosis import stall
 
     beats = {
         0: _beat(0, True, 90.0, "a.py:3 in f"),
@@ -212,7 +212,7 @@ def test_a_rank_the_others_wait_for_is_named_once_they_waited_the_timeout() -> N
 
 
 def test_the_cause_comes_first_and_follow_on_errors_are_one_line() -> None:
-    from accel.launch import failure_report
+    from accel.launch.diagnosis import failure_report
 
     reset = (
         "RuntimeError: [../gloo/pair.cc:545] Read error [127.0.0.1]:25812: Connection reset by peer. This is "

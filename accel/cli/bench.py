@@ -62,7 +62,7 @@ def bench(
 ) -> None:
     r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
     from accel import preflight
-    from accel.launch import rank
+    from accel.launch.environment import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -90,7 +90,7 @@ def bench(
             plan_bench(settings, gpus, only), gpu_memory
         )  # a flagship's plan: seconds, so after the checks
         if plan.world_size > 1 and not under_distributed_launcher():
-            from accel.launch import LaunchSpec
+            from accel.launch.environment import LaunchSpec
 
             pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
             spec = LaunchSpec.for_world(plan.world_size, timeout_s=plan.recipe.parallel.timeout)
