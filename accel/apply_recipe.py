@@ -376,7 +376,7 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
     torchrun with a replicated transformer. One process: nothing to split."""
     import torch.distributed as dist
 
-    from accel.launch import world_size
+    from accel.launch.environment import world_size
 
     plan = plan_for(vae)
     if handle.mesh is None:

@@ -36,7 +36,7 @@ def refuse_another_ranks_gpu(device: Any) -> None:
     it with that GPU's own rank (duplicate-GPU NCCL errors, or out of memory)."""
     import torch
 
-    from accel.launch import rank_device
+    from accel.launch.environment import rank_device
 
     expected = torch.device(rank_device(device.type))
     if device.type != "cuda" or expected.index is None:

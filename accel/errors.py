@@ -27,3 +27,8 @@ def first_line(error: BaseException) -> str:
     """An exception as one line for a user's message: its first line, else its type's name."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def os_reason(error: OSError) -> str:
+    """ "no space left on device": the OS's words, else the exception's own."""
+    return error.strerror.lower() if error.strerror else (str(error) or type(error).__name__)

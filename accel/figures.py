@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from accel.files import OVERWRITE_HINT, by_descriptor, write_file
+from accel.files.publish import OVERWRITE_HINT, by_descriptor, write_file
 from accel.media import to_uint8
 
 TILE = 256  # longer side of every frame in the grid

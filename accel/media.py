@@ -1,7 +1,7 @@
 """Writing generated images (PNG), videos (MP4 through imageio-ffmpeg's bundled ffmpeg) and linear
 HDR videos (their float32 frames as .npy, or an SDR preview MP4).
 
-Both go through `accel.files.write_file`: a temporary name first, the final one only when whole."""
+Both go through `accel.files.publish.write_file`: a temporary name first, the final one only when whole."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.files import OVERWRITE_HINT, Write, by_descriptor, created, open_created, write_file
+from accel.files.exclusive_create import created, open_created
+from accel.files.publish import OVERWRITE_HINT, Write, by_descriptor, write_file
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def array_writer(frames: np.ndarray) -> Write:
 
 def image_writer(image: np.ndarray) -> Write:
     """Writes `image` (H, W, 3) in [0, 1] to the path it is given, format from its suffix, through
-    the descriptor that created it (accel.files.open_created): PIL takes a file object."""
+    the descriptor that created it (accel.files.exclusive_create.open_created): PIL takes a file object."""
     from PIL import Image
 
     pixels = to_uint8(image)

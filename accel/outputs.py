@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from accel.errors import UserError
-from accel.files import write_file, write_fresh
+from accel.files.publish import write_file, write_fresh
 from accel.media import Audio, output_writer
 from accel.models.base import OUTPUT_FILES, OutputKind
 from accel.models.variants import check_out_suffix
@@ -73,7 +73,7 @@ def write_output(
 
 def first_free(folder: Path, stem: str, suffix: str = "") -> Path:
     """folder/stem+suffix, or the first of stem-1, stem-2, … not taken now. Only a guess: another
-    run may take it next; accel.files.write_fresh / fresh_folder take a name exclusively."""
+    run may take it next; accel.files.publish.write_fresh / accel.files.folders.fresh_folder take a name exclusively."""
     candidate, index = folder / f"{stem}{suffix}", 1
     while candidate.exists():
         candidate, index = folder / f"{stem}-{index}{suffix}", index + 1

@@ -107,7 +107,7 @@ def _check_parent(path: Path, flag: str) -> None:
 
 
 def _check_writable(path: Path, folder: Path, flag: str) -> None:
-    """Create and remove a hidden file in `folder`, as writing will (files.write_file's temporary
+    """Create and remove a hidden file in `folder`, as writing will (accel.files.publish.write_file's temporary
     name): the only test that tells /proc, a read-only mount or a folder of another user's apart
     from a writable one, whoever runs it (os.access says yes to root on /proc)."""
     try:

@@ -80,7 +80,8 @@ def end_process(code: int, on_rank: bool) -> NoReturn:
 def leave_finished(threads_bound_s: float = THREADS_BOUND_S, handlers_bound_s: float = HANDLERS_BOUND_S) -> NoReturn:
     """Leave a rank whose work succeeded: hooks, threads, groups, handlers (see the module's note),
     never waiting longer than the bounds, then `os._exit(0)`."""
-    from accel.launch import rank, report_finished
+    from accel.launch.environment import rank
+    from accel.launch.reports import report_finished
     from accel.parallel.mesh import leave_distributed
 
     report_finished()  # the launcher's grace for this exit starts now

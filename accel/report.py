@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
-from accel.files import OVERWRITE_HINT, by_descriptor, write_file
+from accel.files.publish import OVERWRITE_HINT, by_descriptor, write_file
 from accel.formatting import (
     SINGLE_REPEAT,
     Fit,

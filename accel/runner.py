@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.errors import NotAvailableError, UserError
-from accel.files import claim
+from accel.files.claims import claim
 from accel.media import viewable
 from accel.measure import compare_order, device_of, measure_compared, measure_recipe, peak_memory_kind
 from accel.metrics import Metrics

@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from accel.files import JOB_DIR_ENV, discard_temps, process_alive
+from accel.files.claims import process_alive
+from accel.files.cleanup import discard_temps
+from accel.files.in_flight import JOB_DIR_ENV
 
 LAUNCHER_PID_ENV = "ACCEL_LAUNCHER_PID"
 INTERVAL_S = 0.25

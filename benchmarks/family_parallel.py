@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from ranks import free_port, join_gloo
+from ranks import join_gloo
+
+from accel.launch.environment import free_port
 from timing import median_time
 
 MODES = {"ulysses 2": {"ulysses": 2}, "ring 2": {"ring": 2}, "cfg 2": {"cfg": 2}}

@@ -7,8 +7,6 @@ from datetime import timedelta
 
 import torch
 
-from accel.launch import free_port  # noqa: F401 - the benchmarks import it from here
-
 
 def join_gloo(rank: int, world: int, port: int) -> None:
     """Join a local gloo group as `rank` of `world`, one thread per rank (ranks share the cores)."""

@@ -27,7 +27,7 @@ def fault_now() -> None:
 
 
 if kind == "write" and rank == 0:  # stopped in the middle of writing an output
-    from accel.files import write_file
+    from accel.files.publish import write_file
 
     def write_half(temp: Path) -> None:
         temp.write_bytes(b"x" * 1000)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from accel.launch import free_port  # noqa: F401 - also imported from here by tests
+from accel.launch.environment import free_port
 
 # A rank waiting on its peers gives up after this: long enough that a peer still computing on a machine
 # with a load of 4 on 2 cores (its steps 3x slower, a compile far more) is not taken for a hang.

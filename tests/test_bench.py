@@ -383,7 +383,7 @@ def test_bench_in_process_writes_a_fresh_folder_each_time_and_copies(tmp_path: P
 def test_bench_refuses_a_report_copy_another_run_is_writing_before_it_measures(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from accel.files import claim
+    from accel.files.claims import claim
 
     monkeypatch.chdir(tmp_path)
     recipe = _write(tmp_path, '{ name = "cache", cache = { threshold = 0.4 } }')

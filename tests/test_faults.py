@@ -190,7 +190,7 @@ def _beat(rank: int, waiting: bool, since: float, where: str, time_: float = 100
 
 
 def test_a_rank_the_others_wait_for_is_named_once_they_waited_the_timeout() -> None:
-    from accel.launch import stall
+    from accel.launch.diagnosis import stall
 
     beats = {
         0: _beat(0, True, 90.0, "a.py:3 in f"),
@@ -212,7 +212,7 @@ def test_a_rank_the_others_wait_for_is_named_once_they_waited_the_timeout() -> N
 
 
 def test_the_cause_comes_first_and_follow_on_errors_are_one_line() -> None:
-    from accel.launch import failure_report
+    from accel.launch.diagnosis import failure_report
 
     reset = (
         "RuntimeError: [../gloo/pair.cc:545] Read error [127.0.0.1]:25812: Connection reset by peer. This is "
@@ -270,7 +270,8 @@ def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
 LOST_IN_A_FINALIZER = """
 import os, signal, sys
 from pathlib import Path
-from accel import files, interrupts
+from accel import interrupts
+from accel.files.publish import write_file
 from accel.steps import StepEvents
 
 class Finalized:
@@ -283,7 +284,7 @@ print("carried on", flush=True)
 where = sys.argv[2]
 try:
     if where == "output":
-        files.write_file(Path(sys.argv[1]), lambda temp: temp.write_text("picture"), replace=True)
+        write_file(Path(sys.argv[1]), lambda temp: temp.write_text("picture"), replace=True)
     else:
         class Scheduler:
             def set_timesteps(self, n): self.timesteps = list(range(n))

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from accel.cache.fbcache import FirstBlockCache
 from accel.steps import StepEvents
-from rankpool import free_port
+from accel.launch.environment import free_port
 from toy_transformers import (
     JointTransformer,
     SingleTensorTransformer,

@@ -16,9 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from accel import files
 from accel.errors import UserError
-from accel.files import JOB_DIR_ENV, claim, discard_temps, fresh_folder, remove_listed_temps, write_file, write_fresh
+from accel.files import in_flight
+from accel.files.claims import claim
+from accel.files.cleanup import discard_temps, remove_listed_temps
+from accel.files.folders import fresh_folder
+from accel.files.in_flight import JOB_DIR_ENV
+from accel.files.publish import write_file, write_fresh
 from accel.media import read_video, save_image, save_video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +72,8 @@ def test_a_kill_mid_write_leaves_no_file_and_the_launcher_removes_the_rest(tmp_p
     child = _paused_child(
         tmp_path,
         f"""
-        from accel.files import claim, write_file
+        from accel.files.claims import claim
+        from accel.files.publish import write_file
         def write(temp):
             with open(temp, "wb") as f:
                 f.write(b"x" * 1000)
@@ -179,7 +184,7 @@ def test_an_interrupt_mid_write_removes_the_temporary(tmp_path: Path) -> None:
         write_file(tmp_path / "a.png", write, replace=True)
     with pytest.raises(KeyboardInterrupt):
         write_fresh(tmp_path, "b", ".png", write)
-    assert os.listdir(tmp_path) == [] and not files._temps
+    assert os.listdir(tmp_path) == [] and not in_flight.temps
 
 
 def test_the_second_of_two_writers_is_refused_and_the_first_result_kept(tmp_path: Path) -> None:
@@ -284,7 +289,7 @@ def test_a_claim_held_by_another_process_is_refused_and_taken_over_when_it_dies(
     child = _paused_child(
         tmp_path,
         """
-        from accel.files import claim
+        from accel.files.claims import claim
         held = claim(folder / "a.png")
         pause()
     """,

@@ -160,7 +160,7 @@ def test_indexing_a_placeholder_gives_one_filled_with_it(known: bool) -> None:
 
 
 def test_rank_device_under_a_launcher(monkeypatch) -> None:
-    from accel.launch import rank_device
+    from accel.launch.environment import rank_device
     from accel.models.loading import resolve_device
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)

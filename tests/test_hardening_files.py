@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from accel import files, preflight
+from accel import preflight
 from accel.cli import app
 from accel.errors import RecipeError, UserError
-from accel.files import claim, write_file, write_fresh
+from accel.files import claims, in_flight
+from accel.files.claims import claim
+from accel.files.exclusive_create import created
+from accel.files.folders import fresh_folder
+from accel.files.publish import Write, write_file, write_fresh
 from accel.recipe import Recipe, load_recipe
 from accel.recipe.limits import MAX_RECIPE_BYTES
 
@@ -74,7 +78,7 @@ def test_a_temporary_name_taken_by_a_link_is_refused_and_its_target_untouched(
 ) -> None:
     import itertools
 
-    monkeypatch.setattr(files, "_serial", itertools.count(7))  # the name the next temporary takes
+    monkeypatch.setattr(in_flight, "serial", itertools.count(7))  # the name the next temporary takes
     target = tmp_path / "precious.txt"
     target.write_text("keep me")
     temp = tmp_path / f".a.png.accel-{os.getpid()}-7.tmp.png"
@@ -117,7 +121,7 @@ def test_a_bench_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
     )
 
 
-def _swapped_for_a_link(target: Path, write: files.Write) -> files.Write:
+def _swapped_for_a_link(target: Path, write: Write) -> Write:
     """`write`, after someone swapped the temporary it was given for a link to `target`: the race
     between creating the temporary and opening it."""
 
@@ -158,7 +162,7 @@ def test_the_wav_before_the_mux_is_written_through_its_descriptor(tmp_path: Path
 
     sound, target = tmp_path / "a.wav", tmp_path / "precious.txt"
     target.write_text("keep me")
-    with files.created(sound):
+    with created(sound):
         sound.unlink()
         sound.symlink_to(target)
         _write_wav(Audio(np.zeros((1, 800), dtype=np.float32), 8000), sound)
@@ -195,7 +199,7 @@ def _full_in(folder: Path):  # type: ignore[no-untyped-def]
 def test_enospc_saves_the_result_elsewhere_and_says_where(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: bool
 ) -> None:
-    monkeypatch.setattr(files, "_closing", threading.Event())  # an earlier test may have run discard_temps
+    monkeypatch.setattr(in_flight, "closing", threading.Event())  # an earlier test may have run discard_temps
     out, spare = tmp_path / "out", tmp_path / "spare"
     out.mkdir()
     spare.mkdir()
@@ -214,7 +218,7 @@ def test_enospc_saves_the_result_elsewhere_and_says_where(
 
 
 def test_enospc_everywhere_says_the_result_is_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(files, "_closing", threading.Event())
+    monkeypatch.setattr(in_flight, "closing", threading.Event())
 
     def full(path: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -232,7 +236,7 @@ def test_enospc_writing_the_lock_leaves_no_lock(tmp_path: Path, monkeypatch: pyt
     def full(fd: int, data: bytes, offset: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(files.os, "pwrite", full)
+    monkeypatch.setattr(claims.os, "pwrite", full)
     with pytest.raises(UserError) as refused:
         claim(tmp_path / "a.png")
     assert str(refused.value) == (
@@ -245,7 +249,7 @@ def test_enospc_writing_the_lock_leaves_no_lock(tmp_path: Path, monkeypatch: pyt
 def test_a_bench_folder_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "outputs").write_text("a file where the folder goes")
     with pytest.raises(UserError) as refused:
-        files.fresh_folder(tmp_path / "outputs", "bench-tiny")
+        fresh_folder(tmp_path / "outputs", "bench-tiny")
     assert (
         str(refused.value) == f"cannot create the folder {tmp_path / 'outputs'} (file exists); free space or pass --out"
     )
@@ -326,7 +330,7 @@ def test_accel_bench_on_a_full_tmpfs_exits_2_in_one_line(tiny_tmpfs: Path, tmp_p
 
 
 def test_enospc_on_a_real_full_tmpfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(files, "_closing", threading.Event())
+    monkeypatch.setattr(in_flight, "closing", threading.Event())
     with _small_tmpfs(tmp_path / "small", "size=64k", "test_enospc_saves_the_result_elsewhere_and_says_where") as mount:
         with pytest.raises(UserError) as refused:
             write_file(mount / "a.bin", lambda path: path.write_bytes(b"x" * 200_000), replace=False, rescue=tmp_path)

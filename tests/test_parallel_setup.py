@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accel.errors import UserError
-from accel.launch import LaunchSpec
+from accel.launch.environment import LaunchSpec
 from accel.parallel.mesh import Degrees, resolve_degrees
 from accel.recipe.sections import ParallelSection
 

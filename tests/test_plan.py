@@ -695,13 +695,13 @@ def test_the_bench_table_and_json_show_the_plans_estimate_beside_the_measured_pe
 def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(monkeypatch) -> None:
     """Two replicas of 2 GPUs each: the plan is made for 2 GPUs and its flags (per replica, as serve's are) reach every
     rank."""
-    import accel.launch
+    import accel.launch.supervisor
     from accel.memory.fit import PLANNED_PEAK
 
     monkeypatch.delenv(PLANNED_PEAK, raising=False)
     launched: list[list[str]] = []
     monkeypatch.setattr(
-        accel.launch, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0
+        accel.launch.supervisor, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0
     )
     argv = ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--gpu-memory", "80", "--oversubscribe"]
     result = CliRunner().invoke(app, argv, obj={"argv": argv}, catch_exceptions=False)

@@ -16,7 +16,9 @@ from typing import IO
 import pytest
 
 from conftest import cold_compile_env
-from accel.launch import LaunchSpec, Supervisor, lingering
+from accel.launch.diagnosis import lingering
+from accel.launch.environment import LaunchSpec
+from accel.launch.supervisor import Supervisor
 from accel.rank_exit import HANDLERS_BOUND_S, THREADS_BOUND_S, threading_exit_hooks
 
 LEAVE_WITHIN_S = 60  # the promise: a finished job is gone within a minute of its last output

@@ -24,7 +24,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from accel.cli import app
-from accel.launch import free_port
+from accel.launch.environment import free_port
 from accel.media import read_video
 from accel.models.registry import FAMILIES
 from accel.serve.dispatch import Dispatcher, QueueFull

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from accel.files import by_descriptor, write_file
+from accel.files.publish import by_descriptor, write_file
 from accel.formatting import SINGLE_REPEAT, Fit, format_bytes, format_seconds, format_size, format_span, format_threads
 from accel.report import write_json
 

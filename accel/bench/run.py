@@ -52,9 +52,10 @@ def run_bench(
 
 
 def _claim_folder(folder: Path) -> Any:
-    """Claim the bench folder (accel.files.claim) and create it; refuse one that is no longer empty.
+    """Claim the bench folder (accel.files.claims.claim) and create it; refuse one that is no longer empty.
     A folder that cannot be made (ENOSPC, EACCES) is one line, and the claim's lock goes with it."""
-    from accel.files import claim, make_folder
+    from accel.files.claims import claim
+    from accel.files.folders import make_folder
 
     held = claim(folder)
     try:
@@ -227,7 +228,7 @@ def _save_output(
 ) -> Path:
     """Written whole (with its sound, where it has one), never over an existing file; an HDR video as
     its SDR preview, the viewable form (accel run --out X.npy keeps the linear frames)."""
-    from accel.files import write_file
+    from accel.files.publish import write_file
     from accel.media import output_writer
     from accel.models.base import OUTPUT_FILES
 

@@ -128,7 +128,8 @@ def fail(message: str, exit_code: int = 2, lost: bool = False) -> None:
     """One line on stderr and a non-zero exit; a rank of a job `accel` launched hands the line to
     the launcher instead, which prints it once for all ranks (`lost`: it only follows another
     rank's failure)."""
-    from accel.launch import rank, report_failure, world_size
+    from accel.launch.environment import rank, world_size
+    from accel.launch.reports import report_failure
 
     if not report_failure(message, exit_code, lost=lost):
         where = f"rank {rank()}: " if world_size() > 1 else ""
@@ -139,7 +140,8 @@ def fail(message: str, exit_code: int = 2, lost: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from accel import interrupts, watchdog
-    from accel.launch import exit_code, is_peer_loss, world_size
+    from accel.launch.environment import world_size
+    from accel.launch.reports import exit_code, is_peer_loss
     from accel.rank_exit import end_process
 
     argv = sys.argv[1:] if argv is None else argv

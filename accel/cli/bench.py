@@ -62,7 +62,7 @@ def bench(
 ) -> None:
     r"""Run a recipe's \[bench] variants side by side and compare them with the first (the baseline)."""
     from accel import preflight
-    from accel.launch import rank
+    from accel.launch.environment import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -90,12 +90,12 @@ def bench(
             plan_bench(settings, gpus, only), gpu_memory
         )  # a flagship's plan: seconds, so after the checks
         if plan.world_size > 1 and not under_distributed_launcher():
-            from accel.launch import LaunchSpec
+            from accel.launch.environment import LaunchSpec
 
             pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
             spec = LaunchSpec.for_world(plan.world_size, timeout_s=plan.recipe.parallel.timeout)
             raise typer.Exit(rerun_on_ranks(ctx, spec, pinned))
-        from accel.files import claim
+        from accel.files.claims import claim
 
         # The report copies are this bench's before it measures: a concurrent one is refused now.
         claims = []
@@ -131,6 +131,6 @@ def _run_bench(plan: Any, folder: Path | None, lead: bool) -> Any:
 def _fresh_folder(out: Path | None, recipe: Path) -> Path:
     """--out as given (checked to be new or empty), else the first free outputs/bench-<recipe>[-N],
     created here: two benches started at once never share a folder."""
-    from accel.files import fresh_folder
+    from accel.files.folders import fresh_folder
 
     return out if out is not None else fresh_folder(Path("outputs"), f"bench-{recipe.stem}")

@@ -49,7 +49,7 @@ def relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[s
 
 def rerun_on_ranks(ctx: typer.Context | None, spec: Any, extra: tuple[str, ...] = ()) -> int:
     """This very command line (plus `extra`) on every rank of `spec`, under torchrun."""
-    from accel.launch import launch
+    from accel.launch.supervisor import launch
 
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None
     if argv is None:
@@ -59,7 +59,7 @@ def rerun_on_ranks(ctx: typer.Context | None, spec: Any, extra: tuple[str, ...] 
 
 def fit_to_job(settings: Any) -> Any:
     """Under torchrun: no layout given means one over all the job's ranks; a layout must fit the job."""
-    from accel.launch import world_size
+    from accel.launch.environment import world_size
 
     world = world_size()
     if world > 1 and settings.world_size == 1:

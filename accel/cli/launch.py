@@ -33,8 +33,8 @@ def launch(
 ) -> None:
     """Run your own script on N processes (torchrun's environment); a failing or stuck rank is named, ending the job."""
     from accel import preflight
-    from accel.launch import LaunchSpec
-    from accel.launch import launch as launch_job
+    from accel.launch.environment import LaunchSpec
+    from accel.launch.supervisor import launch as launch_job
 
     try:
         if gpus < 1:

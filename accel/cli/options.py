@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from accel.cli.app import fail
-from accel.launch import DEFAULT_PORT
+from accel.launch.environment import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from accel.recipe.keys import Flag

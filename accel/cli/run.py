@@ -153,7 +153,7 @@ def run(
 ) -> None:
     """Generate once with the accelerators the flags / recipe ask for, and print the timing table."""
     from accel import preflight
-    from accel.launch import rank
+    from accel.launch.environment import rank
     from accel.models.refs import resolve_model
     from accel.parallel.mesh import under_distributed_launcher
 
@@ -174,7 +174,7 @@ def run(
         if (refusal := memory_refusal(settings)) is not None:
             raise UserError(refusal)
         if settings.world_size > 1 and not under_distributed_launcher():
-            from accel.launch import LaunchSpec
+            from accel.launch.environment import LaunchSpec
 
             spec = LaunchSpec.for_world(
                 settings.world_size, nnodes, node_rank, master_addr, master_port, settings.parallel.timeout
@@ -186,7 +186,7 @@ def run(
             raise typer.Exit(relaunch(ctx, planned.recipe, spec, planned.flags))
         planned = planned_here(settings, gpu_memory)
         settings = fit_to_job(planned.recipe)
-        from accel.files import claim
+        from accel.files.claims import claim
         from accel.runner import run as run_recipe  # torch and diffusers load only for a valid recipe
 
         # The JSON is this run's before the long work starts: a concurrent run is refused now, not after.

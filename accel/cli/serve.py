@@ -168,7 +168,7 @@ def serve(
 ) -> None:
     """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, metrics)."""
     from accel import preflight
-    from accel.launch import rank, world_size
+    from accel.launch.environment import rank, world_size
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -215,7 +215,7 @@ def serve(
         if world > 1 and not under_distributed_launcher():
             import dataclasses
 
-            from accel.launch import LaunchSpec
+            from accel.launch.environment import LaunchSpec
 
             spec = dataclasses.replace(LaunchSpec.for_world(world, timeout_s=settings.parallel.timeout), drain_s=drain)
             preflight.check_process_count(world, settings.model.device, oversubscribe)

@@ -78,7 +78,7 @@ def tune(
     oversubscribe: Oversubscribe = False,
 ) -> None:
     """Tune the cache: the fastest setting that meets a quality target (--target), or MagCache's curve (--calibrate)."""
-    from accel.launch import rank
+    from accel.launch.environment import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
@@ -128,7 +128,7 @@ def tune(
             if not path.parent.is_dir():
                 raise UserError(f"{flag} {path}: no folder {path.parent}; create it or pass another {flag}")
         if settings.world_size > 1 and not under_distributed_launcher():
-            from accel.launch import LaunchSpec
+            from accel.launch.environment import LaunchSpec
 
             spec = LaunchSpec.for_world(settings.world_size, timeout_s=settings.parallel.timeout)
             preflight.check_process_count(spec.nproc, settings.model.device, oversubscribe)

@@ -35,7 +35,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, ref: ModelRef) -> torch.dtype
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """The device to load onto. Under torchrun (LOCAL_RANK set) "cuda" means this rank's own GPU,
     so ranks of one node do not all land on cuda:0."""
-    from accel.launch import rank_device
+    from accel.launch.environment import rank_device
 
     if isinstance(device, torch.device):
         return device

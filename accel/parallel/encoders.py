@@ -41,7 +41,7 @@ SHARDED = "sharded"
 def loads_text_encoders(placement: str, layout_size: int) -> bool:
     """Whether this rank loads the text encoders under [memory] text_encoder = `placement` in a
     layout of `layout_size` ranks (replicas of it side by side: each one's first rank encodes)."""
-    from accel.launch import rank
+    from accel.launch.environment import rank
 
     return placement not in ONE_RANK_PLACEMENTS or layout_size == 1 or rank() % layout_size == 0
 

@@ -178,7 +178,7 @@ def check_heads(degrees: Degrees, heads: int | None, model: str = "the model") -
 def tp_slice(settings: ParallelSection) -> tuple[int, int] | None:
     """(degree, index) of the tensor-parallel slice this rank holds under [parallel] (None: no TP).
     TP is the mesh's innermost dimension, so a rank's index in its TP group is its rank modulo tp."""
-    from accel.launch import rank
+    from accel.launch.environment import rank
 
     tp = settings.tp
     return (tp, rank() % tp) if tp > 1 and settings.world_size > 1 else None

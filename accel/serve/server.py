@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from accel.errors import UserError
-from accel.launch import CANCEL_GRACE_S
+from accel.launch.supervisor import CANCEL_GRACE_S
 from accel.recipe import Recipe
 from accel.serve.cancel import Board, LocalBoard, shared_board
 from accel.serve.limits import Limits

@@ -77,7 +77,7 @@ def write_plot(result: TuneResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from accel.files import by_descriptor, write_file
+    from accel.files.publish import by_descriptor, write_file
 
     finite = [t.psnr_db for t in result.trials if math.isfinite(t.psnr_db)]
     edge = (max(finite) if finite else 60.0) + 5.0

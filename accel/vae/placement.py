@@ -32,7 +32,7 @@ def decodes_here(pipe: Any) -> bool:
 def loads_vae_on_gpu(placement: str, layout_size: int) -> bool:
     """Whether this rank moves the VAE to its device under [memory] vae = `placement` in a layout of
     `layout_size` ranks (replicas of it side by side: each one's first rank decodes)."""
-    from accel.launch import rank
+    from accel.launch.environment import rank
 
     return placement != ONE_RANK or layout_size == 1 or rank() % layout_size == 0
 
