@@ -3,7 +3,7 @@
 Each candidate is a set of degrees over all N GPUs: CFG halves (families that run guidance), then a
 TP degree that splits every planned width, then the largest Ulysses degree the TP rank's heads allow
 with Ring for the rest (accel's own preference for sequence ranks). Its busiest rank's peak is
-measured by accel/memory/estimate.py; it fits when that peak plus RESERVED is within the card.
+measured by accel/memory/weights.py and working.py; it fits when that peak plus RESERVED is within the card.
 
 On one GPU the plan also weighs diffusers' offloading ([memory] offload): "model" holds one whole
 component at a time (no cost per step; the weights cross PCIe once per job), "group" streams the
@@ -20,21 +20,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from accel.errors import UserError
-from accel.memory.estimate import (
-    RankEstimate,
-    build,
-    offload_groups,
-    parameter_bytes,
-    sharded_encoder_bytes,
-    tp_problem,
-    transformer_flops,
-    transformer_working,
-    vae_working,
-    weight_bytes,
-)
+from accel.memory.build import build
+from accel.memory.flops import transformer_flops
+from accel.memory.weights import offload_groups, parameter_bytes, sharded_encoder_bytes, tp_problem, weight_bytes
+from accel.memory.working import transformer_working, vae_working
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size, flagship_heads
 from accel.models.registry import FAMILIES
@@ -97,6 +89,23 @@ CARDS = (
 
 def card_for(gpu_memory_gib: float) -> Card:
     return next(card for card in CARDS if gpu_memory_gib >= card.min_memory_gib)
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """What the busiest rank (rank 0) of a layout holds: weights per component, and the working memory
+    of the largest phase on top of them."""
+
+    weights: dict[str, int]
+    working: dict[str, int] = field(default_factory=dict)  # phase ("transformer forward", "VAE decode") → bytes
+
+    @property
+    def peak(self) -> int:
+        return sum(self.weights.values()) + max(self.working.values(), default=0)
+
+    @property
+    def largest_phase(self) -> str | None:
+        return max(self.working, key=lambda phase: self.working[phase]) if self.working else None
 
 
 @dataclass(frozen=True)
