@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from accel.cli import app
 from accel.memory.build import build
-from accel.memory.plan import RESERVED, make_plan
+from accel.memory.candidates import RESERVED
+from accel.memory.plan import make_plan
 from accel.memory.weights import transformer_weights, weight_bytes
 from accel.memory.working import transformer_working, vae_working
 from accel.memory.tracker import tracked_peak
