@@ -1,6 +1,6 @@
 """accel plan over every flagship: the layout chosen on 1 / 2 / 4 / 8 GPUs of 80 GB (H100), 48 GB (L40S)
 and 24 GB (RTX 4090), from one measure per model on fake CUDA; prints a Markdown table. Group offload's
-speed is the card's (accel/memory/plan.py CARDS).
+speed is the card's (accel/memory/speed.py CARDS).
 
     python benchmarks/memory_plan.py [--models flux2,wan] [--gpus 1,2,4,8]
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from accel.memory.plan import RESERVED, GiB, make_plan
+from accel.memory.candidates import RESERVED, GiB
+from accel.memory.plan import make_plan
 from accel.models.flagships import FLAGSHIPS
 
 # What torch sees of each card (total_memory): H100 80GB 81559 MiB, L40S 46068 MiB, RTX 4090 24564 MiB.

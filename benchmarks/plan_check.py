@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 import torch
 
-from accel.memory.estimate import build, cut_config, transformer_working, vae_working, weight_bytes
+from accel.memory.build import build, cut_config
+from accel.memory.weights import weight_bytes
+from accel.memory.working import transformer_working, vae_working
 from accel.models.flagships import FLAGSHIPS
 from accel.models.registry import FAMILIES
 from accel.parallel.mesh import Degrees

@@ -34,7 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from accel.memory.estimate import KnownValues
+from accel.memory.fake_cuda import KnownValues
 from accel.parallel.mesh import Degrees, ParallelMesh, build_mesh
 
 DTYPE = torch.bfloat16

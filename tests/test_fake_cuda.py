@@ -56,7 +56,7 @@ from test_parallel_families import splits_sequence  # noqa: E402
 
 from accel.cache.fbcache import FirstBlockCache  # noqa: E402
 from accel.cache.sums import _cache_group, _real_tokens  # noqa: E402
-from accel.memory.estimate import KnownValues  # noqa: E402
+from accel.memory.fake_cuda import KnownValues  # noqa: E402
 from accel.models.base import Family  # noqa: E402
 from accel.parallel.plan_format import ParallelPlan  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402

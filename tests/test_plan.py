@@ -13,8 +13,11 @@ from fakecuda import needs_cuda_build
 from typer.testing import CliRunner
 
 from accel.cli import app
-from accel.memory.estimate import build, transformer_weights, transformer_working, vae_working, weight_bytes
-from accel.memory.plan import RESERVED, make_plan
+from accel.memory.build import build
+from accel.memory.candidates import RESERVED
+from accel.memory.plan import make_plan
+from accel.memory.weights import transformer_weights, weight_bytes
+from accel.memory.working import transformer_working, vae_working
 from accel.memory.tracker import tracked_peak
 from accel.models.flagships import FLAGSHIPS, Component, Size
 from accel.models.registry import FAMILIES
@@ -232,7 +235,7 @@ def test_a_sharded_encoders_bytes_on_meta_equal_a_real_two_rank_split() -> None:
     in bfloat16, beside its rotary tables' 48 bytes of float32 buffers."""
     from parallel_cases import tiny_pipeline
 
-    from accel.memory.estimate import sharded_encoder_bytes
+    from accel.memory.weights import sharded_encoder_bytes
 
     encoder = tiny_pipeline("tiny-qwenimage").text_encoder
     config = {
@@ -260,7 +263,7 @@ def test_four_80_gb_gpus_run_flux2_with_mistral_sharded() -> None:
         "replicated",
         "cpu",
     }  # 4 KV heads, 8 ranks
-    from accel.memory.estimate import sharded_encoder_bytes
+    from accel.memory.weights import sharded_encoder_bytes
 
     gemma = FLAGSHIPS["ltx2"].of_kind("text_encoder")[0]  # its LM head is its embedding: the split keeps them one
     assert weight_bytes(build(gemma)) / 2 < sharded_encoder_bytes(gemma, 2) < weight_bytes(build(gemma)) * 0.55
@@ -283,7 +286,7 @@ def test_group_offload_holds_what_diffusers_groups_hold() -> None:
     one group of everything outside the block lists, one group per block."""
     from diffusers.hooks import apply_group_offloading
 
-    from accel.memory.estimate import offload_groups
+    from accel.memory.weights import offload_groups
 
     transformer = build(dataclasses.replace(FLAGSHIPS["flux"].components[0], config=MID_FLUX), "cpu")
     outside, largest = offload_groups(transformer)
@@ -318,14 +321,16 @@ def test_the_counted_flops_of_a_cut_transformer_scale_to_the_whole_one() -> None
     """One block of each kind is counted and scaled to the full depth: equal to counting every block."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from accel.memory.estimate import _fake_or_real, _on_device, transformer_flops
+    from accel.memory.build import on_device
+    from accel.memory.fake_cuda import fake_or_real
+    from accel.memory.flops import transformer_flops
 
     flagship = mid_flagship(MID_FLUX)
     size = Size(256, 256)
-    with _fake_or_real("cuda"):
+    with fake_or_real("cuda"):
         whole = build(flagship.of_kind("transformer")[0], "cuda")
         with torch.device("cuda"):
-            inputs = _on_device(flagship.inputs(size), "cuda")
+            inputs = on_device(flagship.inputs(size), "cuda")
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             whole(**inputs)
@@ -415,10 +420,10 @@ def test_a_cpu_only_torch_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch
 def test_sdpa_on_fake_cuda_is_counted_as_a_fused_kernel() -> None:
     """No GPU here, so torch's SDPA on fake `cuda` would take the math path and count an (L, L)
     score matrix; the estimate counts the fused kernel a GPU runs (output and log-sum-exp only)."""
-    from accel.memory.estimate import _fake_or_real
+    from accel.memory.fake_cuda import fake_or_real
 
     heads, tokens, dim = 8, 4096, 64
-    with _fake_or_real("cuda"):
+    with fake_or_real("cuda"):
         q = torch.randn(1, heads, tokens, dim, device="cuda", dtype=torch.bfloat16)
         mask = torch.ones(1, 1, 1, tokens, device="cuda", dtype=torch.bool)
         plain = tracked_peak(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))
@@ -434,9 +439,9 @@ def test_fake_cuda_answers_data_dependent_ops_on_small_known_tensors() -> None:
     real size (HunyuanVideo 1.5 gathers its text tokens so); on values it cannot know, it still refuses."""
     from torch._subclasses.fake_tensor import DynamicOutputShapeException
 
-    from accel.memory.estimate import _fake_or_real
+    from accel.memory.fake_cuda import fake_or_real
 
-    with _fake_or_real("cuda"):
+    with fake_or_real("cuda"):
         x = torch.randn(6, 4, device="cuda")
         mask = torch.tensor([1, 0, 1, 1, 0, 0], device="cuda").bool()
         ones = torch.ones(1, 5, dtype=torch.long, device="cuda").bool()[0]

@@ -115,8 +115,9 @@ def fitted(recipe: Recipe, gpu_memory: float | None, spell: Callable[[object], s
     limit = given if given is not None else visible_gpu_gib(recipe.model.device)
     if limit is None:
         return Planned(recipe, None)
-    from accel.memory.plan import RESERVED, Candidate, estimate_of, fastest_fitting, flagship_heads, make_plan
-    from accel.models.flagships import FLAGSHIPS, Size
+    from accel.memory.candidates import RESERVED, Candidate, fastest_fitting
+    from accel.memory.plan import estimate_of, make_plan
+    from accel.models.flagships import FLAGSHIPS, Size, flagship_heads
     from accel.parallel.mesh import resolve_degrees
 
     flagship, settings = FLAGSHIPS[key], recipe.parallel

@@ -3,7 +3,7 @@
 Each candidate is a set of degrees over all N GPUs: CFG halves (families that run guidance), then a
 TP degree that splits every planned width, then the largest Ulysses degree the TP rank's heads allow
 with Ring for the rest (accel's own preference for sequence ranks). Its busiest rank's peak is
-measured by accel/memory/estimate.py; it fits when that peak plus RESERVED is within the card.
+measured by accel/memory/measure.py; it fits when that peak plus RESERVED is within the card.
 
 On one GPU the plan also weighs diffusers' offloading ([memory] offload): "model" holds one whole
 component at a time (no cost per step; the weights cross PCIe once per job), "group" streams the
@@ -18,40 +18,18 @@ quantization: that changes the output, and is the user's call.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 from dataclasses import dataclass
 
 from accel.errors import UserError
-from accel.memory.estimate import (
-    RankEstimate,
-    build,
-    offload_groups,
-    parameter_bytes,
-    sharded_encoder_bytes,
-    tp_problem,
-    transformer_flops,
-    transformer_working,
-    vae_working,
-    weight_bytes,
-)
+from accel.memory.candidates import RESERVED, Candidate, GiB, fastest_fitting
+from accel.memory.measure import Measure, measure_of
+from accel.memory.weights import tp_problem
 from accel.models.base import Family
 from accel.models.flagships import FLAGSHIPS, Flagship, Size, flagship_heads
 from accel.models.registry import FAMILIES
-from accel.models.vaes import vae_plan_of
 from accel.models.variants import variant_of
 from accel.parallel.mesh import Degrees, resolve_degrees
 from accel.recipe.sections import ParallelSection, QuantSection
-
-GiB = 2**30
-# Held on every GPU beside what the tracker sees: the CUDA context, cuBLAS / cuDNN workspaces, NCCL's
-# buffers and the caching allocator's slack (about 1 GiB each of context and slack on an H100).
-RESERVED = 2 * GiB
-# Step-time efficiency of each parallel dimension per doubling, for ordering layouts that fit: from
-# this repo's measurements (BENCHMARKS.md: Ulysses 0.97-1.0 and Ring 0.83-0.95 of ideal per rank on
-# H100 at video lengths; TP 0.84-1.06x of Ulysses on CPU ranks; CFG halves independent).
-EFFICIENCY = {"cfg": 0.98, "ulysses": 0.95, "ring": 0.85, "tp": 0.85}
-
 
 # Where the text encoders can live ([memory] text_encoder): on the GPU ("replicated" and "rank0" both
 # put them on the busiest rank), split over the layout's ranks by transformers' plan ("sharded": more
@@ -60,78 +38,6 @@ PLACEMENTS = ("replicated", "sharded", "cpu")
 # One GPU's offloaded layouts: (offload, text encoders' place). Model offload with the encoders in host
 # memory is what model offload already does between uses.
 OFFLOADED = (("model", "replicated"), ("group", "replicated"), ("group", "cpu"))
-# At equal expected step speed, the layout with the least per-job cost wins: encoders on the GPU, then
-# model offload (each component's weights cross PCIe once per job: seconds), then encoding on the CPU
-# (a multi-billion-parameter encoder costs tens of seconds per prompt there).
-PREFERENCE = (
-    ("none", "replicated"),
-    ("none", "sharded"),
-    ("model", "replicated"),
-    ("group", "replicated"),
-    ("none", "cpu"),
-    ("group", "cpu"),
-)
-
-
-@dataclass(frozen=True)
-class Card:
-    """What decides group offload's cost on a GPU class: its bf16 tensor throughput as accel reaches it,
-    and host-to-device bandwidth."""
-
-    name: str
-    min_memory_gib: float  # the class is taken from the memory per GPU: the plan is not told the model
-    flops_per_second: float
-    pcie_bytes_per_second: float
-
-
-# Dense bf16 peaks (H100 SXM 989, L40S 362, RTX 4090 165 TFLOP/s with fp32 accumulation) at the share an
-# eager FLUX.1-dev step reaches on an H100 (74.4 TFLOP counted in 182.5 ms: 0.41, BENCHMARKS.md); pinned
-# host-to-device copies at about 50 GB/s on PCIe 5 x16 and 25 GB/s on PCIe 4 x16.
-REACHED = 0.41
-CARDS = (
-    Card("H100", 64, 989e12 * REACHED, 50e9),
-    Card("L40S", 40, 362e12 * REACHED, 25e9),
-    Card("RTX 4090", 0, 165e12 * REACHED, 25e9),
-)
-
-
-def card_for(gpu_memory_gib: float) -> Card:
-    return next(card for card in CARDS if gpu_memory_gib >= card.min_memory_gib)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    degrees: Degrees
-    estimate: RankEstimate
-    fits: bool
-    speedup: float  # expected step speed against one GPU that holds the whole model
-    text_encoder: str = "replicated"
-    offload: str = "none"
-    vae_tiling: bool = False  # the decode in tiles
-    vae_parallel: bool = False  # the decode's rows split over the layout's ranks
-
-    def describe(self) -> str:
-        offload = {"none": "", "model": ", model offload", "group": ", group offload"}[self.offload]
-        encoders = {"replicated": "", "sharded": ", text encoders sharded", "cpu": ", text encoders on the CPU"}[
-            self.text_encoder
-        ]
-        decode = {
-            (False, False): "",
-            (False, True): ", VAE split over the ranks",
-            (True, False): ", VAE in tiles",
-            (True, True): ", VAE in tiles split over the ranks",
-        }[self.vae_tiling, self.vae_parallel]
-        return self.degrees.describe() + offload + encoders + decode
-
-    @property
-    def decode_cost(self) -> int:
-        """At equal speed: the whole decode, then split over the ranks (same pixels, exchanges rows), then
-        in tiles (blended seams, a little time per job), then both."""
-        return 2 * self.vae_tiling + self.vae_parallel
-
-    @property
-    def preference(self) -> int:
-        return PREFERENCE.index((self.offload, self.text_encoder))
 
 
 @dataclass(frozen=True)
@@ -153,25 +59,6 @@ class MemoryPlan:
     @property
     def smallest(self) -> Candidate:
         return min(self.candidates, key=lambda c: c.estimate.peak)
-
-
-def fastest_fitting(candidates: tuple[Candidate, ...], gpu_memory: int) -> Candidate | None:
-    """The fastest candidate whose peak fits `gpu_memory` bytes; at equal speed the least per-job cost
-    (PREFERENCE), then the cheapest decode (`Candidate.decode_cost`), then the lowest peak. None: none fits."""
-    fitting = [c for c in candidates if c.estimate.peak + RESERVED <= gpu_memory]
-    return (
-        max(fitting, key=lambda c: (round(c.speedup, 2), -c.preference, -c.decode_cost, -c.estimate.peak))
-        if fitting
-        else None
-    )
-
-
-def expected_speedup(degrees: Degrees) -> float:
-    value = 1.0
-    for name in EFFICIENCY:
-        degree = getattr(degrees, name)
-        value *= degree * EFFICIENCY[name] ** math.log2(degree)
-    return value
 
 
 def _divisors(n: int) -> list[int]:
@@ -208,7 +95,7 @@ def make_plan(
         raise UserError(f"accel plan: --gpus must be at least 1, got {gpus}")
     name, flagship = flagship_of(model)
     family = FAMILIES[name]
-    measure = _measure(name, size or flagship.size, quant, vae_tiling)
+    measure = measure_of(name, size or flagship.size, quant, vae_tiling)
     candidates, refused = [], []
     transformer = next(iter(measure.transformers.values()))
     heads = flagship_heads(name)
@@ -256,7 +143,7 @@ def make_plan(
     )
 
 
-def _decode_twins(measure: _Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool) -> list[Candidate]:
+def _decode_twins(measure: Measure, candidate: Candidate, gpu_memory_gib: float, split_asked: bool) -> list[Candidate]:
     """`candidate` decoding another way, where only its whole decode keeps it from fitting: split over
     its ranks, in tiles, then both (`Candidate.decode_cost`), up to the first that fits."""
     estimate = candidate.estimate
@@ -302,151 +189,6 @@ def estimate_of(
     vae_parallel: bool = False,
 ) -> Candidate:
     """One layout's busiest rank, as given (a layout the plan would not consider: Ring over heads that divide)."""
-    return _measure(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(
+    return measure_of(model, size or FLAGSHIPS[model].size, quant, vae_tiling).candidate(
         degrees, placement, gpu_memory_gib, offload, vae_parallel=vae_parallel
     )
-
-
-@functools.lru_cache(maxsize=4)
-def _measure(model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> _Measure:
-    """One measure per model, size, quantization and decode for the process: plans of other GPU counts and cards reuse
-    it."""
-    return _Measure(model, size, quant, vae_tiling)
-
-
-class _Measure:
-    """The measures a plan shares across its candidates: the transformers built on meta once, weights
-    per component, the VAE decode once, the forward once per (tp, ulysses, ring)."""
-
-    def __init__(self, model: str, size: Size, quant: QuantSection, vae_tiling: bool) -> None:
-        self.family, self.flagship, self.size, self.quant = FAMILIES[model], FLAGSHIPS[model], size, quant
-        self.transformers = {c.attr: build(c) for c in self.flagship.of_kind("transformer")}
-        self.encoders = {
-            c.attr: build(c) for c in self.flagship.of_kind("text_encoder")
-        }  # on meta: for the split's checks
-        self.others = {
-            c.attr: weight_bytes(self.encoders[c.attr] if c.attr in self.encoders else build(c))
-            for c in self.flagship.components
-            if not c.attr.startswith("transformer")
-        }
-        self.vae_tiling = vae_tiling
-        self.vae = {
-            (vae_tiling, 1): vae_working(self.flagship, size, tiling=vae_tiling)
-        }  # (tiled, ranks) → working bytes
-        vae = build(self.flagship.of_kind("vae")[0])
-        # Whether tiling is a choice the plan has (the recipe did not ask for it and the VAE can tile), and
-        # splitting the decode over the ranks (accel has a row split for the VAE's class).
-        self.tiles = not vae_tiling and hasattr(vae, "enable_tiling")
-        self.splits_decode = vae_plan_of(vae) is not None
-        self.working: dict[tuple[int, int, int], int] = {}
-        self.split: dict[int, dict[str, dict[str, int]]] = {}  # tp → transformer → parameter → bytes on a rank
-        self._flops: int | None = None
-        self._sharded: dict[int, dict[str, int]] = {}
-
-    def vae_decode(self, tiled: bool, ranks: int = 1) -> int:
-        """The decode's working bytes on rank 0, whole or in tiles, on one rank or split over `ranks`
-        (each measured when a plan first needs it)."""
-        key = (tiled or self.vae_tiling, ranks)
-        if key not in self.vae:
-            self.vae[key] = vae_working(self.flagship, self.size, tiling=key[0], ranks=ranks)
-        return self.vae[key]
-
-    def forward_working(self, degrees: Degrees) -> int:
-        key = (degrees.tp, degrees.ulysses, degrees.ring)
-        if key not in self.working:
-            self.working[key] = transformer_working(self.family, self.flagship, self.size, degrees)
-        return self.working[key]
-
-    @property
-    def flops(self) -> int:
-        if self._flops is None:
-            self._flops = transformer_flops(self.flagship, self.size)
-        return self._flops
-
-    def sharded(self, ranks: int) -> dict[str, int]:
-        """Each text encoder's bytes on a rank when "sharded" splits them over `ranks` (whole: no plan)."""
-        if ranks not in self._sharded:
-            split = {c.attr: sharded_encoder_bytes(c, ranks) for c in self.flagship.of_kind("text_encoder")}
-            self._sharded[ranks] = {attr: self.others[attr] if size is None else size for attr, size in split.items()}
-        return self._sharded[ranks]
-
-    def shards_encoders(self, ranks: int) -> bool:
-        """Whether "sharded" splits any encoder over `ranks` (a run refuses it where it splits none or
-        an encoder's heads do not divide)."""
-        if ranks < 2:
-            return False
-        from accel.parallel.encoders import heads_problem, tp_plan_of
-
-        planned = [e for e in self.encoders.values() if tp_plan_of(e)]
-        return bool(planned) and all(heads_problem(e, ranks) is None for e in planned)
-
-    def parameters(self, tp: int) -> dict[str, dict[str, int]]:
-        if tp not in self.split:
-            self.split[tp] = {
-                attr: parameter_bytes(self.family, model, tp, self.quant) for attr, model in self.transformers.items()
-            }
-        return self.split[tp]
-
-    def candidate(
-        self,
-        degrees: Degrees,
-        placement: str,
-        gpu_memory_gib: float | None,
-        offload: str = "none",
-        vae_tiling: bool = False,
-        vae_parallel: bool = False,
-    ) -> Candidate:
-        """One layout's busiest rank; `vae_tiling`: decoding in tiles where the recipe did not ask for it;
-        `vae_parallel`: the decode split over the layout's ranks."""
-        tiling = vae_tiling or self.vae_tiling
-        decode_split = vae_parallel and degrees.world_size > 1
-        if offload != "none":
-            return self._offloaded(placement, gpu_memory_gib, offload, tiling)
-        split = {attr: sum(sizes.values()) for attr, sizes in self.parameters(degrees.tp).items()}
-        held = dict(self.others)
-        if placement == "cpu":
-            held |= {attr: 0 for attr in held if attr.startswith("text_encoder")}
-        elif placement == "sharded":
-            held |= self.sharded(degrees.world_size)
-        decode = self.vae_decode(tiling, degrees.world_size if decode_split else 1)
-        estimate = RankEstimate(
-            split | held, {"transformer forward": self.forward_working(degrees), "VAE decode": decode}
-        )
-        fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(
-            degrees, estimate, fits, expected_speedup(degrees), placement, vae_tiling=tiling, vae_parallel=decode_split
-        )
-
-    def _offloaded(self, placement: str, gpu_memory_gib: float | None, offload: str, tiling: bool) -> Candidate:
-        """One process under diffusers' offloading: nothing stays on the GPU; each phase holds what it runs
-        on (model: the whole component; group: the transformer's non-block weights and two blocks, the one
-        running and the one prefetched) plus its working memory. The encoders, which have no block list
-        diffusers' group offload streams, move whole in both modes; "cpu" keeps them in host memory."""
-        encoders = [size for attr, size in self.others.items() if attr.startswith("text_encoder")]
-        vae = sum(size for attr, size in self.others.items() if attr.startswith("vae"))
-        sizes = self.parameters(1)
-        if offload == "model":
-            transformer = max(sum(sizes[attr].values()) for attr in self.transformers)
-        else:
-            groups = [offload_groups(model, sizes[attr]) for attr, model in self.transformers.items()]
-            transformer = max(outside + 2 * block for outside, block in groups)
-        working = {
-            "text encode": 0 if placement == "cpu" else max(encoders, default=0),
-            "transformer forward": transformer + self.forward_working(Degrees()),
-            "VAE decode": vae + self.vae_decode(tiling),
-        }
-        estimate = RankEstimate({attr: 0 for attr in [*self.transformers, *self.others]}, working)
-        fits = gpu_memory_gib is None or estimate.peak + RESERVED <= gpu_memory_gib * GiB
-        return Candidate(
-            Degrees(), estimate, fits, self._offload_speed(offload, gpu_memory_gib), placement, offload, tiling
-        )
-
-    def _offload_speed(self, offload: str, gpu_memory_gib: float | None) -> float:
-        """Group offload's step against one GPU holding everything: each call's arithmetic overlaps the
-        copy of every block's weights on a side stream, so the slower of the two sets the pace."""
-        if offload == "model":
-            return 1.0
-        card = card_for(gpu_memory_gib if gpu_memory_gib is not None else 0)
-        compute = self.flops / card.flops_per_second
-        copy = max(sum(sizes.values()) for sizes in self.parameters(1).values()) / card.pcie_bytes_per_second
-        return compute / max(compute, copy)

@@ -6,7 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
-from accel.memory.plan import RESERVED, Candidate, GiB, MemoryPlan
+from accel.memory.candidates import RESERVED, Candidate, GiB
+from accel.memory.plan import MemoryPlan
 
 
 # The phases a rank goes through, in order, each with the working memory it adds.

@@ -7,7 +7,7 @@ memory. `inputs` makes the transformer's call at a size (batch 1: a CFG pipeline
 half, or once per rank under CFG parallel), in the current default dtype and device.
 
 HunyuanVideo 1.5's forward gathers its text tokens with boolean masks: the fake mode keeps the
-values of small tensors such as its masks to answer that (accel/memory/estimate.py, KnownValues).
+values of small tensors such as its masks to answer that (accel/memory/fake_cuda.py, KnownValues).
 
 CogVideoX's call takes the rotary tables its pipeline computes: `inputs` passes tables of their shape.
 
@@ -594,7 +594,7 @@ def _hunyuan15_inputs(size: Size) -> dict[str, Any]:
     """Noise, condition latents and their mask side by side (65 channels, 16x space, 4x time); the
     pipeline's padded 1000 Qwen and 256 ByT5 tokens, and 729 zero SigLIP tokens (text-to-video). The
     forward gathers valid tokens first, so the joint text stream is 1985 long whatever the masks hold:
-    all valid here (the fake mode keeps these small tensors' values, accel/memory/estimate.py)."""
+    all valid here (the fake mode keeps these small tensors' values, accel/memory/fake_cuda.py)."""
     import torch
 
     frames = size.frames or 121

@@ -129,7 +129,7 @@ def _discovered(attr: str, cls: str, config: dict[str, Any] | None) -> Transform
 
     if config is None or not hasattr(diffusers, cls):
         raise ModelError(f"{cls} ({attr}) is not a diffusers model class with a config here: accel cannot describe it")
-    from accel.memory.estimate import build
+    from accel.memory.build import build
     from accel.models.discover import discover_blocks
     from accel.models.flagships import Component
     from accel.parallel.derive import readable_cp_plan
@@ -199,7 +199,7 @@ def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | N
         return Transformer(
             attr, cls, family.heads, tuple(Blocks(b.attr, None, None, b.returns) for b in family.blocks), plan
         )
-    from accel.memory.estimate import build
+    from accel.memory.build import build
     from accel.models.flagships import Component
 
     model = build(Component(attr, "diffusers", cls, config))
