@@ -52,7 +52,7 @@ from fakecuda import (  # noqa: E402
     run_probed,
 )
 
-from test_parallel_families import splits_sequence  # noqa: E402
+from family_parallel import splits_sequence  # noqa: E402
 
 from accel.cache.fbcache import FirstBlockCache  # noqa: E402
 from accel.cache.sums import _cache_group, _real_tokens  # noqa: E402

@@ -9,12 +9,47 @@ from pathlib import Path
 from typing import Any
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, check_cache_on_ranks, reference
+from family_parallel import check_cache_on_ranks, reference
 from typer.testing import CliRunner
 from variant_cases import picture
 
 from accel.cli import app
 from accel.media import read_video
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import chronoedit
+
+
+CASE = FamilyCase(
+    # The picture to edit, resized by the pipeline to the call's size; 5 frames, as it makes without temporal
+    # reasoning.
+    dict(PROMPT, image=picture(), height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
+    odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens (3, 4, 8 do not divide)
+    threshold=0.1,
+    tiny=TinyCase(
+        name="chronoedit",
+        build=chronoedit.build_tiny,
+        pipeline_class=diffusers.ChronoEditPipeline,
+        call=dict(
+            image=picture(),
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),  # the picture first, the edit last
+        block_lists=("blocks",),
+        transformer_calls=8,  # CFG: a conditional and an unconditional call per step
+        latent_shape=(1, 36, 2, 8, 8),  # noise, first-frame mask and picture latents; 5 frames -> 2 latent frames
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "image_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,  # seen: 1.2e-6
+    ),
+)
 
 # 13 frames make 4 latent frames of 4x4 patches (64 tokens) for three steps, then 2 (32): Ring 3 divides neither.
 REASONING = dict(num_frames=13, enable_temporal_reasoning=True, num_temporal_reasoning_steps=3)
@@ -31,9 +66,7 @@ def test_temporal_reasoning_drops_latent_frames_mid_run_and_ring3_with_the_cache
         lambda _module, _args, kwargs: frames.append(kwargs["hidden_states"].shape[2]), with_kwargs=True
     )
     try:
-        _, records = reference(
-            "chronoedit", dict(FAMILY_CASES["chronoedit"].call, **REASONING, num_inference_steps=8), THRESHOLD
-        )
+        _, records = reference("chronoedit", dict(CASE.call, **REASONING, num_inference_steps=8), THRESHOLD)
     finally:
         hook.remove()
     assert frames == [4] * 6 + [2] * 10  # two calls a step: 3 reasoning steps, then 5 on the first and last frames
@@ -60,7 +93,5 @@ def test_accel_run_edits_the_picture_it_is_given_into_a_clip(tmp_path: Path) -> 
 
 def test_without_temporal_reasoning_the_call_makes_five_frames_whatever_it_is_asked() -> None:
     """What the family's default of 5 frames, and the note accel prints for another count, rest on."""
-    output, _, _ = cases.tiny_run(
-        "tiny-chronoedit", {}, dict(FAMILY_CASES["chronoedit"].call, num_frames=9, num_inference_steps=1)
-    )
+    output, _, _ = cases.tiny_run("tiny-chronoedit", {}, dict(CASE.call, num_frames=9, num_inference_steps=1))
     assert output.shape == (1, 5, 64, 64, 3)

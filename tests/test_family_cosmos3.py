@@ -14,12 +14,50 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_parallel_families import FAMILY_CASES, TOLERANCE
+from family_parallel import TOLERANCE
 from variant_cases import picture, run_written
 
 import parallel_cases as cases
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import cosmos3
 
-CALL = FAMILY_CASES["cosmos3"].call
+
+CASE = FamilyCase(
+    # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
+    odd=dict(
+        height=80, width=112
+    ),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
+    threshold=0.06,
+    tiny=TinyCase(
+        name="cosmos3",
+        build=cosmos3.build_tiny,
+        pipeline_class=diffusers.Cosmos3OmniPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            enable_sound=True,
+            output_type="np",
+        ),
+        output_attr="video",
+        output_shape=(5, 64, 64, 3),  # one sample, no batch dim
+        block_lists=("layers",),
+        transformer_calls=8,  # CFG: the prompt's call, then the negative's, each step
+        latent_shape=((1, 16, 2, 8, 8),),  # one sample's latents: 5 frames -> 2 latent frames of 8x8
+        text_shape=(86,),  # the chat-templated prompt's token ids, with the duration and resolution sentences
+        negative_text_shape=(79,),
+        components=("transformer", "vae", "sound_tokenizer"),
+        reload_tolerance=1e-5,
+        inputs=("vision_tokens", "input_ids"),
+    ),
+)
+
+CALL = CASE.call
 PIXELS = 5 * 64 * 64 * 3  # the output's frames; the sound's samples follow them
 
 
@@ -68,7 +106,7 @@ def test_image_to_video_on_cfg_halves_with_the_cache_equals_one_process(rank_poo
     """Each half computes its branch and masks the other's predictions (the clean first frame zeroed)
     before they arrive: the masking waits for them. Calls cached alike on each half, sound included."""
     call = dict(CALL, image=picture(), num_inference_steps=8)
-    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    cache = {"cache": {"threshold": CASE.threshold}}
     expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
     assert 0 < sum(cached for *_, cached in records) < len(records)
     runs = rank_pools(2).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"cfg": 2}}, call)
@@ -83,7 +121,7 @@ def test_image_to_video_on_ring_3_with_the_cache_equals_one_process(rank_pools: 
     cut over 3 ranks; each rank attends to the text it holds whole and to every rank's generation
     keys. Output (sound included) and cached calls as one process."""
     call = dict(CALL, image=picture(), num_inference_steps=8)
-    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    cache = {"cache": {"threshold": CASE.threshold}}
     expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
     runs = rank_pools(3).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"ring": 3}}, call)
     for output, got, bytes_sent in runs:

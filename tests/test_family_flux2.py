@@ -18,7 +18,32 @@ import parallel_cases as cases
 from accel.cli import app
 from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES, family_of, family_of_classes
-from test_parallel_families import FAMILY_CASES
+import diffusers
+from family_case import FamilyCase, TinyCase, case_of
+from accel.models import flux2
+
+
+CASE = FamilyCase(
+    dict(
+        prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
+    ),  # embedded guidance, no CFG
+    odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
+    threshold=0.7,
+    tiny=TinyCase(
+        name="flux2",
+        build=flux2.build_tiny,
+        pipeline_class=diffusers.Flux2Pipeline,
+        call=dict(height=64, width=64, num_inference_steps=4, guidance_scale=4.0, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=4,  # guidance-distilled: one call per step, the scale embedded
+        latent_shape=(1, 16, 128),  # 64x64 -> 8x8 latents of 32 channels -> 4x4 packed tokens of 128
+        text_shape=(1, 512, 24),  # Mistral 3 hidden states 10, 20 and 30 stacked (3 x 8), padded to 512
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+)
 
 TOLERANCE = 1e-4
 
@@ -31,7 +56,7 @@ def reference_picture() -> Any:
 def reference_call(family: str) -> dict[str, Any]:
     # 48x80 makes 3x5 = 15 generated tokens; with the reference's 16, 31 image tokens that neither
     # 2 nor 3 ranks divide (and 512 text tokens, which 3 does not divide either).
-    return dict(FAMILY_CASES[family].call, height=48, width=80, image=reference_picture())
+    return dict(case_of(family).call, height=48, width=80, image=reference_picture())
 
 
 @pytest.mark.parametrize("parallel", [{"ulysses": 2}, {"ring": 3}], ids=["ulysses2", "ring3"])
@@ -73,10 +98,7 @@ def test_cfg_parallel_is_refused_for_the_guidance_distilled_dev_model() -> None:
         str(error.value)
         == "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"
     )
-    assert (
-        FAMILIES["flux2"].cfg_off(FAMILY_CASES["flux2"].call)
-        == "FLUX.2 [dev] pipelines have no classifier-free guidance"
-    )
+    assert FAMILIES["flux2"].cfg_off(CASE.call) == "FLUX.2 [dev] pipelines have no classifier-free guidance"
 
 
 def test_dev_and_klein_are_told_apart_by_their_pipeline() -> None:

@@ -15,11 +15,58 @@ import numpy as np
 import parallel_cases as cases
 import pytest
 import variant_cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE
+from family_parallel import TOLERANCE
 
 from accel.models.helios import TINY_CHUNK
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import helios
 
-ODD = dict(FAMILY_CASES["helios"].call, **FAMILY_CASES["helios"].odd)  # two chunks of 30 tokens after 44 of history
+
+CASE = FamilyCase(
+    # Chunks of 2 latent frames (the tiny family's), two calls a step: 5 frames are one chunk,
+    # 2 x 4x4 chunk tokens after 40 history tokens.
+    dict(
+        PROMPT,
+        height=64,
+        width=64,
+        num_frames=5,
+        num_inference_steps=4,
+        guidance_scale=5.0,
+        num_latent_frames_per_chunk=2,
+    ),
+    # Two chunks (the second's history is the first's latents) of 2 x 3x5 = 30 tokens after 30 + 6 + 8
+    # history tokens (2x2, 4x4 and 8x8 patches, padded): 74.
+    odd=dict(height=48, width=80, num_frames=9),
+    threshold=0.08,
+    tiny=TinyCase(
+        name="helios",
+        build=helios.build_tiny,
+        pipeline_class=diffusers.HeliosPipeline,
+        # Chunks of 2 latent frames (the tiny family's): 9 frames are two chunks of 5, the second
+        # continuing the first's latents as history.
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            num_latent_frames_per_chunk=helios.TINY_CHUNK,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 64, 3),  # two 5-frame chunks, cut to 4k + 1
+        block_lists=("blocks",),
+        transformer_calls=16,  # cond and uncond per step, four steps per chunk
+        latent_shape=(1, 16, 2, 8, 8),  # one chunk: 2 latent frames of 8x8 (the history goes in other arguments)
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+)
+
+ODD = dict(CASE.call, **CASE.odd)  # two chunks of 30 tokens after 44 of history
 RING3 = {"parallel": {"ring": 3}}
 
 

@@ -14,16 +14,48 @@ import numpy as np
 import parallel_cases as cases
 import pytest
 from conftest import generate as run_pipe
-from test_parallel_families import FAMILY_CASES, MODES, check_equals_one_process, reference
+from family_parallel import MODES, check_equals_one_process, reference
 
 from accel.errors import UserError
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
 from accel.generate import generate
 from accel.models.call import generation_kwargs
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import hunyuan15
+
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4),  # the guider's CFG: two calls a step
+    odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 = 40 video tokens, 1985 text tokens
+    threshold=0.3,
+    tiny=TinyCase(
+        name="hunyuan15",
+        build=hunyuan15.build_tiny,
+        pipeline_class=diffusers.HunyuanVideo15Pipeline,
+        # The guider's scale (6.0 in the tiny pipeline) turns CFG on: no guidance keyword to pass.
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=8,  # real CFG: the guider calls the transformer on the prompt, then the negative
+        latent_shape=(1, 17, 2, 4, 4),  # noise, condition latents, mask; 5 frames -> 2, 64x64 -> 4x4 (16x)
+        text_shape=(1, 1000, 32),  # Qwen tokens after the 108-token system prompt, padded to 1000
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+)
 
 TOLERANCE = 1e-4
-GLYPH = dict(FAMILY_CASES["hunyuan15"].call, prompt='a shop sign that reads "OPEN"')
+GLYPH = dict(CASE.call, prompt='a shop sign that reads "OPEN"')
 
 
 def test_the_guidance_scale_goes_to_the_guider_for_the_call_only() -> None:
@@ -50,7 +82,7 @@ def test_cfg_parallel_is_refused_where_the_guider_would_not_guide() -> None:
 
 
 def test_quoted_text_brings_glyph_tokens_in() -> None:
-    plain, _ = reference("hunyuan15", FAMILY_CASES["hunyuan15"].call)
+    plain, _ = reference("hunyuan15", CASE.call)
     glyph, _ = reference("hunyuan15", GLYPH)
     assert np.abs(plain - glyph).mean() > 1e-4
 
@@ -68,7 +100,7 @@ def test_key_mask_attention_makes_diffusers_picture_bit_for_bit_and_goes_with_re
 
     pipe = cases.tiny_pipeline("tiny-hunyuan15")
     attn = pipe.transformer.transformer_blocks[0].attn
-    call = dict(FAMILY_CASES["hunyuan15"].call, num_inference_steps=1)
+    call = dict(CASE.call, num_inference_steps=1)
     masks: list[Any] = []
     hook = pipe.transformer.transformer_blocks[0].register_forward_pre_hook(lambda _, args: masks.append(args[3]))
     try:

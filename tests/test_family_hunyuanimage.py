@@ -14,14 +14,41 @@ from typing import Any
 import numpy as np
 import parallel_cases as cases
 import pytest
-from test_parallel_families import FAMILY_CASES, MODES, TOLERANCE, check_equals_one_process, reference, world_of
+from family_parallel import MODES, TOLERANCE, check_equals_one_process, reference, world_of
 
 from accel.models.registry import FAMILIES
 from accel.recipe import Recipe
 from accel.generate import generate
 from accel.models.call import generation_kwargs
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import hunyuanimage
 
-GLYPH = dict(FAMILY_CASES["hunyuanimage"].call, prompt='a shop sign that reads "OPEN"')
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_inference_steps=4),  # the guider's CFG (scale 3.5): two calls a step
+    # 2x5 = 10 image tokens (32x VAE, patch 1); 1128 text tokens (the pipeline pads Qwen to 1000, ByT5
+    # to 128), which 3 ranks divide: the image stream pads alone.
+    odd=dict(height=64, width=160),
+    threshold=0.5,
+    tiny=TinyCase(
+        name="hunyuanimage",
+        build=hunyuanimage.build_tiny,
+        pipeline_class=diffusers.HunyuanImagePipeline,
+        # The guider's scale (3.5, as the real checkpoint's) turns CFG on: no guidance keyword to pass.
+        call=dict(negative_prompt="blurry, low quality", height=64, width=64, num_inference_steps=4, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=8,  # real CFG: the guider calls the transformer on the prompt, then the negative
+        latent_shape=(1, 16, 2, 2),  # 64x64 -> 2x2 latents (32x); patch 1: the latent grid is the token grid
+        text_shape=(1, 1000, 32),  # Qwen tokens after the 34-token system prompt, padded to 1000
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+)
+
+GLYPH = dict(CASE.call, prompt='a shop sign that reads "OPEN"')
 
 
 def _transformer_calls(pipe: Any, kwargs: dict[str, Any]) -> int:
@@ -86,7 +113,7 @@ def test_the_distilled_transformer_equals_one_process(rank_pools: Any, mode: str
         True,
         True,
     )
-    call = dict(FAMILY_CASES["hunyuanimage"].call, num_inference_steps=2)
+    call = dict(CASE.call, num_inference_steps=2)
     expected, _, _ = cases.tiny_run(DISTILLED, {}, call)
     for output, _, bytes_sent in rank_pools(world_of(MODES[mode])).run(
         cases.tiny_run, DISTILLED, {"parallel": MODES[mode]}, call
@@ -96,7 +123,7 @@ def test_the_distilled_transformer_equals_one_process(rank_pools: Any, mode: str
 
 
 def test_quoted_text_brings_glyph_tokens_in() -> None:
-    plain, _ = reference("hunyuanimage", FAMILY_CASES["hunyuanimage"].call)
+    plain, _ = reference("hunyuanimage", CASE.call)
     glyph, _ = reference("hunyuanimage", GLYPH)
     assert np.abs(plain - glyph).mean() > 1e-4
 

@@ -21,23 +21,57 @@ import parallel_cases as cases
 import pytest
 import torch
 import variant_cases
-from test_parallel_families import FAMILY_CASES, reference
-from test_variants import NEEDS_MORE, diffusers_pipelines_of
+from family_parallel import reference
+
 
 from accel.media import read_video
 from accel.models.registry import FAMILIES
 from accel.parallel.matching import glob_modules
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import kandinsky5
+
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
+    odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
+    threshold=0.2,
+    tiny=TinyCase(
+        name="kandinsky5",
+        build=kandinsky5.build_tiny,
+        pipeline_class=diffusers.Kandinsky5T2VPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("text_transformer_blocks", "visual_transformer_blocks"),
+        transformer_calls=8,  # CFG: a positive and a negative call per step
+        # (B, frames, H, W, C): 16 noise channels, 16 condition channels and a condition mask (visual_cond)
+        latent_shape=(1, 2, 8, 8, 33),
+        text_shape=(1, 25, 32),  # each prompt's Qwen tokens after the template's 128 are cropped, unpadded
+        negative_text_shape=(1, 18, 32),
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        # The processor rounds rotated queries and keys to bfloat16, which lifts BLAS-path differences.
+        reload_tolerance=5e-5,
+    ),
+)
 
 TOLERANCE = 1e-4
 FAMILY = FAMILIES["kandinsky5"]
-CASE = FAMILY_CASES["kandinsky5"]
 FLOAT32_ROTARY = "parallel_cases:tiny_kandinsky5_float32_rotary"
 ACCEL = str(Path(sys.executable).parent / "accel")
 
 
 def test_every_kandinsky5_pipeline_is_a_variant_or_named() -> None:
-    shipped = diffusers_pipelines_of(FAMILY.transformer_class)
-    assert shipped - set(FAMILY.pipeline_classes) - set(NEEDS_MORE) == set()
+    shipped = variant_cases.diffusers_pipelines_of(FAMILY.transformer_class)
+    assert shipped - set(FAMILY.pipeline_classes) - set(variant_cases.NEEDS_MORE) == set()
     assert set(FAMILY.pipeline_classes) <= shipped
 
 

@@ -29,6 +29,45 @@ from accel.media import read_audio, read_video
 from accel.models.registry import FAMILIES
 from accel.models.variants import variant_of
 from accel.parallel.plan import resolve_plan
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import ltx2
+
+
+CASE = FamilyCase(
+    # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
+    dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
+    odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
+    threshold=0.3,
+    tiny=TinyCase(
+        name="ltx2",
+        build=ltx2.build_tiny,
+        pipeline_class=diffusers.LTX2Pipeline,
+        # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
+        # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=96,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            stg_scale=0.0,
+            audio_stg_scale=0.0,
+            modality_scale=1.0,
+            audio_modality_scale=1.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 96, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 12, 16),  # 9 frames -> 2 latent frames, 64x96 -> 2x3: 12 packed tokens
+        text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
+        components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,
+    ),
+)
 
 FAMILY = FAMILIES["ltx2"]
 CALL = dict(

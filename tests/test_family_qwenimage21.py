@@ -10,11 +10,43 @@ from typing import Any
 import numpy as np
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE
+from family_parallel import TOLERANCE
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import qwenimage21
+
+
+CASE = FamilyCase(
+    dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
+    odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens: the cached calls cut the 40
+    threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls,
+    tiny=TinyCase(
+        name="qwenimage21",
+        build=qwenimage21.build_tiny,
+        pipeline_class=diffusers.QwenImage21Pipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            true_cfg_scale=4.0,
+            output_type="np",
+        ),
+        output_attr="images",
+        output_shape=(1, 64, 64, 4),  # its VAE decodes RGBA
+        block_lists=("transformer_blocks",),
+        transformer_calls=8,  # true CFG: a second call per step for the negative prompt
+        latent_shape=(1, 16, 16),  # 64x64 -> 4x4 latents (16x VAE), unpatched: 16 tokens of 16 channels
+        text_shape=(1, 37, 32),  # the user and assistant turns around the prompt (the system turn dropped), unpadded
+        negative_text_shape=(1, 27, 32),
+        reload_tolerance=1e-5,
+        components=("text_encoder", "transformer", "vae"),
+    ),
+)
 
 # 8 steps, so the cache (from the third step on: the first computes the prompt too) has calls to skip.
-CALL = dict(FAMILY_CASES["qwenimage21"].call, num_inference_steps=8, output_resolution=64)
-CACHE = {"cache": {"threshold": FAMILY_CASES["qwenimage21"].threshold}}
+CALL = dict(CASE.call, num_inference_steps=8, output_resolution=64)
+CACHE = {"cache": {"threshold": CASE.threshold}}
 
 
 def test_a_condition_picture_on_cfg_halves_with_the_cache_equals_one_process(rank_pools) -> None:

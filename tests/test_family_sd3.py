@@ -5,9 +5,39 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_parallel_families import FAMILY_CASES, MODES, world_of
+from family_parallel import MODES, world_of
 
 import parallel_cases as cases
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import sd3
+
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),  # batched CFG
+    odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 333 text tokens
+    threshold=0.5,
+    tiny=TinyCase(
+        name="sd3",
+        build=sd3.build_tiny,
+        pipeline_class=diffusers.StableDiffusion3Pipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            guidance_scale=3.5,
+            output_type="np",
+        ),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 16, 8, 8),  # the pipeline hands over unpatchified latents
+        text_shape=(2, 333, 64),  # 77 CLIP tokens (padded to T5's width) then 256 T5 tokens
+        components=("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"),
+    ),
+)
 
 MEDIUM = "accel.models.sd3:build_tiny_medium"
 TOLERANCE = 1e-4
@@ -24,7 +54,7 @@ def test_the_medium_builder_has_dual_attention_blocks() -> None:
     "mode, odd, cache", [("ulysses2", False, False), ("usp2x2", True, True), ("cfg2xulysses2", False, True)]
 )
 def test_medium_equals_one_process(rank_pools, mode: str, odd: bool, cache: bool) -> None:
-    case = FAMILY_CASES["sd3"]
+    case = CASE
     call = dict(case.call, **case.odd) if odd else case.call
     recipe = {"cache": {"threshold": case.threshold}} if cache else {}
     expected, records, _ = cases.tiny_run(MEDIUM, recipe, call)

@@ -14,12 +14,45 @@ import numpy as np
 import parallel_cases as cases
 import pytest
 import torch
-from test_parallel_families import FAMILY_CASES, MODES, reference, world_of
+from family_parallel import MODES, reference, world_of
 
 from accel.models.registry import FAMILIES
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import zimage
+
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # batched CFG, as the base model runs
+    # 5x7 = 35 image tokens and 17 caption tokens, each padded to 32s: 96 unified tokens; the
+    # negative's 43 caption tokens make 128, so the batch pads the positive with a key mask.
+    odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
+    threshold=1.15,  # block 0's residual changes by ~100 % a step with random adaLN weights,
+    tiny=TinyCase(
+        name="zimage",
+        build=zimage.build_tiny,
+        pipeline_class=diffusers.ZImagePipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            output_type="np",
+        ),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("layers", "noise_refiner", "context_refiner"),
+        transformer_calls=4,  # CFG is batched: one call per step on [positive, negative]
+        inputs=("x", "cap_feats"),
+        latent_shape=((16, 1, 8, 8),) * 2,  # one (C, F, H, W) latent per sample
+        text_shape=((41, 8), (27, 8)),  # each prompt's real tokens (chat framing included), unpadded
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+)
 
 TOLERANCE = 1e-4
-CASE = FAMILY_CASES["zimage"]
 ODD = dict(CASE.call, **CASE.odd)
 
 

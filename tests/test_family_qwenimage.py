@@ -1,0 +1,35 @@
+"""Qwen-Image: its case for the shared matrices (tests/families.py)."""
+
+from __future__ import annotations
+
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import qwenimage
+
+CASE = FamilyCase(
+    dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),
+    odd=dict(height=48, width=80),  # 3x5 = 15 image tokens; 4 and 2 prompt tokens, unpadded
+    threshold=0.5,
+    tiny=TinyCase(
+        name="qwenimage",
+        build=qwenimage.build_tiny,
+        pipeline_class=diffusers.QwenImagePipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            true_cfg_scale=4.0,
+            output_type="np",
+        ),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=8,  # true CFG: a second call per step for the negative prompt
+        latent_shape=(1, 16, 64),  # 64x64 -> 8x8 latents -> 4x4 packed tokens of 16*4 channels
+        text_shape=(1, 29, 32),  # the prompt's tokens after the 34-token template prefix, unpadded
+        negative_text_shape=(1, 21, 32),
+        reload_tolerance=1e-5,  # seen: 4e-7 (a batch-1 timestep Linear on an unaligned weight)
+        components=("text_encoder", "transformer", "vae"),
+    ),
+)

@@ -1,0 +1,34 @@
+"""SkyReels-V2: its case for the shared matrices (tests/families.py)."""
+
+from __future__ import annotations
+
+import diffusers
+from family_case import FamilyCase, PROMPT, TinyCase
+from accel.models import skyreels2
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
+    odd=dict(height=80, width=112, num_frames=17),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
+    threshold=0.1,
+    tiny=TinyCase(
+        name="skyreels2",
+        build=skyreels2.build_tiny,
+        pipeline_class=diffusers.SkyReelsV2Pipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=6.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("blocks",),
+        transformer_calls=8,  # cond and uncond: two calls per step, as Wan
+        latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
+        text_shape=(1, 512, 32),
+        components=("text_encoder", "transformer", "vae"),
+    ),
+)
