@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fakecuda import Grid, Layout
 
 PROMPT = dict(prompt="a red fox", negative_prompt="blurry")
 
@@ -39,6 +42,40 @@ class TinyCase:
 
 
 @dataclass(frozen=True)
+class FakeCuda:
+    """What the fake-CUDA tier (tests/test_fake_cuda.py) needs of a family beyond its plan."""
+
+    # The arguments its pipeline passes its transformer, on fake cuda: (config, grid, batch, timestep).
+    inputs: Callable[[dict[str, Any], Grid, int, Any], dict[str, Any]]
+    # The transformer's output shape: (config, grid, batch, prefill).
+    output_shape: Callable[[dict[str, Any], Grid, int, bool], tuple[int, ...]]
+    # The tiny config's overrides instead of the shared HEADS heads of the tiny head size: config -> overrides.
+    overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Overrides besides the shared ones, for widths tied to the head count: (config, width) -> overrides.
+    more_overrides: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
+    # Host syncs its own diffusers code makes per forward: (config, batch, cached) -> count.
+    model_syncs: Callable[[dict[str, Any], int, bool], int] | None = None
+    # One context-parallel attention call per block and sample (Mochi), not per block.
+    attention_per_sample: bool = False
+    # K/V caches its pipeline makes, one per CFG branch: (config, calls) -> caches.
+    kv_caches: Callable[[dict[str, Any], int], list[Any]] | None = None
+    # Tokens in front of the video stream's keys (Helios's history): grid -> count.
+    history_tokens: Callable[[Grid], int] | None = None
+    # A stream whose keys every rank holds whole besides its own cut ones (attended once per call).
+    shared_keys: str | None = None
+    # Its forward always hands its attention a mask (a joint text mask), whatever the call.
+    masking: bool = False
+    # Its forward reads its inputs' values on the host (Qwen-Image 2.1 lays out its tokens from the encoder's slot
+    # mask: repeats, masked writes, positions). Fake tensors have no values, so these run inside accel plan's
+    # KnownValues, which keeps the values of small tensors made from known data (the mask here); the probe counts
+    # each read as the sync it is on a GPU and answers it with the real value.
+    host_values: bool = False
+    # Its transformer at the real model's width, and the layout it runs as there.
+    real_config: dict[str, Any] | None = None
+    real_layout: Layout | None = None
+
+
+@dataclass(frozen=True)
 class FamilyCase:
     # The parallel matrix's call: classifier-free guidance on, so CFG parallelism has branches to split.
     call: dict[str, Any]
@@ -47,6 +84,7 @@ class FamilyCase:
     # A cache threshold that caches some but not all calls of an 8-step run.
     threshold: float
     tiny: TinyCase
+    fake: FakeCuda
 
 
 def module_of(family: str) -> str:

@@ -16,8 +16,39 @@ from variant_cases import picture
 from accel.cli import app
 from accel.media import read_video
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
+from test_family_wan import WAN_14B
 from accel.models import chronoedit
+
+
+# ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40
+# heads of
+# 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture
+# latents).
+CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Noise, first-frame mask and picture latents in channels; CLIP ViT-H/14's 257 picture tokens."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+        timestep=t,
+        encoder_hidden_states=randn(batch, text, config["text_dim"]),
+        encoder_hidden_states_image=randn(batch, 257, config["image_dim"]),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
+
+
+def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
+    # the picture's keys and values are projected from the blocks' width
+    return {"added_kv_proj_dim": width}
 
 
 CASE = FamilyCase(
@@ -48,6 +79,15 @@ CASE = FamilyCase(
         text_shape=(1, 512, 32),
         components=("text_encoder", "image_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,  # seen: 1.2e-6
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        more_overrides=fake_more_overrides,
+        # ChronoEdit at 720x1280, its 5 frames: 2 x 45 x 80 = 7200 video tokens, 512 text tokens; CFG halves x Ulysses
+        # 4.
+        real_config=CHRONOEDIT_14B,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(2, 45, 80, 512)),
     ),
 )
 

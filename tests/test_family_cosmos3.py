@@ -19,8 +19,63 @@ from variant_cases import picture, run_written
 
 import parallel_cases as cases
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import cosmos3
+
+
+# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8
+# key/value
+# heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
+COSMOS3 = dict(
+    hidden_size=4096,
+    head_dim=128,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=12288,
+    num_hidden_layers=2,
+    latent_channel=48,
+    latent_patch_size=2,
+    patch_latent_dim=192,
+    vocab_size=151936,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """One sample packed without a batch dim: the prompt's token ids, then the video's 2x2 patches."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    assert batch == 1
+    video, at = grid.tokens, torch.arange(text, text + grid.tokens, device="cuda")
+    return dict(
+        input_ids=torch.zeros(text, dtype=torch.long, device="cuda"),
+        text_indexes=torch.arange(text, device="cuda"),
+        und_len=text,
+        sequence_length=text + video,
+        position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
+        vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)],
+        vision_token_shapes=[(f, h, w)],
+        vision_sequence_indexes=at,
+        vision_mse_loss_indexes=at,
+        vision_timesteps=torch.full((video,), 500.0, device="cuda"),
+        vision_noisy_frame_indexes=[torch.arange(f, device="cuda")],
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        1,
+        batch,
+        config["latent_channel"],
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+    )  # its list of one sample's (1, C, F, H, W) prediction, stacked
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # grouped keys and values: half as many heads
+    return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
 
 
 CASE = FamilyCase(
@@ -54,6 +109,16 @@ CASE = FamilyCase(
         components=("transformer", "vae", "sound_tokenizer"),
         reload_tolerance=1e-5,
         inputs=("vision_tokens", "input_ids"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        shared_keys="text",
+        # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt (whole on every
+        # rank); its two calls a step on CFG halves x Ulysses 4 (8 query and 2 key/value heads a rank), with the cache.
+        real_config=COSMOS3,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(48, 23, 40, 300)),
     ),
 )
 

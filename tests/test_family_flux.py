@@ -3,8 +3,45 @@
 from __future__ import annotations
 
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import DTYPE, Grid, Layout, randn
 from accel.models import flux
+
+# -- real widths ------------------------------------------------------------------------------------------
+FLUX_DEV = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=24,
+    joint_attention_dim=4096,
+    pooled_projection_dim=768,
+    guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    h, w, text = grid.rows, grid.cols, grid.text
+    ids = torch.zeros(h * w, 3, device="cuda", dtype=DTYPE)
+    return dict(
+        hidden_states=randn(batch, h * w, config["in_channels"]),
+        encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+        pooled_projections=randn(batch, config["pooled_projection_dim"]),
+        timestep=t / 1000,
+        img_ids=ids,
+        txt_ids=torch.zeros(text, 3, device="cuda", dtype=DTYPE),
+        guidance=t,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, grid.rows * grid.cols, config["in_channels"])
+
 
 CASE = FamilyCase(
     dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),
@@ -22,5 +59,12 @@ CASE = FamilyCase(
         latent_shape=(1, 16, 64),  # 64x64 -> 8x8 latents -> 4x4 packed tokens of 16*4 channels
         text_shape=(1, 512, 32),  # T5 padded to the pipeline's default max_sequence_length
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
+        real_config=FLUX_DEV,
+        real_layout=Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512)),
     ),
 )

@@ -19,8 +19,30 @@ from accel.cli import app
 from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES, family_of, family_of_classes
 import diffusers
-from family_case import FamilyCase, TinyCase, case_of
+from family_case import FakeCuda, FamilyCase, TinyCase, case_of
+from fakecuda import Grid, Layout
+from test_family_flux2_klein import fake_inputs
 from accel.models import flux2
+
+
+# FLUX.2-dev's transformer (the diffusers defaults): 48 heads, text of three stacked 5120-wide Mistral layers.
+FLUX2_DEV = dict(
+    patch_size=1,
+    in_channels=128,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=48,
+    joint_attention_dim=15360,
+    timestep_guidance_channels=256,
+    mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32),
+    guidance_embeds=True,
+)
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, grid.rows * grid.cols, config["in_channels"])
 
 
 CASE = FamilyCase(
@@ -42,6 +64,14 @@ CASE = FamilyCase(
         text_shape=(1, 512, 24),  # Mistral 3 hidden states 10, 20 and 30 stacked (3 x 8), padded to 512
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        # FLUX.2-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 Mistral tokens; Ulysses 8 with the
+        # cache.
+        real_config=FLUX2_DEV,
+        real_layout=Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512)),
     ),
 )
 

@@ -19,8 +19,76 @@ from family_parallel import TOLERANCE
 
 from accel.models.helios import TINY_CHUNK
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import helios
+
+
+# Helios's history latent frames (the pipeline's history_sizes, 16, 2 and 1, plus the first frame's slot).
+HELIOS_HISTORY = (16, 2, 2)
+
+
+def helios_history_tokens(grid: Grid) -> int:
+    """The history tokens Helios puts in front of the chunk's: 2x2 patches of the last frame and the first
+    frame's slot, 4x4 over two frames of the 2 before, 8x8 over four of the 16 before (latents padded to whole
+    patches)."""
+    long, mid, short = HELIOS_HISTORY
+    return (
+        short * grid.rows * grid.cols
+        + mid // 2 * -(-grid.rows // 2) * -(-grid.cols // 2)
+        + long // 4 * -(-grid.rows // 4) * -(-grid.cols // 4)
+    )
+
+
+# Helios-Base's transformer (the diffusers defaults, two of its 40 blocks): 40 heads of 128, UMT5-XXL's 4096-wide text.
+HELIOS_BASE = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=40,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=13824,
+    num_layers=2,
+    rope_dim=(44, 42, 42),
+    guidance_cross_attn=True,
+    zero_history_timestep=True,
+    has_multi_term_memory_patch=True,
+    is_amplify_history=False,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """The chunk's latents and the history's, with frame positions as the pipeline makes them (on the CPU)."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    long, mid, short = HELIOS_HISTORY
+    latents = lambda frames: randn(batch, config["in_channels"], frames, 2 * h, 2 * w)  # noqa: E731
+    positions = torch.arange(1 + long + mid + 1 + f).unsqueeze(0)
+    return dict(
+        hidden_states=latents(f),
+        timestep=t,
+        encoder_hidden_states=randn(batch, text, config["text_dim"]),
+        indices_hidden_states=positions[:, -f:],
+        indices_latents_history_long=positions[:, 1 : 1 + long],
+        indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
+        indices_latents_history_short=positions[:, [0, 1 + long + mid]],
+        latents_history_short=latents(short),
+        latents_history_mid=latents(mid),
+        latents_history_long=latents(long),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        out_channels(config),
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+    )  # the chunk's prediction (its history tokens are dropped)
 
 
 CASE = FamilyCase(
@@ -63,6 +131,15 @@ CASE = FamilyCase(
         text_shape=(1, 512, 32),
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        history_tokens=helios_history_tokens,
+        # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
+        # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
+        real_config=HELIOS_BASE,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512)),
     ),
 )
 

@@ -3,8 +3,48 @@
 from __future__ import annotations
 
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import hunyuan
+
+HUNYUAN = dict(
+    in_channels=16,
+    out_channels=16,
+    num_attention_heads=24,
+    attention_head_dim=128,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=1,
+    mlp_ratio=4.0,
+    patch_size=2,
+    patch_size_t=1,
+    qk_norm="rms_norm",
+    guidance_embeds=True,
+    text_embed_dim=4096,
+    pooled_projection_dim=768,
+    rope_theta=256.0,
+    rope_axes_dim=(16, 56, 56),
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+        timestep=t,
+        encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+        encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+        pooled_projections=randn(batch, config["pooled_projection_dim"]),
+        guidance=t,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
+
 
 CASE = FamilyCase(
     dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
@@ -22,5 +62,13 @@ CASE = FamilyCase(
         latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
         text_shape=(1, 256, 32),  # Llama tokens after the template crop, padded to max_sequence_length
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        masking=True,
+        # HunyuanVideo at 544x960, 129 frames: 33 x 34 x 60 = 67320 tokens, 256 text tokens; Ulysses 8.
+        real_config=HUNYUAN,
+        real_layout=Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256)),
     ),
 )

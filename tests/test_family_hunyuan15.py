@@ -22,8 +22,59 @@ from accel.recipe import Recipe
 from accel.generate import generate
 from accel.models.call import generation_kwargs
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import DTYPE, Grid, Layout, out_channels, randn
 from accel.models import hunyuan15
+
+
+# HunyuanVideo 1.5's transformer (the diffusers defaults, two of its 54 blocks): 16 heads of 128, Qwen2.5-VL-7B's
+# 3584-wide text, ByT5's 1472, SigLIP's 1152; 32 latent channels (65 in: noise, condition latents, mask).
+HUNYUAN15 = dict(
+    in_channels=65,
+    out_channels=32,
+    num_attention_heads=16,
+    attention_head_dim=128,
+    num_layers=2,
+    num_refiner_layers=2,
+    mlp_ratio=4.0,
+    patch_size=1,
+    patch_size_t=1,
+    qk_norm="rms_norm",
+    text_embed_dim=3584,
+    text_embed_2_dim=1472,
+    image_embed_dim=1152,
+    rope_theta=256.0,
+    rope_axes_dim=(16, 56, 56),
+    target_size=640,
+    task_type="t2v",
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Patch size 1: the latent grid is the token grid; 3 image tokens (zero: text-to-video), 4 glyph tokens."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], f, h, w),
+        timestep=t,
+        encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+        encoder_attention_mask=mask(text),
+        encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
+        encoder_attention_mask_2=mask(4),
+        image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, grid.rows, grid.cols)  # patch size 1
+
+
+def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
+    # its check whether the image embeddings are all zero, then its reordering of each sample's text stream, valid
+    # tokens first, with twelve boolean-mask selections
+    return 1 + 12 * batch
 
 
 CASE = FamilyCase(
@@ -51,6 +102,16 @@ CASE = FamilyCase(
         text_shape=(1, 1000, 32),  # Qwen tokens after the 108-token system prompt, padded to 1000
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        model_syncs=fake_model_syncs,
+        masking=True,
+        # HunyuanVideo 1.5 at 720p, 121 frames: 31 x 45 x 80 = 111600 video tokens (16x VAE, patch 1), 1000 prompt
+        # tokens; the guider's two calls on CFG halves x Ulysses 4, with the cache.
+        real_config=HUNYUAN15,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000)),
     ),
 )
 

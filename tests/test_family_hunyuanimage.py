@@ -21,8 +21,55 @@ from accel.recipe import Recipe
 from accel.generate import generate
 from accel.models.call import generation_kwargs
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import hunyuanimage
+
+
+# HunyuanImage 2.1's transformer (the diffusers class defaults, which are its shape; one block of each of its 20 double
+# and 40 single): 28 heads of 128, 64 latent channels (32x VAE, patch 1), Qwen2.5-VL-7B's 3584-wide text, ByT5-small's
+# 1472.
+HUNYUANIMAGE = dict(
+    in_channels=64,
+    out_channels=64,
+    num_attention_heads=28,
+    attention_head_dim=128,
+    num_layers=1,
+    num_single_layers=1,
+    num_refiner_layers=2,
+    mlp_ratio=4.0,
+    patch_size=(1, 1),
+    qk_norm="rms_norm",
+    text_embed_dim=3584,
+    text_embed_2_dim=1472,
+    rope_theta=256.0,
+    rope_axes_dim=(64, 64),
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """(B, C, H, W) latents, patch 1: the latent grid is the token grid (2-D: no frames); 4 glyph tokens."""
+    h, w, text = grid.rows, grid.cols, grid.text
+    mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], h, w),
+        timestep=t,
+        encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+        encoder_attention_mask=mask(text),
+        encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
+        encoder_attention_mask_2=mask(4),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.rows, grid.cols)  # patch size 1, one picture
+
+
+def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
+    # the same reordering as HunyuanVideo 1.5's, with no image embeddings: eight selections a sample
+    return 8 * batch
 
 
 CASE = FamilyCase(
@@ -45,6 +92,16 @@ CASE = FamilyCase(
         text_shape=(1, 1000, 32),  # Qwen tokens after the 34-token system prompt, padded to 1000
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        model_syncs=fake_model_syncs,
+        masking=True,
+        # HunyuanImage 2.1 at 2048x2048: 64 x 64 = 4096 image tokens (32x VAE, patch 1), 1000 prompt tokens; the
+        # guider's two calls on CFG halves x Ulysses 4 (28 heads: 7 a rank), with the cache.
+        real_config=HUNYUANIMAGE,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 1000)),
     ),
 )
 

@@ -28,8 +28,57 @@ from accel.media import read_video
 from accel.models.registry import FAMILIES
 from accel.parallel.matching import glob_modules
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import kandinsky5
+
+
+# Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
+KANDINSKY5_LITE = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=512,
+    patch_size=(1, 2, 2),
+    model_dim=1792,
+    ff_dim=7168,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(16, 24, 24),
+    visual_cond=True,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """(B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+    positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
+    return dict(
+        hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+        encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+        timestep=t,
+        pooled_projections=randn(batch, config["in_text_dim2"]),
+        visual_rope_pos=positions,
+        text_rope_pos=torch.arange(text, device="cuda"),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+        config["out_visual_dim"],
+    )  # (B, F, H, W, C), as its latents
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # no head count in its config: the width over the head width (sum of axes_dims)
+    return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
 
 
 CASE = FamilyCase(
@@ -60,6 +109,15 @@ CASE = FamilyCase(
         components=("text_encoder", "text_encoder_2", "transformer", "vae"),
         # The processor rounds rotated queries and keys to bfloat16, which lifts BLAS-path differences.
         reload_tolerance=5e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x
+        # Ulysses 4.
+        real_config=KANDINSKY5_LITE,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256)),
     ),
 )
 

@@ -15,8 +15,77 @@ from variant_cases import run_written
 import parallel_cases as cases
 from family_parallel import TOLERANCE, reference
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import kandinsky6
+
+
+# Kandinsky 6's (44.1 kHz over a 1024-sample hop: 218 for 5 s): replicated too.
+K6_AUDIO = 11
+
+
+# Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
+# 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
+KANDINSKY6 = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=1024,
+    patch_size=(1, 2, 2),
+    model_dim=4096,
+    ff_dim=16384,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(32, 48, 48),
+    visual_cond=True,
+    in_audio_dim=40,
+    out_audio_dim=40,
+    model_dim_a=2048,
+    ff_dim_a=7168,
+    time_dim_a=1024,
+    text_token_padding=True,
+    ca_rope=True,
+    cross_gates=True,
+    fix_modulation=True,
+    visual_token_type_num_embeddings=2,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """As Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+    mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
+    return dict(
+        hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+        audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
+        encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+        pooled_projections=randn(batch, config["in_text_dim2"]),
+        timestep=t,
+        encoder_attention_mask=mask,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+        config["out_visual_dim"],
+    )  # (B, F, H, W, C), as its latents; the audio prediction comes beside it
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # the same as Kandinsky 5's for its video and its audio stream
+    return {
+        "model_dim": HEADS * sum(config["axes_dims"]),
+        "model_dim_a": HEADS * sum(config["axes_dims_a"]),
+        "num_text_blocks": 1,
+    }
 
 
 CASE = FamilyCase(
@@ -47,6 +116,15 @@ CASE = FamilyCase(
         text_shape=(1, 1024, 32),  # Qwen padded to the pipeline's 1024 tokens after the template's 129 are cropped
         components=("text_encoder", "text_encoder_2", "transformer", "vae", "audio_vae", "vocoder"),
         reload_tolerance=1e-5,  # seen: 0
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a
+        # step on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
+        real_config=KANDINSKY6,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024)),
     ),
 )
 

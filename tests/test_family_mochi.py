@@ -3,8 +3,36 @@
 from __future__ import annotations
 
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import Grid, out_channels, randn
 from accel.models import mochi
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+        encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
+        timestep=t,
+        encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
+
+
+def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
+    return {"pooled_projection_dim": width // 2}
+
+
+def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
+    # its text compaction, per block run
+    return (1 if cached else config["num_layers"]) * batch
+
 
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=7, num_inference_steps=4, guidance_scale=4.5),
@@ -22,5 +50,12 @@ CASE = FamilyCase(
         latent_shape=(2, 12, 2, 8, 8),  # 7 frames -> 2 latent frames, 64x64 -> 8x8, 12 channels
         text_shape=(2, 256, 128),  # T5 padded to the pipeline's default max_sequence_length (256)
         components=("text_encoder", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        more_overrides=fake_more_overrides,
+        model_syncs=fake_model_syncs,
+        attention_per_sample=True,
     ),
 )

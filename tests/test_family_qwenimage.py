@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import Grid, out_channels, randn
 from accel.models import qwenimage
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """The pipeline drops an all-true prompt mask, so no mask here."""
+    h, w, text = grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, h * w, config["in_channels"]),
+        encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+        timestep=t / 1000,
+        img_shapes=[[(1, h, w)]] * batch,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, grid.rows * grid.cols, 4 * out_channels(config))  # 2x2 patches
+
 
 CASE = FamilyCase(
     dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),
@@ -31,5 +51,9 @@ CASE = FamilyCase(
         negative_text_shape=(1, 21, 32),
         reload_tolerance=1e-5,  # seen: 4e-7 (a batch-1 timestep Linear on an unaligned weight)
         components=("text_encoder", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
     ),
 )

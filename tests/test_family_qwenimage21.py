@@ -12,8 +12,63 @@ import numpy as np
 import parallel_cases as cases
 from family_parallel import TOLERANCE
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import qwenimage21
+
+
+# Qwen-Image 2.1's transformer (its class defaults, the released widths; two of its 32 blocks): 32 heads of 128, a
+# 4096-wide Qwen3-VL context, 64 latent channels.
+QWENIMAGE21 = dict(
+    in_channels=64,
+    out_channels=64,
+    num_attention_heads=32,
+    attention_head_dim=128,
+    context_in_dim=4096,
+    num_layers=2,
+    causal_condition=True,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens."""
+    h, w, text = grid.rows, grid.cols, grid.text
+    slots = torch.cat(
+        [
+            torch.zeros(batch, text, device="cuda", dtype=torch.bool),
+            torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool),
+        ],
+        dim=1,
+    )
+    return dict(
+        hidden_states=randn(batch, 4 * h * w, config["in_channels"]),
+        encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
+        timestep=t / 1000,
+        img_shapes=[[(1, 2 * h, 2 * w)]] * batch,
+        img_mask=slots,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.text * prefill + 2 * grid.rows * 2 * grid.cols,
+        out_channels(config),
+    )  # unpatched; the prefill call returns the prompt's tokens too
+
+
+def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
+    # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
+    return 8
+
+
+def fake_kv_caches(config: dict[str, Any], calls: int) -> list[Any]:
+    """Its K/V caches, one per CFG branch, as its pipeline makes them."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    return [QwenImage21KVCache(config["num_layers"]) for _ in range(calls)]
 
 
 CASE = FamilyCase(
@@ -41,6 +96,19 @@ CASE = FamilyCase(
         negative_text_shape=(1, 27, 32),
         reload_tolerance=1e-5,
         components=("text_encoder", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        model_syncs=fake_model_syncs,
+        kv_caches=fake_kv_caches,
+        shared_keys="prompt",
+        host_values=True,
+        # Qwen-Image 2.1 at 1024x1024: 64 x 64 = 4096 target tokens (16x VAE, unpatched; 32 x 32 encoder slots), a
+        # 512-token prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4,
+        # with the cache.
+        real_config=QWENIMAGE21,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512)),
     ),
 )
 

@@ -9,8 +9,32 @@ from family_parallel import MODES, world_of
 
 import parallel_cases as cases
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import Grid, out_channels, randn
 from accel.models import sd3
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Latents before patching (2x2)."""
+    h, w, text = grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w),
+        encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
+        pooled_projections=randn(batch, config["pooled_projection_dim"]),
+        timestep=t,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), 2 * grid.rows, 2 * grid.cols)
+
+
+def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
+    # the text is projected to the blocks' width
+    return {"caption_projection_dim": width}
 
 
 CASE = FamilyCase(
@@ -36,6 +60,11 @@ CASE = FamilyCase(
         latent_shape=(2, 16, 8, 8),  # the pipeline hands over unpatchified latents
         text_shape=(2, 333, 64),  # 77 CLIP tokens (padded to T5's width) then 256 T5 tokens
         components=("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        more_overrides=fake_more_overrides,
     ),
 )
 

@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from typing import Any
+import torch
+from fakecuda import DTYPE, Grid, out_channels, randn
 from accel.models import skyreels2
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Diffusion forcing: one timestep per latent frame, expanded to one per token."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    return dict(
+        hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
+        timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE),
+        enable_diffusion_forcing=True,
+        encoder_hidden_states=randn(batch, text, config["text_dim"]),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
+
 
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
@@ -30,5 +50,9 @@ CASE = FamilyCase(
         latent_shape=(1, 16, 2, 8, 8),  # 5 frames -> 2 latent frames, 64x64 -> 8x8
         text_shape=(1, 512, 32),
         components=("text_encoder", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
     ),
 )

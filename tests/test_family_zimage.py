@@ -18,8 +18,47 @@ from family_parallel import MODES, reference, world_of
 
 from accel.models.registry import FAMILIES
 import diffusers
-from family_case import FamilyCase, PROMPT, TinyCase
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+from fakecuda import Grid, HEADS, Layout, out_channels, randn
 from accel.models import zimage
+
+
+# Z-Image's transformer (diffusers' defaults, Z-Image's shape; two main layers, one refiner of each kind): 30 heads of
+# 128,
+# Qwen3-4B's 2560-wide text.
+Z_IMAGE = dict(
+    all_patch_size=(2,),
+    all_f_patch_size=(1,),
+    in_channels=16,
+    dim=3840,
+    n_layers=2,
+    n_refiner_layers=1,
+    n_heads=30,
+    n_kv_heads=30,
+    cap_feat_dim=2560,
+    axes_dims=[32, 48, 48],
+    axes_lens=[1024, 512, 512],
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    return dict(
+        x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)],
+        t=t / 1000,
+        cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)],
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)  # the per-sample outputs, stacked
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # its config says n_heads (no grouped keys) and sets the width itself
+    return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
 
 
 CASE = FamilyCase(
@@ -49,6 +88,15 @@ CASE = FamilyCase(
         text_shape=((41, 8), (27, 8)),  # each prompt's real tokens (chat framing included), unpadded
         components=("text_encoder", "transformer", "vae"),
         reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        # Z-Image (the base model, batched CFG) at 1024x1024: 4096 image tokens and a 512-token caption in one sequence;
+        # CFG halves x Ulysses 4 (30 heads in 32 slots).
+        real_config=Z_IMAGE,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 512)),
     ),
 )
 
