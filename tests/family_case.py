@@ -85,6 +85,10 @@ class FamilyCase:
     threshold: float
     tiny: TinyCase
     fake: FakeCuda
+    # The block checks' (tests/test_family_blocks.py): its real transformer class from a small seeded config, and the
+    # arguments its pipeline passes it, latents moved by `drift` (as between denoising steps).
+    block_transformer: Callable[[], Any]
+    block_inputs: Callable[[float], dict[str, Any]]
 
 
 def module_of(family: str) -> str:

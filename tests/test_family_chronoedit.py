@@ -17,6 +17,8 @@ from accel.cli import app
 from accel.media import read_video
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
 from test_family_wan import WAN_14B
@@ -49,6 +51,24 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
 def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
     # the picture's keys and values are projected from the blocks' width
     return {"added_kv_proj_dim": width}
+
+
+# -- chronoedit: Wan's blocks, the picture's CLIP tokens before the text (own key and value projections) --
+def block_transformer() -> nn.Module:
+    return block_cases.wan_shaped(
+        "ChronoEditTransformer3DModel", 23, image_dim=16, added_kv_proj_dim=block_cases.HEADS * block_cases.HEAD_DIM
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # 2 latent frames: the rotary table puts the second 7 frames after the first, as for a 5-frame edit.
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        encoder_hidden_states_image=block_cases.noise(torch.Generator().manual_seed(2), 1, 5, 16),
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -89,6 +109,8 @@ CASE = FamilyCase(
         real_config=CHRONOEDIT_14B,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(2, 45, 80, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 # 13 frames make 4 latent frames of 4x4 patches (64 tokens) for three steps, then 2 (32): Ring 3 divides neither.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, out_channels, randn
@@ -24,6 +26,39 @@ def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor)
 
 def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
     return (batch, grid.frames, out_channels(config), 2 * grid.rows, 2 * grid.cols)
+
+
+# -- cogvideox: 2 blocks, 2 latent frames of 8x8, 2x2 patches (32 tokens), sin-cos positions ------
+def block_transformer() -> nn.Module:
+    from diffusers import CogVideoXTransformer3DModel
+
+    return block_cases.seeded(
+        13,
+        lambda: CogVideoXTransformer3DModel(
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            time_embed_dim=16,
+            text_embed_dim=block_cases.TEXT_DIM,
+            num_layers=2,
+            sample_width=8,
+            sample_height=8,
+            sample_frames=5,  # 2 latent frames after 4x temporal compression
+            patch_size=2,
+            temporal_compression_ratio=4,
+            max_text_seq_length=block_cases.TEXT_TOKENS,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 2, 4, 8, 8), drift),  # (batch, frames, channels, height, width)
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([700 - int(1000 * drift)]),
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -55,4 +90,6 @@ CASE = FamilyCase(
         inputs=fake_inputs,
         output_shape=fake_output_shape,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

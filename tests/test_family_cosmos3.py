@@ -20,6 +20,8 @@ from variant_cases import picture, run_written
 import parallel_cases as cases
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import cosmos3
 
@@ -78,6 +80,56 @@ def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
 
 
+# -- cosmos3: 2 decoder layers over the text (8 token ids, causal) and the generation stream (12 video
+# patches of 2 latent frames at 4x6, then 3 sound latents), each layer returning both --------------
+def block_transformer() -> nn.Module:
+    from diffusers import Cosmos3OmniTransformer
+
+    return block_cases.seeded(
+        24,
+        lambda: Cosmos3OmniTransformer(
+            head_dim=block_cases.HEAD_DIM,
+            hidden_size=block_cases.TEXT_DIM,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=block_cases.HEADS,
+            num_key_value_heads=1,
+            latent_channel=4,
+            patch_latent_dim=16,
+            vocab_size=64,
+            rope_axes_dim=(4, 2, 2),
+            sound_gen=True,
+            sound_dim=4,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    """One sample packed as the pipeline packs it: token ids first, then the video's patches, then the sound."""
+    text, video, sound = block_cases.TEXT_TOKENS, 12, 3
+    video_at, sound_at = torch.arange(text, text + video), torch.arange(text + video, text + video + sound)
+    return dict(
+        input_ids=torch.arange(text) * 7 % 64,
+        text_indexes=torch.arange(text),
+        und_len=text,
+        sequence_length=text + video + sound,
+        position_ids=torch.arange(text + video + sound, dtype=torch.float32).expand(3, -1),
+        vision_tokens=[block_cases.latents((1, 4, 2, 4, 6), drift)],
+        vision_token_shapes=[(2, 2, 3)],
+        vision_sequence_indexes=video_at,
+        vision_mse_loss_indexes=video_at,
+        vision_timesteps=torch.full((video,), 700.0 - 1000 * drift),
+        vision_noisy_frame_indexes=[torch.arange(2)],
+        sound_tokens=[block_cases.noise(torch.Generator().manual_seed(3), 4, sound)],
+        sound_token_shapes=[(sound, 1, 1)],
+        sound_sequence_indexes=sound_at,
+        sound_mse_loss_indexes=sound_at,
+        sound_timesteps=torch.full((sound,), 700.0 - 1000 * drift),
+        sound_noisy_frame_indexes=[torch.arange(sound)],
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
     dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
@@ -120,6 +172,8 @@ CASE = FamilyCase(
         real_config=COSMOS3,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(48, 23, 40, 300)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 CALL = CASE.call

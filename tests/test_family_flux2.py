@@ -20,6 +20,10 @@ from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES, family_of, family_of_classes
 import diffusers
 from family_case import FakeCuda, FamilyCase, TinyCase, case_of
+import block_cases
+from torch import nn
+from test_family_flux2_klein import block_inputs as klein_block_inputs
+import torch
 from fakecuda import Grid, Layout
 from test_family_flux2_klein import fake_inputs
 from accel.models import flux2
@@ -43,6 +47,31 @@ FLUX2_DEV = dict(
 
 def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
     return (batch, grid.rows * grid.cols, config["in_channels"])
+
+
+# -- flux2 (dev): the same transformer with the guidance embedding of a guidance-distilled model --------
+def block_transformer() -> nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return block_cases.seeded(
+        19,
+        lambda: Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            joint_attention_dim=block_cases.TEXT_DIM,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=True,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(klein_block_inputs(drift), guidance=torch.tensor([4.0]))
 
 
 CASE = FamilyCase(
@@ -73,6 +102,8 @@ CASE = FamilyCase(
         real_config=FLUX2_DEV,
         real_layout=Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 TOLERANCE = 1e-4

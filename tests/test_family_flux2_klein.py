@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import DTYPE, Grid, randn
@@ -30,6 +32,42 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
     return (batch, grid.rows * grid.cols, config["in_channels"])
 
 
+# -- flux2-klein: 2 double and 2 single blocks, 4x4 image tokens with 4-axis ids ------------------------
+def block_transformer() -> nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return block_cases.seeded(
+        17,
+        lambda: Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            joint_attention_dim=block_cases.TEXT_DIM,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=False,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    grid = torch.stack(
+        torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), torch.zeros(1), indexing="ij"), -1
+    )
+    text = torch.stack([torch.zeros(block_cases.TEXT_TOKENS)] * 3 + [torch.arange(float(block_cases.TEXT_TOKENS))], -1)
+    return dict(
+        hidden_states=block_cases.latents((1, 16, 16), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_ids=grid.reshape(1, 16, 4),
+        txt_ids=text[None],
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # CFG on the empty prompt
     odd=dict(height=64, width=80),  # 4x5 = 20 image tokens, 512 text tokens (inpaint needs 64 px at least)
@@ -52,4 +90,6 @@ CASE = FamilyCase(
         inputs=fake_inputs,
         output_shape=fake_output_shape,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

@@ -20,6 +20,8 @@ from family_parallel import TOLERANCE
 from accel.models.helios import TINY_CHUNK
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import helios
@@ -91,6 +93,47 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
     )  # the chunk's prediction (its history tokens are dropped)
 
 
+# -- helios: Wan's shape; 2 chunk latent frames of 8x8 (32 tokens) after 37 history tokens ------------
+def block_transformer() -> nn.Module:
+    from diffusers import HeliosTransformer3DModel
+
+    return block_cases.seeded(
+        23,
+        lambda: HeliosTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=block_cases.TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            rope_dim=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    """The pipeline's layout with history sizes (4, 2, 1) over 8x8 latents: the first frame's slot and
+    the last frame at 2x2 patches (32 tokens), two frames at 4x4 over two frames (4), four at 8x8
+    over four (1), in front of the chunk's tokens."""
+    generator = torch.Generator().manual_seed(3)
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        indices_hidden_states=torch.tensor([[8, 9]]),
+        indices_latents_history_short=torch.tensor([[0, 7]]),
+        indices_latents_history_mid=torch.tensor([[5, 6]]),
+        indices_latents_history_long=torch.tensor([[1, 2, 3, 4]]),
+        latents_history_short=block_cases.noise(generator, 1, 4, 2, 8, 8),
+        latents_history_mid=block_cases.noise(generator, 1, 4, 2, 8, 8),
+        latents_history_long=block_cases.noise(generator, 1, 4, 4, 8, 8),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     # Chunks of 2 latent frames (the tiny family's), two calls a step: 5 frames are one chunk,
     # 2 x 4x4 chunk tokens after 40 history tokens.
@@ -141,6 +184,8 @@ CASE = FamilyCase(
         real_config=HELIOS_BASE,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 ODD = dict(CASE.call, **CASE.odd)  # two chunks of 30 tokens after 44 of history

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
@@ -46,6 +48,43 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
     return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
 
 
+# -- hunyuan: 2 double-stream + 2 single-stream blocks, 2 latent frames of 8x8 (32 tokens) --------
+def block_transformer() -> nn.Module:
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    return block_cases.seeded(
+        12,
+        lambda: HunyuanVideoTransformer3DModel(
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_layers=2,
+            num_single_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            patch_size=2,
+            patch_size_t=1,
+            guidance_embeds=True,
+            text_embed_dim=block_cases.TEXT_DIM,
+            pooled_projection_dim=16,
+            rope_axes_dim=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        encoder_attention_mask=block_cases.text_mask(),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        guidance=torch.tensor([6000.0]),  # the pipeline passes guidance_scale * 1000
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
     odd=dict(height=64, width=80, num_frames=5),  # 40 video tokens, 256 text tokens
@@ -71,4 +110,6 @@ CASE = FamilyCase(
         real_config=HUNYUAN,
         real_layout=Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

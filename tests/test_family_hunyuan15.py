@@ -23,6 +23,8 @@ from accel.generate import generate
 from accel.models.call import generation_kwargs
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import DTYPE, Grid, Layout, out_channels, randn
 from accel.models import hunyuan15
@@ -77,6 +79,42 @@ def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
     return 1 + 12 * batch
 
 
+# -- hunyuan15: 2 double-stream blocks, 2 latent frames of 4x4 (32 tokens, patch 1), a joint text stream --
+def block_transformer() -> nn.Module:
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    return block_cases.seeded(
+        21,
+        lambda: HunyuanVideo15Transformer3DModel(
+            in_channels=9,
+            out_channels=4,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            text_embed_dim=block_cases.TEXT_DIM,
+            text_embed_2_dim=16,
+            image_embed_dim=16,
+            rope_axes_dim=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # The text stream the transformer joins: 3 image tokens (zero: text-to-video, masked), 4 glyph and 8 prompt tokens.
+    return dict(
+        hidden_states=block_cases.latents((1, 9, 2, 4, 4), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        encoder_attention_mask=block_cases.text_mask(),
+        encoder_hidden_states_2=block_cases.noise(torch.Generator().manual_seed(2), 1, 4, 16),
+        encoder_attention_mask_2=torch.tensor([[1, 1, 0, 0]]),
+        image_embeds=torch.zeros(1, 3, 16),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4),  # the guider's CFG: two calls a step
     odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 = 40 video tokens, 1985 text tokens
@@ -113,6 +151,8 @@ CASE = FamilyCase(
         real_config=HUNYUAN15,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 TOLERANCE = 1e-4

@@ -22,6 +22,8 @@ from accel.generate import generate
 from accel.models.call import generation_kwargs
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import hunyuanimage
@@ -72,6 +74,42 @@ def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
     return 8 * batch
 
 
+# -- hunyuanimage: 2 double-stream + 2 single-stream blocks, 4x4 latents (16 tokens, patch 1), 8 prompt and 4 glyph
+# tokens --
+def block_transformer() -> nn.Module:
+    from diffusers import HunyuanImageTransformer2DModel
+
+    return block_cases.seeded(
+        23,
+        lambda: HunyuanImageTransformer2DModel(
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_layers=2,
+            num_single_layers=2,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            text_embed_dim=block_cases.TEXT_DIM,
+            text_embed_2_dim=16,
+            rope_axes_dim=(8, 8),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # The forward joins the glyph tokens and the prompt tokens, valid ones first, into one text stream.
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 4, 4), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        encoder_attention_mask=block_cases.text_mask(),
+        encoder_hidden_states_2=block_cases.noise(torch.Generator().manual_seed(2), 1, 4, 16),
+        encoder_attention_mask_2=torch.tensor([[1, 1, 0, 0]]),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_inference_steps=4),  # the guider's CFG (scale 3.5): two calls a step
     # 2x5 = 10 image tokens (32x VAE, patch 1); 1128 text tokens (the pipeline pads Qwen to 1000, ByT5
@@ -103,6 +141,8 @@ CASE = FamilyCase(
         real_config=HUNYUANIMAGE,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 1000)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 GLYPH = dict(CASE.call, prompt='a shop sign that reads "OPEN"')

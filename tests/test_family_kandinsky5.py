@@ -29,6 +29,8 @@ from accel.models.registry import FAMILIES
 from accel.parallel.matching import glob_modules
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import kandinsky5
 
@@ -81,6 +83,44 @@ def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
 
 
+# -- kandinsky5: 2 text blocks, then 2 visual blocks over 2x4x4 = 32 video tokens (the cache's) --
+def block_transformer() -> nn.Module:
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from accel.models.kandinsky5 import random_modulation
+
+    def build() -> nn.Module:
+        model = Kandinsky5Transformer3DModel(
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=block_cases.TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return block_cases.seeded(21, build)
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # (B, frames, H, W, C) latents; the rotary positions the pipeline builds from the latent grid.
+    return dict(
+        hidden_states=block_cases.latents((1, 2, 8, 8, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        visual_rope_pos=[torch.arange(2), torch.arange(4), torch.arange(4)],
+        text_rope_pos=torch.arange(block_cases.TEXT_TOKENS),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
     odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
@@ -119,6 +159,8 @@ CASE = FamilyCase(
         real_config=KANDINSKY5_LITE,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 TOLERANCE = 1e-4

@@ -16,6 +16,8 @@ import parallel_cases as cases
 from family_parallel import TOLERANCE, reference
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import Grid, HEADS, Layout, randn
 from accel.models import kandinsky6
@@ -88,6 +90,53 @@ def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# -- kandinsky6: 2 text blocks per stream, then 2 fused blocks returning (video, audio); 32 video, 5 audio tokens --
+def block_transformer() -> nn.Module:
+    from diffusers import Kandinsky6Transformer3DModel
+
+    from accel.models.kandinsky6 import random_modulation
+
+    def build() -> nn.Module:
+        # The released checkpoints' switches; the audio heads as wide as the video's (the cross-modal rotary tables need
+        # it).
+        model = Kandinsky6Transformer3DModel(
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=block_cases.TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+            in_audio_dim=4,
+            out_audio_dim=4,
+            text_token_padding=True,
+            ca_rope=True,
+            cross_gates=True,
+            fix_modulation=True,
+            visual_token_type_num_embeddings=2,
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return block_cases.seeded(24, build)
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # (B, frames, H, W, C) latents with the condition channels and mask (2 x 4 + 1), (B, tokens, C) audio latents.
+    return dict(
+        hidden_states=block_cases.latents((1, 2, 8, 8, 9), drift),
+        audio_hidden_states=block_cases.latents((1, 5, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask().bool(),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     # Two calls a step; 2 latent frames x 4x4 patches = 32 video tokens, which 3 ranks do not divide
     # (the odd size is this one: no second reference run), beside 53 audio tokens, whole on every rank.
@@ -126,6 +175,8 @@ CASE = FamilyCase(
         real_config=KANDINSKY6,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 

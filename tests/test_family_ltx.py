@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, out_channels, randn
@@ -31,6 +33,41 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
 
 def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
     return {"cross_attention_dim": width}
+
+
+# -- ltx: 2 blocks, 2 latent frames of 4x4 patchified by the pipeline (32 tokens) ----------------
+def block_transformer() -> nn.Module:
+    from diffusers import LTXVideoTransformer3DModel
+
+    return block_cases.seeded(
+        15,
+        lambda: LTXVideoTransformer3DModel(
+            in_channels=8,
+            out_channels=8,
+            patch_size=1,
+            patch_size_t=1,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            cross_attention_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            num_layers=2,
+            caption_channels=block_cases.TEXT_DIM,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    frames, height, width = 2, 4, 4
+    return dict(
+        hidden_states=block_cases.latents((1, frames * height * width, 8), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        rope_interpolation_scale=(20 / 25, 32, 32),
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -63,4 +100,6 @@ CASE = FamilyCase(
         output_shape=fake_output_shape,
         more_overrides=fake_more_overrides,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

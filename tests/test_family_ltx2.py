@@ -31,6 +31,8 @@ from accel.models.variants import variant_of
 from accel.parallel.plan import resolve_plan
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from fakecuda import DTYPE, Grid, HEADS, Layout, out_channels, randn
 from accel.models import ltx2
 
@@ -113,6 +115,48 @@ def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
     )
 
 
+# -- ltx2: 2 blocks that return (video, audio); 32 video tokens, 5 audio tokens --------------------
+def block_transformer() -> nn.Module:
+    from diffusers import LTX2VideoTransformer3DModel
+
+    return block_cases.seeded(
+        22,
+        lambda: LTX2VideoTransformer3DModel(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            cross_attention_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            audio_in_channels=4,
+            audio_out_channels=4,
+            audio_num_attention_heads=block_cases.HEADS,
+            audio_attention_head_dim=8,
+            audio_cross_attention_dim=16,
+            num_layers=2,
+            caption_channels=block_cases.TEXT_DIM,
+            rope_type="split",
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    frames, height, width, audio = 2, 4, 4, 5
+    return dict(
+        hidden_states=block_cases.latents((1, frames * height * width, 8), drift),
+        audio_hidden_states=block_cases.latents((1, audio, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        audio_encoder_hidden_states=block_cases.text(3),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask(),
+        audio_encoder_attention_mask=block_cases.text_mask(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        audio_num_frames=audio,
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
     dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
@@ -154,6 +198,8 @@ CASE = FamilyCase(
         real_config=LTX2,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 FAMILY = FAMILIES["ltx2"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, out_channels, randn
@@ -34,6 +36,36 @@ def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
     return (1 if cached else config["num_layers"]) * batch
 
 
+# -- mochi: 2 blocks (the last is context_pre_only), 2 latent frames of 8x8, 2x2 patches ----------
+def block_transformer() -> nn.Module:
+    from diffusers import MochiTransformer3DModel
+
+    return block_cases.seeded(
+        14,
+        lambda: MochiTransformer3DModel(
+            patch_size=2,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_layers=2,
+            pooled_projection_dim=16,
+            in_channels=4,
+            text_embed_dim=block_cases.TEXT_DIM,
+            time_embed_dim=32,
+            max_sequence_length=block_cases.TEXT_TOKENS,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask(),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=7, num_inference_steps=4, guidance_scale=4.5),
     odd=dict(height=64, width=80, num_frames=7),  # 2 latent frames x 4x5 = 40 video tokens
@@ -58,4 +90,6 @@ CASE = FamilyCase(
         model_syncs=fake_model_syncs,
         attention_per_sample=True,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, out_channels, randn
@@ -24,6 +26,36 @@ def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor)
 
 def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
     return (batch, grid.rows * grid.cols, 4 * out_channels(config))  # 2x2 patches
+
+
+# -- qwenimage: 2 double-stream blocks, 4x4 packed image tokens next to block_cases.TEXT_TOKENS -----------------
+def block_transformer() -> nn.Module:
+    from diffusers import QwenImageTransformer2DModel
+
+    return block_cases.seeded(
+        16,
+        lambda: QwenImageTransformer2DModel(
+            patch_size=2,
+            in_channels=16,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            joint_attention_dim=block_cases.TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 16, 16), drift),
+        encoder_hidden_states=block_cases.text(),
+        encoder_hidden_states_mask=block_cases.text_mask(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_shapes=[[(1, 4, 4)]],
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -56,4 +88,6 @@ CASE = FamilyCase(
         inputs=fake_inputs,
         output_shape=fake_output_shape,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

@@ -13,6 +13,8 @@ import parallel_cases as cases
 from family_parallel import TOLERANCE
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
 from accel.models import qwenimage21
@@ -71,6 +73,39 @@ def fake_kv_caches(config: dict[str, Any], calls: int) -> list[Any]:
     return [QwenImage21KVCache(config["num_layers"]) for _ in range(calls)]
 
 
+# -- qwenimage21: 2 single-stream blocks over the joint sequence (8 text tokens, then 16 target tokens) --
+def block_transformer() -> nn.Module:
+    from diffusers import QwenImage21Transformer2DModel
+
+    return block_cases.seeded(
+        22,
+        lambda: QwenImage21Transformer2DModel(
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            context_in_dim=block_cases.TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # Unpatched 4x4 target latents; the encoder's mask holds one slot per 2x2 of them after the text.
+    slots = torch.cat(
+        [torch.zeros(1, block_cases.TEXT_TOKENS, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool)], dim=1
+    )
+    return dict(
+        hidden_states=block_cases.latents((1, 16, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_shapes=[[(1, 4, 4)]],
+        img_mask=slots,
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
     odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens: the cached calls cut the 40
@@ -110,6 +145,8 @@ CASE = FamilyCase(
         real_config=QWENIMAGE21,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 # 8 steps, so the cache (from the third step on: the first computes the prompt too) has calls to skip.

@@ -10,6 +10,8 @@ from family_parallel import MODES, world_of
 import parallel_cases as cases
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, out_channels, randn
@@ -35,6 +37,40 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
 def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
     # the text is projected to the blocks' width
     return {"caption_projection_dim": width}
+
+
+# -- sd3: 2 joint blocks (the last keeps no text output) on 4x4 patches; medium's attn2 in block 0 -----
+def block_transformer() -> nn.Module:
+    from diffusers import SD3Transformer2DModel
+
+    return block_cases.seeded(
+        18,
+        lambda: SD3Transformer2DModel(
+            sample_size=8,
+            patch_size=2,
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            joint_attention_dim=block_cases.TEXT_DIM,
+            caption_projection_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            pooled_projection_dim=16,
+            pos_embed_max_size=16,
+            dual_attention_layers=(0,),
+            qk_norm="rms_norm",
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 8, 8), drift),
+        encoder_hidden_states=block_cases.text(),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -66,6 +102,8 @@ CASE = FamilyCase(
         output_shape=fake_output_shape,
         more_overrides=fake_more_overrides,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 MEDIUM = "accel.models.sd3:build_tiny_medium"

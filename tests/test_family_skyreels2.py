@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import DTYPE, Grid, out_channels, randn
@@ -24,6 +26,21 @@ def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor)
 
 def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
     return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
+
+
+# -- skyreels2: Wan's shape; diffusion forcing's one timestep per latent frame (per-token modulation) --
+def block_transformer() -> nn.Module:
+    return block_cases.wan_shaped("SkyReelsV2Transformer3DModel", 22)
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([[700.0 - 1000 * drift, 900.0 - 1000 * drift]]),  # one per latent frame
+        encoder_hidden_states=block_cases.text(),
+        enable_diffusion_forcing=True,
+        return_dict=False,
+    )
 
 
 CASE = FamilyCase(
@@ -55,4 +72,6 @@ CASE = FamilyCase(
         inputs=fake_inputs,
         output_shape=fake_output_shape,
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

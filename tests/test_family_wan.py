@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from typing import Any
 import torch
 from fakecuda import Grid, Layout, out_channels, randn
@@ -40,6 +42,39 @@ def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: b
     return (batch, out_channels(config), grid.frames, 2 * grid.rows, 2 * grid.cols)
 
 
+# -- wan: 2 blocks, 2 latent frames of 8x8, (1, 2, 2) patches (32 tokens) -------------------------
+def block_transformer() -> nn.Module:
+    from diffusers import WanTransformer3DModel
+
+    return block_cases.seeded(
+        11,
+        lambda: WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            in_channels=4,
+            out_channels=4,
+            text_dim=block_cases.TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=64,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(
+        hidden_states=block_cases.latents((1, 4, 2, 8, 8), drift),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_hidden_states=block_cases.text(),
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
     odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 tokens
@@ -72,4 +107,6 @@ CASE = FamilyCase(
         real_config=WAN_14B,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(21, 30, 52, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )

@@ -19,6 +19,8 @@ from family_parallel import MODES, reference, world_of
 from accel.models.registry import FAMILIES
 import diffusers
 from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
 from fakecuda import Grid, HEADS, Layout, out_channels, randn
 from accel.models import zimage
 
@@ -61,6 +63,35 @@ def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
 
 
+# -- zimage: 2 refiner blocks of each kind, then 2 main layers on the unified (image, caption) sequence --
+def block_transformer() -> nn.Module:
+    from diffusers import ZImageTransformer2DModel
+
+    return block_cases.seeded(
+        20,
+        lambda: ZImageTransformer2DModel(
+            in_channels=4,
+            dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            n_layers=2,
+            n_refiner_layers=2,
+            n_heads=block_cases.HEADS,
+            n_kv_heads=block_cases.HEADS,
+            cap_feat_dim=block_cases.TEXT_DIM,
+            axes_dims=[4, 6, 6],
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # Lists with one tensor per sample: (C, F, H, W) latents (4x4 patches) and (tokens, dim) caption features.
+    return dict(
+        x=[block_cases.latents((4, 1, 8, 8), drift)],
+        t=torch.tensor([0.3 + drift]),
+        cap_feats=[block_cases.text()[0]],
+        return_dict=False,
+    )
+
+
 CASE = FamilyCase(
     dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0),  # batched CFG, as the base model runs
     # 5x7 = 35 image tokens and 17 caption tokens, each padded to 32s: 96 unified tokens; the
@@ -98,6 +129,8 @@ CASE = FamilyCase(
         real_config=Z_IMAGE,
         real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 512)),
     ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
 )
 
 TOLERANCE = 1e-4
