@@ -277,3 +277,56 @@ def run_probed(
     with torch.no_grad(), probe:
         result = fn()
     return result, probe
+
+
+# -- the tier's shapes: token grids and parallel layouts -----------------------------------------------
+# Tiny configs get 24 heads (FLUX's, HunyuanVideo's, Mochi's count): every Ulysses degree of
+# 2, 3, 4 and 8 divides it. Width costs nothing in fake mode.
+HEADS = 24
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Latent frames x rows x cols (after patching: the token grid) and text tokens."""
+
+    frames: int
+    rows: int
+    cols: int
+    text: int
+
+    @property
+    def tokens(self) -> int:
+        return self.frames * self.rows * self.cols
+
+
+# Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
+DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
+UNEVEN = Grid(frames=1, rows=5, cols=7, text=37)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout and what to run on it."""
+
+    world: int
+    ulysses: int = 1
+    ring: int = 1
+    cfg: int = 1
+    cache: bool = False
+    grid: Grid = DIVIDING
+    tp: int = 1
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg, tp=self.tp)
+
+    def __str__(self) -> str:
+        parts = [f"w{self.world}"] + [
+            f"{k}{getattr(self, k)}" for k in ("tp", "ulysses", "ring", "cfg") if getattr(self, k) > 1
+        ]
+        return "-".join(parts + ["cache" if self.cache else "nocache", "even" if self.grid == DIVIDING else "uneven"])
+
+
+def out_channels(config: dict[str, Any]) -> int:
+    """A transformer's output channels: its config's, or as many as it takes in."""
+    return config.get("out_channels") or config["in_channels"]

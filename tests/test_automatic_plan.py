@@ -35,7 +35,8 @@ from accel.parallel.derive import DIFFUSERS
 from accel.parallel.plan import resolve_plan
 from accel.parallel.layout import SequenceLayout
 from accel.parallel.simulate import run_ranks, simulated_meshes
-from test_parallel_families import FAMILY_CASES, TOLERANCE, reference, splits_sequence
+from families import FAMILY_CASES
+from family_parallel import TOLERANCE, reference, splits_sequence
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
 

@@ -15,7 +15,7 @@ import accel
 import parallel_cases as cases
 from accel.models.registry import FAMILIES
 from accel.measure import measure
-from test_parallel_families import FAMILY_CASES
+from families import FAMILY_CASES
 
 # float32 inductor kernels reorder sums: compiled vs eager pixel differences seen ≤ 2.1e-6.
 TOLERANCE = 1e-4

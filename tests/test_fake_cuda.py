@@ -19,7 +19,7 @@ show is checked instead:
   processor, which compacts each sample's text with `nonzero` (model code, one per sample and block),
   and (c) HunyuanVideo 1.5's and HunyuanImage 2.1's own forwards, which reorder their text streams
   with boolean masks before the blocks, and Qwen-Image 2.1's, which lays out its tokens from the
-  encoder's slot mask (model code, once per call; that mask's values are kept: see HOST_VALUES).
+  encoder's slot mask (model code, once per call; that mask's values are kept: see FakeCuda.host_values).
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from fakecuda import (  # noqa: E402
+    DIVIDING,
     DTYPE,
+    HEADS,
+    UNEVEN,
+    Grid,
     Kernel,
+    Layout,
     Probe,
     ToyScheduler,
     fake_cuda,
@@ -52,7 +57,8 @@ from fakecuda import (  # noqa: E402
     run_probed,
 )
 
-from test_parallel_families import splits_sequence  # noqa: E402
+from families import FAMILY_CASES  # noqa: E402
+from family_parallel import splits_sequence  # noqa: E402
 
 from accel.cache.fbcache import FirstBlockCache  # noqa: E402
 from accel.cache.sums import _cache_group, _real_tokens  # noqa: E402
@@ -73,10 +79,6 @@ from accel.steps import StepEvents  # noqa: E402
 # MochiRoPE enters a float32 CPU autocast region, which torch warns about and skips; harmless here.
 pytestmark = [needs_cuda_build, pytest.mark.filterwarnings("ignore:In CPU autocast:UserWarning", "ignore::UserWarning")]
 
-# Tiny configs get 24 heads (FLUX's, HunyuanVideo's, Mochi's count): every Ulysses degree of
-# 2, 3, 4 and 8 divides it. Width costs nothing in fake mode.
-HEADS = 24
-
 
 # -- the families' transformers and inputs ----------------------------------------------------------
 @pytest.fixture(scope="session")
@@ -93,379 +95,39 @@ def tiny_configs() -> dict[str, tuple[type, dict[str, Any], type, dict[str, Any]
 def tiny_overrides(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """HEADS heads of the tiny head size (widths tied to the head count follow it), the fewest blocks
     the cache accepts (two)."""
-    if name == "zimage":  # its config says n_heads (no grouped keys) and sets the width itself
-        return {"n_heads": HEADS, "n_kv_heads": HEADS, "dim": HEADS * (config["dim"] // config["n_heads"])}
-    if name == "kandinsky5":  # no head count in its config: the width over the head width (sum of axes_dims)
-        return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
-    if name == "cosmos3":  # grouped keys and values: half as many heads
-        return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
-    if name == "kandinsky6":  # the same for its video and its audio stream
-        return {
-            "model_dim": HEADS * sum(config["axes_dims"]),
-            "model_dim_a": HEADS * sum(config["axes_dims_a"]),
-            "num_text_blocks": 1,
-        }
+    fake = FAMILY_CASES[name].fake
+    if fake.overrides is not None:
+        return fake.overrides(config)
     overrides: dict[str, Any] = {"num_attention_heads": HEADS}
     if "num_single_layers" in config:  # one block of each kind: every op costs time in fake mode
         overrides.update(num_layers=1, num_single_layers=1)
-    width = HEADS * config["attention_head_dim"]
-    if name == "ltx":
-        overrides["cross_attention_dim"] = width
-    if name == "mochi":
-        overrides["pooled_projection_dim"] = width // 2
-    if name == "sd3":  # the text is projected to the blocks' width
-        overrides["caption_projection_dim"] = width
-    if name == "chronoedit":  # the picture's keys and values are projected from the blocks' width
-        overrides["added_kv_proj_dim"] = width
-    if name == "ltx2":  # audio heads as many as video heads (as on LTX-2: the cross-modal rotary tables need it)
-        overrides.update(
-            cross_attention_dim=width,
-            audio_num_attention_heads=HEADS,
-            audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"],
-        )
+    if fake.more_overrides is not None:
+        overrides.update(fake.more_overrides(config, HEADS * config["attention_head_dim"]))
     return overrides
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Latent frames x rows x cols (after patching: the token grid) and text tokens."""
-
-    frames: int
-    rows: int
-    cols: int
-    text: int
-
-    @property
-    def tokens(self) -> int:
-        return self.frames * self.rows * self.cols
-
-
-# LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
-LTX2_AUDIO = 13
-# Kandinsky 6's (44.1 kHz over a 1024-sample hop: 218 for 5 s): replicated too.
-K6_AUDIO = 11
-
-# Every world size here (2, 3, 4, 8) divides 96 and 48; none divides 35 or 37.
-DIVIDING = Grid(frames=2, rows=6, cols=8, text=48)
-UNEVEN = Grid(frames=1, rows=5, cols=7, text=37)
-
-
-# Helios's history latent frames (the pipeline's history_sizes, 16, 2 and 1, plus the first frame's slot).
-HELIOS_HISTORY = (16, 2, 2)
-
-
-def helios_history_tokens(grid: Grid) -> int:
-    """The history tokens Helios puts in front of the chunk's: 2x2 patches of the last frame and the first
-    frame's slot, 4x4 over two frames of the 2 before, 8x8 over four of the 16 before (latents padded to whole
-    patches)."""
-    long, mid, short = HELIOS_HISTORY
-    return (
-        short * grid.rows * grid.cols
-        + mid // 2 * -(-grid.rows // 2) * -(-grid.cols // 2)
-        + long // 4 * -(-grid.rows // 4) * -(-grid.cols // 4)
-    )
 
 
 def inputs(name: str, config: dict[str, Any], grid: Grid, batch: int) -> dict[str, Any]:
     """The arguments the family's pipeline passes its transformer, on fake cuda."""
     t = torch.full((batch,), 500.0, device="cuda", dtype=DTYPE)
-    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
-    if name == "flux":
-        ids = torch.zeros(h * w, 3, device="cuda", dtype=DTYPE)
-        return dict(
-            hidden_states=randn(batch, h * w, config["in_channels"]),
-            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-            pooled_projections=randn(batch, config["pooled_projection_dim"]),
-            timestep=t / 1000,
-            img_ids=ids,
-            txt_ids=torch.zeros(text, 3, device="cuda", dtype=DTYPE),
-            guidance=t,
-            return_dict=False,
-        )
-    if name == "wan":
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_dim"]),
-            return_dict=False,
-        )
-    if (
-        name == "chronoedit"
-    ):  # noise, first-frame mask and picture latents in channels; CLIP ViT-H/14's 257 picture tokens
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_dim"]),
-            encoder_hidden_states_image=randn(batch, 257, config["image_dim"]),
-            return_dict=False,
-        )
-    if name == "skyreels2":  # diffusion forcing: one timestep per latent frame, expanded to one per token
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-            timestep=torch.full((batch, f), 500.0, device="cuda", dtype=DTYPE),
-            enable_diffusion_forcing=True,
-            encoder_hidden_states=randn(batch, text, config["text_dim"]),
-            return_dict=False,
-        )
-    if name == "hunyuan":
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
-            pooled_projections=randn(batch, config["pooled_projection_dim"]),
-            guidance=t,
-            return_dict=False,
-        )
-    if name == "cogvideox":
-        rope = tuple(torch.randn(grid.tokens, config["attention_head_dim"], device="cuda") for _ in range(2))
-        return dict(
-            hidden_states=randn(batch, f, config["in_channels"], 2 * h, 2 * w),
-            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-            timestep=t,
-            image_rotary_emb=rope,
-            return_dict=False,
-        )
-    if name == "mochi":
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, 2 * h, 2 * w),
-            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-            timestep=t,
-            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
-            return_dict=False,
-        )
-    if name == "ltx":
-        return dict(
-            hidden_states=randn(batch, grid.tokens, config["in_channels"]),
-            encoder_hidden_states=randn(batch, text, config["caption_channels"]),
-            timestep=t,
-            encoder_attention_mask=torch.ones(batch, text, device="cuda", dtype=torch.long),
-            num_frames=f,
-            height=h,
-            width=w,
-            rope_interpolation_scale=(20 / 25, 32, 32),
-            return_dict=False,
-        )
-    if name == "ltx2":  # packed video tokens and LTX2_AUDIO audio tokens, each with its own text
-        mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
-        return {
-            **dict(
-                hidden_states=randn(batch, grid.tokens, config["in_channels"]),
-                audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
-                encoder_hidden_states=randn(batch, text, config["caption_channels"]),
-                audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]),
-                timestep=t,
-                encoder_attention_mask=mask,
-                audio_encoder_attention_mask=mask,
-                num_frames=f,
-                height=h,
-                width=w,
-                audio_num_frames=LTX2_AUDIO,
-                return_dict=False,
-            ),
-            **dfr_inputs(config, grid, batch, t),
-        }
-    if name == "sd3":  # latents before patching (2x2)
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], 2 * h, 2 * w),
-            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-            pooled_projections=randn(batch, config["pooled_projection_dim"]),
-            timestep=t,
-            return_dict=False,
-        )
-    if name in ("flux2-klein", "flux2"):  # 4-axis ids (t, h, w, l) with a batch dim; FLUX.2-dev embeds the guidance
-        img_ids = torch.zeros(batch, h * w, 4, device="cuda", dtype=DTYPE)
-        guidance = dict(guidance=t) if config["guidance_embeds"] else {}
-        return dict(
-            hidden_states=randn(batch, h * w, config["in_channels"]),
-            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-            timestep=t / 1000,
-            img_ids=img_ids,
-            txt_ids=torch.zeros(batch, text, 4, device="cuda", dtype=DTYPE),
-            return_dict=False,
-            **guidance,
-        )
-    if name == "qwenimage":  # the pipeline drops an all-true prompt mask, so no mask here
-        return dict(
-            hidden_states=randn(batch, h * w, config["in_channels"]),
-            encoder_hidden_states=randn(batch, text, config["joint_attention_dim"]),
-            timestep=t / 1000,
-            img_shapes=[[(1, h, w)]] * batch,
-            return_dict=False,
-        )
-    if (
-        name == "qwenimage21"
-    ):  # unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens
-        slots = torch.cat(
-            [
-                torch.zeros(batch, text, device="cuda", dtype=torch.bool),
-                torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool),
-            ],
-            dim=1,
-        )
-        return dict(
-            hidden_states=randn(batch, 4 * h * w, config["in_channels"]),
-            encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
-            timestep=t / 1000,
-            img_shapes=[[(1, 2 * h, 2 * w)]] * batch,
-            img_mask=slots,
-            return_dict=False,
-        )
-    if name == "zimage":  # lists of per-sample (C, F, H, W) latents (2x2 patches) and (tokens, width) caption features
-        return dict(
-            x=[randn(config["in_channels"], f, 2 * h, 2 * w) for _ in range(batch)],
-            t=t / 1000,
-            cap_feats=[randn(text, config["cap_feat_dim"]) for _ in range(batch)],
-            return_dict=False,
-        )
-    if (
-        name == "hunyuan15"
-    ):  # patch size 1: the latent grid is the token grid; 3 image tokens (zero: text-to-video), 4 glyph tokens
-        mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], f, h, w),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-            encoder_attention_mask=mask(text),
-            encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
-            encoder_attention_mask_2=mask(4),
-            image_embeds=torch.zeros(batch, 3, config["image_embed_dim"], device="cuda", dtype=DTYPE),
-            return_dict=False,
-        )
-    if (
-        name == "hunyuanimage"
-    ):  # (B, C, H, W) latents, patch 1: the latent grid is the token grid (2-D: no frames); 4 glyph tokens
-        mask = lambda tokens: torch.ones(batch, tokens, device="cuda", dtype=torch.long)  # noqa: E731
-        return dict(
-            hidden_states=randn(batch, config["in_channels"], h, w),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_embed_dim"]),
-            encoder_attention_mask=mask(text),
-            encoder_hidden_states_2=randn(batch, 4, config["text_embed_2_dim"]),
-            encoder_attention_mask_2=mask(4),
-            return_dict=False,
-        )
-    if (
-        name == "helios"
-    ):  # the chunk's latents and the history's, with frame positions as the pipeline makes them (on the CPU)
-        long, mid, short = HELIOS_HISTORY
-        latents = lambda frames: randn(batch, config["in_channels"], frames, 2 * h, 2 * w)  # noqa: E731
-        positions = torch.arange(1 + long + mid + 1 + f).unsqueeze(0)
-        return dict(
-            hidden_states=latents(f),
-            timestep=t,
-            encoder_hidden_states=randn(batch, text, config["text_dim"]),
-            indices_hidden_states=positions[:, -f:],
-            indices_latents_history_long=positions[:, 1 : 1 + long],
-            indices_latents_history_mid=positions[:, 1 + long : 1 + long + mid],
-            indices_latents_history_short=positions[:, [0, 1 + long + mid]],
-            latents_history_short=latents(short),
-            latents_history_mid=latents(mid),
-            latents_history_long=latents(long),
-            return_dict=False,
-        )
-    if name == "cosmos3":  # one sample packed without a batch dim: the prompt's token ids, then the video's 2x2 patches
-        assert batch == 1
-        video, at = grid.tokens, torch.arange(text, text + grid.tokens, device="cuda")
-        return dict(
-            input_ids=torch.zeros(text, dtype=torch.long, device="cuda"),
-            text_indexes=torch.arange(text, device="cuda"),
-            und_len=text,
-            sequence_length=text + video,
-            position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
-            vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)],
-            vision_token_shapes=[(f, h, w)],
-            vision_sequence_indexes=at,
-            vision_mse_loss_indexes=at,
-            vision_timesteps=torch.full((video,), 500.0, device="cuda"),
-            vision_noisy_frame_indexes=[torch.arange(f, device="cuda")],
-            return_dict=False,
-        )
-    if name == "kandinsky5":  # (B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis
-        channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
-        positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
-        return dict(
-            hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
-            encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
-            timestep=t,
-            pooled_projections=randn(batch, config["in_text_dim2"]),
-            visual_rope_pos=positions,
-            text_rope_pos=torch.arange(text, device="cuda"),
-            return_dict=False,
-        )
-    if (
-        name == "kandinsky6"
-    ):  # as Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)
-        channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
-        mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
-        return dict(
-            hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
-            audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
-            encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
-            pooled_projections=randn(batch, config["in_text_dim2"]),
-            timestep=t,
-            encoder_attention_mask=mask,
-            return_dict=False,
-        )
-    raise KeyError(name)
+    return FAMILY_CASES[name].fake.inputs(config, grid, batch, t)
 
 
 def kv_caches(name: str, config: dict[str, Any], calls: int) -> list[Any] | None:
-    """Qwen-Image 2.1's K/V caches, one per CFG branch, as its pipeline makes them; None for the others."""
-    if name != "qwenimage21":
-        return None
-    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
-
-    return [QwenImage21KVCache(config["num_layers"]) for _ in range(calls)]
+    """The family's K/V caches, one per CFG branch, as its pipeline makes them; None for most."""
+    make = FAMILY_CASES[name].fake.kv_caches
+    return None if make is None else make(config, calls)
 
 
 def expected_shape(name: str, config: dict[str, Any], grid: Grid, batch: int, prefill: bool = False) -> tuple[int, ...]:
-    if name in (
-        "kandinsky5",
-        "kandinsky6",
-    ):  # (B, F, H, W, C), as its latents (Kandinsky 6's audio prediction comes beside it)
-        return (batch, grid.frames, 2 * grid.rows, 2 * grid.cols, config["out_visual_dim"])
-    if name == "cosmos3":  # its list of one sample's (1, C, F, H, W) prediction, stacked
-        return (1, batch, config["latent_channel"], grid.frames, 2 * grid.rows, 2 * grid.cols)
-    out = config.get("out_channels") or config["in_channels"]
-    f, h, w = grid.frames, 2 * grid.rows, 2 * grid.cols
-    return {
-        "flux": (batch, grid.rows * grid.cols, config["in_channels"]),
-        "wan": (batch, out, f, h, w),
-        "skyreels2": (batch, out, f, h, w),
-        "chronoedit": (batch, out, f, h, w),
-        "helios": (batch, out, f, h, w),  # the chunk's prediction (its history tokens are dropped)
-        "hunyuan": (batch, out, f, h, w),
-        "cogvideox": (batch, f, out, h, w),
-        "mochi": (batch, out, f, h, w),
-        "ltx": (batch, grid.tokens, out),
-        "ltx2": (batch, grid.tokens, out),  # the video; the audio prediction comes beside it
-        "qwenimage": (
-            batch,
-            grid.rows * grid.cols,
-            4 * out,
-        ),  # 2x2 patches (the dict is built for every family: no tuple ** 2)
-        "flux2-klein": (batch, grid.rows * grid.cols, config["in_channels"]),
-        "flux2": (batch, grid.rows * grid.cols, config["in_channels"]),
-        "sd3": (batch, out, h, w),
-        "zimage": (batch, out, f, h, w),  # the per-sample outputs, stacked
-        "hunyuan15": (batch, out, f, grid.rows, grid.cols),  # patch size 1
-        "hunyuanimage": (batch, out, grid.rows, grid.cols),  # patch size 1, one picture
-        "qwenimage21": (
-            batch,
-            grid.text * prefill + h * w,
-            out,
-        ),  # unpatched; the prefill call returns the prompt's tokens too
-    }[name]
+    return FAMILY_CASES[name].fake.output_shape(config, grid, batch, prefill)
 
 
 # -- what the engine should do ----------------------------------------------------------------------
 def key_layouts(family: Family, grid: Grid, world: int) -> list[SequenceLayout]:
     """The layout of each stream in the keys of the family's attention, in order (a replicated
     stream's too: the engine shares it out among the ranks for the call)."""
-    video = grid.tokens + (
-        helios_history_tokens(grid) if family.name == "helios" else 0
-    )  # Helios: history, then the chunk
+    history = FAMILY_CASES[family.name].fake.history_tokens if family.name in FAMILY_CASES else None
+    video = grid.tokens + (history(grid) if history else 0)  # Helios: history, then the chunk
     lengths = {
         "text": grid.text,
         "video": video,
@@ -527,15 +189,7 @@ def attention_calls(name: str, config: dict[str, Any], batch: int, cached: bool)
         "num_layers", config.get("n_layers", config.get("num_visual_blocks", config.get("num_hidden_layers")))
     )
     blocks = 1 if cached else layers + config.get("num_single_layers", 0)
-    return blocks * batch if name == "mochi" else blocks
-
-
-# Families whose cut stream attends to keys every rank holds whole besides its own (Cosmos 3's text):
-# the engine attends that stretch once per call on each rank's queries, then the cut keys by ring blocks.
-SHARED_KEYS = {"cosmos3": "text", "qwenimage21": "prompt"}
-
-# Families whose forwards always hand their attention a mask (a joint text mask), whatever the call.
-MASKING = {"hunyuan", "hunyuan15", "hunyuanimage"}
+    return blocks * batch if FAMILY_CASES[name].fake.attention_per_sample else blocks
 
 
 def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> int:
@@ -543,39 +197,11 @@ def model_syncs(name: str, config: dict[str, Any], batch: int, cached: bool) -> 
     run; HunyuanVideo 1.5's check whether the image embeddings are all zero, then its reordering of each
     sample's text stream, valid tokens first, with twelve boolean-mask selections; HunyuanImage 2.1's
     reordering of its glyph and prompt tokens, with eight)."""
-    if name == "hunyuan15":
-        return 1 + 12 * batch
-    if name == "hunyuanimage":  # the same reordering, with no image embeddings: eight selections a sample
-        return 8 * batch
-    if (
-        name == "qwenimage21"
-    ):  # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
-        return 8
-    return (1 if cached else config["num_layers"]) * batch if name == "mochi" else 0
+    count = FAMILY_CASES[name].fake.model_syncs
+    return 0 if count is None else count(config, batch, cached)
 
 
 # -- one rank of one layout --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Layout:
-    """A parallel layout and what to run on it."""
-
-    world: int
-    ulysses: int = 1
-    ring: int = 1
-    cfg: int = 1
-    cache: bool = False
-    grid: Grid = DIVIDING
-    tp: int = 1
-
-    @property
-    def degrees(self) -> Degrees:
-        return Degrees(ulysses=self.ulysses, ring=self.ring, cfg=self.cfg, tp=self.tp)
-
-    def __str__(self) -> str:
-        parts = [f"w{self.world}"] + [
-            f"{k}{getattr(self, k)}" for k in ("tp", "ulysses", "ring", "cfg") if getattr(self, k) > 1
-        ]
-        return "-".join(parts + ["cache" if self.cache else "nocache", "even" if self.grid == DIVIDING else "uneven"])
 
 
 @dataclass
@@ -699,25 +325,6 @@ Arguments = Callable[
 ]  # (config, grid, batch) -> the transformer's arguments
 
 
-def dfr_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
-    """LTX-2.5 DFR's transformer: a per-token keyframe marker (the first latent frame's tokens, 1) and
-    per-token timesteps (its conditioning lowers some), both cut with the video tokens."""
-    if not config.get("use_keyframes_abs_pos_embedding"):
-        return {}
-    first = torch.arange(grid.tokens, device="cuda") < grid.rows * grid.cols
-    scalar = t.reshape(-1)[:1].expand(
-        batch
-    )  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
-    return dict(
-        video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1),
-        timestep=scalar[:, None] * (~first).to(DTYPE),
-        sigma=scalar,
-        audio_timestep=scalar,
-        audio_sigma=scalar,
-        use_cross_timestep=True,
-    )
-
-
 def run_layout(
     name: str,
     cls: type,
@@ -737,7 +344,7 @@ def run_layout(
     transformer = fake_transformer(cls, config, f"tp{layout.tp}.{rank % layout.tp}" if layout.tp > 1 else "")
     with fake_rank(rank, layout.world):
         mesh = fake_mesh(layout.degrees)  # outside fake mode: the mesh is built from real rank tensors
-        known = KnownValues() if name in HOST_VALUES else None
+        known = KnownValues() if FAMILY_CASES[name].fake.host_values else None
         with fake_cuda(_MODE), known or nullcontext():
             accelerated = accelerate(transformer, family, layout, mesh, cache_class)
             try:
@@ -818,10 +425,11 @@ def check_call(
         calls = attention_calls(name, config, local_batch, compared)
         expected = expected_kernels(family, layout.grid, layout.degrees, calls, masked)
         expected += whole_query_kernels(family, layout.grid, layout.degrees, rank, calls)
-        if name in SHARED_KEYS:  # the shared stretch: one unmasked block per call, on every rank's own queries
+        shared = FAMILY_CASES[name].fake.shared_keys
+        if shared:  # the shared stretch: one unmasked block per call, on every rank's own queries
             cut = replace(
                 family.parallel,
-                attention_keys=tuple(k for k in family.parallel.attention_keys if k != SHARED_KEYS[name]),
+                attention_keys=tuple(k for k in family.parallel.attention_keys if k != shared),
             )
             expected = expected_kernels(
                 family.with_acceleration(parallel=cut), layout.grid, layout.degrees, calls, masked
@@ -853,13 +461,6 @@ LAYOUTS = [
 ]
 
 
-# Families whose forward reads its inputs' values on the host (Qwen-Image 2.1 lays out its tokens from the
-# encoder's slot mask: repeats, masked writes, positions). Fake tensors have no values, so these run inside
-# accel plan's KnownValues, which keeps the values of small tensors made from known data (the mask here);
-# the probe counts each read as the sync it is on a GPU and answers it with the real value.
-HOST_VALUES = {"qwenimage21"}
-
-
 @pytest.mark.parametrize("rank_of", ["first", "last"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -875,269 +476,15 @@ def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_confi
         layout = replace(layout, ulysses=layout.ulysses * layout.cfg, cfg=1)
     masks = run_layout(name, cls, config, layout, 0 if rank_of == "first" else layout.world - 1)
     if layout.degrees.sequence > 1:
-        assert any(masks) == (name in MASKING), masks
+        assert any(masks) == FAMILY_CASES[name].fake.masking, masks
 
 
 # -- real widths ------------------------------------------------------------------------------------------
-FLUX_DEV = dict(
-    patch_size=1,
-    in_channels=64,
-    num_layers=1,
-    num_single_layers=1,
-    attention_head_dim=128,
-    num_attention_heads=24,
-    joint_attention_dim=4096,
-    pooled_projection_dim=768,
-    guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
-WAN_14B = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=40,
-    attention_head_dim=128,
-    in_channels=16,
-    out_channels=16,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=13824,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    eps=1e-6,
-    rope_max_seq_len=1024,
-)
-HUNYUAN = dict(
-    in_channels=16,
-    out_channels=16,
-    num_attention_heads=24,
-    attention_head_dim=128,
-    num_layers=1,
-    num_single_layers=1,
-    num_refiner_layers=1,
-    mlp_ratio=4.0,
-    patch_size=2,
-    patch_size_t=1,
-    qk_norm="rms_norm",
-    guidance_embeds=True,
-    text_embed_dim=4096,
-    pooled_projection_dim=768,
-    rope_theta=256.0,
-    rope_axes_dim=(16, 56, 56),
-)
-# FLUX.2-dev's transformer (the diffusers defaults): 48 heads, text of three stacked 5120-wide Mistral layers.
-FLUX2_DEV = dict(
-    patch_size=1,
-    in_channels=128,
-    num_layers=1,
-    num_single_layers=1,
-    attention_head_dim=128,
-    num_attention_heads=48,
-    joint_attention_dim=15360,
-    timestep_guidance_channels=256,
-    mlp_ratio=3.0,
-    axes_dims_rope=(32, 32, 32, 32),
-    guidance_embeds=True,
-)
-# Z-Image's transformer (diffusers' defaults, Z-Image's shape; two main layers, one refiner of each kind): 30 heads of
-# 128,
-# Qwen3-4B's 2560-wide text.
-Z_IMAGE = dict(
-    all_patch_size=(2,),
-    all_f_patch_size=(1,),
-    in_channels=16,
-    dim=3840,
-    n_layers=2,
-    n_refiner_layers=1,
-    n_heads=30,
-    n_kv_heads=30,
-    cap_feat_dim=2560,
-    axes_dims=[32, 48, 48],
-    axes_lens=[1024, 512, 512],
-)
-# HunyuanVideo 1.5's transformer (the diffusers defaults, two of its 54 blocks): 16 heads of 128, Qwen2.5-VL-7B's
-# 3584-wide text, ByT5's 1472, SigLIP's 1152; 32 latent channels (65 in: noise, condition latents, mask).
-HUNYUAN15 = dict(
-    in_channels=65,
-    out_channels=32,
-    num_attention_heads=16,
-    attention_head_dim=128,
-    num_layers=2,
-    num_refiner_layers=2,
-    mlp_ratio=4.0,
-    patch_size=1,
-    patch_size_t=1,
-    qk_norm="rms_norm",
-    text_embed_dim=3584,
-    text_embed_2_dim=1472,
-    image_embed_dim=1152,
-    rope_theta=256.0,
-    rope_axes_dim=(16, 56, 56),
-    target_size=640,
-    task_type="t2v",
-)
-# HunyuanImage 2.1's transformer (the diffusers class defaults, which are its shape; one block of each of its 20 double
-# and 40 single): 28 heads of 128, 64 latent channels (32x VAE, patch 1), Qwen2.5-VL-7B's 3584-wide text, ByT5-small's
-# 1472.
-HUNYUANIMAGE = dict(
-    in_channels=64,
-    out_channels=64,
-    num_attention_heads=28,
-    attention_head_dim=128,
-    num_layers=1,
-    num_single_layers=1,
-    num_refiner_layers=2,
-    mlp_ratio=4.0,
-    patch_size=(1, 1),
-    qk_norm="rms_norm",
-    text_embed_dim=3584,
-    text_embed_2_dim=1472,
-    rope_theta=256.0,
-    rope_axes_dim=(64, 64),
-)
-# Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
-KANDINSKY5_LITE = dict(
-    in_visual_dim=16,
-    out_visual_dim=16,
-    in_text_dim=3584,
-    in_text_dim2=768,
-    time_dim=512,
-    patch_size=(1, 2, 2),
-    model_dim=1792,
-    ff_dim=7168,
-    num_text_blocks=1,
-    num_visual_blocks=2,
-    axes_dims=(16, 24, 24),
-    visual_cond=True,
-)
-# LTX-2's transformer (diffusers' defaults, two blocks): 32 video heads of 128, 32 audio heads of 64, Gemma 3's
-# 3840-wide text.
-LTX2 = dict(
-    in_channels=128,
-    out_channels=128,
-    num_attention_heads=32,
-    attention_head_dim=128,
-    cross_attention_dim=4096,
-    audio_in_channels=128,
-    audio_out_channels=128,
-    audio_num_attention_heads=32,
-    audio_attention_head_dim=64,
-    audio_cross_attention_dim=2048,
-    num_layers=2,
-    caption_channels=3840,
-    rope_type="split",
-)
-# ChronoEdit-14B's transformer (Wan2.1-I2V-14B's shape; diffusers' defaults for the rest, two of its 40 blocks): 40
-# heads of
-# 128, UMT5-XXL's 4096-wide text, CLIP ViT-H/14's 1280-wide picture tokens, 36 channels in (noise, mask, picture
-# latents).
-CHRONOEDIT_14B = dict(WAN_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
-# Helios-Base's transformer (the diffusers defaults, two of its 40 blocks): 40 heads of 128, UMT5-XXL's 4096-wide text.
-HELIOS_BASE = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=40,
-    attention_head_dim=128,
-    in_channels=16,
-    out_channels=16,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=13824,
-    num_layers=2,
-    rope_dim=(44, 42, 42),
-    guidance_cross_attn=True,
-    zero_history_timestep=True,
-    has_multi_term_memory_patch=True,
-    is_amplify_history=False,
-)
-# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8
-# key/value
-# heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
-COSMOS3 = dict(
-    hidden_size=4096,
-    head_dim=128,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=12288,
-    num_hidden_layers=2,
-    latent_channel=48,
-    latent_patch_size=2,
-    patch_latent_dim=192,
-    vocab_size=151936,
-)
-# Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
-# 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
-KANDINSKY6 = dict(
-    in_visual_dim=16,
-    out_visual_dim=16,
-    in_text_dim=3584,
-    in_text_dim2=768,
-    time_dim=1024,
-    patch_size=(1, 2, 2),
-    model_dim=4096,
-    ff_dim=16384,
-    num_text_blocks=1,
-    num_visual_blocks=2,
-    axes_dims=(32, 48, 48),
-    visual_cond=True,
-    in_audio_dim=40,
-    out_audio_dim=40,
-    model_dim_a=2048,
-    ff_dim_a=7168,
-    time_dim_a=1024,
-    text_token_padding=True,
-    ca_rope=True,
-    cross_gates=True,
-    fix_modulation=True,
-    visual_token_type_num_embeddings=2,
-)
-# Qwen-Image 2.1's transformer (its class defaults, the released widths; two of its 32 blocks): 32 heads of 128, a
-# 4096-wide Qwen3-VL context, 64 latent channels.
-QWENIMAGE21 = dict(
-    in_channels=64,
-    out_channels=64,
-    num_attention_heads=32,
-    attention_head_dim=128,
-    context_in_dim=4096,
-    num_layers=2,
-    causal_condition=True,
-)
+# Each family's transformer at its real model's width and the layout it runs as there (its case's fake.real_*).
 REAL = {
-    # FLUX.1-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 T5 tokens; USP on 8.
-    "flux": (FLUX_DEV, Layout(world=8, ulysses=4, ring=2, cache=True, grid=Grid(1, 64, 64, 512))),
-    # Wan 2.1 14B at 480p, 81 frames: 21 x 30 x 52 = 32760 tokens; CFG halves x Ulysses 4.
-    "wan": (WAN_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(21, 30, 52, 512))),
-    # HunyuanVideo at 544x960, 129 frames: 33 x 34 x 60 = 67320 tokens, 256 text tokens; Ulysses 8.
-    "hunyuan": (HUNYUAN, Layout(world=8, ulysses=8, grid=Grid(33, 34, 60, 256))),
-    # FLUX.2-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 Mistral tokens; Ulysses 8 with the cache.
-    "flux2": (FLUX2_DEV, Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512))),
-    # Z-Image (the base model, batched CFG) at 1024x1024: 4096 image tokens and a 512-token caption in one sequence;
-    # CFG halves x Ulysses 4 (30 heads in 32 slots).
-    "zimage": (Z_IMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 512))),
-    # HunyuanVideo 1.5 at 720p, 121 frames: 31 x 45 x 80 = 111600 video tokens (16x VAE, patch 1), 1000 prompt
-    # tokens; the guider's two calls on CFG halves x Ulysses 4, with the cache.
-    "hunyuan15": (HUNYUAN15, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 45, 80, 1000))),
-    # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x Ulysses
-    # 4.
-    "kandinsky5": (KANDINSKY5_LITE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256))),
-    # LTX-2 at 512x768, 121 frames: 16 x 16 x 24 = 6144 video tokens, 1024 text tokens; CFG halves x Ulysses 4.
-    "ltx2": (LTX2, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024))),
-    # ChronoEdit at 720x1280, its 5 frames: 2 x 45 x 80 = 7200 video tokens, 512 text tokens; CFG halves x Ulysses 4.
-    "chronoedit": (CHRONOEDIT_14B, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(2, 45, 80, 512))),
-    # HunyuanImage 2.1 at 2048x2048: 64 x 64 = 4096 image tokens (32x VAE, patch 1), 1000 prompt tokens; the
-    # guider's two calls on CFG halves x Ulysses 4 (28 heads: 7 a rank), with the cache.
-    "hunyuanimage": (HUNYUANIMAGE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 64, 64, 1000))),
-    # Helios-Base at 384x640: a 33-frame chunk of 9 x 24 x 40 = 8640 tokens after 2400 history tokens, 512 text
-    # tokens; its two calls a step on CFG halves x Ulysses 4, with the cache.
-    "helios": (HELIOS_BASE, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(9, 24, 40, 512))),
-    # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt (whole on every rank);
-    # its two calls a step on CFG halves x Ulysses 4 (8 query and 2 key/value heads a rank), with the cache.
-    "cosmos3": (COSMOS3, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(48, 23, 40, 300))),
-    # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a step
-    # on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
-    "kandinsky6": (KANDINSKY6, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024))),
-    # Qwen-Image 2.1 at 1024x1024: 64 x 64 = 4096 target tokens (16x VAE, unpatched; 32 x 32 encoder slots), a 512-token
-    # prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4, with the
-    # cache.
-    "qwenimage21": (QWENIMAGE21, Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512))),
+    name: (case.fake.real_config, case.fake.real_layout)
+    for name, case in FAMILY_CASES.items()
+    if case.fake.real_config is not None and case.fake.real_layout is not None
 }
 
 
@@ -1155,16 +502,28 @@ def test_real_width_on_fake_cuda(name: str, tiny_configs: Any) -> None:
 # halves x tp 2 x Ulysses 2; LTX-2's per-head ("split") rotary tables and audio stream over tp 2 x Ulysses 4;
 # Cosmos 3's grouped key/value heads over CFG halves x tp 4.
 REAL_TP = {
-    "flux-tp2-ulysses4": ("flux", FLUX_DEV, Layout(world=8, ulysses=4, tp=2, cache=True, grid=Grid(1, 64, 64, 512))),
-    "flux2-tp4-ulysses2": ("flux2", FLUX2_DEV, Layout(world=8, ulysses=2, tp=4, cache=True, grid=Grid(1, 64, 64, 512))),
+    "flux-tp2-ulysses4": (
+        "flux",
+        REAL["flux"][0],
+        Layout(world=8, ulysses=4, tp=2, cache=True, grid=Grid(1, 64, 64, 512)),
+    ),
+    "flux2-tp4-ulysses2": (
+        "flux2",
+        REAL["flux2"][0],
+        Layout(world=8, ulysses=2, tp=4, cache=True, grid=Grid(1, 64, 64, 512)),
+    ),
     "wan-cfg2-tp2-ulysses2": (
         "wan",
-        WAN_14B,
+        REAL["wan"][0],
         Layout(world=8, ulysses=2, cfg=2, tp=2, cache=True, grid=Grid(21, 30, 52, 512)),
     ),
-    "ltx2-tp2-ulysses4": ("ltx2", LTX2, Layout(world=8, ulysses=4, tp=2, grid=Grid(16, 16, 24, 1024))),
+    "ltx2-tp2-ulysses4": ("ltx2", REAL["ltx2"][0], Layout(world=8, ulysses=4, tp=2, grid=Grid(16, 16, 24, 1024))),
     # Cosmos 3's grouped key/value heads over tp 4 (8 query and 2 key/value heads a rank), its two calls on CFG halves.
-    "cosmos3-cfg2-tp4": ("cosmos3", COSMOS3, Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300))),
+    "cosmos3-cfg2-tp4": (
+        "cosmos3",
+        REAL["cosmos3"][0],
+        Layout(world=8, cfg=2, tp=4, cache=True, grid=Grid(48, 23, 40, 300)),
+    ),
 }
 
 
@@ -1178,8 +537,8 @@ def test_tensor_parallel_at_real_width_on_fake_cuda(case: str, rank_of: str, tin
 # Ulysses degrees that do not divide the heads (padded to a multiple in the all-to-all), as the first
 # and the last rank: FLUX.1's 24 heads over 16 ranks (32 slots), Wan 14B's 40 heads over 16 (48 slots).
 UNEVEN_HEADS = {
-    "flux-ulysses16": ("flux", FLUX_DEV, Layout(world=16, ulysses=16, grid=Grid(1, 64, 64, 512))),
-    "wan-ulysses16": ("wan", WAN_14B, Layout(world=16, ulysses=16, cache=True, grid=Grid(21, 30, 52, 512))),
+    "flux-ulysses16": ("flux", REAL["flux"][0], Layout(world=16, ulysses=16, grid=Grid(1, 64, 64, 512))),
+    "wan-ulysses16": ("wan", REAL["wan"][0], Layout(world=16, ulysses=16, cache=True, grid=Grid(21, 30, 52, 512))),
 }
 
 

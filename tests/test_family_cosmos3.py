@@ -14,12 +14,169 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_parallel_families import FAMILY_CASES, TOLERANCE
+from family_parallel import TOLERANCE
 from variant_cases import picture, run_written
 
 import parallel_cases as cases
+import diffusers
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
+from fakecuda import Grid, HEADS, Layout, randn
+from accel.models import cosmos3
 
-CALL = FAMILY_CASES["cosmos3"].call
+
+# Cosmos 3's transformer (its class defaults: a Qwen3-8B-shaped backbone, two of its 36 layers): 32 query and 8
+# key/value
+# heads of 128 in 4096, 48 latent channels (Wan 2.2's VAE) in 2x2 patches, a 151936-token vocabulary.
+COSMOS3 = dict(
+    hidden_size=4096,
+    head_dim=128,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=12288,
+    num_hidden_layers=2,
+    latent_channel=48,
+    latent_patch_size=2,
+    patch_latent_dim=192,
+    vocab_size=151936,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """One sample packed without a batch dim: the prompt's token ids, then the video's 2x2 patches."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    assert batch == 1
+    video, at = grid.tokens, torch.arange(text, text + grid.tokens, device="cuda")
+    return dict(
+        input_ids=torch.zeros(text, dtype=torch.long, device="cuda"),
+        text_indexes=torch.arange(text, device="cuda"),
+        und_len=text,
+        sequence_length=text + video,
+        position_ids=torch.arange(text + video, device="cuda", dtype=torch.float32).expand(3, -1),
+        vision_tokens=[randn(1, config["latent_channel"], f, 2 * h, 2 * w)],
+        vision_token_shapes=[(f, h, w)],
+        vision_sequence_indexes=at,
+        vision_mse_loss_indexes=at,
+        vision_timesteps=torch.full((video,), 500.0, device="cuda"),
+        vision_noisy_frame_indexes=[torch.arange(f, device="cuda")],
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        1,
+        batch,
+        config["latent_channel"],
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+    )  # its list of one sample's (1, C, F, H, W) prediction, stacked
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # grouped keys and values: half as many heads
+    return {"num_attention_heads": HEADS, "num_key_value_heads": HEADS // 2}
+
+
+# -- cosmos3: 2 decoder layers over the text (8 token ids, causal) and the generation stream (12 video
+# patches of 2 latent frames at 4x6, then 3 sound latents), each layer returning both --------------
+def block_transformer() -> nn.Module:
+    from diffusers import Cosmos3OmniTransformer
+
+    return block_cases.seeded(
+        24,
+        lambda: Cosmos3OmniTransformer(
+            head_dim=block_cases.HEAD_DIM,
+            hidden_size=block_cases.TEXT_DIM,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=block_cases.HEADS,
+            num_key_value_heads=1,
+            latent_channel=4,
+            patch_latent_dim=16,
+            vocab_size=64,
+            rope_axes_dim=(4, 2, 2),
+            sound_gen=True,
+            sound_dim=4,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    """One sample packed as the pipeline packs it: token ids first, then the video's patches, then the sound."""
+    text, video, sound = block_cases.TEXT_TOKENS, 12, 3
+    video_at, sound_at = torch.arange(text, text + video), torch.arange(text + video, text + video + sound)
+    return dict(
+        input_ids=torch.arange(text) * 7 % 64,
+        text_indexes=torch.arange(text),
+        und_len=text,
+        sequence_length=text + video + sound,
+        position_ids=torch.arange(text + video + sound, dtype=torch.float32).expand(3, -1),
+        vision_tokens=[block_cases.latents((1, 4, 2, 4, 6), drift)],
+        vision_token_shapes=[(2, 2, 3)],
+        vision_sequence_indexes=video_at,
+        vision_mse_loss_indexes=video_at,
+        vision_timesteps=torch.full((video,), 700.0 - 1000 * drift),
+        vision_noisy_frame_indexes=[torch.arange(2)],
+        sound_tokens=[block_cases.noise(torch.Generator().manual_seed(3), 4, sound)],
+        sound_token_shapes=[(sound, 1, 1)],
+        sound_sequence_indexes=sound_at,
+        sound_mse_loss_indexes=sound_at,
+        sound_timesteps=torch.full((sound,), 700.0 - 1000 * drift),
+        sound_noisy_frame_indexes=[torch.arange(sound)],
+        return_dict=False,
+    )
+
+
+CASE = FamilyCase(
+    # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
+    odd=dict(
+        height=80, width=112
+    ),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
+    threshold=0.06,
+    tiny=TinyCase(
+        name="cosmos3",
+        build=cosmos3.build_tiny,
+        pipeline_class=diffusers.Cosmos3OmniPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            enable_sound=True,
+            output_type="np",
+        ),
+        output_attr="video",
+        output_shape=(5, 64, 64, 3),  # one sample, no batch dim
+        block_lists=("layers",),
+        transformer_calls=8,  # CFG: the prompt's call, then the negative's, each step
+        latent_shape=((1, 16, 2, 8, 8),),  # one sample's latents: 5 frames -> 2 latent frames of 8x8
+        text_shape=(86,),  # the chat-templated prompt's token ids, with the duration and resolution sentences
+        negative_text_shape=(79,),
+        components=("transformer", "vae", "sound_tokenizer"),
+        reload_tolerance=1e-5,
+        inputs=("vision_tokens", "input_ids"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        shared_keys="text",
+        # Cosmos 3 at 720p, 189 frames: 48 x 23 x 40 = 44160 video tokens after a 300-token prompt (whole on every
+        # rank); its two calls a step on CFG halves x Ulysses 4 (8 query and 2 key/value heads a rank), with the cache.
+        real_config=COSMOS3,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(48, 23, 40, 300)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
+
+CALL = CASE.call
 PIXELS = 5 * 64 * 64 * 3  # the output's frames; the sound's samples follow them
 
 
@@ -68,7 +225,7 @@ def test_image_to_video_on_cfg_halves_with_the_cache_equals_one_process(rank_poo
     """Each half computes its branch and masks the other's predictions (the clean first frame zeroed)
     before they arrive: the masking waits for them. Calls cached alike on each half, sound included."""
     call = dict(CALL, image=picture(), num_inference_steps=8)
-    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    cache = {"cache": {"threshold": CASE.threshold}}
     expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
     assert 0 < sum(cached for *_, cached in records) < len(records)
     runs = rank_pools(2).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"cfg": 2}}, call)
@@ -83,7 +240,7 @@ def test_image_to_video_on_ring_3_with_the_cache_equals_one_process(rank_pools: 
     cut over 3 ranks; each rank attends to the text it holds whole and to every rank's generation
     keys. Output (sound included) and cached calls as one process."""
     call = dict(CALL, image=picture(), num_inference_steps=8)
-    cache = {"cache": {"threshold": FAMILY_CASES["cosmos3"].threshold}}
+    cache = {"cache": {"threshold": CASE.threshold}}
     expected, records, _ = cases.tiny_run("tiny-cosmos3", cache, call)
     runs = rank_pools(3).run(cases.tiny_run, "tiny-cosmos3", {**cache, "parallel": {"ring": 3}}, call)
     for output, got, bytes_sent in runs:

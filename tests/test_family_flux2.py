@@ -18,7 +18,93 @@ import parallel_cases as cases
 from accel.cli import app
 from accel.errors import NotAvailableError
 from accel.models.registry import FAMILIES, family_of, family_of_classes
-from test_parallel_families import FAMILY_CASES
+import diffusers
+from family_case import FakeCuda, FamilyCase, TinyCase, case_of
+import block_cases
+from torch import nn
+from test_family_flux2_klein import block_inputs as klein_block_inputs
+import torch
+from fakecuda import Grid, Layout
+from test_family_flux2_klein import fake_inputs
+from accel.models import flux2
+
+
+# FLUX.2-dev's transformer (the diffusers defaults): 48 heads, text of three stacked 5120-wide Mistral layers.
+FLUX2_DEV = dict(
+    patch_size=1,
+    in_channels=128,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=128,
+    num_attention_heads=48,
+    joint_attention_dim=15360,
+    timestep_guidance_channels=256,
+    mlp_ratio=3.0,
+    axes_dims_rope=(32, 32, 32, 32),
+    guidance_embeds=True,
+)
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, grid.rows * grid.cols, config["in_channels"])
+
+
+# -- flux2 (dev): the same transformer with the guidance embedding of a guidance-distilled model --------
+def block_transformer() -> nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return block_cases.seeded(
+        19,
+        lambda: Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            joint_attention_dim=block_cases.TEXT_DIM,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(4, 4, 4, 4),
+            guidance_embeds=True,
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    return dict(klein_block_inputs(drift), guidance=torch.tensor([4.0]))
+
+
+CASE = FamilyCase(
+    dict(
+        prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
+    ),  # embedded guidance, no CFG
+    odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
+    threshold=0.7,
+    tiny=TinyCase(
+        name="flux2",
+        build=flux2.build_tiny,
+        pipeline_class=diffusers.Flux2Pipeline,
+        call=dict(height=64, width=64, num_inference_steps=4, guidance_scale=4.0, output_type="np"),
+        output_attr="images",
+        output_shape=(1, 64, 64, 3),
+        block_lists=("transformer_blocks", "single_transformer_blocks"),
+        transformer_calls=4,  # guidance-distilled: one call per step, the scale embedded
+        latent_shape=(1, 16, 128),  # 64x64 -> 8x8 latents of 32 channels -> 4x4 packed tokens of 128
+        text_shape=(1, 512, 24),  # Mistral 3 hidden states 10, 20 and 30 stacked (3 x 8), padded to 512
+        components=("text_encoder", "transformer", "vae"),
+        reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        # FLUX.2-dev at 1024x1024: 64x64 packed latents = 4096 image tokens, 512 Mistral tokens; Ulysses 8 with the
+        # cache.
+        real_config=FLUX2_DEV,
+        real_layout=Layout(world=8, ulysses=8, cache=True, grid=Grid(1, 64, 64, 512)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
 
 TOLERANCE = 1e-4
 
@@ -31,7 +117,7 @@ def reference_picture() -> Any:
 def reference_call(family: str) -> dict[str, Any]:
     # 48x80 makes 3x5 = 15 generated tokens; with the reference's 16, 31 image tokens that neither
     # 2 nor 3 ranks divide (and 512 text tokens, which 3 does not divide either).
-    return dict(FAMILY_CASES[family].call, height=48, width=80, image=reference_picture())
+    return dict(case_of(family).call, height=48, width=80, image=reference_picture())
 
 
 @pytest.mark.parametrize("parallel", [{"ulysses": 2}, {"ring": 3}], ids=["ulysses2", "ring3"])
@@ -73,10 +159,7 @@ def test_cfg_parallel_is_refused_for_the_guidance_distilled_dev_model() -> None:
         str(error.value)
         == "[parallel] cfg = 2: FLUX.2 [dev] pipelines have no classifier-free guidance to split; set cfg = 1"
     )
-    assert (
-        FAMILIES["flux2"].cfg_off(FAMILY_CASES["flux2"].call)
-        == "FLUX.2 [dev] pipelines have no classifier-free guidance"
-    )
+    assert FAMILIES["flux2"].cfg_off(CASE.call) == "FLUX.2 [dev] pipelines have no classifier-free guidance"
 
 
 def test_dev_and_klein_are_told_apart_by_their_pipeline() -> None:

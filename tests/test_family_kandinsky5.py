@@ -21,23 +21,157 @@ import parallel_cases as cases
 import pytest
 import torch
 import variant_cases
-from test_parallel_families import FAMILY_CASES, reference
-from test_variants import NEEDS_MORE, diffusers_pipelines_of
+from family_parallel import reference
+
 
 from accel.media import read_video
 from accel.models.registry import FAMILIES
 from accel.parallel.matching import glob_modules
+import diffusers
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
+from fakecuda import Grid, HEADS, Layout, randn
+from accel.models import kandinsky5
+
+
+# Kandinsky 5.0 T2V Lite's transformer (one text and two visual blocks): 28 heads of 64, Qwen2.5-VL-7B's 3584-wide text.
+KANDINSKY5_LITE = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=512,
+    patch_size=(1, 2, 2),
+    model_dim=1792,
+    ff_dim=7168,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(16, 24, 24),
+    visual_cond=True,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """(B, F, H, W, C) latents with the condition channels and mask; rotary positions per axis."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+    positions = [torch.arange(n, device="cuda") for n in (f, h, w)]
+    return dict(
+        hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+        encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+        timestep=t,
+        pooled_projections=randn(batch, config["in_text_dim2"]),
+        visual_rope_pos=positions,
+        text_rope_pos=torch.arange(text, device="cuda"),
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+        config["out_visual_dim"],
+    )  # (B, F, H, W, C), as its latents
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # no head count in its config: the width over the head width (sum of axes_dims)
+    return {"model_dim": HEADS * sum(config["axes_dims"]), "num_text_blocks": 1}
+
+
+# -- kandinsky5: 2 text blocks, then 2 visual blocks over 2x4x4 = 32 video tokens (the cache's) --
+def block_transformer() -> nn.Module:
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from accel.models.kandinsky5 import random_modulation
+
+    def build() -> nn.Module:
+        model = Kandinsky5Transformer3DModel(
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=block_cases.TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return block_cases.seeded(21, build)
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # (B, frames, H, W, C) latents; the rotary positions the pipeline builds from the latent grid.
+    return dict(
+        hidden_states=block_cases.latents((1, 2, 8, 8, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        visual_rope_pos=[torch.arange(2), torch.arange(4), torch.arange(4)],
+        text_rope_pos=torch.arange(block_cases.TEXT_TOKENS),
+        return_dict=False,
+    )
+
+
+CASE = FamilyCase(
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),  # two calls per step
+    odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
+    threshold=0.2,
+    tiny=TinyCase(
+        name="kandinsky5",
+        build=kandinsky5.build_tiny,
+        pipeline_class=diffusers.Kandinsky5T2VPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("text_transformer_blocks", "visual_transformer_blocks"),
+        transformer_calls=8,  # CFG: a positive and a negative call per step
+        # (B, frames, H, W, C): 16 noise channels, 16 condition channels and a condition mask (visual_cond)
+        latent_shape=(1, 2, 8, 8, 33),
+        text_shape=(1, 25, 32),  # each prompt's Qwen tokens after the template's 128 are cropped, unpadded
+        negative_text_shape=(1, 18, 32),
+        components=("text_encoder", "text_encoder_2", "transformer", "vae"),
+        # The processor rounds rotated queries and keys to bfloat16, which lifts BLAS-path differences.
+        reload_tolerance=5e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        # Kandinsky 5.0 T2V Lite at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens; CFG halves (two calls) x
+        # Ulysses 4.
+        real_config=KANDINSKY5_LITE,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 256)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
 
 TOLERANCE = 1e-4
 FAMILY = FAMILIES["kandinsky5"]
-CASE = FAMILY_CASES["kandinsky5"]
 FLOAT32_ROTARY = "parallel_cases:tiny_kandinsky5_float32_rotary"
 ACCEL = str(Path(sys.executable).parent / "accel")
 
 
 def test_every_kandinsky5_pipeline_is_a_variant_or_named() -> None:
-    shipped = diffusers_pipelines_of(FAMILY.transformer_class)
-    assert shipped - set(FAMILY.pipeline_classes) - set(NEEDS_MORE) == set()
+    shipped = variant_cases.diffusers_pipelines_of(FAMILY.transformer_class)
+    assert shipped - set(FAMILY.pipeline_classes) - set(variant_cases.NEEDS_MORE) == set()
     assert set(FAMILY.pipeline_classes) <= shipped
 
 

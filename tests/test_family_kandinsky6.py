@@ -13,10 +13,174 @@ import numpy as np
 from variant_cases import run_written
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
+from family_parallel import TOLERANCE, reference
+import diffusers
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
+import torch
+from fakecuda import Grid, HEADS, Layout, randn
+from accel.models import kandinsky6
 
 
-CALL = FAMILY_CASES["kandinsky6"].call
+# Kandinsky 6's (44.1 kHz over a 1024-sample hop: 218 for 5 s): replicated too.
+K6_AUDIO = 11
+
+
+# Kandinsky 6.0 Pro's transformer (accel/models/flagships.py's widths; one text and two fused blocks): 32 video heads of
+# 128, 16 audio heads of 128, Qwen2.5-VL-7B's 3584-wide text, the MMAudio VAE's 40 latent channels.
+KANDINSKY6 = dict(
+    in_visual_dim=16,
+    out_visual_dim=16,
+    in_text_dim=3584,
+    in_text_dim2=768,
+    time_dim=1024,
+    patch_size=(1, 2, 2),
+    model_dim=4096,
+    ff_dim=16384,
+    num_text_blocks=1,
+    num_visual_blocks=2,
+    axes_dims=(32, 48, 48),
+    visual_cond=True,
+    in_audio_dim=40,
+    out_audio_dim=40,
+    model_dim_a=2048,
+    ff_dim_a=7168,
+    time_dim_a=1024,
+    text_token_padding=True,
+    ca_rope=True,
+    cross_gates=True,
+    fix_modulation=True,
+    visual_token_type_num_embeddings=2,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """As Kandinsky 5's, with K6_AUDIO audio tokens and the prompt's padding mask (the pipeline pads to 1024)."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    channels = 2 * config["in_visual_dim"] + 1 if config["visual_cond"] else config["in_visual_dim"]
+    mask = torch.arange(text, device="cuda").expand(batch, text) < text - 3
+    return dict(
+        hidden_states=randn(batch, f, 2 * h, 2 * w, channels),
+        audio_hidden_states=randn(batch, K6_AUDIO, config["in_audio_dim"]),
+        encoder_hidden_states=randn(batch, text, config["in_text_dim"]),
+        pooled_projections=randn(batch, config["in_text_dim2"]),
+        timestep=t,
+        encoder_attention_mask=mask,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.frames,
+        2 * grid.rows,
+        2 * grid.cols,
+        config["out_visual_dim"],
+    )  # (B, F, H, W, C), as its latents; the audio prediction comes beside it
+
+
+def fake_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    # the same as Kandinsky 5's for its video and its audio stream
+    return {
+        "model_dim": HEADS * sum(config["axes_dims"]),
+        "model_dim_a": HEADS * sum(config["axes_dims_a"]),
+        "num_text_blocks": 1,
+    }
+
+
+# -- kandinsky6: 2 text blocks per stream, then 2 fused blocks returning (video, audio); 32 video, 5 audio tokens --
+def block_transformer() -> nn.Module:
+    from diffusers import Kandinsky6Transformer3DModel
+
+    from accel.models.kandinsky6 import random_modulation
+
+    def build() -> nn.Module:
+        # The released checkpoints' switches; the audio heads as wide as the video's (the cross-modal rotary tables need
+        # it).
+        model = Kandinsky6Transformer3DModel(
+            in_visual_dim=4,
+            out_visual_dim=4,
+            in_text_dim=block_cases.TEXT_DIM,
+            in_text_dim2=16,
+            time_dim=32,
+            model_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            ff_dim=64,
+            num_text_blocks=2,
+            num_visual_blocks=2,
+            axes_dims=(4, 6, 6),
+            in_audio_dim=4,
+            out_audio_dim=4,
+            text_token_padding=True,
+            ca_rope=True,
+            cross_gates=True,
+            fix_modulation=True,
+            visual_token_type_num_embeddings=2,
+        )
+        random_modulation(model)  # diffusers zeroes it: every block would be an identity
+        return model
+
+    return block_cases.seeded(24, build)
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # (B, frames, H, W, C) latents with the condition channels and mask (2 x 4 + 1), (B, tokens, C) audio latents.
+    return dict(
+        hidden_states=block_cases.latents((1, 2, 8, 8, 9), drift),
+        audio_hidden_states=block_cases.latents((1, 5, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        pooled_projections=block_cases.noise(torch.Generator().manual_seed(2), 1, 16),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask().bool(),
+        return_dict=False,
+    )
+
+
+CASE = FamilyCase(
+    # Two calls a step; 2 latent frames x 4x4 patches = 32 video tokens, which 3 ranks do not divide
+    # (the odd size is this one: no second reference run), beside 53 audio tokens, whole on every rank.
+    dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
+    odd={},
+    threshold=0.2,
+    tiny=TinyCase(
+        name="kandinsky6",
+        build=kandinsky6.build_tiny,
+        pipeline_class=diffusers.Kandinsky6TI2VAPipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_frames=5,
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 5, 64, 64, 3),
+        block_lists=("video_text_transformer_blocks", "audio_text_transformer_blocks", "visual_transformer_blocks"),
+        transformer_calls=8,  # CFG: a positive and a negative call per step
+        # (B, frames, H, W, C): 16 noise channels, 16 (unused) condition channels and a condition mask
+        latent_shape=(1, 2, 8, 8, 33),
+        text_shape=(1, 1024, 32),  # Qwen padded to the pipeline's 1024 tokens after the template's 129 are cropped
+        components=("text_encoder", "text_encoder_2", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,  # seen: 0
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        overrides=fake_overrides,
+        # Kandinsky 6.0 at 512x768, 121 frames: 31 x 32 x 48 = 47616 video tokens, 1024 text tokens; its two calls a
+        # step on CFG halves x Ulysses 4, with the cache; the audio whole on every rank.
+        real_config=KANDINSKY6,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(31, 32, 48, 1024)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
+
+
+CALL = CASE.call
 
 
 def test_accel_run_writes_the_sound_into_the_mp4_at_the_calls_frame_rate(tmp_path: Path) -> None:
@@ -73,7 +237,7 @@ def test_the_distilled_pipeline_on_ulysses2_with_the_cache_equals_one_process(ra
     pipe = cases.tiny_pipeline(DISTILLED)
     assert type(pipe.scheduler).__name__ == "PiflowScheduler" and pipe.transformer.config.out_visual_dim == 32
     call = dict(CALL, guidance_scale=1.0, num_inference_steps=4)
-    recipe = {"cache": {"threshold": FAMILY_CASES["kandinsky6"].threshold}}
+    recipe = {"cache": {"threshold": CASE.threshold}}
     expected, records, _ = cases.tiny_run(DISTILLED, recipe, call)
     assert 0 < sum(cached for *_, cached in records) < len(records) == 4
     runs = rank_pools(2).run(cases.tiny_run, DISTILLED, {**recipe, "parallel": {"ulysses": 2}}, call)

@@ -29,6 +29,178 @@ from accel.media import read_audio, read_video
 from accel.models.registry import FAMILIES
 from accel.models.variants import variant_of
 from accel.parallel.plan import resolve_plan
+import diffusers
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
+from fakecuda import DTYPE, Grid, HEADS, Layout, out_channels, randn
+from accel.models import ltx2
+
+
+# LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
+LTX2_AUDIO = 13
+
+
+def dfr_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """LTX-2.5 DFR's transformer: a per-token keyframe marker (the first latent frame's tokens, 1) and
+    per-token timesteps (its conditioning lowers some), both cut with the video tokens."""
+    if not config.get("use_keyframes_abs_pos_embedding"):
+        return {}
+    first = torch.arange(grid.tokens, device="cuda") < grid.rows * grid.cols
+    scalar = t.reshape(-1)[:1].expand(
+        batch
+    )  # the schedule's sigma, the audio's timestep and sigma as the pipeline passes them
+    return dict(
+        video_keyframes_mask=first.to(DTYPE).expand(batch, -1).unsqueeze(-1),
+        timestep=scalar[:, None] * (~first).to(DTYPE),
+        sigma=scalar,
+        audio_timestep=scalar,
+        audio_sigma=scalar,
+        use_cross_timestep=True,
+    )
+
+
+# LTX-2's transformer (diffusers' defaults, two blocks): 32 video heads of 128, 32 audio heads of 64, Gemma 3's
+# 3840-wide text.
+LTX2 = dict(
+    in_channels=128,
+    out_channels=128,
+    num_attention_heads=32,
+    attention_head_dim=128,
+    cross_attention_dim=4096,
+    audio_in_channels=128,
+    audio_out_channels=128,
+    audio_num_attention_heads=32,
+    audio_attention_head_dim=64,
+    audio_cross_attention_dim=2048,
+    num_layers=2,
+    caption_channels=3840,
+    rope_type="split",
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Packed video tokens and LTX2_AUDIO audio tokens, each with its own text."""
+    f, h, w, text = grid.frames, grid.rows, grid.cols, grid.text
+    mask = torch.ones(batch, text, device="cuda", dtype=torch.long)
+    return {
+        **dict(
+            hidden_states=randn(batch, grid.tokens, config["in_channels"]),
+            audio_hidden_states=randn(batch, LTX2_AUDIO, config["audio_in_channels"]),
+            encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+            audio_encoder_hidden_states=randn(batch, text, config["caption_channels"]),
+            timestep=t,
+            encoder_attention_mask=mask,
+            audio_encoder_attention_mask=mask,
+            num_frames=f,
+            height=h,
+            width=w,
+            audio_num_frames=LTX2_AUDIO,
+            return_dict=False,
+        ),
+        **dfr_inputs(config, grid, batch, t),
+    }
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (batch, grid.tokens, out_channels(config))  # the video; the audio prediction comes beside it
+
+
+def fake_more_overrides(config: dict[str, Any], width: int) -> dict[str, Any]:
+    # audio heads as many as video heads (as on LTX-2: the cross-modal rotary tables need it)
+    return dict(
+        cross_attention_dim=width,
+        audio_num_attention_heads=HEADS,
+        audio_cross_attention_dim=HEADS * config["audio_attention_head_dim"],
+    )
+
+
+# -- ltx2: 2 blocks that return (video, audio); 32 video tokens, 5 audio tokens --------------------
+def block_transformer() -> nn.Module:
+    from diffusers import LTX2VideoTransformer3DModel
+
+    return block_cases.seeded(
+        22,
+        lambda: LTX2VideoTransformer3DModel(
+            in_channels=8,
+            out_channels=8,
+            num_attention_heads=block_cases.HEADS,
+            attention_head_dim=block_cases.HEAD_DIM,
+            cross_attention_dim=block_cases.HEADS * block_cases.HEAD_DIM,
+            audio_in_channels=4,
+            audio_out_channels=4,
+            audio_num_attention_heads=block_cases.HEADS,
+            audio_attention_head_dim=8,
+            audio_cross_attention_dim=16,
+            num_layers=2,
+            caption_channels=block_cases.TEXT_DIM,
+            rope_type="split",
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    frames, height, width, audio = 2, 4, 4, 5
+    return dict(
+        hidden_states=block_cases.latents((1, frames * height * width, 8), drift),
+        audio_hidden_states=block_cases.latents((1, audio, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        audio_encoder_hidden_states=block_cases.text(3),
+        timestep=torch.tensor([700.0 - 1000 * drift]),
+        encoder_attention_mask=block_cases.text_mask(),
+        audio_encoder_attention_mask=block_cases.text_mask(),
+        num_frames=frames,
+        height=height,
+        width=width,
+        audio_num_frames=audio,
+        return_dict=False,
+    )
+
+
+CASE = FamilyCase(
+    # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
+    dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
+    odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
+    threshold=0.3,
+    tiny=TinyCase(
+        name="ltx2",
+        build=ltx2.build_tiny,
+        pipeline_class=diffusers.LTX2Pipeline,
+        # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
+        # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=96,
+            num_frames=9,
+            num_inference_steps=4,
+            guidance_scale=4.0,
+            stg_scale=0.0,
+            audio_stg_scale=0.0,
+            modality_scale=1.0,
+            audio_modality_scale=1.0,
+            output_type="np",
+        ),
+        output_attr="frames",
+        output_shape=(1, 9, 64, 96, 3),
+        block_lists=("transformer_blocks",),
+        transformer_calls=4,  # CFG is batched: one call per step on [negative, positive]
+        latent_shape=(2, 12, 16),  # 9 frames -> 2 latent frames, 64x96 -> 2x3: 12 packed tokens
+        text_shape=(2, 1024, 16),  # Gemma padded (left) to the pipeline's 1024 tokens, after the connectors
+        components=("text_encoder", "connectors", "transformer", "vae", "audio_vae", "vocoder"),
+        reload_tolerance=1e-5,
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        more_overrides=fake_more_overrides,
+        # LTX-2 at 512x768, 121 frames: 16 x 16 x 24 = 6144 video tokens, 1024 text tokens; CFG halves x Ulysses 4.
+        real_config=LTX2,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(16, 16, 24, 1024)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
 
 FAMILY = FAMILIES["ltx2"]
 CALL = dict(

@@ -10,11 +10,148 @@ from typing import Any
 import numpy as np
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE
+from family_parallel import TOLERANCE
+import diffusers
+from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
+import block_cases
+from torch import nn
+import torch
+from fakecuda import Grid, Layout, out_channels, randn
+from accel.models import qwenimage21
+
+
+# Qwen-Image 2.1's transformer (its class defaults, the released widths; two of its 32 blocks): 32 heads of 128, a
+# 4096-wide Qwen3-VL context, 64 latent channels.
+QWENIMAGE21 = dict(
+    in_channels=64,
+    out_channels=64,
+    num_attention_heads=32,
+    attention_head_dim=128,
+    context_in_dim=4096,
+    num_layers=2,
+    causal_condition=True,
+)
+
+
+def fake_inputs(config: dict[str, Any], grid: Grid, batch: int, t: torch.Tensor) -> dict[str, Any]:
+    """Unpatched latents; the encoder's slot mask: the text, then one slot per 2x2 target tokens."""
+    h, w, text = grid.rows, grid.cols, grid.text
+    slots = torch.cat(
+        [
+            torch.zeros(batch, text, device="cuda", dtype=torch.bool),
+            torch.ones(batch, 4 * h * w // 4, device="cuda", dtype=torch.bool),
+        ],
+        dim=1,
+    )
+    return dict(
+        hidden_states=randn(batch, 4 * h * w, config["in_channels"]),
+        encoder_hidden_states=randn(batch, text, config["context_in_dim"]),
+        timestep=t / 1000,
+        img_shapes=[[(1, 2 * h, 2 * w)]] * batch,
+        img_mask=slots,
+        return_dict=False,
+    )
+
+
+def fake_output_shape(config: dict[str, Any], grid: Grid, batch: int, prefill: bool) -> tuple[int, ...]:
+    return (
+        batch,
+        grid.text * prefill + 2 * grid.rows * 2 * grid.cols,
+        out_channels(config),
+    )  # unpatched; the prefill call returns the prompt's tokens too
+
+
+def fake_model_syncs(config: dict[str, Any], batch: int, cached: bool) -> int:
+    # its token layout from the slot mask: two repeats, three masked writes, a list, positions, a count
+    return 8
+
+
+def fake_kv_caches(config: dict[str, Any], calls: int) -> list[Any]:
+    """Its K/V caches, one per CFG branch, as its pipeline makes them."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    return [QwenImage21KVCache(config["num_layers"]) for _ in range(calls)]
+
+
+# -- qwenimage21: 2 single-stream blocks over the joint sequence (8 text tokens, then 16 target tokens) --
+def block_transformer() -> nn.Module:
+    from diffusers import QwenImage21Transformer2DModel
+
+    return block_cases.seeded(
+        22,
+        lambda: QwenImage21Transformer2DModel(
+            in_channels=4,
+            out_channels=4,
+            num_layers=2,
+            attention_head_dim=block_cases.HEAD_DIM,
+            num_attention_heads=block_cases.HEADS,
+            context_in_dim=block_cases.TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
+    )
+
+
+def block_inputs(drift: float) -> block_cases.Inputs:
+    # Unpatched 4x4 target latents; the encoder's mask holds one slot per 2x2 of them after the text.
+    slots = torch.cat(
+        [torch.zeros(1, block_cases.TEXT_TOKENS, dtype=torch.bool), torch.ones(1, 4, dtype=torch.bool)], dim=1
+    )
+    return dict(
+        hidden_states=block_cases.latents((1, 16, 4), drift),
+        encoder_hidden_states=block_cases.text(),
+        timestep=torch.tensor([0.7 - drift]),
+        img_shapes=[[(1, 4, 4)]],
+        img_mask=slots,
+        return_dict=False,
+    )
+
+
+CASE = FamilyCase(
+    dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
+    odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens: the cached calls cut the 40
+    threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls,
+    tiny=TinyCase(
+        name="qwenimage21",
+        build=qwenimage21.build_tiny,
+        pipeline_class=diffusers.QwenImage21Pipeline,
+        call=dict(
+            negative_prompt="blurry, low quality",
+            height=64,
+            width=64,
+            num_inference_steps=4,
+            true_cfg_scale=4.0,
+            output_type="np",
+        ),
+        output_attr="images",
+        output_shape=(1, 64, 64, 4),  # its VAE decodes RGBA
+        block_lists=("transformer_blocks",),
+        transformer_calls=8,  # true CFG: a second call per step for the negative prompt
+        latent_shape=(1, 16, 16),  # 64x64 -> 4x4 latents (16x VAE), unpatched: 16 tokens of 16 channels
+        text_shape=(1, 37, 32),  # the user and assistant turns around the prompt (the system turn dropped), unpadded
+        negative_text_shape=(1, 27, 32),
+        reload_tolerance=1e-5,
+        components=("text_encoder", "transformer", "vae"),
+    ),
+    fake=FakeCuda(
+        inputs=fake_inputs,
+        output_shape=fake_output_shape,
+        model_syncs=fake_model_syncs,
+        kv_caches=fake_kv_caches,
+        shared_keys="prompt",
+        host_values=True,
+        # Qwen-Image 2.1 at 1024x1024: 64 x 64 = 4096 target tokens (16x VAE, unpatched; 32 x 32 encoder slots), a
+        # 512-token prompt cached whole by each branch's first call; its cached calls' target on CFG halves x Ulysses 4,
+        # with the cache.
+        real_config=QWENIMAGE21,
+        real_layout=Layout(world=8, ulysses=4, cfg=2, cache=True, grid=Grid(1, 32, 32, 512)),
+    ),
+    block_transformer=block_transformer,
+    block_inputs=block_inputs,
+)
 
 # 8 steps, so the cache (from the third step on: the first computes the prompt too) has calls to skip.
-CALL = dict(FAMILY_CASES["qwenimage21"].call, num_inference_steps=8, output_resolution=64)
-CACHE = {"cache": {"threshold": FAMILY_CASES["qwenimage21"].threshold}}
+CALL = dict(CASE.call, num_inference_steps=8, output_resolution=64)
+CACHE = {"cache": {"threshold": CASE.threshold}}
 
 
 def test_a_condition_picture_on_cfg_halves_with_the_cache_equals_one_process(rank_pools) -> None:

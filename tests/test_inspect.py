@@ -13,7 +13,7 @@ from accel.cli import app
 from accel.parallel.plan_format import AutomaticPlan, FromDiffusers, ParallelPlan
 from accel.models.registry import FAMILIES, known_names
 from accel.models.vaes import vae_plan
-from test_parallel_families import splits_sequence
+from family_parallel import splits_sequence
 from variant_cases import has_text_encoders
 
 runner = CliRunner()

@@ -7,186 +7,26 @@ CFG, Wan). Each family's cache threshold caches some but not all calls of an 8-s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
 
 import parallel_cases as cases
-from variant_cases import picture
+from families import FAMILY_CASES
+from family_parallel import (
+    MODES,
+    TOLERANCE,
+    check_cache_method_on_ranks,
+    check_cache_on_ranks,
+    check_equals_one_process,
+    splits_sequence,
+    world_of,
+)
 
 from accel.models.registry import FAMILIES
-from accel.models.variants import variant_of
-
-TOLERANCE = 1e-4
-PROMPT = dict(prompt="a red fox", negative_prompt="blurry")
 
 
-@dataclass(frozen=True)
-class FamilyCase:
-    call: dict[str, Any]
-    # A size whose token counts 3 ranks do not divide (the text lengths do not divide either).
-    odd: dict[str, Any]
-    threshold: float
-
-
-FAMILY_CASES = {
-    "flux": FamilyCase(
-        dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),
-        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
-        threshold=0.5,
-    ),
-    "wan": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
-        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 tokens
-        threshold=0.1,
-    ),
-    "skyreels2": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
-        odd=dict(
-            height=80, width=112, num_frames=17
-        ),  # 5 latent frames x 5x7 patches = 175 tokens (3, 4, 8 do not divide)
-        threshold=0.1,
-    ),
-    "hunyuan": FamilyCase(
-        dict(PROMPT, true_cfg_scale=2.0, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=6.0),
-        odd=dict(height=64, width=80, num_frames=5),  # 40 video tokens, 256 text tokens
-        threshold=0.3,
-    ),
-    "cogvideox": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=6.0),
-        odd=dict(height=64, width=80, num_frames=17),  # 5 latent frames x 4x5 = 100 video tokens, 226 text
-        threshold=0.8,
-    ),
-    "mochi": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=7, num_inference_steps=4, guidance_scale=4.5),
-        odd=dict(height=64, width=80, num_frames=7),  # 2 latent frames x 4x5 = 40 video tokens
-        threshold=0.3,
-    ),
-    "ltx": FamilyCase(
-        dict(PROMPT, height=96, width=128, num_frames=9, num_inference_steps=4, guidance_scale=3.0),
-        odd=dict(height=128, width=160, num_frames=9),  # 2 latent frames x 4x5 = 40 video tokens
-        threshold=0.1,
-    ),
-    "qwenimage": FamilyCase(
-        dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),
-        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens; 4 and 2 prompt tokens, unpadded
-        threshold=0.5,
-    ),
-    "flux2-klein": FamilyCase(
-        dict(
-            prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
-        ),  # CFG on the empty prompt
-        odd=dict(height=64, width=80),  # 4x5 = 20 image tokens, 512 text tokens (inpaint needs 64 px at least)
-        threshold=0.8,
-    ),
-    "sd3": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=3.5),  # batched CFG
-        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 333 text tokens
-        threshold=0.5,
-    ),
-    "flux2": FamilyCase(
-        dict(
-            prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=4.0
-        ),  # embedded guidance, no CFG
-        odd=dict(height=48, width=80),  # 3x5 = 15 image tokens, 512 text tokens
-        threshold=0.7,
-    ),
-    "zimage": FamilyCase(
-        dict(
-            PROMPT, height=64, width=64, num_inference_steps=4, guidance_scale=4.0
-        ),  # batched CFG, as the base model runs
-        # 5x7 = 35 image tokens and 17 caption tokens, each padded to 32s: 96 unified tokens; the
-        # negative's 43 caption tokens make 128, so the batch pads the positive with a key mask.
-        odd=dict(height=80, width=112, negative_prompt="blurry, low quality, jpeg artifacts"),
-        threshold=1.15,  # block 0's residual changes by ~100 % a step with random adaLN weights
-    ),
-    "hunyuan15": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4),  # the guider's CFG: two calls a step
-        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 = 40 video tokens, 1985 text tokens
-        threshold=0.3,
-    ),
-    "kandinsky5": FamilyCase(
-        dict(
-            PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0
-        ),  # two calls per step
-        odd=dict(height=64, width=80, num_frames=5),  # 2 latent frames x 4x5 patches = 40 video tokens
-        threshold=0.2,
-    ),
-    "ltx2": FamilyCase(
-        # Batched CFG, plus the pipeline's spatio-temporal and modality guidance calls (batch 1) each step.
-        dict(PROMPT, height=64, width=96, num_frames=9, num_inference_steps=4, guidance_scale=4.0),
-        odd=dict(height=64, width=160, num_frames=9),  # 2 latent frames x 2x5 = 20 video tokens; 9 audio tokens
-        threshold=0.3,
-    ),
-    "chronoedit": FamilyCase(
-        # The picture to edit, resized by the pipeline to the call's size; 5 frames, as it makes without temporal
-        # reasoning.
-        dict(PROMPT, image=picture(), height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
-        odd=dict(height=80, width=112),  # 2 latent frames x 5x7 patches = 70 video tokens (3, 4, 8 do not divide)
-        threshold=0.1,
-    ),
-    "hunyuanimage": FamilyCase(
-        dict(PROMPT, height=64, width=64, num_inference_steps=4),  # the guider's CFG (scale 3.5): two calls a step
-        # 2x5 = 10 image tokens (32x VAE, patch 1); 1128 text tokens (the pipeline pads Qwen to 1000, ByT5
-        # to 128), which 3 ranks divide: the image stream pads alone.
-        odd=dict(height=64, width=160),
-        threshold=0.5,
-    ),
-    "qwenimage21": FamilyCase(
-        dict(PROMPT, true_cfg_scale=4.0, height=64, width=64, num_inference_steps=4),  # true CFG: two calls a step
-        odd=dict(height=64, width=160),  # 4x10 = 40 target tokens after 37 prompt tokens: the cached calls cut the 40
-        threshold=1.0,  # block 0's output changes by ~100 % a step with random weights; this caches 3 of 16 calls
-    ),
-    "helios": FamilyCase(
-        # Chunks of 2 latent frames (the tiny family's), two calls a step: 5 frames are one chunk,
-        # 2 x 4x4 chunk tokens after 40 history tokens.
-        dict(
-            PROMPT,
-            height=64,
-            width=64,
-            num_frames=5,
-            num_inference_steps=4,
-            guidance_scale=5.0,
-            num_latent_frames_per_chunk=2,
-        ),
-        # Two chunks (the second's history is the first's latents) of 2 x 3x5 = 30 tokens after 30 + 6 + 8
-        # history tokens (2x2, 4x4 and 8x8 patches, padded): 74.
-        odd=dict(height=48, width=80, num_frames=9),
-        threshold=0.08,
-    ),
-    "cosmos3": FamilyCase(
-        # Two calls a step (the prompt and the negative differ in length), the sound track with the video.
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0, enable_sound=True),
-        odd=dict(
-            height=80, width=112
-        ),  # 2 latent frames x 5x7 patches = 70 video tokens and 6 sound tokens: 76, cut as one stream
-        threshold=0.06,
-    ),
-    "kandinsky6": FamilyCase(
-        # Two calls a step; 2 latent frames x 4x4 patches = 32 video tokens, which 3 ranks do not divide
-        # (the odd size is this one: no second reference run), beside 53 audio tokens, whole on every rank.
-        dict(PROMPT, height=64, width=64, num_frames=5, num_inference_steps=4, guidance_scale=5.0),
-        odd={},
-        threshold=0.2,
-    ),
-}
-
-MODES = {
-    "ulysses2": {"ulysses": 2},
-    "ring2": {"ring": 2},
-    "usp2x2": {"ulysses": 2, "ring": 2},
-    "cfg2": {"cfg": 2},
-    "cfg2xulysses2": {"cfg": 2, "ulysses": 2},
-}
 CACHE_MODES = {**{k: v for k, v in MODES.items() if k != "ring2"}, "ring3": {"ring": 3}}
-
-
-def splits_sequence(family: str) -> bool:
-    """Whether Ulysses and Ring may cut the family's own pipeline (a pipeline that refuses them says why
-    in its variant's `not_split`; every family's own pipeline is cut today)."""
-    return variant_of(FAMILIES[family], FAMILIES[family].pipeline_class).not_split is None
 
 
 def family_modes(modes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
@@ -200,24 +40,6 @@ def family_modes(modes: dict[str, dict[str, int]]) -> list[tuple[str, str]]:
         if ("cfg" not in modes[mode] or FAMILIES[family].cfg is not None)
         and (world_of(modes[mode]) == modes[mode].get("cfg", 1) or splits_sequence(family))
     ]
-
-
-def world_of(parallel: dict[str, int]) -> int:
-    return parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1) * parallel.get("tp", 1)
-
-
-_references: dict[tuple[str, str], Any] = {}
-
-
-def reference(family: str, call: dict[str, Any], cache: float | dict[str, Any] = 0.0) -> tuple[np.ndarray, Any]:
-    """The single-process output (and cache records) in this process, computed once per case;
-    `cache` is a threshold or a whole [cache] table."""
-    key = (family, repr(sorted(call.items())) + repr(cache))
-    if key not in _references:
-        recipe = {"cache": cache if isinstance(cache, dict) else {"threshold": cache}} if cache else {}
-        output, records, _ = cases.tiny_run(f"tiny-{family}", recipe, call)
-        _references[key] = (output, records)
-    return _references[key]
 
 
 def test_every_family_has_a_plan_and_a_cfg_style() -> None:
@@ -238,17 +60,6 @@ def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> N
     check_equals_one_process(rank_pools, family, MODES[mode], FAMILY_CASES[family].call)
 
 
-def check_equals_one_process(rank_pools: Any, family: str, parallel: dict[str, int], call: dict[str, Any]) -> None:
-    """The family's tiny pipeline under `parallel`: every rank exchanged something and returns the
-    whole output, equal to one process's."""
-    expected, _ = reference(family, call)
-    runs = rank_pools(world_of(parallel)).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel}, call)
-    for output, _, bytes_sent in runs:
-        assert bytes_sent > 0, "no rank exchanged anything: the mode did not engage"
-        assert output.shape == expected.shape
-        assert np.abs(output - expected).max() <= TOLERANCE
-
-
 @pytest.mark.parametrize("family, mode", family_modes(CACHE_MODES))
 def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
@@ -258,27 +69,6 @@ def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mod
     case = FAMILY_CASES[family]
     size = case.odd if mode == "ring3" else None
     check_cache_on_ranks(rank_pools, family, CACHE_MODES[mode], {"threshold": case.threshold}, size)
-
-
-# DBCache and the TaylorSeer calibrator, the same way: FLUX with a head of two blocks (its double
-# list) and a tail of one (in its single list), extrapolating to order 2; Wan (two-call CFG) and
-# LTX-Video (batched CFG) with the calibrator on their two-block tiny transformers. TaylorSeer inside
-# the blocks (method = "taylorseer": its schedule needs no exchange) and MagCache (its curve's) on the same three.
-CACHE_METHODS = {
-    "flux-dbcache": (
-        "flux",
-        {"method": "dbcache", "first_blocks": 2, "last_blocks": 1, "calibrator": "taylorseer", "taylor_order": 2},
-    ),
-    "wan-calibrator": ("wan", {"calibrator": "taylorseer"}),
-    "ltx-calibrator": ("ltx", {"calibrator": "taylorseer"}),
-    "flux-taylorseer": ("flux", {"method": "taylorseer", "interval": 3, "taylor_order": 2}),
-    "wan-taylorseer": ("wan", {"method": "taylorseer", "interval": 3}),
-    "ltx-taylorseer": ("ltx", {"method": "taylorseer", "interval": 3}),
-    # MagCache on the curve a calibration run measures on one process (accel tune --calibrate's).
-    "flux-magcache": ("flux", {"method": "magcache", "threshold": 0.1}),
-    "wan-magcache": ("wan", {"method": "magcache", "threshold": 0.02}),
-    "ltx-magcache": ("ltx", {"method": "magcache", "threshold": 0.02}),
-}
 
 
 # Each method on each of the three families once, the modes rotated so that every family and every
@@ -299,39 +89,6 @@ METHOD_MODES = {
 @pytest.mark.parametrize("case, mode", list(METHOD_MODES.items()))
 def test_cache_methods_decide_on_every_rank_as_one_process(rank_pools, case: str, mode: str) -> None:
     check_cache_method_on_ranks(rank_pools, case, CACHE_MODES[mode])
-
-
-def check_cache_method_on_ranks(rank_pools: Any, case: str, parallel: dict[str, int]) -> None:
-    """CACHE_METHODS[case] under `parallel`, with the family's threshold (MagCache: on its calibrated curve)."""
-    family, cache = CACHE_METHODS[case]
-    threshold = {} if cache.get("method") == "taylorseer" else {"threshold": FAMILY_CASES[family].threshold}
-    if cache.get("method") == "magcache":
-        cache = dict(
-            cache,
-            mag_ratios=cases.magcache_curve(f"tiny-{family}", dict(FAMILY_CASES[family].call, num_inference_steps=8)),
-        )
-    check_cache_on_ranks(rank_pools, family, parallel, {**threshold, **cache})
-
-
-def check_cache_on_ranks(
-    rank_pools: Any, family: str, parallel: dict[str, int], cache: dict[str, Any], size: dict[str, Any] | None = None
-) -> None:
-    """`size` replaces the case's size (its `odd` one: token counts the ranks do not divide)."""
-    case = FAMILY_CASES[family]
-    call = dict(case.call, **(size or {}), num_inference_steps=8)
-    expected, records = reference(family, call, cache)
-    assert 0 < sum(r[3] for r in records) < len(records)  # a run that caches some calls, not all
-    world = world_of(parallel)
-    runs = rank_pools(world).run(cases.tiny_run, f"tiny-{family}", {"parallel": parallel, "cache": cache}, call)
-    split_calls = parallel.get("cfg", 1) > 1 and FAMILIES[family].cfg == "calls"
-    for rank, (output, got, bytes_sent) in enumerate(runs):
-        assert bytes_sent > 0
-        half = rank // (world // parallel.get("cfg", 1))  # mesh dims are (cfg, ring, ulysses, tp)
-        mine = [r for r in records if not split_calls or r[1] == half]
-        assert [(s, b, c) for s, b, _, c in got] == [(s, b, c) for s, b, _, c in mine]
-        changes = [-1.0 if r[2] is None else r[2] for r in got]  # None: no previous residual yet
-        assert changes == pytest.approx([-1.0 if r[2] is None else r[2] for r in mine], rel=1e-4)
-        assert np.abs(output - expected).max() <= TOLERANCE
 
 
 @pytest.mark.parametrize(

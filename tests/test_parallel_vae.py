@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import vae_cases
-from test_parallel_families import FAMILY_CASES, reference, splits_sequence
+from families import FAMILY_CASES
+from family_parallel import reference, splits_sequence
 
 import parallel_cases as cases
 from accel.errors import UserError

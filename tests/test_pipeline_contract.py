@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import FluxPipeline
-from test_parallel_families import FAMILY_CASES
+from families import FAMILY_CASES
 
 import accel
 from accel.errors import UserError

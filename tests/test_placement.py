@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE, reference, splits_sequence
+from families import FAMILY_CASES
+from family_parallel import TOLERANCE, reference, splits_sequence
 from variant_cases import has_text_encoders
 
 

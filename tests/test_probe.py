@@ -14,7 +14,7 @@ from dataclasses import replace  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from test_discover import _build  # noqa: E402
-from test_parallel_families import FAMILY_CASES  # noqa: E402
+from families import FAMILY_CASES  # noqa: E402
 from torch import nn  # noqa: E402
 
 from accel.models.discover import Discovery, FoundList, discover_blocks  # noqa: E402

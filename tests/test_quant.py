@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import generate
 from test_cli import invoke
-from test_parallel_families import FAMILY_CASES
+from families import FAMILY_CASES
 
 import accel
 from accel.errors import UserError

@@ -16,14 +16,8 @@ from accel.models.registry import FAMILIES
 from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe.sections import ParallelSection
-from test_parallel_families import (
-    FAMILY_CASES,
-    TOLERANCE,
-    check_cache_method_on_ranks,
-    check_cache_on_ranks,
-    reference,
-    splits_sequence,
-)
+from families import FAMILY_CASES
+from family_parallel import TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, splits_sequence
 
 LAYOUTS = {
     "tp2": {"tp": 2},

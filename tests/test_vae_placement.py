@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import parallel_cases as cases
-from test_parallel_families import FAMILY_CASES, TOLERANCE, reference
+from families import FAMILY_CASES
+from family_parallel import TOLERANCE, reference
 
 RANK0 = {"memory": {"vae": "rank0"}}
 REFUSAL = (

@@ -4,8 +4,6 @@ and the variant lists stay in step with the pipelines diffusers ships, for image
 
 from __future__ import annotations
 
-import inspect
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 import torch
 import variant_cases as cases
 from PIL import Image
-from test_parallel_families import FAMILY_CASES
+from families import FAMILY_CASES
 from typer.testing import CliRunner
 
 from accel.cli import app
@@ -28,56 +26,6 @@ from accel.models.call import guided_by_guider
 TOLERANCE = 1e-4
 ACCEL = str(Path(sys.executable).parent / "accel")
 
-# diffusers pipelines of a supported transformer that `accel run` cannot give their inputs: they need
-# another model or a second picture. In a script, build them and call accel.apply (the family is the
-# transformer's, so every accelerator applies): the ControlNet residuals of FLUX.1, Qwen-Image, SD 3.5
-# and Z-Image are split with the tokens they are added to and halved with batched CFG branches
-# (tests/test_controlnet.py).
-NEEDS_MORE = {
-    "FluxControlNetPipeline": "a ControlNet model",
-    "FluxControlNetImg2ImgPipeline": "a ControlNet model",
-    "FluxControlNetInpaintPipeline": "a ControlNet model",
-    "FluxControlImg2ImgPipeline": "a control image besides the image",
-    "FluxControlInpaintPipeline": "a control image besides the image and mask",
-    "VisualClozePipeline": "in-context example images and a resolution",
-    "VisualClozeGenerationPipeline": "in-context example images and a resolution",
-    "QwenImageControlNetPipeline": "a ControlNet model",
-    "QwenImageControlNetInpaintPipeline": "a ControlNet model",
-    "QwenImageLayeredPipeline": "Qwen-Image-Layered's own transformer (layer-aware rotary) and returns a stack of "
-    "layers",
-    "ZImageControlNetPipeline": "a ControlNet model",
-    "ZImageControlNetInpaintPipeline": "a ControlNet model",
-    "ZImageOmniPipeline": "a SigLIP image encoder",
-    "StableDiffusion3ControlNetPipeline": "a ControlNet model",
-    "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
-    "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
-    "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
-}
-
-
-def diffusers_pipelines_of(transformer_class: str) -> set[str]:
-    """Every pipeline class diffusers exports whose `transformer` component is `transformer_class`."""
-    found = set()
-    for name in dir(diffusers):
-        if not name.endswith("Pipeline"):
-            continue
-        cls = getattr(diffusers, name, None)
-        if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
-            continue
-        parameter = inspect.signature(cls.__init__).parameters.get("transformer")
-        annotation = getattr(parameter, "annotation", None)
-        # A class, its name, or a union such as `WanTransformer3DModel | None` (WanPipeline, LucyEditPipeline).
-        text = (
-            annotation
-            if isinstance(annotation, str)
-            else annotation.__name__
-            if isinstance(annotation, type)
-            else str(annotation)
-        )
-        if parameter is not None and re.search(rf"\b{transformer_class}\b", text):
-            found.add(name)
-    return found
-
 
 def transformer_classes_of(family: str) -> list[str]:
     """The family's transformer class and its variants' own (Wan VACE's)."""
@@ -88,7 +36,7 @@ def transformer_classes_of(family: str) -> list[str]:
 def test_every_diffusers_pipeline_of_the_transformer_is_a_variant_or_named(family: str) -> None:
     """Image and video families alike, for every transformer class the family recognises."""
     classes = set(transformer_classes_of(family))
-    shipped = set().union(*(diffusers_pipelines_of(name) for name in classes))
+    shipped = set().union(*(cases.diffusers_pipelines_of(name) for name in classes))
     listed = {
         name
         for other in FAMILIES.values()
@@ -96,17 +44,19 @@ def test_every_diffusers_pipeline_of_the_transformer_is_a_variant_or_named(famil
         for name in other.pipeline_classes
     }
     assert FAMILIES[family].pipeline_class in shipped
-    assert shipped - listed - set(NEEDS_MORE) == set(), "add these to the family's variants (or say what they need)"
+    assert shipped - listed - set(cases.NEEDS_MORE) == set(), (
+        "add these to the family's variants (or say what they need)"
+    )
     assert listed <= shipped
 
 
 def test_the_video_rule_sees_union_annotations_and_variant_transformers() -> None:
     """WanPipeline annotates its transformer `WanTransformer3DModel | None`; VACE has its own class."""
-    assert {"WanPipeline", "LucyEditPipeline", "WanImageToVideoPipeline"} <= diffusers_pipelines_of(
+    assert {"WanPipeline", "LucyEditPipeline", "WanImageToVideoPipeline"} <= cases.diffusers_pipelines_of(
         "WanTransformer3DModel"
     )
-    assert "WanVACEPipeline" not in diffusers_pipelines_of("WanTransformer3DModel")
-    assert diffusers_pipelines_of("WanVACETransformer3DModel") == {"WanVACEPipeline"}
+    assert "WanVACEPipeline" not in cases.diffusers_pipelines_of("WanTransformer3DModel")
+    assert cases.diffusers_pipelines_of("WanVACETransformer3DModel") == {"WanVACEPipeline"}
 
 
 # A family's own pipeline listed among its variants only gains an optional input (FLUX.2's reference

@@ -5,8 +5,10 @@ deterministic input pictures and clips."""
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
+import diffusers
 import numpy as np
 import torch
 from PIL import Image
@@ -231,3 +233,54 @@ def diffusion_forcing_run(recipe: dict[str, Any], call: dict[str, Any]) -> np.nd
         return variant_run("skyreels2", "SkyReelsV2DiffusionForcingPipeline", recipe, call)[0]
     finally:
         transformer.register_to_config(num_frame_per_block=before)
+
+
+# diffusers pipelines of a supported transformer that `accel run` cannot give their inputs: they need
+# another model or a second picture. In a script, build them and call accel.apply (the family is the
+# transformer's, so every accelerator applies): the ControlNet residuals of FLUX.1, Qwen-Image, SD 3.5
+# and Z-Image are split with the tokens they are added to and halved with batched CFG branches
+# (tests/test_controlnet.py).
+NEEDS_MORE = {
+    "FluxControlNetPipeline": "a ControlNet model",
+    "FluxControlNetImg2ImgPipeline": "a ControlNet model",
+    "FluxControlNetInpaintPipeline": "a ControlNet model",
+    "FluxControlImg2ImgPipeline": "a control image besides the image",
+    "FluxControlInpaintPipeline": "a control image besides the image and mask",
+    "VisualClozePipeline": "in-context example images and a resolution",
+    "VisualClozeGenerationPipeline": "in-context example images and a resolution",
+    "QwenImageControlNetPipeline": "a ControlNet model",
+    "QwenImageControlNetInpaintPipeline": "a ControlNet model",
+    "QwenImageLayeredPipeline": "Qwen-Image-Layered's own transformer (layer-aware rotary) and returns a stack of "
+    "layers",
+    "ZImageControlNetPipeline": "a ControlNet model",
+    "ZImageControlNetInpaintPipeline": "a ControlNet model",
+    "ZImageOmniPipeline": "a SigLIP image encoder",
+    "StableDiffusion3ControlNetPipeline": "a ControlNet model",
+    "StableDiffusion3ControlNetInpaintingPipeline": "a ControlNet model",
+    "StableDiffusion3PAGPipeline": "perturbed-attention guidance layers",
+    "StableDiffusion3PAGImg2ImgPipeline": "perturbed-attention guidance layers",
+}
+
+
+def diffusers_pipelines_of(transformer_class: str) -> set[str]:
+    """Every pipeline class diffusers exports whose `transformer` component is `transformer_class`."""
+    found = set()
+    for name in dir(diffusers):
+        if not name.endswith("Pipeline"):
+            continue
+        cls = getattr(diffusers, name, None)
+        if not isinstance(cls, type) or not issubclass(cls, diffusers.DiffusionPipeline):
+            continue
+        parameter = inspect.signature(cls.__init__).parameters.get("transformer")
+        annotation = getattr(parameter, "annotation", None)
+        # A class, its name, or a union such as `WanTransformer3DModel | None` (WanPipeline, LucyEditPipeline).
+        text = (
+            annotation
+            if isinstance(annotation, str)
+            else annotation.__name__
+            if isinstance(annotation, type)
+            else str(annotation)
+        )
+        if parameter is not None and re.search(rf"\b{transformer_class}\b", text):
+            found.add(name)
+    return found
