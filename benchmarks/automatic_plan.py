@@ -56,7 +56,7 @@ def main() -> None:
     from accel.errors import NotAvailableError
     from accel.parallel.derive import DIFFUSERS
     from accel.parallel.plan import resolve_plan
-    from accel.parallel.verify import automatic_plan
+    from accel.parallel.choose import automatic_plan
 
     names = [n for n in args.families.split(",") if n] or list(FAMILIES)
     print(

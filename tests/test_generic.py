@@ -38,7 +38,7 @@ from accel.parallel.plan_format import AutomaticPlan  # noqa: E402
 from accel.models.generic import first_transformer_call, other_transformer_call  # noqa: E402
 from accel.parallel import verify  # noqa: E402
 from accel.parallel.plan import plan_of, untaught_message  # noqa: E402
-from accel.parallel.verify import automatic_plan  # noqa: E402
+from accel.parallel.choose import automatic_plan  # noqa: E402
 from accel.quality import psnr  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

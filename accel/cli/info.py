@@ -130,7 +130,7 @@ def inspect(
 
     try:
         if verify:
-            from accel.parallel.verify import verify_pipeline
+            from accel.parallel.verify_ahead import verify_pipeline
 
             verify_pipeline(model, ulysses, ring, dtype, device)
         found = as_json(inspect_model(model))

@@ -282,7 +282,7 @@ def _concatenation_of(joined: torch.Tensor, parts: list[Any]) -> bool:
 def first_transformer_call(pipe: Any, transformer: nn.Module, width: int = PROBE_SIZE) -> Any:
     """The arguments of `transformer`'s first forward in the probe call (a TransformerCall), made
     `width` pixels wide: the input the automatic parallel plan is learned and verified on."""
-    from accel.parallel.automatic import TransformerCall
+    from accel.parallel.observe import TransformerCall
 
     calls: list[Any] = []
 

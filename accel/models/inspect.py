@@ -72,7 +72,7 @@ class Transformer:
     plan: ParallelPlan | FromDiffusers | AutomaticPlan | None
     # The class ships a diffusers `_cp_plan` accel can read (tried before the automatic plan where no family knows it).
     own_cp_plan: bool = False
-    # The automatic plan's verdicts kept on disk for this class and config (accel/parallel/verify.py).
+    # The automatic plan's verdicts kept on disk for this class and config (accel/parallel/verdicts.py).
     verdicts: tuple[dict[str, Any], ...] = ()
 
 
@@ -214,9 +214,9 @@ def _transformer(family: Family, attr: str, cls: str, config: dict[str, Any] | N
 
 
 def _verdicts(model: Any) -> tuple[dict[str, Any], ...]:
-    """The automatic plan's verdicts kept for this model's class and config (accel/parallel/verify.py)."""
+    """The automatic plan's verdicts kept for this model's class and config (accel/parallel/verdicts.py)."""
     from accel.models.generic import config_hash
-    from accel.parallel.verify import verdicts_for
+    from accel.parallel.verdicts import verdicts_for
 
     return tuple(verdicts_for(type(model).__name__, config_hash(model)))
 
