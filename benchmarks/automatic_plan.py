@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import accel
-    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.models.pipeline_probe import first_transformer_call, other_transformer_call
     from accel.models.registry import FAMILIES
     from accel.errors import NotAvailableError
     from accel.parallel.derive import DIFFUSERS

@@ -76,17 +76,17 @@ def _calls(family: str) -> tuple[Any, TransformerCall, TransformerCall]:
 
 def _call_at(pipe: Any, call: dict[str, Any]) -> TransformerCall:
     """The transformer's first call in a pipeline call of `call`'s size (stopped there)."""
-    from accel.models import generic
+    from accel.models import pipeline_probe
 
     calls: list[TransformerCall] = []
 
     def keep(_module: Any, args: Any, kwargs: Any) -> None:
         calls.append(TransformerCall(*TransformerCall(tuple(args), dict(kwargs)).fresh()))
-        raise generic._FirstForwardDone
+        raise pipeline_probe._FirstForwardDone
 
     handle = pipe.transformer.register_forward_pre_hook(keep, with_kwargs=True)
     try:
-        with torch.no_grad(), pytest.raises(generic._FirstForwardDone):
+        with torch.no_grad(), pytest.raises(pipeline_probe._FirstForwardDone):
             pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent")
     finally:
         handle.remove()

@@ -126,7 +126,8 @@ def inspect(
     import json
 
     from accel.inspect_view import inspect_view
-    from accel.models.inspect import as_json, inspect_model
+    from accel.models.inspect import inspect_model
+    from accel.models.inspect_json import as_json
 
     try:
         if verify:

@@ -32,7 +32,7 @@ from accel.parallel.verify import Verdict, tolerance, verify_plan
 def probe_calls(pipe: Any, transformer: nn.Module) -> tuple[TransformerCall, TransformerCall]:
     """The pipeline's own first call of `transformer` at the probe size (the input plans are verified
     on), and the same call with more tokens (which dims follow the token count)."""
-    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.models.pipeline_probe import first_transformer_call, other_transformer_call
 
     return first_transformer_call(pipe, transformer), other_transformer_call(pipe, transformer)
 
