@@ -1,4 +1,4 @@
-"""`accel inspect`'s human output: the JSON of accel/models/inspect.py as a panel and tables, so the
+"""`accel inspect`'s human output: the JSON of accel/models/inspect_json.py as a panel and tables, so the
 two outputs never say different things."""
 
 from __future__ import annotations

@@ -51,12 +51,12 @@ def main() -> None:
     torch.set_num_threads(1)
 
     import accel
-    from accel.models.generic import first_transformer_call, other_transformer_call
+    from accel.models.pipeline_probe import first_transformer_call, other_transformer_call
     from accel.models.registry import FAMILIES
     from accel.errors import NotAvailableError
     from accel.parallel.derive import DIFFUSERS
     from accel.parallel.plan import resolve_plan
-    from accel.parallel.verify import automatic_plan
+    from accel.parallel.choose import automatic_plan
 
     names = [n for n in args.families.split(",") if n] or list(FAMILIES)
     print(

@@ -1,5 +1,5 @@
 """The automatic context-parallel plan (accel/parallel/automatic.py) and its verification on simulated
-ranks (accel/parallel/verify.py, accel/parallel/simulate.py), issue 34.
+ranks (accel/parallel/choose.py, accel/parallel/verify.py, accel/parallel/simulate.py), issue 34.
 
 Every family's hand plan switched off: the automatic plan learned from the tiny transformer equals one
 process and the hand plan, on simulated ranks (Ulysses 2 at the probe's size, Ring 3 at a size three
@@ -27,9 +27,9 @@ import parallel_cases as cases
 from accel.errors import NotAvailableError
 from accel.models.base import BlockList
 from accel.models.registry import FAMILIES
-from accel.parallel import verify
+from accel.parallel import choose, verdicts, verify
 from accel.parallel.attention import usp_attention
-from accel.parallel.automatic import TransformerCall
+from accel.parallel.observe import TransformerCall
 from accel.parallel.outputs import tensors_of
 from accel.parallel.derive import DIFFUSERS
 from accel.parallel.plan import resolve_plan
@@ -72,22 +72,22 @@ def test_a_failing_simulated_rank_raises_instead_of_hanging() -> None:
 
 def _calls(family: str) -> tuple[Any, TransformerCall, TransformerCall]:
     pipe = cases.tiny_pipeline(f"tiny-{family}")
-    return pipe, *verify.probe_calls(pipe, pipe.transformer)
+    return pipe, *choose.probe_calls(pipe, pipe.transformer)
 
 
 def _call_at(pipe: Any, call: dict[str, Any]) -> TransformerCall:
     """The transformer's first call in a pipeline call of `call`'s size (stopped there)."""
-    from accel.models import generic
+    from accel.models import pipeline_probe
 
     calls: list[TransformerCall] = []
 
     def keep(_module: Any, args: Any, kwargs: Any) -> None:
         calls.append(TransformerCall(*TransformerCall(tuple(args), dict(kwargs)).fresh()))
-        raise generic._FirstForwardDone
+        raise pipeline_probe._FirstForwardDone
 
     handle = pipe.transformer.register_forward_pre_hook(keep, with_kwargs=True)
     try:
-        with torch.no_grad(), pytest.raises(generic._FirstForwardDone):
+        with torch.no_grad(), pytest.raises(pipeline_probe._FirstForwardDone):
             pipe(**call, generator=torch.Generator().manual_seed(0), output_type="latent")
     finally:
         handle.remove()
@@ -132,7 +132,7 @@ def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(
         pipe, call, other = _calls(family)
         spec = FAMILIES[family]
         assert (
-            verify.automatic_plan(
+            choose.automatic_plan(
                 pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]"
             ).origin
             == "automatic"
@@ -154,8 +154,8 @@ def test_a_class_that_ships_a_cp_plan_is_planned_from_it_first(
             (verdict["source"], verdict.get("sources"), verdict["ulysses"], verdict["ring"]) for verdict in kept
         ) == [
             ("automatic", None, 2, 1),
-            (DIFFUSERS, verify.DIFFUSERS_FIRST, 1, 3),
-            (DIFFUSERS, verify.DIFFUSERS_FIRST, 2, 1),
+            (DIFFUSERS, verdicts.DIFFUSERS_FIRST, 1, 3),
+            (DIFFUSERS, verdicts.DIFFUSERS_FIRST, 2, 1),
         ]
 
 
@@ -171,7 +171,7 @@ def _planned_exactly(
     plans = []
     for ulysses, ring in layouts:
         on = call if ring == 1 else odd
-        plan = verify.automatic_plan(
+        plan = choose.automatic_plan(
             transformer,
             call,
             other,
@@ -207,7 +207,7 @@ def test_qwen_image_21_is_refused_by_the_automatic_plan(
     pipe, call, other = _calls("qwenimage21")
     spec = FAMILIES["qwenimage21"]
     with pytest.raises(NotAvailableError) as refused:
-        verify.automatic_plan(
+        choose.automatic_plan(
             pipe.transformer, call, other, spec.blocks, spec.primary_stream, ulysses, ring, "[parallel]"
         )
     assert str(refused.value) == (
@@ -224,7 +224,7 @@ def test_cosmos_3_is_refused_by_the_automatic_plan(tmp_path: Any, monkeypatch: p
     pipe, call, other = _calls("cosmos3")
     spec = FAMILIES["cosmos3"]
     with pytest.raises(NotAvailableError) as refused:
-        verify.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]")
+        choose.automatic_plan(pipe.transformer, call, other, spec.blocks, spec.primary_stream, 2, 1, "[parallel]")
     assert str(refused.value) == (
         "[parallel]: the automatic context-parallel plan for Cosmos3OmniTransformer is refused: "
         "Cosmos3OmniTransformer's layers take "
@@ -242,7 +242,9 @@ def test_cfg_halves_by_ulysses_with_the_cache_equal_one_process(rank_pools: Any,
     recipe = {"parallel": {"cfg": 2, "ulysses": 2, "plan": "automatic"}, "cache": cache}
     runs = rank_pools(4).run(cases.tiny_run, f"tiny-{family}", recipe, case.call)
     transformer = cases.tiny_pipeline(f"tiny-{family}").transformer
-    assert verify.read_verdict(verify.verdict_key(transformer, 2, 1))["exact"]  # the ranks verified the automatic plan
+    assert verdicts.read_verdict(verdicts.verdict_key(transformer, 2, 1))[
+        "exact"
+    ]  # the ranks verified the automatic plan
     assert any(cached for *_, cached in records), "the threshold caches nothing on one process"
     for output, _, bytes_sent in runs:
         assert bytes_sent > 0
@@ -288,7 +290,7 @@ def _toy_plan(pool: bool, **ranks: Any) -> Any:
         TransformerCall((), {"hidden_states": torch.randn(1, tokens, 4, generator=torch.Generator().manual_seed(1))})
         for tokens in (21, 30)
     ]
-    return verify.automatic_plan(
+    return choose.automatic_plan(
         _Toy(pool),
         *calls,
         (BlockList("blocks", returns=("hidden_states",)),),
@@ -328,7 +330,7 @@ def test_verdicts_are_kept_on_disk_and_reused(tmp_path: Any, monkeypatch: pytest
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("verified again")
 
-    monkeypatch.setattr(verify, "verify_plan", never)
+    monkeypatch.setattr(choose, "verify_plan", never)
     assert _toy_plan(pool=False) == plan
     with pytest.raises(NotAvailableError) as again:
         _toy_plan(pool=True)
@@ -350,23 +352,26 @@ def test_every_rank_takes_the_first_ranks_verdict(tmp_path: Any, monkeypatch: py
     def never(*_: Any, **__: Any) -> Any:
         raise AssertionError("a rank other than the first verified")
 
-    monkeypatch.setattr(verify, "verify_plan", never)
+    monkeypatch.setattr(choose, "verify_plan", never)
     [only] = _candidate_plans_of_toy()
-    chosen = _toy_plan(False, share=as_rank_1(lambda mine: (None, mine[1], (verify.plan_digest(only), ""))), lead=False)
+    chosen = _toy_plan(
+        False, share=as_rank_1(lambda mine: (None, mine[1], (verdicts.plan_digest(only), ""))), lead=False
+    )
     assert chosen == only and seen[-1][2] is None  # rank 1 sent no decision of its own, nor verified
-    refusal = verify.refusal("--ulysses", "_Toy", "rank 0 says no")
+    refusal = choose.refusal("--ulysses", "_Toy", "rank 0 says no")
     with pytest.raises(NotAvailableError) as refused:
         _toy_plan(False, share=as_rank_1(lambda mine: (None, mine[1], (None, refusal))), lead=False)
     assert str(refused.value) == refusal
     with pytest.raises(NotAvailableError) as differ:
         _toy_plan(False, share=as_rank_1(lambda mine: (None, ["0" * 16], ("0" * 16, ""))), lead=False)
-    assert str(differ.value) == verify.refusal(
+    assert str(differ.value) == choose.refusal(
         "--ulysses", "_Toy", "the ranks learned different plans from the same call"
     )
 
 
 def _candidate_plans_of_toy() -> list[Any]:
-    from accel.parallel.automatic import candidate_plans, observe
+    from accel.parallel.automatic import candidate_plans
+    from accel.parallel.observe import observe
 
     lists = (BlockList("blocks", returns=("hidden_states",)),)
     toy = _Toy(False)

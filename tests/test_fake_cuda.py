@@ -961,7 +961,7 @@ def test_automatic_plan_at_real_width_on_fake_cuda(
     name: str, tiny_configs: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import parallel_cases as cases
-    from accel.parallel.verify import automatic_plan, probe_calls
+    from accel.parallel.choose import automatic_plan, probe_calls
 
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
     family = FAMILIES[name]

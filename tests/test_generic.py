@@ -35,10 +35,10 @@ from accel.models import _tiny_parts as parts  # noqa: E402
 from accel.models.base import BlockList, GenerationDefaults  # noqa: E402
 from accel.models.registry import family_of  # noqa: E402
 from accel.parallel.plan_format import AutomaticPlan  # noqa: E402
-from accel.models.generic import first_transformer_call, other_transformer_call  # noqa: E402
+from accel.models.pipeline_probe import first_transformer_call, other_transformer_call  # noqa: E402
 from accel.parallel import verify  # noqa: E402
 from accel.parallel.plan import plan_of, untaught_message  # noqa: E402
-from accel.parallel.verify import automatic_plan  # noqa: E402
+from accel.parallel.choose import automatic_plan  # noqa: E402
 from accel.quality import psnr  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")

@@ -126,11 +126,12 @@ def inspect(
     import json
 
     from accel.inspect_view import inspect_view
-    from accel.models.inspect import as_json, inspect_model
+    from accel.models.inspect import inspect_model
+    from accel.models.inspect_json import as_json
 
     try:
         if verify:
-            from accel.parallel.verify import verify_pipeline
+            from accel.parallel.verify_ahead import verify_pipeline
 
             verify_pipeline(model, ulysses, ring, dtype, device)
         found = as_json(inspect_model(model))

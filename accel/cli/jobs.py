@@ -36,7 +36,7 @@ def relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[s
     if (
         ref.family is None and degrees.sequence > 1
     ):  # a refusal kept from an earlier verification: before any rank starts
-        from accel.parallel.verify import refuse_kept_verdict
+        from accel.parallel.verify_ahead import refuse_kept_verdict
 
         refuse_kept_verdict(ref.name, degrees.ulysses, degrees.ring, "--gpus / [parallel]")
     if settings.memory.text_encoder == "sharded":

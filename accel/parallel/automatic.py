@@ -22,27 +22,25 @@ plans of accel's families almost all are:
 
 What the forward does not show (the order in which a joint attention concatenates text and stream,
 whether a square mask is a per-token one, whether cutting the text is exact) gives several
-candidates; verification (accel/parallel/verify.py) keeps the closest that is exact.
+candidates; accel/parallel/choose.py verifies them and keeps the closest that is exact. The forward is
+watched by accel/parallel/observe.py; the class's own diffusers `_cp_plan`, where it has one, gives
+more candidates (accel/parallel/diffusers_candidates.py).
 What the plan cannot express is refused here in one line (`AutomaticPlanRefused`).
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from accel.models.base import BlockList
-from accel.parallel.plan_format import FromDiffusers, LeadingCount, ParallelPlan, SequenceSplit
 from accel.models.probe import named_arguments
-from accel.parallel.outputs import map_tensors
+from accel.parallel.observe import AttentionCalls, Observation, TransformerCall
+from accel.parallel.plan_format import LeadingCount, ParallelPlan, SequenceSplit
 
 STREAM = "hidden"  # the main stream: the first block list's hidden states
 TEXT = "text"  # the text stream, whole on every rank
@@ -52,151 +50,6 @@ class AutomaticPlanRefused(ValueError):
     """The transformer does something the automatic plan cannot express (one line: what, where)."""
 
 
-@dataclass(frozen=True)
-class TransformerCall:
-    """One call of a transformer's forward, kept to run it again (the verification's input)."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    def fresh(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The arguments with every tensor copied, so a model that writes into its inputs changes no other run."""
-        return map_tensors(self.args, torch.clone), map_tensors(self.kwargs, torch.clone)
-
-    def to(self, device: torch.device | str) -> TransformerCall:
-        return TransformerCall(
-            map_tensors(self.args, lambda t: t.to(device)), map_tensors(self.kwargs, lambda t: t.to(device))
-        )
-
-
-@dataclass
-class _Attention:
-    """The attention calls one module pattern made: (query tokens, key tokens) pairs, and whether
-    any came with a square boolean mask (one relating every token pair)."""
-
-    shapes: set[tuple[int, int]] = field(default_factory=set)
-    square_mask: bool = False
-
-
-@dataclass
-class Observation:
-    """What one unsplit forward showed: first-block arguments per list, attention calls per module
-    pattern, the modules outside the blocks called after the last block, in call order (name, first
-    argument), the transformer's own arguments and its output."""
-
-    first_arguments: dict[str, dict[str, Any]]
-    attention: dict[str, _Attention]
-    after_blocks: list[tuple[str, Any]]
-    transformer_arguments: dict[str, Any]
-    output: Any
-
-
-class _ModuleStack:
-    """The dotted name of the innermost module running, from hooks on every module."""
-
-    def __init__(self, transformer: nn.Module) -> None:
-        self.names: list[str] = []
-        self._handles = []
-        for name, module in transformer.named_modules():
-            self._handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)))
-            self._handles.append(module.register_forward_hook(lambda *_: self._leave(), always_call=True))
-
-    def _enter(self, name: str) -> None:
-        self.names.append(name)
-
-    def _leave(self) -> None:
-        self.names.pop()
-
-    @property
-    def innermost(self) -> str:
-        return self.names[-1] if self.names else ""
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-class _AttentionLog(TorchFunctionMode):
-    def __init__(self, stack: _ModuleStack) -> None:
-        super().__init__()
-        self.stack = stack
-        self.calls: list[tuple[str, int, int]] = []
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            query = args[0] if args else kwargs["query"]
-            key = args[1] if len(args) > 1 else kwargs["key"]
-            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-            square = (
-                isinstance(mask, Tensor)
-                and mask.dtype == torch.bool
-                and mask.dim() == 4
-                and mask.shape[-1] == mask.shape[-2] > 1
-            )
-            self.calls.append((self.stack.innermost, query.shape[-2], key.shape[-2], square))
-        return func(*args, **kwargs)
-
-
-def pattern_of(name: str) -> str:
-    """A module name with every list index made `*`: one pattern for the same module of every block."""
-    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", name)
-
-
-def observe(transformer: nn.Module, call: TransformerCall, lists: Sequence[BlockList]) -> Observation:
-    """Run `transformer` once on `call`, unsplit, watching what the plan needs."""
-    first_arguments: dict[str, dict[str, Any]] = {}
-    order: list[tuple[str, Any]] = []  # direct children in call order, and "<blocks>" after each block
-    handles = []
-    attrs = {block_list.attr for block_list in lists}
-    for block_list in lists:
-        blocks = transformer.get_submodule(block_list.attr)
-
-        def keep(module: nn.Module, args: Any, kwargs: Any, attr: str = block_list.attr) -> None:
-            first_arguments.setdefault(attr, named_arguments(module, args, kwargs))
-
-        handles.append(blocks[0].register_forward_pre_hook(keep, with_kwargs=True))
-        for block in blocks:
-            handles.append(block.register_forward_hook(lambda *_: order.append(("<blocks>", None))))
-    # Every module outside the block lists: the outermost one running first after the blocks is
-    # where the output is gathered (a ModuleDict's item, such as Z-Image's final layer, is called
-    # where the dict itself never is).
-    for name, child in transformer.named_modules():
-        if not name or any(name == attr or name.startswith(attr + ".") for attr in attrs):
-            continue
-
-        def called(module: nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
-            first = next(iter(named_arguments(module, args, kwargs).values()), None)
-            order.append((name, first))
-
-        handles.append(child.register_forward_pre_hook(called, with_kwargs=True))
-    stack = _ModuleStack(transformer)
-    log = _AttentionLog(stack)
-    try:
-        args, kwargs = call.fresh()
-        with torch.no_grad(), log:
-            output = transformer(*args, **kwargs)
-    finally:
-        stack.remove()
-        for handle in handles:
-            handle.remove()
-    attention: dict[str, _Attention] = {}
-    for name, queries, keys, square in log.calls:
-        entry = attention.setdefault(pattern_of(name), _Attention())
-        entry.shapes.add((queries, keys))
-        entry.square_mask = entry.square_mask or square
-    last = max((i for i, (name, _) in enumerate(order) if name == "<blocks>"), default=-1)
-    return Observation(
-        first_arguments=first_arguments,
-        attention=attention,
-        after_blocks=[entry for entry in order[last + 1 :] if entry[0] != "<blocks>"],
-        transformer_arguments=named_arguments(transformer, *call.fresh()),
-        output=output,
-    )
-
-
 def candidate_plans(
     transformer: nn.Module, observation: Observation, other: Observation, lists: Sequence[BlockList], primary: str
 ) -> list[ParallelPlan]:
@@ -204,8 +57,8 @@ def candidate_plans(
     that runs along the tokens from one that only happens to be as long), most likely first;
     AutomaticPlanRefused where none can be written."""
     name = type(transformer).__name__
-    length, text = _lengths(name, observation, lists, primary)
-    more, _ = _lengths(name, other, lists, primary)
+    length, text = token_lengths(name, observation, lists, primary)
+    more, _ = token_lengths(name, other, lists, primary)
     if more == length:
         raise AutomaticPlanRefused(f"{name}'s {lists[0].attr} took as many {primary} tokens at two probe sizes")
     tokens = _Tokens(length, more, text)
@@ -301,7 +154,9 @@ class _Tokens:
         return self.text_cut and self.text is not None and size == other_size == self.text
 
 
-def _lengths(name: str, observation: Observation, lists: Sequence[BlockList], primary: str) -> tuple[int, int | None]:
+def token_lengths(
+    name: str, observation: Observation, lists: Sequence[BlockList], primary: str
+) -> tuple[int, int | None]:
     first = lists[0]
     hidden = observation.first_arguments.get(first.attr, {}).get(primary)
     if not isinstance(hidden, Tensor) or hidden.dim() != 3:
@@ -366,7 +221,7 @@ def _plan(
                 raise AutomaticPlanRefused(f"{name} calls attention in its own forward, outside any module")
             local.append(pattern)
             continue
-        kind = _kind(name, pattern, calls.shapes, other.attention.get(pattern, _Attention()).shapes, tokens)
+        kind = _kind(name, pattern, calls.shapes, other.attention.get(pattern, AttentionCalls()).shapes, tokens)
         if kind == "local":
             local.append(pattern)
         elif kind == "joint":
@@ -412,67 +267,6 @@ def _plan(
         pairwise_mask=pairwise,
         origin="automatic",
     )
-
-
-def diffusers_candidates(
-    transformer: nn.Module,
-    calls: tuple[TransformerCall, TransformerCall],
-    observations: tuple[Observation, Observation],
-    lists: Sequence[BlockList],
-    primary: str,
-    candidates: Sequence[ParallelPlan],
-) -> list[ParallelPlan]:
-    """The class's own diffusers `_cp_plan` as accel plans, one per reading of the attention among
-    `candidates` (the automatic plan's, from the same two `calls` and their `observations`): its cuts
-    and gather, each cut's stream learned from the two calls (accel/parallel/derive.py). Empty where
-    the class has none, where a cut follows no stream, or where accel cannot express the plan
-    (several gathers): the automatic plan is then the source."""
-    from accel.parallel.derive import PlanDerivationError, cut_keys, cut_lengths, derive_plan, learned_streams
-
-    cp_plan = getattr(type(transformer), "_cp_plan", None)
-    if not cp_plan or not candidates:
-        return []
-    name = type(transformer).__name__
-    (length, text), (more, _) = (_lengths(name, observation, lists, primary) for observation in observations)
-
-    def lengths_in(call: TransformerCall) -> dict[str, int | None]:
-        args, kwargs = call.fresh()
-        with torch.no_grad():
-            return cut_lengths(transformer, lambda: transformer(*args, **kwargs))
-
-    streams = learned_streams(
-        cut_keys(cp_plan),
-        lengths_in(calls[0]),
-        lengths_in(calls[1]),
-        (STREAM, length, more),
-        None if text is None else (TEXT, text),
-    )
-    if streams is None:
-        return []
-    derived: dict[str, ParallelPlan] = {}
-    for plan in candidates:
-        spec = FromDiffusers(
-            streams=streams,
-            attention_keys=plan.attention_keys,
-            output_stream=plan.output_stream,
-            local_attention=plan.local_attention,
-            batch_args=plan.batch_args,
-            module_keys=plan.module_keys,
-            whole_queries=plan.whole_queries,
-        )
-        try:
-            cut = derive_plan(cp_plan, spec)
-        except PlanDerivationError:
-            return []
-        text_cut = any(split.stream == TEXT for split in cut.splits)
-        cut = replace(
-            cut,
-            pairwise_mask=plan.pairwise_mask,
-            leading_counts=plan.leading_counts,
-            whole_streams=() if text_cut else plan.whole_streams,
-        )
-        derived.setdefault(repr(cut), cut)
-    return list(derived.values())
 
 
 def _kind(name: str, pattern: str, shapes: set[tuple[int, int]], other: set[tuple[int, int]], tokens: _Tokens) -> str:

@@ -10,7 +10,7 @@ diffusers reaches accel.
 A transformer no family describes names no streams: `learned_streams` reads them off one run at two
 token counts (a cut as long as the main stream at both is that stream, one as long as the text at
 both is the text), and the automatic plan's reading of its attention completes the plan
-(accel/parallel/automatic.py `diffusers_candidates`), verified before use like any plan learned.
+(accel/parallel/diffusers_candidates.py), verified before use like any plan learned.
 """
 
 from __future__ import annotations

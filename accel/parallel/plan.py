@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def plan_of(family: Family, where: str) -> FamilyPlan:
     """The family's parallel plan, or the one-line refusal (`where`: the flag or key that asked).
     A `FromDiffusers` plan is derived when applied, an `AutomaticPlan` learned and verified then
-    (accel/parallel/verify.py)."""
+    (accel/parallel/choose.py)."""
     if family.parallel is None:
         raise NotAvailableError(f"{where}: {family.title} has no context-parallel plan yet; run it on one process")
     return family.parallel
@@ -150,7 +150,7 @@ def _automatic_plans(
 
     from accel.parallel.agree import every_rank_object
     from accel.parallel.automatic import batch_arguments_of
-    from accel.parallel.verify import automatic_plan, probe_calls
+    from accel.parallel.choose import automatic_plan, probe_calls
 
     plans, calls = {}, {}
     for attr, transformer in transformers.items():

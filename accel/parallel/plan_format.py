@@ -175,8 +175,8 @@ class ParallelPlan:
 @dataclass(frozen=True)
 class AutomaticPlan:
     """Context parallelism learned from the model itself when it is applied, and verified on
-    simulated ranks before use (accel/parallel/automatic.py, accel/parallel/verify.py): what a
-    pipeline no family describes gets (its class's own `_cp_plan` tried first, its streams learned),
+    simulated ranks before use (accel/parallel/choose.py): what a pipeline no family describes gets
+    (its class's own `_cp_plan` tried first, its streams learned),
     and what `[parallel] plan = "automatic"` asks of any family (the automatic plan alone)."""
 
 
