@@ -44,14 +44,15 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
     from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.gemma import gemma3_model, gemma3_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
 
     base = seed * 8
-    tokenizer = parts.gemma3_tokenizer()
-    text_encoder = parts.gemma3_model(tokenizer, seed=base + 1)
+    tokenizer = gemma3_tokenizer()
+    text_encoder = gemma3_model(tokenizer, seed=base + 1)
     text = text_encoder.config.text_config
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
+    with seeded(base + 2):
+        transformer = finish(
             LTX2VideoTransformer3DModel(
                 in_channels=_LATENT_CHANNELS,
                 out_channels=_LATENT_CHANNELS,
@@ -70,11 +71,11 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
             )
         )
     if keyframes:
-        with parts.seeded(base + 7):  # built as zeros: random, so the marked tokens differ from the rest
+        with seeded(base + 7):  # built as zeros: random, so the marked tokens differ from the rest
             transformer.keyframes_abs_pos_embedding.data.normal_(std=0.5)
-    with parts.seeded(base + 3):
+    with seeded(base + 3):
         # The text encoder's every hidden state (embeddings + 2 layers) is stacked and projected.
-        connectors = parts.finish(
+        connectors = finish(
             LTX2TextConnectors(
                 caption_channels=text.hidden_size,
                 text_proj_in_factor=text.num_hidden_layers + 1,
@@ -90,10 +91,10 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
                 rope_type="split",
             )
         )
-    with parts.seeded(base + 4):
+    with seeded(base + 4):
         # LTX-2's compression: 4x4 patching then three 2x stages, 32x in space and 8x in time
         # (8k+1 frames -> k+1 latent frames); channels narrowed.
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLLTX2Video(
                 latent_channels=_LATENT_CHANNELS,
                 block_out_channels=(8, 16, 16, 16),
@@ -104,8 +105,8 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
                 temporal_compression_ratio=8,
             )
         )
-    with parts.seeded(base + 5):
-        audio_vae = parts.finish(
+    with seeded(base + 5):
+        audio_vae = finish(
             AutoencoderKLLTX2Audio(
                 base_channels=8,
                 ch_mult=(1, 2, 4),
@@ -114,9 +115,9 @@ def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
                 mel_bins=_MEL_BINS,
             )
         )
-    with parts.seeded(base + 6):
+    with seeded(base + 6):
         # As LTX-2's vocoder: 100 mel frames a second (16 kHz, hop 160) upsampled 240x to 24 kHz stereo.
-        vocoder = parts.finish(
+        vocoder = finish(
             LTX2Vocoder(
                 in_channels=2 * _MEL_BINS,
                 hidden_channels=32,
@@ -175,10 +176,10 @@ def tiny_temporal_upsampler(seed: int = 0) -> Any:
     """A seeded LTX2LatentUpsamplerModel doubling the latent frames (2F - 1), at the tiny channels."""
     from diffusers.pipelines.ltx2 import LTX2LatentUpsamplerModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
 
-    with parts.seeded(seed * 8 + 8):
-        return parts.finish(
+    with seeded(seed * 8 + 8):
+        return finish(
             LTX2LatentUpsamplerModel(
                 in_channels=_LATENT_CHANNELS,
                 mid_channels=32,
