@@ -541,7 +541,7 @@ def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_
     without the folder, one line before loading."""
     import accel
     from accel.errors import UserError
-    from accel.models.ltx2 import build_tiny_dfr, tiny_temporal_upsampler
+    from accel.models.ltx2_tiny import build_tiny_dfr, tiny_temporal_upsampler
     from accel.recipe import Recipe
     from accel.models.call import generation_kwargs
 
@@ -595,7 +595,7 @@ def test_a_refine_round_of_two_tiles_equals_one_process_on_usp_with_the_cache(ra
 def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> None:
     """The DFR transformer is tiny-ltx2's plus a seeded, non-zero keyframe marker; the refine round's
     components are the pass's plus a seeded temporal upsampler; building leaves the caller's RNG alone."""
-    from accel.models.ltx2 import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
+    from accel.models.ltx2_tiny import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
 
     state = torch.random.get_rng_state()
     plain, dfr, refine = (

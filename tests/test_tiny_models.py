@@ -36,7 +36,7 @@ from accel.models import (
     kandinsky5,
     kandinsky6,
     ltx,
-    ltx2,
+    ltx2_tiny,
     mochi,
     qwenimage,
     qwenimage21,
@@ -364,7 +364,7 @@ CASES = {
     ),
     "ltx2": Case(
         name="ltx2",
-        build=ltx2.build_tiny,
+        build=ltx2_tiny.build_tiny,
         pipeline_class=diffusers.LTX2Pipeline,
         # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
         # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
