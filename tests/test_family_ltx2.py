@@ -171,7 +171,7 @@ def test_hdr_through_the_command_line_writes_linear_npy_and_an_sdr_preview(tmp_p
     pipeline's own linear float32 frames, the .mp4 their tone-mapped preview at the video's size."""
     import accel
     from accel.media import save_video
-    from accel.models.variants import read_clip
+    from accel.models.input_files import read_clip
     from diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora import LTX2HDRReferenceCondition
 
     clip = tmp_path / "clip.mp4"
