@@ -15,7 +15,8 @@ import torch
 from accel.media import Audio
 from accel.models.call import guided_by_guider
 from accel.models.registry import family_of
-from accel.models.variants import LATENTS_MARK, open_inputs, variant_of_class
+from accel.models.input_files import LATENTS_MARK, open_inputs
+from accel.models.variants import variant_of_class
 from accel.vae.placement import decodes_here
 
 

@@ -36,11 +36,11 @@ def build_flux() -> Any:
     """FluxControlNetPipeline: tiny-flux plus a ControlNet of two double and two single blocks."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import seeded
     from accel.models import flux
 
     pipe = flux.build_tiny()
-    with parts.seeded(1000):
+    with seeded(1000):
         controlnet = diffusers.FluxControlNetModel.from_transformer(
             pipe.transformer,
             num_layers=2,
@@ -56,11 +56,11 @@ def build_qwenimage(pipeline: str = "QwenImageControlNetPipeline", extra_channel
     """QwenImageControlNetPipeline: tiny-qwenimage plus a two-block ControlNet of its shape."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import seeded
     from accel.models import qwenimage
 
     pipe = qwenimage.build_tiny()
-    with parts.seeded(1010):
+    with seeded(1010):
         controlnet = diffusers.QwenImageControlNetModel.from_transformer(
             pipe.transformer,
             num_layers=2,
@@ -81,11 +81,11 @@ def build_sd3(pipeline: str = "StableDiffusion3ControlNetPipeline", extra_channe
     """StableDiffusion3ControlNetPipeline: tiny-sd3 plus a two-block ControlNet of its shape."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import seeded
     from accel.models import sd3
 
     pipe = sd3.build_tiny()
-    with parts.seeded(1020):
+    with seeded(1020):
         controlnet = diffusers.SD3ControlNetModel.from_transformer(
             pipe.transformer,
             num_layers=2,
@@ -105,12 +105,12 @@ def build_zimage(pipeline: str = "ZImageControlNetPipeline", inputs: int = 1) ->
     layers (its refiners and embedders are the transformer's own, shared by the pipeline)."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import seeded
     from accel.models import zimage
 
     pipe = zimage.build_tiny()
     config = pipe.transformer.config
-    with parts.seeded(1030):
+    with seeded(1030):
         controlnet = diffusers.ZImageControlNetModel(
             control_layers_places=[0, 1],
             control_in_dim=inputs * config.in_channels + (inputs > 1),

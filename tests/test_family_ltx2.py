@@ -343,7 +343,7 @@ def test_hdr_through_the_command_line_writes_linear_npy_and_an_sdr_preview(tmp_p
     pipeline's own linear float32 frames, the .mp4 their tone-mapped preview at the video's size."""
     import accel
     from accel.media import save_video
-    from accel.models.variants import read_clip
+    from accel.models.input_files import read_clip
     from diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora import LTX2HDRReferenceCondition
 
     clip = tmp_path / "clip.mp4"
@@ -713,7 +713,7 @@ def test_the_refine_round_on_real_weights_needs_its_upsampler_folder_and_builds_
     without the folder, one line before loading."""
     import accel
     from accel.errors import UserError
-    from accel.models.ltx2 import build_tiny_dfr, tiny_temporal_upsampler
+    from accel.models.ltx2_tiny import build_tiny_dfr, tiny_temporal_upsampler
     from accel.recipe import Recipe
     from accel.models.call import generation_kwargs
 
@@ -767,7 +767,7 @@ def test_a_refine_round_of_two_tiles_equals_one_process_on_usp_with_the_cache(ra
 def test_the_dfr_tiny_builders_are_seeded_and_share_the_plain_tiny_weights() -> None:
     """The DFR transformer is tiny-ltx2's plus a seeded, non-zero keyframe marker; the refine round's
     components are the pass's plus a seeded temporal upsampler; building leaves the caller's RNG alone."""
-    from accel.models.ltx2 import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
+    from accel.models.ltx2_tiny import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
 
     state = torch.random.get_rng_state()
     plain, dfr, refine = (

@@ -31,7 +31,9 @@ from typer.testing import CliRunner  # noqa: E402
 import accel  # noqa: E402
 from accel.cli import app  # noqa: E402
 from accel.errors import NotAvailableError, UserError  # noqa: E402
-from accel.models import _tiny_parts as parts  # noqa: E402
+from accel.models.tiny.seeding import finish, seeded  # noqa: E402
+from accel.models.tiny.t5 import T5_HIDDEN, t5_encoder, t5_tokenizer, umt5_encoder  # noqa: E402
+from accel.models.tiny.vaes import flux1_vae  # noqa: E402
 from accel.models.base import BlockList, GenerationDefaults  # noqa: E402
 from accel.models.registry import family_of  # noqa: E402
 from accel.parallel.plan_format import AutomaticPlan  # noqa: E402
@@ -64,13 +66,13 @@ def t5_pipeline(
     scheduler: Any,
     transformer: Callable[[], Any],
     vae: Callable[[], Any] = small_vae,
-    encoder: Callable[..., Any] = parts.t5_encoder,
+    encoder: Callable[..., Any] = t5_encoder,
 ) -> Any:
     """A pipeline of diffusers' `cls` with the tiny T5 tokenizer and `encoder`, a seeded VAE and transformer."""
-    tokenizer = parts.t5_tokenizer()
+    tokenizer = t5_tokenizer()
     text_encoder = encoder(tokenizer, 1)
-    with parts.seeded(2):
-        parts_vae, model = parts.finish(vae()), parts.finish(transformer())
+    with seeded(2):
+        parts_vae, model = finish(vae()), finish(transformer())
     return getattr(diffusers, cls)(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=parts_vae, transformer=model, scheduler=scheduler
     )
@@ -86,13 +88,13 @@ def tiny_chroma() -> Any:
             num_single_layers=3,
             attention_head_dim=16,
             num_attention_heads=2,
-            joint_attention_dim=parts.T5_HIDDEN,
+            joint_attention_dim=T5_HIDDEN,
             axes_dims_rope=(4, 6, 6),
             approximator_num_channels=16,
             approximator_hidden_dim=32,
             approximator_layers=2,
         ),
-        vae=parts.flux1_vae,
+        vae=flux1_vae,
     )
 
 
@@ -107,7 +109,7 @@ def tiny_pixart_sigma() -> Any:
             out_channels=8,
             num_layers=3,
             cross_attention_dim=16,
-            caption_channels=parts.T5_HIDDEN,
+            caption_channels=T5_HIDDEN,
             sample_size=32,
             norm_num_groups=4,
         ),
@@ -127,12 +129,12 @@ def tiny_auraflow() -> Any:
             num_single_dit_layers=3,
             attention_head_dim=8,
             num_attention_heads=2,
-            joint_attention_dim=parts.T5_HIDDEN,
+            joint_attention_dim=T5_HIDDEN,
             caption_projection_dim=16,
             out_channels=4,
             pos_embed_max_size=1024,
         ),
-        encoder=parts.umt5_encoder,
+        encoder=umt5_encoder,
     )
 
 
@@ -154,7 +156,7 @@ def tiny_latte() -> Any:
             norm_type="ada_norm_single",
             norm_elementwise_affine=False,
             norm_eps=1e-6,
-            caption_channels=parts.T5_HIDDEN,
+            caption_channels=T5_HIDDEN,
             video_length=16,
         ),
     )
@@ -171,7 +173,7 @@ def tiny_cogview3() -> Any:
             attention_head_dim=8,
             num_attention_heads=2,
             out_channels=4,
-            text_embed_dim=parts.T5_HIDDEN,
+            text_embed_dim=T5_HIDDEN,
             time_embed_dim=16,
             condition_dim=4,
             pos_embed_max_size=32,
@@ -194,7 +196,7 @@ def tiny_allegro() -> Any:
             out_channels=4,
             num_layers=3,
             cross_attention_dim=24,
-            caption_channels=parts.T5_HIDDEN,
+            caption_channels=T5_HIDDEN,
             sample_height=16,
             sample_width=16,
             sample_frames=8,

@@ -487,7 +487,7 @@ def _bomb(path: Path, side: int = 100_000) -> Path:
     "side", [100_000, 10_000]
 )  # past Pillow's error limit, and between its warning and error limits
 def test_a_decompression_bomb_image_is_one_line(tmp_path: Path, side: int) -> None:
-    from accel.models.variants import _picture_or_clip, _readable_image
+    from accel.models.input_checks import _picture_or_clip, _readable_image
 
     bomb = _bomb(tmp_path / "bomb.png", side)
     message = (

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from accel.cli import app
 from accel.media import read_video
 from accel.models.registry import FAMILIES
-from accel.models.variants import condition_object, variant_of
+from accel.models.input_files import condition_object
+from accel.models.variants import variant_of
 from accel.models.call import guided_by_guider
 
 TOLERANCE = 1e-4
@@ -589,7 +590,7 @@ def write_clip(path: Path, frames: int = 5, size: tuple[int, int] = (64, 64)) ->
 def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, pipeline_class: str, flag: str) -> None:
     """The MP4 equals the library call on the same input (the clip as ffmpeg decodes it); the
     video-to-video output has the clip's 5 frames."""
-    from accel.models.variants import read_clip
+    from accel.models.input_files import read_clip
 
     image, _ = write_inputs(tmp_path)
     source = image if flag == "--image" else write_clip(tmp_path / "clip.mp4")
@@ -692,7 +693,7 @@ def test_a_file_that_is_not_a_video_is_refused(tmp_path: Path) -> None:
 def test_a_clip_sets_the_frames_and_a_vace_mask_picture_covers_every_frame(tmp_path: Path) -> None:
     """Pipelines that take a frame count and a video get the clip's length unless --frames says
     otherwise; VACE's mask picture arrives once per frame of the clip, a mask video frame by frame."""
-    from accel.models.variants import open_inputs
+    from accel.models.input_files import open_inputs
     from accel.recipe import Recipe
     from accel.models.call import generation_kwargs
 
@@ -828,7 +829,7 @@ def test_ltx_conditions_become_ltx_video_conditions(tmp_path: Path) -> None:
     frame and strength given; a clip given by --video arrives as a list of one clip."""
     from diffusers.pipelines.ltx.pipeline_ltx_condition import LTXVideoCondition
 
-    from accel.models.variants import open_inputs
+    from accel.models.input_files import open_inputs
     from accel.recipe import Recipe
     from accel.models.call import generation_kwargs
 
@@ -906,7 +907,7 @@ def animate_call() -> dict:
 def test_wan_animate_runs_from_the_command_line_with_its_pose_and_face_videos(tmp_path: Path) -> None:
     """`--input KEYWORD=PATH` gives a variant's own input files and `--arg` any other call argument:
     the MP4 equals the library call on the same clips as ffmpeg decodes them."""
-    from accel.models.variants import read_clip
+    from accel.models.input_files import read_clip
 
     image, _ = write_inputs(tmp_path)
     pose, face = write_clip(tmp_path / "pose.mp4"), write_clip(tmp_path / "face.mp4", size=(16, 16))
@@ -1106,7 +1107,7 @@ def test_conditions_become_the_pipelines_condition_objects(tmp_path: Path) -> No
     index and strength given (0 and 1 when left out); the tiny variant's skip the PyAV re-encode."""
     from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 
-    from accel.models.variants import open_inputs
+    from accel.models.input_files import open_inputs
     from accel.recipe import Recipe
     from accel.models.call import generation_kwargs
 

@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from accel.models.registry import FAMILIES
-from accel.models.variants import condition_object, variant_of
+from accel.models.input_files import condition_object
+from accel.models.variants import variant_of
 
 _pipelines: dict[tuple[str, str], Any] = {}
 

@@ -10,21 +10,15 @@ from typing import Any
 
 from accel.errors import UserError
 from accel.models.base import Family, GenerationDefaults
-from accel.models.variants import (
-    InputLatents,
-    InputVideo,
+from accel.models.input_checks import (
     call_arguments,
-    clip_frames,
-    component_folders,
     condition_arguments,
     input_arguments,
-    latent_settings,
-    made_by,
     named_input_arguments,
     refuse_together,
-    variant_of,
-    variant_of_class,
 )
+from accel.models.input_files import InputLatents, InputVideo, clip_frames, latent_settings
+from accel.models.variants import component_folders, made_by, variant_of, variant_of_class
 from accel.parallel.plan import refuse_layout
 from accel.recipe import Recipe
 

@@ -46,11 +46,11 @@ def build_tiny(seed: int = 0) -> "ChronoEditPipeline":
     stored `model_outputs` and `last_sample` to the kept latent frames. A 64x64 picture makes 2 latent
     frames of 4x4 patches, 32 video tokens; 80x112 makes 2 x 5x7 = 70, which 3, 4 and 8 ranks do not divide.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_image_processor, clip_vision_model
     from diffusers import ChronoEditPipeline
 
     shared = wan._tiny_shared(seed * 8)
-    image_encoder = parts.clip_vision_model(seed=_SEEDS + seed * 8 + 1)
+    image_encoder = clip_vision_model(seed=_SEEDS + seed * 8 + 1)
     transformer = wan._tiny_transformer(
         _SEEDS + seed * 8,
         text_dim=shared["text_encoder"].config.d_model,
@@ -60,7 +60,7 @@ def build_tiny(seed: int = 0) -> "ChronoEditPipeline":
         added_kv_proj_dim=4 * 16,  # the DiT width, as Wan2.1-I2V's 5120
     )
     return ChronoEditPipeline(
-        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+        **shared, image_processor=clip_image_processor(), image_encoder=image_encoder, transformer=transformer
     )
 
 

@@ -32,7 +32,7 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
     The default sample size is the tiny default size in latent units (the real model's 60x90 is
     480x720 / 8): at 64x64 the rotary grid equals the base grid, as it does for the real model at 480x720.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import CogVideoXTransformer3DModel
 
     latent_frames = 3
@@ -53,8 +53,8 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
         max_text_seq_length=226,
         use_rotary_positional_embeddings=True,  # CogVideoX-5b: the pipeline passes the rope
     )
-    with parts.seeded(seed):
-        return parts.finish(CogVideoXTransformer3DModel(**{**settings, **config}))
+    with seeded(seed):
+        return finish(CogVideoXTransformer3DModel(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
@@ -64,7 +64,8 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
     real model, rotary embeddings included; 9 frames at 64x64 give 3x8x8 latents, i.e. 48 video
     tokens after 2x2 patching, next to the text tokens (226 by default, the pipeline's padding length).
     """
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.seeding import finish, seeded  # heavy (transformers): only when building
+    from accel.models.tiny.t5 import t5_encoder, t5_tokenizer
     from diffusers import (
         AutoencoderKLCogVideoX,
         CogVideoXDPMScheduler,
@@ -74,14 +75,14 @@ def build_tiny(seed: int = 0) -> "CogVideoXPipeline":
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     # Offsets: 1 text encoder, 2 transformer, 3 VAE, 4 build_tiny_i2v's transformer, 5 build_tiny_fun_control's.
     base = seed * 8
-    tokenizer = parts.t5_tokenizer()
-    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1)
+    tokenizer = t5_tokenizer()
+    text_encoder = t5_encoder(tokenizer, seed=base + 1)
 
     transformer = _tiny_transformer(base + 2, text_dim=text_encoder.config.d_model)
-    with parts.seeded(base + 3):
+    with seeded(base + 3):
         # CogVideoX's VAE shape: four levels (8x spatial), 4x temporal compression (8k+1 frames ->
         # 2k+1 latent frames, which the decoder turns back into 8k+1 frames).
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLCogVideoX(
                 in_channels=3,
                 out_channels=3,

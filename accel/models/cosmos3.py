@@ -84,12 +84,14 @@ def build_tiny(seed: int = 0) -> "Cosmos3OmniPipeline":
     from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer
     from diffusers.models.autoencoders.autoencoder_cosmos3_audio import Cosmos3AVAEAudioTokenizer
 
-    from accel.models import _tiny_parts as parts, wan
+    from accel.models import wan
+    from accel.models.tiny.qwen import qwen3_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
 
     base = _SEEDS + seed * 8
-    tokenizer = parts.qwen3_tokenizer(_TEMPLATE)
-    with parts.seeded(base):
-        transformer = parts.finish(
+    tokenizer = qwen3_tokenizer(_TEMPLATE)
+    with seeded(base):
+        transformer = finish(
             Cosmos3OmniTransformer(
                 head_dim=16,
                 hidden_size=32,
@@ -106,8 +108,8 @@ def build_tiny(seed: int = 0) -> "Cosmos3OmniPipeline":
                 sound_dim=8,
             )
         )
-    with parts.seeded(base + 1):
-        sound_tokenizer = parts.finish(
+    with seeded(base + 1):
+        sound_tokenizer = finish(
             Cosmos3AVAEAudioTokenizer(
                 sampling_rate=8000,
                 vocoder_input_dim=8,

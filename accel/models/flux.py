@@ -24,20 +24,23 @@ def build_tiny(seed: int = 0, pipeline: str = "FluxPipeline", conditions: int = 
     `conditions` extra packed input channels make the Fill (320: masked image and mask) and Control
     (64: control image latents) transformers, run by the `pipeline` class named.
     """
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.clip import clip_text_model, clip_tokenizer  # heavy (transformers): only when building
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.t5 import t5_encoder, t5_tokenizer
+    from accel.models.tiny.vaes import flux1_vae
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.clip_tokenizer()
-    tokenizer_2 = parts.t5_tokenizer()
-    text_encoder = parts.clip_text_model(tokenizer, seed=base + 1)
-    text_encoder_2 = parts.t5_encoder(tokenizer_2, seed=base + 2)
+    tokenizer = clip_tokenizer()
+    tokenizer_2 = t5_tokenizer()
+    text_encoder = clip_text_model(tokenizer, seed=base + 1)
+    text_encoder_2 = t5_encoder(tokenizer_2, seed=base + 2)
 
     latent_channels = 16
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
+    with seeded(base + 3):
+        transformer = finish(
             FluxTransformer2DModel(
                 patch_size=1,
                 in_channels=latent_channels * 4 + conditions,  # latents are packed in 2x2 patches
@@ -52,8 +55,8 @@ def build_tiny(seed: int = 0, pipeline: str = "FluxPipeline", conditions: int = 
                 axes_dims_rope=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
             )
         )
-    with parts.seeded(base + 4):
-        vae = parts.finish(parts.flux1_vae())
+    with seeded(base + 4):
+        vae = finish(flux1_vae())
     # FLUX.1-dev's scheduler config: the shift grows with the image token count.
     scheduler = FlowMatchEulerDiscreteScheduler(
         num_train_timesteps=1000,

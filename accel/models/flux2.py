@@ -30,10 +30,10 @@ def _tiny_transformer(seed: int, text_dim: int, guidance: bool) -> Any:
     the cache needs two of each kind; four 16-wide heads with 4-axis rotary ids as on the real one."""
     from diffusers import Flux2Transformer2DModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
 
-    with parts.seeded(seed):
-        return parts.finish(
+    with seeded(seed):
+        return finish(
             Flux2Transformer2DModel(
                 patch_size=1,
                 in_channels=_LATENT_CHANNELS * 4,
@@ -53,11 +53,11 @@ def _tiny_transformer(seed: int, text_dim: int, guidance: bool) -> Any:
 def _tiny_vae(seed: int) -> Any:
     from diffusers import AutoencoderKLFlux2
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
 
-    with parts.seeded(seed):
+    with seeded(seed):
         # FLUX.2's VAE shape: four levels (8x downsampling), 32 latent channels, batch-normed 2x2 patches.
-        return parts.finish(
+        return finish(
             AutoencoderKLFlux2(
                 block_out_channels=(8, 16, 16, 16),
                 layers_per_block=1,
@@ -86,12 +86,12 @@ def build_tiny(seed: int = 0) -> "Flux2Pipeline":
     import diffusers
     from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.mistral import mistral3_model, mistral_tokenizer
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.mistral_tokenizer(SYSTEM_MESSAGE)
-    text_encoder = parts.mistral3_model(tokenizer, seed=base + 1, layers=30)
+    tokenizer = mistral_tokenizer(SYSTEM_MESSAGE)
+    text_encoder = mistral3_model(tokenizer, seed=base + 1, layers=30)
     return diffusers.Flux2Pipeline(
         scheduler=_scheduler(),
         vae=_tiny_vae(base + 3),
@@ -110,13 +110,13 @@ def build_tiny_klein(seed: int = 0, pipeline: str = "Flux2KleinPipeline") -> "Fl
     """
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.qwen import qwen2_tokenizer, qwen3_model
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.qwen2_tokenizer("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+    tokenizer = qwen2_tokenizer("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
     tokenizer.chat_template = _QWEN3_CHAT
-    text_encoder = parts.qwen3_model(tokenizer, seed=base + 1, layers=27)
+    text_encoder = qwen3_model(tokenizer, seed=base + 1, layers=27)
     return getattr(diffusers, pipeline)(
         scheduler=_scheduler(),
         vae=_tiny_vae(base + 3),

@@ -47,7 +47,7 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
     (4, 6, 6) sum to the head width as (44, 42, 42) do to 128. `config` overrides settings."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
 
     settings: dict[str, Any] = dict(
         patch_size=(1, 2, 2),
@@ -66,8 +66,8 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
         has_multi_term_memory_patch=True,
         is_amplify_history=False,
     )
-    with parts.seeded(seed):
-        return parts.finish(getattr(diffusers, _CLASS)(**{**settings, **config}))
+    with seeded(seed):
+        return finish(getattr(diffusers, _CLASS)(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0, **config: Any) -> "HeliosPipeline":

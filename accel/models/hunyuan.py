@@ -30,7 +30,7 @@ _LATENT_CHANNELS = 16  # HunyuanVideo's latent width
 def _tiny_transformer(seed: int, text_dim: int, pooled_dim: int, **config: Any) -> Any:
     """HunyuanVideo's transformer scaled down to two double and two single blocks of four 16-wide
     heads; `config` overrides (an image-to-video model's input channels)."""
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import HunyuanVideoTransformer3DModel
 
     settings: dict[str, Any] = dict(
@@ -51,8 +51,8 @@ def _tiny_transformer(seed: int, text_dim: int, pooled_dim: int, **config: Any) 
         rope_theta=256.0,
         rope_axes_dim=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
     )
-    with parts.seeded(seed):
-        return parts.finish(HunyuanVideoTransformer3DModel(**{**settings, **config}))
+    with seeded(seed):
+        return finish(HunyuanVideoTransformer3DModel(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
@@ -63,7 +63,10 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     video tokens after (1, 2, 2) patching, next to the Llama text tokens (256 by default: the
     pipeline pads to `max_sequence_length` after cropping its prompt template's prefix).
     """
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.clip import clip_text_model, clip_tokenizer  # heavy (transformers): only when building
+    from accel.models.tiny.llama import llama_model, llama_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.vaes import hunyuan_video_vae
     from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE
 
@@ -75,22 +78,22 @@ def build_tiny(seed: int = 0) -> "HunyuanVideoPipeline":
     # system prompt and headers): the tokenizer gives the template's words one token each, as
     # Llama 3's does, so the crop lands exactly at the prompt.
     template, crop_start = DEFAULT_PROMPT_TEMPLATE["template"], DEFAULT_PROMPT_TEMPLATE["crop_start"]
-    tokenizer = parts.llama_tokenizer(template)
+    tokenizer = llama_tokenizer(template)
     prefix_tokens = len(tokenizer(template.split("{}")[0]).input_ids)
     if prefix_tokens != crop_start:
         raise RuntimeError(
             f"tiny HunyuanVideo tokenizer: the prompt template's prefix is {prefix_tokens} tokens, "
             f"but the pipeline crops {crop_start}"
         )
-    tokenizer_2 = parts.clip_tokenizer()
-    text_encoder = parts.llama_model(tokenizer, seed=base + 1)
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
+    tokenizer_2 = clip_tokenizer()
+    text_encoder = llama_model(tokenizer, seed=base + 1)
+    text_encoder_2 = clip_text_model(tokenizer_2, seed=base + 2)
 
     transformer = _tiny_transformer(
         base + 3, text_dim=text_encoder.config.hidden_size, pooled_dim=text_encoder_2.config.hidden_size
     )
-    with parts.seeded(base + 4):
-        vae = parts.finish(parts.hunyuan_video_vae())
+    with seeded(base + 4):
+        vae = finish(hunyuan_video_vae())
     # HunyuanVideo's scheduler config: flow matching with a fixed shift of 7.
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=7.0)
     return HunyuanVideoPipeline(
@@ -141,7 +144,8 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
     modulates as a clean frame (timestep 0) in every block: the plan rebases that token count
     to each rank's shard (LeadingCount).
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_image_processor
+    from accel.models.tiny.llama import LLAVA_IMAGE_SIZE, llama_tokenizer, llava_model
     from diffusers import HunyuanVideoImageToVideoPipeline
     from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
 
@@ -150,7 +154,7 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
     # As build_tiny's: the template's words one token each, so the fixed crop lands at the prompt,
     # and "<image>" one token at the template's `image_emb_start`.
     template = DEFAULT_PROMPT_TEMPLATE["template"]
-    tokenizer = parts.llama_tokenizer(template, extra_specials=("<image>",))
+    tokenizer = llama_tokenizer(template, extra_specials=("<image>",))
     ids = tokenizer(template.split("{}")[0]).input_ids
     image_at = ids.index(tokenizer.convert_tokens_to_ids("<image>"))
     if (len(ids), image_at) != (DEFAULT_PROMPT_TEMPLATE["crop_start"], DEFAULT_PROMPT_TEMPLATE["image_emb_start"]):
@@ -160,7 +164,7 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
             f"but the pipeline crops {DEFAULT_PROMPT_TEMPLATE['crop_start']} with it at "
             f"{DEFAULT_PROMPT_TEMPLATE['image_emb_start']}"
         )
-    text_encoder = parts.llava_model(tokenizer, seed=base + 6)
+    text_encoder = llava_model(tokenizer, seed=base + 6)
     transformer = _tiny_transformer(
         base + 7,
         text_dim=text_encoder.config.text_config.hidden_size,
@@ -175,7 +179,7 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideoImageToVideoPipeline":
         scheduler=pipe.scheduler,
         text_encoder_2=pipe.text_encoder_2,
         tokenizer_2=pipe.tokenizer_2,
-        image_processor=parts.clip_image_processor(parts.LLAVA_IMAGE_SIZE),
+        image_processor=clip_image_processor(LLAVA_IMAGE_SIZE),
     )
 
 

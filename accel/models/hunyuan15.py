@@ -43,7 +43,10 @@ def _system_prefix() -> str:
 def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
     """Every component but the image encoder: the Qwen2.5-VL and ByT5 text stacks (seeds `base + 1`,
     `base + 2`), the transformer (`base + 3`), the VAE (`base + 4`), scheduler and guider."""
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    # heavy (transformers): only when building
+    from accel.models.tiny.qwen import QWEN3_CHAT_TEMPLATE, QWEN_HIDDEN, qwen2_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.t5 import t5_encoder
     from diffusers import (
         AutoencoderKLHunyuanVideo15,
         ClassifierFreeGuidance,
@@ -55,13 +58,13 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
     # The pipeline crops a fixed 108 tokens (the system prompt) off the chat-formatted prompt: the
     # tokenizer spends exactly that on it, as Qwen2.5-VL's does, so the crop lands at the prompt
     # (`_checked` compares with the pipeline's own number).
-    tokenizer = parts.qwen2_tokenizer(_system_prefix(), runs=True)
-    tokenizer.chat_template = parts.QWEN3_CHAT_TEMPLATE  # Qwen2.5's framing of plain text turns
+    tokenizer = qwen2_tokenizer(_system_prefix(), runs=True)
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE  # Qwen2.5's framing of plain text turns
     ids = tokenizer.convert_tokens_to_ids
     text_config = Qwen2_5_VLTextConfig(
         vocab_size=len(tokenizer),
-        hidden_size=parts.QWEN_HIDDEN,
-        intermediate_size=2 * parts.QWEN_HIDDEN,
+        hidden_size=QWEN_HIDDEN,
+        intermediate_size=2 * QWEN_HIDDEN,
         num_hidden_layers=3,  # the pipeline takes the third-to-last hidden state: a layer's output
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -71,14 +74,14 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
         eos_token_id=ids("<|im_end|>"),
         pad_token_id=ids("<|endoftext|>"),
     )
-    with parts.seeded(base + 1):
-        text_encoder = parts.finish(Qwen2_5_VLTextModel(text_config))
+    with seeded(base + 1):
+        text_encoder = finish(Qwen2_5_VLTextModel(text_config))
     # ByT5 (the glyph encoder for quoted text) needs no vocabulary file: its tokens are bytes.
     tokenizer_2 = ByT5Tokenizer()
-    text_encoder_2 = parts.t5_encoder(tokenizer_2, seed=base + 2)  # type: ignore[arg-type]
+    text_encoder_2 = t5_encoder(tokenizer_2, seed=base + 2)  # type: ignore[arg-type]
 
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
+    with seeded(base + 3):
+        transformer = finish(
             HunyuanVideo15Transformer3DModel(
                 in_channels=2 * _LATENTS + 1,  # noise, condition latents (zero for text-to-video), condition mask
                 out_channels=_LATENTS,
@@ -95,9 +98,9 @@ def _tiny_parts(base: int, image_embed_dim: int) -> dict[str, Any]:
                 target_size=64,  # the image-to-video pipeline sizes its output from this (diffusers default 640)
             )
         )
-    with parts.seeded(base + 4):
+    with seeded(base + 4):
         # HunyuanVideo 1.5's VAE shape: 16x spatial and 4x temporal compression (4k+1 frames -> k+1 latents).
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLHunyuanVideo15(
                 latent_channels=_LATENTS,
                 block_out_channels=(8, 8, 16, 16, 16),
@@ -152,7 +155,7 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideo15ImageToVideoPipeline":
     channels (the mask channel marks it), and SigLIP's 16 patch tokens (8x8 patches of a 32x32
     resize) join the text stream, valid this time. The output takes the picture's size.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import HunyuanVideo15ImageToVideoPipeline
     from transformers import SiglipVisionConfig, SiglipVisionModel
 
@@ -170,8 +173,8 @@ def build_tiny_i2v(seed: int = 0) -> "HunyuanVideo15ImageToVideoPipeline":
         image_size=_SIGLIP_SIZE,
         patch_size=8,
     )
-    with parts.seeded(base + 5):
-        image_encoder = parts.finish(SiglipVisionModel(config))
+    with seeded(base + 5):
+        image_encoder = finish(SiglipVisionModel(config))
     return _checked(
         HunyuanVideo15ImageToVideoPipeline(
             **_tiny_parts(base, image_embed_dim=config.hidden_size),

@@ -57,23 +57,24 @@ def _guider() -> Any:
 
 def _text_parts(base: int) -> dict[str, Any]:
     """The Qwen2.5-VL prompt stack (seed `base + 1`) and the ByT5 glyph stack (`base + 2`)."""
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.qwen import qwen25_vl_model, qwen2_tokenizer  # heavy (transformers): only when building
+    from accel.models.tiny.t5 import t5_encoder
     from transformers import ByT5Tokenizer
 
     # The tokenizer builds every word of both templates as one token: the base template's prefix is
     # then 34 tokens, as with Qwen2.5-VL's vocabulary, so the pipeline's fixed crop lands at the prompt.
-    tokenizer = parts.qwen2_tokenizer(_TEMPLATE + _REFINER_TEMPLATE)
+    tokenizer = qwen2_tokenizer(_TEMPLATE + _REFINER_TEMPLATE)
     # Three layers: the pipeline takes the third-to-last hidden state, then a layer's output.
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1, layers=3)
+    text_encoder = qwen25_vl_model(tokenizer, seed=base + 1, layers=3)
     tokenizer_2 = ByT5Tokenizer()  # bytes are its tokens: no vocabulary file
-    text_encoder_2 = parts.t5_encoder(tokenizer_2, seed=base + 2)  # type: ignore[arg-type]
+    text_encoder_2 = t5_encoder(tokenizer_2, seed=base + 2)  # type: ignore[arg-type]
     return dict(text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2)
 
 
 def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
     """HunyuanImage 2.1's transformer scaled down to two double and two single blocks of four 16-wide
     heads and one refiner block; `config` overrides (the refiner's 3-D patches and channels)."""
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import HunyuanImageTransformer2DModel
 
     settings: dict[str, Any] = dict(
@@ -88,8 +89,8 @@ def _tiny_transformer(seed: int, text_dim: int, **config: Any) -> Any:
         text_embed_dim=text_dim,
         rope_axes_dim=(8, 8),  # sums to attention_head_dim, as (64, 64) does to 128
     )
-    with parts.seeded(seed):
-        return parts.finish(HunyuanImageTransformer2DModel(**{**settings, **config}))
+    with seeded(seed):
+        return finish(HunyuanImageTransformer2DModel(**{**settings, **config}))
 
 
 def _checked(pipe: Any) -> Any:
@@ -113,7 +114,7 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
     transformer on the prompt, then on the negative prompt, every step; the `ocr_guider` (the same
     config) takes over for prompts with quoted text.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
@@ -126,11 +127,11 @@ def build_tiny(seed: int = 0) -> "HunyuanImagePipeline":
         text_dim=text["text_encoder"].config.text_config.hidden_size,
         text_embed_2_dim=text["text_encoder_2"].config.d_model,
     )
-    with parts.seeded(base + 4):
+    with seeded(base + 4):
         # HunyuanImage 2.1's VAE shape: 32x spatial compression in five pixel-shuffle steps. Its
         # GroupNorms take 32 groups, so 32 channels a level is the narrowest; the deepest level has 64,
         # two a group, so a 32 px picture's 1x1 latent still normalises (one value a group is refused).
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLHunyuanImage(
                 in_channels=3,
                 out_channels=3,
@@ -183,7 +184,7 @@ def build_tiny_refiner(seed: int = 0) -> "HunyuanImageRefinerPipeline":
     tokens are no Qwen specials: a Qwen vocabulary spells them out too), so the prefix's tail stays
     with the prompt.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import AutoencoderKLHunyuanImageRefiner, FlowMatchEulerDiscreteScheduler, HunyuanImageRefinerPipeline
 
     base = seed * 8
@@ -197,8 +198,8 @@ def build_tiny_refiner(seed: int = 0) -> "HunyuanImageRefinerPipeline":
         rope_axes_dim=(4, 6, 6),
         guidance_embeds=True,
     )
-    with parts.seeded(base + 6):
-        vae = parts.finish(
+    with seeded(base + 6):
+        vae = finish(
             AutoencoderKLHunyuanImageRefiner(
                 latent_channels=_REFINER_LATENTS,
                 block_out_channels=(8, 8, 16, 16, 16),

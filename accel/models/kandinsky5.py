@@ -67,14 +67,15 @@ def build_tiny(seed: int = 0) -> "Kandinsky5T2VPipeline":
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky5T2VPipeline
 
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.seeding import finish, seeded  # heavy (transformers): only when building
+    from accel.models.tiny.vaes import hunyuan_video_vae
 
     base = seed * 8
     tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
         _TEMPLATE, _CROP, base, visual_cond=True
     )
-    with parts.seeded(base + 4):
-        vae = parts.finish(parts.hunyuan_video_vae())
+    with seeded(base + 4):
+        vae = finish(hunyuan_video_vae())
     # Kandinsky 5's scheduler config: flow matching with a fixed shift of 5.
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0)
     pipe = Kandinsky5T2VPipeline(
@@ -102,14 +103,16 @@ def _tiny_text_and_transformer(template: str, crop: int, base: int, visual_cond:
     Lite (32, 48, 48) proportions. One seed per component from `base`, so each part is reproducible alone."""
     from diffusers import Kandinsky5Transformer3DModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_text_model, clip_tokenizer
+    from accel.models.tiny.qwen import qwen25_vl_model, qwen2_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
 
-    tokenizer = parts.qwen2_tokenizer(template, prefix_tokens=crop)
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
-    tokenizer_2 = parts.clip_tokenizer()
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
+    tokenizer = qwen2_tokenizer(template, prefix_tokens=crop)
+    text_encoder = qwen25_vl_model(tokenizer, seed=base + 1)
+    tokenizer_2 = clip_tokenizer()
+    text_encoder_2 = clip_text_model(tokenizer_2, seed=base + 2)
+    with seeded(base + 3):
+        transformer = finish(
             Kandinsky5Transformer3DModel(
                 in_visual_dim=_Z_DIM,
                 out_visual_dim=_Z_DIM,
@@ -154,7 +157,9 @@ def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.qwen import qwen2_vl_processor
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.vaes import flux1_vae
 
     cls = getattr(diffusers, pipeline_name)
     template, crop = _image_template(cls)
@@ -162,13 +167,13 @@ def _build_tiny_image(pipeline_name: str, seed: int, picture: bool) -> Any:
     tokenizer, text_encoder, tokenizer_2, text_encoder_2, transformer = _tiny_text_and_transformer(
         template, crop, base, visual_cond=picture
     )
-    with parts.seeded(base + 4):
-        vae = parts.finish(parts.flux1_vae())
+    with seeded(base + 4):
+        vae = finish(flux1_vae())
     pipe = cls(
         transformer=transformer,
         vae=vae,
         text_encoder=text_encoder,
-        tokenizer=parts.qwen2_vl_processor(tokenizer) if picture else tokenizer,
+        tokenizer=qwen2_vl_processor(tokenizer) if picture else tokenizer,
         text_encoder_2=text_encoder_2,
         tokenizer_2=tokenizer_2,
         scheduler=FlowMatchEulerDiscreteScheduler(

@@ -83,15 +83,18 @@ def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
     from diffusers import Kandinsky6TI2VAPipeline, Kandinsky6Transformer3DModel, MMAudioVAE, MMAudioVocoder
     from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_ti2va import _PROMPT_TEMPLATE, _QWEN_CROP_START
 
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.clip import clip_text_model, clip_tokenizer  # heavy (transformers): only when building
+    from accel.models.tiny.qwen import qwen25_vl_model, qwen2_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.vaes import hunyuan_video_vae
 
     base = _SEEDS + seed * 8
-    tokenizer = parts.qwen2_tokenizer(_PROMPT_TEMPLATE, prefix_tokens=_QWEN_CROP_START)
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
-    tokenizer_2 = parts.clip_tokenizer()
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2)
-    with parts.seeded(base + 3):
-        transformer = parts.finish(
+    tokenizer = qwen2_tokenizer(_PROMPT_TEMPLATE, prefix_tokens=_QWEN_CROP_START)
+    text_encoder = qwen25_vl_model(tokenizer, seed=base + 1)
+    tokenizer_2 = clip_tokenizer()
+    text_encoder_2 = clip_text_model(tokenizer_2, seed=base + 2)
+    with seeded(base + 3):
+        transformer = finish(
             Kandinsky6Transformer3DModel(
                 in_visual_dim=_Z_DIM,
                 out_visual_dim=_Z_DIM * grid,
@@ -119,10 +122,10 @@ def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
             )
         )
         random_modulation(transformer)
-    with parts.seeded(base + 4):
-        vae = parts.finish(parts.hunyuan_video_vae())
-    with parts.seeded(base + 5):
-        audio_vae = parts.finish(
+    with seeded(base + 4):
+        vae = finish(hunyuan_video_vae())
+    with seeded(base + 5):
+        audio_vae = finish(
             MMAudioVAE(
                 mel_bins=_MEL_BINS,
                 latent_channels=_AUDIO_Z_DIM,
@@ -134,9 +137,9 @@ def _build(seed: int, scheduler: Any, grid: int) -> "Kandinsky6TI2VAPipeline":
                 hop_length=32,
             )
         )
-    with parts.seeded(base + 6):
+    with seeded(base + 6):
         # Its upsampling (4 x 4 x 2) is the audio VAE's mel hop, as on the real pair (512).
-        vocoder = parts.finish(
+        vocoder = finish(
             MMAudioVocoder(
                 num_mels=_MEL_BINS,
                 upsample_initial_channel=16,

@@ -32,7 +32,8 @@ def build_tiny(seed: int = 0) -> "LTXPipeline":
     size 1), cross-attending to the text tokens (128 by default, the pipeline's padding length).
     Guidance is batched: each step makes one transformer call on a batch of two.
     """
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.seeding import finish, seeded  # heavy (transformers): only when building
+    from accel.models.tiny.t5 import t5_encoder, t5_tokenizer
     from diffusers import (
         AutoencoderKLLTXVideo,
         FlowMatchEulerDiscreteScheduler,
@@ -43,13 +44,13 @@ def build_tiny(seed: int = 0) -> "LTXPipeline":
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
     # LTX-Video's tokenizer stops at 128 tokens, the pipeline's default max_sequence_length.
-    tokenizer = parts.t5_tokenizer(model_max_length=128)
-    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1)
+    tokenizer = t5_tokenizer(model_max_length=128)
+    text_encoder = t5_encoder(tokenizer, seed=base + 1)
 
     latent_channels = 16
     heads, head_dim = 4, 16
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
+    with seeded(base + 2):
+        transformer = finish(
             LTXVideoTransformer3DModel(
                 in_channels=latent_channels,
                 out_channels=latent_channels,
@@ -69,10 +70,10 @@ def build_tiny(seed: int = 0) -> "LTXPipeline":
                 attention_out_bias=True,
             )
         )
-    with parts.seeded(base + 3):
+    with seeded(base + 3):
         # LTX-Video 0.9.0's VAE shape: 4x4 patching then three spatio-temporal 2x stages, i.e.
         # 32x spatial and 8x temporal compression (8k+1 frames -> k+1 latent frames).
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLLTXVideo(
                 in_channels=3,
                 out_channels=3,

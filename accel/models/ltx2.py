@@ -3,15 +3,14 @@ attends video to video, audio to audio, each to the text (cross-attention), then
 video to audio; the pipeline decodes the video with AutoencoderKLLTX2Video and the audio with
 AutoencoderKLLTX2Audio (a mel spectrogram) and a vocoder (the waveform).
 
-`build_tiny` makes a seeded, random-weight LTX-2-shaped pipeline offline for tests.
+accel/models/ltx2_tiny.py builds its seeded, random-weight pipelines offline for tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from accel.models.base import Acceleration, AudioOutput, BlockList, Family, GenerationDefaults
+from accel.models.ltx2_refine import ancestral_scheduler, doubled_rate, refine_canvas
+from accel.models.ltx2_tiny import build_tiny, build_tiny_dfr, build_tiny_dfr_refine
 from accel.models.variant_format import Component, Conditions, NamedInput, Variant
 from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
@@ -22,182 +21,6 @@ from accel.parallel.plan_format import (
     TensorPlan,
     split_layers,
 )
-
-if TYPE_CHECKING:
-    from diffusers import LTX2DFRPipeline, LTX2DFRTemporalRefinePipeline, LTX2Pipeline
-
-_LATENT_CHANNELS = 16
-_AUDIO_LATENT_CHANNELS = 2
-_MEL_BINS = 16  # the audio VAE compresses them 4x: 4 latent bins, 2 x 4 = 8 channels per audio token
-
-
-def _components(seed: int, keyframes: bool = False) -> dict[str, Any]:
-    """Every component of the tiny pipeline, each from its own seed. `keyframes`: LTX-2.5's learned
-    marker of single-pixel-frame tokens (DFR's keyframe slots), seeded apart so the other weights
-    stay those of the plain tiny transformer."""
-    from diffusers import (
-        AutoencoderKLLTX2Audio,
-        AutoencoderKLLTX2Video,
-        FlowMatchEulerDiscreteScheduler,
-        LTX2VideoTransformer3DModel,
-    )
-    from diffusers.pipelines.ltx2 import LTX2TextConnectors
-    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-
-    from accel.models import _tiny_parts as parts
-
-    base = seed * 8
-    tokenizer = parts.gemma3_tokenizer()
-    text_encoder = parts.gemma3_model(tokenizer, seed=base + 1)
-    text = text_encoder.config.text_config
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
-            LTX2VideoTransformer3DModel(
-                in_channels=_LATENT_CHANNELS,
-                out_channels=_LATENT_CHANNELS,
-                num_attention_heads=4,
-                attention_head_dim=16,
-                cross_attention_dim=64,
-                audio_in_channels=_AUDIO_LATENT_CHANNELS * _MEL_BINS // 4,
-                audio_out_channels=_AUDIO_LATENT_CHANNELS * _MEL_BINS // 4,
-                audio_num_attention_heads=4,
-                audio_attention_head_dim=8,
-                audio_cross_attention_dim=32,
-                num_layers=2,
-                caption_channels=text.hidden_size,
-                rope_type="split",  # LTX-2's: per-head (cos, sin) tables, tokens on dim 2
-                use_keyframes_abs_pos_embedding=keyframes,
-            )
-        )
-    if keyframes:
-        with parts.seeded(base + 7):  # built as zeros: random, so the marked tokens differ from the rest
-            transformer.keyframes_abs_pos_embedding.data.normal_(std=0.5)
-    with parts.seeded(base + 3):
-        # The text encoder's every hidden state (embeddings + 2 layers) is stacked and projected.
-        connectors = parts.finish(
-            LTX2TextConnectors(
-                caption_channels=text.hidden_size,
-                text_proj_in_factor=text.num_hidden_layers + 1,
-                video_connector_num_attention_heads=2,
-                video_connector_attention_head_dim=8,
-                video_connector_num_layers=1,
-                video_connector_num_learnable_registers=None,
-                audio_connector_num_attention_heads=2,
-                audio_connector_attention_head_dim=8,
-                audio_connector_num_layers=1,
-                audio_connector_num_learnable_registers=None,
-                connector_rope_base_seq_len=1024,
-                rope_type="split",
-            )
-        )
-    with parts.seeded(base + 4):
-        # LTX-2's compression: 4x4 patching then three 2x stages, 32x in space and 8x in time
-        # (8k+1 frames -> k+1 latent frames); channels narrowed.
-        vae = parts.finish(
-            AutoencoderKLLTX2Video(
-                latent_channels=_LATENT_CHANNELS,
-                block_out_channels=(8, 16, 16, 16),
-                decoder_block_out_channels=(8, 16, 32),
-                layers_per_block=(1, 1, 1, 1, 1),
-                decoder_layers_per_block=(1, 1, 1, 1),
-                spatial_compression_ratio=32,
-                temporal_compression_ratio=8,
-            )
-        )
-    with parts.seeded(base + 5):
-        audio_vae = parts.finish(
-            AutoencoderKLLTX2Audio(
-                base_channels=8,
-                ch_mult=(1, 2, 4),
-                num_res_blocks=1,
-                latent_channels=_AUDIO_LATENT_CHANNELS,
-                mel_bins=_MEL_BINS,
-            )
-        )
-    with parts.seeded(base + 6):
-        # As LTX-2's vocoder: 100 mel frames a second (16 kHz, hop 160) upsampled 240x to 24 kHz stereo.
-        vocoder = parts.finish(
-            LTX2Vocoder(
-                in_channels=2 * _MEL_BINS,
-                hidden_channels=32,
-                out_channels=2,
-                upsample_kernel_sizes=[12, 10, 4, 4, 4],
-                upsample_factors=[6, 5, 2, 2, 2],
-                resnet_kernel_sizes=[3],
-                resnet_dilations=[[1, 3]],
-                output_sampling_rate=24000,
-            )
-        )
-    # LTX-2's scheduler config: the shift grows with the video token count.
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True,
-        base_shift=0.95,
-        max_shift=2.05,
-        base_image_seq_len=1024,
-        max_image_seq_len=4096,
-        shift_terminal=0.1,
-    )
-    return dict(
-        scheduler=scheduler,
-        vae=vae,
-        audio_vae=audio_vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        connectors=connectors,
-        transformer=transformer,
-        vocoder=vocoder,
-    )
-
-
-def build_tiny(seed: int = 0) -> "LTX2Pipeline":
-    """A tiny LTX-2 look-alike: real classes, LTX-2 configs scaled down, random seeded weights.
-
-    Two blocks with four video heads of 16 and four audio heads of 8. 9 frames at 64x96 give 2x2x3
-    = 12 video tokens; their 0.375 s of sound give 9 audio tokens (25 a second). The Gemma 3
-    stand-in encodes the prompt padded on the left to the pipeline's 1024 tokens. Guidance is
-    batched (negative then positive); with the pipeline's default scales each step also runs a
-    spatio-temporal-guidance and a modality-isolation call on the positive prompt alone.
-    """
-    from diffusers import LTX2Pipeline
-
-    return LTX2Pipeline(**_components(seed))
-
-
-def build_tiny_dfr(seed: int = 0) -> "LTX2DFRPipeline":
-    """The tiny pipeline as LTX-2.5's DFR pass: a transformer with the keyframe marker, and a
-    scheduler that takes the distilled sigmas as given (DFR passes no shift `mu`)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2DFRPipeline
-
-    return LTX2DFRPipeline(**dict(_components(seed, keyframes=True), scheduler=FlowMatchEulerDiscreteScheduler()))
-
-
-def tiny_temporal_upsampler(seed: int = 0) -> Any:
-    """A seeded LTX2LatentUpsamplerModel doubling the latent frames (2F - 1), at the tiny channels."""
-    from diffusers.pipelines.ltx2 import LTX2LatentUpsamplerModel
-
-    from accel.models import _tiny_parts as parts
-
-    with parts.seeded(seed * 8 + 8):
-        return parts.finish(
-            LTX2LatentUpsamplerModel(
-                in_channels=_LATENT_CHANNELS,
-                mid_channels=32,
-                num_blocks_per_stage=1,
-                dims=3,
-                spatial_upsample=False,
-                temporal_upsample=True,
-            )
-        )
-
-
-def build_tiny_dfr_refine(seed: int = 0) -> "LTX2DFRTemporalRefinePipeline":
-    """The DFR pass's components as its temporal refine round: a tiny temporal upsampler and the
-    ancestral scheduler the round requires (eta 0.5, as diffusers' example builds it)."""
-    from diffusers import LTX2DFRTemporalRefinePipeline
-
-    components = dict(_components(seed, keyframes=True), scheduler=_ancestral_scheduler())
-    return LTX2DFRTemporalRefinePipeline(**components, temporal_latent_upsampler=tiny_temporal_upsampler(seed))
-
 
 # The blocks' per-module attention: the audio attends itself and the text whole on every rank, the
 # video attends the text (left whole) and the audio locally; the audio's queries to the video are
@@ -216,26 +39,6 @@ _KEYFRAME_MARKER = (("use_keyframes_abs_pos_embedding", True),)
 # What a DFR pass (or refine round) hands on with --out NAME.pt, and the refine round's keywords for it.
 _DFR_PASS = ("frames", "audio", "keyframes", "keyframe_positions")
 _REFINE_TAKES = ("latents", "audio_latents", "keyframes_latents", "keyframe_positions")
-# LTX-2's video VAE: 32x in space, 8x in time (k + 1 latent frames hold 8k + 1 frames).
-_SPACE, _TIME = 32, 8
-
-
-def _canvas_of(fields: Mapping[str, Any]) -> dict[str, int]:
-    """The refine round's input canvas, as the pass's latents (batch, channels, frames, height, width) hold it."""
-    _, _, frames, height, width = fields["frames"].shape
-    return {"num_frames": (frames - 1) * _TIME + 1, "height": height * _SPACE, "width": width * _SPACE}
-
-
-def _doubled_rate(call: Mapping[str, Any]) -> float:
-    """A refine round plays at twice its input's frame rate (the call's `frame_rate`, 24 unless given)."""
-    return 2 * float(call.get("frame_rate", 24.0))
-
-
-def _ancestral_scheduler() -> Any:
-    """The refine round's scheduler, which it refuses to run without (diffusers' example: eta 0.5)."""
-    from diffusers import LTXEulerAncestralRFScheduler
-
-    return LTXEulerAncestralRFScheduler(eta=0.5)
 
 
 _ATTENTIONS = ("attn1", "attn2", "audio_attn1", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
@@ -407,16 +210,16 @@ FAMILY = Family(
                     "latents",
                     fields=tuple(zip(_DFR_PASS, _REFINE_TAKES, strict=True)),
                     made_by=("LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"),
-                    settings=_canvas_of,
+                    settings=refine_canvas,
                 ),
             ),
             components=(
                 Component("temporal_latent_upsampler", "diffusers.pipelines.ltx2.LTX2LatentUpsamplerModel"),
-                Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=_ancestral_scheduler),
+                Component("scheduler", "diffusers.LTXEulerAncestralRFScheduler", build=ancestral_scheduler),
             ),
             defaults=GenerationDefaults(steps=4, height=704, width=1216, frames=121),
             latent_output=_DFR_PASS,
-            fps=_doubled_rate,
+            fps=doubled_rate,
         ),
     ),
     audio=AudioOutput(field="audio", sample_rate="vocoder.config.output_sampling_rate"),

@@ -35,7 +35,8 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
     """
     import torch
 
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.seeding import finish, seeded  # heavy (transformers): only when building
+    from accel.models.tiny.t5 import t5_encoder, t5_tokenizer
     from diffusers import (
         AutoencoderKLMochi,
         FlowMatchEulerDiscreteScheduler,
@@ -45,13 +46,13 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.t5_tokenizer()
+    tokenizer = t5_tokenizer()
     # Wider than the transformer, as T5-XXL's 4096 is wider than Mochi's 3072.
-    text_encoder = parts.t5_encoder(tokenizer, seed=base + 1, hidden=128)
+    text_encoder = t5_encoder(tokenizer, seed=base + 1, hidden=128)
 
     latent_channels = 12  # the pipeline hard-codes Mochi's 12 latent channels when denormalising
     heads, head_dim = 4, 24
-    with parts.seeded(base + 2):
+    with seeded(base + 2):
         transformer = MochiTransformer3DModel(
             patch_size=2,
             num_attention_heads=heads,
@@ -74,11 +75,11 @@ def build_tiny(seed: int = 0) -> "MochiPipeline":
         magnitudes = 10000.0 ** (-torch.arange(half, dtype=torch.float32) / half)
         with torch.no_grad():
             transformer.pos_frequencies.copy_(directions * magnitudes)
-        transformer = parts.finish(transformer)
-    with parts.seeded(base + 3):
+        transformer = finish(transformer)
+    with seeded(base + 3):
         # Mochi's VAE shape: 8x spatial and 6x temporal compression (6k+1 frames -> k+1 latents).
         # 32 channels is the floor: its group norms use 32 groups, its attention 32-wide heads.
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLMochi(
                 in_channels=15,  # RGB plus its Fourier features
                 out_channels=3,

@@ -43,12 +43,13 @@ def build_tiny(seed: int = 0, pipeline: str = "QwenImagePipeline", **transformer
     import diffusers
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.qwen import qwen25_vl_model, qwen2_tokenizer, qwen2_vl_processor
+    from accel.models.tiny.seeding import finish, seeded
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.qwen2_tokenizer(_TEMPLATE + _EDIT_TEMPLATE)
-    text_encoder = parts.qwen25_vl_model(tokenizer, seed=base + 1)
+    tokenizer = qwen2_tokenizer(_TEMPLATE + _EDIT_TEMPLATE)
+    text_encoder = qwen25_vl_model(tokenizer, seed=base + 1)
     settings: dict[str, Any] = dict(
         patch_size=2,
         in_channels=_Z_DIM * 4,  # latents are packed in 2x2 patches
@@ -59,11 +60,11 @@ def build_tiny(seed: int = 0, pipeline: str = "QwenImagePipeline", **transformer
         joint_attention_dim=text_encoder.config.text_config.hidden_size,
         axes_dims_rope=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
     )
-    with parts.seeded(base + 2):
-        model = parts.finish(QwenImageTransformer2DModel(**{**settings, **transformer}))
-    with parts.seeded(base + 3):
+    with seeded(base + 2):
+        model = finish(QwenImageTransformer2DModel(**{**settings, **transformer}))
+    with seeded(base + 3):
         # Qwen-Image's VAE shape (Wan 2.1's): 8x spatial compression, 16 latent channels.
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLQwenImage(
                 base_dim=8,
                 z_dim=_Z_DIM,
@@ -89,7 +90,7 @@ def build_tiny(seed: int = 0, pipeline: str = "QwenImagePipeline", **transformer
         scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=model
     )
     if pipeline != "QwenImagePipeline":
-        parts_of_pipe["processor"] = parts.qwen2_vl_processor(tokenizer)
+        parts_of_pipe["processor"] = qwen2_vl_processor(tokenizer)
     return getattr(diffusers, pipeline)(**parts_of_pipe)
 
 

@@ -73,14 +73,15 @@ def build_tiny(seed: int = 0) -> "QwenImage21Pipeline":
         QwenImage21Transformer2DModel,
     )
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.qwen import qwen2_tokenizer, qwen3_vl_model, qwen3_vl_processor
+    from accel.models.tiny.seeding import finish, seeded
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.qwen2_tokenizer(_TEMPLATE)
-    text_encoder = parts.qwen3_vl_model(tokenizer, seed=base + 1)
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
+    tokenizer = qwen2_tokenizer(_TEMPLATE)
+    text_encoder = qwen3_vl_model(tokenizer, seed=base + 1)
+    with seeded(base + 2):
+        transformer = finish(
             QwenImage21Transformer2DModel(
                 in_channels=_Z_DIM,
                 out_channels=_Z_DIM,
@@ -91,9 +92,9 @@ def build_tiny(seed: int = 0) -> "QwenImage21Pipeline":
                 axes_dims_rope=(4, 6, 6),  # sums to attention_head_dim, as (16, 56, 56) does to 128
             )
         )
-    with parts.seeded(base + 3):
+    with seeded(base + 3):
         # Four spatial downsamplings (16x) and three temporal ones, as in the real VAE; unit latent statistics.
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKLQwenImage21(
                 base_dim=8,
                 decoder_base_dim=8,
@@ -110,7 +111,7 @@ def build_tiny(seed: int = 0) -> "QwenImage21Pipeline":
         scheduler=scheduler,
         vae=vae,
         text_encoder=text_encoder,
-        processor=parts.qwen3_vl_processor(tokenizer),
+        processor=qwen3_vl_processor(tokenizer),
         transformer=transformer,
     )
 

@@ -40,14 +40,16 @@ def build_tiny(
     import diffusers
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import CLIP_HIDDEN, clip_text_model, clip_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.t5 import t5_encoder, t5_tokenizer
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer, tokenizer_2, tokenizer_3 = parts.clip_tokenizer(), parts.clip_tokenizer(), parts.t5_tokenizer()
-    text_encoder = parts.clip_text_model(tokenizer, seed=base + 1, projection=True)
-    text_encoder_2 = parts.clip_text_model(tokenizer_2, seed=base + 2, projection=True)
-    text_encoder_3 = parts.t5_encoder(tokenizer_3, seed=base + 3, hidden=2 * parts.CLIP_HIDDEN)
+    tokenizer, tokenizer_2, tokenizer_3 = clip_tokenizer(), clip_tokenizer(), t5_tokenizer()
+    text_encoder = clip_text_model(tokenizer, seed=base + 1, projection=True)
+    text_encoder_2 = clip_text_model(tokenizer_2, seed=base + 2, projection=True)
+    text_encoder_3 = t5_encoder(tokenizer_3, seed=base + 3, hidden=2 * CLIP_HIDDEN)
     settings: dict[str, Any] = dict(
         sample_size=8,
         patch_size=2,
@@ -58,15 +60,15 @@ def build_tiny(
         num_attention_heads=4,
         joint_attention_dim=text_encoder_3.config.d_model,
         caption_projection_dim=64,
-        pooled_projection_dim=2 * parts.CLIP_HIDDEN,
+        pooled_projection_dim=2 * CLIP_HIDDEN,
         pos_embed_max_size=16,
         qk_norm="rms_norm",
     )
-    with parts.seeded(base + 4):
-        model = parts.finish(SD3Transformer2DModel(**{**settings, **transformer}))
-    with parts.seeded(base + 5):
+    with seeded(base + 4):
+        model = finish(SD3Transformer2DModel(**{**settings, **transformer}))
+    with seeded(base + 5):
         # SD3's VAE shape: four levels (8x downsampling), 16 latent channels, no quant convs.
-        vae = parts.finish(
+        vae = finish(
             AutoencoderKL(
                 in_channels=3,
                 out_channels=3,

@@ -39,11 +39,11 @@ def build_tiny(seed: int = 0) -> "SkyReelsV2Pipeline":
 def build_tiny_i2v(seed: int = 0) -> "SkyReelsV2ImageToVideoPipeline":
     """A tiny SkyReels-V2-I2V look-alike: as wan.build_tiny_i2v, a DiT reading 36 channels (noise,
     first-frame mask, condition latents) and CLIP image tokens before the text."""
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_image_processor, clip_vision_model
     from diffusers import SkyReelsV2ImageToVideoPipeline
 
     shared = wan._tiny_shared(seed * 8)
-    image_encoder = parts.clip_vision_model(seed=_SEEDS + seed * 8 + 1)
+    image_encoder = clip_vision_model(seed=_SEEDS + seed * 8 + 1)
     transformer = wan._tiny_transformer(
         _SEEDS + seed * 8 + 2,
         text_dim=shared["text_encoder"].config.d_model,
@@ -53,7 +53,7 @@ def build_tiny_i2v(seed: int = 0) -> "SkyReelsV2ImageToVideoPipeline":
         added_kv_proj_dim=4 * 16,
     )
     return SkyReelsV2ImageToVideoPipeline(
-        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+        **shared, image_processor=clip_image_processor(), image_encoder=image_encoder, transformer=transformer
     )
 
 

@@ -1,6 +1,6 @@
 """What a family says about the other pipelines of its transformer (`Variant`): their inputs
 (`NamedInput`, `Conditions`), the components they need (`Component`), their own plans and outputs.
-accel/models/variants.py reads them."""
+accel/models/variants.py, input_checks.py and input_files.py read them."""
 
 from __future__ import annotations
 

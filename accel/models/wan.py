@@ -32,10 +32,10 @@ def _tiny_shared(base: int) -> dict[str, Any]:
 
     Wan 2.1 T2V/I2V and Wan 2.2 A14B ship the same UMT5 and VAE, so the tiny builders do too.
     """
-    from accel.models import _tiny_parts as parts  # heavy (transformers): only when building
+    from accel.models.tiny.t5 import t5_tokenizer, umt5_encoder  # heavy (transformers): only when building
 
-    tokenizer = parts.t5_tokenizer()
-    text_encoder = parts.umt5_encoder(tokenizer, seed=base + 1)
+    tokenizer = t5_tokenizer()
+    text_encoder = umt5_encoder(tokenizer, seed=base + 1)
     vae = tiny_vae(base + 3)
     return dict(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=tiny_scheduler())
 
@@ -60,11 +60,11 @@ def tiny_scheduler() -> Any:
 def tiny_vae(seed: int) -> Any:
     """Wan 2.1's VAE scaled down (seeded): 8x spatial and 4x temporal compression (4k+1 frames -> k+1
     latents) to _Z_DIM channels, with Wan 2.1's latent statistics (Cosmos 3 reuses it)."""
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
     from diffusers import AutoencoderKLWan
 
-    with parts.seeded(seed):
-        return parts.finish(
+    with seeded(seed):
+        return finish(
             AutoencoderKLWan(
                 base_dim=8,
                 z_dim=_Z_DIM,
@@ -81,7 +81,7 @@ def _tiny_transformer(seed: int, text_dim: int, cls: str = "WanTransformer3DMode
     four 16-wide heads; `config` adds or overrides settings."""
     import diffusers
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.seeding import finish, seeded
 
     settings: dict[str, Any] = dict(
         patch_size=(1, 2, 2),
@@ -98,8 +98,8 @@ def _tiny_transformer(seed: int, text_dim: int, cls: str = "WanTransformer3DMode
         eps=1e-6,
         rope_max_seq_len=1024,
     )
-    with parts.seeded(seed):
-        return parts.finish(getattr(diffusers, cls)(**{**settings, **config}))
+    with seeded(seed):
+        return finish(getattr(diffusers, cls)(**{**settings, **config}))
 
 
 def build_tiny(seed: int = 0) -> "WanPipeline":
@@ -131,12 +131,12 @@ def build_tiny_i2v(seed: int = 0) -> "WanImageToVideoPipeline":
     and value projections (`add_k_proj`, `add_v_proj`). Call with `image=` (a PIL image), resized
     to the output size for the VAE and to 32x32 for CLIP.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_image_processor, clip_vision_model
     from diffusers import WanImageToVideoPipeline
 
     base = seed * 8
     shared = _tiny_shared(base)
-    image_encoder = parts.clip_vision_model(seed=base + 5)
+    image_encoder = clip_vision_model(seed=base + 5)
     transformer = _tiny_transformer(
         base + 4,
         text_dim=shared["text_encoder"].config.d_model,
@@ -146,7 +146,7 @@ def build_tiny_i2v(seed: int = 0) -> "WanImageToVideoPipeline":
     )
     return WanImageToVideoPipeline(
         **shared,
-        image_processor=parts.clip_image_processor(),
+        image_processor=clip_image_processor(),
         image_encoder=image_encoder,
         transformer=transformer,
         transformer_2=None,
@@ -220,11 +220,11 @@ def build_tiny_animate(seed: int = 0) -> Any:
     adapter attends from each latent frame's tokens to that frame's motion tokens, which a motion
     encoder (16x16 face crops here, 512x512 on the real model) and a face encoder make.
     """
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.clip import clip_image_processor, clip_vision_model
     from diffusers import WanAnimatePipeline
 
     shared = _tiny_shared(seed * 8)
-    image_encoder = parts.clip_vision_model(seed=_VARIANT_SEEDS + seed * 8 + 2)
+    image_encoder = clip_vision_model(seed=_VARIANT_SEEDS + seed * 8 + 2)
     transformer = _tiny_transformer(
         _VARIANT_SEEDS + seed * 8 + 3,
         text_dim=shared["text_encoder"].config.d_model,
@@ -245,7 +245,7 @@ def build_tiny_animate(seed: int = 0) -> Any:
         motion_encoder_batch_size=8,
     )
     return WanAnimatePipeline(
-        **shared, image_processor=parts.clip_image_processor(), image_encoder=image_encoder, transformer=transformer
+        **shared, image_processor=clip_image_processor(), image_encoder=image_encoder, transformer=transformer
     )
 
 

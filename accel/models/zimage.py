@@ -30,14 +30,16 @@ def build_tiny(seed: int = 0) -> "ZImagePipeline":
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
 
-    from accel.models import _tiny_parts as parts
+    from accel.models.tiny.qwen import qwen3_model, qwen3_tokenizer
+    from accel.models.tiny.seeding import finish, seeded
+    from accel.models.tiny.vaes import flux1_vae
 
     # One seed per component, disjoint across builder seeds, so each part is reproducible alone.
     base = seed * 8
-    tokenizer = parts.qwen3_tokenizer("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
-    text_encoder = parts.qwen3_model(tokenizer, seed=base + 1, layers=2)
-    with parts.seeded(base + 2):
-        transformer = parts.finish(
+    tokenizer = qwen3_tokenizer("<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+    text_encoder = qwen3_model(tokenizer, seed=base + 1, layers=2)
+    with seeded(base + 2):
+        transformer = finish(
             ZImageTransformer2DModel(
                 all_patch_size=(2,),
                 all_f_patch_size=(1,),
@@ -52,8 +54,8 @@ def build_tiny(seed: int = 0) -> "ZImagePipeline":
                 axes_lens=[1024, 512, 512],
             )
         )
-    with parts.seeded(base + 3):
-        vae = parts.finish(parts.flux1_vae())  # Z-Image decodes with FLUX.1's VAE
+    with seeded(base + 3):
+        vae = finish(flux1_vae())  # Z-Image decodes with FLUX.1's VAE
     # Z-Image-Turbo's scheduler config: a fixed shift of 3 (the pipeline's `mu` is then unused).
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
     return ZImagePipeline(
