@@ -89,6 +89,17 @@ class FamilyCase:
     # arguments its pipeline passes it, latents moved by `drift` (as between denoising steps).
     block_transformer: Callable[[], Any]
     block_inputs: Callable[[float], dict[str, Any]]
+    # The pipeline contract's (tests/test_pipeline_contract.py) size and steps, where the defaults (32x32, 2 steps)
+    # do not serve; why it asks for one output per prompt (diffusers itself fails on two), and why a saved folder
+    # cannot load back here.
+    contract_size: dict[str, int] = field(default_factory=lambda: dict(height=32, width=32))
+    contract_steps: int = 2
+    one_per_prompt: str | None = None
+    no_reload: str | None = None
+    # Arguments the newer-family compile check (tests/test_compile.py) adds to the call.
+    compile_call: dict[str, Any] = field(default_factory=dict)
+    # Why the automatic plan cannot write this family's hand plan, and refuses it (tests/test_automatic_plan.py).
+    refused_automatically: str | None = None
 
 
 def module_of(family: str) -> str:

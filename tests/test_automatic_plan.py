@@ -98,14 +98,11 @@ def _outputs(transformer: Any, plan: Any, call: TransformerCall, ulysses: int, r
     return [t for output in verify._split_run(transformer, plan, call, ulysses, ring) for t in tensors_of(output)]
 
 
-# Two hand plans the automatic plan cannot write, and refuses: Qwen-Image 2.1's cuts only the calls
-# after its first, which the automatic plan never sees (test_qwen_image_21_is_refused_by_the_automatic_plan);
-# Cosmos 3's transformer takes its streams without a batch dim (test_cosmos_3_is_refused_by_the_automatic_plan).
-REFUSED_AUTOMATICALLY = ("qwenimage21", "cosmos3")
-
-
+# The hand plans the automatic plan cannot write, and refuses (a family case's `refused_automatically` says why;
+# test_qwen_image_21_is_refused_by_the_automatic_plan, test_cosmos_3_is_refused_by_the_automatic_plan), are left out.
 @pytest.mark.parametrize(
-    "family", [family for family in FAMILY_CASES if splits_sequence(family) and family not in REFUSED_AUTOMATICALLY]
+    "family",
+    [family for family in FAMILY_CASES if splits_sequence(family) and not FAMILY_CASES[family].refused_automatically],
 )
 def test_every_family_without_its_hand_plan_is_planned_automatically_and_exactly(
     family: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch

@@ -116,9 +116,6 @@ def test_quant_compile_cache_ulysses_parallel_vae_together(rank_pools) -> None:
     assert (other == 0.5).all()  # the split decode hands pixels to rank 0 only: the others decode zeros
 
 
-COMPILE_CALL = {"qwenimage21": dict(true_cfg_scale=1.0, negative_prompt=None)}
-
-
 @pytest.mark.parametrize(
     "family",
     [
@@ -147,7 +144,7 @@ def test_regional_compile_equals_eager_on_the_newer_families(family: str) -> Non
     generation: the call that fills the K/V cache, the cached call, and that call again once dynamo stops
     specializing on its sliced input's storage offset; one branch, as true CFG's second only recompiles for its
     negative prompt's length (twice the time, nothing more tested)."""
-    call = dict(FAMILY_CASES[family].call, num_inference_steps=2, **COMPILE_CALL.get(family, {}))
+    call = dict(FAMILY_CASES[family].call, num_inference_steps=2, **FAMILY_CASES[family].compile_call)
     eager, _, _ = cases.tiny_run(f"tiny-{family}", {}, call)
     compiled, _, graphs = cases.counted_run(f"tiny-{family}", {"compile": {"enabled": True}}, call)
     assert np.abs(compiled - eager).max() <= TOLERANCE

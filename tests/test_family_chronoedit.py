@@ -111,6 +111,7 @@ CASE = FamilyCase(
     ),
     block_transformer=block_transformer,
     block_inputs=block_inputs,
+    one_per_prompt="diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video",
 )
 
 # 13 frames make 4 latent frames of 4x4 patches (64 tokens) for three steps, then 2 (32): Ring 3 divides neither.

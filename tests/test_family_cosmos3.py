@@ -174,6 +174,7 @@ CASE = FamilyCase(
     ),
     block_transformer=block_transformer,
     block_inputs=block_inputs,
+    refused_automatically="its transformer takes its streams without a batch dim",
 )
 
 CALL = CASE.call

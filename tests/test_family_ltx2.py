@@ -34,7 +34,7 @@ from family_case import FakeCuda, FamilyCase, PROMPT, TinyCase
 import block_cases
 from torch import nn
 from fakecuda import DTYPE, Grid, HEADS, Layout, out_channels, randn
-from accel.models import ltx2
+from accel.models import ltx2_tiny
 
 
 # LTX-2's audio tokens (25 a second; 126 for 5 s): replicated on every rank, so any count does.
@@ -164,7 +164,7 @@ CASE = FamilyCase(
     threshold=0.3,
     tiny=TinyCase(
         name="ltx2",
-        build=ltx2.build_tiny,
+        build=ltx2_tiny.build_tiny,
         pipeline_class=diffusers.LTX2Pipeline,
         # The spatio-temporal and modality guidance calls off (their defaults add two batch-1 calls a
         # step), so every call has one shape; tests/test_family_ltx2.py runs the defaults.
@@ -200,6 +200,7 @@ CASE = FamilyCase(
     ),
     block_transformer=block_transformer,
     block_inputs=block_inputs,
+    contract_size=dict(height=64, width=96),  # its audio VAE pads past a 32 px latent
 )
 
 FAMILY = FAMILIES["ltx2"]

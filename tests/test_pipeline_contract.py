@@ -172,24 +172,8 @@ def test_qkv_fused_before_apply_is_quantized_and_runs() -> None:
 
 # -- the contract harness ----------------------------------------------------------------------------
 # Every family's smallest call: two steps (the second can reuse), FLUX's and Wan's as above, the
-# others' parallel-test call at 32 px with 16 text tokens where the pipeline takes a length.
-SIZES = {"ltx2": dict(height=64, width=96)}  # its audio VAE pads past a 32 px latent
-# Where diffusers itself fails on two outputs per prompt (without accel), one is asked for.
-ONE_PER_PROMPT = {
-    "hunyuan15": "diffusers 0.42's HunyuanVideo 1.5 reshapes its text mask for one video per prompt only",
-    "chronoedit": "diffusers 0.42's ChronoEdit repeats the picture's CLIP tokens per prompt, not per video",
-    "helios": "diffusers 0.42's Helios repeats the text per video but makes latents and history for one",
-}
-# Tiny pipelines a saved folder cannot load back here, and why.
-NO_RELOAD = {
-    "qwenimage21": (
-        "diffusers loads a processor only of transformers' own classes, and Qwen3VLProcessor's loads a video "
-        "processor, which needs torchvision"
-    )
-}
-# Qwen-Image 2.1's first step also computes the prompt's tokens (kept as keys and values after), so its
-# second step's block output has another shape and no residual to compare: the third is the first that can reuse.
-STEPS = {"qwenimage21": 3}
+# others' parallel-test call at 32 px with 16 text tokens where the pipeline takes a length (a family
+# case's contract_size and contract_steps where those do not serve).
 REUSES = {"cache": {"threshold": 100.0}}  # every call after a step's first decision reuses
 
 
@@ -198,8 +182,8 @@ def family_call(pipe: Any, family: str) -> dict[str, Any]:
         return dict(FLUX if family == "flux" else WAN)
     call = dict(
         FAMILY_CASES[family].call,
-        num_inference_steps=STEPS.get(family, 2),
-        **SIZES.get(family, dict(height=32, width=32)),
+        num_inference_steps=FAMILY_CASES[family].contract_steps,
+        **FAMILY_CASES[family].contract_size,
     )
     if "max_sequence_length" in inspect.signature(pipe.__call__).parameters:
         call["max_sequence_length"] = 16
@@ -210,7 +194,7 @@ def per_prompt_keyword(pipe: Any, family: str) -> str | None:
     """num_images_per_prompt or num_videos_per_prompt, as the pipeline's signature names it."""
     parameters = inspect.signature(pipe.__call__).parameters
     found = [name for name in ("num_images_per_prompt", "num_videos_per_prompt") if name in parameters]
-    return found[0] if found and family not in ONE_PER_PROMPT else None
+    return found[0] if found and FAMILY_CASES[family].one_per_prompt is None else None
 
 
 def takes_callbacks(pipe: Any) -> bool:
@@ -499,8 +483,8 @@ def test_applied_pipeline_saves_plain_modules_and_follows_to_dtype(family: str, 
     """`to(dtype)` after apply keeps accel's wrappers acting, equal to the plain pipeline changed the same
     way (or failing as it does); `save_pretrained` of an applied pipeline writes plain modules that load
     back unwrapped."""
-    if family in NO_RELOAD:
-        pytest.skip(NO_RELOAD[family])
+    if FAMILY_CASES[family].no_reload:
+        pytest.skip(FAMILY_CASES[family].no_reload)
 
     def run(pipe: Any) -> torch.Tensor | str:
         try:

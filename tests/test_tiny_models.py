@@ -24,7 +24,6 @@ import torch  # noqa: E402
 from accel.models.registry import FAMILIES  # noqa: E402
 from families import FAMILY_CASES  # noqa: E402
 from family_case import TinyCase  # noqa: E402
-from test_pipeline_contract import NO_RELOAD  # noqa: E402
 
 
 PROMPT = "a red fox in the snow, photograph"
@@ -162,7 +161,7 @@ def test_save_and_reload_is_bit_identical(
         # low_cpu_mem_usage loading, which needs accelerate.
         pytest.importorskip("accelerate", reason="diffusers needs accelerate to load WanTransformer3DModel")
     if case.name == "qwenimage21":
-        pytest.skip(NO_RELOAD["qwenimage21"])
+        pytest.skip(FAMILY_CASES["qwenimage21"].no_reload)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pipe.save_pretrained(tmp_path)
     cls = case.pipeline_class if loader == "own_class" else diffusers.DiffusionPipeline
