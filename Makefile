@@ -20,11 +20,8 @@ install: $(BIN)/accel
 demo: install
 	$(BIN)/accel run tiny-flux --steps 12 --cache 0.4 --compare --repeats 9
 
-# Two pytest workers (pytest-xdist) on one thread each: one runs the tests that use the gloo rank pools
-# (two or more processes, both cores), the other every other module beside it.
-TEST_WORKERS ?= 2
 test: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
 
 # Needs one NVIDIA GPU: the CUDA-only tests and every benchmark's CUDA section in under 9 minutes;
 # the Markdown for BENCHMARKS.md is printed and written to outputs/gpu-check.md. A GPU machine

@@ -76,20 +76,6 @@ def wan_reference(tiny_wan: Any) -> np.ndarray:
 # Twelve keeps test_tensor_parallel's 2, 4 and 6 alive together (ten restarted a pool every test).
 MAX_POOLED_RANKS = 12
 
-# Under pytest-xdist (`make test` runs two workers) every test that uses the rank pools runs on one
-# worker, in collection order: one set of pools for the whole run, as without xdist, so their memory is
-# not doubled and each pool's built pipelines serve every module. The other worker runs the rest, a
-# module at a time so that module fixtures (servers, loaded pipelines) are built once.
-RANK_POOL_GROUP = "rank-pools"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        uses_pools = "rank_pools" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(RANK_POOL_GROUP if uses_pools else item.module.__name__))
-
 
 @pytest.fixture(scope="session")
 def rank_pools() -> Any:
