@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_serve import Server, start  # noqa: E402  (the tests' server start-up: free port, wait for /health)
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-ENDPOINT = {"tiny-flux": ("/v1/images/generations", {}), "tiny-wan": ("/v1/videos", {})}
+ENDPOINT = {"tiny-flux": ("/v1/images/generations", {}), "tiny-wan": ("/v1/videos/generations", {})}
 
 
 @dataclass

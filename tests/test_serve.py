@@ -274,7 +274,7 @@ def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() ->
             async with httpx.AsyncClient(timeout=600) as client:
                 return await asyncio.gather(
                     *(
-                        client.post(f"{server.url}/v1/videos", json={"prompt": PROMPT, "seed": seed % 4})
+                        client.post(f"{server.url}/v1/videos/generations", json={"prompt": PROMPT, "seed": seed % 4})
                         for seed in range(20)
                     )
                 )

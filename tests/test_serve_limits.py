@@ -62,10 +62,12 @@ class Front:
     replica: Replica
 
     def video(self, body: dict[str, Any] | None = None, **headers: str) -> Any:
-        return self.client.post("/v1/videos", json={"prompt": "a fox", **(body or {})}, headers=headers)
+        return self.client.post("/v1/videos/generations", json={"prompt": "a fox", **(body or {})}, headers=headers)
 
     def raw(self, content: bytes, **headers: str) -> Any:
-        return self.client.post("/v1/videos", content=content, headers={"content-type": "application/json", **headers})
+        return self.client.post(
+            "/v1/videos/generations", content=content, headers={"content-type": "application/json", **headers}
+        )
 
 
 def front(
@@ -250,7 +252,7 @@ def test_a_streamed_body_is_cut_at_the_limit_without_reading_the_rest() -> None:
     scope = {
         "type": "http",
         "method": "POST",
-        "path": "/v1/videos",
+        "path": "/v1/videos/generations",
         "server": ("127.0.0.1", 8000),
         "headers": [(b"host", b"127.0.0.1:8000"), (b"transfer-encoding", b"chunked")],
     }
@@ -374,7 +376,8 @@ def test_a_failure_is_500_with_a_request_id_and_the_reason_only_in_the_log(caplo
         assert "internal detail" not in response.text
         request_id = re.search(r"req_[0-9a-f]{16}", response.text)
         assert (
-            request_id and f"{request_id.group(0)}: POST /v1/videos: RuntimeError: internal detail" in caplog.messages
+            request_id
+            and f"{request_id.group(0)}: POST /v1/videos/generations: RuntimeError: internal detail" in caplog.messages
         )
 
 

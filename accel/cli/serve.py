@@ -19,7 +19,7 @@ from accel.cli.options import (
     build_recipe,
     with_recipe_options,
 )
-from accel.errors import UserError
+from accel.errors import UserError, os_reason
 from accel.serve.limits import Limits
 
 # The layout flags of `accel run`, less the plan and the offload: a server's are its replicas'.
@@ -155,6 +155,20 @@ def serve(
             show_default="--host, localhost, 127.0.0.1, ::1",
         ),
     ] = None,
+    video_dir: Annotated[
+        Path | None,
+        Opt(
+            "--video-dir",
+            metavar="DIR",
+            help="Where video jobs (POST /v1/videos) and their MP4s are kept; a restarted server serves the "
+            "finished ones.",
+            show_default="$ACCEL_CACHE_DIR/videos/MODEL, else ~/.cache/accel/videos/MODEL",
+        ),
+    ] = None,
+    keep_videos: Annotated[
+        float,
+        Opt("--keep-videos", metavar="HOURS", help="Hours a finished video job and its MP4 are kept."),
+    ] = 24.0,
     gpu_memory: Annotated[
         float | None,
         Opt(
@@ -186,6 +200,8 @@ def serve(
             raise UserError(f"--drain must be >= 0 seconds, got {drain:g}")
         if request_timeout is not None and not 0 < request_timeout < float("inf"):
             raise UserError(f"--request-timeout must be a number of seconds > 0, got {request_timeout:g}")
+        if not 0 < keep_videos < float("inf"):
+            raise UserError(f"--keep-videos must be a number of hours > 0, got {keep_videos:g}")
         if not 0 < port < 65536:
             raise UserError(f"--port must be between 1 and 65535, got {port}")
         for option, value in (
@@ -204,6 +220,13 @@ def serve(
                 f"set {PROMPT_CHARS_ENV} to raise both"
             )
         keys = _api_keys(api_keys)
+        if video_dir is not None:  # an unusable one is refused before any rank starts
+            try:
+                video_dir.expanduser().mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise UserError(
+                    f"--video-dir {video_dir}: cannot create it ({os_reason(error)}); pass a folder you may write"
+                ) from None
         per_replica = {"model": {"name": model}, "parallel": {"gpus": gpus // replicas if gpus is not None else None}}
         settings = build_recipe(recipe, overrides, per_replica)
         from accel.memory.fit import planned_here
@@ -244,7 +267,17 @@ def serve(
         run_server(
             settings,
             ServeOptions(
-                host, port, replicas, max_queue, drain, planned.peak, limits, keys, tuple(trusted_hosts or ())
+                host,
+                port,
+                replicas,
+                max_queue,
+                drain,
+                planned.peak,
+                limits,
+                keys,
+                tuple(trusted_hosts or ()),
+                video_dir.expanduser() if video_dir is not None else None,
+                keep_videos * 3600,
             ),
             announce,
         )

@@ -25,10 +25,11 @@ from typing import Any, Protocol
 from accel.steps import StepEvents, StepListener
 
 # A round's codes, the largest wins: go on, stop for a reason, the job's end, a rank failed.
-REASONS = ("", "client_gone", "time_limit", "shutdown")
+REASONS = ("", "client_gone", "time_limit", "shutdown", "deleted")
 DONE = len(REASONS)
 FAILED = DONE + 1
 _KEY = "accel-serve/cancel/{}"
+_PROGRESS = "accel-serve/progress/{}"
 
 
 class Cancelled(Exception):
@@ -45,11 +46,17 @@ class PeerFailed(Exception):
 
 
 class Board(Protocol):
+    """Where the front marks jobs to stop, and a replica's leader notes each job's steps done."""
+
     def cancel(self, job_id: int, reason: str) -> None: ...
 
     def reason(self, job_id: int) -> str | None: ...
 
     def forget(self, job_id: int) -> None: ...
+
+    def progress(self, job_id: int, done: int, total: int) -> None: ...
+
+    def progress_of(self, job_id: int) -> tuple[int, int] | None: ...
 
 
 class LocalBoard:
@@ -57,6 +64,7 @@ class LocalBoard:
 
     def __init__(self) -> None:
         self._reasons: dict[int, str] = {}
+        self._steps: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     def cancel(self, job_id: int, reason: str) -> None:
@@ -70,6 +78,15 @@ class LocalBoard:
     def forget(self, job_id: int) -> None:
         with self._lock:
             self._reasons.pop(job_id, None)
+            self._steps.pop(job_id, None)
+
+    def progress(self, job_id: int, done: int, total: int) -> None:
+        with self._lock:
+            self._steps[job_id] = (done, total)
+
+    def progress_of(self, job_id: int) -> tuple[int, int] | None:
+        with self._lock:
+            return self._steps.get(job_id)
 
 
 class StoreBoard:
@@ -89,6 +106,17 @@ class StoreBoard:
 
     def forget(self, job_id: int) -> None:
         self.store.delete_key(_KEY.format(job_id))
+        self.store.delete_key(_PROGRESS.format(job_id))
+
+    def progress(self, job_id: int, done: int, total: int) -> None:
+        self.store.set(_PROGRESS.format(job_id), f"{done}/{total}")
+
+    def progress_of(self, job_id: int) -> tuple[int, int] | None:
+        key = _PROGRESS.format(job_id)
+        if not self.store.check([key]):
+            return None
+        done, _, total = self.store.get(key).decode().partition("/")
+        return int(done), int(total)
 
 
 def shared_board(rank: int, address: str) -> StoreBoard:
@@ -118,6 +146,7 @@ class StepGate(StepListener):
         self._job: int | None = None
         self._limited = False
         self._started = 0.0
+        self._steps = 0  # of the current generation
         self._events = StepEvents.of(pipe)
         self._events.add(self)
 
@@ -129,6 +158,14 @@ class StepGate(StepListener):
 
     def close(self) -> None:
         self._events.remove(self)
+
+    def on_generation_start(self, num_steps: int) -> None:
+        self._steps = num_steps
+
+    def on_step_end(self, step_index: int) -> None:
+        """The leader notes the steps done, which a video job's status reports as its progress."""
+        if self.board is not None and self._job is not None and self._steps:
+            self.board.progress(self._job, step_index + 1, self._steps)
 
     def before_step(self, step_index: int) -> None:
         if self._job is None:

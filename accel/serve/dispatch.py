@@ -77,6 +77,11 @@ class Dispatcher:
             thread.start()
 
     async def submit(self, job: Job) -> Outcome:
+        return await self.enqueue(job)
+
+    def enqueue(self, job: Job) -> asyncio.Future[Outcome]:
+        """Queue `job` now (QueueFull, ShuttingDown) and return the future of its outcome; called on
+        the HTTP loop, which the outcome comes back to."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         with self._lock:
@@ -87,7 +92,13 @@ class Dispatcher:
             self.waiting += 1
             self._pending[job.id] = _Pending(job, future, loop)
         self._jobs.put(job.id)
-        return await future
+        return future
+
+    def running(self, job_id: int) -> bool:
+        """Whether a replica has taken `job_id` and not finished it."""
+        with self._lock:
+            pending = self._pending.get(job_id)
+            return pending is not None and pending.running_on is not None
 
     def cancel(self, job_id: int, reason: str) -> None:
         """A waiting job is answered now and leaves the queue; a running one stops at its next step."""

@@ -33,6 +33,8 @@ from accel.serve.limits import Limits
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
+from accel.serve.video_jobs import VideoJobs
+from accel.serve.video_routes import add_video_routes
 
 log = logging.getLogger("accel.serve")
 
@@ -69,7 +71,7 @@ class Metrics:
         )
         self.cancelled = Counter(
             "accel_cancelled",
-            "Requests stopped before their end, by reason (client_gone, time_limit, shutdown).",
+            "Requests stopped before their end, by reason (client_gone, time_limit, shutdown, deleted).",
             ("reason",),
             registry=self.registry,
         )
@@ -145,7 +147,12 @@ def _stopped(outcome: Outcome, limits: Limits) -> JSONResponse:
 
 
 def build_app(
-    served: Served, dispatcher: Dispatcher, metrics: Metrics, processes: int, door: Door | None = None
+    served: Served,
+    dispatcher: Dispatcher,
+    metrics: Metrics,
+    processes: int,
+    door: Door | None = None,
+    jobs: VideoJobs | None = None,
 ) -> FastAPI:
     app = FastAPI(title=f"accel serve {served.name}", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, door=door or Door(max_body=served.limits.max_body))
@@ -173,6 +180,17 @@ def build_app(
         metrics.requests.labels(request.url.path, "500").inc()
         return _failed(f"{request.method} {request.url.path}: {type(error).__name__}: {error}")
 
+    def refuse_busy(busy: Exception) -> JSONResponse:
+        """429 with Retry-After for a full queue, 503 while shutting down."""
+        if isinstance(busy, QueueFull):
+            return _error(
+                429,
+                str(busy),
+                "rate_limit_error",
+                headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))},
+            )
+        return _error(503, str(busy), "server_error")
+
     async def answer(endpoint: str, request: Request, body: ImageRequest | VideoRequest) -> JSONResponse:
         start = time.perf_counter()
         try:
@@ -182,15 +200,8 @@ def build_app(
             )
         except BadRequest as bad:
             response = _error(400, bad.message, "invalid_request_error", bad.param)
-        except QueueFull as full:
-            response = _error(
-                429,
-                str(full),
-                "rate_limit_error",
-                headers={"Retry-After": str(retry_after(dispatcher, metrics.last_seconds))},
-            )
-        except ShuttingDown as closing:
-            response = _error(503, str(closing), "server_error")
+        except (QueueFull, ShuttingDown) as busy:
+            response = refuse_busy(busy)
         else:
             if outcome.ok:
                 data: list[dict[str, Any]] = [
@@ -210,9 +221,21 @@ def build_app(
     async def images(request: Request, body: ImageRequest) -> JSONResponse:
         return await answer("/v1/images/generations", request, body)
 
-    @app.post("/v1/videos")
+    @app.post("/v1/videos/generations")
     async def videos(request: Request, body: VideoRequest) -> JSONResponse:
-        return await answer("/v1/videos", request, body)
+        """accel's synchronous form: the MP4 in the answer, as images come (short clips, benchmarks)."""
+        return await answer("/v1/videos/generations", request, body)
+
+    add_video_routes(
+        app,
+        served,
+        dispatcher,
+        jobs,
+        counter,
+        _error,
+        refuse_busy,
+        lambda endpoint, status: metrics.requests.labels(endpoint, str(status)).inc(),
+    )
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

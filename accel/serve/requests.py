@@ -8,6 +8,7 @@ pipeline would refuse or silently change is a `BadRequest` naming the field.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,6 +22,8 @@ MAX_IMAGES = 4
 SEED_LIMIT = 2**31 - 1
 # Largest guidance scale taken: far past any useful one, and finite in every dtype's arithmetic.
 MAX_GUIDANCE = 1000.0
+# Longest clip a request may ask for by seconds (its work is limited by --max-work besides).
+MAX_SECONDS = 600
 # Digits of a size's side: a 5000-digit one is past what int() parses.
 SIDE_DIGITS = 6
 
@@ -54,7 +57,10 @@ class ImageRequest(_Common):
 
 
 class VideoRequest(_Common):
-    frames: int | None = Field(None, ge=1, description="Frames of the video.")
+    frames: int | None = Field(None, ge=1, description="Frames of the video (accel); or give seconds.")
+    seconds: str | None = Field(
+        None, max_length=12, description='Length of the clip in seconds, as OpenAI sends it ("4"); or give frames.'
+    )
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class Served:
     tokenizers: tuple[
         TokenCounter, ...
     ] = ()  # the pipeline's fast tokenizers (limits.token_counters); none: no token limit
+    variant: Any = None  # the served pipeline's Variant (accel/models/base.py), for the pictures it takes
+    needs_picture: bool = False  # it starts from a picture and the server's recipe gives none
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
@@ -115,6 +123,10 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
                 raise BadRequest("size", f"size: {key} {value} is {problem}")
         generate.update(width=width, height=height)
     frames = getattr(request, "frames", None)
+    if (seconds := getattr(request, "seconds", None)) is not None:
+        if frames is not None:
+            raise BadRequest("seconds", "seconds: give seconds or frames, not both")
+        frames = frames_for_seconds(served.family, seconds)
     if frames is not None:
         if (problem := served.family.size_problem("frames", frames)) is not None:
             raise BadRequest("frames", "frames: " + problem.removeprefix(f"[generate] frames {frames}: "))
@@ -131,6 +143,19 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
         raise BadRequest(None, problem)
     generate["seed"] = request.seed if request.seed is not None else random.randint(0, SEED_LIMIT - MAX_IMAGES)
     return Job(job_id, kind, generate, count)
+
+
+def frames_for_seconds(family: Any, text: str) -> int:
+    """The frame count nearest `text` seconds at the family's frame rate that the family makes
+    (k * frame_step + 1 frames where it has a step), at least one step's worth."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_SECONDS:
+        raise BadRequest("seconds", f"seconds: a number of seconds > 0 and <= {MAX_SECONDS}, not {text!r}")
+    step = family.frame_step or 1
+    return max(1, round(seconds * family.fps / step)) * step + (1 if family.frame_step else 0)
 
 
 def _size(text: str) -> tuple[int, int]:

@@ -18,9 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.errors import UserError
+from accel.errors import UserError, os_reason
 from accel.launch.supervisor import CANCEL_GRACE_S
 from accel.recipe import Recipe
 from accel.serve.cancel import Board, LocalBoard, shared_board
@@ -45,6 +46,8 @@ class ServeOptions:
     limits: Limits = Limits()
     api_keys: tuple[str, ...] = ()  # none: no key asked
     trusted_hosts: tuple[str, ...] = ()  # Host names answered beyond the bound address and localhost
+    video_dir: Path | None = None  # where video jobs are kept (None: video_jobs.default_folder)
+    keep_videos_s: float = 24 * 3600.0  # how long a finished video job is kept
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -132,6 +135,9 @@ def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limit
     from accel.models.call import generation_kwargs
     from accel.serve.limits import positional_limits, token_counters
 
+    from accel.models.variants import variant_of_class
+
+    variant = variant_of_class(family, type(pipe))
     call = generation_kwargs(family, tiny, recipe, pipe)
     defaults = {
         "width": call.get("width"),
@@ -147,6 +153,8 @@ def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limit
         limits,
         positional_limits(pipe),
         token_counters(pipe),
+        variant,
+        variant.image is not None and "image" not in variant.optional and not recipe.generate.image,
     )
 
 
@@ -258,7 +266,18 @@ def _front(
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
-    app = build_app(served, dispatcher, metrics, world, door)
+    jobs = None
+    if served.output == "video":
+        from accel.serve.video_jobs import VideoJobs, default_folder
+
+        folder = options.video_dir or default_folder(served.name)
+        try:
+            jobs = VideoJobs.open(folder, options.keep_videos_s)
+        except OSError as error:
+            raise UserError(
+                f"accel serve: cannot keep video jobs in {folder} ({os_reason(error)}); pass --video-dir"
+            ) from None
+    app = build_app(served, dispatcher, metrics, world, door, jobs)
     if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
         announce(warning)
     dispatcher.start()
@@ -268,8 +287,13 @@ def _front(
     )
     server = uvicorn.Server(config)
     announce(
-        f"serving {served.name} on http://{options.host}:{options.port} (POST /v1/images/generations or /v1/videos, "
-        "GET /v1/models, /health, /metrics); Ctrl-C stops"
+        f"serving {served.name} on http://{options.host}:{options.port} ("
+        + (
+            "POST /v1/images/generations"
+            if jobs is None
+            else f"video jobs at /v1/videos, kept in {jobs.folder}; POST /v1/videos/generations"
+        )
+        + "; GET /v1/models, /health, /metrics); Ctrl-C stops"
     )
     # HTTP runs on a thread of its own (uvicorn then leaves the signals alone); this thread waits for
     # a signal and runs the shutdown while the HTTP loop still answers.
