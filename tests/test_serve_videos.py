@@ -369,3 +369,21 @@ def test_video_job_options_are_checked_before_loading(args: list[str], message: 
 
     result = CliRunner().invoke(app, ["serve", "tiny-wan", *args], catch_exceptions=False)
     assert result.exit_code == 2 and result.stderr.strip() == f"error: {message}"
+
+
+def test_a_several_process_board_carries_progress_through_rank_0s_store() -> None:
+    """Another replica's leader notes its steps in rank 0's TCPStore, where the front reads them."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accel.serve.cancel import StoreBoard
+
+    host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    leader = StoreBoard(dist.TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=30)))
+    front = StoreBoard(host)
+    assert front.progress_of(9) is None
+    leader.progress(9, 3, 8)
+    assert front.progress_of(9) == (3, 8)
+    front.forget(9)
+    assert front.progress_of(9) is None
