@@ -250,6 +250,12 @@ def _is_picture(file: Path, name: str = "image") -> bool:
     return True
 
 
+def readable_picture(name: str, path: str) -> str:
+    """`path` if it is a picture Pillow reads, under its decompression-bomb limit; else a UserError
+    naming `[generate] name` (accel serve checks uploads with it)."""
+    return _readable_image(name, path)
+
+
 def _readable_image(name: str, path: str) -> str:
     file = Path(path).expanduser()
     if not file.is_file():

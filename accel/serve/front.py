@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import math
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import ValidationError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
@@ -31,8 +35,9 @@ from starlette.exceptions import HTTPException
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.limits import Limits
 from accel.serve.replica import Outcome
-from accel.serve.requests import BadRequest, ImageRequest, Served, VideoRequest, to_job, validation_message
+from accel.serve.requests import BadRequest, ImageRequest, Job, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
+from accel.serve.uploads import check_pictures, picture_pipelines, request_fields, save_picture
 from accel.serve.video_jobs import VideoJobs
 from accel.serve.video_routes import add_video_routes
 
@@ -146,6 +151,27 @@ def _stopped(outcome: Outcome, limits: Limits) -> JSONResponse:
     return _error(499, "the client closed the request", "invalid_request_error")  # nobody reads it
 
 
+def check_edit(served: Served, uploads: dict[str, list[Any]]) -> None:
+    """An edit the served pipeline can make: it makes pictures from one, and gets what it needs."""
+    variant = served.variant
+    if served.output != "image" or variant is None or variant.image is None:
+        takes = picture_pipelines(served, "image")
+        raise BadRequest(
+            None,
+            f"{served.name}'s pipeline edits no pictures; serve one that does "
+            f"({', '.join(takes) or f'no {served.family.title} pipeline does'})",
+        )
+    images = uploads.get("image", [])
+    if not images:
+        raise BadRequest("image", "image: required, the picture to edit")
+    if len(images) > 1:
+        raise BadRequest("image", f"image: {variant.pipeline_class} takes one picture, not {len(images)}")
+    if len(uploads.get("mask", [])) > 1:
+        raise BadRequest("mask", "mask: one mask")
+    if variant.mask is not None and "mask" not in variant.optional and not uploads.get("mask") and served.needs_mask:
+        raise BadRequest("mask", f"mask: {variant.pipeline_class} repaints where a mask says; upload one")
+
+
 def build_app(
     served: Served,
     dispatcher: Dispatcher,
@@ -191,10 +217,12 @@ def build_app(
             )
         return _error(503, str(busy), "server_error")
 
-    async def answer(endpoint: str, request: Request, body: ImageRequest | VideoRequest) -> JSONResponse:
+    async def answer(
+        endpoint: str, request: Request, body: ImageRequest | VideoRequest, inputs: Callable[[Job], Job] = lambda j: j
+    ) -> JSONResponse:
         start = time.perf_counter()
         try:
-            job = to_job(body, served, next(counter))
+            job = inputs(to_job(body, served, next(counter)))
             outcome = await _unless_gone(
                 request, dispatcher.submit(job), lambda: dispatcher.cancel(job.id, "client_gone")
             )
@@ -220,6 +248,30 @@ def build_app(
     @app.post("/v1/images/generations")
     async def images(request: Request, body: ImageRequest) -> JSONResponse:
         return await answer("/v1/images/generations", request, body)
+
+    @app.post("/v1/images/edits")
+    async def edits(request: Request) -> JSONResponse:
+        """OpenAI's image edits (multipart): `image` (and `mask`) for the served pipeline, if it takes them."""
+        with tempfile.TemporaryDirectory(prefix="accel-edit-") as folder:
+            try:
+                fields, uploads = await request_fields(request, ("image", "mask"))
+                check_edit(served, uploads)
+                try:
+                    body = ImageRequest.model_validate(fields)
+                except ValidationError as invalid:
+                    raise validation_message(list(invalid.errors())) from None
+                pictures = {name: save_picture(found[0], Path(folder) / name) for name, found in uploads.items()}
+                check_pictures(served, pictures)
+            except BadRequest as bad:
+                metrics.requests.labels("/v1/images/edits", "400").inc()
+                return _error(400, bad.message, "invalid_request_error", bad.param)
+            given = {name: str(path) for name, path in pictures.items()}
+            return await answer(
+                "/v1/images/edits",
+                request,
+                body,
+                lambda job: dataclasses.replace(job, generate={**job.generate, **given}),
+            )
 
     @app.post("/v1/videos/generations")
     async def videos(request: Request, body: VideoRequest) -> JSONResponse:

@@ -90,6 +90,7 @@ class Served:
     ] = ()  # the pipeline's fast tokenizers (limits.token_counters); none: no token limit
     variant: Any = None  # the served pipeline's Variant (accel/models/base.py), for the pictures it takes
     needs_picture: bool = False  # it starts from a picture and the server's recipe gives none
+    needs_mask: bool = False  # it repaints where a mask says and the server's recipe gives none
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:

@@ -155,6 +155,7 @@ def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limit
         token_counters(pipe),
         variant,
         variant.image is not None and "image" not in variant.optional and not recipe.generate.image,
+        variant.mask is not None and "mask" not in variant.optional and not recipe.generate.mask,
     )
 
 
@@ -289,7 +290,7 @@ def _front(
     announce(
         f"serving {served.name} on http://{options.host}:{options.port} ("
         + (
-            "POST /v1/images/generations"
+            "POST /v1/images/generations" + (" or /v1/images/edits" if served.variant.image else "")
             if jobs is None
             else f"video jobs at /v1/videos, kept in {jobs.folder}; POST /v1/videos/generations"
         )

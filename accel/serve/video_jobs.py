@@ -140,7 +140,7 @@ class VideoJobs:
         return self.folder / f"{job_id}.mp4"
 
     def input_path(self, job_id: str, suffix: str) -> Path:
-        """Where the job's uploaded picture is kept until the job ends."""
+        """Where the job's uploaded picture is kept until the job ends (`suffix` its file type's)."""
         return self.folder / f"{job_id}.input{suffix}"
 
     def _input_of(self, job_id: str) -> Path:

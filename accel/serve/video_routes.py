@@ -11,11 +11,9 @@ a bad one is a 400 and never a failed job.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,6 +23,7 @@ from pydantic import ValidationError
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, Job, Served, VideoRequest, to_job, validation_message
+from accel.serve.uploads import check_pictures, picture_pipelines, request_fields, save_picture
 from accel.serve.video_jobs import VideoJob, VideoJobs, is_id
 
 log = logging.getLogger("accel.serve")
@@ -87,7 +86,10 @@ def add_video_routes(
     @app.post("/v1/videos")
     async def create(request: Request) -> JSONResponse:
         try:
-            fields, upload = await _fields(request)
+            fields, uploads = await request_fields(request, ("input_reference",))
+            if len(uploads.get("input_reference", ())) > 1:
+                raise BadRequest("input_reference", "input_reference: one picture a job")
+            upload = uploads["input_reference"][0] if uploads else None
             try:
                 body = VideoRequest.model_validate(fields)
             except ValidationError as invalid:
@@ -172,31 +174,6 @@ def add_video_routes(
         return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
 
 
-async def _fields(request: Request) -> tuple[dict[str, Any], Any]:
-    """The request's fields (a JSON object, or multipart form fields) and its `input_reference`
-    upload, if any."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind == "multipart/form-data":
-        form = await request.form()
-        fields: dict[str, Any] = {}
-        upload = None
-        for key, value in form.multi_items():
-            if key == "input_reference" and not isinstance(value, str):
-                upload = value
-            elif isinstance(value, str):
-                fields[key] = value
-            else:
-                raise BadRequest(key, f"{key}: not a file field (input_reference is)")
-        return fields, upload
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        raise BadRequest(None, "the body must be a JSON object in UTF-8 (or multipart/form-data)") from None
-    if not isinstance(body, dict):
-        raise BadRequest(None, "the body must be a JSON object")
-    return body, None
-
-
 def _size(job: Job, served: Served) -> str:
     width = job.generate.get("width") or served.defaults.get("width")
     height = job.generate.get("height") or served.defaults.get("height")
@@ -204,32 +181,22 @@ def _size(job: Job, served: Served) -> str:
 
 
 def _with_picture(job: Job, record: VideoJob, upload: Any, jobs: VideoJobs, served: Served) -> Job:
-    """The job with its uploaded picture, kept next to its record and checked as `accel run --image`
-    checks one (a picture, under Pillow's decompression-bomb limit), for a pipeline that takes one."""
+    """The job with its uploaded picture, kept next to its record until the job ends, for a
+    pipeline that takes one."""
     from dataclasses import replace
-
-    from accel.errors import UserError
-    from accel.models.input_checks import input_arguments
 
     if served.variant is None or served.variant.image is None:
         jobs.delete(record.id)
-        takes = [
-            v.pipeline_class
-            for v in served.family.variants
-            if v.image is not None and served.family.output_of(v.pipeline_class) == "video"
-        ]
+        takes = picture_pipelines(served, "video")
         raise BadRequest(
             "input_reference",
             f"input_reference: {served.name}'s pipeline takes no picture; serve one that does "
             f"({', '.join(takes) or f'no {served.family.title} pipeline does'})",
         )
-    suffix = Path(upload.filename or "").suffix.lower()[:8] or ".png"
-    path = jobs.input_path(record.id, suffix)
-    path.write_bytes(upload.file.read())
+    path = save_picture(upload, jobs.input_path(record.id, ""))
     try:
-        input_arguments(served.variant, str(path), None)
-    except UserError as bad:
+        check_pictures(served, {"image": path})
+    except BadRequest as bad:
         jobs.delete(record.id)
-        message = str(bad).replace(str(path), "the upload").replace("[generate] image", "input_reference")
-        raise BadRequest("input_reference", message) from None
+        raise BadRequest("input_reference", bad.message.replace("image", "input_reference", 1)) from None
     return replace(job, generate={**job.generate, "image": str(path)})
