@@ -70,6 +70,7 @@ def add_video_routes(
         finally:
             running.pop(job.id, None)
         assert jobs is not None
+        jobs.expire()  # each job's end sweeps the folder of the jobs whose time is up
         if outcome.ok:
             await asyncio.to_thread(jobs.completed, job.id, outcome.files[0])
         elif outcome.cancelled == "deleted":
