@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from accel.cache_dir import cache_root
 from accel.parallel.plan_format import ParallelPlan
 
 
@@ -54,10 +55,7 @@ def verdict_key(transformer: nn.Module, ulysses: int, ring: int) -> str | None:
 
 def verdict_dir() -> Path:
     """Where verdicts are kept: $ACCEL_CACHE_DIR, else accel/ under the user's cache folder."""
-    root = os.environ.get("ACCEL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "accel"
-    )
-    return Path(root) / "plans"
+    return cache_root() / "plans"
 
 
 def verdicts_for(transformer_class: str, config: str) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from accel.serve.limits import Limits
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Job, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
-from accel.serve.uploads import check_pictures, picture_pipelines, request_fields, save_picture
+from accel.serve.uploads import check_pictures, pipelines_that_do, request_fields, save_picture
 from accel.serve.video_jobs import VideoJobs
 from accel.serve.video_routes import add_video_routes
 
@@ -155,12 +155,7 @@ def check_edit(served: Served, uploads: dict[str, list[Any]]) -> None:
     """An edit the served pipeline can make: it makes pictures from one, and gets what it needs."""
     variant = served.variant
     if served.output != "image" or variant is None or variant.image is None:
-        takes = picture_pipelines(served, "image")
-        raise BadRequest(
-            None,
-            f"{served.name}'s pipeline edits no pictures; serve one that does "
-            f"({', '.join(takes) or f'no {served.family.title} pipeline does'})",
-        )
+        raise BadRequest(None, f"{served.name}'s pipeline edits no pictures; {pipelines_that_do(served, 'image')}")
     images = uploads.get("image", [])
     if not images:
         raise BadRequest("image", "image: required, the picture to edit")

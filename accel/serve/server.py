@@ -88,7 +88,8 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
     )
     pipe.set_progress_bar_config(disable=True)
     family = family_of(pipe)
-    kind = family.output_of(variant_of_class(family, type(pipe)).pipeline_class)
+    variant = variant_of_class(family, type(pipe))
+    kind = family.output_of(variant.pipeline_class)
     if kind not in ("image", "video"):
         raise UserError(
             f"accel serve: {family.title}'s {kind} output is not served yet; serve its image or video pipelines"
@@ -118,7 +119,7 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
             _front(
                 replica,
                 pairs,
-                _served(recipe, pipe, family, kind, ref.tiny, options.limits),
+                _served(recipe, pipe, family, variant, kind, ref.tiny, options.limits),
                 options,
                 world,
                 board,
@@ -129,15 +130,12 @@ def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None
         handle.remove()
 
 
-def _served(recipe: Recipe, pipe: Any, family: Any, kind: str, tiny: bool, limits: Limits) -> Served:
+def _served(recipe: Recipe, pipe: Any, family: Any, variant: Any, kind: str, tiny: bool, limits: Limits) -> Served:
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
     from accel.models.call import generation_kwargs
     from accel.serve.limits import positional_limits, token_counters
 
-    from accel.models.variants import variant_of_class
-
-    variant = variant_of_class(family, type(pipe))
     call = generation_kwargs(family, tiny, recipe, pipe)
     defaults = {
         "width": call.get("width"),

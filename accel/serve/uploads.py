@@ -71,11 +71,12 @@ def check_pictures(served: Served, pictures: dict[str, Path]) -> None:
             raise BadRequest(name, message) from None
 
 
-def picture_pipelines(served: Served, output: str) -> list[str]:
-    """The served family's pipelines that take a picture and make `output`."""
+def pipelines_that_do(served: Served, output: str) -> str:
+    """The refusal's hint naming the served family's pipelines that take a picture and make `output`."""
     family = served.family
-    return [
+    takes = [
         v.pipeline_class
         for v in family.variants
         if v.image is not None and family.output_of(v.pipeline_class) == output
     ]
+    return f"serve one that does ({', '.join(takes) or f'no {family.title} pipeline does'})"

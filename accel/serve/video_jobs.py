@@ -11,7 +11,6 @@ server starts: the queue lived in the old server's memory.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 import time
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from accel.cache_dir import cache_root
 from accel.files.publish import write_file
 
 Status = Literal["queued", "in_progress", "completed", "failed"]
@@ -75,7 +75,6 @@ class VideoJobs:
             if job.status not in FINISHED:
                 job = jobs._finished(job, "failed", error=("server_stopped", "the server stopped before this job ran"))
                 jobs._write(job)
-                jobs._input_of(job.id).unlink(missing_ok=True)
             jobs._jobs[job.id] = job
         jobs.expire()
         return jobs
@@ -102,12 +101,6 @@ class VideoJobs:
             index = next((i for i, job in enumerate(jobs) if job.id == after), None)
             jobs = jobs[index + 1 :] if index is not None else []
         return jobs[:limit], len(jobs) > limit
-
-    def started(self, job_id: str) -> None:
-        self._update(job_id, lambda job: replace(job, status="in_progress") if job.status == "queued" else job)
-
-    def progressed(self, job_id: str, percent: int) -> None:
-        self._update(job_id, lambda job: replace(job, progress=max(job.progress, min(99, percent))))
 
     def completed(self, job_id: str, video: bytes) -> None:
         with self._lock:
@@ -193,15 +186,12 @@ def _read(path: Path) -> VideoJob | None:
         return None
     try:
         data = json.loads(path.read_text())
-        return VideoJob(**{key: value for key, value in data.items()})
+        return VideoJob(**data)
     except (OSError, ValueError, TypeError):
         return None
 
 
 def default_folder(model: str) -> Path:
     """$ACCEL_CACHE_DIR/videos/<model>, else accel/videos/<model> under the user's cache folder."""
-    root = os.environ.get("ACCEL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "accel"
-    )
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model).strip(".") or "model"
-    return Path(root) / "videos" / safe
+    return cache_root() / "videos" / safe

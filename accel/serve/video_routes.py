@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, Job, Served, VideoRequest, to_job, validation_message
-from accel.serve.uploads import check_pictures, picture_pipelines, request_fields, save_picture
+from accel.serve.uploads import check_pictures, pipelines_that_do, request_fields, save_picture
 from accel.serve.video_jobs import VideoJob, VideoJobs, is_id
 
 log = logging.getLogger("accel.serve")
@@ -96,8 +96,7 @@ def add_video_routes(
             except ValidationError as invalid:
                 raise validation_message(list(invalid.errors())) from None
             job = to_job(body, served, next(counter))
-            if jobs is None:  # not reached: to_job refuses a video request to an image server
-                raise BadRequest(None, f"{served.name} makes {served.output}s")
+            assert jobs is not None  # to_job refused a video request to an image server
             if upload is None and served.needs_picture:
                 raise BadRequest(
                     "input_reference", f"input_reference: {served.name}'s pipeline starts from a picture; upload one"
@@ -188,11 +187,9 @@ def _with_picture(job: Job, record: VideoJob, upload: Any, jobs: VideoJobs, serv
 
     if served.variant is None or served.variant.image is None:
         jobs.delete(record.id)
-        takes = picture_pipelines(served, "video")
         raise BadRequest(
             "input_reference",
-            f"input_reference: {served.name}'s pipeline takes no picture; serve one that does "
-            f"({', '.join(takes) or f'no {served.family.title} pipeline does'})",
+            f"input_reference: {served.name}'s pipeline takes no picture; {pipelines_that_do(served, 'video')}",
         )
     path = save_picture(upload, jobs.input_path(record.id, ""))
     try:
