@@ -18,7 +18,7 @@ from accel.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["run", "bench", "tune", "serve", "launch", "plan", "models", "inspect", "env"]
+COMMANDS = ["run", "bench", "tune", "serve", "batch", "launch", "plan", "models", "inspect", "env"]
 
 
 def _help(*args: str) -> str:

@@ -4,10 +4,10 @@ app.py holds the Typer app and `main`; options.py the options built from the rec
 module a command (plan, models, inspect and env share info.py). They are registered here, in the
 order `accel --help` lists them."""
 
-from accel.cli import bench, info, launch, run, serve, tune
+from accel.cli import batch, bench, info, launch, run, serve, tune
 from accel.cli.app import Command, app, main
 
-for command in (run.run, bench.bench, tune.tune, serve.serve):
+for command in (run.run, bench.bench, tune.tune, serve.serve, batch.batch):
     app.command(cls=Command)(command)
 # Everything after SCRIPT is the script's, -h and --help included (torchrun's convention).
 app.command(

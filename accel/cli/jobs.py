@@ -72,6 +72,32 @@ def fit_to_job(settings: Any) -> Any:
     return settings
 
 
+def check_replicas(replicas: int, gpus: int | None) -> None:
+    """`accel serve` / `accel batch`: R replicas share --gpus evenly."""
+    if replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {replicas}")
+    if gpus is not None and (gpus < 1 or gpus % replicas):
+        raise UserError(
+            f"--gpus {gpus}: it must be a multiple of --replicas ({replicas}), each replica gets --gpus / --replicas"
+        )
+
+
+def fit_replicas_to_job(settings: Any, replicas: int) -> Any:
+    """Under torchrun: one replica of one process takes the job's ranks as `fit_to_job` does; more must fill it."""
+    from accel.launch.environment import world_size
+    from accel.parallel.mesh import under_distributed_launcher
+
+    world = settings.world_size * replicas
+    if not under_distributed_launcher() or world_size() == world:
+        return settings
+    if world == 1:
+        return fit_to_job(settings)
+    raise UserError(
+        f"{replicas} replica(s) of {settings.world_size} process(es) need {world}, but this torchrun job has "
+        f"{world_size()}; make them match"
+    )
+
+
 def say(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 

@@ -39,6 +39,15 @@ MasterPort = Annotated[
     int | None, Opt("--master-port", help="Port on node 0 (multi-node).", show_default=_MASTER_PORT_DEFAULT)
 ]
 
+# MODEL of the commands that keep a pipeline loaded for many generations (serve, batch).
+ModelArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.",
+        show_default="the recipe's [model] name",
+    ),
+]
+
 Overrides = dict[str, dict[str, Any]]
 
 

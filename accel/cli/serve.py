@@ -10,8 +10,9 @@ import typer
 from rich.markup import escape
 
 from accel.cli.app import console, fail
-from accel.cli.jobs import fit_to_job, relaunch
+from accel.cli.jobs import check_replicas, fit_replicas_to_job, relaunch
 from accel.cli.options import (
+    ModelArgument,
     Opt,
     Oversubscribe,
     Overrides,
@@ -51,13 +52,7 @@ PER_REPLICA = {
 def serve(
     ctx: typer.Context,
     overrides: Overrides,
-    model: Annotated[
-        str | None,
-        typer.Argument(
-            help="Registry alias (flux, tiny-flux, …), hub repo id or local folder; or give --recipe.",
-            show_default="the recipe's [model] name",
-        ),
-    ] = None,
+    model: ModelArgument = None,
     recipe: Annotated[
         Path | None,
         Opt(
@@ -182,18 +177,12 @@ def serve(
 ) -> None:
     """Keep the accelerated pipeline warm on N processes behind an OpenAI-style HTTP API (images, videos, metrics)."""
     from accel import preflight
-    from accel.launch.environment import rank, world_size
+    from accel.launch.environment import rank
     from accel.parallel.mesh import under_distributed_launcher
 
     lead = rank() == 0
     try:
-        if replicas < 1:
-            raise UserError(f"--replicas must be >= 1, got {replicas}")
-        if gpus is not None and (gpus < 1 or gpus % replicas):
-            raise UserError(
-                f"--gpus {gpus}: it must be a multiple of --replicas ({replicas}), each replica gets --gpus / "
-                "--replicas"
-            )
+        check_replicas(replicas, gpus)
         if max_queue < 0:
             raise UserError(f"--max-queue must be >= 0, got {max_queue}")
         if drain < 0:
@@ -246,15 +235,7 @@ def serve(
             raise typer.Exit(relaunch(ctx, planned.recipe, spec, planned.flags))
         planned = planned_here(settings, gpu_memory)
         settings = planned.recipe
-        if under_distributed_launcher() and world_size() != world:
-            if world == 1 and replicas == 1:
-                settings = fit_to_job(settings)
-            else:
-                raise UserError(
-                    f"{replicas} replica(s) of {settings.world_size} process(es) need {world}, but this torchrun job "
-                    "has "
-                    f"{world_size()}; make them match"
-                )
+        settings = fit_replicas_to_job(settings, replicas)
         from accel.serve.server import ServeOptions
         from accel.serve.server import serve as run_server
 

@@ -51,83 +51,125 @@ class ServeOptions:
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
-    from accel.models.loading import resolve_device
-    from accel.threads import cpu_threads
+    run_replicas(
+        recipe,
+        options.replicas,
+        options.limits,
+        lambda started: _front(started, options, announce),
+        announce,
+        "accel serve",
+        planned_peak=options.planned_peak,
+    )
 
-    device = resolve_device(recipe.model.device)
-    with cpu_threads(device):  # accel run's thread count on a CPU
-        _serve(recipe, options, announce, device)
+
+@dataclass
+class Started:
+    """Rank 0's view of the running replicas: its own, the pair groups to the other leaders, and
+    what requests are checked against."""
+
+    replica: Replica
+    pairs: dict[int, Any]
+    served: Served
+    world: int
+    board: Board
+    warm_up: bool
+
+    def ready(self) -> list[Outcome]:
+        """Every replica's first outcome: its warm-up generation (or a plain ready without one)."""
+        import torch.distributed as dist
+
+        from accel import watchdog
+
+        outcomes = [_warm_up(self.replica) if self.warm_up else Outcome(True)]
+        for first, pair in self.pairs.items():  # the other replicas warm up at the same time
+            box: list[Any] = [None]
+            with watchdog.idle():
+                dist.recv_object_list(box, src=first, group=pair)
+            outcomes.append(box[0])
+        return outcomes
+
+    def runners(self) -> list[Callable[[Job], Outcome]]:
+        """One callable a replica for the dispatcher: rank 0's own generates, the others' go to their leaders."""
+        return [self.replica.lead, *(_remote(first, pair) for first, pair in self.pairs.items())]
 
 
-def _serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None], device: Any) -> None:
+def run_replicas(
+    recipe: Recipe,
+    replicas: int,
+    limits: Limits,
+    lead: Callable[[Started], None],
+    announce: Callable[[str], None],
+    command: str,
+    warm_up: bool = True,
+    planned_peak: int | None = None,
+) -> None:
+    """Load and accelerate the pipeline on every rank of `replicas` replicas of the recipe's layout;
+    rank 0 then runs `lead` (the HTTP front, a batch), every other rank runs its replica's jobs
+    until rank 0 sends a stop."""
     import accel
-    from accel.models.loading import load_pipeline, resolve_model
+    from accel.models.loading import load_pipeline, resolve_device, resolve_model
     from accel.models.registry import family_of
     from accel.models.variants import variant_of_class
     from accel.parallel.encoders import loads_into_host_memory, loads_text_encoders
     from accel.parallel.mesh import tp_slice
     from accel.vae.placement import loads_vae_on_gpu
+    from accel.threads import cpu_threads
 
-    per_replica = recipe.world_size
-    world = per_replica * options.replicas
-    rank = _join(device.type, recipe, world)
-    ref = resolve_model(recipe.model.name)
-    announce(f"loading {recipe.model.name}")
-    # Offloading starts from host memory (a model that needs it does not fit the GPU whole, even briefly).
-    loads_to = "cpu" if recipe.memory.offload != "none" else device
-    pipe = load_pipeline(
-        recipe.model.name,
-        recipe.model.dtype,
-        loads_to,
-        recipe.model.pipeline or None,
-        recipe.model.lora,
-        tp_slice=tp_slice(recipe.parallel),
-        text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
-        text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica),
-        vae_on_cpu=not loads_vae_on_gpu(recipe.memory.vae, per_replica),
-    )
-    pipe.set_progress_bar_config(disable=True)
-    family = family_of(pipe)
-    variant = variant_of_class(family, type(pipe))
-    kind = family.output_of(variant.pipeline_class)
-    if kind not in ("image", "video"):
-        raise UserError(
-            f"accel serve: {family.title}'s {kind} output is not served yet; serve its image or video pipelines"
+    device = resolve_device(recipe.model.device)
+    with cpu_threads(device):  # accel run's thread count on a CPU
+        per_replica = recipe.world_size
+        world = per_replica * replicas
+        rank = _join(device.type, recipe, world, command)
+        ref = resolve_model(recipe.model.name)
+        announce(f"loading {recipe.model.name}")
+        # Offloading starts from host memory (a model that needs it does not fit the GPU whole, even briefly).
+        loads_to = "cpu" if recipe.memory.offload != "none" else device
+        pipe = load_pipeline(
+            recipe.model.name,
+            recipe.model.dtype,
+            loads_to,
+            recipe.model.pipeline or None,
+            recipe.model.lora,
+            tp_slice=tp_slice(recipe.parallel),
+            text_encoders=loads_text_encoders(recipe.memory.text_encoder, per_replica),
+            text_encoders_on_cpu=loads_into_host_memory(recipe.memory.text_encoder, per_replica),
+            vae_on_cpu=not loads_vae_on_gpu(recipe.memory.vae, per_replica),
         )
-    if per_replica == 1 and recipe.vae.parallel:
-        recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
-    leader = rank // per_replica * per_replica
-    job_group, pairs = _groups(world, per_replica, options.replicas, rank, recipe, pipe, device.type)
-    board: Board = shared_board(rank, os.environ.get("MASTER_ADDR", "127.0.0.1")) if world > 1 else LocalBoard()
-    handle = accel.apply(pipe, recipe)
-    replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, options.limits.request_timeout_s)
-    try:
-        if rank != leader:
-            replica.follow()  # the warm-up is its first job
-        elif rank != 0:
-            _lead_for_front(replica, pairs[rank])
-        else:
-            plan = (
-                f" (accel plan's estimate of the peak: {options.planned_peak / 2**30:.1f} GiB per GPU)"
-                if options.planned_peak
-                else ""
+        pipe.set_progress_bar_config(disable=True)
+        family = family_of(pipe)
+        variant = variant_of_class(family, type(pipe))
+        kind = family.output_of(variant.pipeline_class)
+        if kind not in ("image", "video"):
+            raise UserError(
+                f"{command}: {family.title}'s {kind} output is not served yet; use its image or video pipelines"
             )
-            announce(
-                f"warming up {options.replicas} replica{'s' if options.replicas > 1 else ''} of {recipe.world_size} "
-                f"process{'es' if recipe.world_size > 1 else ''}{plan}"
-            )
-            _front(
-                replica,
-                pairs,
-                _served(recipe, pipe, family, variant, kind, ref.tiny, options.limits),
-                options,
-                world,
-                board,
-                announce,
-            )
-    finally:
-        replica.close()
-        handle.remove()
+        if per_replica == 1 and recipe.vae.parallel:
+            recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
+        leader = rank // per_replica * per_replica
+        job_group, pairs = _groups(world, per_replica, replicas, rank, recipe, pipe, device.type)
+        board: Board = shared_board(rank, os.environ.get("MASTER_ADDR", "127.0.0.1")) if world > 1 else LocalBoard()
+        handle = accel.apply(pipe, recipe)
+        replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, limits.request_timeout_s)
+        try:
+            if rank != leader:
+                replica.follow()  # the warm-up is its first job
+            elif rank != 0:
+                _lead_for_front(replica, pairs[rank], warm_up)
+            else:
+                plan = (
+                    f" (accel plan's estimate of the peak: {planned_peak / 2**30:.1f} GiB per GPU)"
+                    if planned_peak
+                    else ""
+                )
+                announce(
+                    f"{'warming up' if warm_up else 'starting'} {replicas} replica{'s' if replicas > 1 else ''} of "
+                    f"{recipe.world_size} process{'es' if recipe.world_size > 1 else ''}{plan}"
+                )
+                served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits)
+                lead(Started(replica, pairs, served, world, board, warm_up))
+        finally:
+            replica.close()
+            handle.remove()
 
 
 def _served(recipe: Recipe, pipe: Any, family: Any, variant: Any, kind: str, tiny: bool, limits: Limits) -> Served:
@@ -157,7 +199,7 @@ def _served(recipe: Recipe, pipe: Any, family: Any, variant: Any, kind: str, tin
     )
 
 
-def _join(device_type: str, recipe: Recipe, world: int) -> int:
+def _join(device_type: str, recipe: Recipe, world: int, command: str) -> int:
     if world == 1:
         return 0
     from accel.parallel.mesh import init_distributed
@@ -165,7 +207,7 @@ def _join(device_type: str, recipe: Recipe, world: int) -> int:
     rank, size = init_distributed(device_type, recipe.parallel.timeout)
     if size != world:
         raise UserError(
-            f"accel serve: this job has {size} processes, but {world // recipe.world_size} replicas of "
+            f"{command}: this job has {size} processes, but {world // recipe.world_size} replicas of "
             f"{recipe.world_size} need {world}; pass --gpus {world}"
         )
     return rank
@@ -199,13 +241,13 @@ def _warm_up(replica: Replica) -> Outcome:
     return replica.lead(Job(0, replica.kind, {"seed": replica.recipe.generate.seed}))  # type: ignore[arg-type]
 
 
-def _lead_for_front(replica: Replica, pair: Any) -> None:
-    """Another replica's leader: warm up, say so to rank 0, then run its jobs until a stop."""
+def _lead_for_front(replica: Replica, pair: Any, warm_up: bool) -> None:
+    """Another replica's leader: warm up (where asked), say so to rank 0, then run its jobs until a stop."""
     import torch.distributed as dist
 
     from accel import watchdog
 
-    box: list[Any] = [_warm_up(replica)]
+    box: list[Any] = [_warm_up(replica) if warm_up else Outcome(True)]
     dist.send_object_list(box, dst=0, group=pair)
     while True:
         with watchdog.idle():
@@ -233,16 +275,7 @@ def _remote(first: int, pair: Any) -> Callable[[Job], Outcome]:
     return run
 
 
-def _front(
-    replica: Replica,
-    pairs: dict[int, Any],
-    served: Served,
-    options: ServeOptions,
-    world: int,
-    board: Board,
-    announce: Callable[[str], None],
-) -> None:
-    import torch.distributed as dist
+def _front(started: Started, options: ServeOptions, announce: Callable[[str], None]) -> None:
     import uvicorn
 
     from accel import watchdog
@@ -250,18 +283,12 @@ def _front(
     from accel.serve.front import Metrics, build_app
     from accel.serve.security import Door, exposure_warning
 
-    warm = [_warm_up(replica)]
-    for first, pair in pairs.items():  # the other replicas warm up at the same time
-        box: list[Any] = [None]
-        with watchdog.idle():
-            dist.recv_object_list(box, src=first, group=pair)
-        warm.append(box[0])
+    served = started.served
+    warm = started.ready()
     failed = [outcome.error for outcome in warm if not outcome.ok]
     if failed:
         raise UserError(f"accel serve: the warm-up generation failed: {failed[0]}")
-    dispatcher = Dispatcher(
-        [replica.lead, *(_remote(first, pair) for first, pair in pairs.items())], options.max_queue, board=board
-    )
+    dispatcher = Dispatcher(started.runners(), options.max_queue, board=started.board)
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
@@ -276,7 +303,7 @@ def _front(
             raise UserError(
                 f"accel serve: cannot keep video jobs in {folder} ({os_reason(error)}); pass --video-dir"
             ) from None
-    app = build_app(served, dispatcher, metrics, world, door, jobs)
+    app = build_app(served, dispatcher, metrics, started.world, door, jobs)
     if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
         announce(warning)
     dispatcher.start()
