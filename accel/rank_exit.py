@@ -62,14 +62,20 @@ def exit_handlers() -> Callable[[], object] | None:
     return getattr(atexit, "_run_exitfuncs", None)
 
 
-def end_process(code: int, on_rank: bool) -> NoReturn:
+class Verdict(SystemExit):
+    """A command's work ended as designed, with a non-zero exit code that is its answer, not a
+    failure (`accel batch` with items that failed: 1; stopped by Ctrl-C: 130): a rank leaves it in
+    order, as after success, and the launcher passes the code on without diagnosing a failure."""
+
+
+def end_process(code: int, on_rank: bool, verdict: bool = False) -> NoReturn:
     """The end of `accel`'s entry points: a rank our launcher started leaves at once on failure (the
-    launcher ends the job when it is gone) and in order on success; any other process closes its
-    groups after success and exits as usual."""
+    launcher ends the job when it is gone) and in order on success or a verdict; any other process
+    closes its groups after success and exits as usual."""
     if on_rank:
-        if code:
+        if code and not verdict:
             exit_now(code)
-        leave_finished()
+        leave_finished(verdict=code)
     elif not code:
         from accel.parallel.mesh import leave_distributed
 
@@ -77,14 +83,16 @@ def end_process(code: int, on_rank: bool) -> NoReturn:
     sys.exit(code)
 
 
-def leave_finished(threads_bound_s: float = THREADS_BOUND_S, handlers_bound_s: float = HANDLERS_BOUND_S) -> NoReturn:
+def leave_finished(
+    threads_bound_s: float = THREADS_BOUND_S, handlers_bound_s: float = HANDLERS_BOUND_S, verdict: int = 0
+) -> NoReturn:
     """Leave a rank whose work succeeded: hooks, threads, groups, handlers (see the module's note),
-    never waiting longer than the bounds, then `os._exit(0)`."""
+    never waiting longer than the bounds, then `os._exit(verdict)`."""
     from accel.launch.environment import rank
     from accel.launch.reports import report_finished
     from accel.parallel.mesh import leave_distributed
 
-    report_finished()  # the launcher's grace for this exit starts now
+    report_finished(verdict)  # the launcher's grace for this exit starts now
     backstop = Backstop(rank())
     deadline = time.monotonic() + threads_bound_s
     # The joins bound themselves; the backstop is for a hook that blocks, so it gives them time to return first.
@@ -104,9 +112,9 @@ def leave_finished(threads_bound_s: float = THREADS_BOUND_S, handlers_bound_s: f
     leave_distributed()
     run_handlers = exit_handlers()
     if run_handlers is None:  # not CPython: its ordinary exit runs them (the backstop still bounds it)
-        sys.exit(0)
+        sys.exit(verdict)
     run_handlers()
-    exit_now(0)
+    exit_now(verdict)
 
 
 def join_threads(deadline: float) -> list[threading.Thread]:

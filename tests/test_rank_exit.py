@@ -229,3 +229,29 @@ def test_without_cpythons_exit_step_a_finished_process_exits_the_ordinary_way(tm
 )
 def test_a_lingering_rank_is_named_with_where_its_heartbeat_saw_it(beat: dict | None, where: str) -> None:
     assert lingering(1, beat, 30.0, now=100.0) == f"rank 1 finished its work but had not exited 30 s later ({where})"
+
+
+@pytest.mark.parametrize("verdict", [True, False])
+def test_a_ranks_verdict_is_the_jobs_exit_code_and_any_other_code_a_failure(
+    verdict: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`accel batch` ends with 1 when items failed (130 after Ctrl-C): its answer, which the launcher
+    passes on as the job's code, after the other ranks finish, with no failure diagnosed; the same
+    code without the verdict is a rank that failed without a message."""
+    script = tmp_path / "verdict.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import os
+        from accel import watchdog
+        from accel.rank_exit import end_process
+        on_rank = watchdog.start()
+        first = os.environ["RANK"] == "0"
+        end_process(3 if first else 0, on_rank, verdict=first and {verdict})
+    """)
+    )
+    code = Supervisor(LaunchSpec(nproc=2), [sys.executable, str(script)]).run()
+    err = capsys.readouterr().err
+    if verdict:
+        assert (code, err) == (3, "")
+    else:
+        assert (code, err) == (1, "error: rank 0 exited with code 3 without a message\n")

@@ -142,15 +142,18 @@ def main(argv: list[str] | None = None) -> None:
     from accel import interrupts, watchdog
     from accel.launch.environment import world_size
     from accel.launch.reports import exit_code, is_peer_loss
-    from accel.rank_exit import end_process
+    from accel.rank_exit import Verdict, end_process
 
     argv = sys.argv[1:] if argv is None else argv
     on_rank = watchdog.start()  # a rank of a job `accel` launched: heartbeat, and exit if the launcher dies
     if not on_rank:  # a rank is stopped by its launcher, at once; a lone process unwinds and cleans up
         interrupts.install()
     code = 0
+    verdict = False
     try:
         app(args=argv, obj={"argv": argv})
+    except Verdict as exit:
+        code, verdict = exit_code(exit), True
     except SystemExit as exit:
         code = exit_code(exit)
     except interrupts.Interrupted as interruption:
@@ -163,4 +166,4 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"{type(error).__name__}: {error}", exit_code=1, lost=is_peer_loss(error))
         except typer.Exit as exit:
             code = exit.exit_code
-    end_process(code, on_rank)
+    end_process(code, on_rank, verdict)

@@ -140,8 +140,10 @@ def batch(
     except UserError as error:
         fail(str(error))
         return
-    if code:
-        raise typer.Exit(code)
+    if code:  # failed items or Ctrl-C: the batch's answer, which a launcher passes on as such
+        from accel.rank_exit import Verdict
+
+        raise Verdict(code)
 
 
 def _output_kind(settings: Any) -> str | None:

@@ -25,10 +25,12 @@ def report_failure(message: str, exit_code: int, *, lost: bool = False) -> bool:
     return _write_for_launcher(f"rank-{rank()}.json", document)
 
 
-def report_finished() -> bool:
+def report_finished(verdict: int = 0) -> bool:
     """From a rank `launch` started: tell the launcher this rank's work succeeded and it is leaving, so
-    a rank that then never exits is ended after `LaunchSpec.finish_grace_s` as a success, not waited for."""
-    return _write_for_launcher(f"done-{rank()}.json", {"rank": rank(), "time": time.time()})
+    a rank that then never exits is ended after `LaunchSpec.finish_grace_s` as a success, not waited for.
+    `verdict`: the exit code the work ended with by design (`accel batch` with failed items: 1), which
+    the launcher passes on as the job's, not as a failure to diagnose."""
+    return _write_for_launcher(f"done-{rank()}.json", {"rank": rank(), "time": time.time(), "verdict": verdict})
 
 
 def _write_for_launcher(name: str, document: dict) -> bool:
@@ -94,3 +96,8 @@ def read_beats(folder: Path) -> dict[int, dict]:
 def read_finished(folder: Path) -> dict[int, float]:
     """When each rank that reported success did so (`report_finished`)."""
     return {rank: document["time"] for rank, document in _rank_documents(folder, "done").items()}
+
+
+def read_verdicts(folder: Path) -> dict[int, int]:
+    """The exit code each rank that reported success said it would leave with (`report_finished`)."""
+    return {rank: document.get("verdict", 0) for rank, document in _rank_documents(folder, "done").items()}

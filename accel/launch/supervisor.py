@@ -20,7 +20,7 @@ from accel.files.cleanup import remove_listed_temps
 from accel.files.in_flight import JOB_DIR_ENV
 from accel.launch.diagnosis import failure_report, lingering, stall
 from accel.launch.environment import LaunchSpec
-from accel.launch.reports import read_beats, read_finished, read_reports
+from accel.launch.reports import read_beats, read_finished, read_reports, read_verdicts
 from accel.preflight import cpu_cores
 from accel.watchdog import LAUNCHER_PID_ENV
 
@@ -92,9 +92,10 @@ class Supervisor:
                 print("interrupted", file=sys.stderr)
                 return 128 + self.signal_received
             self._poll()
-            failed = any(r.exit_code not in (None, 0) for r in self.ranks)
-            if not failed and all(r.exit_code == 0 for r in self.ranks):
-                return 0
+            verdicts = self._verdicts(folder)
+            failed = any(r.exit_code not in (None, 0, verdicts.get(r.rank)) for r in self.ranks)
+            if not failed and all(r.exit_code is not None for r in self.ranks):
+                return max(r.exit_code or 0 for r in self.ranks)  # 0, or the work's own verdict
             if not failed and time.monotonic() >= next_look:  # the job folder is read twice a second, not every poll
                 next_look = time.monotonic() + 0.5
                 failed = self._reported_but_running(folder)
@@ -109,6 +110,12 @@ class Supervisor:
                 self._poll()
                 return self._fail(folder, stalled=None)
             time.sleep(POLL_S)
+
+    def _verdicts(self, folder: Path) -> dict[int, int]:
+        """The exit codes ranks that ended by design announced (read only once one exited non-zero)."""
+        if all(r.exit_code in (None, 0) for r in self.ranks):
+            return {}
+        return read_verdicts(folder)
 
     def _poll(self) -> None:
         for rank in self.ranks:
