@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test gpu-check install clean
+.PHONY: demo test browser gpu-check install clean
 
 # The first install downloads torch, diffusers and transformers (a few GB): say so, and let pip show
 # what it fetches rather than sit silent for minutes.
@@ -20,8 +20,19 @@ install: $(BIN)/accel
 demo: install
 	$(BIN)/accel run tiny-flux --steps 12 --cache 0.4 --compare --repeats 9
 
-test: install
+test: install browser
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+
+# The playground's test drives a real headless Chromium: the system's, installed from Debian / Ubuntu
+# packages when missing and apt-get may be used (as root); else that one test is skipped, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "accel: installing Chromium (apt-get) for the playground's browser test"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	  echo "accel: could not install Chromium; the playground's browser test will be skipped"; \
+	else echo "accel: no Chromium (install it to run the playground's browser test; it is skipped)"; fi
 
 # Needs one NVIDIA GPU: the CUDA-only tests and every benchmark's CUDA section in under 9 minutes;
 # the Markdown for BENCHMARKS.md is printed and written to outputs/gpu-check.md. A GPU machine

@@ -12,6 +12,7 @@ from rich.markup import escape
 from accel.cli.app import console, fail
 from accel.cli.jobs import check_replicas, fit_replicas_to_job, relaunch
 from accel.cli.options import (
+    FLAG,
     ModelArgument,
     Opt,
     Oversubscribe,
@@ -164,6 +165,14 @@ def serve(
         float,
         Opt("--keep-videos", metavar="HOURS", help="Hours a finished video job and its MP4 are kept."),
     ] = 24.0,
+    no_playground: Annotated[
+        bool,
+        Opt(
+            "--no-playground",
+            help="Leave out the playground page at / (prompt, size, steps, seed, input picture; progress; the result).",
+            **FLAG,
+        ),
+    ] = False,
     gpu_memory: Annotated[
         float | None,
         Opt(
@@ -259,6 +268,7 @@ def serve(
                 tuple(trusted_hosts or ()),
                 video_dir.expanduser() if video_dir is not None else None,
                 keep_videos * 3600,
+                not no_playground,
             ),
             announce,
         )

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.limits import Limits
+from accel.serve.playground import REQUEST_ID_CHARS, add_playground
 from accel.serve.replica import Outcome
 from accel.serve.requests import BadRequest, ImageRequest, Job, Served, VideoRequest, to_job, validation_message
 from accel.serve.security import Door, Guard
@@ -174,11 +175,13 @@ def build_app(
     processes: int,
     door: Door | None = None,
     jobs: VideoJobs | None = None,
+    playground: bool = True,
 ) -> FastAPI:
     app = FastAPI(title=f"accel serve {served.name}", docs_url=None, redoc_url=None)
     app.add_middleware(Guard, door=door or Door(max_body=served.limits.max_body))
     started = int(time.time())
     counter = iter(range(1, 2**62))
+    in_flight: dict[str, int] = {}  # a client's X-Request-Id -> its job, while it waits or runs
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -216,8 +219,11 @@ def build_app(
         endpoint: str, request: Request, body: ImageRequest | VideoRequest, inputs: Callable[[Job], Job] = lambda j: j
     ) -> JSONResponse:
         start = time.perf_counter()
+        named = request.headers.get("x-request-id", "")[:REQUEST_ID_CHARS] or None
         try:
             job = inputs(to_job(body, served, next(counter)))
+            if named is not None:
+                in_flight[named] = job.id
             outcome = await _unless_gone(
                 request, dispatcher.submit(job), lambda: dispatcher.cancel(job.id, "client_gone")
             )
@@ -237,6 +243,9 @@ def build_app(
                 response = _stopped(outcome, served.limits)
             else:
                 response = _failed(outcome.error or "the generation failed")
+        finally:
+            if named is not None:
+                in_flight.pop(named, None)
         metrics.requests.labels(endpoint, str(response.status_code)).inc()
         return response
 
@@ -283,6 +292,8 @@ def build_app(
         refuse_busy,
         lambda endpoint, status: metrics.requests.labels(endpoint, str(status)).inc(),
     )
+
+    add_playground(app, served, dispatcher, in_flight, playground)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

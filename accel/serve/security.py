@@ -2,8 +2,9 @@
 
 In order: a Host header the server does not answer to (421: DNS rebinding turns a page in the
 operator's browser into a client of a localhost server), a missing or wrong API key (401, on
-every endpoint but /health), and a body over the limit (413: read at most the limit, whatever
-Content-Length claims or a chunked body streams, so a 500 MB body never sits in memory).
+every endpoint but /health and the playground's static page), and a body over the limit (413:
+read at most the limit, whatever Content-Length claims or a chunked body streams, so a 500 MB
+body never sits in memory).
 Every refusal is in OpenAI's error shape.
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from accel.serve.playground import PAGES
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -23,7 +26,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-OPEN = ("/health",)  # answered without a key: load balancers and probes hold none
+# Answered without a key: load balancers and probes hold none; the playground's files hold no data.
+OPEN = ("/health", *PAGES)
 
 
 @dataclass(frozen=True)

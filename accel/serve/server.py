@@ -48,6 +48,7 @@ class ServeOptions:
     trusted_hosts: tuple[str, ...] = ()  # Host names answered beyond the bound address and localhost
     video_dir: Path | None = None  # where video jobs are kept (None: video_jobs.default_folder)
     keep_videos_s: float = 24 * 3600.0  # how long a finished video job is kept
+    playground: bool = True  # the page at /
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -303,7 +304,7 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
             raise UserError(
                 f"accel serve: cannot keep video jobs in {folder} ({os_reason(error)}); pass --video-dir"
             ) from None
-    app = build_app(served, dispatcher, metrics, started.world, door, jobs)
+    app = build_app(served, dispatcher, metrics, started.world, door, jobs, options.playground)
     if (warning := exposure_warning(options.host, options.port, options.api_keys)) is not None:
         announce(warning)
     dispatcher.start()
@@ -319,7 +320,9 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
             if jobs is None
             else f"video jobs at /v1/videos, kept in {jobs.folder}; POST /v1/videos/generations"
         )
-        + "; GET /v1/models, /health, /metrics); Ctrl-C stops"
+        + "; GET /v1/models, /health, /metrics"
+        + ("; the playground at /" if options.playground else "")
+        + "); Ctrl-C stops"
     )
     # HTTP runs on a thread of its own (uvicorn then leaves the signals alone); this thread waits for
     # a signal and runs the shutdown while the HTTP loop still answers.

@@ -1,0 +1,83 @@
+"""The playground at `/` (`accel serve --no-playground` leaves it out): a page of static files, no
+build step, that uses the server's own API as any client does, with the key a user types in.
+
+Two accel endpoints serve it, and any other client too: `GET /v1/playground` says what the served
+pipeline takes (its output, whether it starts from a picture or a mask, its default size and
+steps), and `GET /v1/requests/{id}` the progress of a synchronous request sent with an
+`X-Request-Id` header (OpenAI's image API answers only at the end; a video job has its own status).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from accel.serve.dispatch import Dispatcher
+from accel.serve.requests import MAX_IMAGES, Served
+
+ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css"}
+# Answered without a key (static files holding no data; the page asks for the key to call the API).
+PAGES = ("/", *(f"/playground/{name}" for name in ASSETS))
+REQUEST_ID_CHARS = 100
+
+
+def _asset(name: str) -> str:
+    return resources.files("accel.serve").joinpath("playground", name).read_text(encoding="utf-8")
+
+
+def add_playground(app: FastAPI, served: Served, dispatcher: Dispatcher, in_flight: dict[str, int], page: bool) -> None:
+    """The two endpoints; with `page`, the page and its files too."""
+
+    @app.get("/v1/playground")
+    async def playground() -> dict[str, Any]:
+        variant = served.variant
+        return {
+            "model": served.name,
+            "output": served.output,
+            "picture": served.needs_picture or bool(variant is not None and variant.image is not None),
+            "needs_picture": served.needs_picture,
+            "mask": bool(variant is not None and variant.mask is not None),
+            "needs_mask": served.needs_mask,
+            "defaults": served.defaults,
+            "max_images": MAX_IMAGES,
+        }
+
+    @app.get("/v1/requests/{request_id}")
+    async def progress(request_id: str) -> JSONResponse:
+        job_id = in_flight.get(request_id[:REQUEST_ID_CHARS])
+        if job_id is None:
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"no request {request_id[:40]!r} waiting or running (it is answered, or never came)",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                status_code=404,
+            )
+        if not dispatcher.running(job_id):
+            return JSONResponse({"id": request_id, "status": "queued", "progress": 0})
+        steps = dispatcher.board.progress_of(job_id)
+        done = min(99, steps[0] * 100 // steps[1]) if steps is not None and steps[1] else 0
+        return JSONResponse({"id": request_id, "status": "in_progress", "progress": done})
+
+    if not page:
+        return
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(_asset("index.html"))
+
+    @app.get("/playground/{name}")
+    async def asset(name: str) -> Response:
+        if name not in ASSETS:
+            return JSONResponse(
+                {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}},
+                status_code=404,
+            )
+        return Response(_asset(name), media_type=ASSETS[name])
