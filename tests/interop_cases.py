@@ -181,15 +181,16 @@ def diffusers_cache_refusal(when: str) -> tuple[str, float]:
 
 
 # -- LoRA -----------------------------------------------------------------------------------------
-def make_lora(directory: str) -> None:
-    """Save a seeded random LoRA (rank 4 on to_q / to_k / to_v) for tiny-flux in diffusers' format."""
+def make_lora(directory: str, seed: int = 0) -> None:
+    """Save a seeded random LoRA (rank 4 on to_q / to_k / to_v) for tiny-flux in diffusers' format
+    (directory/pytorch_lora_weights.safetensors)."""
     from diffusers import FluxPipeline
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
 
     transformer = fresh_flux().transformer
     with torch.random.fork_rng():
-        torch.manual_seed(0)  # init_lora_weights=False: lora_B is random too, so the LoRA changes the image
+        torch.manual_seed(seed)  # init_lora_weights=False: lora_B is random too, so the LoRA changes the image
         transformer.add_adapter(
             LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False)
         )

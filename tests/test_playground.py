@@ -1,8 +1,9 @@
 """The playground at `/`: its two endpoints against the real app over a replica that holds its job
 (what the pipeline takes; a synchronous request's progress by its X-Request-Id), the page open
 without a key while the API keeps asking for one, `--no-playground`; and the page itself in a
-real headless Chromium against `accel serve tiny-flux`: a prompt typed and submitted, the picture
-appearing, equal to the API's answer at the same seed, a screenshot kept in outputs/test-artifacts."""
+real headless Chromium against `accel serve tiny-flux` with a LoRA: a prompt typed and submitted
+with the LoRA at a scale, the picture appearing, equal to the API's answer at the same seed, a
+screenshot kept in outputs/test-artifacts."""
 
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def test_the_page_says_what_the_pipeline_takes_and_a_request_s_progress_by_its_i
             "needs_mask": False,
             "defaults": FLUX_DEFAULTS,
             "max_images": 4,
+            "loras": [],
         }
         answer: list[httpx.Response] = []
         asking = threading.Thread(
@@ -130,14 +132,17 @@ def _chromium() -> str | None:
     )
 
 
-def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_makes() -> None:
+def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_makes(tmp_path: Path) -> None:
     browser_path = _chromium()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (make test installs Debian's chromium when it may use apt-get)")
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    import interop_cases
     from test_serve import start
 
-    server = start("tiny-flux", "--steps", "4")
+    interop_cases.make_lora(str(tmp_path), seed=1)
+    lora = f"pixel={tmp_path / 'pytorch_lora_weights.safetensors'}"
+    server = start("tiny-flux", "--steps", "4", "--lora", lora)
     try:
         with playwright.sync_playwright() as driver:
             browser = driver.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
@@ -150,6 +155,7 @@ def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_
                 assert all(page.is_hidden(f"#{name}-field") for name in ("frames", "picture", "mask"))
                 page.fill("#prompt", "a red fox in the snow")
                 page.fill("#seed", "11")
+                page.fill("input[data-lora=pixel]", "0.8")  # the server's one LoRA, at a scale
                 page.click("#generate")
                 page.wait_for_selector("#output img", timeout=120_000)
                 page.wait_for_function("document.getElementById('status').textContent.startsWith('done')")
@@ -164,9 +170,15 @@ def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_
             finally:
                 browser.close()
         direct = httpx.post(
-            f"{server.url}/v1/images/generations", json={"prompt": "a red fox in the snow", "seed": 11}, timeout=120
+            f"{server.url}/v1/images/generations",
+            json={"prompt": "a red fox in the snow", "seed": 11, "lora": {"pixel": 0.8}},
+            timeout=120,
         )
         assert shown == "data:image/png;base64," + direct.json()["data"][0]["b64_json"]
+        plain = httpx.post(  # the LoRA changes the picture: the page sent it
+            f"{server.url}/v1/images/generations", json={"prompt": "a red fox in the snow", "seed": 11}, timeout=120
+        )
+        assert plain.json()["data"][0]["b64_json"] != direct.json()["data"][0]["b64_json"]
         assert base64.b64decode(shown.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
         assert (ARTIFACTS / "playground.png").stat().st_size > 0
     finally:

@@ -42,6 +42,8 @@ class BatchOptions:
     shard: Shard = WHOLE
     retries: int = 2  # a failed item is tried at most 1 + retries times, over all runs
     strict: bool = False  # a bad line refuses the batch instead of being skipped
+    loras: dict[str, str] = field(default_factory=dict)  # LoRAs requests may choose, by name
+    max_loras: int = 4
 
 
 @dataclass
@@ -141,7 +143,17 @@ def run_batch(
 
     # The file is the operator's own: no per-request work or prompt bound beyond what a recipe takes.
     limits = Limits(max_prompt=prompt_chars(), max_work=1 << 62)
-    run_replicas(recipe, options.replicas, limits, lead, announce, "accel batch", warm_up=False)
+    run_replicas(
+        recipe,
+        options.replicas,
+        limits,
+        lead,
+        announce,
+        "accel batch",
+        warm_up=False,
+        loras=options.loras,
+        max_loras=options.max_loras,
+    )
     return tally.exit_code
 
 

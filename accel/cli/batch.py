@@ -15,6 +15,9 @@ from accel.cli.app import console, fail
 from accel.cli.jobs import check_replicas, fit_replicas_to_job, relaunch
 from accel.cli.options import (
     FLAG,
+    LoraDir,
+    LoraNames,
+    MaxLoras,
     ModelArgument,
     Opt,
     Oversubscribe,
@@ -25,6 +28,7 @@ from accel.cli.options import (
 )
 from accel.cli.serve import LAYOUT, PER_REPLICA, PLACEMENT
 from accel.errors import UserError, os_reason
+from accel.serve.loras import lora_refusal, registered_loras
 
 
 @with_recipe_options(
@@ -94,6 +98,9 @@ def batch(
             **FLAG,
         ),
     ] = False,
+    lora: LoraNames = None,
+    lora_dir: LoraDir = None,
+    max_loras: MaxLoras = 4,
     oversubscribe: Oversubscribe = False,
 ) -> None:
     """Generate every request of a JSONL file into a folder with a manifest; a rerun resumes where it stopped."""
@@ -108,6 +115,9 @@ def batch(
         check_replicas(replicas, gpus)
         if retries < 0:
             raise UserError(f"--retries must be >= 0, got {retries}")
+        if max_loras < 1:
+            raise UserError(f"--max-loras must be >= 1, got {max_loras}")
+        loras = registered_loras(lora, lora_dir)
         try:
             sharding = Shard.parse(shard)
         except ValueError as problem:
@@ -115,6 +125,8 @@ def batch(
         settings = build_recipe(
             recipe, overrides, {"model": {"name": model}, "parallel": {"gpus": gpus // replicas if gpus else None}}
         )
+        if loras and (refusal := lora_refusal(settings)) is not None:
+            raise UserError(refusal)
         kind = _output_kind(settings)
         if lead:
             _check_file(requests.expanduser(), kind, strict)
@@ -135,7 +147,9 @@ def batch(
         settings = fit_replicas_to_job(settings, replicas)
         from accel.batch.run import BatchOptions, run_batch
 
-        options = BatchOptions(requests.expanduser(), out.expanduser(), replicas, sharding, retries, strict)
+        options = BatchOptions(
+            requests.expanduser(), out.expanduser(), replicas, sharding, retries, strict, loras, max_loras
+        )
         code = run_batch(settings, options, _say if lead else (lambda _line: None), _progress if lead else _silent)
     except UserError as error:
         fail(str(error))

@@ -48,6 +48,29 @@ ModelArgument = Annotated[
     ),
 ]
 
+# The LoRAs requests choose by name (accel/serve/loras.py), in the commands that keep a pipeline loaded.
+LoraNames = Annotated[
+    list[str] | None,
+    Opt(
+        "--lora",
+        metavar="NAME=PATH",
+        help="A LoRA .safetensors file requests may choose by name (their lora field, with a scale); repeatable.",
+        show_default="none",
+    ),
+]
+LoraDir = Annotated[
+    Path | None,
+    Opt(
+        "--lora-dir",
+        metavar="DIR",
+        help="Register each .safetensors file in DIR as a LoRA named by its stem.",
+        show_default="none",
+    ),
+]
+MaxLoras = Annotated[
+    int, Opt("--max-loras", help="LoRA adapters kept loaded at once; past it the least recently used is dropped.")
+]
+
 Overrides = dict[str, dict[str, Any]]
 
 

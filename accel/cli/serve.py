@@ -13,6 +13,9 @@ from accel.cli.app import console, fail
 from accel.cli.jobs import check_replicas, fit_replicas_to_job, relaunch
 from accel.cli.options import (
     FLAG,
+    LoraDir,
+    LoraNames,
+    MaxLoras,
     ModelArgument,
     Opt,
     Oversubscribe,
@@ -23,6 +26,7 @@ from accel.cli.options import (
 )
 from accel.errors import UserError, os_reason
 from accel.serve.limits import Limits
+from accel.serve.loras import lora_refusal, registered_loras
 
 # The layout flags of `accel run`, less the plan and the offload: a server's are its replicas'.
 LAYOUT = ("parallel.ulysses", "parallel.ring", "parallel.tp", "memory.text_encoder", "memory.vae")
@@ -165,6 +169,9 @@ def serve(
         float,
         Opt("--keep-videos", metavar="HOURS", help="Hours a finished video job and its MP4 are kept."),
     ] = 24.0,
+    lora: LoraNames = None,
+    lora_dir: LoraDir = None,
+    max_loras: MaxLoras = 4,
     no_playground: Annotated[
         bool,
         Opt(
@@ -218,6 +225,9 @@ def serve(
                 f"set {PROMPT_CHARS_ENV} to raise both"
             )
         keys = _api_keys(api_keys)
+        if max_loras < 1:
+            raise UserError(f"--max-loras must be >= 1, got {max_loras}")
+        loras = registered_loras(lora, lora_dir)
         if video_dir is not None:  # an unusable one is refused before any rank starts
             try:
                 video_dir.expanduser().mkdir(parents=True, exist_ok=True)
@@ -231,6 +241,8 @@ def serve(
         from accel.recipe.refusals import memory_refusal
 
         if (refusal := memory_refusal(settings, replicas)) is not None:
+            raise UserError(refusal)
+        if loras and (refusal := lora_refusal(settings)) is not None:
             raise UserError(refusal)
         world = settings.world_size * replicas
         if world > 1 and not under_distributed_launcher():
@@ -269,6 +281,8 @@ def serve(
                 video_dir.expanduser() if video_dir is not None else None,
                 keep_videos * 3600,
                 not no_playground,
+                loras,
+                max_loras,
             ),
             announce,
         )

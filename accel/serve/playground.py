@@ -3,7 +3,7 @@ build step, that uses the server's own API as any client does, with the key a us
 
 Two accel endpoints serve it, and any other client too: `GET /v1/playground` says what the served
 pipeline takes (its output, whether it starts from a picture or a mask, its default size and
-steps), and `GET /v1/requests/{id}` the progress of a synchronous request sent with an
+steps, the LoRAs it may choose), and `GET /v1/requests/{id}` the progress of a synchronous request sent with an
 `X-Request-Id` header (OpenAI's image API answers only at the end; a video job has its own status).
 """
 
@@ -43,6 +43,7 @@ def add_playground(app: FastAPI, served: Served, dispatcher: Dispatcher, in_flig
             "needs_mask": served.needs_mask,
             "defaults": served.defaults,
             "max_images": MAX_IMAGES,
+            "loras": sorted(served.loras),
         }
 
     @app.get("/v1/requests/{request_id}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from accel.recipe import Recipe
+from accel.serve.loras import Adapters
 from accel.serve.cancel import DONE, FAILED, Board, Cancelled, PeerFailed, StepGate
 from accel.serve.requests import Job
 
@@ -54,8 +55,10 @@ class Replica:
         leader: int,
         board: Board | None = None,
         time_limit_s: float | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self.pipe = pipe
+        self.adapters = adapters  # the LoRAs requests may choose (None: the server registered none)
         self.handle = handle
         self.recipe = recipe
         self.tiny = tiny
@@ -147,6 +150,8 @@ class Replica:
         from accel.generate import generate_with_audio
         from accel.models.call import generation_kwargs
 
+        if self.adapters is not None:  # every rank switches alike: the job is the same on all of them
+            self.adapters.use(job.loras)
         settings = self.recipe.with_overrides({"generate": job.generate}, source="request")
         kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
         return [generate_with_audio(self.pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from accel.serve.loras import chosen_loras
 from accel.serve.limits import Limits, TokenCounter, position_problem, prompt_problem, token_problem, work_problem
 
 # Most images one request may ask for: a request holds its replica for all of them.
@@ -50,6 +51,9 @@ class _Common(BaseModel):
         None, ge=0, le=MAX_GUIDANCE, allow_inf_nan=False, description="Guidance scale (accel)."
     )
     negative_prompt: str | None = Field(None, description="Negative prompt (accel), for pipelines that take one.")
+    lora: dict[str, float] | None = Field(
+        None, description='LoRAs the server registered, by name, with their scales (accel): {"pixel": 0.8}.'
+    )
 
 
 class ImageRequest(_Common):
@@ -73,6 +77,7 @@ class Job:
     generate: dict[str, Any]
     count: int = 1
     stop: bool = False
+    loras: tuple[tuple[str, float], ...] = ()  # (name, scale) of the registered LoRAs it runs with
 
 
 @dataclass
@@ -91,6 +96,7 @@ class Served:
     variant: Any = None  # the served pipeline's Variant (accel/models/base.py), for the pictures it takes
     needs_picture: bool = False  # it starts from a picture and the server's recipe gives none
     needs_mask: bool = False  # it repaints where a mask says and the server's recipe gives none
+    loras: dict[str, str] = field(default_factory=dict)  # the LoRAs requests may name, by name (their files)
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
@@ -142,8 +148,12 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
     count = getattr(request, "n", 1)
     if (problem := work_problem(generate, count, served.defaults, served.limits)) is not None:
         raise BadRequest(None, problem)
+    try:
+        loras = chosen_loras(request.lora, served.loras)
+    except ValueError as unknown:
+        raise BadRequest("lora", str(unknown)) from None
     generate["seed"] = request.seed if request.seed is not None else random.randint(0, SEED_LIMIT - MAX_IMAGES)
-    return Job(job_id, kind, generate, count)
+    return Job(job_id, kind, generate, count, loras=loras)
 
 
 def frames_for_seconds(family: Any, text: str) -> int:

@@ -16,8 +16,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from accel.launch.supervisor import CANCEL_GRACE_S
 from accel.recipe import Recipe
 from accel.serve.cancel import Board, LocalBoard, shared_board
 from accel.serve.limits import Limits
+from accel.serve.loras import Adapters
 from accel.serve.replica import IDLE, Outcome, Replica
 from accel.serve.requests import Job, Served
 
@@ -49,6 +50,8 @@ class ServeOptions:
     video_dir: Path | None = None  # where video jobs are kept (None: video_jobs.default_folder)
     keep_videos_s: float = 24 * 3600.0  # how long a finished video job is kept
     playground: bool = True  # the page at /
+    loras: dict[str, str] = field(default_factory=dict)  # LoRAs requests may choose, by name (accel/serve/loras.py)
+    max_loras: int = 4  # adapters kept loaded at once
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -60,6 +63,8 @@ def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None]
         announce,
         "accel serve",
         planned_peak=options.planned_peak,
+        loras=options.loras,
+        max_loras=options.max_loras,
     )
 
 
@@ -103,6 +108,8 @@ def run_replicas(
     command: str,
     warm_up: bool = True,
     planned_peak: int | None = None,
+    loras: Mapping[str, str] | None = None,
+    max_loras: int = 4,
 ) -> None:
     """Load and accelerate the pipeline on every rank of `replicas` replicas of the recipe's layout;
     rank 0 then runs `lead` (the HTTP front, a batch), every other rank runs its replica's jobs
@@ -150,7 +157,10 @@ def run_replicas(
         job_group, pairs = _groups(world, per_replica, replicas, rank, recipe, pipe, device.type)
         board: Board = shared_board(rank, os.environ.get("MASTER_ADDR", "127.0.0.1")) if world > 1 else LocalBoard()
         handle = accel.apply(pipe, recipe)
-        replica = Replica(pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, limits.request_timeout_s)
+        adapters = Adapters(pipe, loras, max_loras) if loras else None
+        replica = Replica(
+            pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, limits.request_timeout_s, adapters
+        )
         try:
             if rank != leader:
                 replica.follow()  # the warm-up is its first job
@@ -167,6 +177,7 @@ def run_replicas(
                     f"{recipe.world_size} process{'es' if recipe.world_size > 1 else ''}{plan}"
                 )
                 served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits)
+                served.loras = dict(loras or {})
                 lead(Started(replica, pairs, served, world, board, warm_up))
         finally:
             replica.close()

@@ -5,6 +5,7 @@ as it checks one (a picture Pillow reads, under its decompression-bomb limit) be
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,11 @@ from accel.serve.requests import BadRequest, Served
 
 # Largest number of pictures one request may upload.
 MAX_PICTURES = 4
+
+
+# The fields holding an object (name -> value), which a form sends as NAME[KEY]=VALUE or as JSON text.
+OBJECT_FIELDS = ("lora",)
+OBJECT_ENTRY = re.compile(r"(lora)\[([^\[\]]+)\]")
 
 
 async def request_fields(request: Request, files: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -37,7 +43,15 @@ async def request_fields(request: Request, files: tuple[str, ...]) -> tuple[dict
         if isinstance(value, str):
             if name in files:
                 raise BadRequest(name, f"{name}: a file, not text")
-            fields[key] = value
+            if (entry := OBJECT_ENTRY.fullmatch(key)) is not None:  # lora[pixel]=0.8, as the openai client sends a dict
+                fields.setdefault(entry[1], {})[entry[2]] = value
+            elif key in OBJECT_FIELDS and value.lstrip().startswith("{"):  # or the object as JSON text
+                try:
+                    fields[key] = json.loads(value)
+                except ValueError:
+                    raise BadRequest(key, f"{key}: a JSON object, or {key}[NAME]=VALUE fields") from None
+            else:
+                fields[key] = value
         elif name in files:
             uploads.setdefault(name, []).append(value)
         else:

@@ -37,6 +37,17 @@ async function load() {
     if (d[name] !== undefined) $(name).value = d[name];
   }
   $("frames-field").hidden = config.output !== "video";
+  $("lora-field").hidden = config.loras.length === 0;
+  $("loras").replaceChildren(
+    ...config.loras.map((name) => {
+      const field = document.createElement("label");
+      const scale = document.createElement("input");
+      Object.assign(scale, { type: "number", step: "0.05", placeholder: "scale" });
+      scale.dataset.lora = name;
+      field.append(name, scale);
+      return field;
+    }),
+  );
   $("picture-field").hidden = !config.picture;
   $("mask-field").hidden = !config.mask;
   $("picture").required = config.needs_picture;
@@ -51,12 +62,19 @@ function fields() {
   if (number("width") && number("height")) body.size = `${number("width")}x${number("height")}`;
   for (const name of ["steps", "seed"]) if (number(name) !== undefined) body[name] = number(name);
   if (config.output === "video" && number("frames") !== undefined) body.frames = number("frames");
+  const loras = {};
+  for (const scale of $("loras").querySelectorAll("input")) {
+    if (scale.value !== "") loras[scale.dataset.lora] = Number(scale.value);
+  }
+  if (Object.keys(loras).length) body.lora = loras;
   return body;
 }
 
 function multipart(body, files) {
   const form = new FormData();
-  for (const [name, value] of Object.entries(body)) form.append(name, String(value));
+  for (const [name, value] of Object.entries(body)) {
+    form.append(name, typeof value === "object" ? JSON.stringify(value) : String(value));
+  }
   for (const [name, file] of Object.entries(files)) if (file) form.append(name, file);
   return form;
 }

@@ -1,0 +1,131 @@
+"""LoRAs a request chooses (`accel serve --lora NAME=PATH`, `--lora-dir DIR`): registered by name
+before any rank starts, loaded as adapters on first use and kept (the least recently used is
+dropped past `--max-loras`), and switched per request with diffusers' `set_adapters`: the base
+weights are never reloaded or re-fused, and a request without a LoRA runs them alone.
+
+A LoRA in the recipe's `[model] lora` is different: part of the model, fused once at load.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from accel.errors import ModelError, UserError
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_SCALE = 100.0  # far past any useful strength, finite in every dtype's arithmetic
+Chosen = tuple[tuple[str, float], ...]  # a request's (name, scale) pairs, in its order
+
+
+def registered_loras(given: Sequence[str] | None, folder: Path | None) -> dict[str, str]:
+    """NAME -> file of `--lora NAME=PATH` (repeatable) and of each `*.safetensors` in `--lora-dir`
+    (named by its stem); one line for a bad name, a missing file, or a name given twice."""
+    loras: dict[str, str] = {}
+
+    def add(name: str, path: Path, where: str) -> None:
+        if not NAME.fullmatch(name):
+            raise UserError(f"{where}: the name {name!r} must be 1 to 64 letters, digits, '.', '_' or '-'")
+        if name in loras:
+            raise UserError(f"{where}: the name {name!r} is registered twice; give each LoRA its own")
+        if not path.is_file():
+            raise UserError(f"{where}: {path} is not a file; pass a LoRA .safetensors file")
+        loras[name] = str(path.resolve())
+
+    for text in given or ():
+        name, sep, path = text.partition("=")
+        if not sep or not path:
+            raise UserError(f"--lora {text}: write NAME=PATH, e.g. --lora pixel=loras/pixel.safetensors")
+        add(name, Path(path).expanduser(), f"--lora {text}")
+    if folder is not None:
+        folder = folder.expanduser()
+        if not folder.is_dir():
+            raise UserError(f"--lora-dir {folder}: not a folder; pass the folder holding the LoRA .safetensors files")
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise UserError(f"--lora-dir {folder}: no .safetensors file in it")
+        for path in files:
+            add(path.stem, path, f"--lora-dir {folder}")
+    return loras
+
+
+def lora_refusal(settings: Any) -> str | None:
+    """Why this server's layout cannot switch LoRAs per request (None: it can)."""
+    fuse = "; fuse one LoRA into the model with the recipe's [model] lora instead"
+    if settings.compile.enabled:
+        return f"--lora with [compile] on is not served yet: each switch of adapters would recompile the blocks{fuse}"
+    if settings.parallel.tp > 1:
+        return f"--lora with tensor parallelism is not served yet: the adapters would need splitting too{fuse}"
+    if settings.quant.type != "none":
+        return (
+            f"--lora with [quant] type {settings.quant.type} is not served yet: adapters over quantized layers are "
+            f"untested{fuse}"
+        )
+    return None
+
+
+def chosen_loras(given: Mapping[str, float] | None, registered: Mapping[str, str]) -> Chosen:
+    """A request's `lora` field checked against the registered names: (name, scale) pairs, or
+    ValueError with the one line a 400 carries."""
+    if not given:
+        return ()
+    known = ", ".join(sorted(registered)) or "none (accel serve --lora NAME=PATH registers them)"
+    for name, scale in given.items():
+        if name not in registered:
+            raise ValueError(f"lora: no LoRA {name!r} on this server; registered: {known}")
+        if not math.isfinite(scale) or abs(scale) > MAX_SCALE:
+            raise ValueError(f"lora: {name}'s scale must be a number between -{MAX_SCALE:g} and {MAX_SCALE:g}")
+    return tuple((name, float(scale)) for name, scale in given.items())
+
+
+class Adapters:
+    """The pipeline's loaded adapters, at most `most` (least recently used dropped first)."""
+
+    def __init__(self, pipe: Any, registered: Mapping[str, str], most: int) -> None:
+        self.pipe = pipe
+        self.registered = dict(registered)
+        self.most = most
+        self.loaded: OrderedDict[str, None] = OrderedDict()
+        self.active: Chosen = ()
+
+    def use(self, chosen: Chosen) -> None:
+        """Make `chosen` the active adapters at their scales (none: the base weights alone)."""
+        if chosen == self.active:
+            return
+        names = [name for name, _scale in chosen]
+        for name in names:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
+            else:
+                self._make_room(keep=names)
+                self._load(name)
+        if chosen:
+            self.pipe.enable_lora()
+            self.pipe.set_adapters(names, adapter_weights=[scale for _name, scale in chosen])
+        elif self.loaded:
+            self.pipe.disable_lora()
+        self.active = chosen
+
+    def _make_room(self, keep: list[str]) -> None:
+        while len(self.loaded) >= self.most:
+            oldest = next((name for name in self.loaded if name not in keep), None)
+            if oldest is None:
+                return  # the request itself names more than the cache holds: it gets them all
+            self.pipe.delete_adapters(oldest)
+            del self.loaded[oldest]
+
+    def _load(self, name: str) -> None:
+        path = Path(self.registered[name])
+        try:
+            self.pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=name)
+        except (ValueError, KeyError, OSError, RuntimeError) as error:
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            raise ModelError(
+                f"LoRA {name} ({path}) is not one {type(self.pipe).__name__} can load "
+                f"({lines[0] if lines else type(error).__name__})"
+            ) from None
+        self.loaded[name] = None

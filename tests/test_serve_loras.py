@@ -1,0 +1,223 @@
+"""Per-request LoRAs (`accel serve --lora NAME=PATH / --lora-dir DIR`): the registry and its
+refusals before any rank starts, the adapters kept and dropped least-recently-used, and the real
+server on tiny-flux answering the openai client's requests that alternate two LoRAs (one at a
+step-distilled LoRA's few steps and guidance 1), a mix of both and none, each equal to
+`accel run --lora` at the same seed; `accel batch` with the same field; an unknown name is 400
+naming the registered ones."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+import interop_cases as cases
+from accel.cli import app
+from accel.errors import UserError
+from accel.serve.loras import Adapters, chosen_loras, registered_loras
+
+PROMPT = "a red fox in the snow"
+
+
+@pytest.fixture(scope="module")
+def lora_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of two seeded random LoRAs for tiny-flux: pixel.safetensors and ink.safetensors."""
+    folder = tmp_path_factory.mktemp("loras")
+    for name, seed in (("pixel", 1), ("ink", 2)):
+        made = folder / f"made-{name}"
+        made.mkdir()
+        cases.make_lora(str(made), seed)
+        (made / "pytorch_lora_weights.safetensors").rename(folder / f"{name}.safetensors")
+        made.rmdir()
+    return folder
+
+
+def test_the_registry_names_each_file_and_refuses_what_it_cannot_serve(lora_files: Path, tmp_path: Path) -> None:
+    pixel, ink = str(lora_files / "pixel.safetensors"), str(lora_files / "ink.safetensors")
+    assert registered_loras(None, lora_files) == {"ink": ink, "pixel": pixel}
+    assert registered_loras([f"p={pixel}"], None) == {"p": pixel}
+    (tmp_path / "empty").mkdir()
+    missing = f"{tmp_path}/none.safetensors"
+    name_rule = "must be 1 to 64 letters, digits, '.', '_' or '-'"
+    for given, folder, message in (
+        (["p"], None, "--lora p: write NAME=PATH, e.g. --lora pixel=loras/pixel.safetensors"),
+        ([f"a b={pixel}"], None, f"--lora a b={pixel}: the name 'a b' {name_rule}"),
+        ([f"p={missing}"], None, f"--lora p={missing}: {missing} is not a file; pass a LoRA .safetensors file"),
+        (
+            [f"ink={pixel}"],
+            lora_files,
+            f"--lora-dir {lora_files}: the name 'ink' is registered twice; give each LoRA its own",
+        ),
+        (None, tmp_path / "empty", f"--lora-dir {tmp_path}/empty: no .safetensors file in it"),
+        (
+            None,
+            tmp_path / "nope",
+            f"--lora-dir {tmp_path}/nope: not a folder; pass the folder holding the LoRA .safetensors files",
+        ),
+    ):
+        with pytest.raises(UserError) as refused:
+            registered_loras(given, folder)
+        assert str(refused.value) == message
+    assert chosen_loras({"ink": 0.5, "pixel": 1}, {"ink": ink, "pixel": pixel}) == (("ink", 0.5), ("pixel", 1.0))
+    with pytest.raises(ValueError) as refused:
+        chosen_loras({"x": 1}, {})
+    assert (
+        str(refused.value)
+        == "lora: no LoRA 'x' on this server; registered: none (accel serve --lora NAME=PATH registers them)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lora", "p"], "--lora p: write NAME=PATH, e.g. --lora pixel=loras/pixel.safetensors"),
+        (["--max-loras", "0"], "--max-loras must be >= 1, got 0"),
+        (
+            ["--compile"],
+            "--lora with [compile] on is not served yet: each switch of adapters would recompile the blocks; fuse one "
+            "LoRA into the model with the recipe's [model] lora instead",
+        ),
+    ],
+)
+def test_serve_and_batch_refuse_a_bad_lora_flag_in_one_line(
+    flags: list[str], message: str, lora_files: Path, tmp_path: Path
+) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"prompt": "x"}\n')
+    for command in (["serve", "tiny-flux"], ["batch", str(requests), "tiny-flux", "--out", str(tmp_path / "o")]):
+        result = CliRunner().invoke(app, [*command, "--lora-dir", str(lora_files), *flags], env={"COLUMNS": "400"})
+        assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == f"error: {message}"
+
+
+class _Pipe:
+    """Records the adapter calls `Adapters` makes, as diffusers' LoRA mixin would receive them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def load_lora_weights(self, folder: str, weight_name: str, adapter_name: str) -> None:
+        self.calls.append(("load", adapter_name))
+
+    def delete_adapters(self, name: str) -> None:
+        self.calls.append(("delete", name))
+
+    def set_adapters(self, names: list[str], adapter_weights: list[float]) -> None:
+        self.calls.append(("set", tuple(names), tuple(adapter_weights)))
+
+    def enable_lora(self) -> None:
+        self.calls.append(("enable",))
+
+    def disable_lora(self) -> None:
+        self.calls.append(("disable",))
+
+
+def test_adapters_load_once_switch_by_scale_and_drop_the_least_recently_used() -> None:
+    pipe = _Pipe()
+    adapters = Adapters(pipe, {name: f"/l/{name}.safetensors" for name in "abc"}, most=2)
+    for chosen in ((("a", 1.0),), (("b", 0.5),), (("a", 0.7),), (), (("c", 1.0),), (("a", 1.0), ("c", 1.0))):
+        adapters.use(chosen)
+    adapters.use((("a", 1.0), ("c", 1.0)))  # the same set again: nothing to do
+    assert pipe.calls == [
+        ("load", "a"), ("enable",), ("set", ("a",), (1.0,)),
+        ("load", "b"), ("enable",), ("set", ("b",), (0.5,)),
+        ("enable",), ("set", ("a",), (0.7,)),  # kept: a scale is a switch, not a load
+        ("disable",),  # no LoRA: the base weights alone
+        ("delete", "b"), ("load", "c"), ("enable",), ("set", ("c",), (1.0,)),  # b was used least recently
+        ("enable",), ("set", ("a", "c"), (1.0, 1.0)),
+    ]  # fmt: skip
+    assert list(adapters.loaded) == ["a", "c"]
+
+
+def _run(tmp_path: Path, name: str, lora: str | None, *flags: str) -> bytes:
+    out = tmp_path / f"{name}.png"
+    given = ["--lora", lora] if lora else []
+    result = CliRunner().invoke(
+        app, ["run", "tiny-flux", "--prompt", PROMPT, "--seed", "5", *given, *flags, "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    return out.read_bytes()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB")).astype(int)
+
+
+def test_requests_alternating_loras_equal_accel_run_with_each_fused(lora_files: Path, tmp_path: Path) -> None:
+    from test_serve import start
+
+    server = start("tiny-flux", "--lora-dir", str(lora_files), "--max-loras", "2", "--steps", "4")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    asked = [
+        ("pixel", {"pixel": 0.8}, {}),
+        ("ink-distilled", {"ink": 1.0}, {"steps": 2, "guidance_scale": 1.0}),  # a few-step LoRA's own settings
+        ("none", None, {}),
+        ("both", {"pixel": 0.5, "ink": 0.5}, {}),
+        ("pixel-again", {"pixel": 0.8}, {}),
+    ]
+    answers: dict[str, bytes] = {}
+    try:
+        for name, lora, settings in asked:
+            extra = {"seed": 5, **settings, **({"lora": lora} if lora else {})}
+            result = client.images.generate(prompt=PROMPT, response_format="b64_json", extra_body=extra)
+            answers[name] = base64.b64decode(result.data[0].b64_json)  # type: ignore[index, arg-type]
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(prompt=PROMPT, extra_body={"lora": {"sketch": 1.0}})
+        assert refused.value.body == {
+            "message": "lora: no LoRA 'sketch' on this server; registered: ink, pixel",
+            "type": "invalid_request_error",
+            "param": "lora",
+            "code": None,
+        }
+    finally:
+        code, _out, err = server.stop()
+        assert code == 0, err[-2000:]
+    pixel, ink = lora_files / "pixel.safetensors", lora_files / "ink.safetensors"
+    runs = {
+        "pixel": _run(tmp_path, "pixel", f"{pixel}@0.8"),
+        "ink-distilled": _run(tmp_path, "ink", f"{ink}@1.0", "--steps", "2", "--guidance", "1.0"),
+        "none": _run(tmp_path, "none", None, "--steps", "4"),
+    }
+    for name, expected in runs.items():  # unfused adapters against fused weights: equal to the 8-bit pixel here
+        assert np.abs(_pixels(answers[name]) - _pixels(expected)).max() <= 1, name
+    assert answers["pixel-again"] == answers["pixel"]  # after two other sets and an eviction
+    assert len({answers[name] for name in ("pixel", "ink-distilled", "none", "both")}) == 4
+    # The same LoRA field in a batch file: the server's answer.
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps({"custom_id": "fox", "prompt": PROMPT, "seed": 5, "lora": {"pixel": 0.8}}) + "\n")
+    result = CliRunner().invoke(
+        app,
+        ["batch", str(requests), "tiny-flux", "--lora-dir", str(lora_files), "--steps", "4", "-o", str(tmp_path / "b")],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "b" / "fox.png").read_bytes() == answers["pixel"]
+
+
+@pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
+def test_a_multipart_request_carries_its_lora_as_the_openai_client_sends_it(tmp_path: Path) -> None:
+    """A form has no objects: the openai client sends a dict as lora[NAME]=SCALE fields; JSON text works too."""
+    import httpx
+    from test_serve_videos import WAN_DEFAULTS, serve_front
+
+    from accel.models.registry import FAMILIES
+    from accel.serve.requests import Served
+
+    served = Served("tiny-wan", FAMILIES["wan"], "video", dict(WAN_DEFAULTS), loras={"pixel": "/p", "ink": "/i"})
+    with serve_front(tmp_path / "videos", served=served) as front:
+        front.client.videos.create_and_poll(prompt="a fox", poll_interval_ms=20, extra_body={"lora": {"pixel": 0.8}})
+        form = {"prompt": (None, "an owl"), "lora": (None, '{"ink": 0.5, "pixel": 1}')}  # fields, no files
+        sent = httpx.post(f"{front.url}/v1/videos", files=form)
+        assert sent.status_code == 200, sent.text
+        bad = httpx.post(f"{front.url}/v1/videos", files={"prompt": (None, "an owl"), "lora": (None, "{pixel")})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"] == "lora: a JSON object, or lora[NAME]=VALUE fields"
+        front.client.videos.poll(sent.json()["id"], poll_interval_ms=20)
+    assert [job.loras for job in front.replica.jobs] == [(("pixel", 0.8),), (("ink", 0.5), ("pixel", 1.0))]
