@@ -185,3 +185,50 @@ def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_
         code, out, err = server.stop()
         assert code == 0, err[-2000:]
         assert "; the playground at /); Ctrl-C stops" in out
+
+
+def test_a_video_job_from_the_page_shows_its_progress_and_plays_the_mp4_the_job_made(tmp_path: Path) -> None:
+    browser_path = _chromium()
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine (make test installs Debian's chromium when it may use apt-get)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    from test_serve import start
+
+    server = start("tiny-wan", "--steps", "4", "--video-dir", str(tmp_path / "videos"))
+    try:
+        with playwright.sync_playwright() as driver:
+            browser = driver.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(server.url)
+                page.wait_for_function("document.getElementById('status').textContent === 'ready'", timeout=30_000)
+                assert page.is_visible("#frames-field") and page.is_hidden("#picture-field")
+                page.fill("#prompt", "a red fox running")
+                page.fill("#frames", "5")
+                page.fill("#seed", "3")
+                seen: list[str] = []
+                page.expose_function("note", lambda text: seen.append(text))
+                page.evaluate(  # every status line the page shows while it works
+                    "new MutationObserver(() => note(document.getElementById('status').textContent))"
+                    ".observe(document.getElementById('status'), {childList: true, characterData: true, subtree: true})"
+                )
+                page.click("#generate")
+                page.wait_for_selector("#output video", timeout=120_000)
+                status = page.text_content("#status") or ""
+                assert status.startswith("done: video_"), status
+                played = page.eval_on_selector(
+                    "#output video",
+                    "async clip => { const data = new Uint8Array(await (await fetch(clip.src)).arrayBuffer());"
+                    " let text = ''; for (const byte of data) text += String.fromCharCode(byte); return btoa(text); }",
+                )
+            finally:
+                browser.close()
+        video_id = status.removeprefix("done: ")
+        content = httpx.get(f"{server.url}/v1/videos/{video_id}/content", timeout=30)
+        assert base64.b64decode(played) == content.content and content.content[4:8] == b"ftyp"
+        assert any(line.startswith(("queued", "in progress")) for line in seen), seen
+        job = httpx.get(f"{server.url}/v1/videos/{video_id}").json()
+        assert (job["status"], job["prompt"], job["size"]) == ("completed", "a red fox running", "64x64")
+    finally:
+        code, _out, err = server.stop()
+        assert code == 0, err[-2000:]
