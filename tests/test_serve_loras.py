@@ -119,9 +119,11 @@ class _Pipe:
         self.calls.append(("disable",))
 
 
-def test_adapters_load_once_switch_by_scale_and_drop_the_least_recently_used() -> None:
+def test_adapters_load_once_switch_by_scale_and_drop_the_least_recently_used(tmp_path: Path) -> None:
     pipe = _Pipe()
-    adapters = Adapters(pipe, {name: f"/l/{name}.safetensors" for name in "abc"}, most=2)
+    for name in "abc":  # registered files exist (the registry checks): they load by folder and file name
+        (tmp_path / f"{name}.safetensors").write_bytes(b"")
+    adapters = Adapters(pipe, {name: str(tmp_path / f"{name}.safetensors") for name in "abc"}, most=2)
     for chosen in ((("a", 1.0),), (("b", 0.5),), (("a", 0.7),), (), (("c", 1.0),), (("a", 1.0), ("c", 1.0))):
         adapters.use(chosen)
     adapters.use((("a", 1.0), ("c", 1.0)))  # the same set again: nothing to do

@@ -37,9 +37,14 @@ class Item:
     kind: str | None = None  # "image" / "video" where the line's url says
 
     def request(self, kind: str) -> ImageRequest | VideoRequest:
-        """The body checked as the endpoint checks it (pydantic's ValidationError where it is not)."""
+        """The body as the `kind` endpoint checks it; ValueError with the server's words where it is not one."""
+        if self.kind is not None and self.kind != kind:
+            raise ValueError(f"url asks for {self.kind}s; this pipeline makes {kind}s")
         model = VideoRequest if kind == "video" else ImageRequest
-        return model.model_validate(self.body)
+        try:
+            return model.model_validate(self.body)
+        except ValidationError as error:
+            raise ValueError(validation_message(error.errors()).message) from None  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -76,15 +81,10 @@ def read_items(path: Path, kind: str | None = None) -> tuple[list[Item], list[Ba
     return items, bad
 
 
-def field_problem(item: Item, kind: str) -> str | None:
-    """Why the item's body is not a request of the `kind` endpoint, in the server's words; None if it is."""
-    if item.kind is not None and item.kind != kind:
-        return f"url asks for {item.kind}s; this pipeline makes {kind}s"
-    try:
-        item.request(kind)
-    except ValidationError as error:
-        return validation_message(error.errors()).message  # type: ignore[arg-type]
-    return None
+def strict_refusal(path: Path, bad: list[BadLine]) -> str:
+    """`--strict`'s one line for a file with bad lines: the first, and how many more."""
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return f"{path} {bad[0]}{more}; fix the file, or run without --strict to skip such lines"
 
 
 def _item(number: int, raw: bytes, kind: str | None) -> Item:
@@ -120,8 +120,8 @@ def _item(number: int, raw: bytes, kind: str | None) -> Item:
         key = custom_id
     canonical = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     item = Item(number, key, line, hashlib.sha256(canonical.encode()).hexdigest()[:16], wrapped_kind)
-    if kind is not None and (problem := field_problem(item, kind)) is not None:
-        raise ValueError(problem)
+    if kind is not None:
+        item.request(kind)
     return item
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,11 +18,10 @@ from typing import Any
 
 from accel.batch.items import Item
 from accel.files.claims import process_alive
-from accel.files.publish import write_file
+from accel.files.publish import temporary_owner, write_file
 
 DONE = "done"
 FAILED = "failed"
-INVALID = "invalid"
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,6 @@ class Shard:
 
 
 WHOLE = Shard(0, 1)
-# accel/files/publish.py's temporary names: .NAME.accel-PID-SERIAL.tmpSUFFIX
-TEMPORARY = re.compile(r"\..+\.accel-(\d+)-\d+\.tmp(\.\w+)?")
 
 
 @dataclass(frozen=True)
@@ -61,7 +57,7 @@ class Record:
     key: str
     line: int
     digest: str
-    status: str  # done, failed or invalid
+    status: str  # done or failed
     request: dict[str, Any]
     files: list[str] = field(default_factory=list)  # names in the output folder
     seeds: list[int] = field(default_factory=list)
@@ -135,6 +131,6 @@ def _remove_orphans(folder: Path) -> None:
     """Temporary outputs of runs whose process is gone (a shard's run elsewhere may still own them,
     so only an unsharded run, the folder's only writer, removes them)."""
     for path in folder.iterdir():
-        found = TEMPORARY.fullmatch(path.name)
-        if found is not None and not process_alive(int(found.group(1))):
+        owner = temporary_owner(path.name)
+        if owner is not None and not process_alive(owner):
             path.unlink(missing_ok=True)

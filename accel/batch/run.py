@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.batch.items import BadLine, Item, field_problem, read_items
+from accel.batch.items import BadLine, Item, read_items, strict_refusal
 from accel.batch.manifest import DONE, FAILED, WHOLE, Manifest, Record, Shard
 from accel.errors import UserError
 from accel.serve.requests import MAX_IMAGES, SEED_LIMIT, BadRequest, Job, to_job
@@ -93,17 +93,15 @@ def plan(
             jobs.append((item, job))
     tally.bad = sorted((b for b in bad if options.shard.takes(ordinal[b.line])), key=lambda b: b.line)
     if options.strict and tally.bad:
-        more = f" (and {len(tally.bad) - 1} more)" if len(tally.bad) > 1 else ""
-        raise UserError(
-            f"{options.requests} {tally.bad[0]}{more}; fix the file, or run without --strict to skip such lines"
-        )
+        raise UserError(strict_refusal(options.requests, tally.bad))
     return jobs
 
 
 def _job(item: Item, served: Any, base_seed: int) -> Job:
-    if (problem := field_problem(item, served.output)) is not None:
-        raise BadRequest(None, problem)
-    request = item.request(served.output)
+    try:
+        request = item.request(served.output)
+    except ValueError as problem:
+        raise BadRequest(None, str(problem)) from None
     if request.seed is None:
         request = request.model_copy(update={"seed": default_seed(base_seed, item)})
     return to_job(request, served, item.line)

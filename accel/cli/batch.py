@@ -28,7 +28,7 @@ from accel.cli.options import (
 )
 from accel.cli.serve import LAYOUT, PER_REPLICA, PLACEMENT
 from accel.errors import UserError, os_reason
-from accel.serve.loras import lora_refusal, registered_loras
+from accel.serve.loras import loras_for
 
 
 @with_recipe_options(
@@ -115,9 +115,6 @@ def batch(
         check_replicas(replicas, gpus)
         if retries < 0:
             raise UserError(f"--retries must be >= 0, got {retries}")
-        if max_loras < 1:
-            raise UserError(f"--max-loras must be >= 1, got {max_loras}")
-        loras = registered_loras(lora, lora_dir)
         try:
             sharding = Shard.parse(shard)
         except ValueError as problem:
@@ -125,8 +122,7 @@ def batch(
         settings = build_recipe(
             recipe, overrides, {"model": {"name": model}, "parallel": {"gpus": gpus // replicas if gpus else None}}
         )
-        if loras and (refusal := lora_refusal(settings)) is not None:
-            raise UserError(refusal)
+        loras = loras_for(settings, lora, lora_dir, max_loras)
         kind = _output_kind(settings)
         if lead:
             _check_file(requests.expanduser(), kind, strict)
@@ -174,15 +170,14 @@ def _output_kind(settings: Any) -> str | None:
 
 def _check_file(path: Path, kind: str | None, strict: bool) -> None:
     """An unreadable file, one without a request, or (with --strict) one bad line: one line, before any rank starts."""
-    from accel.batch.items import read_items
+    from accel.batch.items import read_items, strict_refusal
 
     try:
         items, bad = read_items(path, kind)
     except OSError as error:
         raise UserError(f"REQUESTS {path}: cannot read it ({os_reason(error)})") from None
     if strict and bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise UserError(f"{path} {bad[0]}{more}; fix the file, or run without --strict to skip such lines")
+        raise UserError(strict_refusal(path, bad))
     if not items:
         raise UserError(f"REQUESTS {path}: no request in it" + (f" ({bad[0]})" if bad else ""))
 

@@ -26,7 +26,7 @@ from accel.cli.options import (
 )
 from accel.errors import UserError, os_reason
 from accel.serve.limits import Limits
-from accel.serve.loras import lora_refusal, registered_loras
+from accel.serve.loras import loras_for
 
 # The layout flags of `accel run`, less the plan and the offload: a server's are its replicas'.
 LAYOUT = ("parallel.ulysses", "parallel.ring", "parallel.tp", "memory.text_encoder", "memory.vae")
@@ -225,9 +225,6 @@ def serve(
                 f"set {PROMPT_CHARS_ENV} to raise both"
             )
         keys = _api_keys(api_keys)
-        if max_loras < 1:
-            raise UserError(f"--max-loras must be >= 1, got {max_loras}")
-        loras = registered_loras(lora, lora_dir)
         if video_dir is not None:  # an unusable one is refused before any rank starts
             try:
                 video_dir.expanduser().mkdir(parents=True, exist_ok=True)
@@ -242,8 +239,7 @@ def serve(
 
         if (refusal := memory_refusal(settings, replicas)) is not None:
             raise UserError(refusal)
-        if loras and (refusal := lora_refusal(settings)) is not None:
-            raise UserError(refusal)
+        loras = loras_for(settings, lora, lora_dir, max_loras)
         world = settings.world_size * replicas
         if world > 1 and not under_distributed_launcher():
             import dataclasses

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from accel.files.exclusive_create import check_unswapped, created, held, open_cr
 OVERWRITE_HINT = "choose another name or pass --overwrite to replace it"
 
 Write = Callable[[Path], None]
+# What `_temporary` names: .NAME.accel-PID-SERIAL.tmpSUFFIX
+_TEMPORARY = re.compile(r"\..+\.accel-(\d+)-\d+\.tmp(\.\w+)?")
 
 
 def write_file(
@@ -100,6 +103,12 @@ def by_descriptor(save: Callable[[BinaryIO], object]) -> Write:
             save(file)
 
     return write
+
+
+def temporary_owner(name: str) -> int | None:
+    """The pid of the process whose `_temporary` has this file name (None: not one of ours)."""
+    found = _TEMPORARY.fullmatch(name)
+    return int(found.group(1)) if found is not None else None
 
 
 @contextmanager

@@ -57,6 +57,23 @@ def parse_loras(given: Sequence[str] | None) -> tuple[Lora, ...]:
     return tuple(loras)
 
 
+def load_adapter(pipe: Any, lora: Lora, name: str, where: str) -> None:
+    """Load `lora` into the pipeline as the adapter `name`; a file it cannot load is one line
+    starting with `where`."""
+    local = lora.local
+    try:
+        if local is not None and local.is_file():
+            pipe.load_lora_weights(str(local.parent), weight_name=local.name, adapter_name=name)
+        else:
+            pipe.load_lora_weights(str(local) if local is not None else lora.source, adapter_name=name)
+    except (ValueError, KeyError, OSError, RuntimeError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise ModelError(
+            f"{where}{lora.source} is not a LoRA {type(pipe).__name__} can load "
+            f"({lines[0] if lines else type(error).__name__})"
+        ) from None
+
+
 def fuse_loras(pipe: Any, loras: Sequence[Lora]) -> None:
     """Load each LoRA, merge them at their scales into the pipeline's weights, and drop the adapters."""
     if not loras:
@@ -65,18 +82,7 @@ def fuse_loras(pipe: Any, loras: Sequence[Lora]) -> None:
         raise UserError(f"[model] lora: {type(pipe).__name__} has no diffusers LoRA loader; remove lora")
     names = [f"accel_lora_{index}" for index in range(len(loras))]
     for name, lora in zip(names, loras, strict=True):
-        local = lora.local
-        try:
-            if local is not None and local.is_file():
-                pipe.load_lora_weights(str(local.parent), weight_name=local.name, adapter_name=name)
-            else:
-                pipe.load_lora_weights(str(local) if local is not None else lora.source, adapter_name=name)
-        except (ValueError, KeyError, OSError, RuntimeError) as error:
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            raise ModelError(
-                f"[model] lora: {lora.source} is not a LoRA {type(pipe).__name__} can load "
-                f"({lines[0] if lines else type(error).__name__})"
-            ) from None
+        load_adapter(pipe, lora, name, "[model] lora: ")
         if not any(name in adapters for adapters in pipe.get_list_adapters().values()):
             raise ModelError(
                 f"[model] lora: {lora.source} has no weights for this {type(pipe).__name__}'s modules; "

@@ -100,6 +100,14 @@ class Dispatcher:
             pending = self._pending.get(job_id)
             return pending is not None and pending.running_on is not None
 
+    def progress(self, job_id: int) -> int | None:
+        """The share of its denoising steps a running job has done, in % (at most 99: done is its
+        answer); None while it waits or once it is answered."""
+        if not self.running(job_id):
+            return None
+        steps = self.board.progress_of(job_id)
+        return min(99, steps[0] * 100 // steps[1]) if steps is not None and steps[1] else 0
+
     def cancel(self, job_id: int, reason: str) -> None:
         """A waiting job is answered now and leaves the queue; a running one stops at its next step."""
         with self._lock:

@@ -293,7 +293,7 @@ def build_app(
         lambda endpoint, status: metrics.requests.labels(endpoint, str(status)).inc(),
     )
 
-    add_playground(app, served, dispatcher, in_flight, playground)
+    add_playground(app, served, dispatcher, in_flight, playground, _error)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

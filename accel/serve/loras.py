@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from accel.errors import ModelError, UserError
+from accel.errors import UserError
+from accel.models.lora import Lora, load_adapter
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_SCALE = 100.0  # far past any useful strength, finite in every dtype's arithmetic
@@ -66,6 +67,17 @@ def lora_refusal(settings: Any) -> str | None:
             f"untested{fuse}"
         )
     return None
+
+
+def loras_for(settings: Any, given: Sequence[str] | None, folder: Path | None, most: int) -> dict[str, str]:
+    """`--lora`, `--lora-dir` and `--max-loras` of a server or batch with these settings, checked
+    before any rank starts: the registered LoRAs by name."""
+    if most < 1:
+        raise UserError(f"--max-loras must be >= 1, got {most}")
+    loras = registered_loras(given, folder)
+    if loras and (refusal := lora_refusal(settings)) is not None:
+        raise UserError(refusal)
+    return loras
 
 
 def chosen_loras(given: Mapping[str, float] | None, registered: Mapping[str, str]) -> Chosen:
@@ -119,13 +131,5 @@ class Adapters:
             del self.loaded[oldest]
 
     def _load(self, name: str) -> None:
-        path = Path(self.registered[name])
-        try:
-            self.pipe.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=name)
-        except (ValueError, KeyError, OSError, RuntimeError) as error:
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            raise ModelError(
-                f"LoRA {name} ({path}) is not one {type(self.pipe).__name__} can load "
-                f"({lines[0] if lines else type(error).__name__})"
-            ) from None
+        load_adapter(self.pipe, Lora(self.registered[name]), name, f"LoRA {name}: ")
         self.loaded[name] = None

@@ -3,13 +3,14 @@ build step, that uses the server's own API as any client does, with the key a us
 
 Two accel endpoints serve it, and any other client too: `GET /v1/playground` says what the served
 pipeline takes (its output, whether it starts from a picture or a mask, its default size and
-steps, the LoRAs it may choose), and `GET /v1/requests/{id}` the progress of a synchronous request sent with an
-`X-Request-Id` header (OpenAI's image API answers only at the end; a video job has its own status).
+steps, the LoRAs it may choose), and `GET /v1/requests/{id}` the progress of a synchronous request
+sent with an `X-Request-Id` header (OpenAI's image API answers only at the end; a video job has its own status).
 """
 
 from __future__ import annotations
 
 from importlib import resources
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -28,8 +29,15 @@ def _asset(name: str) -> str:
     return resources.files("accel.serve").joinpath("playground", name).read_text(encoding="utf-8")
 
 
-def add_playground(app: FastAPI, served: Served, dispatcher: Dispatcher, in_flight: dict[str, int], page: bool) -> None:
-    """The two endpoints; with `page`, the page and its files too."""
+def add_playground(
+    app: FastAPI,
+    served: Served,
+    dispatcher: Dispatcher,
+    in_flight: dict[str, int],
+    page: bool,
+    error: Callable[..., JSONResponse],
+) -> None:
+    """The two endpoints; with `page`, the page and its files too. `error`: the front's OpenAI-shaped refusal."""
 
     @app.get("/v1/playground")
     async def playground() -> dict[str, Any]:
@@ -50,22 +58,11 @@ def add_playground(app: FastAPI, served: Served, dispatcher: Dispatcher, in_flig
     async def progress(request_id: str) -> JSONResponse:
         job_id = in_flight.get(request_id[:REQUEST_ID_CHARS])
         if job_id is None:
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": f"no request {request_id[:40]!r} waiting or running (it is answered, or never came)",
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": None,
-                    }
-                },
-                status_code=404,
-            )
-        if not dispatcher.running(job_id):
-            return JSONResponse({"id": request_id, "status": "queued", "progress": 0})
-        steps = dispatcher.board.progress_of(job_id)
-        done = min(99, steps[0] * 100 // steps[1]) if steps is not None and steps[1] else 0
-        return JSONResponse({"id": request_id, "status": "in_progress", "progress": done})
+            message = f"no request {request_id[:40]!r} waiting or running (it is answered, or never came)"
+            return error(404, message, "invalid_request_error")
+        done = dispatcher.progress(job_id)
+        status = "queued" if done is None else "in_progress"
+        return JSONResponse({"id": request_id, "status": status, "progress": done or 0})
 
     if not page:
         return
@@ -77,8 +74,5 @@ def add_playground(app: FastAPI, served: Served, dispatcher: Dispatcher, in_flig
     @app.get("/playground/{name}")
     async def asset(name: str) -> Response:
         if name not in ASSETS:
-            return JSONResponse(
-                {"error": {"message": "not found", "type": "invalid_request_error", "param": None, "code": None}},
-                status_code=404,
-            )
+            return error(404, "not found", "invalid_request_error")
         return Response(_asset(name), media_type=ASSETS[name])

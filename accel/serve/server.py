@@ -148,8 +148,9 @@ def run_replicas(
         variant = variant_of_class(family, type(pipe))
         kind = family.output_of(variant.pipeline_class)
         if kind not in ("image", "video"):
+            verb = "serve" if command == "accel serve" else "use"
             raise UserError(
-                f"{command}: {family.title}'s {kind} output is not served yet; use its image or video pipelines"
+                f"{command}: {family.title}'s {kind} output is not served yet; {verb} its image or video pipelines"
             )
         if per_replica == 1 and recipe.vae.parallel:
             recipe = recipe.with_overrides({"vae": {"parallel": False}})  # one process per replica: nothing to split
@@ -176,15 +177,23 @@ def run_replicas(
                     f"{'warming up' if warm_up else 'starting'} {replicas} replica{'s' if replicas > 1 else ''} of "
                     f"{recipe.world_size} process{'es' if recipe.world_size > 1 else ''}{plan}"
                 )
-                served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits)
-                served.loras = dict(loras or {})
+                served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits, loras or {})
                 lead(Started(replica, pairs, served, world, board, warm_up))
         finally:
             replica.close()
             handle.remove()
 
 
-def _served(recipe: Recipe, pipe: Any, family: Any, variant: Any, kind: str, tiny: bool, limits: Limits) -> Served:
+def _served(
+    recipe: Recipe,
+    pipe: Any,
+    family: Any,
+    variant: Any,
+    kind: str,
+    tiny: bool,
+    limits: Limits,
+    loras: Mapping[str, str],
+) -> Served:
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
     from accel.models.call import generation_kwargs
@@ -208,6 +217,7 @@ def _served(recipe: Recipe, pipe: Any, family: Any, variant: Any, kind: str, tin
         variant,
         variant.image is not None and "image" not in variant.optional and not recipe.generate.image,
         variant.mask is not None and "mask" not in variant.optional and not recipe.generate.mask,
+        dict(loras),
     )
 
 

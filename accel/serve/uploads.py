@@ -20,7 +20,7 @@ MAX_PICTURES = 4
 
 # The fields holding an object (name -> value), which a form sends as NAME[KEY]=VALUE or as JSON text.
 OBJECT_FIELDS = ("lora",)
-OBJECT_ENTRY = re.compile(r"(lora)\[([^\[\]]+)\]")
+OBJECT_ENTRY = re.compile(rf"({'|'.join(OBJECT_FIELDS)})\[([^\[\]]+)\]")
 
 
 async def request_fields(request: Request, files: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, list[Any]]]:

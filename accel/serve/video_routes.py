@@ -57,11 +57,9 @@ def add_video_routes(
         """The record, with a running job's status and progress as they are now."""
         view = job.as_api()
         queued = running.get(job.id)
-        if job.status == "queued" and queued is not None and dispatcher.running(queued):
-            view["status"] = "in_progress"
-            steps = dispatcher.board.progress_of(queued)
-            if steps is not None and steps[1]:
-                view["progress"] = min(99, steps[0] * 100 // steps[1])
+        done = dispatcher.progress(queued) if job.status == "queued" and queued is not None else None
+        if done is not None:
+            view["status"], view["progress"] = "in_progress", done
         return view
 
     async def finish(job: VideoJob, queued: int, outcome_of: asyncio.Future[Outcome]) -> None:
