@@ -49,6 +49,22 @@ def generate_with_audio(
     return np.asarray(output_array(result, pipe))[0], audio_of(pipe, result)
 
 
+def generate_batch(
+    pipe: Any, kwargs: dict[str, Any], prompts: list[str], seeds: list[int]
+) -> list[tuple[Any, Audio | None]]:
+    """Several prompts in one pipeline call, sample i drawn from its own generator seeded `seeds[i]`:
+    diffusers draws each sample's noise from its generator alone, so it is the noise `generate` draws
+    for that seed, and the output differs from the unbatched one only by the batched arithmetic."""
+    generators = [torch.Generator("cpu").manual_seed(seed) for seed in seeds]
+    call = open_inputs(dict(kwargs, prompt=list(prompts)))
+    with _guider_scale(pipe, call):
+        result = pipe(**call, generator=generators, output_type="np")
+    if not decodes_here(pipe):
+        return [(None, None)] * len(seeds)
+    outputs = np.asarray(output_array(result, pipe))
+    return [(outputs[index], audio_of(pipe, result, index)) for index in range(len(seeds))]
+
+
 @contextmanager
 def _guider_scale(pipe: Any, call: dict[str, Any]) -> Iterator[None]:
     """Moves the call's `guidance_scale` onto each of the pipeline's guiders for the call (restored
@@ -91,8 +107,9 @@ def output_array(result: Any, pipe: Any = None) -> Any:
     raise TypeError(f"{type(result).__name__} holds no frames, images or image")
 
 
-def audio_of(pipe: Any, result: Any) -> Audio | None:
-    """The first sample's sound in a pipeline result, found where the family's `AudioOutput` says."""
+def audio_of(pipe: Any, result: Any, sample: int = 0) -> Audio | None:
+    """A sample's sound in a pipeline result (the first's by default), found where the family's
+    `AudioOutput` says."""
     spec = family_of(pipe).audio
     samples = getattr(result, spec.field, None) if spec is not None else None
     if samples is None:
@@ -100,7 +117,7 @@ def audio_of(pipe: Any, result: Any) -> Audio | None:
     if isinstance(samples, torch.Tensor):
         samples = samples.float().cpu().numpy()
     rate = functools.reduce(getattr, spec.sample_rate.split("."), pipe)
-    return Audio(np.asarray(samples)[0] if spec.batched else np.asarray(samples), int(rate))
+    return Audio(np.asarray(samples)[sample] if spec.batched else np.asarray(samples), int(rate))
 
 
 def _on_cpu(value: Any) -> Any:

@@ -366,6 +366,22 @@ def tiny_run(model: str, recipe: dict[str, Any], call: dict[str, Any], seed: int
     return output_of(result, pipe), decisions, TRAFFIC.total_bytes
 
 
+def batched_outputs(
+    model: str, recipe: dict[str, Any], call: dict[str, Any], prompts: list[str], seeds: list[int]
+) -> list[Any]:
+    """This rank's outputs of one batched call of the tiny pipeline under `recipe` (accel serve
+    --max-batch), sample i from seeds[i]."""
+    import accel
+    from accel.generate import generate_batch
+
+    pipe = pipeline_for(model, recipe)
+    handle = accel.apply(pipe, recipe)
+    try:
+        return [output for output, _ in generate_batch(pipe, call, prompts, seeds)]
+    finally:
+        handle.remove()
+
+
 def pipeline_for(model: str, recipe: dict[str, Any]) -> Any:
     """The tiny pipeline `recipe` runs on: the shared one, or under tp a split copy of its own."""
     tp = recipe.get("parallel", {}).get("tp", 1)

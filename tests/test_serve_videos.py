@@ -255,7 +255,7 @@ def test_the_leader_notes_each_step_done_on_the_board(tiny_wan: Any) -> None:
     seen: list[tuple[int, int] | None] = []
     hook = tiny_wan.transformer.register_forward_pre_hook(lambda *_: seen.append(board.progress_of(5)))
     try:
-        gate.watch(5)
+        gate.watch((5,))
         tiny_wan(prompt="a red fox", height=64, width=64, num_frames=5, num_inference_steps=3, guidance_scale=1.0)
     finally:
         hook.remove()

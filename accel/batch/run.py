@@ -44,6 +44,7 @@ class BatchOptions:
     strict: bool = False  # a bad line refuses the batch instead of being skipped
     loras: dict[str, str] = field(default_factory=dict)  # LoRAs requests may choose, by name
     max_loras: int = 4
+    max_batch: int = 1  # outputs one pipeline call may make for several items (accel/serve/batching.py)
 
 
 @dataclass
@@ -125,8 +126,9 @@ def run_batch(
 
         started.ready()
         replicas = started.runners()
-        # Each replica has its next item waiting when it finishes one.
-        dispatcher = Dispatcher(replicas, 2 * len(replicas), board=started.board)
+        # Each replica has its next items (a batch's worth) waiting when it finishes one.
+        most = started.served.max_batch
+        dispatcher = Dispatcher(replicas, (most + 1) * len(replicas), board=started.board, max_batch=most)
         dispatcher.start()
         try:  # whatever happens, the other replicas get their stop
             manifest = Manifest(options.out, options.shard)
@@ -151,6 +153,7 @@ def run_batch(
         warm_up=False,
         loras=options.loras,
         max_loras=options.max_loras,
+        max_batch=options.max_batch,
     )
     return tally.exit_code
 

@@ -17,6 +17,7 @@ from accel.cli.options import (
     FLAG,
     LoraDir,
     LoraNames,
+    MaxBatch,
     MaxLoras,
     ModelArgument,
     Opt,
@@ -28,6 +29,7 @@ from accel.cli.options import (
 )
 from accel.cli.serve import LAYOUT, PER_REPLICA, PLACEMENT
 from accel.errors import UserError, os_reason
+from accel.serve.batching import max_batch_for
 from accel.serve.loras import loras_for
 
 
@@ -101,6 +103,7 @@ def batch(
     lora: LoraNames = None,
     lora_dir: LoraDir = None,
     max_loras: MaxLoras = 4,
+    max_batch: MaxBatch = 1,
     oversubscribe: Oversubscribe = False,
 ) -> None:
     """Generate every request of a JSONL file into a folder with a manifest; a rerun resumes where it stopped."""
@@ -123,6 +126,7 @@ def batch(
             recipe, overrides, {"model": {"name": model}, "parallel": {"gpus": gpus // replicas if gpus else None}}
         )
         loras = loras_for(settings, lora, lora_dir, max_loras)
+        max_batch = max_batch_for(settings, max_batch)
         kind = _output_kind(settings)
         if lead:
             _check_file(requests.expanduser(), kind, strict)
@@ -144,7 +148,7 @@ def batch(
         from accel.batch.run import BatchOptions, run_batch
 
         options = BatchOptions(
-            requests.expanduser(), out.expanduser(), replicas, sharding, retries, strict, loras, max_loras
+            requests.expanduser(), out.expanduser(), replicas, sharding, retries, strict, loras, max_loras, max_batch
         )
         code = run_batch(settings, options, _say if lead else (lambda _line: None), _progress if lead else _silent)
     except UserError as error:

@@ -70,6 +70,14 @@ LoraDir = Annotated[
 MaxLoras = Annotated[
     int, Opt("--max-loras", help="LoRA adapters kept loaded at once; past it the least recently used is dropped.")
 ]
+MaxBatch = Annotated[
+    int,
+    Opt(
+        "--max-batch",
+        help="Outputs one pipeline call may make for waiting requests that differ only in prompt and seed "
+        "(same size, frames, steps, guidance, negative prompt, LoRAs); 1 runs each alone. Not with the cache.",
+    ),
+]
 
 Overrides = dict[str, dict[str, Any]]
 

@@ -15,6 +15,7 @@ from accel.cli.options import (
     FLAG,
     LoraDir,
     LoraNames,
+    MaxBatch,
     MaxLoras,
     ModelArgument,
     Opt,
@@ -26,6 +27,7 @@ from accel.cli.options import (
 )
 from accel.errors import UserError, os_reason
 from accel.serve.limits import Limits
+from accel.serve.batching import max_batch_for
 from accel.serve.loras import loras_for
 
 # The layout flags of `accel run`, less the plan and the offload: a server's are its replicas'.
@@ -172,6 +174,7 @@ def serve(
     lora: LoraNames = None,
     lora_dir: LoraDir = None,
     max_loras: MaxLoras = 4,
+    max_batch: MaxBatch = 1,
     no_playground: Annotated[
         bool,
         Opt(
@@ -240,6 +243,7 @@ def serve(
         if (refusal := memory_refusal(settings, replicas)) is not None:
             raise UserError(refusal)
         loras = loras_for(settings, lora, lora_dir, max_loras)
+        max_batch = max_batch_for(settings, max_batch)
         world = settings.world_size * replicas
         if world > 1 and not under_distributed_launcher():
             import dataclasses
@@ -279,6 +283,7 @@ def serve(
                 not no_playground,
                 loras,
                 max_loras,
+                max_batch,
             ),
             announce,
         )

@@ -195,6 +195,10 @@ class Family:
     audio: AudioOutput | None = None
     # Where the pipeline's result holds its output, if not in a usual field (None: frames, images or image).
     result: ResultField | None = None
+    # Whether one call of several prompts gives each sample the output its own call makes (accel serve
+    # --max-batch): False where diffusers' pipeline mixes them (the padding of the longest prompt
+    # changes the others', the call fails for more than one) or it is not tested.
+    batches: bool = True
     # Keyword arguments `from_pretrained` gets for a checkpoint of this family, as this environment
     # needs them (Cosmos 3 without `cosmos_guardrail`: no safety checker); None: none.
     load_kwargs: Callable[[], Mapping[str, Any]] | None = None

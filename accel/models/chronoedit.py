@@ -102,5 +102,7 @@ FAMILY = Family(
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=5.0),
+    # Not tested batched: every call edits an input picture (accel serve runs those requests alone anyway).
+    batches=False,
     variants=(Variant("ChronoEditPipeline", image="image"),),  # the picture to edit, required
 )

@@ -92,6 +92,7 @@ def _learn(pipe: Any, transformer: nn.Module) -> Family:
         heads=heads if isinstance(heads, int) else None,
         vae=type(vae).__name__ if isinstance(vae, nn.Module) else None,
         variants=_own_variant(type(pipe).__name__, signature),
+        batches=False,  # a batch of prompts is not checked for a pipeline accel learns
     )
 
 

@@ -312,5 +312,7 @@ FAMILY = Family(
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, frames=5, guidance_scale=6.0),
+    # diffusers' pipeline fails on a batch of several prompts (a RuntimeError in a reshape).
+    batches=False,
     variants=(Variant("HunyuanVideo15ImageToVideoPipeline", image="image", tiny=build_tiny_i2v),),
 )

@@ -272,6 +272,8 @@ FAMILY = Family(
     # FLUX.1's AutoencoderKL (its parallel decode is FLUX's). I2I's picture joins the latents as
     # condition channels, as I2V's first frame does, and Qwen2.5-VL sees it too. The pipelines snap the
     # size asked to the closest aspect ratio of seven near-megapixel resolutions (their example: 1024²).
+    # A batch's prompts change each other's outputs (the tiny model's by up to half the range).
+    batches=False,
     variants=(
         Variant("Kandinsky5I2VPipeline", image="image"),
         Variant(

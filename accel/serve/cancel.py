@@ -143,16 +143,16 @@ class StepGate(StepListener):
         self.board = board  # None on ranks that only follow the leader
         self.group = group
         self.time_limit_s = time_limit_s
-        self._job: int | None = None
+        self._jobs: tuple[int, ...] = ()  # the job, or a batch's jobs, whose steps these are
         self._limited = False
         self._started = 0.0
         self._steps = 0  # of the current generation
         self._events = StepEvents.of(pipe)
         self._events.add(self)
 
-    def watch(self, job_id: int | None, limited: bool = True) -> None:
-        """Gate the steps of `job_id` from now (None: of no job)."""
-        self._job = job_id
+    def watch(self, job_ids: tuple[int, ...], limited: bool = True) -> None:
+        """Gate the steps of a job, or of a batch's jobs run as one call, from now (none: of no job)."""
+        self._jobs = job_ids
         self._limited = limited
         self._started = time.monotonic()
 
@@ -164,11 +164,12 @@ class StepGate(StepListener):
 
     def on_step_end(self, step_index: int) -> None:
         """The leader notes the steps done, which a video job's status reports as its progress."""
-        if self.board is not None and self._job is not None and self._steps:
-            self.board.progress(self._job, step_index + 1, self._steps)
+        if self.board is not None and self._steps:
+            for job_id in self._jobs:
+                self.board.progress(job_id, step_index + 1, self._steps)
 
     def before_step(self, step_index: int) -> None:
-        if self._job is None:
+        if not self._jobs:
             return
         code = self.round(REASONS.index(self._verdict()) if self.board is not None else 0)
         if code == FAILED:
@@ -188,10 +189,12 @@ class StepGate(StepListener):
         return int(agreed.item())
 
     def _verdict(self) -> str:
-        assert self.board is not None and self._job is not None
-        marked = self.board.reason(self._job)
-        if marked:
-            return marked
+        """A batch stops only when each of its jobs is marked (the first one's reason): the others'
+        outputs are still wanted. The time limit is the call's."""
+        assert self.board is not None and self._jobs
+        marked = [self.board.reason(job_id) for job_id in self._jobs]
+        if all(marked):
+            return str(marked[0])
         if self._limited and self.time_limit_s is not None and time.monotonic() - self._started > self.time_limit_s:
             return "time_limit"
         return ""

@@ -5,6 +5,10 @@ A replica is a callable running one job to its outcome (on rank 0's own replica 
 another it sends the job to that replica's leader and waits); each runs on its own thread, so the
 HTTP loop never waits on a generation.
 
+With `max_batch` > 1 a replica that takes a job also takes the waiting jobs that can share its
+pipeline call (accel/serve/batching.py), oldest first, up to `max_batch` outputs; the others keep
+their places.
+
 A job can be cancelled at any time: while it waits it leaves the queue at once (its place is free
 again); while it runs it is marked on the board and stops at its next step (accel/serve/cancel.py).
 On shutdown the dispatcher is closed (new requests are refused), drained, and what is left is
@@ -21,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accel.serve.batching import Batch, batch_key
 from accel.serve.cancel import Board, LocalBoard
 from accel.serve.replica import Outcome
 from accel.serve.requests import Job
 
-RunJob = Callable[[Job], Outcome]
+RunJob = Callable[[Any], Any]  # a Job to its Outcome, a Batch to its jobs' outcomes
 STOP = Job(-1, "image", {}, stop=True)
 
 
@@ -55,9 +60,11 @@ class Dispatcher:
         max_queue: int,
         on_outcome: Callable[[Outcome], None] = lambda _o: None,
         board: Board | None = None,
+        max_batch: int = 1,
     ) -> None:
         self.replicas = replicas
         self.max_queue = max_queue
+        self.max_batch = max_batch
         self.on_outcome = on_outcome
         self.board: Board = board if board is not None else LocalBoard()
         self._jobs: queue.Queue[int | None] = queue.Queue()
@@ -156,19 +163,48 @@ class Dispatcher:
                 return
             with self._lock:
                 pending = self._pending.get(job_id)
-                if pending is None:  # cancelled while it waited
+                if pending is None or pending.running_on is not None:  # cancelled while it waited, or batched
                     continue
-                pending.running_on, pending.started = index, time.monotonic()
-                self.waiting -= 1
-                self.busy += 1
+                taken = [pending, *self._batch_mates(pending)]
+                now = time.monotonic()
+                for one in taken:
+                    one.running_on, one.started = index, now
+                self.waiting -= len(taken)
+                self.busy += len(taken)
             try:
-                outcome = run(pending.job)
+                if len(taken) == 1:
+                    outcomes = [run(pending.job)]
+                else:
+                    outcomes = run(Batch(tuple(one.job for one in taken)))
             except Exception as failure:  # the replica's ranks are gone: the launcher ends the job
                 self.broken = f"{type(failure).__name__}: {failure}"
-                self._finish(pending, Outcome(False, error=f"the replica serving this request failed: {self.broken}"))
+                for one in taken:
+                    self._finish(one, Outcome(False, error=f"the replica serving this request failed: {self.broken}"))
                 return
-            self.on_outcome(outcome)
-            self._finish(pending, outcome)
+            for one, outcome in zip(taken, outcomes):
+                self.on_outcome(outcome)
+                self._finish(one, outcome)
+
+    def _batch_mates(self, first: _Pending) -> list[_Pending]:
+        """The waiting jobs that share `first`'s call, oldest first, while the outputs fit `max_batch`
+        (called under the lock)."""
+        key = batch_key(first.job) if self.max_batch > 1 else None
+        if key is None:
+            return []
+        room = self.max_batch - first.job.count
+        mates: list[_Pending] = []
+        for pending in self._pending.values():  # in the order they were queued
+            if room <= 0:
+                break
+            if (
+                pending is not first
+                and pending.running_on is None
+                and pending.job.count <= room
+                and batch_key(pending.job) == key
+            ):
+                mates.append(pending)
+                room -= pending.job.count
+        return mates
 
     def _finish(self, pending: _Pending, outcome: Outcome) -> None:
         with self._lock:

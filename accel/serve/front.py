@@ -81,6 +81,12 @@ class Metrics:
             ("reason",),
             registry=self.registry,
         )
+        self.batch = Histogram(
+            "accel_batch_requests",
+            "Requests answered by the pipeline call that answered each request (accel serve --max-batch).",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=self.registry,
+        )
         self.last_seconds = 0.0  # the last generation's, for Retry-After
 
     def record(self, outcome: Outcome) -> None:
@@ -88,6 +94,7 @@ class Metrics:
             self.cancelled.labels(outcome.cancelled).inc()
         if outcome.ok:
             self.last_seconds = outcome.seconds
+            self.batch.observe(outcome.batch)
         if outcome.ok and outcome.hit_rate is not None:
             self.hit_rate.set(outcome.hit_rate)
         if outcome.ok and outcome.steps and outcome.seconds > 0:

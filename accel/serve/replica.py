@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from accel.recipe import Recipe
+from accel.serve.batching import Batch
 from accel.serve.loras import Adapters
 from accel.serve.cancel import DONE, FAILED, Board, Cancelled, PeerFailed, StepGate
 from accel.serve.requests import Job
@@ -39,6 +40,7 @@ class Outcome:
     steps: int = 0
     hit_rate: float | None = None
     cancelled: str | None = None  # why it stopped before its end: client_gone, time_limit or shutdown
+    batch: int = 1  # the requests its pipeline call answered (accel serve --max-batch)
 
 
 class Replica:
@@ -71,8 +73,9 @@ class Replica:
     def close(self) -> None:
         self.gate.close()
 
-    def lead(self, job: Job) -> Outcome:
-        """On the leader: run `job` on every rank of the replica (a stop job ends their loops)."""
+    def lead(self, job: Job | Batch) -> Any:
+        """On the leader: run `job` on every rank of the replica (a stop job ends their loops); its
+        Outcome, or a batch's outcomes, one per job."""
         self._broadcast(job)
         return self._run(job)
 
@@ -87,7 +90,7 @@ class Replica:
                 return
             self._run(job)
 
-    def _broadcast(self, job: Job | None) -> Job:
+    def _broadcast(self, job: Job | Batch | None) -> Any:
         if self.group is None:
             assert job is not None
             return job
@@ -95,13 +98,15 @@ class Replica:
 
         return rank0_object(job, self.group)  # the leader is the group's first rank
 
-    def _run(self, job: Job) -> Outcome:
+    def _run(self, job: Job | Batch) -> Any:
+        if isinstance(job, Batch):
+            return self._run_batch(job)
         if job.stop:
             return Outcome(True)
         start = time.perf_counter()
         outputs: list[tuple[Any, Any]] = []
         error: str | None = None
-        self.gate.watch(job.id, limited=job.id != 0)  # the warm-up (job 0) compiles: no time limit
+        self.gate.watch((job.id,), limited=job.id != 0)  # the warm-up (job 0) compiles: no time limit
         try:
             outputs = self._generate(job)
             failed = self.gate.round(DONE) == FAILED  # another rank may have failed after its last step
@@ -113,7 +118,7 @@ class Replica:
             error = f"{type(failure).__name__}: {failure}".strip()
             failed = self.gate.round(FAILED) == FAILED
         finally:
-            self.gate.watch(None)
+            self.gate.watch(())
         if not failed:
             return self._finished(job, outputs, time.perf_counter() - start)
         errors = self._gather(error)
@@ -122,6 +127,51 @@ class Replica:
             where = f"rank {self.leader + rank}: " if len(errors) > 1 else ""
             return Outcome(False, error=f"{where}{message}".splitlines()[0][:500])
         return Outcome(False, error="a rank of this replica failed")  # not reached: a round said FAILED
+
+    def _run_batch(self, batch: Batch) -> list[Outcome]:
+        """A batch as one call; when it fails on any rank, each of its jobs again alone, so a failure
+        fails only the jobs that fail by themselves. A job marked to stop while its batch-mates run
+        on ends cancelled, its outputs dropped."""
+        start = time.perf_counter()
+        outputs: list[tuple[Any, Any]] = []
+        self.gate.watch(tuple(job.id for job in batch.jobs))
+        try:
+            outputs = self._generate_batch(batch)
+            failed = self.gate.round(DONE) == FAILED
+        except Cancelled as stopped:  # every job of the batch was marked, or the call ran past the time limit
+            seconds = time.perf_counter() - start
+            return [self._stopped(job, stopped, seconds) for job in batch.jobs]
+        except PeerFailed:
+            failed = True
+        except Exception:  # the jobs run alone below say which of them fail and why
+            failed = self.gate.round(FAILED) == FAILED
+        finally:
+            self.gate.watch(())
+        if failed:
+            return [self._run(job) for job in batch.jobs]
+        seconds = time.perf_counter() - start
+        outcomes: list[Outcome] = []
+        for job in batch.jobs:
+            mine, outputs = outputs[: job.count], outputs[job.count :]
+            reason = self.gate.board.reason(job.id) if self.gate.board is not None else None
+            if reason:
+                outcomes.append(self._stopped(job, Cancelled(reason, int(job.generate.get("steps") or 0)), seconds))
+            else:
+                outcomes.append(replace(self._finished(job, mine, seconds), batch=len(batch.jobs)))
+        return outcomes
+
+    def _generate_batch(self, batch: Batch) -> list[tuple[Any, Any]]:
+        from accel.models.registry import family_of
+        from accel.generate import generate_batch
+        from accel.models.call import generation_kwargs
+
+        first = batch.jobs[0]
+        if self.adapters is not None:
+            self.adapters.use(first.loras)
+        settings = self.recipe.with_overrides({"generate": first.generate}, source="request")
+        kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
+        prompts, seeds = zip(*batch.samples)
+        return generate_batch(self.pipe, kwargs, list(prompts), list(seeds))
 
     def _finished(self, job: Job, outputs: list[tuple[Any, Any]], seconds: float) -> Outcome:
         if self._rank() != self.leader:

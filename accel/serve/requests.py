@@ -97,6 +97,8 @@ class Served:
     needs_picture: bool = False  # it starts from a picture and the server's recipe gives none
     needs_mask: bool = False  # it repaints where a mask says and the server's recipe gives none
     loras: dict[str, str] = field(default_factory=dict)  # the LoRAs requests may name, by name (their files)
+    max_batch: int = 1  # outputs one pipeline call may make for several requests
+    batch_refusal: str | None = None  # why it runs every request alone whatever --max-batch says
 
 
 def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:

@@ -52,6 +52,7 @@ class ServeOptions:
     playground: bool = True  # the page at /
     loras: dict[str, str] = field(default_factory=dict)  # LoRAs requests may choose, by name (accel/serve/loras.py)
     max_loras: int = 4  # adapters kept loaded at once
+    max_batch: int = 1  # outputs one pipeline call may make for several requests (accel/serve/batching.py)
 
 
 def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None] = lambda _line: None) -> None:
@@ -65,6 +66,7 @@ def serve(recipe: Recipe, options: ServeOptions, announce: Callable[[str], None]
         planned_peak=options.planned_peak,
         loras=options.loras,
         max_loras=options.max_loras,
+        max_batch=options.max_batch,
     )
 
 
@@ -110,6 +112,7 @@ def run_replicas(
     planned_peak: int | None = None,
     loras: Mapping[str, str] | None = None,
     max_loras: int = 4,
+    max_batch: int = 1,
 ) -> None:
     """Load and accelerate the pipeline on every rank of `replicas` replicas of the recipe's layout;
     rank 0 then runs `lead` (the HTTP front, a batch), every other rank runs its replica's jobs
@@ -177,7 +180,9 @@ def run_replicas(
                     f"{'warming up' if warm_up else 'starting'} {replicas} replica{'s' if replicas > 1 else ''} of "
                     f"{recipe.world_size} process{'es' if recipe.world_size > 1 else ''}{plan}"
                 )
-                served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits, loras or {})
+                served = _served(recipe, pipe, family, variant, kind, ref.tiny, limits, loras or {}, max_batch)
+                if served.max_batch < max_batch:
+                    announce(f"--max-batch {max_batch}: every request runs alone, as {served.batch_refusal}")
                 lead(Started(replica, pairs, served, world, board, warm_up))
         finally:
             replica.close()
@@ -193,13 +198,16 @@ def _served(
     tiny: bool,
     limits: Limits,
     loras: Mapping[str, str],
+    max_batch: int = 1,
 ) -> Served:
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
     from accel.models.call import generation_kwargs
+    from accel.serve.batching import batch_refusal
     from accel.serve.limits import positional_limits, token_counters
 
     call = generation_kwargs(family, tiny, recipe, pipe)
+    refusal = batch_refusal(pipe, call) if max_batch > 1 else None
     defaults = {
         "width": call.get("width"),
         "height": call.get("height"),
@@ -218,6 +226,8 @@ def _served(
         variant.image is not None and "image" not in variant.optional and not recipe.generate.image,
         variant.mask is not None and "mask" not in variant.optional and not recipe.generate.mask,
         dict(loras),
+        max_batch if refusal is None else 1,
+        refusal,
     )
 
 
@@ -310,7 +320,9 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
     failed = [outcome.error for outcome in warm if not outcome.ok]
     if failed:
         raise UserError(f"accel serve: the warm-up generation failed: {failed[0]}")
-    dispatcher = Dispatcher(started.runners(), options.max_queue, board=started.board)
+    dispatcher = Dispatcher(
+        started.runners(), options.max_queue, board=started.board, max_batch=started.served.max_batch
+    )
     metrics = Metrics(dispatcher)
     dispatcher.on_outcome = metrics.record
     door = Door(options.host, options.api_keys, options.trusted_hosts, options.limits.max_body)
