@@ -2,8 +2,11 @@
 latency under a closed loop of 1, 4 and 16 concurrent clients, on one replica of 2 ranks and two
 replicas of 1 rank (the same ranks), beside as many sequential `accel run --gpus 2` invocations as
 requests (each loads and warms up the pipeline again). CPU gloo ranks; ratios, not absolute times.
+With --batching: one replica of one process with and without `--max-batch` (waiting requests that
+differ only in seed run as one pipeline call), at the same client counts.
 
     python benchmarks/serve.py [--models tiny-flux tiny-wan] [--requests 16] [--runs 3] [--clients 1 4 16]
+    python benchmarks/serve.py --batching [--max-batch 4 16] [--requests 32]
 """
 
 from __future__ import annotations
@@ -67,8 +70,16 @@ async def closed_loop(server: Server, model: str, clients: int, requests: int) -
     return time.perf_counter() - start_s, latencies
 
 
-def served(model: str, replicas: int, clients_levels: list[int], requests: int) -> list[Row]:
-    server = start(model, "--gpus", "2", "--replicas", str(replicas), "--max-queue", "64")
+def served(
+    model: str, replicas: int, clients_levels: list[int], requests: int, max_batch: int | None = None
+) -> list[Row]:
+    if max_batch is None:
+        server = start(model, "--gpus", "2", "--replicas", str(replicas), "--max-queue", "64")
+        plural = ("s", "") if replicas > 1 else ("", "s")
+        setup = f"serve, {replicas} replica{plural[0]} × {2 // replicas} rank{plural[1]}"
+    else:
+        server = start(model, "--max-batch", str(max_batch), "--max-queue", "64")
+        setup = f"serve, 1 process, --max-batch {max_batch}"
     rows = []
     try:
         asyncio.run(
@@ -79,8 +90,7 @@ def served(model: str, replicas: int, clients_levels: list[int], requests: int) 
             rows.append(
                 Row(
                     model,
-                    f"serve, {replicas} replica{'s' if replicas > 1 else ''} × {2 // replicas} "
-                    f"rank{'s' if replicas == 1 else ''}",
+                    setup,
                     clients,
                     requests,
                     seconds,
@@ -127,16 +137,32 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--runs", type=int, default=3, help="sequential accel run invocations per model")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--batching", action="store_true", help="--max-batch 1 against --max-batch N instead")
+    parser.add_argument("--max-batch", type=int, nargs="+", default=[4, 16])
     args = parser.parse_args()
     rows: list[Row] = []
     for model in args.models:
+        if args.batching:
+            for most in (1, *args.max_batch):
+                rows += served(model, 1, args.clients, args.requests, max_batch=most)
+            continue
         rows.append(runs(model, args.runs))
         for replicas in (1, 2):
             rows += served(model, replicas, args.clients, args.requests)
-    print("| model | setup | clients | requests | requests/min | × accel run | p50 latency (s) | p95 latency (s) |")
+    baseline = "--max-batch 1" if args.batching else "accel run"
+    print(f"| model | setup | clients | requests | requests/min | × {baseline} | p50 latency (s) | p95 latency (s) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        base = next(r for r in rows if r.model == row.model and r.setup.startswith("accel run"))
+        base = next(
+            r
+            for r in rows
+            if r.model == row.model
+            and (
+                r.clients == row.clients and r.setup.endswith(baseline)
+                if args.batching
+                else r.setup.startswith(baseline)
+            )
+        )
         print(
             f"| {row.model} | {row.setup} | {row.clients} | {row.requests} | {row.per_minute:.1f} | "
             f"{row.per_minute / base.per_minute:.1f}× | "
