@@ -225,25 +225,33 @@ def test_a_multipart_request_carries_its_lora_as_the_openai_client_sends_it(tmp_
     assert [job.loras for job in front.replica.jobs] == [(("pixel", 0.8),), (("ink", 0.5), ("pixel", 1.0))]
 
 
-def test_loras_on_two_ulysses_ranks_with_the_cache_equal_one_process(lora_files: Path) -> None:
-    """Every rank of a replica switches alike: a context-parallel replica with the cache on answers
-    as one process does (the cache's decisions are the same on every rank)."""
+def test_loras_on_two_ulysses_ranks_or_cfg_halves_with_the_cache_equal_one_process(
+    lora_files: Path, tmp_path: Path
+) -> None:
+    """Every rank of a replica switches alike: a context-parallel replica, and one whose ranks each
+    run a CFG half (FLUX's true CFG, two transformer calls a step), with the cache on, answer as one
+    process does (the cache's decisions are the same on every rank)."""
     from test_serve import start
 
-    answers: dict[int, dict[str, np.ndarray]] = {}
-    for gpus in ("1", "2"):
-        server = start("tiny-flux", "--gpus", gpus, "--lora-dir", str(lora_files), "--steps", "4", "--cache", "0.1")
+    recipe = tmp_path / "true-cfg.toml"
+    recipe.write_text('[model]\nname = "tiny-flux"\n\n[generate]\ntrue_cfg_scale = 2.0\nnegative_prompt = "blurry"\n')
+    layouts = {"one process": ("--gpus", "1"), "ulysses 2": ("--gpus", "2"), "cfg 2": ("--gpus", "2", "--cfg-parallel")}
+    answers: dict[str, dict[str, np.ndarray]] = {}
+    for layout, flags in layouts.items():
+        server = start("--recipe", str(recipe), *flags, "--lora-dir", str(lora_files), "--steps", "4", "--cache", "0.1")
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
         try:
             for name, lora in (("pixel", {"pixel": 0.8}), ("none", None), ("ink", {"ink": 1.0})):
                 extra = {"seed": 5, **({"lora": lora} if lora else {})}
                 result = client.images.generate(prompt=PROMPT, response_format="b64_json", extra_body=extra)
-                answers.setdefault(int(gpus), {})[name] = _pixels(base64.b64decode(result.data[0].b64_json))  # type: ignore[index, arg-type]
+                answers.setdefault(layout, {})[name] = _pixels(base64.b64decode(result.data[0].b64_json))  # type: ignore[arg-type]
         finally:
             code, out, err = server.stop()
             assert code == 0, err[-2000:]
-        assert f"of {gpus} process" in out
-    for name in ("pixel", "none", "ink"):
-        assert np.abs(answers[2][name] - answers[1][name]).max() <= 1, name
+        assert f"of {flags[1]} process" in out
+    for layout in ("ulysses 2", "cfg 2"):
+        for name in ("pixel", "none", "ink"):
+            assert np.abs(answers[layout][name] - answers["one process"][name]).max() <= 1, (layout, name)
     # Each LoRA moves the picture by more than that tolerance, so the equality above holds each one to its own.
-    assert min(np.abs(answers[2][a] - answers[2][b]).max() for a, b in (("pixel", "none"), ("ink", "none"))) > 1
+    moved = (("pixel", "none"), ("ink", "none"))
+    assert min(np.abs(answers["cfg 2"][a] - answers["cfg 2"][b]).max() for a, b in moved) > 1
