@@ -301,3 +301,29 @@ def test_concurrent_openai_clients_get_their_own_pictures_from_batched_calls() -
     assert observed["accel_batch_requests_count"] == 9
     assert observed['accel_batch_requests_bucket{le="1.0"}'] == 5
     assert observed["accel_batch_requests_sum"] > 9
+
+
+def test_accel_batch_with_max_batch_makes_what_it_makes_item_by_item(tmp_path: Any) -> None:
+    """Five lines at one size on one process: with --max-batch 4 they share calls (the manifest
+    says how many items each call made) and every picture is the one --max-batch 1 makes."""
+    import json
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"prompt": PROMPTS[i % 3], "seed": 20 + i}) + "\n" for i in range(5)))
+    records: dict[int, dict[str, dict[str, Any]]] = {}
+    for most in (1, 4):
+        out = tmp_path / f"out-{most}"
+        command = ["batch", str(requests), "tiny-flux", "--out", str(out), "--steps", "2", "--max-batch", str(most)]
+        result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        lines = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+        records[most] = {record["key"]: record for record in lines}
+        assert sorted(records[most]) == [f"00000{i}" for i in range(1, 6)]
+        assert all(record["status"] == "done" for record in lines)
+    assert {record["batch"] for record in records[1].values()} == {1}
+    assert max(record["batch"] for record in records[4].values()) > 1
+    for key, record in records[4].items():
+        assert record["seeds"] == records[1][key]["seeds"]
+        mine = (tmp_path / "out-4" / record["files"][0]).read_bytes()
+        own = (tmp_path / "out-1" / record["files"][0]).read_bytes()
+        assert np.abs(_pixels(mine) - _pixels(own)).max() <= 1

@@ -64,6 +64,7 @@ class Record:
     seconds: float = 0.0
     error: str | None = None
     finished_at: float = 0.0  # Unix time
+    batch: int = 1  # the items of the pipeline call that made it (--max-batch); `seconds` is that call's
 
     @classmethod
     def of(cls, item: Item, status: str, **outcome: Any) -> Record:

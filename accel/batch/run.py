@@ -204,7 +204,11 @@ async def _feed(
                 continue
             if outcome.ok:
                 names = manifest.write_outputs(item, suffix, outcome.files)
-                manifest.append(Record.of(item, DONE, files=names, seeds=outcome.seeds, seconds=outcome.seconds))
+                manifest.append(
+                    Record.of(
+                        item, DONE, files=names, seeds=outcome.seeds, seconds=outcome.seconds, batch=outcome.batch
+                    )
+                )
                 tally.done += 1
                 bar.advance(item.key, None)
                 continue
