@@ -37,8 +37,14 @@ TOLERANCE = 1e-4  # of the [0, 1] output range: the batched arithmetic's roundin
 
 
 def _kwargs(name: str, pipe: Any) -> dict[str, Any]:
+    """The tiny call, with a negative prompt where the pipeline takes one (its CFG branch, batched too)."""
+    import inspect
+
     recipe = Recipe().with_overrides({"model": {"name": f"tiny-{name}"}}, source="test")
-    return generation_kwargs(FAMILIES[name], True, recipe, pipe)
+    kwargs = generation_kwargs(FAMILIES[name], True, recipe, pipe)
+    if "negative_prompt" in inspect.signature(type(pipe).__call__).parameters:
+        kwargs.setdefault("negative_prompt", "blurry, dark")
+    return kwargs
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -260,15 +266,16 @@ def test_the_server_batches_what_its_pipeline_can(name: str, expected: int, refu
 
 
 def test_concurrent_openai_clients_get_their_own_pictures_from_batched_calls() -> None:
-    """The real server with --max-batch 4: a long request holds the replica while four clients ask
-    for other prompts and seeds at the same size; those wait, run as batched calls, and each gets the
-    picture the server makes for it alone (asked one at a time first)."""
+    """The real server with --max-batch 4 on a replica of two Ulysses ranks (the batch goes to both):
+    a long request holds the replica while four clients ask for other prompts and seeds at the same
+    size; those wait, run as batched calls, and each gets the picture the server makes for it alone
+    (asked one at a time first)."""
     import httpx
     import openai
 
     from test_serve import start
 
-    server = start("tiny-flux", "--max-batch", "4", "--max-queue", "8", "--steps", "2")
+    server = start("tiny-flux", "--gpus", "2", "--max-batch", "4", "--max-queue", "8", "--steps", "2")
     client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=300)
     asked = [(PROMPTS[index % 3], 100 + index) for index in range(4)]
 
