@@ -210,3 +210,67 @@ def test_flux2_pipelines_take_no_mask(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "tiny-flux2", "--mask", str(mask), "-o", str(tmp_path / "o.png")])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: [generate] mask: Flux2Pipeline takes no mask; remove --mask"
+
+
+def _pictures(tmp_path: Path, count: int) -> list[Path]:
+    """`count` different seeded pictures, as files."""
+    paths = []
+    for index in range(count):
+        path = tmp_path / f"picture-{index}.png"
+        pixels = np.random.default_rng(index).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_several_pictures_reach_the_call_as_one_list_in_order(tmp_path: Path) -> None:
+    """--image and each --reference are FLUX.2's list of reference pictures, in that order: the call's
+    keyword gets the list, and the PNG equals the library call with it (the first picture alone makes
+    another one)."""
+    from accel.models.call import generation_kwargs
+    from accel.models.input_files import open_inputs
+    from accel.recipe import Recipe
+
+    first, second, third = _pictures(tmp_path, 3)
+    settings = {"image": str(first), "references": (str(second), str(third))}
+    recipe = Recipe().with_overrides({"model": {"name": "tiny-flux2-klein"}, "generate": settings}, source="test")
+    kwargs = generation_kwargs(FAMILIES["flux2-klein"], True, recipe, cases.tiny_pipeline("tiny-flux2-klein"))
+    opened = open_inputs(kwargs)["image"]
+    expected = [np.asarray(Image.open(path).convert("RGB")) for path in (first, second, third)]
+    assert len(opened) == 3
+    assert all(np.array_equal(np.asarray(picture), want) for picture, want in zip(opened, expected))
+    out = tmp_path / "out.png"
+    command = ["run", "tiny-flux2-klein", "--image", str(first), "--reference", str(second), "--reference", str(third)]
+    result = CliRunner().invoke(app, [*command, "--steps", "2", "--guidance", "4", "--warmup", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    call = dict(
+        prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=4.0
+    )
+    together, _, _ = cases.tiny_run("tiny-flux2-klein", {}, dict(call, image=list(opened)))
+    alone, _, _ = cases.tiny_run("tiny-flux2-klein", {}, dict(call, image=list(opened[:1])))
+    written = np.asarray(Image.open(out), dtype=np.float32)
+    assert np.abs(written - np.round(together[0] * 255)).max() <= 1
+    assert np.abs(written - np.round(alone[0] * 255)).max() > 1
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--reference", "{0}"],
+            "[generate] references: Flux2Pipeline takes them after the first picture; pass --image too",
+        ),
+        (
+            ["--image", "{0}"] + ["--reference", "{0}"] * 10,
+            "[generate] references: Flux2Pipeline takes at most 10 pictures (--image and 9 --reference), got 11",
+        ),
+        (["--image", "{0}", "--reference", "{1}"], "[generate] references: {1} does not exist; pass an image file"),
+    ],
+)
+def test_a_bad_list_of_pictures_is_one_line(flags: list[str], message: str, tmp_path: Path) -> None:
+    (first,) = _pictures(tmp_path, 1)
+    missing = tmp_path / "missing.png"
+    flags = [flag.format(first, missing) for flag in flags]
+    result = CliRunner().invoke(app, ["run", "tiny-flux2", *flags, "--out", str(tmp_path / "o.png")])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith("error: " + message.format(first, missing)), result.stderr

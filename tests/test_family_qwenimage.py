@@ -91,3 +91,41 @@ CASE = FamilyCase(
     block_transformer=block_transformer,
     block_inputs=block_inputs,
 )
+
+
+def test_edit_plus_combines_the_picture_and_its_references(tmp_path: Any) -> None:
+    """Qwen-Image-Edit-Plus takes several pictures: --image and --reference reach its call as one list
+    (the recipe's order), and the second picture changes the output."""
+    import numpy as np
+    from PIL import Image
+
+    import variant_cases
+    from accel.models.call import generation_kwargs
+    from accel.models.input_files import open_inputs
+    from accel.models.registry import FAMILIES
+    from accel.recipe import Recipe
+
+    paths = []
+    for seed in (1, 2):
+        paths.append(tmp_path / f"{seed}.png")
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(paths[-1])
+    pipeline = "QwenImageEditPlusPipeline"
+    recipe = Recipe().with_overrides(
+        {
+            "model": {"name": "tiny-qwenimage", "pipeline": pipeline},
+            "generate": {"image": str(paths[0]), "references": (str(paths[1]),), "steps": 2},
+        },
+        source="test",
+    )
+    pipe = variant_cases.variant_pipeline("qwenimage", pipeline)
+    call = open_inputs(generation_kwargs(FAMILIES["qwenimage"], True, recipe, pipe))
+    assert [np.asarray(picture).tolist() for picture in call["image"]] == [
+        np.asarray(Image.open(path).convert("RGB")).tolist() for path in paths
+    ]
+    outputs = []
+    with variant_cases.small_reference(pipeline):
+        for pictures in (call["image"], call["image"][:1]):
+            result = pipe(**dict(call, image=pictures), generator=torch.Generator().manual_seed(0), output_type="np")
+            outputs.append(result.images[0])
+    assert outputs[0].shape == (64, 64, 3)
+    assert np.abs(outputs[0] - outputs[1]).max() > 1e-3

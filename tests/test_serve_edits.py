@@ -52,12 +52,19 @@ class Replica:
         if job.stop:
             return Outcome(True)
         self.jobs.append(job)
-        files = [Path(job.generate[name]).read_bytes() for name in ("image", "mask") if name in job.generate]
+        named = [job.generate[name] for name in ("image", "mask") if name in job.generate]
+        files = [Path(path).read_bytes() for path in [*named, *job.generate.get("references", ())]]
         return Outcome(True, files, [int(job.generate["seed"])] * len(files))
 
 
 @contextmanager
-def edit_front(pipeline_class: str, family: str = "flux") -> Iterator[tuple[openai.OpenAI, Replica, str]]:
+def edit_front(pipeline_class: str, family: str | None = None) -> Iterator[tuple[openai.OpenAI, Replica, str]]:
+    """A front serving `pipeline_class` (of the family that lists it) on a replica that echoes its pictures."""
+    family = family or next(
+        name
+        for name, found in FAMILIES.items()
+        if pipeline_class == found.pipeline_class or any(v.pipeline_class == pipeline_class for v in found.variants)
+    )
     replica = Replica()
     dispatcher = Dispatcher([replica], 4)
     metrics = Metrics(dispatcher)
@@ -95,6 +102,21 @@ def test_the_picture_and_the_mask_reach_the_pipeline_as_files_and_go_with_the_re
         assert not Path(job.generate["image"]).exists() and not Path(job.generate["mask"]).exists()
 
 
+def test_several_pictures_reach_a_pipeline_that_combines_them_in_their_order() -> None:
+    """FLUX.2 combines reference pictures: the openai client's list of images is the call's picture
+    (the first) and its references (the others, in order), as `accel run --image A --reference B`."""
+    sent = [picture(seed=seed) for seed in (1, 2, 3)]
+    with edit_front("Flux2Pipeline", family="flux2") as (client, replica, _url):
+        result = client.images.edit(
+            image=[(f"{index}.png", data, "image/png") for index, data in enumerate(sent)],
+            prompt="the fox of the first in the light of the others",
+            extra_body={"seed": 4},
+        )
+        assert [base64.b64decode(item.b64_json) for item in result.data] == sent
+        (job,) = replica.jobs
+        assert len(job.generate["references"]) == 2
+
+
 @pytest.mark.parametrize(
     "pipeline_class, upload, param, message",
     [
@@ -111,6 +133,12 @@ def test_the_picture_and_the_mask_reach_the_pipeline_as_files_and_go_with_the_re
             {"image": [picture(), picture()]},
             "image",
             "image: FluxKontextPipeline takes one picture, not 2",
+        ),
+        (
+            "QwenImageEditPlusPipeline",
+            {"image": [picture()] * 4},
+            "image",
+            "image: QwenImageEditPlusPipeline takes at most 3 pictures, not 4",
         ),
         (
             "FluxKontextPipeline",

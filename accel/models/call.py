@@ -15,6 +15,7 @@ from accel.models.input_checks import (
     condition_arguments,
     input_arguments,
     named_input_arguments,
+    picture_list,
     refuse_together,
 )
 from accel.models.input_files import InputLatents, InputVideo, clip_frames, latent_settings
@@ -82,7 +83,11 @@ def generation_kwargs(
         if isinstance(path, InputLatents):
             _take_settings(kwargs, latent_settings(path), path, settings, family.frames_arg)
     kwargs.update(condition_arguments(variant, settings.conditions or (), tiny))
-    references = condition_arguments(variant, settings.references or (), tiny, key="references")
+    if settings.references and variant.pictures > 1:  # more pictures after --image, in one list
+        kwargs[variant.image] = picture_list(variant, kwargs.get(variant.image), settings.references)
+        references = {}
+    else:
+        references = condition_arguments(variant, settings.references or (), tiny, key="references")
     kwargs.update(references)
     if video and settings.frames is None and variant.video in inputs:
         kwargs[family.frames_arg] = clip_frames(inputs[variant.video])  # the clip's length, unless asked otherwise

@@ -170,7 +170,8 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=4.0),
     # Flux2Pipeline itself takes reference pictures (`image=`, optional: --image); Klein's pipelines
     # run a Qwen3 text encoder, so they are the flux2-klein family's.
-    variants=(Variant("Flux2Pipeline", image="image", optional=("image",)),),
+    # Up to ten pictures (FLUX.2 [dev]'s multi-reference limit): --image, then --reference for each next one.
+    variants=(Variant("Flux2Pipeline", image="image", optional=("image",), pictures=10),),
 )
 
 KLEIN = Family(
@@ -201,7 +202,7 @@ KLEIN = Family(
     # attention processors cut the joint sequence at whole-sequence token counts, so it runs on one
     # process (with the cache, quantization and compile); Ulysses and Ring are refused.
     variants=(
-        Variant("Flux2KleinPipeline", image="image", optional=("image",)),
+        Variant("Flux2KleinPipeline", image="image", optional=("image",), pictures=10),
         Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),
         Variant(
             "Flux2KleinKVPipeline",

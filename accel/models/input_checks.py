@@ -15,6 +15,7 @@ from accel.models.input_files import (
     FrameMask,
     InputConditions,
     InputImage,
+    InputImages,
     InputVideo,
     InputVideos,
     LATENTS_MARK,
@@ -165,6 +166,20 @@ def condition_arguments(
         path, index, strength = _parse_condition(text, spec, key)
         items.append((_picture_or_clip(key, path), index, strength))
     return {spec.keyword: InputConditions(items, spec, tiny)}
+
+
+def picture_list(variant: Variant, first: Any, more: tuple[str, ...]) -> InputImages:
+    """`--image` and each `--reference PATH` as the one list of pictures the call's `image` takes."""
+    if first is None:
+        raise UserError(
+            f"[generate] references: {variant.pipeline_class} takes them after the first picture; pass --image too"
+        )
+    if 1 + len(more) > variant.pictures:
+        raise UserError(
+            f"[generate] references: {variant.pipeline_class} takes at most {variant.pictures} pictures (--image and "
+            f"{variant.pictures - 1} --reference), got {1 + len(more)}"
+        )
+    return InputImages([first, *(InputImage(_readable_image("references", path)) for path in more)])
 
 
 def _parse_condition(text: str, spec: Conditions, key: str) -> tuple[str, int, float]:

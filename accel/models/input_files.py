@@ -20,6 +20,10 @@ class InputVideo(str):
     """A path the pipeline call receives as a list of RGB PIL frames (diffusers' video input)."""
 
 
+class InputImages(tuple):  # type: ignore[type-arg]
+    """Pictures the call receives as one list (InputImage paths), opened by `open_inputs`."""
+
+
 class InputVideos(InputVideo):
     """A clip the call receives as the only item of a list of clips (LTX's conditioning videos)."""
 
@@ -98,6 +102,13 @@ def read_clip(path: str) -> list[Any]:
     return [Image.fromarray(frame) for frame in read_video(Path(path))]
 
 
+def _rgb(path: str) -> Any:
+    from PIL import Image
+
+    with Image.open(path) as picture:
+        return picture.convert("RGB")
+
+
 def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments with every input file opened as the pipelines take it: an InputImage as
     an RGB PIL image, an InputVideo as a list of them (InputVideos: that list inside a list), a
@@ -109,6 +120,8 @@ def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, (InputImage, FrameMask)):
             with Image.open(value) as picture:
                 opened[key] = picture.convert("RGB")
+        elif isinstance(value, InputImages):
+            opened[key] = [_rgb(path) for path in value]
         elif isinstance(value, InputVideo):
             opened[key] = read_clip(value)
         elif isinstance(value, InputConditions):

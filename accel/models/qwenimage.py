@@ -155,7 +155,8 @@ FAMILY = Family(
         Variant("QwenImageImg2ImgPipeline", image="image"),
         Variant("QwenImageInpaintPipeline", image="image", mask="mask_image"),
         Variant("QwenImageEditPipeline", image="image", tiny=build_tiny_edit),
-        Variant("QwenImageEditPlusPipeline", image="image", tiny=build_tiny_edit_plus),
+        # Several pictures to combine (Qwen-Image-Edit-2509: one to three): --image, then --reference.
+        Variant("QwenImageEditPlusPipeline", image="image", tiny=build_tiny_edit_plus, pictures=3),
         Variant("QwenImageEditInpaintPipeline", image="image", mask="mask_image", tiny=build_tiny_edit),
     ),
 )

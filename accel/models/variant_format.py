@@ -144,6 +144,10 @@ class Variant:
     inputs: tuple[NamedInput, ...] = ()
     conditions: Conditions | None = None
     references: Conditions | None = None
+    # How many pictures the call's `image` takes, as a list (FLUX.2's and Qwen-Image-Edit-Plus's
+    # several references): `--image` is the first, each `--reference PATH` ([generate] references)
+    # the next, up to this many in all. 1: one picture.
+    pictures: int = 1
     # Call arguments the variant needs a value for, with the one accel gives unless `[generate]
     # arguments` (`--arg`) says otherwise: SkyReels-V2 video extension's `overlap_history`.
     arguments: tuple[tuple[str, Any], ...] = ()

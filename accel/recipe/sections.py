@@ -105,11 +105,13 @@ class GenerateSection:
     references: tuple[str, ...] | None = key(
         None,
         'Reference pictures or clips without a position, for in-context pipelines (LTX-2 IC-LoRA): "PATH@STRENGTH", '
-        "STRENGTH optional (1).",
+        "STRENGTH optional (1); or more pictures after image, for pipelines that combine several (FLUX.2, "
+        "Qwen-Image-Edit-Plus): PATH.",
         flag=Flag(
             name="--reference",
             metavar="PATH@STRENGTH",
-            help="A reference picture or clip without a position (LTX-2 IC-LoRA); repeatable.",
+            help="A reference picture or clip without a position (LTX-2 IC-LoRA), or a picture after --image for "
+            "pipelines that combine several (FLUX.2, Qwen-Image-Edit-Plus); repeatable.",
         ),
     )
     inputs: Mapping[str, str] = table(

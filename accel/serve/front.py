@@ -167,8 +167,9 @@ def check_edit(served: Served, uploads: dict[str, list[Any]]) -> None:
     images = uploads.get("image", [])
     if not images:
         raise BadRequest("image", "image: required, the picture to edit")
-    if len(images) > 1:
-        raise BadRequest("image", f"image: {variant.pipeline_class} takes one picture, not {len(images)}")
+    if len(images) > variant.pictures:
+        most = "one picture" if variant.pictures == 1 else f"at most {variant.pictures} pictures"
+        raise BadRequest("image", f"image: {variant.pipeline_class} takes {most}, not {len(images)}")
     if len(uploads.get("mask", [])) > 1:
         raise BadRequest("mask", "mask: one mask")
     if variant.mask is not None and "mask" not in variant.optional and not uploads.get("mask") and served.needs_mask:
@@ -271,12 +272,20 @@ def build_app(
                     body = ImageRequest.model_validate(fields)
                 except ValidationError as invalid:
                     raise validation_message(list(invalid.errors())) from None
-                pictures = {name: save_picture(found[0], Path(folder) / name) for name, found in uploads.items()}
-                check_pictures(served, pictures)
+                saved = {
+                    name: [save_picture(upload, Path(folder) / f"{name}-{index}") for index, upload in enumerate(found)]
+                    for name, found in uploads.items()
+                }
+                for name, paths in saved.items():
+                    for path in paths:
+                        check_pictures(served, {name: path})
             except BadRequest as bad:
                 metrics.requests.labels("/v1/images/edits", "400").inc()
                 return _error(400, bad.message, "invalid_request_error", bad.param)
-            given = {name: str(path) for name, path in pictures.items()}
+            # The first picture is the one to edit; the others follow it in the call's list ([generate] references).
+            given: dict[str, Any] = {name: str(paths[0]) for name, paths in saved.items()}
+            if len(saved["image"]) > 1:
+                given["references"] = tuple(str(path) for path in saved["image"][1:])
             return await answer(
                 "/v1/images/edits",
                 request,

@@ -14,8 +14,8 @@ from fastapi import Request
 from accel.errors import UserError
 from accel.serve.requests import BadRequest, Served
 
-# Largest number of pictures one request may upload.
-MAX_PICTURES = 4
+# Largest number of pictures one request may upload: the most a pipeline combines (FLUX.2's ten) and a mask.
+MAX_PICTURES = 11
 
 
 # The fields holding an object (name -> value), which a form sends as NAME[KEY]=VALUE or as JSON text.
