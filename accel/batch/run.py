@@ -129,7 +129,6 @@ def run_batch(
         # Each replica has its next items (a batch's worth) waiting when it finishes one.
         most = started.served.max_batch
         dispatcher = Dispatcher(replicas, (most + 1) * len(replicas), board=started.board, max_batch=most)
-        dispatcher.start()
         try:  # whatever happens, the other replicas get their stop
             manifest = Manifest(options.out, options.shard)
             jobs = plan(options, started.served, recipe.generate.seed, manifest, tally)
@@ -196,6 +195,7 @@ async def _feed(
         while waiting and len(running) < dispatcher.max_queue:
             item, job = waiting.popleft()
             running[dispatcher.enqueue(job)] = (item, job)
+        dispatcher.start()  # after the first items are queued, so the first call can batch them
         finished, _ = await asyncio.wait(running, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
         for future in finished:
             item, job = running.pop(future)

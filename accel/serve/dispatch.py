@@ -74,12 +74,17 @@ class Dispatcher:
         self.busy = 0
         self.closed = False
         self.broken: str | None = None  # why a replica stopped serving (its ranks are gone)
+        self._started = False
         self._threads = [
             threading.Thread(target=self._serve, args=(index, run), name=f"accel-replica-{index}", daemon=True)
             for index, run in enumerate(replicas)
         ]
 
     def start(self) -> None:
+        """Let the replicas draw (once; later calls do nothing)."""
+        if self._started:
+            return
+        self._started = True
         for thread in self._threads:
             thread.start()
 
@@ -220,6 +225,7 @@ class Dispatcher:
             waiting = [job_id for job_id, p in self._pending.items() if p.running_on is None]
         for job_id in waiting:
             self.cancel(job_id, "shutdown")
+        self.start()  # a replica that never drew still gets its stop
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
