@@ -87,11 +87,13 @@ def _job(job_id: int, width: int = 64, count: int = 1, **extra: Any) -> Job:
 
 def test_the_dispatcher_batches_waiting_jobs_that_share_a_call_oldest_first() -> None:
     calls: list[Any] = []
+    busy: list[int] = []  # the replicas busy, as /metrics reports them, during each call
 
     def run(work: Any) -> Any:
         calls.append(work)
         if work.stop:
             return Outcome(True)
+        busy.append(dispatcher.busy)
         jobs = work.jobs if isinstance(work, Batch) else (work,)
         outcomes = [Outcome(True, seeds=[job.generate["seed"]]) for job in jobs]
         return outcomes if isinstance(work, Batch) else outcomes[0]
@@ -107,8 +109,9 @@ def test_the_dispatcher_batches_waiting_jobs_that_share_a_call_oldest_first() ->
     ]
     assert batch_key(jobs[5]) is None and batch_key(jobs[0]) == batch_key(jobs[1]) != batch_key(jobs[2])
 
+    dispatcher = Dispatcher([run], max_queue=10, max_batch=4)
+
     async def main() -> list[Outcome]:
-        dispatcher = Dispatcher([run], max_queue=10, max_batch=4)
         futures = [dispatcher.enqueue(job) for job in jobs]  # all waiting before the replica draws
         dispatcher.start()
         outcomes = list(await asyncio.gather(*futures))
@@ -120,6 +123,7 @@ def test_the_dispatcher_batches_waiting_jobs_that_share_a_call_oldest_first() ->
     assert [o.seeds for o in outcomes] == [[10 * job.id] for job in jobs]  # each request got its own answer
     drawn = [[job.id for job in call.jobs] if isinstance(call, Batch) else call.id for call in calls[:-1]]
     assert drawn == [[1, 2, 4], 3, [5, 7], 6]
+    assert busy == [1, 1, 1, 1]  # one replica, whatever its call holds
     assert calls[-1].stop
 
 

@@ -175,7 +175,7 @@ class Dispatcher:
                 for one in taken:
                     one.running_on, one.started = index, now
                 self.waiting -= len(taken)
-                self.busy += len(taken)
+                self.busy += 1  # replicas, not jobs: a batch holds one
             try:
                 if len(taken) == 1:
                     outcomes = [run(pending.job)]
@@ -183,12 +183,13 @@ class Dispatcher:
                     outcomes = run(Batch(tuple(one.job for one in taken)))
             except Exception as failure:  # the replica's ranks are gone: the launcher ends the job
                 self.broken = f"{type(failure).__name__}: {failure}"
-                for one in taken:
-                    self._finish(one, Outcome(False, error=f"the replica serving this request failed: {self.broken}"))
+                for position, one in enumerate(taken):
+                    failed = Outcome(False, error=f"the replica serving this request failed: {self.broken}")
+                    self._finish(one, failed, last=position == len(taken) - 1)
                 return
-            for one, outcome in zip(taken, outcomes):
+            for position, (one, outcome) in enumerate(zip(taken, outcomes)):
                 self.on_outcome(outcome)
-                self._finish(one, outcome)
+                self._finish(one, outcome, last=position == len(taken) - 1)
 
     def _batch_mates(self, first: _Pending) -> list[_Pending]:
         """The waiting jobs that share `first`'s call, oldest first, while the outputs fit `max_batch`
@@ -211,9 +212,10 @@ class Dispatcher:
                 room -= pending.job.count
         return mates
 
-    def _finish(self, pending: _Pending, outcome: Outcome) -> None:
+    def _finish(self, pending: _Pending, outcome: Outcome, last: bool = True) -> None:
+        """Answer one job; `last`: the replica is free again (its call's last job)."""
         with self._lock:
-            self.busy -= 1
+            self.busy -= 1 if last else 0
             self._pending.pop(pending.job.id, None)
         self.board.forget(pending.job.id)
         _answer(pending, outcome)
