@@ -103,6 +103,7 @@ def read_clip(path: str) -> list[Any]:
 
 
 def _rgb(path: str) -> Any:
+    """The picture at `path` as an RGB PIL image, the file closed."""
     from PIL import Image
 
     with Image.open(path) as picture:
@@ -112,14 +113,12 @@ def _rgb(path: str) -> Any:
 def open_inputs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments with every input file opened as the pipelines take it: an InputImage as
     an RGB PIL image, an InputVideo as a list of them (InputVideos: that list inside a list), a
-    FrameMask as its picture once per frame of the call's input video."""
-    from PIL import Image
-
+    FrameMask as its picture once per frame of the call's input video, InputImages as a list of
+    pictures."""
     opened = dict(kwargs)
     for key, value in kwargs.items():
         if isinstance(value, (InputImage, FrameMask)):
-            with Image.open(value) as picture:
-                opened[key] = picture.convert("RGB")
+            opened[key] = _rgb(value)
         elif isinstance(value, InputImages):
             opened[key] = [_rgb(path) for path in value]
         elif isinstance(value, InputVideo):
