@@ -183,13 +183,14 @@ class Dispatcher:
                     outcomes = run(Batch(tuple(one.job for one in taken)))
             except Exception as failure:  # the replica's ranks are gone: the launcher ends the job
                 self.broken = f"{type(failure).__name__}: {failure}"
-                for position, one in enumerate(taken):
-                    failed = Outcome(False, error=f"the replica serving this request failed: {self.broken}")
-                    self._finish(one, failed, last=position == len(taken) - 1)
+                self._free()
+                for one in taken:
+                    self._finish(one, Outcome(False, error=f"the replica serving this request failed: {self.broken}"))
                 return
-            for position, (one, outcome) in enumerate(zip(taken, outcomes)):
+            self._free()
+            for one, outcome in zip(taken, outcomes):
                 self.on_outcome(outcome)
-                self._finish(one, outcome, last=position == len(taken) - 1)
+                self._finish(one, outcome)
 
     def _batch_mates(self, first: _Pending) -> list[_Pending]:
         """The waiting jobs that share `first`'s call, oldest first, while the outputs fit `max_batch`
@@ -212,10 +213,13 @@ class Dispatcher:
                 room -= pending.job.count
         return mates
 
-    def _finish(self, pending: _Pending, outcome: Outcome, last: bool = True) -> None:
-        """Answer one job; `last`: the replica is free again (its call's last job)."""
+    def _free(self) -> None:
+        """The replica's call is over (one busy replica less, however many jobs it answered)."""
         with self._lock:
-            self.busy -= 1 if last else 0
+            self.busy -= 1
+
+    def _finish(self, pending: _Pending, outcome: Outcome) -> None:
+        with self._lock:
             self._pending.pop(pending.job.id, None)
         self.board.forget(pending.job.id)
         _answer(pending, outcome)

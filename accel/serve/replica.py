@@ -161,15 +161,9 @@ class Replica:
         return outcomes
 
     def _generate_batch(self, batch: Batch) -> list[tuple[Any, Any]]:
-        from accel.models.registry import family_of
         from accel.generate import generate_batch
-        from accel.models.call import generation_kwargs
 
-        first = batch.jobs[0]
-        if self.adapters is not None:
-            self.adapters.use(first.loras)
-        settings = self.recipe.with_overrides({"generate": first.generate}, source="request")
-        kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
+        _settings, kwargs = self._call(batch.jobs[0])  # what the batch shares is the first job's
         prompts, seeds = zip(*batch.samples)
         return generate_batch(self.pipe, kwargs, list(prompts), list(seeds))
 
@@ -196,15 +190,20 @@ class Replica:
         )
 
     def _generate(self, job: Job) -> list[tuple[Any, Any]]:
-        from accel.models.registry import family_of
         from accel.generate import generate_with_audio
+
+        settings, kwargs = self._call(job)
+        return [generate_with_audio(self.pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
+
+    def _call(self, job: Job) -> tuple[Recipe, dict[str, Any]]:
+        """The job's LoRAs switched on, its settings over the server's recipe, and the call's keyword arguments."""
         from accel.models.call import generation_kwargs
+        from accel.models.registry import family_of
 
         if self.adapters is not None:  # every rank switches alike: the job is the same on all of them
             self.adapters.use(job.loras)
         settings = self.recipe.with_overrides({"generate": job.generate}, source="request")
-        kwargs = generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
-        return [generate_with_audio(self.pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
+        return settings, generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
 
     def _gather(self, error: str | None) -> list[str | None]:
         if self.group is None:
