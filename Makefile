@@ -20,8 +20,13 @@ install: $(BIN)/accel
 demo: install
 	$(BIN)/accel run tiny-flux --steps 12 --cache 0.4 --compare --repeats 9
 
+# Two pytest workers on a 2-core machine: a single-process test keeps one core busy and a two-rank test
+# about one and a half, so one worker left a core idle most of the suite. Each worker runs whole
+# modules (their loaded pipelines are built once) and one thread per process.
+TEST_WORKERS ?= 2
+
 test: install browser
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The playground's test drives a real headless Chromium: the system's, installed from Debian / Ubuntu
 # packages when missing and apt-get may be used (as root); else that one test is skipped, saying why.

@@ -73,8 +73,9 @@ def wan_reference(tiny_wan: Any) -> np.ndarray:
 
 # Rank processes the pools may hold at once: each keeps the tiny pipelines it has built (1-1.5 GB
 # late in the suite), so pools of 2, 3, 4 and 8 ranks alive together outgrew a 24 GiB machine.
-# Twelve keeps test_tensor_parallel's 2, 4 and 6 alive together (ten restarted a pool every test).
-MAX_POOLED_RANKS = 12
+# Twelve keeps test_tensor_parallel's 2, 4 and 6 alive together (ten restarted a pool every test);
+# the pytest workers (make test runs two) share the twelve.
+MAX_POOLED_RANKS = max(4, 12 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 
 
 @pytest.fixture(scope="session")
