@@ -35,10 +35,13 @@ def apply_memory(handle: AccelHandle) -> None:
     if handle.mesh is not None:
         first = FirstRankEncodes(handle.pipe, handle.mesh.group, device)
         handle._undo.append(first.remove)
+        handle._per_pipeline.append(first.also_on)
         if not first.leads:
             return
     if placement == "cpu":
-        handle._undo.append(EncodesOnCpu(handle.pipe, device).remove)
+        on_cpu = EncodesOnCpu(handle.pipe, device)
+        handle._undo.append(on_cpu.remove)
+        handle._per_pipeline.append(on_cpu.also_on)
 
 
 def skips_decode(handle: AccelHandle) -> bool:
@@ -62,7 +65,9 @@ def apply_vae_placement(handle: AccelHandle) -> None:
     from accel.vae.placement import OtherRanksSkipDecode
 
     assert handle.mesh is not None
-    handle._undo.append(OtherRanksSkipDecode(handle.pipe, handle.mesh.group).remove)
+    skips = OtherRanksSkipDecode(handle.pipe, handle.mesh.group)
+    handle._undo.append(skips.remove)
+    handle._per_pipeline.append(skips.also_on)
 
 
 def apply_offload(handle: AccelHandle) -> None:
@@ -80,6 +85,12 @@ def apply_offload(handle: AccelHandle) -> None:
     pipe = handle.pipe
     if mode == "model":
         pipe.enable_model_cpu_offload(device=device)
+        # The hooks chain this pipeline's components in its own call's order and the pipeline frees them
+        # after its call: another pipeline on the modules would run them outside that chain.
+        handle._attach_refusal = (
+            '[memory] offload = "model" moves modules in one pipeline\'s call order, so no other pipeline may '
+            'share them; use offload = "group" (it offloads module by module, whichever pipeline calls)'
+        )
 
         def undo() -> None:
             pipe.remove_all_hooks()

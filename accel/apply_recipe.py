@@ -100,7 +100,13 @@ class AccelHandle:
     tensor: dict[str, TensorParallel] = field(default_factory=dict)
     quant: QuantSummary | None = None
     compiled: list[CompiledRegions] = field(default_factory=list)
+    # Pipelines built from this one's modules and accelerated with it (attach).
+    siblings: list[Any] = field(default_factory=list)
     _undo: list[Callable[[], None]] = field(default_factory=list)
+    # The steps that change a pipeline's own methods rather than its modules, as (install on a
+    # pipeline -> its undo): attach gives them to a sibling.
+    _per_pipeline: list[Callable[[Any], Callable[[], None]]] = field(default_factory=list)
+    _attach_refusal: str | None = None  # why no sibling may share these modules (None: any may)
 
     @property
     def cache_stats(self) -> CacheStats | None:
@@ -123,12 +129,59 @@ class AccelHandle:
     def active(self) -> bool:
         return _applied.get(self.pipe) is self
 
+    def attach(self, sibling: Any) -> None:
+        """Accelerate `sibling`, a pipeline built from this one's modules (`FluxInpaintPipeline.from_pipe(pipe)`:
+        another task on the same weights), alongside it: the modules' changes (parallel plan, compile,
+        cache, quantization, VAE) act for it already, and its own methods get this pipeline's
+        per-pipeline steps (agreed arguments and noise, the cache's call boundary, encoder and VAE
+        placement). One set of hooks serves both, so a server switches tasks without applying again;
+        remove() undoes the sibling's steps with the rest."""
+        if sibling in _applied:
+            raise UserError(
+                f"accel attach: this {type(sibling).__name__} is already accelerated; remove() its handle first"
+            )
+        mine, theirs = transformers_of(self.pipe, self.family), _transformers_or_none(sibling, self.family)
+        if theirs is None or {attr: id(t) for attr, t in theirs.items()} != {attr: id(t) for attr, t in mine.items()}:
+            raise UserError(
+                f"accel attach: a {type(sibling).__name__} must run this {type(self.pipe).__name__}'s transformer; "
+                f"build it with {type(sibling).__name__}.from_pipe(pipe)"
+            )
+        if self._attach_refusal is not None:
+            raise UserError(self._attach_refusal)
+        if self.mesh is not None:
+            refuse_layout(self.family, variant_of_class(self.family, type(sibling)), self.recipe.parallel)
+        undo: list[Callable[[], None]] = []
+        try:
+            for install in self._per_pipeline:
+                undo.append(install(sibling))
+        except BaseException:
+            while undo:
+                undo.pop()()
+            raise
+        self._undo.extend(undo)
+        self.siblings.append(sibling)
+        _applied[sibling] = self
+
     def remove(self) -> None:
         """Undo every step in reverse order; the pipeline then produces bit-identical output to before."""
         while self._undo:
             self._undo.pop()()
-        if _applied.get(self.pipe) is self:
-            del _applied[self.pipe]
+        for pipe in (self.pipe, *self.siblings):
+            if _applied.get(pipe) is self:
+                del _applied[pipe]
+        self.siblings.clear()
+
+    def on_each_pipeline(self, install: Callable[[Any], Callable[[], None]]) -> None:
+        """Install a per-pipeline step on this pipeline now, and on each sibling as it attaches."""
+        self._per_pipeline.append(install)
+        self._undo.append(install(self.pipe))
+
+
+def _transformers_or_none(pipe: Any, family: Family) -> dict[str, Any] | None:
+    try:
+        return transformers_of(pipe, family)
+    except (AttributeError, KeyError, TypeError):
+        return None
 
 
 def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = None) -> AccelHandle:
@@ -190,10 +243,24 @@ def _apply_quant(handle: AccelHandle) -> None:
             settings.exclude,
             prefix=f"{attr}." if len(transformers) > 1 else "",
         )
-    for method in ("fuse_lora", "unfuse_lora"):
-        if callable(getattr(handle.pipe, method, None)):
-            handle._undo.append(_refuse_lora_fusing(handle.pipe, method, set(transformers), settings.type))
-    handle._undo.extend(refuse_on_quantized(handle.pipe, transformers, settings.type))
+    handle.on_each_pipeline(partial(_refuse_on_quantized_pipeline, quantized=set(transformers), scheme=settings.type))
+    handle._undo.extend(refuse_on_quantized(None, transformers, settings.type))
+
+
+def _refuse_on_quantized_pipeline(pipe: Any, quantized: set[str], scheme: str) -> Callable[[], None]:
+    """A pipeline's own methods that fail on quantized weights, each refused in one line."""
+    undo = [
+        _refuse_lora_fusing(pipe, method, quantized, scheme)
+        for method in ("fuse_lora", "unfuse_lora")
+        if callable(getattr(pipe, method, None))
+    ]
+    undo.extend(refuse_on_quantized(pipe, {}, scheme))
+    return partial(_undo_all, undo)
+
+
+def _undo_all(undo: list[Callable[[], None]]) -> None:
+    while undo:
+        undo.pop()()
 
 
 def _refuse_lora_fusing(pipe: Any, method: str, quantized: set[str], scheme: str) -> Callable[[], None]:
@@ -303,13 +370,12 @@ def _apply_parallel(handle: AccelHandle) -> None:
 
             cfg = CfgParallel(transformers, resolved.cfg, mesh, StepEvents.of(handle.pipe))
             handle._undo.append(cfg.remove)
-    handle._undo.append(agree_on_noise(handle.pipe, mesh.group))
+    handle.on_each_pipeline(partial(agree_on_noise, group=mesh.group))
     # Under [memory] vae = "rank0" the ranks that do not decode ask for latents whatever output_type they were
     # given, so that one argument may differ; every other one is still checked.
     may_differ = ("output_type",) if skips_decode(handle) else ()
-    handle._undo.append(
-        agree_on_arguments(handle.pipe, mesh.group, may_differ)
-    )  # first of every call: one message, no hang
+    # first of every call: one message, no hang
+    handle.on_each_pipeline(partial(agree_on_arguments, group=mesh.group, may_differ=may_differ))
 
 
 def _apply_cache(handle: AccelHandle) -> None:
@@ -326,10 +392,18 @@ def _apply_cache(handle: AccelHandle) -> None:
     # diffusers pipelines check their inputs once, at the start of a call: the cache's statistics then
     # cover the whole call, however many schedules it runs (Wan Animate's segments); a pipeline
     # without the method restarts them with each schedule.
-    if handle.caches and callable(getattr(handle.pipe, "check_inputs", None)):
-        handle._undo.append(
-            wrap(handle.pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, handle.caches))
-        )
+    if handle.caches:
+        handle.on_each_pipeline(partial(_cache_call_starts, caches=handle.caches))
+
+
+def _cache_call_starts(pipe: Any, caches: list[StepCache[Any]]) -> Callable[[], None]:
+    if not callable(getattr(pipe, "check_inputs", None)):
+        return _nothing
+    return wrap(pipe, "check_inputs", "accel.cache.per_call", CACHE_CALL, partial(_call_starts, caches))
+
+
+def _nothing() -> None:
+    pass
 
 
 def _check_cache_blocks(handle: AccelHandle) -> None:
@@ -390,8 +464,8 @@ def _apply_parallel_vae(handle: AccelHandle, vae: Any) -> None:
             return
         from accel.parallel.agree import agree_on_arguments, agree_on_noise
 
-        handle._undo.append(agree_on_noise(handle.pipe))  # every rank must decode the same latents
-        handle._undo.append(agree_on_arguments(handle.pipe))
+        handle.on_each_pipeline(agree_on_noise)  # every rank must decode the same latents
+        handle.on_each_pipeline(agree_on_arguments)
     group = handle.mesh.group if handle.mesh is not None else None
     engine = ParallelDecode(vae, plan, group, all_ranks=handle.recipe.vae.all_ranks)
     handle.vae_decode = engine

@@ -807,3 +807,28 @@ def sharded_loads_run(folder: str, call: dict[str, Any]) -> tuple[Any, int, int]
     accel.apply(pipe, {"parallel": {"ulysses": 2}, "memory": {"text_encoder": "sharded"}})
     result = pipe(**call, generator=torch.Generator().manual_seed(0), output_type="np")
     return output_of(result, pipe), held, split
+
+
+def sibling_run(
+    model: str, pipeline_class: str, recipe: dict[str, Any], call: dict[str, Any], attached: bool = True, seed: int = 0
+) -> tuple[Any, Any]:
+    """(output, cache records) of `pipeline_class` built from the tiny pipeline's modules (from_pipe):
+    attached to the tiny pipeline's `accel.apply(pipe, recipe)` (the server's way), or, with `attached`
+    False, accelerated by an apply of its own. Everything undone afterwards."""
+    import diffusers
+
+    import accel
+
+    base = tiny_pipeline(model)
+    sibling = getattr(diffusers, pipeline_class).from_pipe(base)
+    sibling.set_progress_bar_config(disable=True)
+    handle = accel.apply(base, recipe) if attached else accel.apply(sibling, recipe)
+    try:
+        if attached:
+            handle.attach(sibling)
+        result = sibling(**call, generator=torch.Generator().manual_seed(seed), output_type="np")
+        stats = handle.cache_stats
+    finally:
+        handle.remove()
+    decisions = [(r.step, r.branch, r.change, r.cached) for r in stats.records] if stats is not None else None
+    return output_of(result, sibling), decisions

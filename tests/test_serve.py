@@ -144,6 +144,49 @@ def test_openai_client_gets_the_pixels_accel_run_writes(flux_server: Server, tmp
     assert [m.id for m in client.models.list().data] == ["tiny-flux"]
 
 
+def _accel_run(out: Path, *args: str) -> np.ndarray:
+    command = [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--warmup", "0", *args]
+    done = subprocess.run([*command, "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return _pixels(out.read_bytes())
+
+
+def test_edits_on_a_text_to_image_server_run_the_pipeline_their_pictures_ask_for(
+    flux_server: Server, tmp_path: Path
+) -> None:
+    """A FluxPipeline server answers an edit with a mask by FluxInpaintPipeline and one without by
+    FluxImg2ImgPipeline, on its own modules and accelerators (two Ulysses ranks), as `accel run
+    --pipeline` makes them; another pipeline is a 400 naming those on the served weights."""
+    from openai import BadRequestError, OpenAI
+
+    fox, mask = tmp_path / "fox.png", tmp_path / "mask.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(fox)
+    Image.fromarray(np.kron(np.eye(2, dtype=np.uint8) * 255, np.ones((24, 32), np.uint8))).save(mask)
+    client = OpenAI(base_url=f"{flux_server.url}/v1", api_key="unused", max_retries=0)
+    common = ["--prompt", PROMPT, "--seed", "7", "--steps", "4", "--width", "64", "--height", "48", "--image", str(fox)]
+    for pipeline_class, pictures in (
+        ("FluxInpaintPipeline", ["--mask", str(mask)]),
+        ("FluxImg2ImgPipeline", []),
+    ):
+        with fox.open("rb") as image, mask.open("rb") as repaint:
+            edited = client.images.edit(
+                image=image,
+                prompt=PROMPT,
+                size="64x48",
+                extra_body={"seed": 7, "steps": 4},
+                **({"mask": repaint} if pictures else {}),
+            )
+        made = _accel_run(tmp_path / f"{pipeline_class}.png", "--pipeline", pipeline_class, *common, *pictures)
+        assert np.array_equal(_pixels(base64.b64decode(edited.data[0].b64_json)), made), pipeline_class
+    with fox.open("rb") as image, pytest.raises(BadRequestError) as refused:
+        client.images.edit(image=image, prompt=PROMPT, extra_body={"pipeline": "FluxKontextPipeline"})
+    assert refused.value.body["param"] == "pipeline" and refused.value.body["message"] == (
+        "pipeline: this server runs FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, not 'FluxKontextPipeline'"
+    )
+    (model,) = httpx.get(f"{flux_server.url}/v1/models", timeout=30).json()["data"]
+    assert model["pipelines"] == ["FluxPipeline", "FluxImg2ImgPipeline", "FluxInpaintPipeline"]
+
+
 @pytest.mark.parametrize(
     ("body", "param", "message"),
     [

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
-from accel.models.variant_format import Variant
+from accel.models.variant_format import Variant, img2img_and_inpaint
 from accel.parallel.plan_format import FromDiffusers, SequenceSplit, TensorPlan
 
 if TYPE_CHECKING:
@@ -145,8 +145,7 @@ FAMILY = Family(
     # image stream, so they are cut with it. The ControlNet pipelines need a ControlNet model, and
     # the Control img2img / inpaint ones a second (control) image: build them in a script and apply.
     variants=(
-        Variant("FluxImg2ImgPipeline", image="image"),
-        Variant("FluxInpaintPipeline", image="image", mask="mask_image"),
+        *img2img_and_inpaint("FluxPipeline", "Flux"),
         Variant("FluxKontextPipeline", image="image", area="max_area"),
         Variant(
             "FluxKontextInpaintPipeline",

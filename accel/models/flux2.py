@@ -203,7 +203,7 @@ KLEIN = Family(
     # process (with the cache, quantization and compile); Ulysses and Ring are refused.
     variants=(
         Variant("Flux2KleinPipeline", image="image", optional=("image",), pictures=10),
-        Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image"),
+        Variant("Flux2KleinInpaintPipeline", image="image", mask="mask_image", same_weights_as="Flux2KleinPipeline"),
         Variant(
             "Flux2KleinKVPipeline",
             image="image",

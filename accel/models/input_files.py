@@ -157,3 +157,11 @@ def condition_object(spec: Conditions, content: Any, index: int, strength: float
     field = spec.video if isinstance(content, list) and spec.video else spec.frames
     position = {spec.index: index} if spec.index else {}
     return cls(**{field: content, **position, spec.strength: strength}, **dict(spec.tiny if tiny else ()))
+
+
+def takes_files(kwargs: dict[str, Any]) -> bool:
+    """Whether a call's keyword arguments (generation_kwargs) hold input files from the recipe."""
+    return any(
+        isinstance(value, (InputImage, InputVideo, InputImages, InputLatents, InputConditions))
+        for value in kwargs.values()
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
-from accel.models.variant_format import Variant
+from accel.models.variant_format import Variant, img2img_and_inpaint
 from accel.parallel.plan_format import FromDiffusers, SequenceSplit, TensorPlan
 
 if TYPE_CHECKING:
@@ -152,11 +152,16 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, negative_prompt=" ", true_cfg_scale=4.0),
     # The edit pipelines put the input picture's latents after the generated ones in the image stream.
     variants=(
-        Variant("QwenImageImg2ImgPipeline", image="image"),
-        Variant("QwenImageInpaintPipeline", image="image", mask="mask_image"),
+        *img2img_and_inpaint("QwenImagePipeline", "QwenImage"),
         Variant("QwenImageEditPipeline", image="image", tiny=build_tiny_edit),
         # Several pictures to combine (Qwen-Image-Edit-2509: one to three): --image, then --reference.
         Variant("QwenImageEditPlusPipeline", image="image", tiny=build_tiny_edit_plus, pictures=3),
-        Variant("QwenImageEditInpaintPipeline", image="image", mask="mask_image", tiny=build_tiny_edit),
+        Variant(
+            "QwenImageEditInpaintPipeline",
+            image="image",
+            mask="mask_image",
+            tiny=build_tiny_edit,
+            same_weights_as="QwenImageEditPipeline",
+        ),
     ),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
-from accel.models.variant_format import Variant
+from accel.models.variant_format import img2img_and_inpaint
 from accel.parallel.plan_format import (
     DIFFUSERS_MLP,
     JOINT_ATTENTION,
@@ -156,8 +156,5 @@ FAMILY = Family(
     tiny_heads=4,
     tiny=build_tiny,
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=3.5),
-    variants=(
-        Variant("StableDiffusion3Img2ImgPipeline", image="image"),
-        Variant("StableDiffusion3InpaintPipeline", image="image", mask="mask_image"),
-    ),
+    variants=(*img2img_and_inpaint("StableDiffusion3Pipeline", "StableDiffusion3"),),
 )

@@ -161,3 +161,16 @@ class Variant:
     latent_output: tuple[str, ...] = ()
     components: tuple[Component, ...] = ()
     fps: Callable[[Mapping[str, Any]], float] | None = None
+    # The pipeline class whose checkpoint this one runs as it is (img2img and inpaint on the
+    # text-to-image weights): a server of either answers the other's requests on the same modules
+    # (accel/serve/tasks.py). None: its own checkpoint, or not known to share one.
+    same_weights_as: str | None = None
+
+
+def img2img_and_inpaint(base: str, prefix: str) -> tuple[Variant, Variant]:
+    """`{prefix}Img2ImgPipeline` and `{prefix}InpaintPipeline`: what diffusers builds on a text-to-image
+    checkpoint (`base`) as it is, taking `image` (and `mask_image`)."""
+    return (
+        Variant(f"{prefix}Img2ImgPipeline", image="image", same_weights_as=base),
+        Variant(f"{prefix}InpaintPipeline", image="image", mask="mask_image", same_weights_as=base),
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accel.models.base import Acceleration, BlockList, Family, GenerationDefaults
-from accel.models.variant_format import Variant
+from accel.models.variant_format import img2img_and_inpaint
 from accel.parallel.plan_format import ParallelPlan, SELF_ATTENTION, SequenceSplit, TensorPlan, split_layers
 
 if TYPE_CHECKING:
@@ -127,8 +127,5 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=64, width=64, guidance_scale=0.0),
     # Same transformer call; the input picture only sets the starting latents (and the mask blends).
     # The Omni pipeline needs a SigLIP2 image tower and the ControlNet ones a ControlNet model.
-    variants=(
-        Variant("ZImageImg2ImgPipeline", image="image"),
-        Variant("ZImageInpaintPipeline", image="image", mask="mask_image"),
-    ),
+    variants=(*img2img_and_inpaint("ZImagePipeline", "ZImage"),),
 )

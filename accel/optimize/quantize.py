@@ -188,14 +188,15 @@ def _named(names: set[str]) -> Callable[[nn.Module, str], bool]:
     return lambda module, name: isinstance(module, nn.Linear) and name in names
 
 
-def refuse_on_quantized(pipe: Any, transformers: dict[str, nn.Module], scheme: str) -> list[Callable[[], None]]:
+def refuse_on_quantized(pipe: Any | None, transformers: dict[str, nn.Module], scheme: str) -> list[Callable[[], None]]:
     """Wrap the methods that fail deep inside torchao on quantized weights, so each says so in one line
     instead: `save_pretrained` as safetensors (the pipeline's, before it writes any file, and each
     transformer's), and `fuse_qkv_projections` (the pipeline's and each transformer's). Returns the undos."""
     from accel.hooks import LORA, wrap
 
     undo: list[Callable[[], None]] = []
-    owners: list[tuple[str, Any]] = [("pipe", pipe)] + [(f"pipe.{attr}", t) for attr, t in transformers.items()]
+    owners: list[tuple[str, Any]] = [("pipe", pipe)] if pipe is not None else []
+    owners += [(f"pipe.{attr}", t) for attr, t in transformers.items()]
     for where, owner in owners:
         if callable(getattr(owner, "save_pretrained", None)):
             undo.append(

@@ -18,6 +18,7 @@ on every rank; a pipeline none of whose encoders has one is refused. The split a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,11 @@ class FirstRankEncodes:
         self.leads = dist.get_rank() == self.source
         if not self.leads:
             pipe.register_modules(**{name: None for name in text_encoder_names(pipe)})
-        self.remove = wrap(pipe, METHOD, "accel.encoders.first_rank", ENCODE, self._encode)
+        self.remove = self.also_on(pipe)
+
+    def also_on(self, pipe: Any) -> Callable[[], None]:
+        """The same for a pipeline on the same encoders (AccelHandle.attach); returns its undo."""
+        return wrap(pipe, METHOD, "accel.encoders.first_rank", ENCODE, self._encode)
 
     def _encode(self, call_next: Any, *args: Any, **kwargs: Any) -> Any:
         if self.leads:
@@ -151,7 +156,11 @@ class EncodesOnCpu:
         self.devices = {name: next(encoder.parameters()).device for name, encoder in self.encoders.items()}
         for encoder in self.encoders.values():
             encoder.to("cpu")
-        self._unwrap = wrap(pipe, METHOD, "accel.encoders.on_cpu", ENCODE_ON_CPU, self._encode)
+        self._unwrap = self.also_on(pipe)
+
+    def also_on(self, pipe: Any) -> Callable[[], None]:
+        """The same for a pipeline on the same encoders (AccelHandle.attach); returns its undo."""
+        return wrap(pipe, METHOD, "accel.encoders.on_cpu", ENCODE_ON_CPU, self._encode)
 
     def _encode(self, call_next: Any, *args: Any, **kwargs: Any) -> Any:
         return _moved(call_next(*args, **{**kwargs, "device": torch.device("cpu")}), self.device)

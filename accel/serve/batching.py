@@ -43,7 +43,7 @@ def batch_key(job: Job) -> Hashable | None:
     """What a job's batch-mates must share with it; None for a job that runs alone."""
     if job.stop or job.id == 0 or set(job.generate) - {*PER_SAMPLE, *SHARED} or "prompt" not in job.generate:
         return None
-    return job.kind, job.loras, tuple((key, job.generate.get(key)) for key in SHARED)
+    return job.kind, job.pipeline, job.loras, tuple((key, job.generate.get(key)) for key in SHARED)
 
 
 def max_batch_for(settings: Any, most: int) -> int:
@@ -64,13 +64,13 @@ def batch_refusal(pipe: Any, kwargs: dict[str, Any]) -> str | None:
     call from the server's recipe takes input files (one for the whole batch is not what each
     request asked), its family does not batch prompts faithfully (`Family.batches`), or its result
     holds one sample's output or sound."""
-    from accel.models.input_files import InputImage, InputVideo, InputVideos
+    from accel.models.input_files import takes_files
     from accel.models.registry import family_of
 
     family = family_of(pipe)
     if not family.batches:
         return f"{family.title}'s pipeline does not give a batched prompt its own output"
-    if any(isinstance(value, (InputImage, InputVideo, InputVideos)) for value in kwargs.values()):
+    if takes_files(kwargs):
         return "its call takes the recipe's input files"
     if (family.result is not None and not family.result.batched) or (
         family.audio is not None and not family.audio.batched

@@ -36,7 +36,17 @@ from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.limits import Limits
 from accel.serve.playground import REQUEST_ID_CHARS, add_playground
 from accel.serve.replica import Outcome
-from accel.serve.requests import BadRequest, ImageRequest, Job, Served, VideoRequest, to_job, validation_message
+from accel.serve.requests import (
+    BadRequest,
+    ImageRequest,
+    Job,
+    Served,
+    VideoRequest,
+    chosen_pipeline,
+    to_job,
+    validation_message,
+    variant_of_job,
+)
 from accel.serve.security import Door, Guard
 from accel.serve.uploads import check_pictures, pipelines_that_do, request_fields, save_picture
 from accel.serve.video_jobs import VideoJobs
@@ -159,9 +169,9 @@ def _stopped(outcome: Outcome, limits: Limits) -> JSONResponse:
     return _error(499, "the client closed the request", "invalid_request_error")  # nobody reads it
 
 
-def check_edit(served: Served, uploads: dict[str, list[Any]]) -> None:
-    """An edit the served pipeline can make: it makes pictures from one, and gets what it needs."""
-    variant = served.variant
+def check_edit(served: Served, uploads: dict[str, list[Any]], variant: Any) -> None:
+    """An edit the pipeline chosen for it (`variant`: the served one or a sibling) can make: it makes
+    pictures from one, and gets what it needs."""
     if served.output != "image" or variant is None or variant.image is None:
         raise BadRequest(None, f"{served.name}'s pipeline edits no pictures; {pipelines_that_do(served, 'image')}")
     images = uploads.get("image", [])
@@ -172,7 +182,8 @@ def check_edit(served: Served, uploads: dict[str, list[Any]]) -> None:
         raise BadRequest("image", f"image: {variant.pipeline_class} takes {most}, not {len(images)}")
     if len(uploads.get("mask", [])) > 1:
         raise BadRequest("mask", "mask: one mask")
-    if variant.mask is not None and "mask" not in variant.optional and not uploads.get("mask") and served.needs_mask:
+    needs_mask = served.needs_mask or variant is not served.variant  # a sibling never has the recipe's mask
+    if variant.mask is not None and "mask" not in variant.optional and not uploads.get("mask") and needs_mask:
         raise BadRequest("mask", f"mask: {variant.pipeline_class} repaints where a mask says; upload one")
 
 
@@ -224,12 +235,16 @@ def build_app(
         return _error(503, str(busy), "server_error")
 
     async def answer(
-        endpoint: str, request: Request, body: ImageRequest | VideoRequest, inputs: Callable[[Job], Job] = lambda j: j
+        endpoint: str,
+        request: Request,
+        body: ImageRequest | VideoRequest,
+        inputs: Callable[[Job], Job] = lambda j: j,
+        given: frozenset[str] = frozenset(),
     ) -> JSONResponse:
         start = time.perf_counter()
         named = request.headers.get("x-request-id", "")[:REQUEST_ID_CHARS] or None
         try:
-            job = inputs(to_job(body, served, next(counter)))
+            job = inputs(to_job(body, served, next(counter), given))
             if named is not None:
                 in_flight[named] = job.id
             outcome = await _unless_gone(
@@ -267,30 +282,33 @@ def build_app(
         with tempfile.TemporaryDirectory(prefix="accel-edit-") as folder:
             try:
                 fields, uploads = await request_fields(request, ("image", "mask"))
-                check_edit(served, uploads)
                 try:
                     body = ImageRequest.model_validate(fields)
                 except ValidationError as invalid:
                     raise validation_message(list(invalid.errors())) from None
+                given = frozenset(name for name, found in uploads.items() if found)
+                variant = variant_of_job(served, chosen_pipeline(served, body, given))
+                check_edit(served, uploads, variant)
                 saved = {
                     name: [save_picture(upload, Path(folder) / f"{name}-{index}") for index, upload in enumerate(found)]
                     for name, found in uploads.items()
                 }
                 for name, paths in saved.items():
                     for path in paths:
-                        check_pictures(served, {name: path})
+                        check_pictures(served, {name: path}, variant)
             except BadRequest as bad:
                 metrics.requests.labels("/v1/images/edits", "400").inc()
                 return _error(400, bad.message, "invalid_request_error", bad.param)
             # The first picture is the one to edit; the others follow it in the call's list ([generate] references).
-            given: dict[str, Any] = {name: str(paths[0]) for name, paths in saved.items()}
+            pictures: dict[str, Any] = {name: str(paths[0]) for name, paths in saved.items()}
             if len(saved["image"]) > 1:
-                given["references"] = tuple(str(path) for path in saved["image"][1:])
+                pictures["references"] = tuple(str(path) for path in saved["image"][1:])
             return await answer(
                 "/v1/images/edits",
                 request,
                 body,
-                lambda job: dataclasses.replace(job, generate={**job.generate, **given}),
+                lambda job: dataclasses.replace(job, generate={**job.generate, **pictures}),
+                given,
             )
 
     @app.post("/v1/videos/generations")
@@ -315,7 +333,17 @@ def build_app(
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
-            "data": [{"id": served.name, "object": "model", "created": started, "owned_by": "accel"}],
+            "data": [
+                {
+                    "id": served.name,
+                    "object": "model",
+                    "created": started,
+                    "owned_by": "accel",
+                    # accel: the pipeline classes a request's `pipeline` may name (the served one first)
+                    "pipelines": list(served.pipelines)
+                    or [v.pipeline_class for v in (served.variant,) if v is not None],
+                }
+            ],
         }
 
     @app.get("/health")

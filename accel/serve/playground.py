@@ -39,16 +39,27 @@ def add_playground(
 ) -> None:
     """The two endpoints; with `page`, the page and its files too. `error`: the front's OpenAI-shaped refusal."""
 
+    from accel.serve.tasks import needs
+
+    family = served.family
+
     @app.get("/v1/playground")
     async def playground() -> dict[str, Any]:
-        variant = served.variant
+        # The served pipeline and its siblings on the same weights (accel/serve/tasks.py): a field shows
+        # where any of them takes it, and is required where each of them does.
+        others = [
+            v
+            for name, v in served.pipelines.items()
+            if v is not served.variant and family.output_of(name) == served.output
+        ]
+        variants = [v for v in (served.variant, *others) if v is not None]
         return {
             "model": served.name,
             "output": served.output,
-            "picture": served.needs_picture or bool(variant is not None and variant.image is not None),
-            "needs_picture": served.needs_picture,
-            "mask": bool(variant is not None and variant.mask is not None),
-            "needs_mask": served.needs_mask,
+            "picture": served.needs_picture or any(v.image is not None for v in variants),
+            "needs_picture": served.needs_picture and all("image" in needs(v, set()) for v in others),
+            "mask": any(v.mask is not None for v in variants),
+            "needs_mask": served.needs_mask and all("mask" in needs(v, {"image"}) for v in others),
             "defaults": served.defaults,
             "max_images": MAX_IMAGES,
             "loras": sorted(served.loras),

@@ -69,6 +69,8 @@ class Replica:
         self.leader = leader
         # Only the leader reads the board; every rank takes part in the verdict at each step.
         self.gate = StepGate(pipe, board if self._rank() == leader else None, group, time_limit_s)
+        # Pipelines on the served one's modules that requests have asked for, by class (accel/serve/tasks.py).
+        self.siblings: dict[str, Any] = {}
 
     def close(self) -> None:
         self.gate.close()
@@ -165,7 +167,7 @@ class Replica:
 
         _settings, kwargs = self._call(batch.jobs[0])  # what the batch shares is the first job's
         prompts, seeds = zip(*batch.samples)
-        return generate_batch(self.pipe, kwargs, list(prompts), list(seeds))
+        return generate_batch(self._pipe_for(batch.jobs[0]), kwargs, list(prompts), list(seeds))
 
     def _finished(self, job: Job, outputs: list[tuple[Any, Any]], seconds: float) -> Outcome:
         if self._rank() != self.leader:
@@ -193,7 +195,8 @@ class Replica:
         from accel.generate import generate_with_audio
 
         settings, kwargs = self._call(job)
-        return [generate_with_audio(self.pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
+        pipe = self._pipe_for(job)
+        return [generate_with_audio(pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
 
     def _call(self, job: Job) -> tuple[Recipe, dict[str, Any]]:
         """The job's LoRAs switched on, its settings over the server's recipe, and the call's keyword arguments."""
@@ -202,8 +205,22 @@ class Replica:
 
         if self.adapters is not None:  # every rank switches alike: the job is the same on all of them
             self.adapters.use(job.loras)
-        settings = self.recipe.with_overrides({"generate": job.generate}, source="request")
-        return settings, generation_kwargs(family_of(self.pipe), self.tiny, settings, self.pipe)
+        overrides: dict[str, Any] = {"generate": job.generate}
+        if job.pipeline is not None:
+            overrides["model"] = {"pipeline": job.pipeline}
+        settings = self.recipe.with_overrides(overrides, source="request")
+        pipe = self._pipe_for(job)
+        return settings, generation_kwargs(family_of(pipe), self.tiny, settings, pipe)
+
+    def _pipe_for(self, job: Job) -> Any:
+        """The served pipeline, or the sibling the job names, built on its modules at first use."""
+        if job.pipeline is None:
+            return self.pipe
+        if job.pipeline not in self.siblings:
+            from accel.serve.tasks import build_sibling
+
+            self.siblings[job.pipeline] = build_sibling(self.pipe, self.handle, job.pipeline)
+        return self.siblings[job.pipeline]
 
     def _gather(self, error: str | None) -> list[str | None]:
         if self.group is None:

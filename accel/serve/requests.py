@@ -54,6 +54,11 @@ class _Common(BaseModel):
     lora: dict[str, float] | None = Field(
         None, description='LoRAs the server registered, by name, with their scales (accel): {"pixel": 0.8}.'
     )
+    pipeline: str | None = Field(
+        None,
+        description="The diffusers pipeline class to run (accel), among those on the served weights "
+        "(GET /v1/models lists them); unset: the one the request's pictures ask for.",
+    )
 
 
 class ImageRequest(_Common):
@@ -78,6 +83,7 @@ class Job:
     count: int = 1
     stop: bool = False
     loras: tuple[tuple[str, float], ...] = ()  # (name, scale) of the registered LoRAs it runs with
+    pipeline: str | None = None  # a sibling pipeline class on the served weights to run (None: the served one)
 
 
 @dataclass
@@ -99,15 +105,20 @@ class Served:
     loras: dict[str, str] = field(default_factory=dict)  # the LoRAs requests may name, by name (their files)
     max_batch: int = 1  # outputs one pipeline call may make for several requests
     batch_refusal: str | None = None  # why it runs every request alone whatever --max-batch says
+    # The pipelines a request may run, by class: the served one first, then those on its weights
+    # (accel/serve/tasks.py). Only the served one where the recipe gives input files.
+    pipelines: dict[str, Any] = field(default_factory=dict)
 
 
-def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) -> Job:
+def to_job(
+    request: ImageRequest | VideoRequest, served: Served, job_id: int, given: frozenset[str] = frozenset()
+) -> Job:
+    """The job for `request`, which uploads pictures under the names `given` (image, mask)."""
     kind: Literal["image", "video"] = "video" if isinstance(request, VideoRequest) else "image"
     if kind != served.output:
         other = "/v1/videos" if served.output == "video" else "/v1/images/generations"
         raise BadRequest(None, f"{served.name} makes {served.output}s, not {kind}s: POST {other}")
-    if request.model is not None and request.model != served.name:
-        raise BadRequest("model", f"model: this server serves {served.name!r}, not {request.model!r}")
+    pipeline = chosen_pipeline(served, request, given)
     if request.response_format != "b64_json":
         raise BadRequest(
             "response_format",
@@ -155,7 +166,32 @@ def to_job(request: ImageRequest | VideoRequest, served: Served, job_id: int) ->
     except ValueError as unknown:
         raise BadRequest("lora", str(unknown)) from None
     generate["seed"] = request.seed if request.seed is not None else random.randint(0, SEED_LIMIT - MAX_IMAGES)
-    return Job(job_id, kind, generate, count, loras=loras)
+    return Job(job_id, kind, generate, count, loras=loras, pipeline=pipeline)
+
+
+def chosen_pipeline(served: Served, request: ImageRequest | VideoRequest, given: frozenset[str]) -> str | None:
+    """The sibling pipeline class a request runs on (None: the served one): its `pipeline` field, or
+    a pipeline class as its `model`, else the one its pictures ask for (accel/serve/tasks.py)."""
+    from accel.serve.tasks import pipeline_for
+
+    asked = request.pipeline
+    if request.model is not None and request.model != served.name:
+        if request.model not in served.pipelines:
+            raise BadRequest("model", f"model: this server serves {served.name!r}, not {request.model!r}")
+        if asked is not None and asked != request.model:
+            raise BadRequest("pipeline", f"pipeline: {asked!r} differs from model {request.model!r}; give one")
+        asked = request.model
+    if served.variant is None:
+        return None
+    try:
+        return pipeline_for(served.family, served.variant, served.pipelines, served.output, given, asked)
+    except ValueError as unknown:
+        raise BadRequest("pipeline", str(unknown)) from None
+
+
+def variant_of_job(served: Served, pipeline: str | None) -> Any:
+    """The Variant a job runs: the served one, or the sibling it names."""
+    return served.variant if pipeline is None else served.pipelines[pipeline]
 
 
 def frames_for_seconds(family: Any, text: str) -> int:

@@ -203,7 +203,9 @@ def _served(
     """What the front checks requests against: the pipeline call's own defaults (a request's unset
     sizes and steps count at these in its work), the limits, the transformer's positional range."""
     from accel.models.call import generation_kwargs
+    from accel.models.input_files import takes_files
     from accel.serve.batching import batch_refusal
+    from accel.serve.tasks import siblings_of
     from accel.serve.limits import positional_limits, token_counters
 
     call = generation_kwargs(family, tiny, recipe, pipe)
@@ -214,6 +216,9 @@ def _served(
         "steps": call.get("num_inference_steps"),
         "frames": call.get(family.frames_arg) if family.frames_arg else None,
     }
+    # Siblings run the request's pictures, never the recipe's files; model offload chains one pipeline's modules.
+    alone = takes_files(call) or recipe.memory.offload == "model"
+    pipelines = {variant.pipeline_class: variant} if alone else siblings_of(family, variant)
     return Served(
         recipe.model.name,
         family,
@@ -228,6 +233,7 @@ def _served(
         dict(loras),
         max_batch if refusal is None else 1,
         refusal,
+        pipelines,
     )
 
 

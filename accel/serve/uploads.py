@@ -69,15 +69,16 @@ def save_picture(upload: Any, path_stem: Path) -> Path:
     return path
 
 
-def check_pictures(served: Served, pictures: dict[str, Path]) -> None:
-    """The saved uploads, by input name (image, mask), as the served pipeline takes them: one it
-    takes no such input for, or one Pillow cannot read, is a BadRequest naming the field."""
+def check_pictures(served: Served, pictures: dict[str, Path], variant: Any) -> None:
+    """The saved uploads, by input name (image, mask), as the pipeline chosen for them (`variant`,
+    the served one or a sibling) takes them: one it takes no such input for, or one Pillow cannot
+    read, is a BadRequest naming the field."""
     from accel.models.input_checks import readable_picture
 
-    variant = served.variant
     for name, path in pictures.items():
         if variant is None or getattr(variant, name) is None:
-            raise BadRequest(name, f"{name}: {served.name}'s pipeline takes no {name}")
+            owner = f"{served.name}'s pipeline" if variant is served.variant else variant.pipeline_class
+            raise BadRequest(name, f"{name}: {owner} takes no {name}")
         try:
             readable_picture(name, str(path))
         except UserError as bad:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from accel.serve.dispatch import Dispatcher, QueueFull, ShuttingDown
 from accel.serve.replica import Outcome
-from accel.serve.requests import BadRequest, Job, Served, VideoRequest, to_job, validation_message
+from accel.serve.requests import BadRequest, Job, Served, VideoRequest, to_job, validation_message, variant_of_job
 from accel.serve.uploads import check_pictures, pipelines_that_do, request_fields, save_picture
 from accel.serve.video_jobs import VideoJob, VideoJobs, is_id
 
@@ -93,9 +93,9 @@ def add_video_routes(
                 body = VideoRequest.model_validate(fields)
             except ValidationError as invalid:
                 raise validation_message(list(invalid.errors())) from None
-            job = to_job(body, served, next(counter))
+            job = to_job(body, served, next(counter), frozenset({"image"}) if upload is not None else frozenset())
             assert jobs is not None  # to_job refused a video request to an image server
-            if upload is None and served.needs_picture:
+            if upload is None and job.pipeline is None and served.needs_picture:
                 raise BadRequest(
                     "input_reference", f"input_reference: {served.name}'s pipeline starts from a picture; upload one"
                 )
@@ -183,7 +183,8 @@ def _with_picture(job: Job, record: VideoJob, upload: Any, jobs: VideoJobs, serv
     pipeline that takes one."""
     from dataclasses import replace
 
-    if served.variant is None or served.variant.image is None:
+    variant = variant_of_job(served, job.pipeline)
+    if variant is None or variant.image is None:
         jobs.delete(record.id)
         raise BadRequest(
             "input_reference",
@@ -191,7 +192,7 @@ def _with_picture(job: Job, record: VideoJob, upload: Any, jobs: VideoJobs, serv
         )
     path = save_picture(upload, jobs.input_path(record.id, ""))
     try:
-        check_pictures(served, {"image": path})
+        check_pictures(served, {"image": path}, variant)
     except BadRequest as bad:
         jobs.delete(record.id)
         raise BadRequest("input_reference", bad.message.replace("image", "input_reference", 1)) from None

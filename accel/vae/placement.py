@@ -12,6 +12,7 @@ writes, reports or answers; `accel.generate` gives them no output).
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from collections.abc import Callable
 from typing import Any
 
@@ -62,14 +63,20 @@ class OtherRanksSkipDecode:
                 device = parameter.device
                 vae.to("cpu")
                 self._undo.append(lambda: vae.to(device))
-        self._signature = inspect.signature(pipe.__call__)
-        self._undo.append(wrap_call(pipe, NAME, VAE_PLACEMENT, self._call))
+        self._undo.append(self.also_on(pipe))
 
-    def _call(self, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        bound = self._signature.bind_partial(*args, **kwargs)  # output_type given by position or keyword alike
-        bound.arguments["output_type"] = "latent"
-        return call_next(*bound.args, **bound.kwargs)
+    def also_on(self, pipe: Any) -> Callable[[], None]:
+        """The same for a pipeline on the same VAE (AccelHandle.attach); returns its undo."""
+        if self.leads:
+            return lambda: None
+        return wrap_call(pipe, NAME, VAE_PLACEMENT, partial(_ask_for_latents, inspect.signature(pipe.__call__)))
 
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def _ask_for_latents(signature: inspect.Signature, call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    bound = signature.bind_partial(*args, **kwargs)  # output_type given by position or keyword alike
+    bound.arguments["output_type"] = "latent"
+    return call_next(*bound.args, **bound.kwargs)
