@@ -351,6 +351,25 @@ def test_an_image_to_video_pipeline_takes_the_uploaded_picture_checked_as_accel_
         assert not kept.exists()  # the upload goes with the job's end
 
 
+def test_a_picture_on_a_text_to_video_server_runs_its_image_to_video_sibling(tmp_path: Path) -> None:
+    """LTX-2's checkpoint makes videos from a prompt or from a picture: a text-to-video server gives a
+    job with an input_reference to LTX2ImageToVideoPipeline (tests/test_siblings.py runs siblings)."""
+    from accel.models.variants import variant_of
+    from accel.serve.tasks import siblings_of
+
+    family = FAMILIES["ltx2"]
+    variant = variant_of(family, "LTX2Pipeline")
+    served = Served("tiny-ltx2", family, "video", dict(WAN_DEFAULTS), variant=variant)
+    served.pipelines = siblings_of(family, variant)
+    with serve_front(tmp_path / "videos", served=served) as front:
+        for upload in (None, ("fox.png", picture((64, 64)))):
+            created = front.client.videos.create(prompt="a red fox", **({"input_reference": upload} if upload else {}))
+            wait_for(front, created.id, "completed")
+        alone, from_picture = front.replica.jobs
+        assert alone.pipeline is None and "image" not in alone.generate
+        assert from_picture.pipeline == "LTX2ImageToVideoPipeline" and "image" in from_picture.generate
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

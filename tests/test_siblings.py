@@ -19,6 +19,7 @@ from accel.models.registry import FAMILIES
 from accel.models.variants import variant_of
 from accel.serve.tasks import pipeline_for, siblings_of
 from conftest import FLUX_CALL
+from families import FAMILY_CASES
 
 TOLERANCE = 1e-4
 FOX = Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8))
@@ -31,11 +32,19 @@ EDITS = {
 }
 
 
-@pytest.mark.parametrize("pipeline_class", sorted(EDITS))
-def test_an_attached_sibling_equals_the_sibling_accelerated_alone(pipeline_class: str) -> None:
-    call = EDITS[pipeline_class]
-    alone, alone_calls = cases.sibling_run("tiny-flux", pipeline_class, CACHED, call, attached=False)
-    attached, attached_calls = cases.sibling_run("tiny-flux", pipeline_class, CACHED, call)
+ALONE = [
+    *(("tiny-flux", name, call) for name, call in sorted(EDITS.items())),
+    # LTX-2 makes a video (and its sound) from a prompt or a picture with one checkpoint
+    ("tiny-ltx2", "LTX2ImageToVideoPipeline", dict(FAMILY_CASES["ltx2"].call, image=FOX, image_crf=0)),
+]
+
+
+@pytest.mark.parametrize("model, pipeline_class, call", ALONE, ids=[row[1] for row in ALONE])
+def test_an_attached_sibling_equals_the_sibling_accelerated_alone(
+    model: str, pipeline_class: str, call: dict[str, Any]
+) -> None:
+    alone, alone_calls = cases.sibling_run(model, pipeline_class, CACHED, call, attached=False)
+    attached, attached_calls = cases.sibling_run(model, pipeline_class, CACHED, call)
     assert np.array_equal(attached, alone)
     assert attached_calls == alone_calls and any(cached for *_, cached in attached_calls)
 

@@ -206,7 +206,7 @@ FAMILY = Family(
     tiny_defaults=GenerationDefaults(steps=4, height=96, width=128, frames=9, guidance_scale=3.0),
     variants=(
         # Image-to-video puts the picture's latents in the first latent frame and keeps them there.
-        Variant("LTXImageToVideoPipeline", image="image"),
+        Variant("LTXImageToVideoPipeline", image="image", same_weights_as="LTXPipeline"),
         # A picture or a clip at `frame_index` (--arg frame_index=8 --arg strength=0.9), several of
         # them (--condition PATH@FRAME:STRENGTH, repeatable), or none (text-to-video): at frame 0 its
         # latents blend into the first latent frames, elsewhere its tokens join the sequence before

@@ -144,7 +144,9 @@ FAMILY = Family(
     # weights the pipeline first re-compresses it with H.264 as in training (PyAV: pip install av);
     # the tiny variant, trained on nothing, skips that.
     variants=(
-        Variant("LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),)),
+        Variant(
+            "LTX2ImageToVideoPipeline", image="image", tiny_fixed=(("image_crf", 0),), same_weights_as="LTX2Pipeline"
+        ),
         # Keyframes: a condition at latent frame 0 replaces that frame's latents (timestep 0 on its
         # tokens, as image-to-video); one elsewhere joins the video tokens as extra tokens with its
         # own positions, cut with them.
