@@ -57,8 +57,6 @@ def registered_loras(given: Sequence[str] | None, folder: Path | None) -> dict[s
 def lora_refusal(settings: Any) -> str | None:
     """Why this server's layout cannot switch LoRAs per request (None: it can)."""
     fuse = "; fuse one LoRA into the model with the recipe's [model] lora instead"
-    if settings.compile.enabled:
-        return f"--lora with [compile] on is not served yet: each switch of adapters would recompile the blocks{fuse}"
     if settings.parallel.tp > 1:
         return f"--lora with tensor parallelism is not served yet: the adapters would need splitting too{fuse}"
     if settings.quant.type != "none":
@@ -95,18 +93,32 @@ def chosen_loras(given: Mapping[str, float] | None, registered: Mapping[str, str
 
 
 class Adapters:
-    """The pipeline's loaded adapters, at most `most` (least recently used dropped first)."""
+    """The pipeline's loaded adapters, at most `most` (least recently used dropped first).
 
-    def __init__(self, pipe: Any, registered: Mapping[str, str], most: int) -> None:
+    With `compiled` blocks, switching adapters the usual way (set_adapters) recompiles them: the
+    compiled code specializes on the list of active adapters and on each scale, a Python float.
+    So there every loaded LoRA sits in a slot (an adapter named `accel_slot_K`), every slot stays
+    active, and a switch only writes the scales into tensors the compiled code reads: the chosen
+    LoRAs' at their scales, the others' at 0. The blocks compile again only when a slot is first
+    filled or takes a LoRA of another rank or other layers."""
+
+    def __init__(self, pipe: Any, registered: Mapping[str, str], most: int, compiled: bool = False) -> None:
         self.pipe = pipe
         self.registered = dict(registered)
         self.most = most
-        self.loaded: OrderedDict[str, None] = OrderedDict()
+        self.compiled = compiled
+        self.loaded: OrderedDict[str, str] = OrderedDict()  # LoRA name -> its adapter's name, least recent first
         self.active: Chosen = ()
+        # (id of a LoRA layer, slot) -> the scale tensor it reads and the LoRA's own scale (alpha / rank)
+        self._scales: dict[tuple[int, str], tuple[Any, float]] = {}
 
     def use(self, chosen: Chosen) -> None:
         """Make `chosen` the active adapters at their scales (none: the base weights alone)."""
         if chosen == self.active:
+            return
+        if self.compiled:
+            self._use_slots(chosen)
+            self.active = chosen
             return
         names = [name for name, _scale in chosen]
         for name in names:
@@ -122,14 +134,67 @@ class Adapters:
             self.pipe.disable_lora()
         self.active = chosen
 
-    def _make_room(self, keep: list[str]) -> None:
+    def _make_room(self, keep: list[str]) -> str | None:
+        """Drop the least recently used LoRAs not in `keep` until one more fits; the adapter name the
+        last one dropped had (a slot to refill), if any."""
+        freed = None
         while len(self.loaded) >= self.most:
             oldest = next((name for name in self.loaded if name not in keep), None)
             if oldest is None:
-                return  # the request itself names more than the cache holds: it gets them all
-            self.pipe.delete_adapters(oldest)
-            del self.loaded[oldest]
+                return freed  # the request itself names more than the cache holds: it gets them all
+            freed = self.loaded.pop(oldest)
+            self.pipe.delete_adapters(freed)
+        return freed
 
-    def _load(self, name: str) -> None:
-        load_adapter(self.pipe, Lora(self.registered[name]), name, f"LoRA {name}: ")
-        self.loaded[name] = None
+    def _load(self, name: str, adapter: str | None = None) -> None:
+        adapter = adapter or name
+        load_adapter(self.pipe, Lora(self.registered[name]), adapter, f"LoRA {name}: ")
+        self.loaded[name] = adapter
+
+    def _use_slots(self, chosen: Chosen) -> None:
+        names = [name for name, _scale in chosen]
+        filled = False
+        for name in names:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
+                continue
+            slot = self._make_room(keep=names)
+            taken = set(self.loaded.values())
+            slot = slot or next(f"accel_slot_{k}" for k in range(len(taken) + 1) if f"accel_slot_{k}" not in taken)
+            self._load(name, slot)
+            filled = True
+        if filled:  # every slot active from now on; set_adapters leaves float scales, replaced below
+            slots = list(self.loaded.values())
+            self.pipe.enable_lora()
+            self.pipe.set_adapters(slots, adapter_weights=[1.0] * len(slots))
+            self._scales = {}
+        wanted = dict.fromkeys(self.loaded.values(), 0.0)
+        for name, scale in chosen:
+            wanted[self.loaded[name]] = scale
+        self._write_scales(wanted)
+
+    def _write_scales(self, wanted: dict[str, float]) -> None:
+        """Each LoRA layer's scale of each slot, as a tensor written in place: peft's own scale
+        (set_scale: the LoRA's alpha over its rank, times the weight) with the compiled code's
+        graph unchanged."""
+        import torch
+        from peft.tuners.lora import LoraLayer
+
+        for component in self.pipe.components.values():
+            if not isinstance(component, torch.nn.Module):
+                continue
+            for module in component.modules():
+                if not isinstance(module, LoraLayer):
+                    continue
+                for slot, weight in wanted.items():
+                    if slot not in module.scaling:
+                        continue
+                    key = (id(module), slot)
+                    if key not in self._scales:
+                        module.set_scale(slot, 1.0)
+                        base = float(module.scaling[slot])
+                        device = next(module.parameters()).device
+                        self._scales[key] = (torch.tensor(base, dtype=torch.float32, device=device), base)
+                        module.scaling[slot] = self._scales[key][0]
+                    tensor, base = self._scales[key]
+                    tensor.fill_(weight * base)

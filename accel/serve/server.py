@@ -161,7 +161,7 @@ def run_replicas(
         job_group, pairs = _groups(world, per_replica, replicas, rank, recipe, pipe, device.type)
         board: Board = shared_board(rank, os.environ.get("MASTER_ADDR", "127.0.0.1")) if world > 1 else LocalBoard()
         handle = accel.apply(pipe, recipe)
-        adapters = Adapters(pipe, loras, max_loras) if loras else None
+        adapters = Adapters(pipe, loras, max_loras, compiled=recipe.compile.enabled) if loras else None
         replica = Replica(
             pipe, handle, recipe, ref.tiny, kind, job_group, leader, board, limits.request_timeout_s, adapters
         )
