@@ -215,3 +215,45 @@ def test_a_failed_item_is_tried_again_until_its_retries_are_spent_and_then_not_r
     tries.clear()
     again = run_once()  # a rerun: nothing left to try
     assert tries == [] and (again.already, len(again.failed), again.exit_code) == (2, 1, 1)
+
+
+def test_a_rerun_with_another_model_or_settings_makes_its_items_again_and_more_gpus_resume(tmp_path: Path) -> None:
+    """Done items are done for what made them: another model, seed, cache, quantization or LoRA file
+    makes the same lines anew; a rerun on another layout (more GPUs, compile) skips them."""
+    from accel.recipe import Recipe
+
+    from accel.batch.run import what_makes
+
+    path = _file(tmp_path, ['{"custom_id": "fox", "prompt": "a red fox"}'])
+    out = tmp_path / "out"
+    out.mkdir()
+    base = Recipe.from_dict({"model": {"name": "tiny-flux"}})
+    made_by = what_makes(base, {"pixel": "/loras/pixel.safetensors"})
+    ((item, _job),) = plan(BatchOptions(path, out), SERVED, 0, Manifest(out), Tally(), made_by)
+    manifest = Manifest(out)
+    manifest.append(Record.of(item, DONE, files=manifest.write_outputs(item, ".png", [b"fox"])))
+
+    def already(recipe: Recipe, loras: dict[str, str] | None = None) -> int:
+        tally = Tally()
+        plan(
+            BatchOptions(path, out),
+            SERVED,
+            0,
+            Manifest(out),
+            tally,
+            what_makes(recipe, loras or {"pixel": "/loras/pixel.safetensors"}),
+        )
+        return tally.already
+
+    assert already(base) == 1
+    for layout in ({"parallel": {"ulysses": 2}}, {"compile": {"enabled": True}}, {"vae": {"parallel": True}}):
+        assert already(base.with_overrides(layout)) == 1, layout
+    for other in (
+        {"model": {"name": "tiny-sd3"}},
+        {"generate": {"seed": 1}},
+        {"generate": {"steps": 9}},
+        {"cache": {"threshold": 0.1}},
+        {"quant": {"type": "int8wo"}},
+    ):
+        assert already(base.with_overrides(other)) == 0, other
+    assert already(base, {"pixel": "/loras/pixel-v2.safetensors"}) == 0

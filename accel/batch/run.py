@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import json
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +71,31 @@ def default_seed(base: int, item: Item) -> int:
     return (base + (item.line - 1) * MAX_IMAGES) % (SEED_LIMIT - MAX_IMAGES)
 
 
+def what_makes(recipe: Recipe, loras: dict[str, str]) -> str:
+    """What besides a line's own fields decides its output: the model and the [generate] (its seed
+    seeds lines without one), [cache], [quant] settings and VAE tiling, and the files the LoRA names
+    stand for. A rerun with other ones makes other outputs, so its items are not the done ones; the
+    layout ([parallel], [memory], [compile], the parallel decode) changes nothing beyond rounding, so
+    a run resumed on more GPUs skips what fewer made."""
+    settings = recipe.to_dict()
+    made_by = {name: settings[name] for name in ("model", "generate", "cache", "quant")}
+    made_by["vae_tiling"] = recipe.vae.tiling
+    made_by["loras"] = dict(sorted(loras.items()))
+    return json.dumps(made_by, sort_keys=True, default=str)
+
+
 def plan(
-    options: BatchOptions, served: Any, base_seed: int, manifest: Manifest, tally: Tally
+    options: BatchOptions,
+    served: Any,
+    base_seed: int,
+    manifest: Manifest,
+    tally: Tally,
+    made_by: str = "",
 ) -> list[tuple[Item, Job]]:
     """This shard's items still to do as jobs (a job's id is its item's line); bad lines and items
-    out of tries noted."""
+    out of tries noted. An item is known by its line's fields and `made_by` (`what_makes`)."""
     items, bad = read_items(options.requests)
+    items = [replace(item, digest=_digest(item.digest + made_by)) for item in items] if made_by else items
     ordinal = {line: position for position, line in enumerate(sorted([i.line for i in items] + [b.line for b in bad]))}
     jobs: list[tuple[Item, Job]] = []
     for item in items:
@@ -96,6 +117,10 @@ def plan(
     if options.strict and tally.bad:
         raise UserError(strict_refusal(options.requests, tally.bad))
     return jobs
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _job(item: Item, served: Any, base_seed: int) -> Job:
@@ -131,7 +156,8 @@ def run_batch(
         dispatcher = Dispatcher(replicas, (most + 1) * len(replicas), board=started.board, max_batch=most)
         try:  # whatever happens, the other replicas get their stop
             manifest = Manifest(options.out, options.shard)
-            jobs = plan(options, started.served, recipe.generate.seed, manifest, tally)
+            made_by = what_makes(recipe, options.loras)
+            jobs = plan(options, started.served, recipe.generate.seed, manifest, tally, made_by)
             for line in tally.bad:
                 announce(f"skipped {options.requests} {line}")
             suffix = ".png" if started.served.output == "image" else ".mp4"
