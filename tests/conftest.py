@@ -12,6 +12,12 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 set: rich would fix every console's width
+# at 80 from them (and so would the commands the tests start), where a serial run lets a test's own
+# COLUMNS choose. Each worker runs as a serial run does.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 # Verdicts of automatic parallel plans go to a folder of this session's, not the user's cache (rank
 # pools and spawned commands inherit it).
 os.environ.setdefault("ACCEL_CACHE_DIR", tempfile.mkdtemp(prefix="accel-test-cache-"))
