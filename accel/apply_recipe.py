@@ -289,7 +289,7 @@ def _apply_compile(handle: AccelHandle) -> None:
     if not settings.enabled:
         return
     for transformer in transformers_of(handle.pipe, handle.family).values():
-        regions = CompiledRegions(transformer, handle.family.blocks, settings.scope, settings.mode)
+        regions = CompiledRegions(transformer, handle.family.blocks, settings.scope, settings.mode, settings.backend)
         handle.compiled.append(regions)
         handle._undo.append(regions.remove)
 

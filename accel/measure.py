@@ -143,6 +143,7 @@ def measure_recipe(
             compiled = {
                 "scope": recipe.compile.scope,
                 "mode": recipe.compile.mode,
+                "backend": recipe.compile.backend,
                 "compiled_modules": sum(len(regions.modules) for regions in handle.compiled),
                 "graphs_warmup": result.graphs_warmup,
                 "graphs_timed": result.graphs_timed,

@@ -59,7 +59,7 @@ FULL: dict[str, Any] = {
     "parallel": {"gpus": 16, "ulysses": 2, "ring": 2, "cfg": 2, "tp": 2, "timeout": 120.0, "plan": "automatic"},
     "vae": {"parallel": True, "tiling": True, "all_ranks": True},
     "quant": {"type": "fp8dq", "scope": "transformer", "exclude": ["*.proj_out", "norm*"]},
-    "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer"},
+    "compile": {"enabled": True, "mode": "max-autotune", "scope": "transformer", "backend": "inductor"},
     "memory": {"text_encoder": "rank0", "vae": "replicated", "offload": "none"},
     "bench": {
         "variants": [

@@ -29,13 +29,17 @@ _NAME = "accel.compile"
 class CompiledRegions:
     """The compiled forwards installed on one transformer; `remove()` puts the eager ones back."""
 
-    def __init__(self, transformer: nn.Module, blocks: Sequence[BlockList], scope: str, mode: str) -> None:
+    def __init__(
+        self, transformer: nn.Module, blocks: Sequence[BlockList], scope: str, mode: str, backend: str = "inductor"
+    ) -> None:
         if scope == "blocks":
             self.modules = blocks_of(transformer, blocks)
         else:
             self.modules = [transformer]
         self._undo: list[Callable[[], None]] = []
         self._options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
+        if backend != "inductor":
+            self._options["backend"] = backend
         # One compiled function per distinct inner callable, made once: a stable callable per call
         # means dynamo's guards hold and nothing recompiles between calls.
         self._compiled: dict[Callable[..., Any], Callable[..., Any]] = {}

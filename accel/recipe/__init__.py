@@ -23,7 +23,7 @@ from os import PathLike
 from typing import Any
 
 from accel.errors import RecipeError
-from accel.recipe.checks import check_cache, check_sections, check_variants, show, suggest
+from accel.recipe.checks import check_cache, check_compile, check_sections, check_variants, show, suggest
 from accel.recipe.limits import read_capped
 from accel.recipe.sections import (
     ACCELERATORS,
@@ -67,6 +67,7 @@ class Recipe:
         raw_variants = bench.pop("variants", ())
         sections = {name: SECTIONS[name](**values.get(name, {})) for name in SECTIONS if name != "bench"}
         check_cache(source, sections["cache"])
+        check_compile(source, sections["compile"])
         variants = check_variants(source, raw_variants)
         return cls(**sections, bench=BenchSection(variants=variants, **bench), source=source)
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from accel.cache.config import cache_refusal
 from accel.errors import RecipeError
 from accel.recipe.limits import FLOAT32_MAX, PROMPT_CHARS_ENV, prompt_chars
-from accel.recipe.sections import SECTIONS, BenchVariant, CacheSection
+from accel.recipe.sections import SECTIONS, BenchVariant, CacheSection, CompileSection
 
 
 def check_cache(source: str, cache: CacheSection) -> None:
@@ -23,6 +23,15 @@ def check_cache(source: str, cache: CacheSection) -> None:
     refusal = cache_refusal(cache)
     if refusal is not None:
         raise RecipeError(f"{source}: {refusal}")
+
+
+def check_compile(source: str, compile: CompileSection) -> None:
+    """A mode tunes inductor's kernels: with another backend there are none to tune."""
+    if compile.mode != "default" and compile.backend != "inductor":
+        raise RecipeError(
+            f"{source}: [compile] mode = '{compile.mode}' tunes inductor's kernels, and backend = "
+            f"'{compile.backend}' makes none; set mode = 'default' or backend = 'inductor'"
+        )
 
 
 def check_sections(

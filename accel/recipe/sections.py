@@ -344,6 +344,11 @@ class CompileSection:
     scope: Literal["blocks", "transformer"] = key(
         "blocks", "Compile the repeated blocks (one graph per block class, fast to compile) or the whole transformer."
     )
+    backend: Literal["inductor", "aot_eager", "eager"] = key(
+        "inductor",
+        "torch.compile backend: inductor generates kernels; aot_eager and eager trace the same graphs (graph "
+        "breaks, recompiles) and run them with torch's own kernels, in seconds, to find what stops a compile.",
+    )
 
 
 @dataclass(frozen=True)
