@@ -151,8 +151,11 @@ def test_a_prompt_typed_in_the_page_in_a_real_browser_shows_the_picture_the_api_
                 page.goto(server.url)
                 page.wait_for_function("document.getElementById('status').textContent === 'ready'", timeout=30_000)
                 assert page.input_value("#width") == "64" and page.input_value("#steps") == "4"
-                # A text-to-image pipeline: no frames, no input picture, no mask to ask for.
-                assert all(page.is_hidden(f"#{name}-field") for name in ("frames", "picture", "mask"))
+                # A text-to-image pipeline: no frames; a picture and a mask to give if one likes (its img2img
+                # and inpaint siblings on the same weights edit them), neither asked for.
+                assert page.is_hidden("#frames-field")
+                assert all(page.is_visible(f"#{name}-field") for name in ("picture", "mask"))
+                assert not page.eval_on_selector("#picture", "e => e.required")
                 page.fill("#prompt", "a red fox in the snow")
                 page.fill("#seed", "11")
                 page.fill("input[data-lora=pixel]", "0.8")  # the server's one LoRA, at a scale
