@@ -119,10 +119,15 @@ def _item(number: int, raw: bytes, kind: str | None) -> Item:
     else:
         key = custom_id
     canonical = json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    item = Item(number, key, line, hashlib.sha256(canonical.encode()).hexdigest()[:16], wrapped_kind)
+    item = Item(number, key, line, digest(canonical), wrapped_kind)
     if kind is not None:
         item.request(kind)
     return item
+
+
+def digest(text: str) -> str:
+    """The short digest that tells one request (and what made it) from another."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _json_reason(error: Exception) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import json
 import signal
 import threading
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel.batch.items import BadLine, Item, read_items, strict_refusal
+from accel.batch.items import BadLine, Item, digest, read_items, strict_refusal
 from accel.batch.manifest import DONE, FAILED, WHOLE, Manifest, Record, Shard
 from accel.errors import UserError
 from accel.serve.requests import MAX_IMAGES, SEED_LIMIT, BadRequest, Job, to_job
@@ -95,7 +94,7 @@ def plan(
     """This shard's items still to do as jobs (a job's id is its item's line); bad lines and items
     out of tries noted. An item is known by its line's fields and `made_by` (`what_makes`)."""
     items, bad = read_items(options.requests)
-    items = [replace(item, digest=_digest(item.digest + made_by)) for item in items] if made_by else items
+    items = [replace(item, digest=digest(item.digest + made_by)) for item in items] if made_by else items
     ordinal = {line: position for position, line in enumerate(sorted([i.line for i in items] + [b.line for b in bad]))}
     jobs: list[tuple[Item, Job]] = []
     for item in items:
@@ -117,10 +116,6 @@ def plan(
     if options.strict and tally.bad:
         raise UserError(strict_refusal(options.requests, tally.bad))
     return jobs
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _job(item: Item, served: Any, base_seed: int) -> Job:

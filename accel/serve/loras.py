@@ -109,8 +109,9 @@ class Adapters:
         self.compiled = compiled
         self.loaded: OrderedDict[str, str] = OrderedDict()  # LoRA name -> its adapter's name, least recent first
         self.active: Chosen = ()
-        # (id of a LoRA layer, slot) -> the scale tensor it reads and the LoRA's own scale (alpha / rank)
-        self._scales: dict[tuple[int, str], tuple[Any, float]] = {}
+        # compiled: slot -> each LoRA layer's scale tensor the compiled code reads, with the LoRA's own
+        # scale there (alpha / rank); found once each time a slot fills, written at each switch
+        self._scales: dict[str, list[tuple[Any, float]]] = {}
 
     def use(self, chosen: Chosen) -> None:
         """Make `chosen` the active adapters at their scales (none: the base weights alone)."""
@@ -163,38 +164,35 @@ class Adapters:
             slot = slot or next(f"accel_slot_{k}" for k in range(len(taken) + 1) if f"accel_slot_{k}" not in taken)
             self._load(name, slot)
             filled = True
-        if filled:  # every slot active from now on; set_adapters leaves float scales, replaced below
+        if filled:  # every slot active from now on; set_adapters leaves float scales, made tensors here
             slots = list(self.loaded.values())
             self.pipe.enable_lora()
             self.pipe.set_adapters(slots, adapter_weights=[1.0] * len(slots))
-            self._scales = {}
+            self._scales = self._scale_tensors(slots)
         wanted = dict.fromkeys(self.loaded.values(), 0.0)
         for name, scale in chosen:
             wanted[self.loaded[name]] = scale
-        self._write_scales(wanted)
+        for slot, weight in wanted.items():
+            for tensor, base in self._scales[slot]:
+                tensor.fill_(weight * base)
 
-    def _write_scales(self, wanted: dict[str, float]) -> None:
-        """Each LoRA layer's scale of each slot, as a tensor written in place: peft's own scale
-        (set_scale: the LoRA's alpha over its rank, times the weight) with the compiled code's
-        graph unchanged."""
+    def _scale_tensors(self, slots: list[str]) -> dict[str, list[tuple[Any, float]]]:
+        """Each slot's LoRA layers' scales as tensors in place of peft's floats (set_scale's value at
+        weight 1: the LoRA's alpha over its rank), with that value, for the switches to write."""
         import torch
         from peft.tuners.lora import LoraLayer
 
+        found: dict[str, list[tuple[Any, float]]] = {slot: [] for slot in slots}
         for component in self.pipe.components.values():
             if not isinstance(component, torch.nn.Module):
                 continue
             for module in component.modules():
                 if not isinstance(module, LoraLayer):
                     continue
-                for slot, weight in wanted.items():
-                    if slot not in module.scaling:
-                        continue
-                    key = (id(module), slot)
-                    if key not in self._scales:
-                        module.set_scale(slot, 1.0)
+                for slot in slots:
+                    if slot in module.scaling:
                         base = float(module.scaling[slot])
                         device = next(module.parameters()).device
-                        self._scales[key] = (torch.tensor(base, dtype=torch.float32, device=device), base)
-                        module.scaling[slot] = self._scales[key][0]
-                    tensor, base = self._scales[key]
-                    tensor.fill_(weight * base)
+                        module.scaling[slot] = torch.tensor(base, dtype=torch.float32, device=device)
+                        found[slot].append((module.scaling[slot], base))
+        return found

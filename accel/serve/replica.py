@@ -165,9 +165,9 @@ class Replica:
     def _generate_batch(self, batch: Batch) -> list[tuple[Any, Any]]:
         from accel.generate import generate_batch
 
-        _settings, kwargs = self._call(batch.jobs[0])  # what the batch shares is the first job's
+        _settings, pipe, kwargs = self._call(batch.jobs[0])  # what the batch shares is the first job's
         prompts, seeds = zip(*batch.samples)
-        return generate_batch(self._pipe_for(batch.jobs[0]), kwargs, list(prompts), list(seeds))
+        return generate_batch(pipe, kwargs, list(prompts), list(seeds))
 
     def _finished(self, job: Job, outputs: list[tuple[Any, Any]], seconds: float) -> Outcome:
         if self._rank() != self.leader:
@@ -194,12 +194,12 @@ class Replica:
     def _generate(self, job: Job) -> list[tuple[Any, Any]]:
         from accel.generate import generate_with_audio
 
-        settings, kwargs = self._call(job)
-        pipe = self._pipe_for(job)
+        settings, pipe, kwargs = self._call(job)
         return [generate_with_audio(pipe, kwargs, settings.generate.seed + index) for index in range(job.count)]
 
-    def _call(self, job: Job) -> tuple[Recipe, dict[str, Any]]:
-        """The job's LoRAs switched on, its settings over the server's recipe, and the call's keyword arguments."""
+    def _call(self, job: Job) -> tuple[Recipe, Any, dict[str, Any]]:
+        """The job's LoRAs switched on, its settings over the server's recipe, the pipeline it runs on
+        and the call's keyword arguments."""
         from accel.models.call import generation_kwargs
         from accel.models.registry import family_of
 
@@ -210,7 +210,7 @@ class Replica:
             overrides["model"] = {"pipeline": job.pipeline}
         settings = self.recipe.with_overrides(overrides, source="request")
         pipe = self._pipe_for(job)
-        return settings, generation_kwargs(family_of(pipe), self.tiny, settings, pipe)
+        return settings, pipe, generation_kwargs(family_of(pipe), self.tiny, settings, pipe)
 
     def _pipe_for(self, job: Job) -> Any:
         """The served pipeline, or the sibling the job names, built on its modules at first use."""

@@ -59,10 +59,9 @@ def pipeline_for(
         if asked not in siblings:
             raise ValueError(f"pipeline: this server runs {', '.join(siblings)}, not {asked!r}")
         return None if asked == served.pipeline_class else asked
-    if len(siblings) > 1:  # the recipe gives no input files (else the served pipeline is the only choice)
-        for name, variant in siblings.items():
-            if takes(variant, given) and not needs(variant, given):
-                return None if name == served.pipeline_class else name
+    for name, variant in siblings.items():
+        if takes(variant, given) and not needs(variant, given):
+            return None if name == served.pipeline_class else name
     return None
 
 
