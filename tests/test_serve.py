@@ -442,6 +442,45 @@ def test_the_queue_refuses_beyond_its_bound_and_serves_in_order() -> None:
     assert str(QueueFull(2)) == "the queue is full (2 requests waiting); retry later"
 
 
+def test_requests_arriving_together_at_an_idle_server_all_find_their_places() -> None:
+    """One idle replica and a queue of 2 take 3 requests that arrive at once, whether or not the
+    replica's thread drew the first before the others came (the switch interval keeps it from
+    drawing during the burst), and refuse the fourth."""
+    release = threading.Event()
+
+    def replica(job: Job) -> Outcome:
+        if not job.stop:
+            release.wait(30)
+        return Outcome(True, seeds=[job.id])
+
+    dispatcher = Dispatcher([replica], max_queue=2)
+    dispatcher.start()
+
+    async def burst() -> list[object]:
+        futures: list[object] = []
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)
+        try:
+            for i in range(4):
+                try:
+                    futures.append(dispatcher.enqueue(Job(i, "image", {})))
+                except QueueFull as full:
+                    futures.append(str(full))
+        finally:
+            sys.setswitchinterval(interval)
+        release.set()
+        return [await f if isinstance(f, asyncio.Future) else f for f in futures]
+
+    results = asyncio.run(burst())
+    dispatcher.stop()
+    assert [r.seeds if isinstance(r, Outcome) else r for r in results] == [
+        [0],
+        [1],
+        [2],
+        "the queue is full (2 requests waiting); retry later",
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -342,9 +343,33 @@ def test_numbers_that_overflow_and_undecodable_bodies_are_400_in_the_openai_shap
     assert len(wan.replica.jobs) == 1
 
 
+@dataclass
+class Holding(Replica):
+    """Holds each job until released, so the next request finds the replica busy."""
+
+    running: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, job: Job) -> Outcome:
+        if not job.stop:
+            self.running.set()
+            self.release.wait(30)
+        return super().__call__(job)
+
+
 def test_a_full_queue_is_429_with_retry_after() -> None:
-    for full in front(max_queue=0):
+    """With no queue (`--max-queue 0`) an idle replica still takes a request; the next, while it
+    runs, is 429."""
+    holding = Holding()
+    for full in front(max_queue=0, replica=holding):
+        first: list[Any] = []
+        taken = threading.Thread(target=lambda: first.append(full.video()))
+        taken.start()
+        assert holding.running.wait(30)
         response = full.video()
+        holding.release.set()
+        taken.join(30)
+        assert first[0].status_code == 200
         assert response.status_code == 429 and response.headers["retry-after"] == "1"
         assert response.json() == error("the queue is full (0 requests waiting); retry later", kind="rate_limit_error")
     busy = SimpleNamespace(waiting=3, busy=1, replicas=[None, None])

@@ -99,12 +99,22 @@ class Dispatcher:
         with self._lock:
             if self.closed:
                 raise ShuttingDown()
-            if self.waiting >= self.max_queue:
-                raise QueueFull(self.waiting)
+            queued = self.waiting - self._idle_replicas()
+            if queued >= self.max_queue:
+                raise QueueFull(queued)
             self.waiting += 1
             self._pending[job.id] = _Pending(job, future, loop)
         self._jobs.put(job.id)
         return future
+
+    def _idle_replicas(self) -> int:
+        """Replicas that will take a queued job without waiting for one to finish (called under the
+        lock). A job they are about to take is not waiting in the queue, so it does not count against
+        `max_queue`: requests arriving together at an idle server all find their places, however late
+        a replica's thread draws."""
+        if not self._started or self.broken is not None:
+            return 0
+        return max(0, len(self.replicas) - self.busy)
 
     def running(self, job_id: int) -> bool:
         """Whether a replica has taken `job_id` and not finished it."""
