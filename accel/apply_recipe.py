@@ -320,6 +320,10 @@ def _join_mesh(handle: AccelHandle) -> None:
     handle.mesh = mesh
     for attr, plan in tensor_plans.items():
         handle.tensor[attr] = TensorParallel(transformers[attr], plan, mesh.tp_group)
+    if tensor_plans:
+        from accel.parallel.tensor_lora import loads_split_loras
+
+        handle.on_each_pipeline(loads_split_loras)  # a LoRA loaded from now on is cut like its layers
 
 
 def _tensor_plans(handle: AccelHandle, tp: int) -> dict[str, TensorPlan]:

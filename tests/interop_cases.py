@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import parallel_cases
+
 import accel
 from accel.errors import UserError
 
@@ -181,8 +183,8 @@ def diffusers_cache_refusal(when: str) -> tuple[str, float]:
 
 
 # -- LoRA -----------------------------------------------------------------------------------------
-def make_lora(directory: str, seed: int = 0) -> None:
-    """Save a seeded random LoRA (rank 4 on to_q / to_k / to_v) for tiny-flux in diffusers' format
+def make_lora(directory: str, seed: int = 0, targets: tuple[str, ...] = ("to_q", "to_k", "to_v")) -> None:
+    """Save a seeded random LoRA (rank 4 on `targets`) for tiny-flux in diffusers' format
     (directory/pytorch_lora_weights.safetensors)."""
     from diffusers import FluxPipeline
     from peft import LoraConfig
@@ -191,9 +193,7 @@ def make_lora(directory: str, seed: int = 0) -> None:
     transformer = fresh_flux().transformer
     with torch.random.fork_rng():
         torch.manual_seed(seed)  # init_lora_weights=False: lora_B is random too, so the LoRA changes the image
-        transformer.add_adapter(
-            LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False)
-        )
+        transformer.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=list(targets), init_lora_weights=False))
     FluxPipeline.save_lora_weights(directory, transformer_lora_layers=get_peft_model_state_dict(transformer))
 
 
@@ -256,3 +256,23 @@ def output_forms(recipe: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         handle.remove()
     assert isinstance(images, tuple) and len(images) == 1
     return np.asarray(latents), np.asarray(images[0])
+
+
+def switched_lora_outputs(
+    registered: dict[str, str], asked: list[Any], call: dict[str, Any], recipe: dict[str, Any], key: str
+) -> list[np.ndarray]:
+    """tiny-flux (a copy of its own, by `key`) under `recipe`, its adapters switched per request as
+    accel serve switches them, in the order `asked`: each output at seed 5."""
+    from accel.serve.loras import Adapters
+
+    pipe = parallel_cases.tiny_pipeline("tiny-flux", key=key)
+    handle = accel.apply(pipe, recipe)
+    adapters = Adapters(pipe, registered, most=2, compiled=bool(recipe.get("compile", {}).get("enabled")))
+    try:
+        outputs = []
+        for chosen in asked:
+            adapters.use(tuple((name, scale) for name, scale in chosen))
+            outputs.append(pipe(**call, generator=torch.Generator().manual_seed(5), output_type="np").images)
+        return outputs
+    finally:
+        handle.remove()

@@ -303,3 +303,53 @@ def test_loras_on_two_ulysses_ranks_or_cfg_halves_with_the_cache_equal_one_proce
     # Each LoRA moves the picture by more than that tolerance, so the equality above holds each one to its own.
     moved = (("pixel", "none"), ("ink", "none"))
     assert min(np.abs(answers["cfg 2"][a] - answers["cfg 2"][b]).max() for a, b in moved) > 1
+
+
+# Every kind of layer tiny FLUX's tensor plan splits: column-wise, row-wise, and the single blocks'
+# proj_out, row-wise over the attention's and the MLP's widths side by side.
+SPLIT_LAYERS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "to_add_out", "ff.net.2", "proj_mlp", "proj_out")
+
+
+def test_loras_on_two_tensor_parallel_ranks_equal_one_process(rank_pools: Any, tmp_path: Path) -> None:
+    """A LoRA loaded per request onto TP-split blocks is cut as each layer was (B's rows of a
+    column-wise layer, A's columns of a row-wise one, summed over the ranks before B): two LoRAs on
+    every split layer, switched alone, mixed and off, eager and compiled, equal one process."""
+    registered = {}
+    for name, seed in (("wide", 4), ("deep", 5)):
+        made = tmp_path / name
+        made.mkdir()
+        cases.make_lora(str(made), seed, SPLIT_LAYERS)
+        registered[name] = str(made / "pytorch_lora_weights.safetensors")
+    asked = [(("wide", 0.8),), (), (("deep", 1.0),), (("wide", 0.5), ("deep", 0.5))]
+    call = dict(prompt=PROMPT, height=64, width=64, num_inference_steps=2, guidance_scale=3.5)
+    reference = cases.switched_lora_outputs(registered, asked, call, {}, "lora tp reference")
+    assert min(np.abs(reference[i] - reference[1]).max() for i in (0, 2, 3)) > 1e-2, "each LoRA moves the image"
+    compiled = {"enabled": True, "backend": "aot_eager"}
+    for recipe in ({"parallel": {"tp": 2}}, {"parallel": {"tp": 2}, "compile": compiled}):
+        key = f"lora tp {'compile' in recipe}"
+        for outputs in rank_pools(2).run(cases.switched_lora_outputs, registered, asked, call, recipe, key):
+            for chosen, made, expected in zip(asked, outputs, reference):
+                assert np.abs(made - expected).max() <= 1e-4, (recipe, chosen)
+
+
+def test_a_dora_adapter_on_a_split_layer_is_refused_in_one_line() -> None:
+    from torch import nn
+
+    from accel.parallel.tensor import SPLIT_MARK, TensorGroup
+    from accel.parallel.tensor_lora import cut_tensor
+
+    transformer = nn.Module()
+    setattr(transformer, SPLIT_MARK, TensorGroup(2, 1, None, {"blocks.0.out": ("rowwise", (8,))}))
+    down = torch.arange(16.0).reshape(2, 8)
+    assert cut_tensor({"transformer": transformer}, "transformer.blocks.0.out.lora_A.weight", down).tolist() == [
+        [4.0, 5.0, 6.0, 7.0],
+        [12.0, 13.0, 14.0, 15.0],
+    ]
+    # B of a row-wise layer stays whole; a key without the component's name is the transformer's
+    assert cut_tensor({"transformer": transformer}, "blocks.0.out.lora_B.weight", down) is down
+    with pytest.raises(UserError) as refused:
+        cut_tensor({"transformer": transformer}, "transformer.blocks.0.out.lora_magnitude_vector", down)
+    assert str(refused.value) == (
+        "LoRA: transformer.blocks.0.out.lora_magnitude_vector is a DoRA magnitude, which tensor parallelism does not "
+        "split; use a plain LoRA or tp = 1"
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -199,6 +199,8 @@ class TensorGroup:
     degree: int
     rank: int
     group: Any
+    # each split Linear's path -> (style, parts): what a LoRA loaded later is cut by (tensor_lora.py)
+    layers: dict[str, tuple[Style, tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,6 +240,7 @@ def split_module(
     layers = layers if layers is not None else planned_layers(transformer, plan)
     for layer in layers:
         _split_layer(layer, tp, rank, shared, sliced)
+        shared.layers[layer.path] = (layer.style, layer.parts)
     for _, norm in planned_norms(transformer, plan):
         _split_norm(norm, tp, rank, shared, sliced)
     for rotary in plan.rotary:

@@ -57,8 +57,6 @@ def registered_loras(given: Sequence[str] | None, folder: Path | None) -> dict[s
 def lora_refusal(settings: Any) -> str | None:
     """Why this server's layout cannot switch LoRAs per request (None: it can)."""
     fuse = "; fuse one LoRA into the model with the recipe's [model] lora instead"
-    if settings.parallel.tp > 1:
-        return f"--lora with tensor parallelism is not served yet: the adapters would need splitting too{fuse}"
     if settings.quant.type != "none":
         return (
             f"--lora with [quant] type {settings.quant.type} is not served yet: adapters over quantized layers are "
