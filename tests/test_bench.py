@@ -134,14 +134,15 @@ def _grid_size(frame_hw: tuple[int, int], tiles: int, video: bool) -> tuple[int,
 
 
 def _bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # tiny-flux's compile variants compile from a cold cache, as a new user's first bench does
+    # tiny-flux's compile variants compile from a cold cache, as a new user's first bench does (in the
+    # process: the compile pool's exit is tests/test_rank_exit.py's)
     return subprocess.run(
         [sys.executable, "-m", "accel.cli", "bench", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=1200,
-        env=cold_compile_env(cwd),
+        env=cold_compile_env(cwd, pool=False),
     )
 
 

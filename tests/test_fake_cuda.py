@@ -1,4 +1,4 @@
-"""The fake-CUDA tier: every family's transformer and VAE, as the first and last rank of 2 to 8 GPUs.
+"""The fake-CUDA tier: every family's transformer and VAE, as the first or last rank of 2 to 8 GPUs.
 
 Each case builds the real diffusers class on fake `cuda` in bfloat16 (tests/fakecuda.py), puts it
 under accel's real engines as `accel.apply` does (ContextParallel, CfgParallel, FirstBlockCache with
@@ -461,9 +461,21 @@ LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("rank_of", ["first", "last"])
-@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-@pytest.mark.parametrize("name", list(FAMILIES))
+def alternating(names: list[str], settings: list[Any]) -> list[Any]:
+    """(name, setting, rank) cases, the rank alternately the first and the last: each family runs as
+    both over its settings, and each setting as both over the families (running every case as both
+    ranks doubled the tier's time and found nothing the alternation misses: a rank's share of the
+    tokens, padding and collectives is the same code for every family)."""
+    return [
+        pytest.param(
+            name, setting, ("first", "last")[(i + j) % 2], id=f"{name}-{setting}-{('first', 'last')[(i + j) % 2]}"
+        )
+        for i, name in enumerate(names)
+        for j, setting in enumerate(settings)
+    ]
+
+
+@pytest.mark.parametrize("name, layout, rank_of", alternating(list(FAMILIES), LAYOUTS))
 def test_family_on_fake_cuda(name: str, layout: Layout, rank_of: str, tiny_configs: Any) -> None:
     """Device, dtype, shape, kernel, collective and sync checks of the module docstring, on each call
     of one or two steps; syncs allowed: the cache's one decision on its comparing call, Mochi's own."""
@@ -782,9 +794,10 @@ def vae_latents(vae_config: dict[str, Any], video: bool) -> torch.Tensor:
 _VAES: dict[str, tuple[Any, torch.Tensor, tuple[int, ...]]] = {}  # the VAE, its latents, the whole decode's shape
 
 
-@pytest.mark.parametrize("rank_of", ["first", "last"])
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_vae_decode_on_fake_cuda(name: str, rank_of: str, tiny_configs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name, ranks, rank_of", alternating(list(FAMILIES), [4]))
+def test_vae_decode_on_fake_cuda(
+    name: str, ranks: int, rank_of: str, tiny_configs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each family's VAE split over 4 ranks: same shape as the whole decode, bf16 on cuda (zeros on
     the ranks the pixels do not go to), cuda collectives, no host sync. LTX's decoder agrees on the
     CUDA random state first, which needs a CUDA runtime: that step is stubbed out here."""
@@ -792,8 +805,8 @@ def test_vae_decode_on_fake_cuda(name: str, rank_of: str, tiny_configs: Any, mon
 
     _, _, vae_cls, vae_config = tiny_configs[name]
     monkeypatch.setattr(ParallelDecode, "_agree_on_random_state", lambda self, device: None)
-    rank = 0 if rank_of == "first" else 3
-    with fake_rank(rank, 4), fake_cuda(_MODE):
+    rank = 0 if rank_of == "first" else ranks - 1
+    with fake_rank(rank, ranks), fake_cuda(_MODE):
         if name not in _VAES:
             vae = on_fake_cuda(vae_cls, vae_config)
             latents = vae_latents(vae_config, FAMILIES[name].output == "video")

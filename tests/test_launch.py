@@ -243,8 +243,9 @@ def test_a_finished_rank_ends_as_python_would_with_its_process_groups_closed(tmp
 
 def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
     """`accel run flux --gpus 4 --cache 0.08 --compile`, with the tiny FLUX: it compiles on every
-    rank (from a cold inductor cache, as a new user's), and the picture equals the one-process eager
-    run with the same cache."""
+    rank (from a cold inductor cache, as a new user's; in each rank's process: a cold compile pool's
+    exit is tests/test_rank_exit.py's), and the picture equals the one-process eager run with the
+    same cache."""
     one = _accel("run", "tiny-flux", "--cache", "0.08", "--out", "one.png", cwd=tmp_path)
     four = _accel(
         "run",
@@ -261,7 +262,7 @@ def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
         "four.json",
         "--verbose",
         cwd=tmp_path,
-        env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"),
+        env=cold_compile_env(tmp_path, pool=False, OMP_NUM_THREADS="1"),
     )
     assert one.returncode == 0, one.stderr
     assert four.returncode == 0, four.stderr

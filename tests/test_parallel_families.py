@@ -60,7 +60,17 @@ def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> N
     check_equals_one_process(rank_pools, family, MODES[mode], FAMILY_CASES[family].call)
 
 
-@pytest.mark.parametrize("family, mode", family_modes(CACHE_MODES))
+def cache_family_modes() -> list[tuple[str, str]]:
+    """family_modes(CACHE_MODES) but Ulysses 2 and CFG 2 alone where the family runs CFG 2 x Ulysses 2:
+    that mode runs both engines, each as alone (Ulysses inside a half is the same split, ring 1; the
+    halves the same branches), at the cost of one 4-rank run instead of three. Ulysses on both CFG
+    branches batched together runs in tests/test_tensor_parallel.py's tp2xulysses2, every family."""
+    pairs = family_modes(CACHE_MODES)
+    both = {family for family, mode in pairs if mode == "cfg2xulysses2"}
+    return [(family, mode) for family, mode in pairs if not (family in both and mode in ("ulysses2", "cfg2"))]
+
+
+@pytest.mark.parametrize("family, mode", cache_family_modes())
 def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
     the calls of its own branch), with the same block-0 change, and the outputs agree: every mode's

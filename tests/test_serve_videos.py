@@ -243,10 +243,17 @@ def test_unknown_ids_limits_variants_and_a_picture_for_a_text_pipeline_are_refus
 
 
 def test_a_full_queue_is_429_and_leaves_no_record(tmp_path: Path) -> None:
+    """With no queue (max_queue 0) the idle replica takes a job; the next, while it runs, is 429 and
+    leaves no record beside the first's."""
     with serve_front(tmp_path / "videos", max_queue=0) as front:
+        front.replica.hold.clear()
+        taken = httpx.post(f"{front.url}/v1/videos", json={"prompt": "a red fox"})
+        assert taken.status_code == 200, taken.text
+        wait_for(front, taken.json()["id"], "in_progress")
+        records = sorted(front.jobs.folder.iterdir())
         response = httpx.post(f"{front.url}/v1/videos", json={"prompt": "a red fox"})
         assert response.status_code == 429 and response.json()["error"]["type"] == "rate_limit_error"
-        assert list(front.jobs.folder.iterdir()) == []
+        assert sorted(front.jobs.folder.iterdir()) == records and records
 
 
 def test_the_leader_notes_each_step_done_on_the_board(tiny_wan: Any) -> None:

@@ -29,13 +29,15 @@ LAYOUTS = {
 
 def family_layouts() -> list[tuple[str, str]]:
     """(family, layout) pairs; CFG halves only for families whose pipelines run CFG, Ulysses and Ring
-    only for families whose pipeline can be cut."""
+    only for families whose pipeline can be cut. TP 2 alone only where Ulysses cannot cut: TP inside
+    Ulysses 2 splits the same weights and sums the same layers, on its share of the tokens."""
     return [
         (family, layout)
         for family in FAMILY_CASES
         for layout in LAYOUTS
         if ("cfg" not in LAYOUTS[layout] or FAMILIES[family].cfg is not None)
         and (splits_sequence(family) or not {"ulysses", "ring"} & set(LAYOUTS[layout]))
+        and (layout != "tp2" or not splits_sequence(family))
     ]
 
 
