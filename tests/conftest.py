@@ -12,11 +12,6 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach a model hub
-# Inductor compiles in this process, not in a pool of compile workers it starts: on two cores beside a
-# second pytest worker the pool's processes (each importing torch) cost more than they save (a cold
-# 4-rank compiled run: 100 s with them, 76 s without). The pool's exit at the end of a run, which hung
-# multi-rank jobs once, stays tested: cold_compile_env gives inductor's default back.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 set: rich would fix every console's width
 # at 80 from them (and so would the commands the tests start), where a serial run lets a test's own
 # COLUMNS choose. Each worker runs as a serial run does.
@@ -41,9 +36,13 @@ WAN_CALL = dict(
 
 def cold_compile_env(folder: Path, pool: bool = True, **extra: str) -> dict[str, str]:
     """The environment of a process that compiles as a new user's does: an empty inductor cache of its
-    own (a warm one skips the compile pool, and with it the exits that hang on it) and, with `pool`,
-    inductor's default compile threads (without: the suite's one, compiling in the process)."""
-    env = {k: v for k, v in os.environ.items() if pool is False or k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    own (a warm one skips the compile pool, and with it the exits that hang on it) and inductor's
+    default compile threads. Without `pool`, each rank compiles in its own process: on two cores a
+    pool of compile workers per rank (each importing torch) costs more than it saves (a cold 4-rank
+    compiled run alone: 100 s with the pools, 76 s without); the pool's exit is test_rank_exit's."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_COMPILE_THREADS"}
+    if not pool:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     return {**env, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor-cache"), **extra}
 
 
