@@ -353,3 +353,20 @@ def test_a_dora_adapter_on_a_split_layer_is_refused_in_one_line() -> None:
         "LoRA: transformer.blocks.0.out.lora_magnitude_vector is a DoRA magnitude, which tensor parallelism does not "
         "split; use a plain LoRA or tp = 1"
     )
+
+
+def test_a_lora_loaded_before_the_split_is_refused_naming_the_order_that_works(tmp_path: Path) -> None:
+    from accel.models.lora import Lora, load_adapter
+    from accel.models.registry import FAMILIES
+    from accel.parallel.tensor import planned_layers, resolve_tensor_plan
+
+    cases.make_lora(str(tmp_path), 4, ("to_q",))
+    pipe = parallel_cases.tiny_pipeline("tiny-flux", key="lora before the split")
+    load_adapter(pipe, Lora(str(tmp_path / "pytorch_lora_weights.safetensors")), "early", "LoRA: ")
+    with pytest.raises(UserError) as refused:
+        planned_layers(pipe.transformer, resolve_tensor_plan(FAMILIES["flux"].tensor, pipe.transformer))
+    assert str(refused.value) == (
+        "[parallel] tp: transformer_blocks.0.attn.to_q carries a LoRA adapter loaded before the split; load it after "
+        "accel.apply (it is then cut with its layer), or fuse and unload it first (pipe.fuse_lora(); "
+        "pipe.unload_lora_weights())"
+    )

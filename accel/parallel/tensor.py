@@ -104,9 +104,9 @@ def planned_layers(transformer: nn.Module, plan: TensorPlan) -> list[SplitLayer]
     for glob, name, module in _matches(transformer, list(plan.layers)):
         if hasattr(module, "base_layer"):  # peft's LoRA wrapper: the adapter's weights would stay whole
             raise UserError(
-                f"[parallel] tp: {name} carries a LoRA adapter, which tensor parallelism cannot split; fuse and "
-                "unload it "
-                "(pipe.fuse_lora(); pipe.unload_lora_weights()) before accel.apply, or set tp = 1"
+                f"[parallel] tp: {name} carries a LoRA adapter loaded before the split; load it after accel.apply "
+                "(it is then cut with its layer), or fuse and unload it first (pipe.fuse_lora(); "
+                "pipe.unload_lora_weights())"
             )
         if not isinstance(module, nn.Linear):
             raise TensorPlanError(f"tensor plan {glob!r}: {name} is a {type(module).__name__}, not a Linear")
