@@ -271,7 +271,7 @@ def switched_lora_outputs(
     try:
         outputs = []
         for chosen in asked:
-            adapters.use(tuple((name, scale) for name, scale in chosen))
+            adapters.use(tuple(chosen))
             outputs.append(pipe(**call, generator=torch.Generator().manual_seed(5), output_type="np").images)
         return outputs
     finally:
