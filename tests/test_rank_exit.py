@@ -25,7 +25,7 @@ LEAVE_WITHIN_S = 60  # the issue's promise: a finished job is gone within a minu
 HANG_GUARD_S = 420
 
 
-def run_until_gone(args: list[str], tmp_path: Path, last_line: str) -> tuple[int, float, str, str]:
+def run_until_gone(args: list[str], tmp_path: Path, last_line: str, **env: str) -> tuple[int, float, str, str]:
     """Run `accel ARGS`; (exit code, seconds from the first line starting with `last_line` to the
     exit, stdout, stderr). A job still running a minute after that line fails the test: it is
     interrupted (the launcher stops its ranks), not waited for."""
@@ -34,7 +34,7 @@ def run_until_gone(args: list[str], tmp_path: Path, last_line: str) -> tuple[int
         process = subprocess.Popen(
             [sys.executable, "-m", "accel.cli", *args],
             cwd=tmp_path,
-            env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1"),
+            env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1", **env),
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
@@ -77,7 +77,9 @@ def _read(file: IO[str]) -> str:
 
 def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_path: Path) -> None:
     """Inductor compiles on a pool of threads (its default on any machine with 2+ cores) that the
-    rank never shuts down: the exit must tell its idle workers to leave, as Python's own does."""
+    rank never shuts down: the exit must tell its idle workers to leave, as Python's own does. The
+    ranks start as new interpreters, as on GPUs (a CPU job's forked ranks leave the same way: the
+    4-rank compiled headline run in tests/test_launch.py)."""
     code, after, out, err = run_until_gone(
         [
             "run",
@@ -96,6 +98,7 @@ def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_pa
         ],
         tmp_path,
         last_line="└",
+        ACCEL_RANK_START="spawn",
     )
     assert code == 0, err
     assert "warm-up (compile)" in out and (tmp_path / "two.png").is_file()

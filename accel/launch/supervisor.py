@@ -20,6 +20,7 @@ from accel.files.cleanup import remove_listed_temps
 from accel.files.in_flight import JOB_DIR_ENV
 from accel.launch.diagnosis import failure_report, lingering, stall
 from accel.launch.environment import LaunchSpec
+from accel.launch.forked import ForkedRank, can_fork_now, fork_rank
 from accel.launch.reports import read_beats, read_finished, read_reports, read_verdicts
 from accel.preflight import cpu_cores
 from accel.watchdog import LAUNCHER_PID_ENV
@@ -32,16 +33,17 @@ CANCEL_GRACE_S = 30.0
 REPORT_GRACE_S = 0.3  # after a first failure: let simultaneous reports land before judging
 
 
-def launch(spec: LaunchSpec, module: str, args: list[str]) -> int:
+def launch(spec: LaunchSpec, module: str, args: list[str], fork: bool = False) -> int:
     """Run `python -m module args` on `spec.nproc` local ranks; the job's exit code (0 when all succeed,
-    2 when a rank hit a user error, 130 / 143 when interrupted, else 1)."""
-    return Supervisor(spec, [sys.executable, "-m", module, *args]).run()
+    2 when a rank hit a user error, 130 / 143 when interrupted, else 1). With `fork`, each rank is a
+    fork of this process where that is safe (`accel.launch.forked`), else a new interpreter."""
+    return Supervisor(spec, [sys.executable, "-m", module, *args], (module, args) if fork else None).run()
 
 
 @dataclass
 class _Rank:
     rank: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedRank
     exit_code: int | None = None
 
 
@@ -51,6 +53,7 @@ class Supervisor:
 
     spec: LaunchSpec
     command: list[str]
+    forked: tuple[str, list[str]] | None = None  # (module, args) to run in forks of this process
     ranks: list[_Rank] = field(default_factory=list)
     signal_received: int | None = None
 
@@ -74,10 +77,15 @@ class Supervisor:
         address, port = self.spec.rendezvous()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // self.spec.nproc))
         shared = {JOB_DIR_ENV: str(folder), LAUNCHER_PID_ENV: str(os.getpid()), "OMP_NUM_THREADS": threads}
+        fork = self.forked is not None and can_fork_now()
         for local in range(self.spec.nproc):
             env = {**os.environ, **shared, **self.spec.rank_environment(local, address, port)}
             # Its own session: Ctrl-C reaches only the launcher, which stops each rank's whole group.
-            process = subprocess.Popen(self.command, env=env, start_new_session=True)
+            process = (
+                fork_rank(*self.forked, env)
+                if fork and self.forked is not None
+                else subprocess.Popen(self.command, env=env, start_new_session=True)
+            )
             self.ranks.append(_Rank(self.spec.node_rank * self.spec.nproc + local, process))
 
     def _watch(self, folder: Path) -> int:
