@@ -94,7 +94,7 @@ def bench(
 
             pinned = () if gpus is not None else ("--gpus", str(plan.world_size))  # ranks plan the same job
             spec = LaunchSpec.for_world(plan.world_size, timeout_s=plan.recipe.parallel.timeout)
-            raise typer.Exit(rerun_on_ranks(ctx, spec, plan.recipe.model.device, pinned))
+            raise typer.Exit(rerun_on_ranks(ctx, spec, plan.recipe, pinned))
         from accel.files.claims import claim
 
         # The report copies are this bench's before it measures: a concurrent one is refused now.

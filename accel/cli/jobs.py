@@ -44,20 +44,23 @@ def relaunch(ctx: typer.Context | None, settings: Any, spec: Any, extra: tuple[s
 
         if (refusal := refusal_before_start(ref)) is not None:  # encoders without a TP plan: before any rank starts
             raise NotAvailableError(refusal)
-    return rerun_on_ranks(ctx, spec, settings.model.device, extra)
+    return rerun_on_ranks(ctx, spec, settings, extra)
 
 
-def rerun_on_ranks(ctx: typer.Context | None, spec: Any, device: str, extra: tuple[str, ...] = ()) -> int:
+def rerun_on_ranks(ctx: typer.Context | None, spec: Any, settings: Any, extra: tuple[str, ...] = ()) -> int:
     """This very command line (plus `extra`) on every rank of `spec`, under torchrun; a CPU job's
-    ranks are forks of this process, which has loaded what they need (`accel.launch.forked`)."""
+    ranks are forks of this process, which imports what they need first (`accel.launch.forked`)."""
     from accel.launch.forked import forks_ranks
     from accel.launch.supervisor import launch
-    from accel.models.loading import resolve_device
+    from accel.models.loading import import_ahead, resolve_device
+    from accel.models.refs import resolve_model
 
     argv = (ctx.obj or {}).get("argv") if ctx is not None else None
     if argv is None:
         raise UserError("--gpus: relaunching needs the accel command line; run accel from a shell")
-    fork = forks_ranks(resolve_device(device).type)
+    fork = forks_ranks(resolve_device(settings.model.device).type)
+    if fork:
+        import_ahead(resolve_model(settings.model.name), settings.model.pipeline)
     return launch(spec, "accel.cli", [*argv, *extra], fork=fork)
 
 

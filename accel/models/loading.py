@@ -48,6 +48,21 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(rank_device(device))
 
 
+def import_ahead(ref: ModelRef, pipeline: str | None = None) -> None:
+    """Import what loading and running `ref` imports first (diffusers' classes of its family, the
+    variant's pipeline, accel's runner): a CPU job's ranks are forks of this process and then find
+    them loaded, where each would import them again."""
+    import importlib
+
+    import diffusers
+
+    importlib.import_module("accel.runner")
+    family = ref.family
+    names = (*family.pipeline_classes, *family.transformer_classes, *family.vaes) if family is not None else ()
+    for name in (*names, *(name for name in (pipeline, ref.pipeline) if name)):
+        getattr(diffusers, name, None)  # diffusers imports a class's module on first access
+
+
 def load_pipeline(
     name_or_path: str,
     dtype: str | torch.dtype | None = None,
