@@ -15,12 +15,24 @@ import numpy as np
 import pytest
 import tomli_w
 from PIL import Image
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
+from accel.cache.config import CACHE_METHODS
 from accel.cli import app
 from accel.errors import UserError
 from accel.recipe import load_recipe
-from accel.tune.search import THRESHOLDS, Line, Search, Trial, describe, lines, mark_pareto, run_search, warmup_lines
+from accel.tune.search import (
+    THRESHOLDS,
+    Line,
+    Search,
+    Trial,
+    describe,
+    lines,
+    mark_pareto,
+    parse_methods,
+    run_search,
+    warmup_lines,
+)
 from accel.tune.target import Target, parse_target
 from accel.tune.trials import with_cache
 
@@ -135,6 +147,45 @@ def test_the_search_runs_every_line_then_the_winner_with_longer_warm_ups() -> No
     assert describe(search.best.cache) == "fbcache t=1.28 warm-up 4"
 
 
+def test_methods_keep_only_their_lines_and_the_search_measures_no_other() -> None:
+    ratios = ((1.0, 0.9),)
+    assert [line.name for line in lines(4, 8, ratios, frozenset({"fbcache"}))] == ["fbcache", "fbcache + taylorseer"]
+    assert [line.name for line in lines(4, 8, ratios, frozenset({"taylorseer", "magcache"}))] == [
+        "taylorseer",
+        "taylorseer early",
+        "taylorseer early+1",
+        "magcache",
+    ]
+    assert lines(4, 8, ratios, None) == lines(4, 8, ratios), "no filter: every line"
+    every = lines(4, 12, None)
+    quality = {line.name: falling(55.0, 2.0) for line in every}
+    for line in every:
+        for warm in warmup_lines(line, 12):
+            quality[warm.name] = falling(57.0, 1.0)
+    speed = {name: [1.0 + 0.1 * i for i in range(len(THRESHOLDS))] for name in quality}
+    speed["fbcache"] = [2.0 + 0.1 * i for i in range(len(THRESHOLDS))]  # the winner, were it searched
+    probe = Synthetic(quality, speed)
+    search = run_search(PSNR_40, probe, 4, 12, None, methods=frozenset({"dbcache"}))
+    measured = {line for line, _ in probe.calls}
+    assert measured >= {"dbcache F2B0", "dbcache F1B1 + taylorseer"}
+    assert all(trial.cache["method"] == "dbcache" for trial in search.trials), measured
+    assert search.best is not None and search.best.line.startswith("dbcache ") and "warmup_steps" in search.best.line
+
+
+def test_methods_parse_from_the_cache_registry() -> None:
+    assert parse_methods(" FBCache , taylorseer,") == frozenset({"fbcache", "taylorseer"})
+    assert parse_methods("fbcache,dbcache,taylorseer,magcache") == frozenset(CACHE_METHODS)
+
+
+def test_methods_with_no_line_on_this_pipeline_are_refused() -> None:
+    with pytest.raises(UserError) as refused:
+        run_search(PSNR_40, Synthetic({}, {}), 2, 2, None, methods=frozenset({"dbcache", "taylorseer"}))
+    assert str(refused.value) == (
+        "--methods dbcache,taylorseer: no dbcache or taylorseer setting fits this pipeline (2 blocks, 2 steps); "
+        "add another method"
+    )
+
+
 def test_warm_up_lines_use_the_method_s_own_key() -> None:
     taylor = Line("taylorseer", {"method": "taylorseer"}, "interval", (2, 3))
     assert [line.base for line in warmup_lines(taylor, 12)] == [
@@ -239,6 +290,15 @@ def _prompts(folder: Path, texts: tuple[str, ...]) -> Path:
     return path
 
 
+def _tune(recipe: Path, out: Path, prompts: tuple[str, ...], *args: str) -> Result:
+    """`accel tune RECIPE ARGS --prompts (a file of prompts beside out) --out out`, in this process."""
+    return CliRunner().invoke(
+        app,
+        ["tune", str(recipe), *args, "--prompts", str(_prompts(out.parent, prompts)), "--out", str(out)],
+        catch_exceptions=False,
+    )
+
+
 def _image(recipe: Any) -> np.ndarray:
     import accel
     from accel.models.registry import family_of
@@ -259,22 +319,7 @@ def test_tune_finds_a_setting_that_meets_the_target_and_its_recipe_does(small_re
     from accel.quality import psnr
 
     out, plot = tmp_path / "tuned.toml", tmp_path / "curve.png"
-    result = CliRunner().invoke(
-        app,
-        [
-            "tune",
-            str(small_recipe),
-            "--target",
-            "psnr=45",
-            "--prompts",
-            str(_prompts(tmp_path, PROMPTS)),
-            "--out",
-            str(out),
-            "--plot",
-            str(plot),
-        ],
-        catch_exceptions=False,
-    )
+    result = _tune(small_recipe, out, PROMPTS, "--target", "psnr=45", "--plot", str(plot))
     assert result.exit_code == 0, result.output
     assert "★" in result.stdout and f"wrote {out} and {plot}" in result.stdout
     tuned = load_recipe(out)
@@ -286,22 +331,20 @@ def test_tune_finds_a_setting_that_meets_the_target_and_its_recipe_does(small_re
         assert psnr(_image(prompted), _image(with_cache(prompted, {}))) >= 45.0
 
 
+def test_magcache_alone_needs_no_curve_in_the_recipe(small_recipe: Path, tmp_path: Path) -> None:
+    """The search measures MagCache's curve itself, so a recipe without mag_ratios can be tuned to magcache."""
+    assert not any(load_recipe(small_recipe).cache.mag_ratios)
+    out = tmp_path / "mag.toml"
+    result = _tune(small_recipe, out, PROMPTS[:1], "--target", "psnr=30", "--methods", "magcache")
+    assert result.exit_code == 0, result.output
+    assert "calibrating MagCache's curve" in result.stdout
+    tuned = load_recipe(out)
+    assert tuned.cache.method == "magcache" and any(tuned.cache.mag_ratios)
+
+
 def test_an_unreachable_target_is_refused_with_the_closest_setting(small_recipe: Path, tmp_path: Path) -> None:
     out = tmp_path / "never.toml"
-    result = CliRunner().invoke(
-        app,
-        [
-            "tune",
-            str(small_recipe),
-            "--target",
-            "psnr=300",
-            "--prompts",
-            str(_prompts(tmp_path, PROMPTS[:1])),
-            "--out",
-            str(out),
-        ],
-        catch_exceptions=False,
-    )
+    result = _tune(small_recipe, out, PROMPTS[:1], "--target", "psnr=300")
     assert result.exit_code == 2
     line = result.stderr.strip()
     assert line.startswith(
@@ -331,6 +374,23 @@ def test_an_unreachable_target_is_refused_with_the_closest_setting(small_recipe:
         (
             ["--target", "psnr=30", "--prompts", "missing.txt"],
             "--prompts missing.txt: cannot read it (No such file or directory)",
+        ),
+        (
+            ["--target", "psnr=30", "--methods", "fbcach"],
+            "--methods fbcach: unknown cache method 'fbcach' (did you mean 'fbcache'?)",
+        ),
+        (
+            ["--target", "psnr=30", "--gpus", "2", "--methods", "fbcache,lru"],
+            "--methods fbcache,lru: unknown cache method 'lru' (valid methods: fbcache, dbcache, taylorseer, magcache)",
+        ),
+        (
+            ["--target", "psnr=30", "--methods", " , "],
+            "--methods is empty: name one or more cache methods, comma-separated (fbcache, dbcache, taylorseer, "
+            "magcache)",
+        ),
+        (
+            ["--calibrate", "--methods", "fbcache"],
+            "--methods is for --target (the cache methods it searches); --calibrate measures MagCache's curve only",
         ),
         (["--target", "psnr=30", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--target", "psnr=30", "--gpus", "0"], "--gpus must be >= 1, got 0"),
@@ -390,6 +450,8 @@ def test_tune_on_two_ranks_searches_together_and_writes_one_recipe(small_recipe:
             "psnr=40",
             "--gpus",
             "2",
+            "--methods",
+            "fbcache",
             "--prompts",
             str(_prompts(tmp_path, PROMPTS[:1])),
             "--out",
@@ -402,6 +464,9 @@ def test_tune_on_two_ranks_searches_together_and_writes_one_recipe(small_recipe:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("chosen: ") == 1, "rank 0 alone reports"
+    searched = [line for line in done.stdout.splitlines() if line.startswith("line ")]
+    assert searched and all(line.startswith("line fbcache") for line in searched), searched
+    assert "calibrating MagCache's curve" not in done.stdout, "no magcache line, so no curve to measure"
     tuned = load_recipe(out)
-    assert tuned.parallel.world_size == 2 and tuned.cache.enabled
+    assert tuned.parallel.world_size == 2 and tuned.cache.enabled and tuned.cache.method == "fbcache"
     assert out.with_suffix(".png").is_file()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from accel.cache.config import CACHE_METHODS
 from accel.cli.app import console, fail
 from accel.cli.jobs import fit_to_job, relaunch
 from accel.cli.options import FLAG, Opt, Oversubscribe
@@ -56,6 +57,16 @@ def tune(
             show_default="the written recipe's name, .png",
         ),
     ] = None,
+    methods: Annotated[
+        str | None,
+        Opt(
+            "--methods",
+            metavar="METHOD,...",
+            help=f"--target: search only these cache methods ({', '.join(CACHE_METHODS)}), comma-separated; "
+            "fbcache and dbcache include their lines with the TaylorSeer calibrator.",
+            show_default="all",
+        ),
+    ] = None,
     gpus: Annotated[
         int | None,
         Opt(
@@ -88,6 +99,10 @@ def tune(
                 "accel tune: pass --target psnr=32 (or ssim=0.95) to search for the fastest cache setting that "
                 "meets it, or --calibrate to measure MagCache's curve" + ("; not both" if calibrate else "")
             )
+        if calibrate and methods is not None:
+            raise UserError(
+                "--methods is for --target (the cache methods it searches); --calibrate measures MagCache's curve only"
+            )
         from accel.recipe import load_recipe
         from accel.tune import fresh_recipe_path
 
@@ -108,9 +123,11 @@ def tune(
             return
         assert target is not None
         from accel import preflight
+        from accel.tune.search import parse_methods
         from accel.tune.target import parse_target
 
         goal = parse_target(target)
+        chosen = parse_methods(methods) if methods is not None else None
         texts = _read_prompts(prompts) if prompts is not None else None
         if gpus is not None:
             if gpus < 1:
@@ -141,7 +158,7 @@ def tune(
         from accel.tune.job import tune_to_target, write_outputs
 
         announce = (lambda line: console.print(line, markup=False, highlight=False)) if lead else (lambda _line: None)
-        result = tune_to_target(settings, goal, texts, repeats, warmup, announce)
+        result = tune_to_target(settings, goal, texts, repeats, warmup, announce, chosen)
         if result is None:
             return
         from accel.tune.report import summary, tune_table

@@ -51,14 +51,16 @@ def tune_to_target(
     repeats: int,
     warmup: int | None,
     announce: Callable[[str], None] = lambda _line: None,
+    methods: frozenset[str] | None = None,
 ) -> TuneResult | None:
-    """Run the search on this rank; rank 0 gets the result, other ranks None."""
+    """Run the search on this rank; rank 0 gets the result, other ranks None. `methods` (None: all)
+    keeps the lines of those cache methods only (`accel tune --methods`)."""
     from accel.models.loading import resolve_device
     from accel.threads import cpu_threads
 
     device = resolve_device(recipe.model.device)
     with cpu_threads(device):  # the thread count accel run times with: steadier timings on a CPU
-        return _tune(recipe, target, prompts, repeats, warmup, announce, device)
+        return _tune(recipe, target, prompts, repeats, warmup, announce, device, methods)
 
 
 def _tune(
@@ -69,6 +71,7 @@ def _tune(
     warmup: int | None,
     announce: Callable[[str], None],
     device: Any,
+    methods: frozenset[str] | None,
 ) -> TuneResult | None:
     import accel
     from accel.models.parts import blocks_of, transformers_of
@@ -108,15 +111,17 @@ def _tune(
     )
     announce(f"baseline: the recipe without its cache on {len(calls)} prompt{'s' if len(calls) > 1 else ''}")
     trials.baseline()
-    announce("calibrating MagCache's curve on the first prompt")
-    handle = accel.apply(pipe, with_cache(recipe, {}))
-    try:
-        ratios = share(calibrate_magcache(pipe, handle, calls[0][1], recipe.generate.seed))
-    finally:
-        handle.remove()
+    ratios: tuple[tuple[float, ...], ...] | None = None
+    if methods is None or "magcache" in methods:  # a generation spent only where a magcache line is searched
+        announce("calibrating MagCache's curve on the first prompt")
+        handle = accel.apply(pipe, with_cache(recipe, {}))
+        try:
+            ratios = share(calibrate_magcache(pipe, handle, calls[0][1], recipe.generate.seed))
+        finally:
+            handle.remove()
     blocks = min(len(blocks_of(transformer, family.blocks)) for transformer in transformers_of(pipe, family).values())
     steps = call_steps(pipe, calls[0][1])
-    search: Search = run_search(target, trials, blocks, steps, ratios, announce)
+    search: Search = run_search(target, trials, blocks, steps, ratios, announce, methods)
     chosen = finalists(search)
     if chosen:
         announce(f"timing the {len(chosen)} fastest settings again, interleaved with the baseline")

@@ -16,6 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accel.cache.config import CACHE_METHODS
+from accel.errors import UserError
+from accel.recipe.checks import suggest
 from accel.tune.target import Target
 
 # Thresholds from 0.005 to 1.28, each √2 above the last: FBCache-style relative changes and
@@ -108,9 +111,31 @@ class Search:
                 passing = middle
 
 
-def lines(blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | None) -> list[Line]:
+def parse_methods(text: str) -> frozenset[str]:
+    """`--methods fbcache,taylorseer`: the cache methods to search, named as the recipe's `[cache] method`;
+    a typo is refused here, before any rank starts, rather than leaving nothing to search."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UserError(
+            f"--methods is empty: name one or more cache methods, comma-separated ({', '.join(CACHE_METHODS)})"
+        )
+    for name in names:
+        if name not in CACHE_METHODS:
+            raise UserError(
+                f"--methods {text}: unknown cache method {name!r}{suggest(name, CACHE_METHODS, repr, 'methods')}"
+            )
+    return frozenset(names)
+
+
+def lines(
+    blocks: int,
+    steps: int,
+    mag_ratios: tuple[tuple[float, ...], ...] | None,
+    methods: frozenset[str] | None = None,
+) -> list[Line]:
     """Every line worth a look on a transformer of `blocks` blocks over `steps` steps, roughly
-    from the usual winners to the rest (an early winner lets later lines stop sooner)."""
+    from the usual winners to the rest (an early winner lets later lines stop sooner); only those of
+    `methods` (None: all) when the user knows which methods they can deploy or wants a quicker search."""
     found = [
         Line("fbcache", {"method": "fbcache"}, "threshold", THRESHOLDS),
         Line("fbcache + taylorseer", {"method": "fbcache", "calibrator": "taylorseer"}, "threshold", THRESHOLDS),
@@ -144,7 +169,7 @@ def lines(blocks: int, steps: int, mag_ratios: tuple[tuple[float, ...], ...] | N
         )
     if mag_ratios:
         found.append(Line("magcache", {"method": "magcache", "mag_ratios": mag_ratios}, "threshold", THRESHOLDS))
-    return found
+    return [line for line in found if methods is None or line.base["method"] in methods]
 
 
 def warmup_lines(line: Line, steps: int) -> list[Line]:
@@ -166,10 +191,17 @@ def run_search(
     steps: int,
     mag_ratios: tuple[tuple[float, ...], ...] | None,
     announce: Callable[[str], None] = lambda _line: None,
+    methods: frozenset[str] | None = None,
 ) -> Search:
-    """Every line, then the winning line with longer warm-ups."""
+    """Every line (of `methods`, None: all), then the winning line with longer warm-ups."""
     search = Search(target, probe)
-    candidates = lines(blocks, steps, mag_ratios)
+    candidates = lines(blocks, steps, mag_ratios, methods)
+    if not candidates:  # only a filter empties it: fbcache always has a line
+        names = sorted(methods or ())
+        raise UserError(
+            f"--methods {','.join(names)}: no {' or '.join(names)} setting fits this pipeline ({blocks} blocks, "
+            f"{steps} steps); add another method"
+        )
     for line in candidates:
         announce(f"line {line.name}")
         search.run_line(line)
