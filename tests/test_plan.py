@@ -706,7 +706,9 @@ def test_serve_with_gpus_alone_relaunches_each_replica_with_the_plans_layout(mon
     monkeypatch.delenv(PLANNED_PEAK, raising=False)
     launched: list[list[str]] = []
     monkeypatch.setattr(
-        accel.launch.supervisor, "launch", lambda spec, module, argv: launched.append([str(spec.nproc), *argv]) or 0
+        accel.launch.supervisor,
+        "launch",
+        lambda spec, module, argv, fork=False: launched.append([str(spec.nproc), *argv]) or 0,
     )
     argv = ["serve", "flux2", "--gpus", "4", "--replicas", "2", "--gpu-memory", "80", "--oversubscribe"]
     result = CliRunner().invoke(app, argv, obj={"argv": argv}, catch_exceptions=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import numpy as np
 import pytest
 from PIL import Image
@@ -351,13 +352,15 @@ def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() ->
 
 def test_a_killed_rank_fails_health_and_ends_the_server_naming_it() -> None:
     server = start("tiny-flux", "--gpus", "2")
-    ranks = [
-        int(pid)
-        for pid in subprocess.run(
-            ["pgrep", "-f", f"accel.cli serve tiny-flux --gpus 2 --port {server.port}"], capture_output=True, text=True
-        ).stdout.split()
-    ]
-    victim = next(pid for pid in ranks if "RANK=1\0" in Path(f"/proc/{pid}/environ").read_text())
+    # The launcher's children are its ranks (forks of it on a CPU job: their command line and
+    # /proc/PID/environ are the launcher's); rank 0 is the one serving the port.
+    ranks = psutil.Process(server.process.pid).children()
+    assert len(ranks) == 2
+    victim = next(
+        rank.pid
+        for rank in ranks
+        if not any(c.laddr.port == server.port and c.status == psutil.CONN_LISTEN for c in rank.net_connections())
+    )
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     code = server.process.wait(timeout=30)
