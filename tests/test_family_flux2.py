@@ -3,14 +3,13 @@ dev and Klein share a transformer class and are told apart by their pipelines.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
+from cli_runs import accel_run
 from typer.testing import CliRunner
 
 import accel
@@ -174,26 +173,8 @@ def test_a_reference_picture_is_optional_through_the_command_line(tmp_path: Path
     the call without it is the text-to-image one."""
     picture, out = tmp_path / "reference.png", tmp_path / "out.png"
     reference_picture().save(picture)
-    accel_bin = str(Path(sys.executable).parent / "accel")
-    done = subprocess.run(
-        [
-            accel_bin,
-            "run",
-            "tiny-flux2-klein",
-            "--image",
-            str(picture),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    result = accel_run("tiny-flux2-klein", "--image", str(picture), "--steps", "2", "--warmup", "0", "--out", str(out))
+    assert result.exit_code == 0, result.output[-2000:]
     call = dict(
         prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=4.0
     )

@@ -11,8 +11,6 @@ own processor to 2e-3, the size of the bfloat16 steps that fusion causes.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import parallel_cases as cases
 import pytest
 import torch
 import variant_cases
+from cli_runs import accel_run
 from family_parallel import reference
 
 
@@ -166,7 +165,6 @@ CASE = FamilyCase(
 TOLERANCE = 1e-4
 FAMILY = FAMILIES["kandinsky5"]
 FLOAT32_ROTARY = "parallel_cases:tiny_kandinsky5_float32_rotary"
-ACCEL = str(Path(sys.executable).parent / "accel")
 
 
 def test_every_kandinsky5_pipeline_is_a_variant_or_named() -> None:
@@ -256,29 +254,11 @@ def test_image_to_video_from_the_command_line(tmp_path: Path) -> None:
     image = tmp_path / "in.png"
     variant_cases.picture((64, 64)).save(image)
     out = tmp_path / "clip.mp4"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-kandinsky5",
-            "--pipeline",
-            "Kandinsky5I2VPipeline",
-            "--image",
-            str(image),
-            "--frames",
-            "17",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-kandinsky5", "--pipeline", "Kandinsky5I2VPipeline", "--image", str(image), "--frames", "17"],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     frames = read_video(out)
     assert frames.shape == (17, 64, 64, 3) and frames.std() > 1
 
@@ -363,27 +343,11 @@ def test_image_to_image_from_the_command_line_writes_the_picture(tmp_path: Path)
     image = tmp_path / "in.png"
     variant_cases.picture((64, 64)).save(image)
     out = tmp_path / "picture.png"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-kandinsky5",
-            "--pipeline",
-            I2I,
-            "--image",
-            str(image),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-kandinsky5", "--pipeline", I2I, "--image", str(image)],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     call = dict(
         prompt="a red fox in the snow, photograph", height=64, width=64, num_inference_steps=2, guidance_scale=5.0
     )  # tiny defaults

@@ -20,6 +20,7 @@ import numpy as np
 import parallel_cases as cases
 import pytest
 import torch
+from cli_runs import accel_run
 from typer.testing import CliRunner
 
 from variant_cases import run_written
@@ -286,28 +287,11 @@ def test_accel_run_writes_the_sound_into_the_mp4(tmp_path: Path) -> None:
 def test_image_to_video_through_the_command_line(tmp_path: Path) -> None:
     picture, out = tmp_path / "first.png", tmp_path / "out.mp4"
     cases.gradient_image().save(picture)
-    accel_bin = str(Path(sys.executable).parent / "accel")
-    done = subprocess.run(
-        [
-            accel_bin,
-            "run",
-            "tiny-ltx2",
-            "--pipeline",
-            "LTX2ImageToVideoPipeline",
-            "--image",
-            str(picture),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-ltx2", "--pipeline", "LTX2ImageToVideoPipeline", "--image", str(picture)],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     assert read_video(out).shape == (9, 64, 96, 3)
     assert read_audio(out) is not None
 
@@ -353,7 +337,6 @@ def test_hdr_through_the_command_line_writes_linear_npy_and_an_sdr_preview(tmp_p
     recipe.write_text(
         f'[model]\nname = "tiny-ltx2"\npipeline = "{HDR}"\n[generate]\nsteps = 2\nreferences = ["{clip}@1.0"]\n'
     )
-    accel_bin = str(Path(sys.executable).parent / "accel")
     for args in (
         [
             "tiny-ltx2",
@@ -368,8 +351,8 @@ def test_hdr_through_the_command_line_writes_linear_npy_and_an_sdr_preview(tmp_p
         ],
         ["--recipe", str(recipe), "--out", str(tmp_path / "hdr.npy")],
     ):
-        done = subprocess.run([accel_bin, "run", *args, "--warmup", "0"], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
+        result = accel_run(*args, "--warmup", "0")
+        assert result.exit_code == 0, result.output[-2000:]
     pipe = accel.load_pipeline("tiny-ltx2", pipeline=HDR)
     expected = pipe(
         prompt="a red fox in the snow, photograph",
@@ -498,27 +481,11 @@ def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sou
     no step count: its distilled schedule (8 sigmas) is the steps."""
     picture, out = tmp_path / "last.png", tmp_path / "dfr.mp4"
     cases.gradient_image().save(picture)
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "accel"),
-            "run",
-            "tiny-ltx2",
-            "--pipeline",
-            "LTX2DFRPipeline",
-            "--condition",
-            f"{picture}@-1:0.8",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-            "--json",
-            str(tmp_path / "run.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-ltx2", "--pipeline", "LTX2DFRPipeline", "--condition", f"{picture}@-1:0.8"],
+        *["--warmup", "0", "--out", str(out), "--json", str(tmp_path / "run.json")],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     assert read_video(out).shape == (9, 64, 96, 3)
     sound = read_audio(out)
     assert sound is not None and sound.samples.shape == (2, 9000)  # trimmed to 9 frames at 24 fps, 24 kHz
@@ -537,13 +504,8 @@ def test_a_dfr_pass_then_its_temporal_refine_round_through_the_command_line(tmp_
     the refine round, on 2 ranks, reads them, doubles the canvas in time (49 frames) and writes them
     at twice the frame rate with the pass's sound."""
     saved, out = tmp_path / "pass.pt", tmp_path / "refined.mp4"
-    first = subprocess.run(
-        [ACCEL, "run", "tiny-ltx2", "--pipeline", DFR, "--warmup", "0", "--out", str(saved)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert first.returncode == 0, first.stderr[-2000:]
+    first = accel_run("tiny-ltx2", "--pipeline", DFR, "--warmup", "0", "--out", str(saved))
+    assert first.exit_code == 0, first.output[-2000:]
     payload = torch.load(saved, weights_only=True)
     assert payload["pipeline"] == DFR and payload["fields"]["keyframe_positions"] == [24]
     assert payload["fields"]["frames"].shape == (1, 16, 4, 2, 3) and payload["fields"]["keyframes"].shape == (

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +14,9 @@ import numpy as np
 import pytest
 import tomli_w
 from PIL import Image
+from cli_runs import accel_run
 from test_generic import pipeline
-from test_serve import ENV, Server, start
+from test_serve import Server, start
 from typer.testing import CliRunner
 
 from accel.cli import app
@@ -58,38 +57,12 @@ def test_the_server_makes_what_accel_run_makes(chroma_server: Server, chroma_fol
     assert response.status_code == 200, response.text
     served = _pixels(base64.b64decode(response.json()["data"][0]["b64_json"]))
     out = tmp_path / "run.png"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accel.cli",
-            "run",
-            str(chroma_folder),
-            "--prompt",
-            PROMPT,
-            "--seed",
-            "3",
-            "--steps",
-            "3",
-            "--width",
-            "64",
-            "--height",
-            "64",
-            "--cache",
-            "0.1",
-            "--dtype",
-            "float32",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *[str(chroma_folder), "--prompt", PROMPT, "--seed", "3", "--steps", "3", "--width", "64", "--height", "64"],
+        *["--cache", "0.1", "--dtype", "float32", "--warmup", "0", "--out", str(out)],
+        threads=1,  # as the server's process (OMP_NUM_THREADS=1): the pixels are compared
     )
-    assert done.returncode == 0, done.stderr
+    assert result.exit_code == 0, result.output
     assert served.shape == (64, 64, 3) and np.array_equal(served, _pixels(out.read_bytes()))
     bad = httpx.post(f"{chroma_server.url}/v1/images/generations", json={"prompt": PROMPT, "steps": 0}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "steps"

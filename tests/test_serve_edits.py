@@ -8,8 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -183,7 +181,8 @@ def test_an_edit_the_pipeline_cannot_make_is_400_before_any_work(
 def test_the_openai_clients_edit_with_a_mask_is_what_accel_run_makes(tmp_path: Path) -> None:
     """tiny-flux's inpaint pipeline (its recipe's picture and mask serve the warm-up): the edit's
     PNG equals `accel run --image --mask` at the same seed."""
-    from test_serve import ENV, start
+    from cli_runs import accel_run
+    from test_serve import start
 
     fox, mask = tmp_path / "fox.png", tmp_path / "mask.png"
     fox.write_bytes(picture(seed=1))
@@ -206,14 +205,11 @@ def test_the_openai_clients_edit_with_a_mask_is_what_accel_run_makes(tmp_path: P
         code, _out, err = server.stop(signal.SIGTERM)
     assert code == 0, err
     out = tmp_path / "run.png"
-    run = subprocess.run(
-        [sys.executable, "-m", "accel.cli", "run", "--recipe", str(recipe), "--image", str(fox), "--mask", str(mask)]
-        + ["--seed", "3", "--width", "64", "--height", "64", "--prompt", "a red fox", "--out", str(out)],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = accel_run(
+        *["--recipe", str(recipe), "--image", str(fox), "--mask", str(mask)],
+        *["--seed", "3", "--width", "64", "--height", "64", "--prompt", "a red fox", "--out", str(out)],
+        threads=1,  # as the server's process (OMP_NUM_THREADS=1): the pixels are compared
     )
-    assert run.returncode == 0, run.stderr
+    assert run.exit_code == 0, run.output
     with Image.open(io.BytesIO(edited)) as served, Image.open(out) as written:
         assert np.array_equal(np.asarray(served), np.asarray(written))

@@ -275,10 +275,8 @@ def test_the_real_server_makes_what_accel_run_makes_from_an_upload_and_keeps_it_
 ) -> None:
     """tiny-wan's image-to-video pipeline (its recipe's picture serves the warm-up): a job from an
     uploaded picture is the MP4 `accel run --image` writes, kept in --video-dir."""
-    import subprocess
-    import sys
-
-    from test_serve import ENV, start
+    from cli_runs import accel_run
+    from test_serve import start
 
     fox = tmp_path / "fox.png"
     fox.write_bytes(picture((64, 64), noise=True))
@@ -301,15 +299,12 @@ def test_the_real_server_makes_what_accel_run_makes_from_an_upload_and_keeps_it_
     finally:
         code, _out, err = server.stop(signal.SIGTERM)
     assert code == 0, err
-    run = subprocess.run(
-        [sys.executable, "-m", "accel.cli", "run", "--recipe", str(recipe), "--image", str(fox), "--seed", "3"]
-        + ["--frames", "5", "--prompt", "a red fox", "--out", str(tmp_path / "run.mp4")],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run = accel_run(
+        *["--recipe", str(recipe), "--image", str(fox), "--seed", "3"],
+        *["--frames", "5", "--prompt", "a red fox", "--out", str(tmp_path / "run.mp4")],
+        threads=1,  # as the server's process (OMP_NUM_THREADS=1): the bytes are compared
     )
-    assert run.returncode == 0, run.stderr
+    assert run.exit_code == 0, run.output
     assert video == (tmp_path / "run.mp4").read_bytes()
     # What a restarted server reads (in process above: test_a_restarted_server_serves_the_finished_jobs…).
     record = json.loads((folder / f"{done.id}.json").read_text())

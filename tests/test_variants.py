@@ -4,8 +4,6 @@ and the variant lists stay in step with the pipelines diffusers ships, for image
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import diffusers
@@ -14,6 +12,7 @@ import pytest
 import torch
 import variant_cases as cases
 from PIL import Image
+from cli_runs import accel_run
 from families import FAMILY_CASES
 from typer.testing import CliRunner
 
@@ -25,7 +24,6 @@ from accel.models.variants import variant_of
 from accel.models.call import guided_by_guider
 
 TOLERANCE = 1e-4
-ACCEL = str(Path(sys.executable).parent / "accel")
 
 
 def transformer_classes_of(family: str) -> list[str]:
@@ -426,29 +424,11 @@ def write_inputs(folder: Path) -> tuple[Path, Path]:
 def test_fill_runs_from_the_command_line_with_image_and_mask(tmp_path: Path) -> None:
     image, mask = write_inputs(tmp_path)
     out = tmp_path / "filled.png"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-flux",
-            "--pipeline",
-            "FluxFillPipeline",
-            "--image",
-            str(image),
-            "--mask",
-            str(mask),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-flux", "--pipeline", "FluxFillPipeline", "--image", str(image), "--mask", str(mask)],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     assert Image.open(out).size == (64, 64)
     expected = cases.variant_run(
         "flux",
@@ -477,27 +457,11 @@ def test_image_to_video_runs_from_the_command_line(tmp_path: Path, family: str, 
     image = tmp_path / "in.png"
     cases.picture((64, 64)).save(image)
     out = tmp_path / "video.mp4"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            f"tiny-{family}",
-            "--pipeline",
-            pipeline_class,
-            "--image",
-            str(image),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *[f"tiny-{family}", "--pipeline", pipeline_class, "--image", str(image)],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     assert read_video(out).shape == (5, 64, 64, 3)  # the tiny defaults' 5 frames, at the picture's size
 
 
@@ -595,27 +559,11 @@ def test_wan_image_and_video_to_video_run_from_the_command_line(tmp_path: Path, 
     image, _ = write_inputs(tmp_path)
     source = image if flag == "--image" else write_clip(tmp_path / "clip.mp4")
     out = tmp_path / "out.mp4"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-wan",
-            "--pipeline",
-            pipeline_class,
-            flag,
-            str(source),
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-wan", "--pipeline", pipeline_class, flag, str(source)],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     given = {"image": Image.open(image).convert("RGB")} if flag == "--image" else {"video": read_clip(str(source))}
     call = dict(
         prompt="a red fox in the snow, photograph",
@@ -766,31 +714,12 @@ def test_ltx_condition_runs_from_the_command_line_with_a_picture_at_a_frame(tmp_
     """`--image` conditions the video and `--arg` places it: the MP4 equals the library call."""
     image, _ = write_inputs(tmp_path)
     out = tmp_path / "out.mp4"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-ltx",
-            "--pipeline",
-            CONDITION,
-            "--image",
-            str(image),
-            "--arg",
-            "frame_index=8",
-            "--arg",
-            "strength=0.9",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-ltx", "--pipeline", CONDITION, "--image", str(image)],
+        *["--arg", "frame_index=8", "--arg", "strength=0.9"],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     call = dict(
         prompt="a red fox in the snow, photograph",
         height=96,
@@ -912,35 +841,13 @@ def test_wan_animate_runs_from_the_command_line_with_its_pose_and_face_videos(tm
     image, _ = write_inputs(tmp_path)
     pose, face = write_clip(tmp_path / "pose.mp4"), write_clip(tmp_path / "face.mp4", size=(16, 16))
     out = tmp_path / "out.mp4"
-    done = subprocess.run(
-        [
-            ACCEL,
-            "run",
-            "tiny-wan",
-            "--pipeline",
-            "WanAnimatePipeline",
-            "--image",
-            str(image),
-            "--input",
-            f"pose_video={pose}",
-            "--input",
-            f"face_video={face}",
-            "--arg",
-            "segment_frame_length=5",
-            "--negative-prompt",
-            "blurry",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = accel_run(
+        *["tiny-wan", "--pipeline", "WanAnimatePipeline", "--image", str(image)],
+        *["--input", f"pose_video={pose}", "--input", f"face_video={face}"],
+        *["--arg", "segment_frame_length=5", "--negative-prompt", "blurry"],
+        *["--steps", "2", "--warmup", "0", "--out", str(out)],
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert result.exit_code == 0, result.output[-2000:]
     call = dict(
         animate_call(),
         image=Image.open(image).convert("RGB"),
