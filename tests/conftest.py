@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
 # Verdicts of automatic parallel plans go to a folder of this session's, not the user's cache (rank
-# pools and spawned commands inherit it).
-os.environ.setdefault("ACCEL_CACHE_DIR", tempfile.mkdtemp(prefix="accel-test-cache-"))
+# pools, pytest's workers and spawned commands inherit it), removed when the process that made it ends
+# (not by a fork of it: those leave through the same exit handlers).
+if "ACCEL_CACHE_DIR" not in os.environ:
+    os.environ["ACCEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="accel-test-cache-")
+    atexit.register(
+        lambda folder=os.environ["ACCEL_CACHE_DIR"], maker=os.getpid(): (
+            os.getpid() == maker and shutil.rmtree(folder, ignore_errors=True)
+        )
+    )
 
 FLUX_CALL = dict(prompt="a red fox", height=64, width=64, num_inference_steps=4, guidance_scale=3.5)
 WAN_CALL = dict(
