@@ -5,7 +5,8 @@ the launcher of an `accel` command has imported them already to check the job be
 starts. On a CPU job each rank is therefore a fork of the launcher that runs `python -m module args`
 in place: same environment, own session, exit code through `waitpid`, as a spawned rank has them.
 Seen from outside, a forked rank's command line and `/proc/PID/environ` are the launcher's (its
-`os.environ` is its own): tools find ranks as the launcher's children.
+`os.environ` is its own): tools find ranks as the launcher's children. Its exit runs the `atexit`
+handlers it inherited, which the modules both import register (the launcher registers none of its own).
 
 A GPU job keeps spawning: a process that has touched CUDA cannot hand it to a fork, and each rank must
 own its device from a fresh start. `ACCEL_RANK_START=spawn` spawns on a CPU job too.
