@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -15,15 +16,36 @@ import pytest
 from accel.errors import UserError
 from accel.launch.environment import LaunchSpec
 from accel.launch.forked import RANK_START_ENV, can_fork_now, forks_ranks
-from accel.launch.supervisor import Supervisor
 
 TESTS = str(Path(__file__).parent)
 
 
-def _job(folder: Path, codes: tuple[int, int], fork: bool) -> int:
-    args = [str(folder), *map(str, codes)]
-    command = [sys.executable, "-m", "fork_probe", *args]
-    return Supervisor(LaunchSpec(nproc=2), command, ("fork_probe", args) if fork else None).run()
+# The launcher as `accel` runs it: a process of its own that has loaded torch and runs no other thread
+# (a pytest worker may have started some, and then spawns instead: tested below).
+LAUNCHER = """
+import sys
+import torch
+from accel.launch.environment import LaunchSpec
+from accel.launch.supervisor import Supervisor
+fork, args = sys.argv[1] == "fork", sys.argv[2:]
+command = [sys.executable, "-m", "fork_probe", *args]
+sys.exit(Supervisor(LaunchSpec(nproc=2), command, ("fork_probe", args) if fork else None).run())
+"""
+
+
+def _job(folder: Path, codes: tuple[int, int], fork: bool) -> tuple[subprocess.CompletedProcess[str], int]:
+    """(the launcher's outcome, its pid) for a job of two fork_probe ranks exiting with `codes`."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (TESTS, os.environ.get("PYTHONPATH")))),
+        "OMP_NUM_THREADS": "1",
+    }
+    arguments = ["fork" if fork else "spawn", str(folder), *map(str, codes)]
+    process = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, *arguments], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), process.pid
 
 
 def _records(folder: Path) -> list[dict]:
@@ -31,29 +53,22 @@ def _records(folder: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
-def test_ranks_start_as_a_new_interpreter_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool) -> None:
-    import torch
-
-    assert torch.__name__ in sys.modules  # the launcher of an accel command has loaded it
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (TESTS, os.environ.get("PYTHONPATH")))))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert _job(tmp_path, (0, 0), fork) == 0
+def test_ranks_start_as_a_new_interpreter_would(tmp_path: Path, fork: bool) -> None:
+    done, launcher = _job(tmp_path, (0, 0), fork)
+    assert done.returncode == 0, done.stderr
     for rank, record in enumerate(_records(tmp_path)):
         assert record["rank"] == rank and record["argv"] == [str(tmp_path), "0", "0"]
         assert record["torch_loaded"] is fork  # a fork imports nothing again
-        assert record["own_session"] and record["parent"] == os.getpid()
+        assert record["own_session"] and record["parent"] == launcher
         assert (record["sigint"], record["sigterm"]) == ("default", "default")  # not the supervisor's
         assert (record["threads"], record["omp"]) == (1, "1")
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
-def test_a_forked_ranks_exit_code_reaches_the_supervisor(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fork: bool
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (TESTS, os.environ.get("PYTHONPATH")))))
-    assert _job(tmp_path, (0, 5), fork) == 1
-    assert "error: rank 1 exited with code 5 without a message" in capsys.readouterr().err
+def test_a_forked_ranks_exit_code_reaches_the_supervisor(tmp_path: Path, fork: bool) -> None:
+    done, _ = _job(tmp_path, (0, 5), fork)
+    assert done.returncode == 1
+    assert "error: rank 1 exited with code 5 without a message" in done.stderr
 
 
 def test_only_a_cpu_job_forks_and_spawn_can_be_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,8 +83,8 @@ def test_only_a_cpu_job_forks_and_spawn_can_be_asked_for(monkeypatch: pytest.Mon
 
 
 def test_a_launcher_running_another_thread_spawns_instead() -> None:
-    """A fork keeps only the calling thread: a lock another thread held would never be released."""
-    assert can_fork_now()
+    """A fork keeps only the calling thread: a lock another thread held would never be released (a
+    launcher with one thread forks: the tests above)."""
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()
