@@ -77,13 +77,13 @@ class Supervisor:
         address, port = self.spec.rendezvous()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, cpu_cores() // self.spec.nproc))
         shared = {JOB_DIR_ENV: str(folder), LAUNCHER_PID_ENV: str(os.getpid()), "OMP_NUM_THREADS": threads}
-        fork = self.forked is not None and can_fork_now()
+        forked = self.forked if can_fork_now() else None
         for local in range(self.spec.nproc):
             env = {**os.environ, **shared, **self.spec.rank_environment(local, address, port)}
             # Its own session: Ctrl-C reaches only the launcher, which stops each rank's whole group.
             process = (
-                fork_rank(*self.forked, env)
-                if fork and self.forked is not None
+                fork_rank(*forked, env)
+                if forked is not None
                 else subprocess.Popen(self.command, env=env, start_new_session=True)
             )
             self.ranks.append(_Rank(self.spec.node_rank * self.spec.nproc + local, process))
