@@ -90,33 +90,15 @@ def wan_reference(tiny_wan: Any) -> np.ndarray:
     return generate(tiny_wan, WAN_CALL)
 
 
-# Rank processes the pools may hold at once: each keeps the tiny pipelines it has built (1-1.5 GB
-# late in the suite), so pools of 2, 3, 4 and 8 ranks alive together outgrew a 24 GiB machine.
-# Twelve keeps test_tensor_parallel's 2, 4 and 6 alive together (ten restarted a pool every test);
-# the pytest workers (make test runs two) share the twelve.
-MAX_POOLED_RANKS = max(4, 12 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-
-
 @pytest.fixture(scope="session")
 def rank_pools() -> Any:
-    """Persistent gloo rank pools by world size, started on first use: `rank_pools(2).run(fn, ...)`.
-    A pool that would take the live ranks past MAX_POOLED_RANKS first closes the least recently used."""
+    """The session's persistent gloo ranks, started on first use: `rank_pools(2).run(fn, ...)` runs on
+    the first two, joined in a group of two (tests/rankpool.py)."""
     from rankpool import RankPool
 
-    pools: dict[int, RankPool] = {}  # in order of last use
-
-    def get(world: int) -> RankPool:
-        if world in pools:
-            pools[world] = pools.pop(world)  # most recently used last
-            return pools[world]
-        while pools and sum(pools) + world > MAX_POOLED_RANKS:
-            pools.pop(next(iter(pools))).close()
-        pools[world] = RankPool(world)
-        return pools[world]
-
-    yield get
-    for pool in pools.values():
-        pool.close()
+    pool = RankPool()
+    yield pool.sized
+    pool.close()
 
 
 @pytest.fixture(autouse=True)

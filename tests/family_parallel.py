@@ -3,6 +3,7 @@ layout on gloo ranks against it (read by test_parallel_families and every module
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,12 @@ def splits_sequence(family: str) -> bool:
 
 def world_of(parallel: dict[str, int]) -> int:
     return parallel.get("ulysses", 1) * parallel.get("ring", 1) * parallel.get("cfg", 1) * parallel.get("tp", 1)
+
+
+def by_world(cases: list[Any], layout_of: Callable[[Any], dict[str, int]]) -> list[Any]:
+    """`cases` in order of the ranks their layout runs on (stable otherwise): the session's rank pool
+    forms a group of each size once per matrix instead of once per case (tests/rankpool.py)."""
+    return sorted(cases, key=lambda case: world_of(layout_of(case)))
 
 
 _references: dict[tuple[str, str], Any] = {}

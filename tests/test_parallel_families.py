@@ -16,6 +16,7 @@ from families import FAMILY_CASES
 from family_parallel import (
     MODES,
     TOLERANCE,
+    by_world,
     check_cache_method_on_ranks,
     check_cache_on_ranks,
     check_equals_one_process,
@@ -55,7 +56,7 @@ def test_every_family_has_a_plan_and_a_cfg_style() -> None:
 UNCACHED_MODES = {mode: MODES[mode] for mode in MODES if mode not in CACHE_MODES}
 
 
-@pytest.mark.parametrize("family, mode", family_modes(UNCACHED_MODES))
+@pytest.mark.parametrize("family, mode", by_world(family_modes(UNCACHED_MODES), lambda case: MODES[case[1]]))
 def test_parallel_equals_single_process(rank_pools, family: str, mode: str) -> None:
     check_equals_one_process(rank_pools, family, MODES[mode], FAMILY_CASES[family].call)
 
@@ -70,7 +71,7 @@ def cache_family_modes() -> list[tuple[str, str]]:
     return [(family, mode) for family, mode in pairs if not (family in both and mode in ("ulysses2", "cfg2"))]
 
 
-@pytest.mark.parametrize("family, mode", cache_family_modes())
+@pytest.mark.parametrize("family, mode", by_world(cache_family_modes(), lambda case: CACHE_MODES[case[1]]))
 def test_cache_decides_on_every_rank_as_one_process(rank_pools, family: str, mode: str) -> None:
     """Each rank caches exactly the calls one process caches (with two-call CFG split over the halves,
     the calls of its own branch), with the same block-0 change, and the outputs agree: every mode's

@@ -17,7 +17,14 @@ from accel.parallel.mesh import resolve_degrees
 from accel.parallel.tensor import planned_layers, resolve_tensor_plan, width_problem
 from accel.recipe.sections import ParallelSection
 from families import FAMILY_CASES
-from family_parallel import TOLERANCE, check_cache_method_on_ranks, check_cache_on_ranks, reference, splits_sequence
+from family_parallel import (
+    TOLERANCE,
+    by_world,
+    check_cache_method_on_ranks,
+    check_cache_on_ranks,
+    reference,
+    splits_sequence,
+)
 
 LAYOUTS = {
     "tp2": {"tp": 2},
@@ -49,7 +56,7 @@ def test_every_family_has_a_tensor_plan() -> None:
     assert all(family.tensor is not None for family in FAMILIES.values())
 
 
-@pytest.mark.parametrize("family, layout", family_layouts())
+@pytest.mark.parametrize("family, layout", by_world(family_layouts(), lambda case: LAYOUTS[case[1]]))
 def test_tensor_parallel_with_the_cache_equals_one_process(rank_pools, family: str, layout: str) -> None:
     """The outputs agree with one process's, and each rank caches exactly the calls one process caches,
     with the same change (the TP ranks read one sum over the call's ranks). The calls the cache computes
