@@ -4,8 +4,7 @@
 a module-level function in tests/) and returns each rank's result in rank order. The ranks form a gloo
 group of exactly `world` processes, formed again whenever the next call asks for another size: the
 processes, their imports and the pipelines they have built outlive the group. A suite alternating
-2, 3, 4 and 6 ranks used to start fresh processes for nearly every test, about a second of CPU each
-(forked, then joining, importing what the fork server had not, warming up), 770 of them in half a suite.
+2, 3, 4 and 6 ranks used to start fresh processes for nearly every test: 829 in one suite.
 
 A rank that raises fails the call with its traceback; the pool is then started again, since the other
 ranks may be stuck mid-collective. So is a pool whose ranks grew past RANK_MEMORY_LIMIT.
@@ -75,15 +74,12 @@ def _worker(rank: int, tasks: Any, results: Any) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    group: tuple[int, int] | None = None  # (world, port) of the group this rank is in
     while True:
         task = tasks.get()
         if task is None:
             break
-        if task == _LEAVE:
-            if group is not None:
-                _leave()
-                group = None
+        if task == _LEAVE:  # the pool sends this to every rank of a group before any joins the next
+            _leave()
             results.put((rank, True, None, 0))
             continue
         world, port, environment, fn, args = task
@@ -99,20 +95,16 @@ def _worker(rank: int, tasks: Any, results: Any) -> None:
             HF_HUB_OFFLINE="1",
         )
         try:
-            if group != (world, port):
-                if group is not None:
-                    _leave()
+            if not dist.is_initialized():
                 dist.init_process_group(
                     "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
                 )
-                group = (world, port)
             results.put((rank, True, fn(*args), _resident_bytes()))
         except BaseException:  # noqa: BLE001 - reported to the test process
             results.put((rank, False, traceback.format_exc(), 0))
         finally:
             _forget_compiled()
-    if group is not None:
-        _leave()
+    _leave()
 
 
 def _start_fork_server() -> None:
