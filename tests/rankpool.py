@@ -107,7 +107,7 @@ def _worker(rank: int, tasks: Any, results: Any) -> None:
     _leave()
 
 
-def _start_fork_server() -> None:
+def start_fork_server() -> None:
     """Starts the session's fork server once, with tests/ on its path for PRELOAD (Python 3.11's fork
     server ignores the parent's sys.path while preloading; the ranks it forks get it back)."""
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
@@ -140,7 +140,7 @@ class RankPool:
         if self._largest_rank_bytes > RANK_MEMORY_LIMIT:
             self.close()
         if self._results is None:
-            _start_fork_server()
+            start_fork_server()
             self._results = self._context.Queue()
         self._grow(world)
         if self._group is None or self._group[0] != world:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import commands
 import typer.main
 import yaml
 from cli_runs import accel_run
@@ -62,7 +63,7 @@ def _requests(folder: Path) -> Path:
 
 
 def _batch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return commands.popen(
         [sys.executable, "-m", "accel.cli", "batch", *args],
         cwd=cwd,
         env=env or ENV,

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import commands
 import typer
 from typer.testing import CliRunner
 
@@ -77,7 +78,7 @@ def test_dash_h_is_help(args: list[str]) -> None:
 def test_launch_leaves_everything_after_the_script_to_it(tmp_path: Path) -> None:
     script = tmp_path / "echo.py"
     script.write_text("import sys\nprint('args', sys.argv[1:])\n")
-    result = subprocess.run(
+    result = commands.run(
         [sys.executable, "-m", "accel.cli", "launch", "--gpus", "1", str(script), "-h", "--gpus", "3"],
         capture_output=True,
         text=True,

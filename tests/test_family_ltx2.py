@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import tempfile
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import parallel_cases as cases
 import pytest
+import commands
 import torch
 from cli_runs import accel_run
 from typer.testing import CliRunner
@@ -495,7 +495,6 @@ def test_a_dfr_pass_through_the_command_line_makes_the_requested_frames_with_sou
 
 
 # -- DFR's two passes: a pass's latents saved with --out NAME.pt, its temporal refine round reading them --------------
-ACCEL = str(Path(sys.executable).parent / "accel")
 DFR, REFINE = "LTX2DFRPipeline", "LTX2DFRTemporalRefinePipeline"
 
 
@@ -515,9 +514,11 @@ def test_a_dfr_pass_then_its_temporal_refine_round_through_the_command_line(tmp_
         2,
         3,
     )
-    second = subprocess.run(
+    second = commands.run(
         [
-            ACCEL,
+            sys.executable,
+            "-m",
+            "accel.cli",
             "run",
             "tiny-ltx2",
             "--pipeline",

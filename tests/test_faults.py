@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import commands
 
 RANK_SCRIPT = Path(__file__).with_name("fault_rank.py")
 ENDS_WITHIN_S = 5.0  # the issue's bound from the fault to the launcher's exit
@@ -42,7 +43,7 @@ def _start(tmp_path: Path, kind: str, failing: int = 1, gpus: int = 2, *extra: s
         kind,
         str(failing),
     ]
-    return subprocess.Popen(
+    return commands.popen(
         command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
@@ -243,7 +244,7 @@ def test_the_cause_comes_first_and_follow_on_errors_are_one_line() -> None:
 
 def test_ctrl_c_of_a_single_process_run_is_one_line(tmp_path: Path) -> None:
     """No launcher: the lone process unwinds (its outputs' temporaries are removed on the way) to one line."""
-    run = subprocess.Popen(
+    run = commands.popen(
         [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--steps", "200", "--out", "x.png"],
         cwd=tmp_path,
         env=_env(tmp_path),

@@ -24,6 +24,7 @@ from typing import Any  # noqa: E402
 
 import diffusers  # noqa: E402
 import pytest  # noqa: E402
+import commands
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
@@ -457,7 +458,7 @@ def test_accel_bench_takes_a_recipe_naming_such_a_folder(chroma_folder: Path, tm
 
 def accel_command(*args: str) -> subprocess.CompletedProcess[str]:
     """accel in a process of its own: a layout of several ranks relaunches the command line."""
-    return subprocess.run(
+    return commands.run(
         [sys.executable, "-m", "accel.cli", *args],
         capture_output=True,
         text=True,

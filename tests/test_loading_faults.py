@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import commands
 import torch
 from safetensors.torch import load as load_safetensors
 
@@ -282,7 +283,7 @@ def test_the_cli_prints_one_line_and_exits_2(saved: Path, tmp_path: Path) -> Non
         pickled: f"error: {pickled}/text_encoder/pytorch_model.bin is a pickled PyTorch checkpoint",
     }
     runs = {  # both at once: each spends most of its time importing torch and diffusers
-        folder: subprocess.Popen(
+        folder: commands.popen(
             [sys.executable, "-m", "accel.cli", "run", str(folder), "--steps", "1"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

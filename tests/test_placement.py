@@ -4,11 +4,11 @@ that rank keeps them in host memory and encodes there, its outputs moved to the 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import commands
 import torch
 
 import parallel_cases as cases
@@ -241,7 +241,7 @@ def test_which_encoder_classes_have_a_plan() -> None:
 
 
 def test_an_unknown_placement_is_one_line() -> None:
-    run = subprocess.run(
+    run = commands.run(
         [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--text-encoder", "rank1"],
         capture_output=True,
         text=True,

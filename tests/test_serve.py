@@ -21,6 +21,7 @@ import httpx
 import psutil
 import numpy as np
 import pytest
+import commands
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -42,6 +43,19 @@ class Server:
     process: subprocess.Popen[str]
     url: str
     port: int
+    tree: list[int]  # the launcher's pid and its descendants' (the ranks) once it served
+
+    def left_behind(self) -> list[int]:
+        """The processes of the server that still run (the launcher and ranks whose exit was awaited:
+        a zombie has left)."""
+        alive = []
+        for pid in self.tree:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> tuple[int, str, str]:
         self.process.send_signal(sig)
@@ -51,7 +65,7 @@ class Server:
 
 def start(*args: str) -> Server:
     port = free_port()
-    process = subprocess.Popen(
+    process = commands.popen(
         [sys.executable, "-m", "accel.cli", "serve", *args, "--port", str(port)],
         env=ENV,
         stdout=subprocess.PIPE,
@@ -65,7 +79,8 @@ def start(*args: str) -> Server:
             raise AssertionError(f"accel serve exited {process.returncode}: {process.communicate()}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return Server(process, url, port)
+                tree = [process.pid, *(child.pid for child in psutil.Process(process.pid).children(recursive=True))]
+                return Server(process, url, port, tree)
         except httpx.TransportError:
             pass
         time.sleep(0.5)
@@ -107,7 +122,7 @@ def test_openai_client_gets_the_pixels_accel_run_writes(flux_server: Server, tmp
     assert [item.model_extra["seed"] for item in result.data] == [5, 6]
     served = [_pixels(base64.b64decode(item.b64_json)) for item in result.data]
     out = tmp_path / "run.png"
-    done = subprocess.run(
+    done = commands.run(
         [
             sys.executable,
             "-m",
@@ -147,7 +162,7 @@ def test_openai_client_gets_the_pixels_accel_run_writes(flux_server: Server, tmp
 
 def _accel_run(out: Path, *args: str) -> np.ndarray:
     command = [sys.executable, "-m", "accel.cli", "run", "tiny-flux", "--gpus", "2", "--warmup", "0", *args]
-    done = subprocess.run([*command, "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
+    done = commands.run([*command, "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return _pixels(out.read_bytes())
 
@@ -370,8 +385,7 @@ def test_a_killed_rank_fails_health_and_ends_the_server_naming_it() -> None:
     assert "rank 1" in err
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=5)
-    left = subprocess.run(["pgrep", "-f", f"--port {server.port}"], capture_output=True, text=True).stdout.split()
-    assert left == [], "no process left behind"
+    assert len(server.tree) == 3 and server.left_behind() == [], "no process left behind"
 
 
 # --- without a server: the front's checks and the queue -----------------------------------------
@@ -526,7 +540,7 @@ def test_serve_refuses_offload_on_more_than_one_process_before_any_rank_starts(
 
 
 def test_a_failure_on_one_rank_is_the_replica_s_500_and_the_next_request_runs() -> None:
-    done = subprocess.run(
+    done = commands.run(
         [sys.executable, "-m", "accel.cli", "launch", "--gpus", "2", "tests/serve_fault.py"],
         env=ENV,
         capture_output=True,

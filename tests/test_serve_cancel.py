@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -93,8 +92,7 @@ def sigterm_with_a_queue(server: Server) -> None:
         "stopping: the requests accepted have 1 s to finish (a second Ctrl-C cancels them)",
         "stopped",
     ]
-    left = subprocess.run(["pgrep", "-f", f"--port {server.port}"], capture_output=True, text=True).stdout.split()
-    assert left == [], "no process left behind"
+    assert server.left_behind() == [], "no process left behind"
 
 
 # --- one process ---------------------------------------------------------------------------------

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import commands
 import tomli_w
 from PIL import Image
 from typer.testing import CliRunner, Result
@@ -439,7 +439,7 @@ def test_tune_refuses_an_empty_prompt_file_and_an_existing_plot(tmp_path: Path) 
 def test_tune_on_two_ranks_searches_together_and_writes_one_recipe(small_recipe: Path, tmp_path: Path) -> None:
     out = tmp_path / "two.toml"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    done = subprocess.run(
+    done = commands.run(
         [
             sys.executable,
             "-m",

@@ -1,0 +1,73 @@
+"""tests/commands.py: a `python -m` command forked from the preloaded fork server is what a new
+interpreter running it is, as far as a test can read (streams, folder, environment, exit codes,
+signals, exit handlers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import commands
+
+TESTS = str(Path(__file__).parent)
+ENV = {**os.environ, "PYTHONPATH": TESTS, "PROBE_VALUE": "seen"}
+
+
+def _both(args: list[str], tmp_path: Path, **options: object) -> tuple[object, object]:
+    argv = [sys.executable, "-m", "command_probe", *args]
+    forked = commands.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, **options)
+    fresh = subprocess.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120, **options)
+    return forked, fresh
+
+
+@pytest.mark.parametrize(
+    "args, new_session",
+    [(["report", "0", "x y"], False), (["report", "3"], True), (["exit"], False), (["raise"], False)],
+)
+def test_a_forked_command_prints_and_exits_as_a_new_interpreter(
+    tmp_path: Path, args: list[str], new_session: bool
+) -> None:
+    forked, fresh = _both(args, tmp_path, input="from stdin\n", start_new_session=new_session)
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+    assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
+    if args[0] == "report":
+        assert forked.stdout.startswith(f"cwd {tmp_path}\nenv seen True\n")
+        assert f"stdin from stdin\nsession {new_session}\nsigint True\n" in forked.stdout
+        assert forked.stderr == "to stderr\n"
+    if args[0] == "exit":
+        assert (forked.returncode, forked.stdout, forked.stderr) == (
+            1,
+            "thread done\natexit\n",
+            "a message as the exit code\n",
+        )
+    if args[0] == "raise":
+        assert forked.returncode == 1 and forked.stderr.splitlines()[-1] == "ValueError: probe failed"
+
+
+def test_a_forked_command_is_not_a_new_interpreter() -> None:
+    """The fork is what saves the imports: the command runs in a process that has torch already."""
+    probe = commands.popen([sys.executable, "-m", "command_probe", "wait"], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert probe.stdout.readline() == "waiting\n"
+    assert b"forkserver" in Path(f"/proc/{probe.pid}/cmdline").read_bytes()
+    probe.kill()
+    assert probe.wait(timeout=30) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_forked_command_as_it_ends_a_new_interpreter(sig: int) -> None:
+    """SIGTERM by its default action; SIGINT through KeyboardInterrupt, its traceback, then the signal."""
+    ends = []
+    for start in (commands.popen, subprocess.Popen):
+        probe = start(
+            [sys.executable, "-m", "command_probe", "wait"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert probe.stdout.readline() == b"waiting\n"
+        probe.send_signal(sig)
+        _, err = probe.communicate(timeout=60)
+        ends.append((probe.returncode, err.splitlines()[-1:]))
+    assert ends[0] == ends[1] and ends[0][0] == -sig
