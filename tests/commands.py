@@ -132,7 +132,7 @@ class ForkedCommand:
                 ends.append(ends[1])
                 continue
             child_end, parent_end = _ends(option, default, reading=name == "stdin")
-            if child_end != default or option is not None:
+            if option is PIPE or option is DEVNULL:  # opened here for the child alone
                 mine.append(child_end)
             if parent_end is not None:
                 kept[name] = parent_end
@@ -148,8 +148,7 @@ class ForkedCommand:
         self._process.start()
         self.pid = self._process.pid
         for fd in set(mine):
-            if fd not in (0, 1, 2):
-                os.close(fd)
+            os.close(fd)
         self.stdin = self._open(kept, "stdin", "w")
         self.stdout = self._open(kept, "stdout", "r")
         self.stderr = self._open(kept, "stderr", "r")

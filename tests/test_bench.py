@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import commands
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -133,10 +134,12 @@ def _grid_size(frame_hw: tuple[int, int], tiles: int, video: bool) -> tuple[int,
     return left + tiles * (fw + figures.GAP), figures.GAP + figures.LABEL_BAND + rows * (fh + figures.GAP)
 
 
-def _bench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    # tiny-flux's compile variants compile from a cold cache, as a new user's first bench does (in the
-    # process: the compile pool's exit is tests/test_rank_exit.py's)
-    return subprocess.run(
+def _bench(*args: str, cwd: Path, compiles: bool) -> subprocess.CompletedProcess[str]:
+    """A recipe that `compiles` runs in a new interpreter, from a cold inductor cache as a new user's
+    first bench does (torch reads the compile settings when it is imported; the compile pool's exit
+    is tests/test_rank_exit.py's); another in a fork of the preloaded fork server (tests/commands.py)."""
+    start = subprocess.run if compiles else commands.run
+    return start(
         [sys.executable, "-m", "accel.cli", "bench", *args],
         cwd=cwd,
         capture_output=True,
@@ -159,7 +162,9 @@ def test_tiny_recipe_runs_on_two_ranks_and_writes_every_report(family: str, tmp_
     recipe = load_recipe(path)
     out = tmp_path / "report"
     # One timed run and no warm-up per variant: a third of the recipe's generations, the same reports.
-    done = _bench(str(path), "--gpus", "2", "--out", str(out), "--repeats", "1", "--warmup", "0", cwd=tmp_path)
+    compiles = any(recipe.variant(variant.name).compile.enabled for variant in recipe.variants)
+    args = (str(path), "--gpus", "2", "--out", str(out), "--repeats", "1", "--warmup", "0")
+    done = _bench(*args, cwd=tmp_path, compiles=compiles)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"accel bench {path}" in done.stdout
     document = json.loads((out / "bench.json").read_text())

@@ -71,3 +71,15 @@ def test_a_signal_ends_a_forked_command_as_it_ends_a_new_interpreter(sig: int) -
         _, err = probe.communicate(timeout=60)
         ends.append((probe.returncode, err.splitlines()[-1:]))
     assert ends[0] == ends[1] and ends[0][0] == -sig
+
+
+def test_a_file_of_the_tests_takes_both_streams_and_stays_open(tmp_path: Path) -> None:
+    with (tmp_path / "out.txt").open("w+") as out:
+        done = commands.run(
+            [sys.executable, "-m", "command_probe", "report", "0"], env=ENV, stdout=out, stderr=subprocess.STDOUT
+        )
+        out.write("after\n")
+        out.seek(0)
+        text = out.read()
+    assert done.returncode == 0 and (done.stdout, done.stderr) == (None, None)
+    assert "to stderr\n" in text and "argv ['report', '0']\n" in text and text.endswith("after\n")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import commands
 
 from conftest import cold_compile_env
 from accel.launch.diagnosis import lingering
@@ -25,13 +26,17 @@ LEAVE_WITHIN_S = 60  # the issue's promise: a finished job is gone within a minu
 HANG_GUARD_S = 420
 
 
-def run_until_gone(args: list[str], tmp_path: Path, last_line: str, **env: str) -> tuple[int, float, str, str]:
+def run_until_gone(
+    args: list[str], tmp_path: Path, last_line: str, fresh: bool = False, **env: str
+) -> tuple[int, float, str, str]:
     """Run `accel ARGS`; (exit code, seconds from the first line starting with `last_line` to the
     exit, stdout, stderr). A job still running a minute after that line fails the test: it is
-    interrupted (the launcher stops its ranks), not waited for."""
+    interrupted (the launcher stops its ranks), not waited for. `fresh`: the launcher is a new
+    interpreter (torch reads its compile settings when imported), not a fork of the preloaded
+    fork server (tests/commands.py)."""
     lines: list[tuple[float, str]] = []
     with (tmp_path / "stderr.txt").open("w+") as errors:
-        process = subprocess.Popen(
+        process = (subprocess.Popen if fresh else commands.popen)(
             [sys.executable, "-m", "accel.cli", *args],
             cwd=tmp_path,
             env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1", **env),
@@ -98,6 +103,7 @@ def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_pa
         ],
         tmp_path,
         last_line="└",
+        fresh=True,
         ACCEL_RANK_START="spawn",
     )
     assert code == 0, err
