@@ -142,7 +142,16 @@ class ForkedCommand:
         start_fork_server()
         self._process = mp.get_context("forkserver").Process(
             target=_become,
-            args=(module, args, environment, folder, unbuffered, start_new_session, *(_Inherited(fd) for fd in ends)),
+            args=(
+                module,
+                args,
+                environment,
+                folder,
+                unbuffered,
+                start_new_session,
+                _ignored(),
+                *(_Inherited(fd) for fd in ends),
+            ),
             daemon=False,
         )
         self._process.start()
@@ -225,6 +234,15 @@ class ForkedCommand:
         self.wait()
 
 
+INHERITED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _ignored() -> list[int]:
+    """The signals this process ignores, which a new interpreter it started would ignore too (pytest-xdist's
+    workers ignore SIGINT)."""
+    return [sig for sig in INHERITED_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
+
+
 def _now() -> float:
     import time
 
@@ -246,7 +264,14 @@ def _ends(option: Any, default: int, reading: bool) -> tuple[int, int | None]:
 
 
 def _become(
-    module: str, args: list[str], env: dict[str, str], folder: str, unbuffered: bool, new_session: bool, *fds: int
+    module: str,
+    args: list[str],
+    env: dict[str, str],
+    folder: str,
+    unbuffered: bool,
+    new_session: bool,
+    ignored: list[int],
+    *fds: int,
 ) -> None:
     """The child's side: a new interpreter's streams, folder, environment and signal handlers (and
     session, when asked); the module run as `python -m` runs it; then an interpreter's exit."""
@@ -260,8 +285,10 @@ def _become(
         os.close(fd)
     if new_session:
         os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in INHERITED_SIGNALS:  # an ignored signal stays ignored across exec; a handler does not
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+    if signal.SIGINT not in ignored:  # what Python installs at start, unless SIGINT came ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(folder)
     os.environ.clear()
     os.environ.update(env)

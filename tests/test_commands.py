@@ -5,6 +5,8 @@ signals, exit handlers)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 import signal
 import subprocess
 import sys
@@ -25,19 +27,36 @@ def _both(args: list[str], tmp_path: Path, **options: object) -> tuple[object, o
     return forked, fresh
 
 
+@contextmanager
+def _sigint(ignored: bool) -> Iterator[None]:
+    """This process's SIGINT ignored or Python's own handler inside the block (a pytest-xdist worker
+    ignores it; a serial run does not), put back after."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize(
-    "args, new_session",
-    [(["report", "0", "x y"], False), (["report", "3"], True), (["exit"], False), (["raise"], False)],
+    "args, new_session, sigint_ignored",
+    [
+        (["report", "0", "x y"], False, False),
+        (["report", "3"], True, True),
+        (["exit"], False, False),
+        (["raise"], False, False),
+    ],
 )
 def test_a_forked_command_prints_and_exits_as_a_new_interpreter(
-    tmp_path: Path, args: list[str], new_session: bool
+    tmp_path: Path, args: list[str], new_session: bool, sigint_ignored: bool
 ) -> None:
-    forked, fresh = _both(args, tmp_path, input="from stdin\n", start_new_session=new_session)
+    with _sigint(sigint_ignored):
+        forked, fresh = _both(args, tmp_path, input="from stdin\n", start_new_session=new_session)
     assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
     assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
     if args[0] == "report":
         assert forked.stdout.startswith(f"cwd {tmp_path}\nenv seen True\n")
-        assert f"stdin from stdin\nsession {new_session}\nsigint True\n" in forked.stdout
+        assert f"stdin from stdin\nsession {new_session}\nsigint {not sigint_ignored}\n" in forked.stdout
         assert forked.stderr == "to stderr\n"
     if args[0] == "exit":
         assert (forked.returncode, forked.stdout, forked.stderr) == (
@@ -63,9 +82,10 @@ def test_a_signal_ends_a_forked_command_as_it_ends_a_new_interpreter(sig: int) -
     """SIGTERM by its default action; SIGINT through KeyboardInterrupt, its traceback, then the signal."""
     ends = []
     for start in (commands.popen, subprocess.Popen):
-        probe = start(
-            [sys.executable, "-m", "command_probe", "wait"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        with _sigint(ignored=False):
+            probe = start(
+                [sys.executable, "-m", "command_probe", "wait"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
         assert probe.stdout.readline() == b"waiting\n"
         probe.send_signal(sig)
         _, err = probe.communicate(timeout=60)
