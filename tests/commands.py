@@ -302,6 +302,9 @@ def _become(
 
         torch.set_num_threads(int(threads))
     sys.argv = [module, *args]
+    import gc
+
+    gc.freeze()  # the fork server's imports: the command's collections need not walk them
     code: int = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -55,8 +55,8 @@ def test_every_family_vae_has_a_plan() -> None:
     assert {name.split(" ")[0] for name in VAES} == set(VAE_PLANS)
 
 
-@pytest.mark.parametrize("world, rows", [(2, 7), (3, 5)])
 @pytest.mark.parametrize("vae", list(VAES))
+@pytest.mark.parametrize("world, rows", [(2, 7), (3, 5)])  # the outer loop: the pool regroups once
 def test_split_decode_equals_the_single_process_decode(rank_pools, vae: str, world: int, rows: int) -> None:
     model, frames = VAES[vae]
     first, *others = rank_pools(world).run(vae_cases.vae_decode_case, model, rows, 6, frames)
@@ -184,7 +184,7 @@ PIPELINE_CASES = [
 PIPELINE_CASES += [(family, mode) for family in ("flux", "wan") for mode in ("cfg2", "ring3")]
 
 
-@pytest.mark.parametrize("family, mode", PIPELINE_CASES)
+@pytest.mark.parametrize("family, mode", sorted(PIPELINE_CASES, key=lambda case: PIPELINE_MODES[case[1]][1]))
 def test_pipelines_with_the_split_decode_equal_one_process(rank_pools, family: str, mode: str) -> None:
     parallel, world = PIPELINE_MODES[mode]
     case = FAMILY_CASES[family]
