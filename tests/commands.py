@@ -17,6 +17,7 @@ imports or prints before accel is imported.
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import signal
@@ -32,6 +33,18 @@ import torch.multiprocessing as mp
 from rankpool import start_fork_server
 
 PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
+_STARTED: list[ForkedCommand] = []  # a hundred or so a session
+
+
+@atexit.register
+def _end_leftovers() -> None:
+    """A command a failed test left running is killed when this process ends: multiprocessing's own
+    exit handler (registered before this one, so it runs after) waits for every child it started,
+    where a leftover subprocess would only have been orphaned."""
+    for command in _STARTED:
+        if command.poll() is None:
+            command.kill()
+            command.wait(timeout=30)
 
 
 def popen(argv: Sequence[str], **options: Any) -> Any:
@@ -156,6 +169,7 @@ class ForkedCommand:
         )
         self._process.start()
         self.pid = self._process.pid
+        _STARTED.append(self)
         for fd in set(mine):
             os.close(fd)
         self.stdin = self._open(kept, "stdin", "w")

@@ -103,3 +103,22 @@ def test_a_file_of_the_tests_takes_both_streams_and_stays_open(tmp_path: Path) -
         text = out.read()
     assert done.returncode == 0 and (done.stdout, done.stderr) == (None, None)
     assert "to stderr\n" in text and "argv ['report', '0']\n" in text and text.endswith("after\n")
+
+
+LEAVES_ONE_RUNNING = """
+import subprocess, sys
+import commands
+probe = commands.popen([sys.executable, "-m", "command_probe", "wait"], stdout=subprocess.PIPE)
+print(probe.stdout.readline().decode().strip(), probe.pid, flush=True)
+"""
+
+
+def test_a_process_that_leaves_a_forked_command_running_still_exits_and_ends_it() -> None:
+    """multiprocessing waits at exit for every child it started: a test that failed before ending its
+    server would hang its pytest worker for good, where a subprocess would only be orphaned."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVES_ONE_RUNNING], env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    word, pid = done.stdout.split()
+    assert word == "waiting" and not Path(f"/proc/{pid}").exists()
