@@ -18,12 +18,14 @@ imports or prints before accel is imported.
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from multiprocessing import reduction
 from typing import IO, Any
@@ -31,6 +33,8 @@ from typing import IO, Any
 import torch.multiprocessing as mp
 
 from rankpool import start_fork_server
+
+from accel.launch.reports import exit_code
 
 PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
 _STARTED: list[ForkedCommand] = []  # a hundred or so a session
@@ -223,12 +227,12 @@ class ForkedCommand:
                 reader = threading.Thread(target=lambda s=stream, c=chunks: c.append(s.read()), daemon=True)
                 reader.start()
                 self._readers[name] = (reader, chunks)
-        deadline = None if timeout is None else _now() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         for reader, _ in self._readers.values():
-            reader.join(None if deadline is None else max(0.0, deadline - _now()))
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(None if deadline is None else max(0.0, deadline - _now()))
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         outputs = []
         for name in ("stdout", "stderr"):
             if name in self._readers:
@@ -257,12 +261,6 @@ def _ignored() -> list[int]:
     return [sig for sig in INHERITED_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
 
 
-def _now() -> float:
-    import time
-
-    return time.monotonic()
-
-
 def _ends(option: Any, default: int, reading: bool) -> tuple[int, int | None]:
     """(the child's descriptor, this process's end of a pipe or None) for one stream option."""
     if option is None:
@@ -289,7 +287,6 @@ def _become(
 ) -> None:
     """The child's side: a new interpreter's streams, folder, environment and signal handlers (and
     session, when asked); the module run as `python -m` runs it; then an interpreter's exit."""
-    import atexit
     import runpy
 
     for target, fd in enumerate(fds):
@@ -316,14 +313,14 @@ def _become(
 
         torch.set_num_threads(int(threads))
     sys.argv = [module, *args]
-    import gc
-
     gc.freeze()  # the fork server's imports: the command's collections need not walk them
     code: int = 0
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit:
-        code = _exit_code(exit.code)
+        if exit.code is not None and not isinstance(exit.code, int):
+            print(exit.code, file=sys.stderr)  # as Python prints a message exit
+        code = exit_code(exit)
     except BaseException as error:  # noqa: BLE001 - as an interpreter does: the traceback, exit code 1
         import traceback
 
@@ -342,15 +339,6 @@ def _become(
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _output(fd: int, line_buffered: bool, unbuffered: bool) -> io.TextIOWrapper:
