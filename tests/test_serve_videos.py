@@ -408,3 +408,46 @@ def test_a_several_process_board_carries_progress_through_rank_0s_store() -> Non
     assert front.progress_of(9) == (3, 8)
     front.forget(9)
     assert front.progress_of(9) is None
+
+
+class _UnrepliedSets:
+    """A client of a shared store whose `set` is sent without a reply, as a TCPStore's is: the server applies
+    it before this client's next request, and another client may read before that."""
+
+    def __init__(self, shared: dict[str, bytes]) -> None:
+        self.shared = shared
+        self.in_flight: list[tuple[str, str]] = []
+
+    def set(self, key: str, value: str) -> None:
+        self.in_flight.append((key, value))
+
+    def _arrive(self) -> None:
+        self.shared.update((key, value.encode()) for key, value in self.in_flight)
+        self.in_flight.clear()
+
+    def check(self, keys: list[str]) -> bool:
+        self._arrive()
+        return all(key in self.shared for key in keys)
+
+    def get(self, key: str) -> bytes:
+        self._arrive()
+        return self.shared[key]
+
+    def delete_key(self, key: str) -> bool:
+        self._arrive()
+        return self.shared.pop(key, None) is not None
+
+
+def test_a_boards_writes_are_readable_by_every_client_once_they_return() -> None:
+    """A leader's progress and a cancel reach the store before the call returns; the CI run that read
+    `None` right after a leader's write was this race on a real TCPStore."""
+    from accel.serve.cancel import StoreBoard
+
+    shared: dict[str, bytes] = {}
+    leader, front = StoreBoard(_UnrepliedSets(shared)), StoreBoard(_UnrepliedSets(shared))
+    leader.progress(9, 3, 8)
+    assert front.progress_of(9) == (3, 8)
+    front.cancel(9, "deadline")
+    assert leader.reason(9) == "deadline"
+    front.forget(9)
+    assert front.progress_of(9) is None and leader.reason(9) is None

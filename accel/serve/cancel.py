@@ -95,10 +95,16 @@ class StoreBoard:
     def __init__(self, store: Any) -> None:
         self.store = store
 
+    def _write(self, key: str, value: str) -> None:
+        """A TCPStore `set` gets no reply, so another client could still read the old value; a read on
+        this connection returns only after the server applied the set, and every client sees it from then."""
+        self.store.set(key, value)
+        self.store.check([key])
+
     def cancel(self, job_id: int, reason: str) -> None:
         key = _KEY.format(job_id)
         if not self.store.check([key]):  # the first reason stands
-            self.store.set(key, reason)
+            self._write(key, reason)
 
     def reason(self, job_id: int) -> str | None:
         key = _KEY.format(job_id)
@@ -109,7 +115,7 @@ class StoreBoard:
         self.store.delete_key(_PROGRESS.format(job_id))
 
     def progress(self, job_id: int, done: int, total: int) -> None:
-        self.store.set(_PROGRESS.format(job_id), f"{done}/{total}")
+        self._write(_PROGRESS.format(job_id), f"{done}/{total}")
 
     def progress_of(self, job_id: int) -> tuple[int, int] | None:
         key = _PROGRESS.format(job_id)
