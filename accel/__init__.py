@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "apply": "accel.apply_recipe",
-    "AccelHandle": "accel.apply_recipe",
+    "AccelHandle": "accel.handle",
     "load_pipeline": "accel.models.loading",
     "Recipe": "accel.recipe",
     "load_recipe": "accel.recipe",
@@ -21,7 +21,8 @@ _PUBLIC = {
 __all__ = ["AccelHandle", "Recipe", "__version__", "apply", "load_pipeline", "load_recipe"]
 
 if TYPE_CHECKING:
-    from accel.apply_recipe import AccelHandle, apply
+    from accel.apply_recipe import apply
+    from accel.handle import AccelHandle
     from accel.models.loading import load_pipeline
     from accel.recipe import Recipe, load_recipe
 

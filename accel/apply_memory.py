@@ -11,7 +11,7 @@ from accel.models.parts import transformer_device
 from accel.recipe.refusals import offload_refusal
 
 if TYPE_CHECKING:
-    from accel.apply_recipe import AccelHandle
+    from accel.handle import AccelHandle
 
 
 def apply_memory(handle: AccelHandle) -> None:

@@ -25,33 +25,27 @@ them), so they stay, and a second apply with the same type or degree leaves them
 
 from __future__ import annotations
 
-import inspect
-import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-
 from accel.cache.calls import CacheSite, StepCache
 from accel.cache.config import CACHE_METHODS
-from accel.cache.stats import CacheStats
 from accel.cache.sums import cache_sums
 from accel.errors import NotAvailableError, UserError
-from accel.hooks import CACHE_CALL, LORA, wrap
-from accel.models.base import Family
-from accel.parallel.plan_format import ParallelPlan, TensorPlan
+from accel.hooks import CACHE_CALL, wrap
+from accel.parallel.plan_format import TensorPlan
 from accel.models.parts import execution_device, transformer_device, transformers_of
 from accel.models.registry import family_of
 from accel.models.variants import variant_of_class
 from accel.optimize.compile import CompiledRegions
 from accel.optimize.processors import install_processors
-from accel.optimize.quantize import QuantSummary, check_hardware, quantize_transformer, refuse_on_quantized
-from accel.parallel.mesh import Degrees, ParallelMesh
 from accel.parallel.engine import ContextParallel
-from accel.parallel.plan import ResolvedPlans, plan_of, refuse_layout, resolve_plans
+from accel.parallel.plan import plan_of, refuse_layout, resolve_plans
 from accel.parallel.tensor import TensorParallel
+from accel.apply_quant import apply_quant
+from accel.handle import APPLIED, AccelHandle
 from accel.apply_memory import apply_memory, apply_offload, apply_vae_placement, skips_decode
 from accel.apply_refusals import (
     refuse_another_ranks_gpu,
@@ -66,8 +60,6 @@ from accel.steps import StepEvents
 from accel.vae import ParallelDecode, plan_for
 from accel.vae.masks import fill_masks_by_frame
 
-_applied: weakref.WeakKeyDictionary[Any, AccelHandle] = weakref.WeakKeyDictionary()
-
 
 def as_recipe(recipe: Recipe | Mapping[str, Any] | str | Path | None) -> Recipe:
     if recipe is None:
@@ -81,118 +73,15 @@ def as_recipe(recipe: Recipe | Mapping[str, Any] | str | Path | None) -> Recipe:
     raise UserError(f"accel.apply: recipe must be a Recipe, a dict or a path, got {type(recipe).__name__}")
 
 
-@dataclass
-class AccelHandle:
-    """What `apply` did to one pipeline: statistics while it runs, `remove()` to undo it."""
-
-    pipe: Any
-    recipe: Recipe
-    family: Family
-    caches: list[StepCache[Any]] = field(default_factory=list)
-    # The process groups in use (None: one process) and the engine on each transformer attribute.
-    mesh: ParallelMesh | None = None
-    parallel: dict[str, ContextParallel] = field(default_factory=dict)
-    # The plans the parallel engines run, resolved once in _join_mesh (None: no sequence or CFG split).
-    resolved: ResolvedPlans | None = None
-    # The split VAE decode (None: the decode runs whole on every rank).
-    vae_decode: ParallelDecode | None = None
-    # Each transformer's tensor-parallel split (empty: tp = 1).
-    tensor: dict[str, TensorParallel] = field(default_factory=dict)
-    quant: QuantSummary | None = None
-    compiled: list[CompiledRegions] = field(default_factory=list)
-    # Pipelines built from this one's modules and accelerated with it (attach).
-    siblings: list[Any] = field(default_factory=list)
-    _undo: list[Callable[[], None]] = field(default_factory=list)
-    # The steps that change a pipeline's own methods rather than its modules, as (install on a
-    # pipeline -> its undo): attach gives them to a sibling.
-    _per_pipeline: list[Callable[[Any], Callable[[], None]]] = field(default_factory=list)
-    _attach_refusal: str | None = None  # why no sibling may share these modules (None: any may)
-
-    @property
-    def cache_stats(self) -> CacheStats | None:
-        """Cache statistics of the last pipeline call (None when the cache is off)."""
-        if not self.caches:
-            return None
-        return sum((cache.stats for cache in self.caches), CacheStats())
-
-    @property
-    def plans(self) -> Mapping[str, ParallelPlan]:
-        """Each transformer's automatic plan, verified (empty: the family's own plans are used)."""
-        return self.resolved.automatic if self.resolved is not None else {}
-
-    @property
-    def degrees(self) -> Degrees | None:
-        """The parallel layout in use (None: one process)."""
-        return self.mesh.degrees if self.mesh is not None else None
-
-    @property
-    def active(self) -> bool:
-        return _applied.get(self.pipe) is self
-
-    def attach(self, sibling: Any) -> None:
-        """Accelerate `sibling`, a pipeline built from this one's modules (`FluxInpaintPipeline.from_pipe(pipe)`:
-        another task on the same weights), alongside it: the modules' changes (parallel plan, compile,
-        cache, quantization, VAE) act for it already, and its own methods get this pipeline's
-        per-pipeline steps (agreed arguments and noise, the cache's call boundary, encoder and VAE
-        placement). One set of hooks serves both, so a server switches tasks without applying again;
-        remove() undoes the sibling's steps with the rest."""
-        if sibling in _applied:
-            raise UserError(
-                f"accel attach: this {type(sibling).__name__} is already accelerated; remove() its handle first"
-            )
-        mine, theirs = transformers_of(self.pipe, self.family), _transformers_or_none(sibling, self.family)
-        if theirs is None or {attr: id(t) for attr, t in theirs.items()} != {attr: id(t) for attr, t in mine.items()}:
-            raise UserError(
-                f"accel attach: a {type(sibling).__name__} must run this {type(self.pipe).__name__}'s transformer; "
-                f"build it with {type(sibling).__name__}.from_pipe(pipe)"
-            )
-        if self._attach_refusal is not None:
-            raise UserError(self._attach_refusal)
-        if self.mesh is not None:
-            refuse_layout(self.family, variant_of_class(self.family, type(sibling)), self.recipe.parallel)
-        undo: list[Callable[[], None]] = []
-        try:
-            for install in self._per_pipeline:
-                undo.append(install(sibling))
-        except BaseException:
-            while undo:
-                undo.pop()()
-            raise
-        self._undo.extend(undo)
-        self.siblings.append(sibling)
-        _applied[sibling] = self
-
-    def remove(self) -> None:
-        """Undo every step in reverse order; the pipeline then produces bit-identical output to before."""
-        while self._undo:
-            self._undo.pop()()
-        for pipe in (self.pipe, *self.siblings):
-            if _applied.get(pipe) is self:
-                del _applied[pipe]
-        self.siblings.clear()
-
-    def on_each_pipeline(self, install: Callable[[Any], Callable[[], None]]) -> None:
-        """Install a per-pipeline step on this pipeline now, and on each sibling as it attaches."""
-        self._per_pipeline.append(install)
-        self._undo.append(install(self.pipe))
-
-
-def _transformers_or_none(pipe: Any, family: Family) -> dict[str, Any] | None:
-    try:
-        return transformers_of(pipe, family)
-    except (AttributeError, KeyError, TypeError):
-        return None
-
-
 def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = None) -> AccelHandle:
     """Accelerate `pipe` in place as the recipe asks; see the module docstring for the order."""
     recipe = as_recipe(recipe)
-    if pipe in _applied:
+    if pipe in APPLIED:
         raise UserError(
             "accel.apply: this pipeline is already accelerated; call remove() on the handle "
             "apply() returned before applying again"
         )
-    refuse_shared_components(pipe, _applied)
+    refuse_shared_components(pipe, APPLIED)
     family = family_of(pipe)
     handle = AccelHandle(pipe, recipe, family)
     refuse_two_caches(handle)
@@ -203,7 +92,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     try:
         _join_mesh(handle)
         _apply_processors(handle)
-        _apply_quant(handle)
+        apply_quant(handle)
         _apply_parallel(handle)
         apply_memory(handle)
         apply_vae_placement(handle)
@@ -215,7 +104,7 @@ def apply(pipe: Any, recipe: Recipe | Mapping[str, Any] | str | Path | None = No
     except BaseException:
         handle.remove()
         raise
-    _applied[pipe] = handle
+    APPLIED[pipe] = handle
     return handle
 
 
@@ -223,65 +112,6 @@ def _apply_processors(handle: AccelHandle) -> None:
     """The family's leaner attention processors (same outputs, less memory), under every layout."""
     for transformer in transformers_of(handle.pipe, handle.family).values():
         handle._undo.append(install_processors(transformer, handle.family))
-
-
-def _apply_quant(handle: AccelHandle) -> None:
-    settings = handle.recipe.quant
-    if settings.type == "none":
-        return
-    transformers = transformers_of(handle.pipe, handle.family)
-    first = next(iter(transformers.values()))
-    parameter = next(first.parameters())
-    check_hardware(settings.type, execution_device(handle.pipe, first), parameter.dtype)
-    handle.quant = QuantSummary(settings.type)
-    for attr, transformer in transformers.items():
-        quantize_transformer(
-            transformer,
-            handle.quant,
-            handle.family.blocks,
-            settings.scope,
-            settings.exclude,
-            prefix=f"{attr}." if len(transformers) > 1 else "",
-        )
-    handle.on_each_pipeline(partial(_refuse_on_quantized_pipeline, quantized=set(transformers), scheme=settings.type))
-    handle._undo.extend(refuse_on_quantized(None, transformers, settings.type))
-
-
-def _refuse_on_quantized_pipeline(pipe: Any, quantized: set[str], scheme: str) -> Callable[[], None]:
-    """A pipeline's own methods that fail on quantized weights, each refused in one line."""
-    undo = [
-        _refuse_lora_fusing(pipe, method, quantized, scheme)
-        for method in ("fuse_lora", "unfuse_lora")
-        if callable(getattr(pipe, method, None))
-    ]
-    undo.extend(refuse_on_quantized(pipe, {}, scheme))
-    return partial(_undo_all, undo)
-
-
-def _undo_all(undo: list[Callable[[], None]]) -> None:
-    while undo:
-        undo.pop()()
-
-
-def _refuse_lora_fusing(pipe: Any, method: str, quantized: set[str], scheme: str) -> Callable[[], None]:
-    """Wrap this pipeline's `fuse_lora` / `unfuse_lora`: peft cannot add a LoRA delta to (or take it
-    from) torchao-quantized weights, and fails deep inside with an operator error; say so in one line."""
-    signature = inspect.signature(getattr(pipe, method))
-
-    def refuse(call_next: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        components = signature.bind_partial(*args, **kwargs).arguments.get("components")
-        if components is None:
-            parameter = signature.parameters.get("components")
-            components = parameter.default if parameter is not None else list(quantized)
-        if quantized & set(components):
-            raise UserError(
-                f"[quant] type = '{scheme}': pipe.{method}() cannot merge LoRA weights into the quantized "
-                "transformer; keep the LoRA unfused (it runs beside the quantized layers), or fuse it "
-                "before accel.apply"
-            )
-        return call_next(*args, **kwargs)
-
-    return wrap(pipe, method, f"accel.refuse_{method}", LORA, refuse)
 
 
 def _apply_compile(handle: AccelHandle) -> None:

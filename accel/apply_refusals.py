@@ -12,7 +12,7 @@ from accel.errors import NotAvailableError, UserError
 from accel.models.parts import transformers_of
 
 if TYPE_CHECKING:
-    from accel.apply_recipe import AccelHandle
+    from accel.handle import AccelHandle
     from accel.parallel.mesh import Degrees
 
 

@@ -16,7 +16,7 @@ import torch
 from conftest import FLUX_CALL, generate
 
 import accel
-import accel.apply_recipe
+import accel.apply_quant
 import accel.models.parts
 from accel.hooks import CACHE, CFG, COMPILE, LORA, NOISE, PARALLEL, STEPS, VAE, inner_of, wrap, wrappers
 from accel.models.registry import FAMILIES
@@ -248,7 +248,7 @@ def test_apply_uses_the_execution_device_under_model_cpu_offload(monkeypatch: py
     assert pipe._execution_device == torch.device("cpu", 0) != next(pipe.transformer.parameters()).device
     assert accel.models.parts.execution_device(pipe, pipe.transformer) == torch.device("cpu", 0)
     checked: list[torch.device] = []
-    monkeypatch.setattr(accel.apply_recipe, "check_hardware", lambda _type, device, _dtype: checked.append(device))
+    monkeypatch.setattr(accel.apply_quant, "check_hardware", lambda _type, device, _dtype: checked.append(device))
     handle = accel.apply(pipe, {"quant": {"type": "int8wo"}, "cache": {"threshold": 1e9, "warmup_steps": 2}})
     assert checked == [torch.device("cpu", 0)]
     generate(pipe, FLUX_CALL)

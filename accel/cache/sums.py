@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from accel.apply_recipe import AccelHandle
+    from accel.handle import AccelHandle
     from accel.parallel.engine import ContextParallel
 
 

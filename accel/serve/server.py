@@ -15,23 +15,19 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accel.errors import UserError, os_reason
-from accel.launch.supervisor import CANCEL_GRACE_S
 from accel.recipe import Recipe
 from accel.serve.cancel import Board, LocalBoard, shared_board
+from accel.serve.drain import Signals, drain
 from accel.serve.limits import Limits
 from accel.serve.loras import Adapters
 from accel.serve.replica import IDLE, Outcome, Replica
 from accel.serve.requests import Job, Served
-
-if TYPE_CHECKING:
-    from accel.serve.dispatch import Dispatcher
 
 
 @dataclass(frozen=True)
@@ -365,7 +361,7 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
     )
     # HTTP runs on a thread of its own (uvicorn then leaves the signals alone); this thread waits for
     # a signal and runs the shutdown while the HTTP loop still answers.
-    signals = _Signals()
+    signals = Signals()
     previous = {sig: signal.signal(sig, signals.note) for sig in (signal.SIGINT, signal.SIGTERM)}
     http = threading.Thread(target=server.run, name="accel-http", daemon=True)
     try:
@@ -374,7 +370,7 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
             while http.is_alive() and not signals.first.wait(0.25):
                 pass
             if signals.first.is_set():
-                _drain(dispatcher, options.drain_s, signals, announce)
+                drain(dispatcher, options.drain_s, signals, announce)
             server.should_exit = True
             http.join()
     finally:
@@ -386,40 +382,3 @@ def _front(started: Started, options: ServeOptions, announce: Callable[[str], No
             f"accel serve: could not listen on {options.host}:{options.port} (is the port taken?); pass another --port"
         )
     announce("stopped")
-
-
-class _Signals:
-    """SIGINT / SIGTERM noted, not raised: the first drains, a second cancels at once."""
-
-    def __init__(self) -> None:
-        self.first = threading.Event()
-        self.again = threading.Event()
-
-    def note(self, _signum: int, _frame: object) -> None:
-        (self.again if self.first.is_set() else self.first).set()
-
-
-def _drain(dispatcher: Dispatcher, drain_s: float, signals: _Signals, announce: Callable[[str], None]) -> None:
-    """Take no new requests; give the accepted ones `drain_s`; then cancel the rest: waiting ones
-    are answered now, running ones stop at their next step (CANCEL_GRACE_S allowed for it)."""
-    dispatcher.close()
-    if not dispatcher.idle():
-        announce(f"stopping: the requests accepted have {drain_s:g} s to finish (a second Ctrl-C cancels them)")
-    if _idle_within(dispatcher, drain_s, signals.again):
-        return
-    dispatcher.cancel_all("shutdown")
-    if not _idle_within(dispatcher, CANCEL_GRACE_S):
-        announce(
-            f"a request did not reach its next step within {CANCEL_GRACE_S:g} s of its cancellation; stopping without "
-            "it"
-        )
-
-
-def _idle_within(dispatcher: Dispatcher, seconds: float, interrupted: threading.Event | None = None) -> bool:
-    """Whether every accepted request is answered within `seconds` (sooner false once `interrupted` is set)."""
-    deadline = time.monotonic() + seconds
-    while not dispatcher.idle():
-        if time.monotonic() >= deadline or (interrupted is not None and interrupted.is_set()):
-            return False
-        time.sleep(0.05)
-    return True
