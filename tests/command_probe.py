@@ -28,3 +28,7 @@ if __name__ == "__main__":
         time.sleep(120)
     if mode == "raise":
         raise ValueError("probe failed")
+    if mode == "inductor":  # the compile threads torch set when it was imported, and who started this process
+        import torch._inductor.config
+
+        print(torch._inductor.config.compile_threads, os.getppid())

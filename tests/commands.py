@@ -8,11 +8,11 @@ handle: pid, poll, wait, communicate, send_signal, pipes; a CompletedProcess). T
 what a new interpreter running the module is: the given environment, working folder and standard
 streams, a session of its own when asked, a new interpreter's signal handlers, its exit code through the fork
 server, its non-daemon threads joined and its `atexit` handlers run at the end. Any other command
-line (a console script, `python -c`, a script path) starts a new process through subprocess.
-
-Tests about a fresh interpreter itself keep subprocess: a cold inductor cache and compile pool
-(torch reads TORCHINDUCTOR_* settings once, when the fork server imported it), what a new process
-imports or prints before accel is imported.
+line (a console script, `python -c`, a script path) starts a new process through subprocess, and so
+does a module whose environment sets inductor otherwise than the fork server's did (a cold cache, the
+compile threads): torch reads TORCHINDUCTOR_* once, when the fork server imported it, so a fork would
+compile as the fork server's settings say. Tests of what a new process imports or prints before accel
+is imported run their command through subprocess themselves.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import IO, Any
 
 import torch.multiprocessing as mp
 
+import rankpool
 from rankpool import start_fork_server
 
 from accel.launch.reports import exit_code
@@ -55,6 +56,9 @@ def popen(argv: Sequence[str], **options: Any) -> Any:
     """subprocess.Popen(argv, **options), as a fork for `python [-u] -m MODULE ARGS`."""
     module = _module_command(argv)
     if module is None or not _forkable(options):
+        return subprocess.Popen(list(argv), **options)
+    start_fork_server()
+    if _compile_settings(options.get("env")) != _compile_settings(rankpool.SERVER_ENVIRONMENT):
         return subprocess.Popen(list(argv), **options)
     return ForkedCommand(list(argv), *module, **options)
 
@@ -102,6 +106,12 @@ _SUPPORTED = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newl
 
 def _forkable(options: dict[str, Any]) -> bool:
     return set(options) <= _SUPPORTED
+
+
+def _compile_settings(environment: dict[str, str] | None) -> dict[str, str]:
+    """What inductor reads from the environment when torch is imported."""
+    items = (os.environ if environment is None else environment).items()
+    return {name: value for name, value in items if name.startswith("TORCHINDUCTOR_")}
 
 
 class _Inherited:
@@ -156,7 +166,6 @@ class ForkedCommand:
             ends.append(child_end)
         environment = dict(os.environ if env is None else env)
         folder = os.fspath(cwd) if cwd is not None else os.getcwd()
-        start_fork_server()
         self._process = mp.get_context("forkserver").Process(
             target=_become,
             args=(

@@ -109,9 +109,17 @@ def _worker(rank: int, tasks: Any, results: Any) -> None:
     _leave()
 
 
+# The environment the fork server imported torch in (None: not started yet): tests/commands.py forks
+# only commands whose compile settings are the same.
+SERVER_ENVIRONMENT: dict[str, str] | None = None
+
+
 def start_fork_server() -> None:
     """Starts the session's fork server once, with tests/ on its path for PRELOAD (Python 3.11's fork
     server ignores the parent's sys.path while preloading; the ranks it forks get it back)."""
+    global SERVER_ENVIRONMENT
+    if SERVER_ENVIRONMENT is None:
+        SERVER_ENVIRONMENT = dict(os.environ)
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (TESTS, before)))

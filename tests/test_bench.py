@@ -135,17 +135,16 @@ def _grid_size(frame_hw: tuple[int, int], tiles: int, video: bool) -> tuple[int,
 
 
 def _bench(*args: str, cwd: Path, compiles: bool) -> subprocess.CompletedProcess[str]:
-    """A recipe that `compiles` runs in a new interpreter, from a cold inductor cache as a new user's
-    first bench does (torch reads the compile settings when it is imported; the compile pool's exit
-    is tests/test_rank_exit.py's); another in a fork of the preloaded fork server (tests/commands.py)."""
-    start = subprocess.run if compiles else commands.run
-    return start(
+    """A recipe that `compiles` runs from a cold inductor cache as a new user's first bench does, so in
+    a new interpreter (the compile pool's exit is tests/test_rank_exit.py's); another in a fork of the
+    preloaded fork server (tests/commands.py)."""
+    return commands.run(
         [sys.executable, "-m", "accel.cli", "bench", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=1200,
-        env=cold_compile_env(cwd, pool=False),
+        env=cold_compile_env(cwd, pool=False) if compiles else None,
     )
 
 

@@ -122,3 +122,14 @@ def test_a_process_that_leaves_a_forked_command_running_still_exits_and_ends_it(
     assert done.returncode == 0, done.stderr
     word, pid = done.stdout.split()
     assert word == "waiting" and not Path(f"/proc/{pid}").exists()
+
+
+def test_a_command_that_sets_inductor_otherwise_starts_a_new_interpreter(tmp_path: Path) -> None:
+    """torch reads TORCHINDUCTOR_* once, when imported: a fork would compile with the fork server's settings."""
+    argv = [sys.executable, "-m", "command_probe", "inductor"]
+    same = commands.run(argv, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+    threads, parent = map(int, same.stdout.split())
+    assert parent != os.getpid()  # forked, by the fork server
+    other = {**ENV, "TORCHINDUCTOR_COMPILE_THREADS": str(threads + 1)}
+    changed = commands.run(argv, cwd=tmp_path, env=other, capture_output=True, text=True, timeout=120)
+    assert changed.stdout.split() == [str(threads + 1), str(os.getpid())], changed.stderr

@@ -22,16 +22,14 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
 HANG_GUARD_S = 900
 
 
-def _run(
-    args: list[str], cwd: Path, env: dict[str, str] = ENV, fresh: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """`fresh`: a new interpreter, not a fork of the preloaded fork server (tests/commands.py)."""
-    start = subprocess.run if fresh else commands.run
-    return start(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+def _run(args: list[str], cwd: Path, env: dict[str, str] = ENV) -> subprocess.CompletedProcess[str]:
+    """A fork of the preloaded fork server, or a new interpreter where `env` sets inductor otherwise
+    (tests/commands.py)."""
+    return commands.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
-def _accel(*args: str, cwd: Path, env: dict[str, str] = ENV, fresh: bool = False) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "accel.cli", *args], cwd, env, fresh)
+def _accel(*args: str, cwd: Path, env: dict[str, str] = ENV) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "accel.cli", *args], cwd, env)
 
 
 def _pixels(path: Path) -> np.ndarray:
@@ -267,8 +265,7 @@ def test_headline_command_runs_on_four_cpu_ranks(tmp_path: Path) -> None:
         "four.json",
         "--verbose",
         cwd=tmp_path,
-        env=cold_compile_env(tmp_path, pool=False, OMP_NUM_THREADS="1"),
-        fresh=True,  # torch reads the compile settings when it is imported
+        env=cold_compile_env(tmp_path, pool=False, OMP_NUM_THREADS="1"),  # a new interpreter
     )
     assert one.returncode == 0, one.stderr
     assert four.returncode == 0, four.stderr

@@ -4,6 +4,7 @@ blocking exit handlers."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -27,19 +28,19 @@ HANG_GUARD_S = 420
 
 
 def run_until_gone(
-    args: list[str], tmp_path: Path, last_line: str, fresh: bool = False, **env: str
+    args: list[str], tmp_path: Path, last_line: str, cold_cache: bool = False, **env: str
 ) -> tuple[int, float, str, str]:
     """Run `accel ARGS`; (exit code, seconds from the first line starting with `last_line` to the
     exit, stdout, stderr). A job still running a minute after that line fails the test: it is
-    interrupted (the launcher stops its ranks), not waited for. `fresh`: the launcher is a new
-    interpreter (torch reads its compile settings when imported), not a fork of the preloaded
-    fork server (tests/commands.py)."""
+    interrupted (the launcher stops its ranks), not waited for. `cold_cache`: compile as a new user's
+    first run does, from an empty inductor cache with the default compile threads (then the launcher
+    is a new interpreter rather than a fork of the preloaded fork server: tests/commands.py)."""
     lines: list[tuple[float, str]] = []
     with (tmp_path / "stderr.txt").open("w+") as errors:
-        process = (subprocess.Popen if fresh else commands.popen)(
+        process = commands.popen(
             [sys.executable, "-m", "accel.cli", *args],
             cwd=tmp_path,
-            env=cold_compile_env(tmp_path, OMP_NUM_THREADS="1", **env),
+            env=(cold_compile_env(tmp_path, **env) if cold_cache else {**os.environ, **env}) | {"OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
@@ -103,7 +104,7 @@ def test_a_compiled_two_rank_run_with_a_cold_cache_leaves_after_its_table(tmp_pa
         ],
         tmp_path,
         last_line="└",
-        fresh=True,
+        cold_cache=True,
         ACCEL_RANK_START="spawn",
     )
     assert code == 0, err
