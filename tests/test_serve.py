@@ -88,6 +88,20 @@ def start(*args: str) -> Server:
     raise AssertionError(f"accel serve did not become healthy in {START_S} s: {process.communicate()}")
 
 
+def metric(server: Server, name: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def wait_for(condition: object, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.05)
+
+
 def _pixels(data: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as image:
         return np.asarray(image.convert("RGB"))
@@ -297,14 +311,14 @@ def test_a_full_queue_answers_429_and_the_others_are_unchanged(flux_server: Serv
 
 def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(flux_server: Server) -> None:
     answers: list[httpx.Response] = []
-    request = threading.Thread(target=lambda: answers.append(_image(flux_server, size="64x64", steps=12, seed=2)))
+    request = threading.Thread(target=lambda: answers.append(_image(flux_server, size="64x64", steps=48, seed=2)))
     request.start()
-    time.sleep(1.0)  # the request is on the ranks
+    wait_for(lambda: metric(flux_server, "accel_replicas_busy") == 1)  # the request is on the ranks
     code, out, err = flux_server.stop(signal.SIGTERM)
     request.join(60)
     assert code == 0, err
     assert answers and answers[0].status_code == 200 and len(answers[0].json()["data"]) == 1
-    assert "stopped" in out
+    assert "stopping: the requests accepted have 60 s to finish" in out and "stopped" in out  # it was in flight
 
 
 def test_twenty_concurrent_requests_over_two_replicas_all_match_their_seeds() -> None:

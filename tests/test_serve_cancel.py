@@ -13,12 +13,11 @@ import asyncio
 import re
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_serve import PROMPT, Server, start
+from test_serve import PROMPT, Server, metric, start, wait_for
 
 from accel.models.registry import FAMILIES
 from accel.serve.cancel import LocalBoard
@@ -48,20 +47,6 @@ SHUTTING = {
 
 def post(server: Server, body: dict[str, object], timeout: float = 300) -> httpx.Response:
     return httpx.post(f"{server.url}/v1/images/generations", json=body, timeout=timeout)
-
-
-def metric(server: Server, name: str) -> float:
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def wait_for(condition: object, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.05)
 
 
 def sigterm_with_a_queue(server: Server) -> None:
