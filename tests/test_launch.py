@@ -229,7 +229,7 @@ def test_a_finished_rank_ends_as_python_would_with_its_process_groups_closed(tmp
         import atexit, os, threading, time, torch.distributed as dist
         from accel.parallel.mesh import init_distributed
         say = lambda text: os.write(1, f"{text}\\n".encode())  # one write: the ranks share stdout
-        init_distributed("cpu", timeout_s=60)
+        init_distributed("cpu", timeout_s=600)
         dist.new_group([0, 1])
         dist.barrier()
         rank = dist.get_rank()

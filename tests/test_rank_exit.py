@@ -24,7 +24,9 @@ from accel.launch.supervisor import Supervisor
 from accel.rank_exit import HANDLERS_BOUND_S, THREADS_BOUND_S, threading_exit_hooks
 
 LEAVE_WITHIN_S = 60  # the issue's promise: a finished job is gone within a minute of its last output
-HANG_GUARD_S = 420
+# Only a hang trips it: the cold compiled 2-rank run takes about 80 s alone and took 423 s in a suite
+# run with two busy loops beside it (load average 14), which a 420 s guard failed.
+HANG_GUARD_S = 900
 
 
 def run_until_gone(
@@ -60,10 +62,10 @@ def run_until_gone(
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-                pytest.fail(
-                    f"still running {LEAVE_WITHIN_S} s after "
-                    f"{last_line!r}:\n{_text(lines)[-2000:]}\n{_read(errors)[-2000:]}"
+                waited = (
+                    f"{LEAVE_WITHIN_S} s after {last_line!r}" if seen else f"{HANG_GUARD_S} s without {last_line!r}"
                 )
+                pytest.fail(f"still running {waited}:\n{_text(lines)[-2000:]}\n{_read(errors)[-2000:]}")
             time.sleep(0.1)
         ended = time.monotonic()
         reader.join(timeout=10)
@@ -121,7 +123,7 @@ def test_a_launched_script_that_leaves_a_thread_pool_running_exits(tmp_path: Pat
         import atexit, os
         from concurrent.futures import ThreadPoolExecutor
         from accel.parallel.mesh import init_distributed
-        init_distributed("cpu", timeout_s=60)
+        init_distributed("cpu", timeout_s=600)
         pool = ThreadPoolExecutor(2)  # never shut down: its workers wait for more work
         assert pool.submit(sum, [1, 2]).result() == 3
         atexit.register(lambda: os.write(1, b"exit hook ran\\n"))
@@ -143,7 +145,7 @@ def test_a_thread_that_never_ends_and_a_blocking_exit_handler_are_named_and_left
         textwrap.dedent("""
         import atexit, os, threading, time
         from accel.parallel.mesh import init_distributed
-        rank, _ = init_distributed("cpu", timeout_s=60)
+        rank, _ = init_distributed("cpu", timeout_s=600)
         def spin():
             while True:
                 time.sleep(0.05)
