@@ -57,8 +57,8 @@ def popen(argv: Sequence[str], **options: Any) -> Any:
     module = _module_command(argv)
     if module is None or not _forkable(options):
         return subprocess.Popen(list(argv), **options)
-    start_fork_server()
-    if _compile_settings(options.get("env")) != _compile_settings(rankpool.SERVER_ENVIRONMENT):
+    server = rankpool.SERVER_ENVIRONMENT  # None: the server is not started, and would start with this environment
+    if _compile_settings(options.get("env")) != _compile_settings(server):
         return subprocess.Popen(list(argv), **options)
     return ForkedCommand(list(argv), *module, **options)
 
@@ -166,6 +166,7 @@ class ForkedCommand:
             ends.append(child_end)
         environment = dict(os.environ if env is None else env)
         folder = os.fspath(cwd) if cwd is not None else os.getcwd()
+        start_fork_server()
         self._process = mp.get_context("forkserver").Process(
             target=_become,
             args=(
